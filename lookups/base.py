@@ -1,0 +1,37 @@
+"""The one small interface every lookup implements."""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+from lookups.panels import PanelValue, Window
+
+__all__ = ["Lookup"]
+
+
+class Lookup(abc.ABC):
+    """Fetches one dashboard panel from one backend.
+
+    Subclasses set ``name`` (the panel name on the wire) and ``source`` (``"mongo"``,
+    ``"http"``, ...). :meth:`fetch` runs in a fan-out greenlet in a copy of the
+    request's context, so :func:`service.context.current_request` works inside it.
+    """
+
+    name: ClassVar[str]
+    source: ClassVar[str]
+
+    @abc.abstractmethod
+    def fetch(self, window: Window, timeout_s: float) -> PanelValue:
+        """Return the panel for ``window``, giving up after ``timeout_s`` seconds.
+
+        ``timeout_s`` is already ``min(task timeout, time left in the request)``;
+        push it into the library call (pymongo ``timeout()``, requests ``timeout=``)
+        so the library gives up cleanly instead of being killed.
+
+        Raises :class:`lookups.errors.LookupFailed` (or a subclass) on failure;
+        any other exception is reported as an internal ``ERROR`` outcome.
+        """
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.source})>"

@@ -1,0 +1,299 @@
+"""Validated settings: one immutable value built from a TOML file, env vars and flags.
+
+Precedence, lowest to highest: built-in defaults, the TOML file (``--config``),
+``FANOUT_<SECTION>_<KEY>`` environment variables, command-line flags. Lookup
+sections use ``FANOUT_LOOKUPS_<NAME>_<KEY>`` (for example
+``FANOUT_LOOKUPS_ERRORS_REQUIRED=true``).
+
+Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
+naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
+Nothing below the handler reads configuration: each part receives its section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
+
+__all__ = [
+    "ConfigError", "ServerSettings", "FanoutSettings", "MongoSettings", "HttpSettings",
+    "LookupSettings", "TracingSettings", "Settings", "load_settings", "pool_warnings",
+]
+
+ENV_PREFIX = "FANOUT_"
+
+
+class ConfigError(ValueError):
+    """Raised at start-up when a setting is unknown, mistyped or out of range."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 9090
+    transport: str = "framed"          # framed | buffered
+    protocol: str = "binary"           # binary | compact
+    max_connections: int = 1000
+    max_frame_bytes: int = 1024 * 1024
+    idle_timeout_ms: int = 60_000
+
+
+@dataclass(frozen=True)
+class FanoutSettings:
+    pool_size: int = 16
+    max_inflight_tasks: int = 1000
+    queue_timeout_ms: int = 100
+    request_deadline_ms: int = 2000
+    task_timeout_ms: int = 1000
+    abandon_grace_ms: int = 500
+    max_window_ms: int = 31 * 24 * 3600 * 1000
+
+
+@dataclass(frozen=True)
+class MongoSettings:
+    uri: str = "mongodb://127.0.0.1:27017"
+    database: str = "apm"
+    max_pool_size: int = 32
+    connect_timeout_ms: int = 1000
+    server_selection_timeout_ms: int = 1000
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    alerts_url: str = "http://127.0.0.1:8081"
+    metrics_url: str = "http://127.0.0.1:8082"
+    pool_maxsize: int = 32
+    connect_timeout_ms: int = 500
+    read_timeout_ms: int = 1000
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``."""
+
+    enabled: bool = True
+    timeout_ms: int = 0
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class TracingSettings:
+    """Tracing. Empty strings defer to the standard ``OTEL_*`` variables, then SDK defaults."""
+
+    enabled: bool = True
+    exporter: str = ""                 # otlp | console | none  (OTEL_TRACES_EXPORTER)
+    otlp_protocol: str = ""            # grpc | http/protobuf   (OTEL_EXPORTER_OTLP_PROTOCOL)
+    endpoint: str = ""                 # OTEL_EXPORTER_OTLP_ENDPOINT
+    service_name: str = ""             # OTEL_SERVICE_NAME, else "fanout"
+    sample_ratio: float = -1.0         # < 0: OTEL_TRACES_SAMPLER(_ARG), else always on
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    fanout: FanoutSettings = field(default_factory=FanoutSettings)
+    mongo: MongoSettings = field(default_factory=MongoSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+    lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+    def lookup(self, name: str) -> LookupSettings:
+        """The policy for lookup ``name``; defaults when the config does not mention it."""
+        return self.lookups.get(name, LookupSettings())
+
+    def task_timeout_ms(self, name: str) -> int:
+        return self.lookup(name).timeout_ms or self.fanout.task_timeout_ms
+
+
+_SECTIONS: dict[str, type] = {
+    "server": ServerSettings, "fanout": FanoutSettings, "mongo": MongoSettings,
+    "http": HttpSettings, "tracing": TracingSettings,
+}
+
+# Range and choice rules; every other int must be >= 1, every string may be anything.
+_CHOICES = {
+    "server.transport": ("framed", "buffered"),
+    "server.protocol": ("binary", "compact"),
+    "tracing.exporter": ("", "otlp", "console", "none"),
+    "tracing.otlp_protocol": ("", "grpc", "http/protobuf"),
+}
+_INT_MINIMUM = {"server.port": 0, "lookups.timeout_ms": 0, "fanout.queue_timeout_ms": 0,
+                "fanout.abandon_grace_ms": 0}
+_INT_MAXIMUM = {"server.port": 65535}
+_URL_KEYS = ("http.alerts_url", "http.metrics_url")
+
+
+def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[str, str]] = None,
+                  overrides: Optional[Mapping[str, Any]] = None) -> Settings:
+    """Build and validate :class:`Settings`.
+
+    ``overrides`` maps dotted keys (``"server.port"``) to values from flags;
+    ``None`` values are ignored. Raises :class:`ConfigError` naming the bad key.
+    """
+    raw: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        _merge(raw, _read_toml(Path(path)))
+    _merge(raw, _from_env(os.environ if env is None else env))
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            section, _, key = dotted.rpartition(".")
+            _merge(raw, _nest(section.split("."), key, value))
+    return _build(raw)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _nest(sections: list[str], key: str, value: Any) -> dict[str, Any]:
+    nested: dict[str, Any] = {key: value}
+    for name in reversed(sections):
+        nested = {name: nested}
+    return nested
+
+
+def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    """Parse ``FANOUT_SECTION_KEY`` variables; values stay strings until validation."""
+    raw: dict[str, Any] = {}
+    lookup_keys = sorted((f.name for f in dataclasses.fields(LookupSettings)), key=len, reverse=True)
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):].lower()
+        if rest.startswith("lookups_"):
+            body = rest[len("lookups_"):]
+            key = next((k for k in lookup_keys if body.endswith("_" + k)), None)
+            if key is None:
+                raise ConfigError(f"{name}: expected FANOUT_LOOKUPS_<NAME>_<KEY>, "
+                                  f"KEY one of {', '.join(sorted(lookup_keys))}")
+            _merge(raw, _nest(["lookups", body[: -len(key) - 1]], key, value))
+            continue
+        section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
+        if section is None:
+            raise ConfigError(f"{name}: unknown section; expected one of "
+                              f"{', '.join(sorted([*_SECTIONS, 'lookups']))}")
+        _merge(raw, _nest([section], rest[len(section) + 1:], value))
+    return raw
+
+
+def _build(raw: Mapping[str, Any]) -> Settings:
+    unknown = set(raw) - set(_SECTIONS) - {"lookups"}
+    if unknown:
+        raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
+    parts = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    lookups_raw = raw.get("lookups", {})
+    if not isinstance(lookups_raw, Mapping):
+        raise ConfigError("lookups: must be a table of [lookups.<name>] sections")
+    lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body, rule_prefix="lookups")
+               for name, body in lookups_raw.items()}
+    return Settings(**parts, lookups=MappingProxyType(lookups))
+
+
+def _build_section(label: str, cls: type, body: Any, rule_prefix: Optional[str] = None) -> Any:
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"{label}: must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for key, value in body.items():
+        if key not in fields:
+            raise ConfigError(f"{label}.{key}: unknown key; expected one of {', '.join(fields)}")
+        values[key] = _coerce(f"{label}.{key}", f"{rule_prefix or label}.{key}",
+                              type(fields[key].default), value)
+    return cls(**values)
+
+
+def _coerce(label: str, rule: str, kind: type, value: Any) -> Any:
+    if kind is bool:
+        result = _to_bool(label, value)
+    elif kind is int:
+        result = _to_int(label, rule, value)
+    elif kind is float:
+        result = _to_float(label, value)
+    else:
+        if not isinstance(value, str):
+            raise ConfigError(f"{label}: must be a string, got {value!r}")
+        result = value.strip()
+    if rule in _CHOICES and result not in _CHOICES[rule]:
+        choices = ", ".join(repr(c) for c in _CHOICES[rule] if c)
+        raise ConfigError(f"{label}: must be one of {choices}, got {value!r}")
+    if rule in _URL_KEYS and not result.startswith(("http://", "https://")):
+        raise ConfigError(f"{label}: must be an http:// or https:// URL, got {value!r}")
+    if rule == "tracing.sample_ratio" and result > 1.0:
+        raise ConfigError(f"{label}: must be at most 1.0 (negative: use OTEL_TRACES_SAMPLER)")
+    return result
+
+
+def _to_bool(label: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{label}: must be true or false, got {value!r}")
+
+
+def _to_int(label: str, rule: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool) or isinstance(value, float):
+            raise ValueError
+        number = int(value, 10) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label}: must be an integer, got {value!r}") from None
+    low, high = _INT_MINIMUM.get(rule, 1), _INT_MAXIMUM.get(rule)
+    if number < low or (high is not None and number > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"{label}: must be an integer {bound}, got {value!r}")
+    return number
+
+
+def _to_float(label: str, value: Any) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{label}: must be a number, got {value!r}") from None
+
+
+def pool_warnings(settings: Settings) -> list[str]:
+    """Mismatched pool sizes that will queue or drop work, as human-readable warnings."""
+    fan = settings.fanout
+    warnings = []
+    if settings.http.pool_maxsize < fan.pool_size:
+        warnings.append(f"http.pool_maxsize ({settings.http.pool_maxsize}) < fanout.pool_size "
+                        f"({fan.pool_size}): parallel HTTP lookups will wait for a connection")
+    if settings.mongo.max_pool_size < fan.pool_size:
+        warnings.append(f"mongo.max_pool_size ({settings.mongo.max_pool_size}) < fanout.pool_size "
+                        f"({fan.pool_size}): parallel Mongo lookups will wait for a connection")
+    if fan.max_inflight_tasks < fan.pool_size:
+        warnings.append(f"fanout.max_inflight_tasks ({fan.max_inflight_tasks}) < fanout.pool_size "
+                        f"({fan.pool_size}): a single request can never use its whole pool")
+    if fan.task_timeout_ms > fan.request_deadline_ms:
+        warnings.append(f"fanout.task_timeout_ms ({fan.task_timeout_ms}) > "
+                        f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
+                        "the request deadline always cuts tasks first")
+    if fan.queue_timeout_ms >= fan.request_deadline_ms:
+        warnings.append(f"fanout.queue_timeout_ms ({fan.queue_timeout_ms}) >= "
+                        f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
+                        "queued tasks would time out before they are rejected")
+    return warnings

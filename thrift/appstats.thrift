@@ -1,0 +1,150 @@
+/*
+ * Fanout wire contract: one application's dashboard panels, gathered in parallel.
+ *
+ * Compatibility rules: never renumber or retype a field; add fields and methods
+ * only as optional additions. Times on the wire are epoch milliseconds and every
+ * duration says its unit in its name (deadline_ms, elapsed_ms).
+ *
+ * Default transport: framed; default protocol: binary. Buffered transport and
+ * compact protocol are server options; any Apache Thrift client using the same
+ * settings interoperates.
+ */
+
+namespace py appstats
+namespace java com.example.fanout.appstats
+namespace go appstats
+
+/** What happened to one requested panel. */
+enum TaskStatus {
+  OK = 0,         // gathered; its data is in StatsResponse.panels
+  ERROR = 1,      // the lookup failed; see error_type, message, retryable
+  TIMEOUT = 2,    // the task's budget or the request deadline ran out
+  CANCELLED = 3,  // stopped because a required sibling failed
+  REJECTED = 4,   // no pool slot became free in time
+  SKIPPED = 5     // not run: the lookup is disabled on this server
+}
+
+/** Caller-side metadata: trace context, remaining budget, correlation id. */
+struct RequestMeta {
+  /** W3C trace context from the caller: traceparent, tracestate, baggage. */
+  1: optional map<string, string> headers
+  /** The caller's remaining budget in milliseconds. */
+  2: optional i32 deadline_ms
+  /** The caller's id for this request, echoed in logs and spans. */
+  3: optional string request_id
+}
+
+/** One dashboard request: an application over the half-open window [start_ms, end_ms). */
+struct StatsRequest {
+  1: required string app
+  2: required i64 start_ms
+  3: required i64 end_ms
+  /** Panel names to gather; all panels the server offers when absent. */
+  4: optional list<string> panels
+  5: optional RequestMeta meta
+}
+
+struct TaskOutcome {
+  1: string name
+  2: string source
+  3: TaskStatus status
+  4: double elapsed_ms
+  5: optional string error_type
+  6: optional string message
+  /** True when the same call may succeed if tried again later. */
+  7: bool retryable
+}
+
+struct MessageCount {
+  1: string message
+  2: i64 count
+}
+
+/** Total errors in the window and the most frequent messages. */
+struct ErrorSummary {
+  1: i64 total
+  2: list<MessageCount> top
+}
+
+struct TopEntry {
+  1: string key
+  2: i64 count
+  3: double mean_ms
+  4: double total_ms
+}
+
+/** The largest entries (at most 10), ties broken by key. */
+struct TopList {
+  1: list<TopEntry> entries
+}
+
+struct Point {
+  1: i64 ts_ms
+  2: double value
+}
+
+struct Series {
+  1: list<Point> points
+  2: optional i64 step_ms
+}
+
+struct Alert {
+  1: string id
+  2: string severity
+  3: string title
+  4: i64 triggered_ms
+}
+
+struct AlertList {
+  1: list<Alert> alerts
+}
+
+/** One panel's data; exactly one member is set. */
+union PanelData {
+  1: ErrorSummary error_summary
+  2: TopList top_list
+  3: Series series
+  4: AlertList alert_list
+}
+
+struct StatsResponse {
+  1: string app
+  /** The panels that succeeded, by panel name. */
+  2: map<string, PanelData> panels
+  /** One entry per requested panel, whatever happened to it. */
+  3: list<TaskOutcome> outcomes
+  /** The request's trace id in lowercase hex (32 digits), empty if untraced. */
+  4: string trace_id
+  5: double elapsed_ms
+}
+
+/** The request is malformed; `field` names the offending field. Do not retry unchanged. */
+exception InvalidRequest {
+  1: string message
+  2: optional string field
+}
+
+/** The server cannot take this work now; retry after retry_after_ms. */
+exception Overloaded {
+  1: string message
+  2: optional i32 retry_after_ms
+}
+
+/**
+ * A required panel failed, so the response would be incomplete in a way the
+ * caller declared unacceptable. `outcomes` says what happened to every panel.
+ * Optional addition: declared so callers can tell it from transport errors.
+ */
+exception PanelFailed {
+  1: string message
+  2: optional string panel
+  3: optional list<TaskOutcome> outcomes
+}
+
+service AppStats {
+  string ping()
+  /** Names of the panels this server can gather. */
+  list<string> panels()
+  StatsResponse get_app_stats(1: StatsRequest request)
+    throws (1: InvalidRequest invalid, 2: Overloaded overloaded, 3: PanelFailed failed)
+}
