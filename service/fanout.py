@@ -1,0 +1,227 @@
+"""FanOut: run one request's tasks in parallel, bounded, within its deadline.
+
+Each task runs in its own greenlet, started in a copy of the request's
+contextvars context (so the request context and the current span reach it),
+holding one slot of the request's pool (``fanout.pool_size``) and one of the
+process-wide budget (``fanout.max_inflight_tasks``). Waiting for slots is
+bounded by ``fanout.queue_timeout_ms``; a task that gets none is ``REJECTED``.
+
+The request waits until every task is settled, a required task fails, or the
+deadline passes, whichever is first. Tasks still running then are *abandoned*:
+their outcome is already settled (``TIMEOUT`` or ``CANCELLED``), they are
+counted, and a reaper gives them ``fanout.abandon_grace_ms`` to finish on their
+own (their budget was pushed into their I/O, so they normally do) before it
+kills them. No task greenlet outlives its request by more than that grace.
+
+This module knows nothing of Thrift, MongoDB or HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import gevent
+from gevent import Greenlet
+from gevent.event import Event
+from gevent.lock import BoundedSemaphore
+
+from service.config import FanoutSettings
+from service.context import spawn_in_context
+from service.deadline import Deadline
+from service.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
+                              TaskOutcome, TaskStatus)
+from tracing.spans import mark_task_outcome, task_span
+
+__all__ = ["FanOut", "FanOutStats"]
+
+log = logging.getLogger(__name__)
+
+_MESSAGE_LIMIT = 500  # characters of an exception message carried in an outcome
+_KILL_WAIT_S = 1.0    # how long the reaper waits for a killed greenlet to unwind
+
+
+@dataclass
+class FanOutStats:
+    """Process-wide counters, for logs, health checks and tests."""
+
+    started: int = 0
+    rejected: int = 0
+    abandoned: int = 0   # still running when their request answered
+    killed: int = 0      # abandoned and still running after the grace period
+
+
+class _Run:
+    """The state of one request's fan-out. Outcomes settle once; the first one wins."""
+
+    def __init__(self, tasks: Sequence[Task], deadline: Deadline) -> None:
+        self.tasks = tasks
+        self.deadline = deadline
+        self.outcomes: list[Optional[TaskOutcome]] = [None] * len(tasks)
+        self.started_at: list[Optional[float]] = [None] * len(tasks)
+        self.greenlets: list[Greenlet] = []
+        self.failed_required: Optional[TaskOutcome] = None
+        self.wake = Event()
+        self._pending = len(tasks)
+        if not tasks:
+            self.wake.set()
+
+    def settle(self, index: int, outcome: TaskOutcome) -> TaskOutcome:
+        """Record ``outcome`` unless the task is settled already; return the one that counts."""
+        current = self.outcomes[index]
+        if current is not None:
+            return current
+        self.outcomes[index] = outcome
+        self._pending -= 1
+        if self.tasks[index].required and not outcome.ok and self.failed_required is None:
+            self.failed_required = outcome
+        if self._pending == 0 or self.failed_required is not None:
+            self.wake.set()
+        return outcome
+
+    def elapsed_ms(self, index: int) -> float:
+        started = self.started_at[index]
+        return 0.0 if started is None else (time.monotonic() - started) * 1000.0
+
+    def settle_rest(self, status: TaskStatus, message: str) -> None:
+        for index, task in enumerate(self.tasks):
+            if self.outcomes[index] is None:
+                self.settle(index, TaskOutcome(task.name, task.source, status, self.elapsed_ms(index),
+                                               error_type=status.value, message=message,
+                                               retryable=status is TaskStatus.TIMEOUT))
+
+
+class FanOut:
+    """Runs the tasks of one request at a time; one instance serves the whole process."""
+
+    def __init__(self, settings: FanoutSettings) -> None:
+        self.settings = settings
+        self.stats = FanOutStats()
+        self._inflight = BoundedSemaphore(settings.max_inflight_tasks)
+        self._reapers: set[Greenlet] = set()
+
+    @property
+    def inflight(self) -> int:
+        """Tasks holding a process-wide slot right now."""
+        return self.settings.max_inflight_tasks - self._inflight.counter
+
+    def run(self, tasks: Sequence[Task], deadline: Deadline) -> FanOutResult:
+        """Run ``tasks`` in parallel and return one outcome per task, in order.
+
+        Raises :class:`FanOutOverloaded` when no task could get a slot, and
+        :class:`RequiredTaskFailed` when a required task did not finish OK.
+        Every other failure is an outcome, never an exception.
+        """
+        started = time.monotonic()
+        run = _Run(tasks, deadline)
+        self._start_all(run)
+        if not run.wake.is_set():
+            run.wake.wait(timeout=deadline.remaining_s())
+        if run.failed_required is not None:
+            run.settle_rest(TaskStatus.CANCELLED, f"required task {run.failed_required.name!r} failed")
+        else:
+            run.settle_rest(TaskStatus.TIMEOUT, "request deadline passed")
+        self._abandon_stragglers(run)
+        result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
+                              (time.monotonic() - started) * 1000.0)
+        if run.failed_required is not None:
+            raise RequiredTaskFailed(run.failed_required, result)
+        if tasks and all(o.status is TaskStatus.REJECTED for o in result.outcomes):
+            raise FanOutOverloaded("no task could start: the fan-out pools are full",
+                                   retry_after_ms=max(self.settings.queue_timeout_ms, 50))
+        return result
+
+    def _start_all(self, run: _Run) -> None:
+        pool = BoundedSemaphore(self.settings.pool_size)
+        # All tasks queue at once, so each may wait for a slot until the same moment.
+        queue_until = run.deadline.earlier(self.settings.queue_timeout_ms)
+        queued_at = time.monotonic()
+        for index, task in enumerate(run.tasks):
+            if run.failed_required is not None:
+                return  # the rest are settled CANCELLED by run()
+            if not self._acquire(pool, queue_until):
+                self.stats.rejected += 1
+                wait_ms = (time.monotonic() - queued_at) * 1000.0
+                run.settle(index, TaskOutcome(
+                    task.name, task.source, TaskStatus.REJECTED, wait_ms, error_type="REJECTED",
+                    message="no pool slot became free in time", retryable=True, pool_wait_ms=wait_ms))
+                continue
+            self.stats.started += 1
+            run.started_at[index] = time.monotonic()
+            wait_ms = (run.started_at[index] - queued_at) * 1000.0
+            run.greenlets.append(spawn_in_context(self._run_task, run, index, pool, wait_ms))
+
+    def _acquire(self, pool: BoundedSemaphore, until: Deadline) -> bool:
+        """Take a request slot, then a process slot, waiting no later than ``until``."""
+        if not pool.acquire(timeout=until.remaining_s()):
+            return False
+        if self._inflight.acquire(timeout=until.remaining_s()):
+            return True
+        pool.release()
+        return False
+
+    def _run_task(self, run: _Run, index: int, pool: BoundedSemaphore, wait_ms: float) -> None:
+        task = run.tasks[index]
+        try:
+            with task_span(task.name, task.source, wait_ms) as span:
+                outcome, error = self._call(run, index, wait_ms)
+                final = run.settle(index, outcome)
+                # A late finisher reports what the caller was told, not what it did.
+                mark_task_outcome(span, final.status.value, error if final is outcome else None)
+        finally:
+            pool.release()
+            self._inflight.release()
+
+    def _call(self, run: _Run, index: int,
+              wait_ms: float) -> tuple[TaskOutcome, Optional[Exception]]:
+        task = run.tasks[index]
+        budget_s = min(task.timeout_ms / 1000.0, run.deadline.remaining_s())
+        if budget_s <= 0:
+            return TaskOutcome(task.name, task.source, TaskStatus.TIMEOUT, 0.0, error_type="TIMEOUT",
+                               message="no time left before the request deadline",
+                               retryable=True, pool_wait_ms=wait_ms), None
+        try:
+            value = task.call(budget_s)
+        except Exception as exc:  # every task failure becomes an outcome
+            return self._failure(task, exc, run.elapsed_ms(index), wait_ms), exc
+        return TaskOutcome(task.name, task.source, TaskStatus.OK, run.elapsed_ms(index),
+                           value=value, pool_wait_ms=wait_ms), None
+
+    @staticmethod
+    def _failure(task: Task, exc: Exception, elapsed_ms: float, wait_ms: float) -> TaskOutcome:
+        timed_out = isinstance(exc, TimeoutError)
+        declared = timed_out or hasattr(exc, "retryable")
+        if declared:
+            log.warning("task %s failed: %s: %s", task.name, type(exc).__name__, exc)
+        else:
+            log.error("task %s raised an unexpected error", task.name, exc_info=exc)
+        return TaskOutcome(
+            task.name, task.source, TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
+            elapsed_ms, error_type=type(exc).__name__,
+            message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
+            retryable=bool(getattr(exc, "retryable", timed_out)), pool_wait_ms=wait_ms)
+
+    def _abandon_stragglers(self, run: _Run) -> None:
+        stragglers = [g for g in run.greenlets if not g.dead]
+        if not stragglers:
+            return
+        self.stats.abandoned += len(stragglers)
+        reaper = spawn_in_context(self._reap, stragglers)
+        self._reapers.add(reaper)
+        reaper.link(self._reapers.discard)
+
+    def _reap(self, stragglers: list[Greenlet]) -> None:
+        gevent.joinall(stragglers, timeout=self.settings.abandon_grace_ms / 1000.0)
+        alive = [g for g in stragglers if not g.dead]
+        if alive:
+            self.stats.killed += len(alive)
+            log.warning("killing %d task greenlet(s) still running %d ms after their request ended",
+                        len(alive), self.settings.abandon_grace_ms)
+            gevent.killall(alive, block=True, timeout=_KILL_WAIT_S)
+
+    def wait_reapers(self, timeout_s: float) -> bool:
+        """Wait for abandoned tasks to end (used at shutdown and by tests); True if all did."""
+        gevent.joinall(list(self._reapers), timeout=timeout_s)
+        return not self._reapers

@@ -1,0 +1,96 @@
+"""Tasks, their typed outcomes, and the errors the fan-out engine raises.
+
+    FanOutError                 base class; raised only by FanOut.run
+     +-- FanOutOverloaded       no task of the request could get a slot; retry later
+     +-- RequiredTaskFailed     a task marked required did not finish OK; siblings were cancelled
+
+Task failures are never raised: each becomes a :class:`TaskOutcome`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+__all__ = ["TaskStatus", "Task", "TaskOutcome", "FanOutResult", "FanOutError",
+           "FanOutOverloaded", "RequiredTaskFailed"]
+
+
+class TaskStatus(enum.Enum):
+    """What happened to one task. Names match the Thrift ``TaskStatus`` enum."""
+
+    OK = "OK"                # finished with a value
+    ERROR = "ERROR"          # raised an exception
+    TIMEOUT = "TIMEOUT"      # its budget or the request deadline ran out
+    CANCELLED = "CANCELLED"  # a required sibling failed first
+    REJECTED = "REJECTED"    # no pool slot within fanout.queue_timeout_ms
+    SKIPPED = "SKIPPED"      # not run (e.g. disabled by configuration)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work: ``call(budget_s)`` returns a value or raises.
+
+    ``budget_s`` is ``min(timeout_ms, time left before the request deadline)``;
+    the callee must push it into its I/O so the library gives up by itself.
+    """
+
+    name: str
+    source: str
+    call: Callable[[float], Any]
+    timeout_ms: int
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """The one result every task yields, whatever happened."""
+
+    name: str
+    source: str
+    status: TaskStatus
+    elapsed_ms: float
+    value: Any = None
+    error_type: Optional[str] = None
+    message: Optional[str] = None
+    retryable: bool = False
+    pool_wait_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status is TaskStatus.OK
+
+
+@dataclass(frozen=True)
+class FanOutResult:
+    """All outcomes of one run, in task order."""
+
+    outcomes: tuple[TaskOutcome, ...]
+    elapsed_ms: float
+
+    def values(self) -> dict[str, Any]:
+        """The values of the tasks that finished OK, by task name."""
+        return {o.name: o.value for o in self.outcomes if o.ok}
+
+
+class FanOutError(Exception):
+    """Base class of the errors :meth:`FanOut.run` raises."""
+
+
+class FanOutOverloaded(FanOutError):
+    """Raised when not one task of the request could get a pool slot in time."""
+
+    def __init__(self, message: str, retry_after_ms: int) -> None:
+        super().__init__(message)
+        self.retry_after_ms = retry_after_ms
+
+
+class RequiredTaskFailed(FanOutError):
+    """Raised when a required task did not finish OK; ``result`` holds every outcome."""
+
+    def __init__(self, failed: TaskOutcome, result: FanOutResult) -> None:
+        super().__init__(f"required task {failed.name!r} ended {failed.status.value}"
+                         + (f": {failed.message}" if failed.message else ""))
+        self.failed = failed
+        self.result = result

@@ -1,0 +1,213 @@
+"""The fan-out engine: parallelism, bounds, deadlines, cancellation, outcomes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import gevent
+import pytest
+from opentelemetry import trace
+
+from lookups.errors import BackendUnavailable, BadBackendResponse
+from service.config import FanoutSettings
+from service.context import RequestContext, current_request, use_request
+from service.deadline import Deadline
+from service.fanout import FanOut
+from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus)
+
+
+def sleeper(seconds: float, value: Any = "done") -> Callable[[float], Any]:
+    def call(budget_s: float) -> Any:
+        gevent.sleep(min(seconds, budget_s))
+        if seconds > budget_s:
+            raise TimeoutError(f"needed {seconds}s, had {budget_s:.3f}s")
+        return value
+    return call
+
+
+def stubborn(seconds: float) -> Callable[[float], Any]:
+    """A task that ignores its budget, like a library call with no timeout."""
+    def call(budget_s: float) -> Any:
+        gevent.sleep(seconds)
+        return "late"
+    return call
+
+
+def raiser(exc: Exception, after_s: float = 0.0) -> Callable[[float], Any]:
+    def call(budget_s: float) -> Any:
+        gevent.sleep(after_s)
+        raise exc
+    return call
+
+
+def task(name: str, call: Callable[[float], Any], timeout_ms: int = 2000,
+         required: bool = False) -> Task:
+    return Task(name=name, source="test", call=call, timeout_ms=timeout_ms, required=required)
+
+
+def engine(**overrides: Any) -> FanOut:
+    return FanOut(FanoutSettings(**{"abandon_grace_ms": 100, **overrides}))
+
+
+def test_tasks_run_in_parallel_not_in_sequence() -> None:
+    fan = engine()
+    tasks = [task(f"t{i}", sleeper(0.1, value=i)) for i in range(7)]
+    began = time.monotonic()
+    result = fan.run(tasks, Deadline.after_ms(3000))
+    elapsed = time.monotonic() - began
+    assert [o.status for o in result.outcomes] == [TaskStatus.OK] * 7
+    assert result.values() == {f"t{i}": i for i in range(7)}
+    # Sequential would take 0.7 s; parallel about 0.1 s. The bound leaves room for a slow CI box.
+    assert elapsed < 0.35
+
+
+def test_request_pool_bounds_concurrency() -> None:
+    fan = engine(pool_size=2, queue_timeout_ms=2000)
+    running, peak = [0], [0]
+
+    def tracked(budget_s: float) -> str:
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        gevent.sleep(0.03)
+        running[0] -= 1
+        return "ok"
+
+    result = fan.run([task(f"t{i}", tracked) for i in range(6)], Deadline.after_ms(3000))
+    assert all(o.ok for o in result.outcomes)
+    assert peak[0] == 2
+    assert fan.inflight == 0
+
+
+def test_task_waiting_past_queue_timeout_is_rejected() -> None:
+    fan = engine(pool_size=1, queue_timeout_ms=30)
+    result = fan.run([task("first", sleeper(0.2)), task("second", sleeper(0.01))],
+                     Deadline.after_ms(3000))
+    first, second = result.outcomes
+    assert first.status is TaskStatus.OK
+    assert second.status is TaskStatus.REJECTED and second.retryable
+    assert second.pool_wait_ms >= 25
+    assert fan.stats.rejected == 1
+
+
+def test_no_task_can_start_raises_overloaded() -> None:
+    fan = engine(max_inflight_tasks=1, queue_timeout_ms=30)
+    hog = gevent.spawn(fan.run, [task("hog", sleeper(0.3))], Deadline.after_ms(3000))
+    gevent.sleep(0.01)
+    assert fan.inflight == 1
+    with pytest.raises(FanOutOverloaded) as caught:
+        fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], Deadline.after_ms(3000))
+    assert caught.value.retry_after_ms > 0
+    assert hog.get(timeout=2).outcomes[0].ok
+    assert fan.inflight == 0
+
+
+def test_children_see_request_context_and_parent_span(spans: Any) -> None:
+    fan = engine()
+    seen = {}
+
+    def look(budget_s: float) -> str:
+        seen["request"] = current_request()
+        seen["parent"] = trace.get_current_span().get_span_context()
+        return "ok"
+
+    tracer = trace.get_tracer("test")
+    request = RequestContext("req-1", "get_app_stats", Deadline.after_ms(1000))
+    with use_request(request), tracer.start_as_current_span("request") as root:
+        fan.run([task("look", look)], request.deadline)
+    assert seen["request"] is request
+    (task_span,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task look"]
+    assert task_span.parent.span_id == root.get_span_context().span_id
+    # Inside the task, the current span is the task's own span, a child of the request's.
+    assert seen["parent"].span_id == task_span.context.span_id
+
+
+def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
+    fan = engine(abandon_grace_ms=50)
+    began = time.monotonic()
+    result = fan.run([task("fast", sleeper(0.01)), task("stuck", stubborn(30))],
+                     Deadline.after_ms(150))
+    assert time.monotonic() - began < 0.5
+    fast, stuck = result.outcomes
+    assert fast.status is TaskStatus.OK
+    assert stuck.status is TaskStatus.TIMEOUT and stuck.retryable
+    assert fan.stats.abandoned == 1
+    assert fan.inflight == 1            # the straggler still holds its slot during the grace
+    assert fan.wait_reapers(timeout_s=3)
+    assert fan.stats.killed == 1
+    assert fan.inflight == 0
+
+
+def test_budget_is_min_of_task_timeout_and_time_left() -> None:
+    fan = engine()
+    budgets = {}
+
+    def record(name: str) -> Callable[[float], str]:
+        def call(budget_s: float) -> str:
+            budgets[name] = budget_s
+            return name
+        return call
+
+    fan.run([task("short", record("short"), timeout_ms=50), task("long", record("long"), timeout_ms=60_000)],
+            Deadline.after_ms(400))
+    assert budgets["short"] == pytest.approx(0.05, abs=0.001)
+    assert 0.3 < budgets["long"] <= 0.4
+
+
+def test_every_error_kind_becomes_its_outcome() -> None:
+    fan = engine()
+    result = fan.run([
+        task("unavailable", raiser(BackendUnavailable("connection refused"))),
+        task("bad", raiser(BadBackendResponse("not JSON"))),
+        task("slow", sleeper(5), timeout_ms=30),
+        task("bug", raiser(KeyError("x" * 2000))),
+        task("fine", sleeper(0)),
+    ], Deadline.after_ms(2000))
+    by_name = {o.name: o for o in result.outcomes}
+    assert [o.name for o in result.outcomes] == ["unavailable", "bad", "slow", "bug", "fine"]
+    assert (by_name["unavailable"].status, by_name["unavailable"].retryable) == (TaskStatus.ERROR, True)
+    assert by_name["unavailable"].error_type == "BackendUnavailable"
+    assert by_name["unavailable"].message == "connection refused"
+    assert (by_name["bad"].status, by_name["bad"].retryable) == (TaskStatus.ERROR, False)
+    assert (by_name["slow"].status, by_name["slow"].error_type) == (TaskStatus.TIMEOUT, "TimeoutError")
+    assert by_name["bug"].status is TaskStatus.ERROR and by_name["bug"].error_type == "KeyError"
+    assert len(by_name["bug"].message) <= 500
+    assert by_name["fine"].ok
+
+
+def test_required_failure_cancels_siblings_and_raises() -> None:
+    fan = engine(pool_size=2, queue_timeout_ms=2000)
+    began = time.monotonic()
+    with pytest.raises(RequiredTaskFailed) as caught:
+        fan.run([task("slow", sleeper(1.0)),
+                 task("must", raiser(BackendUnavailable("down"), after_s=0.02), required=True),
+                 task("queued", sleeper(0.01))],
+                Deadline.after_ms(3000))
+    assert time.monotonic() - began < 0.5
+    failure = caught.value
+    assert failure.failed.name == "must"
+    statuses = {o.name: o.status for o in failure.result.outcomes}
+    assert statuses == {"slow": TaskStatus.CANCELLED, "must": TaskStatus.ERROR,
+                        "queued": TaskStatus.CANCELLED}
+    assert fan.wait_reapers(timeout_s=3)
+    assert fan.inflight == 0
+
+
+def test_optional_failures_never_raise() -> None:
+    fan = engine()
+    result = fan.run([task("a", raiser(BackendUnavailable("down"))), task("b", sleeper(0))],
+                     Deadline.after_ms(1000))
+    assert [o.status for o in result.outcomes] == [TaskStatus.ERROR, TaskStatus.OK]
+
+
+def test_no_tasks_returns_at_once() -> None:
+    began = time.monotonic()
+    result = engine().run([], Deadline.after_ms(5000))
+    assert result.outcomes == () and time.monotonic() - began < 0.1
+
+
+def test_expired_deadline_times_out_without_calling() -> None:
+    called = []
+    result = engine().run([task("late", lambda budget: called.append(budget))], Deadline.after_ms(0))
+    assert result.outcomes[0].status is TaskStatus.TIMEOUT
+    assert called == []
