@@ -1,0 +1,160 @@
+"""The ``fanout`` command: serve, call, backends, demo."""
+
+# gevent must patch the standard library before pymongo, requests or grpc load.
+from gevent import monkey
+
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from typing import Any, Optional, Sequence  # noqa: E402
+
+import gevent  # noqa: E402
+from gevent.event import Event  # noqa: E402
+
+from service.config import ConfigError, Settings, load_settings  # noqa: E402
+
+__all__ = ["main"]
+
+log = logging.getLogger("fanout")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.run(args) or 0)
+    except ConfigError as exc:
+        print(f"fanout: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fanout", description=__doc__)
+    parser.add_argument("--log-level", default="warning",
+                        choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the Thrift server")
+    _server_flags(serve, with_config=True)
+    serve.set_defaults(run=_serve)
+
+    call = commands.add_parser("call", help="call a running server, as the web tier would")
+    call.add_argument("method", choices=["ping", "panels", "get_app_stats"])
+    _server_flags(call, with_config=False)
+    call.add_argument("--app", help="application name (get_app_stats)")
+    call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
+    call.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: now)")
+    call.add_argument("--panels", help="comma-separated panel names (default: all)")
+    call.add_argument("--deadline-ms", type=int, default=2000, help="the call's budget")
+    call.add_argument("--json", action="store_true", help="print the response as JSON")
+    call.set_defaults(run=_call)
+
+    backends = commands.add_parser("backends", help="run the embedded sample backends")
+    backends.set_defaults(run=_backends)
+
+    demo = commands.add_parser("demo", help="start backends and server, call once, print, stop")
+    demo.add_argument("--config", help="TOML settings file")
+    demo.add_argument("--app", default="shop", help="sample application to show")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
+    if with_config:
+        parser.add_argument("--config", help="TOML settings file")
+    parser.add_argument("--host", help="server host (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="server port (default 9090)")
+    parser.add_argument("--transport", choices=["framed", "buffered"])
+    parser.add_argument("--protocol", choices=["binary", "compact"])
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(getattr(args, "config", None), overrides={
+        "server.host": args.host, "server.port": args.port,
+        "server.transport": args.transport, "server.protocol": args.protocol})
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from service.app import FanoutService
+    from tracing.setup import configure_tracing
+
+    settings = _settings(args)
+    tracing = configure_tracing(settings.tracing)
+    service = FanoutService(settings).start()
+    host, port = service.address
+    print(f"fanout: serving on {host}:{port}", flush=True)
+    _wait_for_signal()
+    log.info("stopping: draining calls in flight")
+    service.stop()
+    tracing.shutdown()
+    return 0
+
+
+def _wait_for_signal() -> None:
+    stop = Event()
+    handlers = [gevent.signal_handler(sig, stop.set) for sig in (signal.SIGTERM, signal.SIGINT)]
+    try:
+        stop.wait()
+    finally:
+        for handler in handlers:
+            handler.cancel()
+
+
+def _call(args: argparse.Namespace) -> int:
+    from service.client import AppStatsClient
+    from service.idl import appstats
+    from service.report import format_response, response_to_json
+
+    settings = _settings(args)
+    with AppStatsClient(settings.server.host, settings.server.port,
+                        transport=settings.server.transport, protocol=settings.server.protocol,
+                        timeout_ms=args.deadline_ms) as client:
+        if args.method != "get_app_stats":
+            result: Any = getattr(client, args.method)()
+            print(json.dumps(result) if args.json else result)
+            return 0
+        if not args.app:
+            print("fanout call get_app_stats: --app is required", file=sys.stderr)
+            return 2
+        now_ms = int(time.time() * 1000)
+        panels = [p.strip() for p in args.panels.split(",")] if args.panels else None
+        try:
+            response = client.get_app_stats(
+                args.app, args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
+                args.end_ms if args.end_ms is not None else now_ms, panels,
+                deadline_ms=args.deadline_ms)
+        except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
+            print(f"fanout call: {type(exc).__name__}: {exc.message}", file=sys.stderr)
+            return 1
+    print(json.dumps(response_to_json(response), indent=2) if args.json else format_response(response))
+    return 0
+
+
+def _backends(args: argparse.Namespace) -> int:
+    from service.backends import DemoBackends
+
+    with DemoBackends() as backends:
+        print("Sample backends are running (seeded, deterministic):")
+        for key, value in backends.settings_overrides().items():
+            print(f"  {key:<18} {value}")
+        print("\nPoint a server at them with this config (fanout serve --config FILE):\n")
+        print(backends.config_snippet(), flush=True)
+        print("Press Ctrl-C to stop.", flush=True)
+        _wait_for_signal()
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    return run_demo(sys.stdout, app=args.app, config_path=args.config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

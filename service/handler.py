@@ -1,0 +1,107 @@
+"""The AppStats RPC handler: validate, enter context, plan, fan out, map to Thrift.
+
+One method per IDL method. This is the only layer that knows both the Thrift
+types and the engine; declared Thrift exceptions leave from here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping
+
+from lookups.base import Lookup
+from lookups.panels import Window
+from service.config import Settings
+from service.context import RequestContext, new_request_id, use_request
+from service.deadline import Deadline
+from service.fanout import FanOut
+from service.idl import appstats
+from service.mapping import to_panel_data, to_thrift_outcomes
+from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
+                              TaskStatus)
+from service.validation import ValidRequest, validate_stats_request
+from tracing.spans import request_span, trace_id_hex
+
+__all__ = ["AppStatsHandler"]
+
+log = logging.getLogger(__name__)
+
+
+class AppStatsHandler:
+    """Serves ``AppStats`` from a set of lookups, through one shared :class:`FanOut`.
+
+    ``lookups`` maps every panel this server offers to its lookup, in display
+    order; which of them run, their timeouts and whether each is required come
+    from ``settings.lookups``.
+    """
+
+    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut) -> None:
+        self._settings = settings
+        self._lookups = dict(lookups)
+        self._fanout = fanout
+
+    def ping(self) -> str:
+        return "pong"
+
+    def panels(self) -> list[str]:
+        """The panels this server can gather (enabled ones only)."""
+        return [name for name in self._lookups if self._settings.lookup(name).enabled]
+
+    def get_app_stats(self, request: Any) -> Any:
+        """Gather the requested panels.
+
+        Raises ``InvalidRequest`` for bad input, ``Overloaded`` when no panel could
+        start, ``PanelFailed`` when a required panel failed.
+        """
+        started = time.monotonic()
+        valid = validate_stats_request(request, list(self._lookups), self.panels(),
+                                       self._settings.fanout)
+        context = RequestContext(request_id=valid.request_id or new_request_id(),
+                                 method="get_app_stats",
+                                 deadline=Deadline.after_ms(valid.deadline_ms),
+                                 headers=valid.headers)
+        with use_request(context), request_span("get_app_stats", valid.headers,
+                                                context.request_id) as span:
+            outcomes = self._gather(valid, context)
+            return appstats.StatsResponse(
+                app=valid.window.app,
+                panels={o.name: o.value for o in outcomes if o.ok},
+                outcomes=to_thrift_outcomes(outcomes),
+                trace_id=trace_id_hex(span),
+                elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+
+    def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
+        tasks, skipped = self._plan(valid)
+        try:
+            result = self._fanout.run(tasks, context.deadline)
+        except FanOutOverloaded as exc:
+            log.warning("request %s overloaded: %s", context.request_id, exc)
+            raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
+        except RequiredTaskFailed as exc:
+            log.warning("request %s failed: %s", context.request_id, exc)
+            raise appstats.PanelFailed(message=str(exc), panel=exc.failed.name,
+                                       outcomes=to_thrift_outcomes(exc.result.outcomes)) from None
+        by_name = {o.name: o for o in (*result.outcomes, *skipped)}
+        return [by_name[name] for name in valid.panels]
+
+    def _plan(self, valid: ValidRequest) -> tuple[list[Task], list[TaskOutcome]]:
+        tasks, skipped = [], []
+        for name in valid.panels:
+            lookup, policy = self._lookups[name], self._settings.lookup(name)
+            if not policy.enabled:
+                skipped.append(TaskOutcome(name, lookup.source, TaskStatus.SKIPPED, 0.0,
+                                           message="disabled on this server"))
+                continue
+            tasks.append(Task(name=name, source=lookup.source,
+                              call=_panel_call(lookup, valid.window),
+                              timeout_ms=self._settings.task_timeout_ms(name),
+                              required=policy.required))
+        return tasks, skipped
+
+
+def _panel_call(lookup: Lookup, window: Window) -> Callable[[float], Any]:
+    """The task body: fetch, then map to Thrift inside the task, so a bad value is that task's ERROR."""
+    def call(budget_s: float) -> Any:
+        return to_panel_data(lookup.fetch(window, budget_s))
+    return call
