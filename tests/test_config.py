@@ -1,0 +1,91 @@
+"""Settings: defaults, precedence (file < env < flags), and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.config import ConfigError, Settings, load_settings, pool_warnings
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fanout.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_the_documented_contract() -> None:
+    settings = load_settings(env={})
+    assert (settings.server.host, settings.server.port) == ("127.0.0.1", 9090)
+    assert (settings.server.transport, settings.server.protocol) == ("framed", "binary")
+    assert settings.server.max_frame_bytes == 1024 * 1024
+    assert (settings.fanout.pool_size, settings.fanout.max_inflight_tasks) == (16, 1000)
+    assert settings.mongo.database == "apm"
+    assert settings.lookup("errors").enabled and not settings.lookup("errors").required
+    assert settings.task_timeout_ms("errors") == settings.fanout.task_timeout_ms
+
+
+def test_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+[server]
+port = 9100
+protocol = "compact"
+[fanout]
+pool_size = 8
+[lookups.errors]
+required = true
+timeout_ms = 250
+""")
+    env = {"FANOUT_SERVER_PORT": "9200", "FANOUT_LOOKUPS_ERRORS_TIMEOUT_MS": "300",
+           "FANOUT_LOOKUPS_LATENCY_ENABLED": "false", "PATH": "/bin"}
+    settings = load_settings(path, env=env, overrides={"server.port": 9300, "server.host": None})
+    assert settings.server.port == 9300            # flag beats env beats file
+    assert settings.server.protocol == "compact"   # file beats default
+    assert settings.fanout.pool_size == 8
+    assert settings.lookup("errors").required and settings.task_timeout_ms("errors") == 300
+    assert settings.lookup("latency").enabled is False
+    assert settings.server.host == "127.0.0.1"     # a None flag is ignored
+
+
+@pytest.mark.parametrize("text, env, key", [
+    ("[fanout]\npool_size = 0\n", {}, "fanout.pool_size"),
+    ("[fanout]\npool_size = 'many'\n", {}, "fanout.pool_size"),
+    ("[server]\ntransport = 'http'\n", {}, "server.transport"),
+    ("[server]\nport = 70000\n", {}, "server.port"),
+    ("[server]\nprot = 'binary'\n", {}, "server.prot"),
+    ("[http]\nalerts_url = 'ftp://x'\n", {}, "http.alerts_url"),
+    ("[lookups.errors]\nrequired = 'perhaps'\n", {}, "lookups.errors.required"),
+    ("[nosuch]\nx = 1\n", {}, "nosuch"),
+    ("", {"FANOUT_FANOUT_QUEUE_TIMEOUT_MS": "-5"}, "fanout.queue_timeout_ms"),
+    ("", {"FANOUT_MONGO_MAX_POOL_SIZE": "1.5"}, "mongo.max_pool_size"),
+    ("", {"FANOUT_NOPE_X": "1"}, "FANOUT_NOPE_X"),
+    ("", {"FANOUT_TRACING_SAMPLE_RATIO": "2"}, "tracing.sample_ratio"),
+])
+def test_bad_values_fail_naming_the_key(tmp_path: Path, text: str, env: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(write(tmp_path, text), env=env)
+    assert str(caught.value).startswith(key)
+
+
+def test_unreadable_and_invalid_files_are_config_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "missing.toml", env={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(write(tmp_path, "[server\n"), env={})
+
+
+def test_settings_are_immutable() -> None:
+    settings = load_settings(env={})
+    with pytest.raises(AttributeError):
+        settings.server.port = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        settings.lookups["x"] = None  # type: ignore[index]
+
+
+def test_pool_warnings_name_the_mismatch() -> None:
+    assert pool_warnings(Settings()) == []
+    settings = load_settings(env={"FANOUT_HTTP_POOL_MAXSIZE": "4", "FANOUT_MONGO_MAX_POOL_SIZE": "2"})
+    warnings = pool_warnings(settings)
+    assert any(w.startswith("http.pool_maxsize (4) < fanout.pool_size (16)") for w in warnings)
+    assert any(w.startswith("mongo.max_pool_size (2) < fanout.pool_size (16)") for w in warnings)

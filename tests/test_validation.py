@@ -1,0 +1,77 @@
+"""Request validation: every bad field raises InvalidRequest naming it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.config import FanoutSettings
+from service.idl import appstats
+from service.validation import validate_stats_request
+
+KNOWN = ("errors", "urls", "alerts")
+DAY_MS = 24 * 3600 * 1000
+
+
+def request(**fields: Any) -> Any:
+    base = dict(app="shop", start_ms=1_000, end_ms=1_000 + DAY_MS)
+    base.update(fields)
+    return appstats.StatsRequest(**base)
+
+
+def validate(req: Any, default: tuple[str, ...] = KNOWN) -> Any:
+    return validate_stats_request(req, KNOWN, default, FanoutSettings(request_deadline_ms=2000))
+
+
+def test_a_good_request_becomes_trusted_values() -> None:
+    valid = validate(request(panels=["alerts", "errors"], meta=appstats.RequestMeta(
+        deadline_ms=500, request_id="abc-1",
+        headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "Cookie": "secret"})))
+    assert (valid.window.app, valid.window.start_ms, valid.window.end_ms) == ("shop", 1_000, 1_000 + DAY_MS)
+    assert valid.panels == ("alerts", "errors")
+    assert valid.deadline_ms == 500 and valid.request_id == "abc-1"
+    assert set(valid.headers) == {"traceparent"}     # nothing but propagation headers is kept
+
+
+def test_defaults_all_offered_panels_and_server_deadline() -> None:
+    valid = validate(request(), default=("errors", "urls"))
+    assert valid.panels == ("errors", "urls")
+    assert valid.deadline_ms == 2000
+    assert validate(request(meta=appstats.RequestMeta(deadline_ms=60_000))).deadline_ms == 2000
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(app=""), "app"),
+    (dict(app=None), "app"),
+    (dict(app="x" * 65), "app"),
+    (dict(app="shop/../admin"), "app"),
+    (dict(app='{"$ne": 1}'), "app"),
+    (dict(app="-leading-dash"), "app"),
+    (dict(start_ms=None), "start_ms"),
+    (dict(start_ms=-1), "start_ms"),
+    (dict(end_ms=500), "end_ms"),
+    (dict(end_ms=1_000), "end_ms"),
+    (dict(end_ms=1_000 + 40 * DAY_MS), "end_ms"),
+    (dict(panels=[]), "panels"),
+    (dict(panels=["errors", "nope"]), "panels"),
+    (dict(panels=["errors", "errors"]), "panels"),
+    (dict(panels=["errors"] * 10), "panels"),
+    (dict(meta=appstats.RequestMeta(deadline_ms=0)), "meta.deadline_ms"),
+    (dict(meta=appstats.RequestMeta(deadline_ms=-5)), "meta.deadline_ms"),
+    (dict(meta=appstats.RequestMeta(deadline_ms=2**31 - 1)), "meta.deadline_ms"),
+    (dict(meta=appstats.RequestMeta(request_id="has space")), "meta.request_id"),
+    (dict(meta=appstats.RequestMeta(headers={f"h{i}": "v" for i in range(100)})), "meta.headers"),
+    (dict(meta=appstats.RequestMeta(headers={"traceparent": "x" * 10_000})), "meta.headers"),
+])
+def test_bad_fields_are_named(fields: dict, field: str) -> None:
+    with pytest.raises(appstats.InvalidRequest) as caught:
+        validate(request(**fields))
+    assert caught.value.field == field
+    assert caught.value.message.startswith(field + ":")
+
+
+def test_missing_request_is_invalid() -> None:
+    with pytest.raises(appstats.InvalidRequest) as caught:
+        validate(None)
+    assert caught.value.field == "request"
