@@ -1,0 +1,9 @@
+"""Tracing: provider set-up, span helpers, trace-context propagation and a text waterfall.
+
+Import from the submodules (``tracing.setup``, ``tracing.spans``,
+``tracing.propagation``, ``tracing.waterfall``). This package imports nothing
+eagerly, so importing a span helper never loads pymongo or requests before
+gevent has patched the standard library.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,209 @@
+"""Spans leave over the wire: real OTLP/HTTP and OTLP/gRPC receivers in-process, on 127.0.0.1 port 0."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from concurrent import futures
+from typing import Iterator, Mapping, Optional
+
+import gevent
+import grpc
+import pytest
+import requests
+from gevent.pywsgi import WSGIServer
+from gevent.queue import Empty, Queue
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.trace import SpanKind
+
+from service.config import TracingSettings
+from tracing.setup import Tracing, configure_tracing, prepare_grpc_for_gevent
+
+RECEIVE_TIMEOUT_S = 10
+
+
+class Received:
+    """What a receiver got: decoded export requests, one per call, plus the HTTP paths asked for."""
+
+    def __init__(self) -> None:
+        self.requests: Queue = Queue()
+        self.paths: list[str] = []
+        self.delay_s = 0.0
+
+    def spans(self) -> dict[str, dict]:
+        """Every span of the next export request, by name, as plain values."""
+        try:
+            request = self.requests.get(timeout=RECEIVE_TIMEOUT_S)
+        except Empty:
+            pytest.fail(f"no export request arrived within {RECEIVE_TIMEOUT_S} s")
+        found = {}
+        for resource_spans in request.resource_spans:
+            resource = _attributes(resource_spans.resource.attributes)
+            for scope_spans in resource_spans.scope_spans:
+                for span in scope_spans.spans:
+                    found[span.name] = {"trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
+                                        "parent_span_id": span.parent_span_id.hex(), "kind": span.kind,
+                                        "attributes": _attributes(span.attributes), "resource": resource}
+        return found
+
+
+def _attributes(key_values) -> dict:
+    return {item.key: getattr(item.value, item.value.WhichOneof("value")) for item in key_values}
+
+
+@pytest.fixture
+def http_receiver() -> Iterator[tuple[str, Received]]:
+    """An OTLP/HTTP receiver: POST /v1/traces with a protobuf ExportTraceServiceRequest body."""
+    received = Received()
+
+    def application(environ, start_response):
+        received.paths.append(environ["PATH_INFO"])
+        if environ["REQUEST_METHOD"] != "POST" or environ["PATH_INFO"] != "/v1/traces":
+            start_response("404 Not Found", [("Content-Length", "0")])
+            return [b""]
+        body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        gevent.sleep(received.delay_s)
+        received.requests.put(ExportTraceServiceRequest.FromString(body))
+        reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+        start_response("200 OK", [("Content-Type", "application/x-protobuf"),
+                                  ("Content-Length", str(len(reply)))])
+        return [reply]
+
+    server = WSGIServer(("127.0.0.1", 0), application, log=None, error_log=None)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", received
+    finally:
+        server.stop(timeout=2)
+
+
+@pytest.fixture
+def configure() -> Iterator:
+    """configure_tracing for standalone providers, each shut down after the test."""
+    handles: list[Tracing] = []
+
+    def _configure(env: Optional[Mapping[str, str]] = None, **settings: object) -> Tracing:
+        handle = configure_tracing(TracingSettings(service_name="export-test", **settings),
+                                   set_global=False, env=env or {})
+        handles.append(handle)
+        return handle
+
+    yield _configure
+    for handle in handles:
+        handle.shutdown()
+
+
+@contextmanager
+def ticking() -> Iterator[list[float]]:
+    """Count 10 ms ticks of another greenlet for the block: a blocked hub stops them."""
+    ticks: list[float] = []
+
+    def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            gevent.sleep(0.01)
+
+    clock = gevent.spawn(ticker)
+    try:
+        yield ticks
+    finally:
+        clock.kill()
+
+
+def make_trace(handle: Tracing) -> None:
+    tracer = handle.provider.get_tracer("export-test")
+    with tracer.start_as_current_span("AppStats/getStats", kind=SpanKind.SERVER,
+                                      attributes={"rpc.method": "getStats"}):
+        with tracer.start_as_current_span("fanout.task errors",
+                                          attributes={"fanout.async": True, "fanout.pool.wait_ms": 0.5}):
+            pass
+
+
+def assert_trace_arrived(spans: dict[str, dict]) -> None:
+    server, task = spans["AppStats/getStats"], spans["fanout.task errors"]
+    assert task["trace_id"] == server["trace_id"]
+    assert task["parent_span_id"] == server["span_id"]
+    assert server["parent_span_id"] == ""
+    assert server["attributes"] == {"rpc.method": "getStats"}
+    assert task["attributes"] == {"fanout.async": True, "fanout.pool.wait_ms": 0.5}
+    assert server["resource"]["service.name"] == "export-test"
+
+
+def test_otlp_http_export_through_the_batch_processor(configure, http_receiver) -> None:
+    url, received = http_receiver
+    handle = configure(exporter="otlp", otlp_protocol="http/protobuf", endpoint=url)
+    make_trace(handle)
+    assert handle.force_flush(10_000)
+    assert_trace_arrived(received.spans())
+    assert received.paths == ["/v1/traces"]
+
+
+@pytest.mark.parametrize("env_name, suffix", [
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/v1/traces"),
+])
+def test_otlp_http_endpoint_from_otel_env(configure, http_receiver, env_name, suffix) -> None:
+    url, received = http_receiver
+    handle = configure({env_name: url + suffix})
+    make_trace(handle)
+    assert handle.force_flush(10_000)
+    assert_trace_arrived(received.spans())
+
+
+def test_batch_worker_exports_on_its_own_without_blocking_the_hub(configure, http_receiver,
+                                                                  monkeypatch) -> None:
+    url, received = http_receiver
+    received.delay_s = 0.5
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    handle = configure(exporter="otlp", endpoint=url)
+    with ticking() as ticks:
+        make_trace(handle)
+        spans = received.spans()  # no flush: the batch worker greenlet sends on its schedule
+    assert_trace_arrived(spans)
+    # The receiver held the export for 0.5 s; a hub blocked by it would have ticked a handful of times.
+    assert len(ticks) >= 15, len(ticks)
+
+
+def test_the_exporters_own_http_calls_are_not_traced(configure, http_receiver, spans) -> None:
+    url, received = http_receiver
+    # Contrast first: the session has requests instrumented, so a plain POST is a span.
+    requests.post(url + "/elsewhere", data=b"", timeout=5)
+    assert [span.kind for span in spans.get_finished_spans()] == [SpanKind.CLIENT]
+    spans.clear()
+    handle = configure(exporter="otlp", endpoint=url)
+    make_trace(handle)
+    assert handle.force_flush(10_000)
+    assert_trace_arrived(received.spans())
+    assert spans.get_finished_spans() == ()
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, received: Received) -> None:
+        self.received = received
+
+    def Export(self, request, context):  # noqa: N802 - the generated service's name
+        gevent.sleep(self.received.delay_s)
+        self.received.requests.put(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_otlp_grpc_export_under_gevent(configure) -> None:
+    # gRPC must be readied for gevent before its first object, here the receiving server.
+    prepare_grpc_for_gevent()
+    received = Received()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(received), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        handle = configure(exporter="otlp", otlp_protocol="grpc", endpoint=f"http://127.0.0.1:{port}")
+        received.delay_s = 0.5
+        make_trace(handle)
+        with ticking() as ticks:
+            assert handle.force_flush(10_000)
+        assert_trace_arrived(received.spans())
+        # The export waited 0.5 s on the receiver; other greenlets must have run meanwhile.
+        assert len(ticks) >= 15, len(ticks)
+    finally:
+        server.stop(grace=None).wait(5)

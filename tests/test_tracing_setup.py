@@ -1,0 +1,176 @@
+"""configure_tracing: exporter, protocol, sampler and service-name selection, and the global provider."""
+
+from __future__ import annotations
+
+from typing import Iterator, Mapping, Optional
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
+from opentelemetry.instrumentation.requests import RequestsInstrumentor
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from service.config import ConfigError, TracingSettings
+from tracing.setup import DEFAULT_SERVICE_NAME, Tracing, TracingAlreadyConfigured, configure_tracing
+
+SAMPLED_REMOTE_PARENT = SpanContext(trace_id=0x5B8AA5A2D2C872E8321CF37308D69DF2, span_id=0x051581BF3CB55C13,
+                                    is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+@pytest.fixture
+def build() -> Iterator:
+    """Build standalone providers and shut every one down after the test."""
+    handles: list[Tracing] = []
+
+    def _build(env: Optional[Mapping[str, str]] = None, **settings: object) -> Tracing:
+        handle = configure_tracing(TracingSettings(**settings), set_global=False, env=env or {})
+        handles.append(handle)
+        return handle
+
+    yield _build
+    for handle in handles:
+        handle.shutdown()
+
+
+def exporter_types(handle: Tracing) -> list[type]:
+    return [type(exporter) for exporter in handle.exporters]
+
+
+@pytest.mark.parametrize("settings, expected", [
+    ({"exporter": "console"}, [ConsoleSpanExporter]),
+    ({"exporter": "none"}, []),
+    ({"exporter": "otlp"}, [HttpExporter]),
+    ({"exporter": "otlp", "otlp_protocol": "http/protobuf"}, [HttpExporter]),
+    ({"exporter": "otlp", "otlp_protocol": "grpc"}, [GrpcExporter]),
+    ({}, [HttpExporter]),
+])
+def test_exporter_is_chosen_from_settings(build, settings, expected) -> None:
+    assert exporter_types(build(**settings)) == expected
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"OTEL_TRACES_EXPORTER": "console"}, [ConsoleSpanExporter]),
+    ({"OTEL_TRACES_EXPORTER": "none"}, []),
+    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, [HttpExporter, ConsoleSpanExporter]),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [GrpcExporter]),
+    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+     [GrpcExporter]),
+])
+def test_exporter_and_protocol_are_chosen_from_otel_env(build, env, expected) -> None:
+    assert exporter_types(build(env)) == expected
+
+
+def test_settings_win_over_otel_env(build) -> None:
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    assert exporter_types(build(env, exporter="otlp", otlp_protocol="http/protobuf")) == [HttpExporter]
+    assert exporter_types(build(env, exporter="none")) == []
+
+
+def test_process_environment_is_used_when_no_mapping_is_given(monkeypatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "from-process-env")
+    handle = configure_tracing(TracingSettings(), set_global=False)
+    try:
+        assert exporter_types(handle) == [ConsoleSpanExporter]
+        assert handle.provider.resource.attributes["service.name"] == "from-process-env"
+    finally:
+        handle.shutdown()
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+])
+def test_unsupported_otel_env_values_fail_at_start_up(build, env, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build(env)
+
+
+@pytest.mark.parametrize("settings, env, expected", [
+    ({"service_name": "from-settings"}, {"OTEL_SERVICE_NAME": "from-env"}, "from-settings"),
+    ({}, {"OTEL_SERVICE_NAME": "from-env"}, "from-env"),
+    ({}, {}, DEFAULT_SERVICE_NAME),
+])
+def test_service_name_precedence(build, settings, env, expected) -> None:
+    handle = build(env, exporter="none", **settings)
+    assert handle.provider.resource.attributes["service.name"] == expected
+
+
+def recorded(handle: Tracing, parent: Optional[SpanContext] = None) -> bool:
+    """Whether the provider records a span started as a root, or under ``parent``."""
+    context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
+    span = handle.provider.get_tracer("test").start_span("probe", context=context)
+    recording = span.is_recording()
+    span.end()
+    return recording
+
+
+def test_sample_ratio_setting_is_parent_based(build) -> None:
+    handle = build({"OTEL_TRACES_SAMPLER": "always_on"}, exporter="none", sample_ratio=0.0)
+    assert "TraceIdRatioBased{0.0}" in handle.provider.sampler.get_description()
+    assert not recorded(handle)
+    assert recorded(handle, SAMPLED_REMOTE_PARENT)
+
+
+@pytest.mark.parametrize("env, root_recorded, under_sampled_parent", [
+    ({}, True, True),
+    ({"OTEL_TRACES_SAMPLER": "always_off"}, False, False),
+    ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, False, True),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, False, False),
+    ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, False, True),
+    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "lots"}, True, True),
+    ({"OTEL_TRACES_SAMPLER": "no_such_sampler"}, True, True),
+])
+def test_sampler_from_otel_env(build, env, root_recorded, under_sampled_parent) -> None:
+    handle = build(env, exporter="none")
+    assert recorded(handle) is root_recorded
+    assert recorded(handle, SAMPLED_REMOTE_PARENT) is under_sampled_parent
+
+
+def test_ratio_from_otel_env_reaches_the_sampler(build) -> None:
+    env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
+    assert "TraceIdRatioBased{0.25}" in build(env, exporter="none").provider.sampler.get_description()
+
+
+def test_extra_processors_receive_spans_and_shutdown_stops_them(build) -> None:
+    memory = InMemorySpanExporter()
+    handle = configure_tracing(TracingSettings(exporter="none"), set_global=False, env={},
+                               extra_processors=[SimpleSpanProcessor(memory)])
+    handle.provider.get_tracer("test").start_span("before").end()
+    assert handle.force_flush(1000)
+    handle.shutdown()
+    handle.shutdown()
+    handle.provider.get_tracer("test").start_span("after").end()
+    assert [span.name for span in memory.get_finished_spans()] == ["before"]
+
+
+def test_disabled_installs_nothing_and_is_inert(session_tracing) -> None:
+    handle = configure_tracing(TracingSettings(enabled=False, exporter="console"), env={})
+    assert handle.provider is None and not handle.enabled and handle.exporters == ()
+    assert trace.get_tracer_provider() is session_tracing.provider
+    assert handle.force_flush(10)
+    handle.shutdown()
+    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_session_provider_is_global_and_instruments_pymongo_and_requests(session_tracing) -> None:
+    assert trace.get_tracer_provider() is session_tracing.provider
+    assert PymongoInstrumentor().is_instrumented_by_opentelemetry
+    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_a_second_global_provider_is_refused(session_tracing) -> None:
+    with pytest.raises(TracingAlreadyConfigured):
+        configure_tracing(TracingSettings(exporter="none"), env={})
+    assert trace.get_tracer_provider() is session_tracing.provider
+
+
+def test_standalone_provider_does_not_touch_instrumentation(build, session_tracing) -> None:
+    handle = build(exporter="none")
+    handle.shutdown()
+    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+    assert trace.get_tracer_provider() is session_tracing.provider

@@ -1,0 +1,264 @@
+"""request_span, task_span, mark_task_outcome and trace-context propagation, on the session provider."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import gevent
+import pymongo
+import pytest
+import requests
+from gevent.pywsgi import WSGIServer
+from opentelemetry import baggage, trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_id, format_trace_id
+
+from service.context import spawn_in_context
+from tracing.propagation import MAX_HEADER_CHARS, extract_context, inject_headers
+from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT_ID = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{PARENT_ID}-01"
+PANELS = ("errors", "urls", "controllers", "queries", "alerts", "latency", "volume")
+
+
+def finished(spans, name: str) -> ReadableSpan:
+    matches = [span for span in spans.get_finished_spans() if span.name == name]
+    assert len(matches) == 1, [span.name for span in spans.get_finished_spans()]
+    return matches[0]
+
+
+def test_request_span_continues_the_callers_trace_from_injected_headers(spans) -> None:
+    client_tracer = trace.get_tracer("web-tier")
+    with client_tracer.start_as_current_span("web GET /dashboard", kind=SpanKind.CLIENT) as client:
+        headers = inject_headers()
+    with request_span("getStats", headers, "req-1"):
+        pass
+    server = finished(spans, "AppStats/getStats")
+    assert server.kind is SpanKind.SERVER
+    assert server.context.trace_id == client.get_span_context().trace_id
+    assert server.parent.span_id == client.get_span_context().span_id
+    assert server.parent.is_remote
+
+
+def test_request_span_honours_a_literal_w3c_header_with_state_and_baggage(spans) -> None:
+    headers = {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE", "baggage": "tenant=acme"}
+    with request_span("getStats", headers, "req-2") as span:
+        assert trace.get_current_span() is span
+        assert baggage.get_baggage("tenant") == "acme"
+        assert trace_id_hex(span) == TRACE_ID
+    assert baggage.get_baggage("tenant") is None
+    server = finished(spans, "AppStats/getStats")
+    assert format_span_id(server.parent.span_id) == PARENT_ID
+    assert server.context.trace_state.get("congo") == "t61rcWkgMzE"
+
+
+def test_request_span_without_headers_is_a_new_root_even_inside_another_span(spans) -> None:
+    with trace.get_tracer("test").start_as_current_span("unrelated") as unrelated:
+        with request_span("getStats", {}, "req-3") as span:
+            assert trace_id_hex(span) != trace_id_hex(unrelated)
+    assert finished(spans, "AppStats/getStats").parent is None
+
+
+def test_request_span_attributes(spans) -> None:
+    with request_span("getStats", {}, "req-4"):
+        pass
+    attributes = finished(spans, "AppStats/getStats").attributes
+    assert attributes["rpc.system"] == "apache_thrift"
+    assert attributes["rpc.service"] == RPC_SERVICE
+    assert attributes["rpc.method"] == "getStats"
+    assert attributes["fanout.request_id"] == "req-4"
+
+
+JUNK_HEADERS = [
+    {"traceparent": "garbage"},
+    {"traceparent": f"00-{'0' * 32}-{'0' * 16}-01"},
+    {"traceparent": f"ff-{TRACE_ID}-{PARENT_ID}-01"},
+    {"traceparent": TRACEPARENT + " " * MAX_HEADER_CHARS},
+    {"traceparent": "x" * 1_000_000, "baggage": "%;=,;" * 100_000},
+    {"traceparent": 12345, 6: "seven"},
+    {"baggage": "===;;;,,,%%%"},
+    {**{f"x-filler-{n}": "v" for n in range(10_000)}, "traceparent": TRACEPARENT},
+]
+
+
+@pytest.mark.parametrize("headers", JUNK_HEADERS, ids=range(len(JUNK_HEADERS)))
+def test_junk_headers_give_a_fresh_root_never_an_exception(spans, headers) -> None:
+    assert not trace.get_current_span(extract_context(headers)).get_span_context().is_valid
+    with request_span("getStats", headers, "req-junk"):
+        pass
+    assert finished(spans, "AppStats/getStats").parent is None
+
+
+def test_header_names_match_without_case_and_oversized_tracestate_is_dropped() -> None:
+    context = extract_context({"TraceParent": TRACEPARENT, "tracestate": "a=" + "b" * MAX_HEADER_CHARS})
+    span_context = trace.get_current_span(context).get_span_context()
+    assert format_trace_id(span_context.trace_id) == TRACE_ID
+    assert len(span_context.trace_state) == 0
+
+
+def test_request_span_records_an_escaping_exception_and_reraises_it(spans) -> None:
+    failure = ValueError("no such application")
+    with pytest.raises(ValueError) as raised:
+        with request_span("getStats", {}, "req-5"):
+            raise failure
+    assert raised.value is failure
+    server = finished(spans, "AppStats/getStats")
+    assert server.status.status_code is StatusCode.ERROR
+    assert [event.name for event in server.events] == ["exception"]
+
+
+def test_request_span_lets_a_gevent_timeout_through_unrecorded(spans) -> None:
+    with pytest.raises(gevent.Timeout):
+        with gevent.Timeout(0.01):
+            with request_span("getStats", {}, "req-timeout"):
+                gevent.sleep(5)
+    server = finished(spans, "AppStats/getStats")
+    assert server.events == () and server.status.status_code is StatusCode.UNSET
+
+
+def run_tasks(spawn) -> None:
+    def lookup(name: str) -> None:
+        with task_span(name, "mongo", pool_wait_ms=1.5):
+            gevent.sleep(0.01)
+
+    with request_span("getStats", {}, "req-6"):
+        gevent.joinall([spawn(lookup, name) for name in PANELS], timeout=10, raise_error=True)
+
+
+def test_tasks_in_copied_context_are_siblings_under_the_request_span(spans) -> None:
+    run_tasks(spawn_in_context)
+    server = finished(spans, "AppStats/getStats")
+    tasks = [finished(spans, f"fanout.task {name}") for name in PANELS]
+    assert {task.parent.span_id for task in tasks} == {server.context.span_id}
+    assert {task.context.trace_id for task in tasks} == {server.context.trace_id}
+    assert all(task.kind is SpanKind.INTERNAL for task in tasks)
+    attributes = tasks[0].attributes
+    assert attributes["fanout.async"] is True
+    assert attributes["fanout.task.name"] == "errors"
+    assert attributes["fanout.task.source"] == "mongo"
+    assert attributes["fanout.pool.wait_ms"] == 1.5
+
+
+def test_plain_gevent_spawn_loses_the_request_span(spans) -> None:
+    # Trap 1: a new greenlet starts with an empty context, so its span is a root of a new trace.
+    run_tasks(gevent.spawn)
+    server = finished(spans, "AppStats/getStats")
+    tasks = [finished(spans, f"fanout.task {name}") for name in PANELS]
+    assert all(task.parent is None for task in tasks)
+    assert server.context.trace_id not in {task.context.trace_id for task in tasks}
+
+
+def test_task_span_passes_exceptions_through_and_marks_unmarked_spans(spans) -> None:
+    failure = KeyError("panel")
+    with pytest.raises(KeyError) as raised:
+        with task_span("errors", "mongo", 0):
+            raise failure
+    assert raised.value is failure
+    with pytest.raises(gevent.Timeout):
+        with task_span("alerts", "http", 0):
+            with gevent.Timeout(0.01):
+                gevent.sleep(5)
+    errors, alerts = finished(spans, "fanout.task errors"), finished(spans, "fanout.task alerts")
+    assert errors.attributes["fanout.task.status"] == "ERROR"
+    assert errors.status.status_code is StatusCode.ERROR
+    assert alerts.attributes["fanout.task.status"] == "TIMEOUT"
+
+
+def test_killed_task_span_is_marked_cancelled(spans) -> None:
+    def lookup() -> None:
+        with task_span("latency", "http", 0):
+            gevent.sleep(5)
+
+    greenlet = spawn_in_context(lookup)
+    gevent.sleep(0)
+    greenlet.kill(timeout=5)
+    assert finished(spans, "fanout.task latency").attributes["fanout.task.status"] == "CANCELLED"
+
+
+def test_an_explicit_outcome_is_not_overwritten_by_the_escaping_exception(spans) -> None:
+    with pytest.raises(RuntimeError):
+        with task_span("volume", "http", 0) as span:
+            mark_task_outcome(span, "CANCELLED")
+            raise RuntimeError("sibling failed")
+    volume = finished(spans, "fanout.task volume")
+    assert volume.attributes["fanout.task.status"] == "CANCELLED"
+    assert volume.status.status_code is StatusCode.UNSET
+
+
+def test_mark_task_outcome_records_the_error(spans) -> None:
+    with task_span("queries", "mongo", 0) as span:
+        mark_task_outcome(span, "ERROR", ValueError("bad pipeline"))
+    queries = finished(spans, "fanout.task queries")
+    assert queries.attributes["fanout.task.status"] == "ERROR"
+    assert queries.status.description == "ValueError: bad pipeline"
+    assert queries.events[0].attributes["exception.type"] == "ValueError"
+
+
+def test_unsampled_caller_makes_non_recording_spans_that_still_carry_the_trace_id(spans) -> None:
+    with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-7") as span:
+        with task_span("errors", "mongo", 0) as task:
+            mark_task_outcome(task, "ERROR", ValueError("ignored"))
+        assert not span.is_recording() and not task.is_recording()
+        assert trace_id_hex(span) == TRACE_ID
+    assert spans.get_finished_spans() == ()
+
+
+def test_trace_id_hex() -> None:
+    assert trace_id_hex(INVALID_SPAN) == ""
+    with trace.get_tracer("test").start_as_current_span("probe") as span:
+        text = trace_id_hex(span)
+    assert len(text) == 32 and text == text.lower() and int(text, 16) == span.get_span_context().trace_id
+
+
+@pytest.fixture
+def echo_server() -> Iterator[str]:
+    """A real HTTP server on 127.0.0.1 that answers with the headers it received."""
+    def application(environ, start_response):
+        seen = {"traceparent": environ.get("HTTP_TRACEPARENT", "")}
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [json.dumps(seen).encode()]
+
+    server = WSGIServer(("127.0.0.1", 0), application, log=None, error_log=None)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/alerts"
+    finally:
+        server.stop(timeout=2)
+
+
+def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(spans, echo_server) -> None:
+    def lookup() -> dict:
+        with task_span("alerts", "http", 0):
+            return requests.get(echo_server, timeout=5).json()
+
+    with request_span("getStats", {"traceparent": TRACEPARENT}, "req-8"):
+        seen = spawn_in_context(lookup).get(timeout=10)
+    task = finished(spans, "fanout.task alerts")
+    clients = [span for span in spans.get_finished_spans() if span.kind is SpanKind.CLIENT]
+    assert len(clients) == 1
+    assert clients[0].parent.span_id == task.context.span_id
+    assert seen["traceparent"].split("-")[1:3] == [TRACE_ID, format_span_id(clients[0].context.span_id)]
+
+
+def test_pymongo_spans_nest_under_the_task_span(spans, mongo_server) -> None:
+    def lookup() -> int:
+        with task_span("errors", "mongo", 0):
+            return client["apm"]["errors"].count_documents({})
+
+    client = pymongo.MongoClient(mongo_server.uri, connectTimeoutMS=5000, socketTimeoutMS=5000,
+                                 serverSelectionTimeoutMS=5000)
+    try:
+        with request_span("getStats", {}, "req-9"):
+            spawn_in_context(lookup).get(timeout=10)
+    finally:
+        client.close()
+    task = finished(spans, "fanout.task errors")
+    # client.close() sends endSessions outside any request: a root of its own, left out here.
+    commands = [span for span in spans.get_finished_spans()
+                if span.kind is SpanKind.CLIENT and span.name.startswith("apm.")]
+    assert [span.name for span in commands] == ["apm.aggregate"]
+    assert commands[0].parent.span_id == task.context.span_id
+    assert commands[0].attributes["db.mongodb.collection"] == "errors"

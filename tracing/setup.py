@@ -1,0 +1,266 @@
+"""Tracing set-up: one ``TracerProvider`` per process, from settings and the standard ``OTEL_*`` variables.
+
+Precedence for every choice: the ``[tracing]`` settings, then the standard
+OpenTelemetry environment variable, then the SDK default.
+
+* service name: ``tracing.service_name``, ``OTEL_SERVICE_NAME``, ``"fanout"``;
+* sampler: ``tracing.sample_ratio >= 0`` gives ``ParentBased(TraceIdRatioBased(ratio))``;
+  otherwise ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``; otherwise parent-based always-on;
+* exporter: ``tracing.exporter``, ``OTEL_TRACES_EXPORTER``, ``"otlp"`` (``otlp``, ``console``, ``none``);
+* OTLP protocol: ``tracing.otlp_protocol``, ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
+  ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``"http/protobuf"``;
+* OTLP endpoint: ``tracing.endpoint`` (a collector base URL, like ``OTEL_EXPORTER_OTLP_ENDPOINT``),
+  ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is), ``OTEL_EXPORTER_OTLP_ENDPOINT``, SDK default.
+
+The remaining exporter options (headers, timeout, compression, certificates) and
+``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_BSP_*`` are read by the SDK itself from the process environment.
+
+Spans leave through a ``BatchSpanProcessor``, whose worker is a greenlet once
+gevent has patched ``threading``; the SDK suppresses instrumentation around each
+export, so the exporter's own HTTP calls never become spans.
+
+OpenTelemetry lets a process install its global provider once; a second
+``configure_tracing(..., set_global=True)`` raises :class:`TracingAlreadyConfigured`
+rather than being silently ignored. ``set_global=False`` builds a standalone
+provider: not installed, and without instrumentation (which is process-wide).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping, Optional, Sequence
+
+import gevent.monkey
+from opentelemetry import trace
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
+from opentelemetry.instrumentation.requests import RequestsInstrumentor
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
+)
+
+from service.config import ConfigError, TracingSettings
+
+__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing",
+           "prepare_grpc_for_gevent"]
+
+DEFAULT_SERVICE_NAME = "fanout"
+_HTTP_TRACES_PATH = "/v1/traces"
+_EXPORTERS = ("otlp", "console", "none")
+_PROTOCOLS = ("grpc", "http/protobuf")
+_RATIO_SAMPLERS = {
+    "traceidratio": lambda ratio: TraceIdRatioBased(ratio),
+    "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
+}
+_FIXED_SAMPLERS: dict[str, Sampler] = {
+    "always_on": ALWAYS_ON,
+    "always_off": ALWAYS_OFF,
+    "parentbased_always_on": ParentBased(ALWAYS_ON),
+    "parentbased_always_off": ParentBased(ALWAYS_OFF),
+}
+
+_log = logging.getLogger(__name__)
+_grpc_gevent_ready = False
+
+
+class TracingAlreadyConfigured(RuntimeError):
+    """Raised by :func:`configure_tracing` when this process already has a global tracer provider."""
+
+
+class Tracing:
+    """The handle on a configured provider: flush and shut it down at exit.
+
+    ``provider`` is ``None`` when tracing is disabled; every method is then a no-op.
+    """
+
+    def __init__(self, provider: Optional[TracerProvider], exporters: Sequence[SpanExporter] = (),
+                 instrumentors: Sequence[BaseInstrumentor] = ()) -> None:
+        self.provider = provider
+        self.exporters: tuple[SpanExporter, ...] = tuple(exporters)
+        self._instrumentors = tuple(instrumentors)
+        self._shut_down = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.provider is not None
+
+    def force_flush(self, timeout_ms: int = 30_000) -> bool:
+        """Export every finished span now; ``False`` if that did not complete in ``timeout_ms``.
+
+        The batch processor ignores the timeout once an export has started; each
+        export request is bounded by the exporter's own timeout (10 s by default).
+        """
+        if self.provider is None or self._shut_down:
+            return True
+        return self.provider.force_flush(timeout_ms)
+
+    def shutdown(self) -> None:
+        """Undo the instrumentation this handle did, flush pending spans, stop exporting. Idempotent."""
+        if self.provider is None or self._shut_down:
+            return
+        self._shut_down = True
+        for instrumentor in self._instrumentors:
+            instrumentor.uninstrument()
+        self.provider.shutdown()
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(exporter).__name__ for exporter in self.exporters) or "no exporter"
+        state = "disabled" if self.provider is None else ("shut down" if self._shut_down else names)
+        return f"<Tracing {state}>"
+
+
+def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[SpanProcessor] = (),
+                      set_global: bool = True, env: Optional[Mapping[str, str]] = None) -> Tracing:
+    """Build the tracer provider described by ``settings`` and, by default, install it globally.
+
+    ``env`` stands in for ``os.environ`` when choosing the service name, sampler,
+    exporter, protocol and endpoint. With ``set_global`` the pymongo and requests
+    instrumentations are switched on (unless already on) and bound to the provider;
+    pymongo only traces clients created after this call.
+
+    Raises :class:`~service.config.ConfigError` for an unknown exporter or protocol
+    named in the environment, and :class:`TracingAlreadyConfigured` when
+    ``set_global`` is true and a global provider is already installed.
+    """
+    if not settings.enabled:
+        return Tracing(None)
+    environment = os.environ if env is None else env
+    if set_global and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        raise TracingAlreadyConfigured(
+            "a global tracer provider is already installed in this process; "
+            "use set_global=False for a standalone provider")
+    exporters = _build_exporters(settings, environment)
+    provider = TracerProvider(resource=_build_resource(settings, environment),
+                              sampler=_build_sampler(settings, environment))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    for processor in extra_processors:
+        provider.add_span_processor(processor)
+    if not set_global:
+        return Tracing(provider, exporters)
+    trace.set_tracer_provider(provider)
+    if trace.get_tracer_provider() is not provider:
+        # Another installer won between our check and our set; the API ignored ours.
+        provider.shutdown()
+        raise TracingAlreadyConfigured("another tracer provider was installed concurrently")
+    return Tracing(provider, exporters, _instrument(provider))
+
+
+def _build_resource(settings: TracingSettings, env: Mapping[str, str]) -> Resource:
+    name = settings.service_name or env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME
+    return Resource.create({SERVICE_NAME: name})
+
+
+def _build_sampler(settings: TracingSettings, env: Mapping[str, str]) -> Sampler:
+    if settings.sample_ratio >= 0:
+        return ParentBased(TraceIdRatioBased(settings.sample_ratio))
+    name = env.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if not name:
+        return ParentBased(ALWAYS_ON)
+    if name in _FIXED_SAMPLERS:
+        return _FIXED_SAMPLERS[name]
+    if name in _RATIO_SAMPLERS:
+        return _RATIO_SAMPLERS[name](_sampler_ratio(env.get("OTEL_TRACES_SAMPLER_ARG", "")))
+    # The specification asks for a warning and the default, not a failure, here.
+    _log.warning("OTEL_TRACES_SAMPLER=%r is not supported; using parentbased_always_on", name)
+    return ParentBased(ALWAYS_ON)
+
+
+def _sampler_ratio(raw: str) -> float:
+    try:
+        ratio = float(raw)
+    except ValueError:
+        ratio = -1.0
+    if 0.0 <= ratio <= 1.0:
+        return ratio
+    if raw.strip():
+        _log.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]; using 1.0", raw)
+    return 1.0
+
+
+def _build_exporters(settings: TracingSettings, env: Mapping[str, str]) -> list[SpanExporter]:
+    names = _exporter_names(settings, env)
+    exporters: list[SpanExporter] = []
+    if "otlp" in names:
+        exporters.append(_build_otlp_exporter(settings, env))
+    if "console" in names:
+        exporters.append(ConsoleSpanExporter())
+    return exporters
+
+
+def _exporter_names(settings: TracingSettings, env: Mapping[str, str]) -> set[str]:
+    if settings.exporter:
+        return {settings.exporter}
+    raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
+    # The variable is a comma-separated list; a short one is all we ever need to look at.
+    names = {name.strip() for name in raw.split(",")[:len(_EXPORTERS) + 1] if name.strip()}
+    unknown = names - set(_EXPORTERS)
+    if unknown:
+        raise ConfigError(f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
+                          f"expected one of {', '.join(_EXPORTERS)}")
+    return names
+
+
+def _otlp_protocol(settings: TracingSettings, env: Mapping[str, str]) -> str:
+    if settings.otlp_protocol:
+        return settings.otlp_protocol
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(variable, "").strip().lower()
+        if protocol:
+            if protocol not in _PROTOCOLS:
+                raise ConfigError(f"{variable}: unsupported protocol {protocol!r}; "
+                                  f"expected one of {', '.join(_PROTOCOLS)}")
+            return protocol
+    return "http/protobuf"
+
+
+def _otlp_endpoint(settings: TracingSettings, env: Mapping[str, str], protocol: str) -> Optional[str]:
+    """The endpoint to hand the exporter, or ``None`` for the SDK default."""
+    base = settings.endpoint
+    if not base:
+        signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+        if signal_endpoint:
+            return signal_endpoint
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    if not base or protocol == "grpc" or base.rstrip("/").endswith(_HTTP_TRACES_PATH):
+        return base or None
+    return base.rstrip("/") + _HTTP_TRACES_PATH
+
+
+def _build_otlp_exporter(settings: TracingSettings, env: Mapping[str, str]) -> SpanExporter:
+    protocol = _otlp_protocol(settings, env)
+    endpoint = _otlp_endpoint(settings, env, protocol)
+    if protocol == "grpc":
+        prepare_grpc_for_gevent()
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        return GrpcExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    return HttpExporter(endpoint=endpoint)
+
+
+def prepare_grpc_for_gevent() -> None:
+    """Make gRPC's core cooperate with the gevent hub. Idempotent; a no-op without gevent patching.
+
+    Must run before the process creates its first gRPC channel or server; choosing the
+    gRPC exporter calls it. Anything else here that uses gRPC calls it first too.
+    """
+    global _grpc_gevent_ready
+    if _grpc_gevent_ready or not gevent.monkey.is_module_patched("socket"):
+        return
+    from grpc.experimental import gevent as grpc_gevent
+    grpc_gevent.init_gevent()
+    _grpc_gevent_ready = True
+
+
+def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
+    """Switch on the official instrumentations not already on; return those this call switched on."""
+    switched_on = []
+    for instrumentor in (PymongoInstrumentor(), RequestsInstrumentor()):
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument(tracer_provider=provider)
+            switched_on.append(instrumentor)
+    return tuple(switched_on)
