@@ -1,0 +1,215 @@
+"""The web tier's client for the AppStats service: pooled connections, deadlines, trace context.
+
+Each call waits at most its deadline (``deadline_ms``, default ``timeout_ms``)
+for a pooled connection, sends the remaining budget as ``meta.deadline_ms``,
+and reads the reply with a socket timeout of that budget plus a small margin,
+so no call waits forever. The caller's OpenTelemetry context travels in
+``meta.headers`` (W3C ``traceparent``, ``tracestate``, ``baggage``), injected
+from inside a CLIENT span, so the server's spans join the caller's trace.
+
+What a call raises::
+
+    appstats.InvalidRequest   the request is malformed; do not retry it unchanged
+    appstats.Overloaded       the server is shedding load; retry after retry_after_ms
+    appstats.PanelFailed      a required panel failed
+    TApplicationException     the server could not run the call (INTERNAL_ERROR, ...)
+    TTransportException       the connection failed, or the call timed out (type TIMED_OUT);
+                              every AppStats method only reads, so a retry is safe
+
+A connection whose call ended in a transport error or timeout is closed, never
+reused: a late reply must not be read as the answer to the next call.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import gevent.lock
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, TracerProvider
+from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
+from thriftpy2.thrift import TApplicationException, TClient
+from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
+
+from service.deadline import Deadline
+from service.idl import appstats
+
+__all__ = ["AppStatsClient", "REPLY_MARGIN_MS"]
+
+#: Extra time the client waits beyond the deadline it sends: the server answers
+#: at its deadline, and the reply still has to arrive.
+REPLY_MARGIN_MS = 250
+
+_TRANSPORTS = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
+_PROTOCOLS = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
+# Errors that arrive as a complete reply: the connection is still in step.
+_REPLY_ERRORS = (TApplicationException, appstats.InvalidRequest, appstats.Overloaded,
+                 appstats.PanelFailed)
+
+
+class _Connection:
+    """One open socket and the thriftpy2 client speaking over it."""
+
+    __slots__ = ("socket", "client")
+
+    def __init__(self, socket: TSocket, client: TClient) -> None:
+        self.socket = socket
+        self.client = client
+
+    def set_timeout_ms(self, timeout_ms: float) -> None:
+        self.socket.set_timeout(max(1.0, timeout_ms))
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class _ConnectionPool:
+    """At most ``size`` open connections; idle ones are reused, broken ones closed."""
+
+    def __init__(self, connect: Callable[[Deadline], _Connection], size: int) -> None:
+        self._connect = connect
+        self._slots = gevent.lock.BoundedSemaphore(size)
+        self._idle: list[_Connection] = []
+        self._closed = False
+
+    @contextmanager
+    def connection(self, deadline: Deadline) -> Iterator[_Connection]:
+        """Lend a connection for one call; raises TTransportException(TIMED_OUT) if none
+        frees up before ``deadline``, or TTransportException(NOT_OPEN) when closed."""
+        if self._closed:
+            raise TTransportException(TTransportException.NOT_OPEN, "client is closed")
+        if not self._slots.acquire(timeout=deadline.remaining_s()):
+            raise TTransportException(TTransportException.TIMED_OUT,
+                                      "no pooled connection became free before the deadline")
+        connection: Optional[_Connection] = None
+        in_step = False
+        try:
+            connection = self._idle.pop() if self._idle else self._connect(deadline)
+            yield connection
+            in_step = True
+        except _REPLY_ERRORS:
+            in_step = True
+            raise
+        finally:
+            if connection is not None:
+                if in_step and not self._closed:
+                    self._idle.append(connection)
+                else:
+                    connection.close()
+            self._slots.release()
+
+    def close(self) -> None:
+        """Close idle connections now; connections in use close when returned."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+
+class AppStatsClient:
+    """A pooled, deadline-bound, traced client for the AppStats service.
+
+    ``transport`` ("framed" or "buffered") and ``protocol`` ("binary" or
+    "compact") must match the server's; raises ValueError for other values or
+    for a non-positive pool size or timeout. ``tracer_provider`` defaults to
+    the global one.
+    """
+
+    def __init__(self, host: str, port: int, *, transport: str = "framed", protocol: str = "binary",
+                 pool_size: int = 8, connect_timeout_ms: int = 1000, timeout_ms: int = 3000,
+                 tracer_provider: Optional[TracerProvider] = None) -> None:
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {transport!r}")
+        if protocol not in _PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(_PROTOCOLS)}, got {protocol!r}")
+        if min(pool_size, connect_timeout_ms, timeout_ms) < 1:
+            raise ValueError("pool_size, connect_timeout_ms and timeout_ms must be at least 1")
+        self._host, self._port = host, port
+        self._make_transport = _TRANSPORTS[transport]
+        self._make_protocol = _PROTOCOLS[protocol]
+        self._connect_timeout_ms = connect_timeout_ms
+        self._timeout_ms = timeout_ms
+        self._pool = _ConnectionPool(self._connect, pool_size)
+        self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        self._span_attributes = {"rpc.system": "apache_thrift", "rpc.service": "AppStats",
+                                 "server.address": host, "server.port": port}
+
+    def ping(self) -> str:
+        """The server's liveness answer. Raises as described in the module doc."""
+        return self._call("ping", self._timeout_ms, lambda remaining_ms: ())
+
+    def panels(self) -> list[str]:
+        """Names of the panels the server can gather. Raises as described in the module doc."""
+        return self._call("panels", self._timeout_ms, lambda remaining_ms: ())
+
+    def get_app_stats(self, app: str, start_ms: int, end_ms: int,
+                      panels: Optional[Sequence[str]] = None, *, deadline_ms: Optional[int] = None,
+                      request_id: Optional[str] = None) -> Any:
+        """``app``'s panels over ``[start_ms, end_ms)`` as an ``appstats.StatsResponse``.
+
+        ``panels`` defaults to every panel the server offers; ``deadline_ms``
+        (default ``timeout_ms``) bounds the whole call, here and on the server.
+        Raises as described in the module doc.
+        """
+        def build_args(remaining_ms: int) -> tuple[Any, ...]:
+            meta = appstats.RequestMeta(headers=_trace_headers(), deadline_ms=remaining_ms,
+                                        request_id=request_id)
+            request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
+                                            panels=None if panels is None else list(panels),
+                                            meta=meta)
+            return (request,)
+
+        budget_ms = self._timeout_ms if deadline_ms is None else deadline_ms
+        return self._call("get_app_stats", budget_ms, build_args)
+
+    def close(self) -> None:
+        """Close the pooled connections; later calls raise TTransportException(NOT_OPEN)."""
+        self._pool.close()
+
+    def __enter__(self) -> "AppStatsClient":
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
+        self.close()
+
+    def _call(self, method: str, deadline_ms: int,
+              build_args: Callable[[int], tuple[Any, ...]]) -> Any:
+        deadline = Deadline.after_ms(deadline_ms)
+        attributes = {**self._span_attributes, "rpc.method": method}
+        with self._tracer.start_as_current_span(f"AppStats/{method}", kind=SpanKind.CLIENT,
+                                                attributes=attributes):
+            with self._pool.connection(deadline) as connection:
+                remaining_ms = int(deadline.remaining_ms())
+                if remaining_ms <= 0:
+                    raise TTransportException(TTransportException.TIMED_OUT,
+                                              f"{method}: deadline passed before sending")
+                connection.set_timeout_ms(remaining_ms + REPLY_MARGIN_MS)
+                args = build_args(remaining_ms)
+                try:
+                    return getattr(connection.client, method)(*args)
+                except TimeoutError as exc:
+                    raise TTransportException(TTransportException.TIMED_OUT,
+                                              f"{method}: no reply within {deadline_ms} ms") from exc
+                except OSError as exc:
+                    raise TTransportException(TTransportException.UNKNOWN,
+                                              f"{method}: {exc}") from exc
+
+    def _connect(self, deadline: Deadline) -> _Connection:
+        connect_timeout_ms = min(self._connect_timeout_ms, deadline.remaining_ms())
+        if connect_timeout_ms < 1:
+            raise TTransportException(TTransportException.TIMED_OUT,
+                                      "deadline passed before connecting")
+        socket = TSocket(self._host, self._port, socket_timeout=self._timeout_ms,
+                         connect_timeout=connect_timeout_ms)
+        transport = self._make_transport(socket)
+        transport.open()  # raises TTransportException(NOT_OPEN) on failure
+        return _Connection(socket, TClient(appstats.AppStats, self._make_protocol(transport)))
+
+
+def _trace_headers() -> dict[str, str]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier

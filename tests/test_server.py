@@ -1,0 +1,421 @@
+"""The evented Thrift server over real sockets: transports, bounds, errors, back-pressure, stop."""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import struct
+import time
+from typing import Any
+
+import gevent
+import pytest
+from thriftpy2.protocol.binary import TBinaryProtocol
+from thriftpy2.protocol.compact import TCompactProtocol
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.rpc import make_client
+from thriftpy2.thrift import TApplicationException, TClient, TMessageType, TProcessor
+from thriftpy2.transport import TSocket
+from thriftpy2.transport.buffered import TCyBufferedTransport
+from thriftpy2.transport.framed import TCyFramedTransport
+from thriftpy2.transport.memory import TMemoryBuffer
+
+from service.config import ServerSettings
+from service.idl import appstats
+from service.server import ThriftServer
+from service.transport import BufferedChannel, FramedChannel, FrameRejected, protocol_for
+from tests.support.server import COMBINATIONS, SECRET, RecordingHandler, sample_response
+
+_TRANSPORT_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
+_PROTOCOL_FACTORIES = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
+
+
+class _Factory:
+    def __init__(self, build: Any) -> None:
+        self._build = build
+
+    def get_transport(self, trans: Any) -> Any:
+        return self._build(trans)
+
+    def get_protocol(self, trans: Any) -> Any:
+        return self._build(trans)
+
+
+def thrift_client(server: ThriftServer, transport: str = "framed", protocol: str = "binary") -> Any:
+    """A plain thriftpy2 client, so these tests do not depend on our own client."""
+    host, port = server.address
+    return make_client(appstats.AppStats, host, port, timeout=5000,
+                       proto_factory=_Factory(_PROTOCOL_FACTORIES[protocol]),
+                       trans_factory=_Factory(_TRANSPORT_FACTORIES[transport]))
+
+
+def request(app: str) -> Any:
+    return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000, panels=["errors", "urls"])
+
+
+def encode_call(method: str, args: Any, protocol: str = "binary") -> bytes:
+    """One CALL message, unframed, encoded by thriftpy2's pure-Python protocols."""
+    buffer = TMemoryBuffer()
+    proto = TBinaryProtocol(buffer) if protocol == "binary" else TCompactProtocol(buffer)
+    proto.write_message_begin(method, TMessageType.CALL, 7)
+    args.write(proto)
+    proto.write_message_end()
+    return buffer.getvalue()
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack("!i", len(payload)) + payload
+
+
+def truncated_call(protocol: str) -> bytes:
+    """A get_app_stats call cut inside its ``app`` string: the struct claims more than it holds."""
+    app = "A" * 300
+    call = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)),
+                       protocol)
+    return call[: call.index(app.encode()) + 10]
+
+
+def call_with_string_length(claimed: int) -> bytes:
+    """A binary get_app_stats call whose ``app`` string declares ``claimed`` bytes but holds 4."""
+    call = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("AAAA")))
+    start = call.index(b"AAAA")
+    return call[: start - 4] + struct.pack("!i", claimed) + call[start:]
+
+
+def raw_connection(server: ThriftServer) -> socket.socket:
+    return socket.create_connection(server.address, timeout=5)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes; raises TimeoutError if it never does."""
+    received = b""
+    for _ in range(1000):
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError("server kept sending")
+
+
+def wait_for(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        gevent.sleep(0.01)
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_round_trip_on_every_transport_and_protocol(start_server, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    client = thrift_client(server, transport, protocol)
+
+    assert client.ping() == "pong"
+    assert client.panels() == ["alerts", "errors", "latency", "urls"]
+    assert client.get_app_stats(request("shop")) == sample_response("shop")
+    assert server.stats.connections_total == 1
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_message_larger_than_the_read_buffer_round_trips(start_server, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    client = thrift_client(server, transport, protocol)
+    app = "a" * 100_000
+
+    assert client.get_app_stats(request(app)).app == app
+    assert client.ping() == "pong"
+
+
+def test_pipelined_frames_are_answered_in_order(start_server):
+    server = start_server()
+    calls = [encode_call("ping", appstats.AppStats.ping_args()),
+             encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("x"))),
+             encode_call("panels", appstats.AppStats.panels_args())]
+    with raw_connection(server) as sock:
+        sock.sendall(b"".join(frame(call) for call in calls))
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
+
+        assert client._recv("ping") == "pong"
+        assert client._recv("get_app_stats") == sample_response("x")
+        assert client._recv("panels") == ["alerts", "errors", "latency", "urls"]
+
+
+def test_frames_straddling_the_read_buffer_are_reassembled(start_server):
+    server = start_server()
+    apps = [f"{index}" * 5_000 for index in range(10)]  # ~50 kB in one burst
+    calls = [encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)))
+             for app in apps]
+    with raw_connection(server) as sock:
+        sock.sendall(b"".join(frame(call) for call in calls))
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
+
+        assert [client._recv("get_app_stats").app for _ in apps] == apps
+
+
+def test_frame_arriving_in_pieces(start_server):
+    server = start_server()
+    call = frame(encode_call("ping", appstats.AppStats.ping_args()))
+    with raw_connection(server) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for index in range(len(call)):
+            sock.sendall(call[index:index + 1])
+            gevent.sleep(0.001)
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
+
+        assert client._recv("ping") == "pong"
+
+
+class _Socket:
+    """The read side of a connected socket, as a thriftpy2 transport."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def read(self, size: int) -> bytes:
+        return self._sock.recv(size)
+
+
+@pytest.mark.parametrize("length", [4097, -1, 2**31 - 1])
+def test_bad_frame_length_closes_only_that_connection(start_server, handler, length):
+    server = start_server(max_frame_bytes=4096)
+    busy = thrift_client(server)
+    in_flight = gevent.spawn(busy.get_app_stats, request("slow"))
+    assert handler.entered.wait(timeout=5)
+
+    bad = raw_connection(server)
+    bad.sendall(struct.pack("!i", length) + b"x" * 16)
+    assert read_until_closed(bad) == b""
+    assert server.stats.frames_rejected == 1
+
+    handler.released.set()
+    assert in_flight.get(timeout=5) == sample_response("slow")
+    assert busy.ping() == "pong"
+    assert thrift_client(server).ping() == "pong"
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_struct_claiming_more_than_its_frame_is_rejected(start_server, handler, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    ping = encode_call("ping", appstats.AppStats.ping_args(), protocol)
+    sock = raw_connection(server)
+    if transport == "framed":
+        # The next frame follows at once: a decoder that read past its frame would take
+        # its bytes as the rest of the string and answer a call nobody made.
+        sock.sendall(frame(truncated_call(protocol)) + frame(ping))
+    else:
+        sock.sendall(truncated_call(protocol))
+        sock.shutdown(socket.SHUT_WR)
+
+    assert read_until_closed(sock) == b""
+    assert handler.requests == []
+    if transport == "framed":
+        assert server.stats.frames_rejected == 1
+    assert thrift_client(server, transport, protocol).ping() == "pong"
+
+
+@pytest.mark.parametrize("protocol,bad_call", [
+    ("binary", truncated_call("binary")),
+    ("compact", truncated_call("compact")),
+    ("binary", call_with_string_length(2**31 - 1)),
+    ("binary", call_with_string_length(1_000_000)),
+    ("binary", call_with_string_length(-5)),
+])
+def test_decoder_never_reads_past_the_frame(protocol, bad_call):
+    server_side, peer = socket.socketpair()
+    with server_side, peer:
+        server_side.settimeout(5)
+        channel = FramedChannel(server_side, 4096)
+        ping = encode_call("ping", appstats.AppStats.ping_args(), protocol)
+        peer.sendall(frame(bad_call) + frame(ping))
+        processor = TProcessor(appstats.AppStats, RecordingHandler())
+
+        assert channel.next_message()
+        with pytest.raises(Exception) as caught:
+            processor.process_in(protocol_for(protocol)(channel.input))
+        assert not isinstance(caught.value, OSError)  # a decode failure, not a socket one
+        # The following frame is intact, untouched by the failed decode.
+        assert channel.next_message()
+        assert processor.process_in(protocol_for(protocol)(channel.input))[0] == "ping"
+
+
+@pytest.mark.parametrize("claimed", [2**31 - 1, 1_000_000, -5])
+def test_string_length_beyond_the_frame_is_rejected(start_server, handler, claimed):
+    server = start_server()
+    sock = raw_connection(server)
+    sock.sendall(frame(call_with_string_length(claimed)))
+
+    assert read_until_closed(sock) == b""
+    assert handler.requests == []
+    assert server.stats.frames_rejected == 1
+    assert thrift_client(server).ping() == "pong"
+
+
+def test_buffered_message_is_bounded_by_max_frame_bytes(start_server, handler):
+    server = start_server(transport="buffered", max_frame_bytes=1024)
+    big = encode_call("get_app_stats",
+                      appstats.AppStats.get_app_stats_args(request=request("A" * 8000)))
+    sock = raw_connection(server)
+    sock.sendall(big)
+
+    assert read_until_closed(sock) == b""
+    assert handler.requests == []
+    assert server.stats.frames_rejected == 1
+
+
+def test_buffered_channel_rejects_past_its_budget():
+    server_side, peer = socket.socketpair()
+    with server_side, peer:
+        server_side.settimeout(5)
+        channel = BufferedChannel(server_side, 1024)
+        peer.sendall(encode_call("get_app_stats",
+                                 appstats.AppStats.get_app_stats_args(request=request("A" * 8000))))
+        processor = TProcessor(appstats.AppStats, RecordingHandler())
+        assert channel.next_message()
+        with pytest.raises(FrameRejected):
+            processor.process_in(TCyBinaryProtocol(channel.input))
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_garbage_closes_the_connection_and_is_counted(start_server, transport):
+    server = start_server(transport=transport)
+    garbage = b"\x00\x00\x00\x05hello, this is not thrift"
+    sock = raw_connection(server)
+    sock.sendall(frame(garbage) if transport == "framed" else garbage)
+
+    assert read_until_closed(sock) == b""
+    assert server.stats.frames_rejected == 1
+    assert thrift_client(server, transport).ping() == "pong"
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_undeclared_exception_becomes_internal_error(start_server, caplog, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    client = thrift_client(server, transport, protocol)
+
+    with caplog.at_level(logging.ERROR, logger="service.server"):
+        with pytest.raises(TApplicationException) as caught:
+            client.get_app_stats(request("internal"))
+
+    error = caught.value
+    assert error.type == TApplicationException.INTERNAL_ERROR
+    match = re.fullmatch(r"internal error \(request id ([0-9a-f]+)\)", error.message)
+    assert match, error.message
+    assert SECRET not in error.message and "Traceback" not in error.message
+    logged = [record for record in caplog.records if match.group(1) in record.getMessage()]
+    assert logged and logged[0].exc_info is not None
+    assert server.stats.internal_errors == 1
+    # The same connection carries on.
+    assert client.get_app_stats(request("shop")) == sample_response("shop")
+    assert server.stats.connections_total == 1
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_reply_that_cannot_be_encoded_becomes_internal_error(start_server, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    client = thrift_client(server, transport, protocol)
+
+    with pytest.raises(TApplicationException) as caught:
+        client.get_app_stats(request("unencodable"))
+    assert caught.value.type == TApplicationException.INTERNAL_ERROR
+    assert server.stats.internal_errors == 1
+    assert client.get_app_stats(request("shop")) == sample_response("shop")
+
+
+@pytest.mark.parametrize("transport,protocol", COMBINATIONS)
+def test_declared_exception_arrives_typed(start_server, transport, protocol):
+    server = start_server(transport=transport, protocol=protocol)
+    client = thrift_client(server, transport, protocol)
+
+    with pytest.raises(appstats.InvalidRequest) as caught:
+        client.get_app_stats(request(""))
+    assert caught.value.field == "app"
+    assert client.ping() == "pong"
+    assert server.stats.internal_errors == 0
+
+
+def test_unknown_method_keeps_the_connection_usable(start_server):
+    server = start_server()
+    sock = TSocket(*server.address, socket_timeout=5000)
+    transport = TCyFramedTransport(sock)
+    proto = TCyBinaryProtocol(transport)
+    transport.open()
+    try:
+        proto.write_message_begin("no_such_method", TMessageType.CALL, 1)
+        appstats.AppStats.ping_args().write(proto)
+        proto.write_message_end()
+        transport.flush()
+        _, message_type, _ = proto.read_message_begin()
+        error = TApplicationException()
+        error.read(proto)
+
+        assert message_type == TMessageType.EXCEPTION
+        assert error.type == TApplicationException.UNKNOWN_METHOD
+        assert TClient(appstats.AppStats, proto).ping() == "pong"
+    finally:
+        transport.close()
+
+
+def test_connections_past_the_limit_wait_until_one_closes(start_server):
+    server = start_server(max_connections=2)
+    first, second = thrift_client(server), thrift_client(server)
+    assert first.ping() == second.ping() == "pong"
+
+    third = thrift_client(server)  # the kernel queues it in the listen backlog
+    waiting = gevent.spawn(third.ping)
+    gevent.wait([waiting], timeout=0.5)
+    assert not waiting.ready()
+    assert server.stats.connections_open == 2
+
+    first.close()
+    assert waiting.get(timeout=5) == "pong"
+    assert server.stats.connections_total == 3
+
+
+def test_stop_lets_the_call_in_progress_finish(start_server, handler):
+    server = start_server()
+    busy, idle = thrift_client(server), thrift_client(server)
+    assert idle.ping() == "pong"
+    in_flight = gevent.spawn(busy.get_app_stats, request("slow"))
+    assert handler.entered.wait(timeout=5)
+
+    stopping = gevent.spawn(server.stop, 30.0)
+    wait_for(lambda: server.stats.connections_open == 1)  # the idle one is closed at once
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(server.address, timeout=5)
+    assert not stopping.ready()
+
+    handler.released.set()
+    assert in_flight.get(timeout=5) == sample_response("slow")
+    stopping.get(timeout=5)
+    assert server.stats.connections_open == 0
+
+
+def test_stop_returns_promptly_with_idle_connections(start_server):
+    server = start_server()
+    clients = [thrift_client(server) for _ in range(3)]
+    assert [client.ping() for client in clients] == ["pong"] * 3
+
+    started = time.monotonic()
+    server.stop(timeout_s=30.0)
+    assert time.monotonic() - started < 5.0
+    assert server.stats.connections_open == 0
+    server.stop()  # idempotent
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_idle_connection_times_out(start_server, transport):
+    server = start_server(transport=transport, idle_timeout_ms=100)
+    sock = raw_connection(server)
+
+    assert read_until_closed(sock) == b""
+    wait_for(lambda: server.stats.connections_open == 0)
+    assert server.stats.frames_rejected == 0 and server.stats.internal_errors == 0
+
+
+def test_address_before_start_raises():
+    server = ThriftServer(TProcessor(appstats.AppStats, RecordingHandler()), ServerSettings(port=0))
+    with pytest.raises(RuntimeError):
+        server.address
