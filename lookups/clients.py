@@ -1,0 +1,157 @@
+"""The shared backend clients: one MongoDB client and one HTTP session per process.
+
+Both are pooled and safe to share between greenlets. :meth:`Backends.connections_in_use`
+counts the connections currently checked out of either pool, so tests can prove that
+every lookup, including the ones that failed or timed out, gave its connection back.
+"""
+
+from __future__ import annotations
+
+import threading
+import pymongo
+import requests
+from pymongo import monitoring
+from pymongo.database import Database
+from pymongo.errors import ConfigurationError
+from requests.adapters import HTTPAdapter
+
+from service.config import HttpSettings, MongoSettings
+
+__all__ = ["Backends", "CheckedOutCounter"]
+
+_APP_NAME = "fanout"
+# Distinct hosts whose pools the session keeps (alerts and metrics, with room to spare).
+_HTTP_HOSTS_CACHED = 8
+
+
+class CheckedOutCounter(monitoring.ConnectionPoolListener):
+    """Counts connections checked out of pymongo's pools (checked out minus checked in).
+
+    Registered on one client through pymongo's official connection-pool monitoring hook.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checked_out = 0
+
+    @property
+    def checked_out(self) -> int:
+        return self._checked_out
+
+    def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
+        with self._lock:
+            self._checked_out += 1
+
+    def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
+        with self._lock:
+            self._checked_out -= 1
+
+    # The remaining pool events carry nothing we count.
+    def pool_created(self, event: monitoring.PoolCreatedEvent) -> None: ...
+    def pool_ready(self, event: monitoring.PoolReadyEvent) -> None: ...
+    def pool_cleared(self, event: monitoring.PoolClearedEvent) -> None: ...
+    def pool_closed(self, event: monitoring.PoolClosedEvent) -> None: ...
+    def connection_created(self, event: monitoring.ConnectionCreatedEvent) -> None: ...
+    def connection_ready(self, event: monitoring.ConnectionReadyEvent) -> None: ...
+    def connection_closed(self, event: monitoring.ConnectionClosedEvent) -> None: ...
+    def connection_check_out_started(
+            self, event: monitoring.ConnectionCheckOutStartedEvent) -> None: ...
+    def connection_check_out_failed(
+            self, event: monitoring.ConnectionCheckOutFailedEvent) -> None: ...
+
+
+class Backends:
+    """The process's shared backend clients, built from their settings sections.
+
+    The MongoDB client is created with ``connect=False``: nothing touches the network
+    until the first operation, so start-up never blocks on a MongoDB that is down.
+    The HTTP session ignores proxy and netrc environment variables
+    (``trust_env = False``): configuration arrives only through the settings.
+
+    Raises :class:`ValueError` when ``mongo.uri`` is not a valid MongoDB URI (the
+    message does not repeat the URI, which may hold credentials).
+    """
+
+    def __init__(self, mongo: MongoSettings, http: HttpSettings) -> None:
+        self._mongo_settings = mongo
+        self._http_settings = http
+        self._mongo_checked_out = CheckedOutCounter()
+        self._client = _open_mongo_client(mongo, self._mongo_checked_out)
+        self._adapter = HTTPAdapter(pool_connections=_HTTP_HOSTS_CACHED, pool_maxsize=http.pool_maxsize,
+                                    pool_block=True, max_retries=0)
+        self._session = requests.Session()
+        self._session.trust_env = False
+        self._session.mount("http://", self._adapter)
+        self._session.mount("https://", self._adapter)
+        self._closed = False
+
+    @property
+    def mongo_settings(self) -> MongoSettings:
+        return self._mongo_settings
+
+    @property
+    def http_settings(self) -> HttpSettings:
+        return self._http_settings
+
+    @property
+    def mongo_client(self) -> pymongo.MongoClient:
+        return self._client
+
+    @property
+    def db(self) -> Database:
+        """The configured database (``mongo.database``)."""
+        return self._client[self._mongo_settings.database]
+
+    @property
+    def session(self) -> requests.Session:
+        """The shared HTTP session; its pools block when ``http.pool_maxsize`` are in use."""
+        return self._session
+
+    def connections_in_use(self) -> dict[str, int]:
+        """Connections checked out right now: ``{"mongo": n, "http": m}``."""
+        return {"mongo": self._mongo_checked_out.checked_out,
+                "http": _http_connections_in_use(self._adapter)}
+
+    def close(self) -> None:
+        """Close both clients; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._session.close()
+        self._client.close()
+
+    def __enter__(self) -> "Backends":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _open_mongo_client(settings: MongoSettings,
+                       listener: CheckedOutCounter) -> pymongo.MongoClient:
+    try:
+        return pymongo.MongoClient(
+            settings.uri, connect=False, appname=_APP_NAME,
+            maxPoolSize=settings.max_pool_size,
+            connectTimeoutMS=settings.connect_timeout_ms,
+            serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
+            event_listeners=[listener])
+    except ConfigurationError as exc:
+        # The library's message may quote the URI, credentials included.
+        raise ValueError(f"mongo.uri: not a valid MongoDB URI ({type(exc).__name__})") from None
+
+
+def _http_connections_in_use(adapter: HTTPAdapter) -> int:
+    """Sum over the adapter's urllib3 pools of connections not sitting in their queue.
+
+    A urllib3 pool's queue starts full (``maxsize`` placeholders); each checkout takes
+    one entry out and each release puts one back, so ``maxsize - qsize`` are in use.
+    """
+    in_use = 0
+    pools = adapter.poolmanager.pools
+    for key in list(pools.keys()):
+        pool = pools.get(key)
+        queue = getattr(pool, "pool", None) if pool is not None else None
+        if queue is not None:
+            in_use += queue.maxsize - queue.qsize()
+    return in_use

@@ -1,0 +1,215 @@
+"""HTTP lookups: the alerts, latency and volume panels.
+
+Contracts (``app`` is one URL path segment, percent-quoted with no safe characters)::
+
+    GET {alerts_url}/apps/{app}/alerts?start_ms=&end_ms=
+        -> {"alerts": [{"id", "severity", "title", "triggered_ms"}, ...]}
+    GET {metrics_url}/apps/{app}/series/{latency|volume}?start_ms=&end_ms=&step_ms=
+        -> {"points": [[ts_ms, value], ...]}
+
+Every call is bounded three ways: requests' ``timeout=(connect, read)`` (each at most
+the task budget and the ``http.*_timeout_ms`` settings), a gevent timer on the whole
+exchange (a server that drips bytes cannot stretch it past the budget), and at most
+MAX_RESPONSE_BYTES of body. Redirects are not followed: lookups only ever call the
+configured base URLs.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+from typing import Any, ClassVar, NoReturn
+from urllib.parse import quote
+
+import gevent
+import requests
+
+from lookups.base import Lookup
+from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.panels import Alert, AlertList, Point, Series, Window
+from service.config import HttpSettings
+
+__all__ = ["MAX_RESPONSE_BYTES", "MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for",
+           "app_path_segment", "HttpLookup", "AlertsLookup", "SeriesLookup", "LatencyLookup",
+           "VolumeLookup"]
+
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+MAX_ITEMS = 10_000          # alerts or points in one answer
+MAX_POINTS = 120            # a series asks for at most this many buckets...
+MIN_STEP_MS = 60_000        # ...each a whole number of minutes, at least one
+_CHUNK_BYTES = 64 * 1024
+
+
+def step_ms_for(window: Window) -> int:
+    """The series step for ``window``: whole minutes, at least one, at most MAX_POINTS buckets.
+
+    A day is 1440 minutes, so it gets 12-minute steps (120 points); an hour gets 1-minute
+    steps (60 points).
+    """
+    span_ms = max(window.end_ms - window.start_ms, 1)
+    minutes = math.ceil(span_ms / (MAX_POINTS * MIN_STEP_MS))
+    return max(minutes, 1) * MIN_STEP_MS
+
+
+def app_path_segment(app: str) -> str:
+    """``app`` as one path segment that cannot leave ``/apps/``.
+
+    ``quote(safe="")`` encodes ``/``, ``?``, ``#`` and ``%``. The names ``""``, ``.`` and
+    ``..`` cannot be sent as a segment at all: requests decodes ``%2E`` back to ``.``, and
+    servers and proxies collapse dot segments. They raise
+    :class:`~lookups.errors.LookupFailed` (not retryable).
+    """
+    if app in ("", ".", ".."):
+        raise LookupFailed(f"app name {app!r} cannot be used in a URL path")
+    return quote(app, safe="")
+
+
+class HttpLookup(Lookup, abc.ABC):
+    """A lookup that GETs JSON from one configured service.
+
+    :meth:`fetch` raises :class:`~lookups.errors.BackendUnavailable` when the service
+    refuses or resets the connection or answers 5xx, :class:`~lookups.errors.BackendTimeout`
+    when the budget runs out, and :class:`~lookups.errors.BadBackendResponse` on 3xx/4xx,
+    a body over MAX_RESPONSE_BYTES, invalid JSON or JSON of the wrong shape.
+    """
+
+    source: ClassVar[str] = "http"
+
+    def __init__(self, session: requests.Session, settings: HttpSettings) -> None:
+        self._session = session
+        self._settings = settings
+
+    def _get_json(self, base_url: str, path: str, params: dict[str, int], timeout_s: float) -> Any:
+        if timeout_s <= 0:
+            raise BackendTimeout(f"{self.name}: no time left to call the service")
+        timeouts = (min(self._settings.connect_timeout_ms / 1000, timeout_s),
+                    min(self._settings.read_timeout_ms / 1000, timeout_s))
+        timer = gevent.Timeout(timeout_s)
+        timer.start()
+        try:
+            body = self._get_body(base_url.rstrip("/") + path, params, timeouts)
+        except gevent.Timeout as fired:
+            if fired is not timer:
+                raise
+            raise BackendTimeout(f"{self.name}: no complete answer within {timeout_s:.3f}s") from None
+        except requests.RequestException as exc:
+            _raise_transport_error(self.name, exc)
+        finally:
+            timer.close()
+        try:
+            return json.loads(body, parse_constant=_reject_constant)
+        except ValueError as exc:
+            raise BadBackendResponse(f"{self.name}: response is not valid JSON") from exc
+
+    def _get_body(self, url: str, params: dict[str, int], timeouts: tuple[float, float]) -> bytes:
+        response = self._session.get(url, params=params, timeout=timeouts, stream=True,
+                                     allow_redirects=False, headers={"Accept": "application/json"})
+        try:
+            if response.status_code >= 500:
+                raise BackendUnavailable(f"{self.name}: service answered HTTP {response.status_code}")
+            if response.status_code >= 300:
+                raise BadBackendResponse(f"{self.name}: service answered HTTP {response.status_code}")
+            return self._read_bounded(response)
+        finally:
+            # Returns the connection to the pool, or drops it when the body was not read.
+            response.close()
+
+    def _read_bounded(self, response: requests.Response) -> bytes:
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > MAX_RESPONSE_BYTES:
+            raise BadBackendResponse(f"{self.name}: response larger than {MAX_RESPONSE_BYTES} bytes")
+        chunks, size = [], 0
+        for chunk in response.iter_content(_CHUNK_BYTES):
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise BadBackendResponse(f"{self.name}: response larger than {MAX_RESPONSE_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+class AlertsLookup(HttpLookup):
+    """Alerts triggered in the window, sorted by ``triggered_ms`` then ``id``."""
+
+    name: ClassVar[str] = "alerts"
+
+    def fetch(self, window: Window, timeout_s: float) -> AlertList:
+        path = f"/apps/{app_path_segment(window.app)}/alerts"
+        params = {"start_ms": window.start_ms, "end_ms": window.end_ms}
+        body = self._get_json(self._settings.alerts_url, path, params, timeout_s)
+        items = _list_field(self.name, body, "alerts")
+        alerts = [Alert(id=_typed(self.name, item, "id", str),
+                        severity=_typed(self.name, item, "severity", str),
+                        title=_typed(self.name, item, "title", str),
+                        triggered_ms=_typed(self.name, item, "triggered_ms", int))
+                  for item in items]
+        return AlertList(tuple(sorted(alerts, key=lambda a: (a.triggered_ms, a.id))))
+
+
+class SeriesLookup(HttpLookup):
+    """One metric series over the window, at the step :func:`step_ms_for` chooses."""
+
+    metric: ClassVar[str]
+
+    def fetch(self, window: Window, timeout_s: float) -> Series:
+        step_ms = step_ms_for(window)
+        path = f"/apps/{app_path_segment(window.app)}/series/{self.metric}"
+        params = {"start_ms": window.start_ms, "end_ms": window.end_ms, "step_ms": step_ms}
+        body = self._get_json(self._settings.metrics_url, path, params, timeout_s)
+        points = [self._point(item) for item in _list_field(self.name, body, "points")]
+        return Series(points=tuple(sorted(points, key=lambda p: p.ts_ms)), step_ms=step_ms)
+
+    def _point(self, item: Any) -> Point:
+        if not isinstance(item, list) or len(item) != 2:
+            raise BadBackendResponse(f"{self.name}: a point is not a [ts_ms, value] pair")
+        ts_ms, value = item
+        if not _is_number(ts_ms, int) or not _is_number(value, (int, float)):
+            raise BadBackendResponse(f"{self.name}: a point is not [integer, number]")
+        return Point(ts_ms=ts_ms, value=float(value))
+
+
+class LatencyLookup(SeriesLookup):
+    name: ClassVar[str] = "latency"
+    metric: ClassVar[str] = "latency"
+
+
+class VolumeLookup(SeriesLookup):
+    name: ClassVar[str] = "volume"
+    metric: ClassVar[str] = "volume"
+
+
+def _raise_transport_error(lookup: str, exc: requests.RequestException) -> NoReturn:
+    kind = type(exc).__name__
+    if isinstance(exc, requests.Timeout):
+        raise BackendTimeout(f"{lookup}: service too slow ({kind})") from exc
+    if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
+        raise BackendUnavailable(f"{lookup}: cannot reach the service ({kind})") from exc
+    if isinstance(exc, requests.exceptions.ContentDecodingError):
+        raise BadBackendResponse(f"{lookup}: undecodable response body ({kind})") from exc
+    raise LookupFailed(f"{lookup}: HTTP request failed ({kind})") from exc
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _is_number(value: Any, kind: type | tuple[type, ...]) -> bool:
+    # bool is an int in Python, never a timestamp or a measurement in JSON.
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _list_field(lookup: str, body: Any, key: str) -> list[Any]:
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        raise BadBackendResponse(f"{lookup}: expected an object with a {key!r} list")
+    if len(items) > MAX_ITEMS:
+        raise BadBackendResponse(f"{lookup}: more than {MAX_ITEMS} {key}")
+    return items
+
+
+def _typed(lookup: str, item: Any, key: str, kind: type) -> Any:
+    value = item.get(key) if isinstance(item, dict) else None
+    valid = _is_number(value, int) if kind is int else isinstance(value, kind)
+    if not valid:
+        raise BadBackendResponse(f"{lookup}: field {key!r} is not {kind.__name__}")
+    return value

@@ -1,0 +1,276 @@
+"""MongoDB lookups: the errors, urls, controllers and queries panels.
+
+Each lookup runs one aggregation over one collection, filtered to the window's app and
+``start <= ts < end``, and does its grouping, sorting and limiting on the server. The
+task budget is pushed into the operation with :func:`pymongo.timeout` (client-side
+operation timeout, which also sends ``maxTimeMS``), so pymongo gives up cleanly.
+
+Collections (database ``mongo.database``)::
+
+    errors   {app, ts: datetime, code: int, message, url}
+    requests {app, ts: datetime, url, controller, duration_ms, status}
+    queries  {app, ts: datetime, query, duration_ms}
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import re
+from typing import Any, ClassVar, Iterator, Sequence
+
+import pymongo
+from bson.datetime_ms import DatetimeMS
+from bson.errors import BSONError
+from pymongo.database import Database
+from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, PyMongoError,
+                            ServerSelectionTimeoutError)
+
+from lookups.base import Lookup
+from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList,
+                            Window)
+
+__all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
+           "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
+           "QueriesLookup", "translated_errors"]
+
+COLLECTIONS = ("errors", "requests", "queries")
+
+# The queries panel groups raw statements on the server, keeps the QUERY_GROUP_CAP with the
+# largest total time, and merges their normalised shapes here. Past the cap the ranking is
+# approximate: a shape spread thinly over many distinct literals may be under-counted.
+QUERY_GROUP_CAP = 1000
+
+def ensure_indexes(db: Database) -> None:
+    """Create the ``(app, ts)`` index every lookup's ``$match`` uses; idempotent."""
+    for name in COLLECTIONS:
+        db[name].create_index([("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)],
+                              name="app_ts")
+
+
+def window_filter(window: Window) -> dict[str, Any]:
+    """The ``$match`` document for ``window``: its app and ``start <= ts < end``.
+
+    Written as an ``$and`` of single-operator conditions rather than the usual
+    ``{"ts": {"$gte": start, "$lt": end}}``. Both are valid MongoDB and mean the same
+    there, but some MongoDB-wire servers (the embedded one used for demos and tests)
+    match nothing for a two-operator range on one datetime field. (That server also
+    compares datetimes to the whole second, where MongoDB uses milliseconds.)
+    """
+    # DatetimeMS is a BSON datetime from epoch milliseconds as they are: no float
+    # rounding, and no OverflowError for instants Python's datetime cannot hold.
+    return {"$and": [{"app": window.app},
+                     {"ts": {"$gte": DatetimeMS(window.start_ms)}},
+                     {"ts": {"$lt": DatetimeMS(window.end_ms)}}]}
+
+
+class MongoLookup(Lookup, abc.ABC):
+    """One aggregation over ``collection``; subclasses give the stages after ``$match``.
+
+    :meth:`fetch` raises :class:`~lookups.errors.BackendUnavailable` when no server can
+    be reached, :class:`~lookups.errors.BackendTimeout` when the budget runs out, and
+    :class:`~lookups.errors.BadBackendResponse` when the data has the wrong shape.
+    """
+
+    source: ClassVar[str] = "mongo"
+    collection: ClassVar[str]
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def fetch(self, window: Window, timeout_s: float) -> PanelValue:
+        if timeout_s <= 0:
+            raise BackendTimeout(f"{self.name}: no time left to query MongoDB")
+        pipeline = [{"$match": window_filter(window)}, *self.stages()]
+        with translated_errors(self.name, self._db.client):
+            with pymongo.timeout(timeout_s):
+                # Every pipeline ends in a $limit of at most QUERY_GROUP_CAP: one batch holds it all.
+                cursor = self._db[self.collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP)
+                documents = list(cursor)
+        return self.build(documents)
+
+    @abc.abstractmethod
+    def stages(self) -> list[dict[str, Any]]:
+        """The pipeline stages that follow the window's ``$match``."""
+
+    @abc.abstractmethod
+    def build(self, documents: Sequence[Any]) -> PanelValue:
+        """The panel value from the aggregation's documents; BadBackendResponse if malformed."""
+
+
+class ErrorsLookup(MongoLookup):
+    """Total errors in the window and the TOP_N most frequent messages (ties by message)."""
+
+    name: ClassVar[str] = "errors"
+    collection: ClassVar[str] = "errors"
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [{"$facet": {
+            "total": [{"$count": "n"}],
+            "top": [{"$group": {"_id": "$message", "count": {"$sum": 1}}},
+                    {"$sort": {"count": -1, "_id": 1}},
+                    {"$limit": TOP_N}],
+        }}]
+
+    def build(self, documents: Sequence[Any]) -> ErrorSummary:
+        facets = _one_document(self.name, documents)
+        totals = _field(self.name, facets, "total", list)
+        total = _field(self.name, totals[0], "n", int) if totals else 0
+        top = tuple(MessageCount(_field(self.name, group, "_id", str),
+                                 _field(self.name, group, "count", int))
+                    for group in _field(self.name, facets, "top", list)[:TOP_N])
+        return ErrorSummary(total=total, top=_sorted_by(top, lambda m: (-m.count, m.message)))
+
+
+class TopByCountLookup(MongoLookup):
+    """The TOP_N values of ``field`` in ``requests`` by count, with mean and total duration."""
+
+    collection: ClassVar[str] = "requests"
+    field: ClassVar[str]
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [{"$group": {"_id": f"${self.field}", "count": {"$sum": 1},
+                            "total_ms": {"$sum": "$duration_ms"},
+                            "mean_ms": {"$avg": "$duration_ms"}}},
+                {"$sort": {"count": -1, "_id": 1}},
+                {"$limit": TOP_N}]
+
+    def build(self, documents: Sequence[Any]) -> TopList:
+        entries = tuple(TopEntry(key=_field(self.name, group, "_id", str),
+                                 count=_field(self.name, group, "count", int),
+                                 mean_ms=_duration(self.name, group, "mean_ms"),
+                                 total_ms=_duration(self.name, group, "total_ms"))
+                        for group in documents[:TOP_N])
+        return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
+
+
+class UrlsLookup(TopByCountLookup):
+    name: ClassVar[str] = "urls"
+    field: ClassVar[str] = "url"
+
+
+class ControllersLookup(TopByCountLookup):
+    name: ClassVar[str] = "controllers"
+    field: ClassVar[str] = "controller"
+
+
+class QueriesLookup(MongoLookup):
+    """The TOP_N normalised queries by total duration (ties by normalised text).
+
+    MongoDB has no regular-expression replace stage, so the server groups raw
+    statements (at most QUERY_GROUP_CAP, largest total first) and the shapes are merged
+    here with :func:`normalise_query`.
+    """
+
+    name: ClassVar[str] = "queries"
+    collection: ClassVar[str] = "queries"
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [{"$group": {"_id": "$query", "count": {"$sum": 1},
+                            "total_ms": {"$sum": "$duration_ms"}}},
+                {"$sort": {"total_ms": -1, "_id": 1}},
+                {"$limit": QUERY_GROUP_CAP}]
+
+    def build(self, documents: Sequence[Any]) -> TopList:
+        merged: dict[str, tuple[int, float]] = {}
+        for group in documents[:QUERY_GROUP_CAP]:
+            shape = normalise_query(_field(self.name, group, "_id", str))
+            count, total = merged.get(shape, (0, 0.0))
+            merged[shape] = (count + _field(self.name, group, "count", int),
+                             total + _duration(self.name, group, "total_ms"))
+        entries = [TopEntry(key=shape, count=count, mean_ms=total / count if count else 0.0,
+                            total_ms=total) for shape, (count, total) in merged.items()]
+        return TopList(_sorted_by(entries, lambda e: (-e.total_ms, e.key))[:TOP_N])
+
+
+# Single-quoted SQL strings (with '' or backslash escapes), then numbers that are not
+# part of an identifier (t1) or a dotted name, then IN lists of any length, then spaces.
+_QUOTED_STRING = re.compile(r"'(?:[^'\\]|\\.|'')*'")
+_NUMBER = re.compile(r"(?<![\w.$])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
+_IN_LIST = re.compile(r"\b(IN)\s*\(\s*\?(?:\s*,\s*\?)*\s*\)", re.IGNORECASE)
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalise_query(query: str) -> str:
+    """The statement's shape: literals become ``?``, ``IN (1, 2, 3)`` becomes ``IN (?)``.
+
+    >>> normalise_query("SELECT * FROM orders WHERE id = 4812 AND tag IN ('a', 'b')")
+    'SELECT * FROM orders WHERE id = ? AND tag IN (?)'
+    """
+    shape = _QUOTED_STRING.sub("?", query)
+    shape = _NUMBER.sub("?", shape)
+    shape = _IN_LIST.sub(r"\1 (?)", shape)
+    return _WHITESPACE.sub(" ", shape).strip()
+
+
+def _sorted_by(items: Sequence[Any], key: Any) -> tuple[Any, ...]:
+    # The server already sorted; sorting again costs nothing on TOP_N items and keeps
+    # the order exact even where a server breaks ties differently.
+    return tuple(sorted(items, key=key))
+
+
+def _one_document(lookup: str, documents: Sequence[Any]) -> dict[str, Any]:
+    if len(documents) != 1 or not isinstance(documents[0], dict):
+        raise BadBackendResponse(f"{lookup}: expected one $facet document, got {len(documents)}")
+    return documents[0]
+
+
+def _field(lookup: str, document: Any, key: str, kind: type) -> Any:
+    value = document.get(key) if isinstance(document, dict) else None
+    # bool is an int in Python but never a count.
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise BadBackendResponse(f"{lookup}: field {key!r} is not {kind.__name__} "
+                                 f"(found {type(value).__name__})")
+    return value
+
+
+def _duration(lookup: str, document: Any, key: str) -> float:
+    value = document.get(key) if isinstance(document, dict) else None
+    # MongoDB answers 0 ($sum) or null ($avg) for a group without numeric durations;
+    # some wire-compatible servers answer null for both.
+    if value is None:
+        return 0.0
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise BadBackendResponse(f"{lookup}: field {key!r} is not a number "
+                                 f"(found {type(value).__name__})")
+    return float(value)
+
+
+@contextlib.contextmanager
+def translated_errors(lookup: str, client: pymongo.MongoClient) -> Iterator[None]:
+    """Re-raise pymongo's errors as :mod:`lookups.errors`, with messages free of the URI.
+
+    Server selection failing is reported as :class:`BackendUnavailable` when pymongo
+    recorded why the server is unusable (refused, reset, unresolvable): calling that a
+    timeout would send an operator looking for a slow server when the server is down.
+    Without a recorded error, selection simply ran out of budget: :class:`BackendTimeout`.
+    """
+    try:
+        yield
+    except ServerSelectionTimeoutError as exc:
+        if _server_error_recorded(client):
+            raise BackendUnavailable(f"{lookup}: no MongoDB server available") from exc
+        raise BackendTimeout(f"{lookup}: no MongoDB server answered within the budget") from exc
+    except PyMongoError as exc:
+        raise _translated(lookup, exc) from exc
+    except BSONError as exc:
+        raise BadBackendResponse(f"{lookup}: MongoDB sent undecodable BSON") from exc
+
+
+def _translated(lookup: str, exc: PyMongoError) -> LookupFailed:
+    kind = type(exc).__name__
+    if exc.timeout:
+        return BackendTimeout(f"{lookup}: MongoDB did not answer within the budget ({kind})")
+    if isinstance(exc, ConnectionFailure):
+        return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})")
+    if isinstance(exc, (OperationFailure, ProtocolError)):
+        code = getattr(exc, "code", None)
+        return BadBackendResponse(f"{lookup}: MongoDB refused or garbled the aggregation "
+                                  f"(code {code}, {kind})")
+    return LookupFailed(f"{lookup}: MongoDB client error ({kind})")
+
+
+def _server_error_recorded(client: pymongo.MongoClient) -> bool:
+    servers = client.topology_description.server_descriptions().values()
+    return any(server.error is not None for server in servers)

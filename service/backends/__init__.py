@@ -1,0 +1,75 @@
+"""Embedded sample backends for ``fanout demo``, ``fanout backends`` and the tests.
+
+:class:`DemoBackends` starts a seeded in-memory MongoDB-wire server and the sample
+alerts and metrics HTTP services, all on free ports of 127.0.0.1, and says how to point
+a Fanout server at them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from service.backends.http_services import SampleHttpServices
+from service.backends.mongo_server import MongoWireServer, MongoWireServerError
+from service.backends.seed import (APPS, DEFAULT_SEED, SAMPLE_END_MS, SAMPLE_START_MS, SampleData,
+                                   generate_sample_data, seed_mongo, seed_mongo_at)
+
+__all__ = ["DemoBackends", "MongoWireServer", "MongoWireServerError", "SampleHttpServices",
+           "SampleData", "generate_sample_data", "seed_mongo", "seed_mongo_at", "APPS",
+           "DEFAULT_SEED", "SAMPLE_START_MS", "SAMPLE_END_MS"]
+
+
+class DemoBackends:
+    """The three sample backends, seeded from ``seed``; a context manager.
+
+    :meth:`start` raises :class:`MongoWireServerError` when the MongoDB-wire server
+    cannot start, and pymongo's errors when seeding fails; whatever had started is
+    stopped first.
+    """
+
+    def __init__(self, *, seed: int = DEFAULT_SEED, database: str = "apm",
+                 alerts_delay_ms: int = 0, metrics_delay_ms: int = 0) -> None:
+        self.data: SampleData = generate_sample_data(seed)
+        self.database = database
+        self.mongo = MongoWireServer()
+        self.http = SampleHttpServices(self.data, alerts_delay_ms=alerts_delay_ms,
+                                       metrics_delay_ms=metrics_delay_ms)
+        self._started = False
+
+    def start(self) -> "DemoBackends":
+        if self._started:
+            return self
+        try:
+            self.mongo.start()
+            seed_mongo_at(self.mongo.uri, self.database, self.data)
+            self.http.start()
+        except Exception:
+            self.stop()
+            raise
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Stop the HTTP services and the MongoDB-wire server; idempotent."""
+        self._started = False
+        self.http.stop()
+        self.mongo.stop()
+
+    def settings_overrides(self) -> dict[str, str]:
+        """Dotted settings keys pointing a server at these backends (for ``load_settings``)."""
+        return {"mongo.uri": self.mongo.uri, "mongo.database": self.database,
+                "http.alerts_url": self.http.alerts_url, "http.metrics_url": self.http.metrics_url}
+
+    def config_snippet(self) -> str:
+        """The same as TOML, for ``fanout serve --config FILE``."""
+        # A JSON string is a valid TOML basic string.
+        quoted = {key: json.dumps(value) for key, value in self.settings_overrides().items()}
+        return (f"[mongo]\nuri = {quoted['mongo.uri']}\ndatabase = {quoted['mongo.database']}\n\n"
+                f"[http]\nalerts_url = {quoted['http.alerts_url']}\n"
+                f"metrics_url = {quoted['http.metrics_url']}\n")
+
+    def __enter__(self) -> "DemoBackends":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,59 @@
+"""Pytest plugin: the embedded sample backends, seeded, and clients built on them.
+
+Session-scoped: ``sample_data``, ``mongo_server`` (one in-memory MongoDB-wire server,
+seeded) and ``http_services`` (the alerts and metrics services). Function-scoped:
+``backends`` (a :class:`lookups.clients.Backends` on them, closed after the test) and
+``backend_settings`` (a full :class:`service.config.Settings` pointing at them).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from lookups.clients import Backends
+from service.backends import (MongoWireServer, SampleData, SampleHttpServices,
+                              generate_sample_data, seed_mongo_at)
+from service.config import Settings, load_settings
+
+__all__ = ["SAMPLE_DATABASE", "sample_data", "mongo_server", "http_services", "backends",
+           "backend_settings", "backend_overrides"]
+
+SAMPLE_DATABASE = "apm"
+
+
+@pytest.fixture(scope="session")
+def sample_data() -> SampleData:
+    return generate_sample_data()
+
+
+@pytest.fixture(scope="session")
+def mongo_server(sample_data: SampleData) -> Iterator[MongoWireServer]:
+    """One MongoDB-wire server for the session, seeded with ``sample_data`` in ``apm``."""
+    with MongoWireServer() as server:
+        seed_mongo_at(server.uri, SAMPLE_DATABASE, sample_data)
+        yield server
+
+
+@pytest.fixture(scope="session")
+def http_services(sample_data: SampleData) -> Iterator[SampleHttpServices]:
+    with SampleHttpServices(sample_data) as services:
+        yield services
+
+
+def backend_overrides(mongo: MongoWireServer, http: SampleHttpServices) -> dict[str, str]:
+    """Dotted settings keys pointing at the running sample backends."""
+    return {"mongo.uri": mongo.uri, "mongo.database": SAMPLE_DATABASE,
+            "http.alerts_url": http.alerts_url, "http.metrics_url": http.metrics_url}
+
+
+@pytest.fixture
+def backend_settings(mongo_server: MongoWireServer, http_services: SampleHttpServices) -> Settings:
+    return load_settings(env={}, overrides=backend_overrides(mongo_server, http_services))
+
+
+@pytest.fixture
+def backends(backend_settings: Settings) -> Iterator[Backends]:
+    with Backends(backend_settings.mongo, backend_settings.http) as opened:
+        yield opened

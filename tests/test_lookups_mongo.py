@@ -1,0 +1,263 @@
+"""The four MongoDB panels against a seeded MongoDB-wire server, and their failures.
+
+Expected values are computed here from the SampleData records in plain Python.
+Window bounds are whole seconds, like the records (see service.backends.seed).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import datetime, timezone
+from collections import Counter, defaultdict
+from typing import Any, Callable, Iterable, Iterator
+
+import gevent
+from gevent.server import StreamServer
+import pymongo
+import pytest
+
+from lookups.clients import Backends
+from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse
+from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
+                           normalise_query)
+from lookups.panels import TopList, Window
+from service.backends import MongoWireServer, SampleData
+from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from service.config import HttpSettings, MongoSettings
+from service.context import spawn_in_context
+
+HOUR_MS = 3_600_000
+FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
+
+
+def _windows(data: SampleData) -> dict[str, tuple[int, int]]:
+    """Named windows; 'narrow' starts on a record and ends on another (half-open check)."""
+    stamps = sorted({r.ts_ms for r in data.requests if r.app == "shop"})
+    return {
+        "day": (SAMPLE_START_MS, SAMPLE_END_MS),
+        "three_hours": (SAMPLE_START_MS + 6 * HOUR_MS, SAMPLE_START_MS + 9 * HOUR_MS),
+        "narrow": (stamps[100], stamps[160]),
+        "empty": (SAMPLE_END_MS + HOUR_MS, SAMPLE_END_MS + 2 * HOUR_MS),
+        "zero_length": (stamps[100], stamps[100]),
+    }
+
+
+WINDOW_NAMES = ["day", "three_hours", "narrow", "empty", "zero_length"]
+APPS = ["shop", "search", "billing", "no-such-app"]
+
+
+def _in_window(records: Iterable[Any], window: Window) -> list[Any]:
+    return [r for r in records if r.app == window.app and window.start_ms <= r.ts_ms < window.end_ms]
+
+
+def _window(data: SampleData, app: str, name: str) -> Window:
+    start_ms, end_ms = _windows(data)[name]
+    return Window(app, start_ms, end_ms)
+
+
+def _expected_top(records: list[Any], key_of: Callable[[Any], str]) -> list[tuple[str, int, float, float]]:
+    durations: dict[str, list[float]] = defaultdict(list)
+    for record in records:
+        durations[key_of(record)].append(record.duration_ms)
+    rows = [(key, len(values), sum(values) / len(values), sum(values)) for key, values in durations.items()]
+    return sorted(rows, key=lambda row: (-row[1], row[0]))[:10]
+
+
+def _assert_top_list(actual: TopList, expected: list[tuple[str, int, float, float]]) -> None:
+    assert [(e.key, e.count) for e in actual.entries] == [(key, count) for key, count, _, _ in expected]
+    for entry, (_, _, mean_ms, total_ms) in zip(actual.entries, expected):
+        assert entry.mean_ms == pytest.approx(mean_ms, **FLOAT_TOLERANCE)
+        assert entry.total_ms == pytest.approx(total_ms, **FLOAT_TOLERANCE)
+
+
+def test_narrow_window_bounds_fall_on_records(sample_data: SampleData) -> None:
+    start_ms, end_ms = _windows(sample_data)["narrow"]
+    stamps = {r.ts_ms for r in sample_data.requests if r.app == "shop"}
+    assert start_ms in stamps and end_ms in stamps and start_ms < end_ms
+
+
+@pytest.mark.parametrize("app", APPS)
+@pytest.mark.parametrize("window_name", WINDOW_NAMES)
+def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+    window = _window(sample_data, app, window_name)
+    records = _in_window(sample_data.errors, window)
+    counts = Counter(r.message for r in records)
+    expected_top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:10]
+
+    summary = ErrorsLookup(backends.db).fetch(window, timeout_s=5.0)
+
+    assert summary.total == len(records)
+    assert [(m.message, m.count) for m in summary.top] == expected_top
+
+
+@pytest.mark.parametrize("app", APPS)
+@pytest.mark.parametrize("window_name", WINDOW_NAMES)
+def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+    window = _window(sample_data, app, window_name)
+    expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
+    _assert_top_list(UrlsLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+
+
+@pytest.mark.parametrize("app", APPS)
+@pytest.mark.parametrize("window_name", WINDOW_NAMES)
+def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str,
+                           window_name: str) -> None:
+    window = _window(sample_data, app, window_name)
+    expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
+    _assert_top_list(ControllersLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+
+
+@pytest.mark.parametrize("app", APPS)
+@pytest.mark.parametrize("window_name", WINDOW_NAMES)
+def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+    window = _window(sample_data, app, window_name)
+    totals: dict[str, list[float]] = defaultdict(list)
+    for record in _in_window(sample_data.queries, window):
+        totals[record.shape].append(record.duration_ms)
+    expected = sorted(((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
+                      key=lambda row: (-row[3], row[0]))[:10]
+    _assert_top_list(QueriesLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+
+
+def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
+    window = Window("search", 0, 4_102_444_800_000)   # 1970 to 2100
+    summary = ErrorsLookup(backends.db).fetch(window, timeout_s=5.0)
+    assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
+
+
+def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) -> None:
+    """The seeded data is rich enough that every top list is cut at ten."""
+    window = _window(sample_data, "shop", "day")
+    for lookup in (UrlsLookup(backends.db), QueriesLookup(backends.db)):
+        assert len(lookup.fetch(window, timeout_s=5.0).entries) == 10
+    assert len(ErrorsLookup(backends.db).fetch(window, timeout_s=5.0).top) == 10
+
+
+@pytest.mark.parametrize(("raw", "shape"), [
+    ("SELECT * FROM orders WHERE id = 4812", "SELECT * FROM orders WHERE id = ?"),
+    ("SELECT * FROM users WHERE name = 'O''Brien' AND age > 30.5",
+     "SELECT * FROM users WHERE name = ? AND age > ?"),
+    ("SELECT * FROM t1 WHERE id IN (1, 2,3)", "SELECT * FROM t1 WHERE id IN (?)"),
+    ("select * from t where id in(7)", "select * from t where id in (?)"),
+    ("INSERT INTO e (a, b) VALUES ('x', 2)", "INSERT INTO e (a, b) VALUES (?, ?)"),
+    ("SELECT id FROM audit_2025\n    WHERE user_id = 7", "SELECT id FROM audit_2025 WHERE user_id = ?"),
+    ("UPDATE t SET v = 'it\\'s' WHERE k = 1e3", "UPDATE t SET v = ? WHERE k = ?"),
+])
+def test_normalise_query(raw: str, shape: str) -> None:
+    assert normalise_query(raw) == shape
+
+
+@pytest.fixture
+def malformed_db(mongo_server: MongoWireServer) -> Iterator[Any]:
+    """A scratch database on the session's server, dropped afterwards."""
+    client: pymongo.MongoClient = pymongo.MongoClient(mongo_server.uri, serverSelectionTimeoutMS=5000)
+    name = "malformed_test"
+    try:
+        yield client[name]
+    finally:
+        client.drop_database(name)
+        client.close()
+
+
+def test_malformed_documents_are_a_bad_response(malformed_db: Any) -> None:
+    ts = datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
+    malformed_db.requests.insert_one({"app": "shop", "ts": ts, "url": 404, "controller": None,
+                                      "duration_ms": 5.0})
+    malformed_db.errors.insert_one({"app": "shop", "ts": ts, "code": 1})   # no message
+    window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    for lookup in (UrlsLookup(malformed_db), ControllersLookup(malformed_db), ErrorsLookup(malformed_db)):
+        with pytest.raises(BadBackendResponse) as caught:
+            lookup.fetch(window, timeout_s=5.0)
+        assert caught.value.retryable is False
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_unreachable_mongo_is_unavailable_within_budget() -> None:
+    uri = f"mongodb://fanout:s3cret@127.0.0.1:{_closed_port()}/?authSource=admin"
+    settings = MongoSettings(uri=uri, server_selection_timeout_ms=10_000)
+    with Backends(settings, HttpSettings()) as backends:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable) as caught:
+            ErrorsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.5 + 1.5
+    assert caught.value.retryable is True
+    assert "s3cret" not in str(caught.value) and uri not in str(caught.value)
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A TCP server that accepts connections and never answers; yields its port."""
+    def hold(connection: socket.socket, address: Any) -> None:
+        connection.recv(65536)
+        gevent.sleep(30)
+
+    server = StreamServer(("127.0.0.1", 0), hold)
+    server.start()
+    try:
+        yield server.server_port
+    finally:
+        server.stop(timeout=1)
+
+
+def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
+    """A server that accepts but never answers is slow, not known to be down."""
+    settings = MongoSettings(uri=f"mongodb://127.0.0.1:{silent_server}", connect_timeout_ms=10_000,
+                             server_selection_timeout_ms=10_000)
+    with Backends(settings, HttpSettings()) as backends:
+        started = time.monotonic()
+        with pytest.raises(BackendTimeout) as caught:
+            UrlsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.5 + 1.5
+    assert caught.value.retryable is True
+
+
+def test_mongo_killed_mid_session_is_unavailable() -> None:
+    window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    with MongoWireServer() as server:
+        with Backends(MongoSettings(uri=server.uri), HttpSettings()) as backends:
+            assert UrlsLookup(backends.db).fetch(window, timeout_s=5.0) == TopList(())
+            server.kill()
+            for _ in range(2):   # first on the pooled connection, then on selection
+                with pytest.raises(BackendUnavailable):
+                    UrlsLookup(backends.db).fetch(window, timeout_s=0.5)
+            assert backends.connections_in_use()["mongo"] == 0
+
+
+def test_spent_budget_is_a_timeout(backends: Backends) -> None:
+    window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    for budget in (0.0, -1.0, 1e-6):
+        with pytest.raises(BackendTimeout) as caught:
+            QueriesLookup(backends.db).fetch(window, timeout_s=budget)
+        assert caught.value.retryable is True and isinstance(caught.value, TimeoutError)
+
+
+def test_connections_are_returned_after_a_burst(backends: Backends, sample_data: SampleData) -> None:
+    window = _window(sample_data, "shop", "day")
+    lookups = [ErrorsLookup(backends.db), UrlsLookup(backends.db), ControllersLookup(backends.db),
+               QueriesLookup(backends.db)]
+    most_in_use = 0
+
+    def run(index: int) -> None:
+        budget = 1e-6 if index % 3 == 0 else 5.0    # every third one times out
+        try:
+            lookups[index % len(lookups)].fetch(window, timeout_s=budget)
+        except BackendTimeout:
+            pass
+
+    workers = [spawn_in_context(run, index) for index in range(24)]
+    for _ in range(10_000):
+        most_in_use = max(most_in_use, backends.connections_in_use()["mongo"])
+        if all(worker.dead for worker in workers):
+            break
+        gevent.sleep(0.001)
+    gevent.joinall(workers, timeout=30, raise_error=True)
+    assert most_in_use >= 1, "the counter never saw a connection checked out"
+    assert backends.connections_in_use()["mongo"] == 0
