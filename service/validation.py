@@ -19,6 +19,7 @@ __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLIN
 APP_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 MAX_DEADLINE_MS = 10 * 60 * 1000
+MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant BSON dates hold
 MAX_HEADERS = 16
 MAX_HEADER_BYTES = 4096
 # Only propagation headers are kept; nothing else from the caller reaches a span or a log.
@@ -66,8 +67,8 @@ def _window(request: Any, max_window_ms: int) -> Window:
         value = getattr(request, field)
         if not isinstance(value, int) or isinstance(value, bool):
             raise _invalid(field, "is required")
-        if value < 0:
-            raise _invalid(field, "must be epoch milliseconds >= 0")
+        if not 0 <= value <= MAX_EPOCH_MS:
+            raise _invalid(field, f"must be epoch milliseconds between 0 and {MAX_EPOCH_MS}")
     if request.end_ms <= request.start_ms:
         raise _invalid("end_ms", "must be greater than start_ms (the window is [start_ms, end_ms))")
     if request.end_ms - request.start_ms > max_window_ms:

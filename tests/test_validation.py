@@ -50,6 +50,7 @@ def test_defaults_all_offered_panels_and_server_deadline() -> None:
     (dict(app="-leading-dash"), "app"),
     (dict(start_ms=None), "start_ms"),
     (dict(start_ms=-1), "start_ms"),
+    (dict(start_ms=2**62, end_ms=2**62 + 1), "start_ms"),
     (dict(end_ms=500), "end_ms"),
     (dict(end_ms=1_000), "end_ms"),
     (dict(end_ms=1_000 + 40 * DAY_MS), "end_ms"),
