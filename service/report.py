@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from service.idl import appstats
@@ -19,8 +20,9 @@ def format_response(response: Any) -> str:
     """The panels, then the per-task outcomes, as aligned text."""
     lines = [f"app {response.app}   trace {response.trace_id or '-'}   "
              f"elapsed {response.elapsed_ms:.1f} ms", "", "Panels"]
-    for name in sorted(response.panels or {}):
-        lines.extend(_format_panel(name, response.panels[name]))
+    panels = response.panels or {}
+    for name in [o.name for o in response.outcomes or [] if o.name in panels]:
+        lines.extend(_format_panel(name, panels[name]))
     lines += ["", "Outcomes", f"  {'panel':<12} {'source':<6} {'status':<9} {'elapsed_ms':>10}  error"]
     for outcome in response.outcomes or []:
         error = f"{outcome.error_type}: {outcome.message}" if outcome.error_type else ""
@@ -48,10 +50,14 @@ def _format_panel(name: str, panel: Any) -> list[str]:
         lines = [f"  {name}: {len(points)} points every {(panel.series.step_ms or 0) // 1000} s; {shape}"]
     elif panel.alert_list is not None:
         lines = [f"  {name}: {len(panel.alert_list.alerts)} alerts"]
-        lines += [f"    {a.triggered_ms}  {a.severity:<8} {a.title}" for a in panel.alert_list.alerts]
+        lines += [f"    {_utc(a.triggered_ms)}  {a.severity:<8} {a.title}" for a in panel.alert_list.alerts]
     else:
         lines = [f"  {name}: (empty)"]
     return lines
+
+
+def _utc(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def response_to_json(response: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import math
 from typing import Optional, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import StatusCode, format_trace_id
+from opentelemetry.trace import SpanKind, StatusCode, format_trace_id
 
 __all__ = ["render_waterfall"]
 
@@ -93,9 +93,11 @@ def _label(depth: int, name: str) -> str:
 
 
 def _flag(span: ReadableSpan) -> str:
+    # Client and server spans of one RPC share a name; the kind tells them apart.
+    kind = f"  {span.kind.name.lower()}" if span.kind in (SpanKind.CLIENT, SpanKind.SERVER) else ""
     if span.end_time is None:
-        return "  (unfinished)"
-    return "  ERROR" if span.status.status_code is StatusCode.ERROR else ""
+        return kind + "  (unfinished)"
+    return kind + ("  ERROR" if span.status.status_code is StatusCode.ERROR else "")
 
 
 def _end_ns(span: ReadableSpan) -> int:
