@@ -1,0 +1,216 @@
+"""End to end: real client -> real Thrift server -> fan-out -> nx-27017 and HTTP services.
+
+Expected values are computed here from the seed records, independently of the lookups.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+import gevent
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from service.app import FanoutService
+from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.client import AppStatsClient
+from service.config import load_settings
+from service.idl import appstats
+from tests.support.backends import backend_overrides
+
+ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+MONGO_PANELS = ALL_PANELS[:4]
+HTTP_PANELS = ALL_PANELS[4:]
+Status = appstats.TaskStatus
+
+StartService = Callable[..., tuple[FanoutService, AppStatsClient]]
+
+
+@pytest.fixture
+def start_service(mongo_server: Any, http_services: SampleHttpServices) -> Iterator[StartService]:
+    """Start a Fanout server on port 0 over the sample backends; stopped after the test."""
+    started: list[tuple[FanoutService, AppStatsClient]] = []
+
+    def start(http: SampleHttpServices | None = None, **overrides: Any) -> tuple[FanoutService, AppStatsClient]:
+        keys = {**backend_overrides(mongo_server, http or http_services), "server.port": 0,
+                **{key.replace("__", "."): value for key, value in overrides.items()}}
+        service = FanoutService(load_settings(env={}, overrides=keys)).start()
+        client = AppStatsClient(*service.address, timeout_ms=5000)
+        started.append((service, client))
+        return service, client
+
+    yield start
+    for service, client in started:
+        client.close()
+        service.stop()
+
+
+@pytest.fixture
+def slow_http(sample_data: SampleData) -> Iterator[Callable[[int], SampleHttpServices]]:
+    made: list[SampleHttpServices] = []
+
+    def make(delay_ms: int) -> SampleHttpServices:
+        services = SampleHttpServices(sample_data, alerts_delay_ms=delay_ms, metrics_delay_ms=delay_ms)
+        made.append(services.start())
+        return services
+
+    yield make
+    for services in made:
+        services.stop()
+
+
+def statuses(response: Any) -> dict[str, int]:
+    return {o.name: o.status for o in response.outcomes}
+
+
+def test_seven_panels_end_to_end(start_service: StartService, sample_data: SampleData) -> None:
+    _, client = start_service()
+    start, end = SAMPLE_START_MS + 6 * 3_600_000, SAMPLE_START_MS + 18 * 3_600_000
+    response = client.get_app_stats("shop", start, end)
+
+    assert [o.name for o in response.outcomes] == ALL_PANELS
+    assert set(statuses(response).values()) == {Status.OK}
+    assert sorted(response.panels) == sorted(ALL_PANELS)
+    assert len(response.trace_id) == 32 and int(response.trace_id, 16) != 0
+
+    errors = [e for e in sample_data.errors if e.app == "shop" and start <= e.ts_ms < end]
+    assert response.panels["errors"].error_summary.total == len(errors)
+    top_messages = sorted(Counter(e.message for e in errors).items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    assert [(m.message, m.count) for m in response.panels["errors"].error_summary.top] == top_messages
+
+    hits = [r for r in sample_data.requests if r.app == "shop" and start <= r.ts_ms < end]
+    top_urls = sorted(Counter(r.url for r in hits).items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    assert [(e.key, e.count) for e in response.panels["urls"].top_list.entries] == top_urls
+
+    alerts = sorted((a for a in sample_data.alerts if a.app == "shop" and start <= a.triggered_ms < end),
+                    key=lambda a: (a.triggered_ms, a.id))
+    assert [a.id for a in response.panels["alerts"].alert_list.alerts] == [a.id for a in alerts]
+
+    # Bucketing moves volume between points but never loses or invents any.
+    minutes = [m for m in sample_data.metrics if m.app == "shop" and start <= m.ts_ms < end]
+    volume = response.panels["volume"].series
+    assert sum(p.value for p in volume.points) == pytest.approx(sum(m.volume for m in minutes))
+    assert all(start <= p.ts_ms < end for p in volume.points)
+
+
+def test_http_lookups_run_in_parallel(start_service: StartService,
+                                      slow_http: Callable[[int], SampleHttpServices]) -> None:
+    _, client = start_service(http=slow_http(200))
+    began = time.monotonic()
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, HTTP_PANELS)
+    elapsed = time.monotonic() - began
+    assert set(statuses(response).values()) == {Status.OK}
+    assert all(o.elapsed_ms >= 190 for o in response.outcomes)
+    assert elapsed < 0.55  # in sequence: at least 0.6 s
+
+
+def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
+        start_service: StartService, slow_http: Callable[[int], SampleHttpServices]) -> None:
+    service, client = start_service(http=slow_http(5000))
+    began = time.monotonic()
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=400)
+    assert time.monotonic() - began < 1.2
+    got = statuses(response)
+    assert {got[name] for name in MONGO_PANELS} == {Status.OK}
+    assert {got[name] for name in HTTP_PANELS} == {Status.TIMEOUT}
+    assert all(o.retryable for o in response.outcomes if o.name in HTTP_PANELS)
+    assert sorted(response.panels) == sorted(MONGO_PANELS)
+
+    # The budget was pushed into requests, so the stragglers end by themselves.
+    assert service.fanout.wait_reapers(timeout_s=5)
+    assert service.fanout.inflight == 0
+    assert service.backends.connections_in_use() == {"mongo": 0, "http": 0}
+    again = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, MONGO_PANELS)
+    assert set(statuses(again).values()) == {Status.OK}
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS, panels=["errors", "cpu"]), "panels"),
+    (dict(app="../etc", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS), "app"),
+    (dict(app="shop", start_ms=SAMPLE_END_MS, end_ms=SAMPLE_START_MS), "end_ms"),
+])
+def test_bad_requests_get_invalid_request(start_service: StartService, kwargs: dict, field: str) -> None:
+    _, client = start_service()
+    with pytest.raises(appstats.InvalidRequest) as caught:
+        client.get_app_stats(**kwargs)
+    assert caught.value.field == field
+    assert client.ping() == "pong"  # the connection and server are fine
+
+
+def test_required_panel_failure_raises_panel_failed(start_service: StartService) -> None:
+    _, client = start_service(**{"http__alerts_url": "http://127.0.0.1:9", "lookups__alerts__required": True})
+    with pytest.raises(appstats.PanelFailed) as caught:
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    failure = caught.value
+    assert failure.panel == "alerts"
+    by_name = {o.name: o for o in failure.outcomes}
+    assert sorted(by_name) == sorted(ALL_PANELS)
+    assert by_name["alerts"].status == Status.ERROR and by_name["alerts"].retryable
+    assert by_name["alerts"].error_type == "BackendUnavailable"
+    assert {o.status for o in failure.outcomes} <= {Status.OK, Status.ERROR, Status.CANCELLED}
+
+
+def test_optional_panel_failure_keeps_the_rest(start_service: StartService) -> None:
+    _, client = start_service(**{"http__metrics_url": "http://127.0.0.1:9"})
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    got = statuses(response)
+    assert got["latency"] == got["volume"] == Status.ERROR
+    assert {got[name] for name in ["errors", "urls", "controllers", "queries", "alerts"]} == {Status.OK}
+    assert "latency" not in response.panels and "errors" in response.panels
+
+
+def test_disabled_panel_is_skipped_and_not_offered(start_service: StartService) -> None:
+    _, client = start_service(**{"lookups__volume__enabled": False})
+    assert client.panels() == [p for p in ALL_PANELS if p != "volume"]
+    default = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert "volume" not in statuses(default)
+    asked = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["volume", "errors"])
+    assert statuses(asked) == {"volume": Status.SKIPPED, "errors": Status.OK}
+
+
+def test_no_free_slot_answers_overloaded(start_service: StartService,
+                                         slow_http: Callable[[int], SampleHttpServices]) -> None:
+    _, client = start_service(http=slow_http(800), **{"fanout__max_inflight_tasks": 1,
+                                                      "fanout__queue_timeout_ms": 50})
+    hog = gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"])
+    gevent.sleep(0.2)
+    with pytest.raises(appstats.Overloaded) as caught:
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["latency", "volume"])
+    assert caught.value.retry_after_ms > 0
+    assert statuses(hog.get(timeout=5)) == {"alerts": Status.OK}
+
+
+def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any) -> None:
+    _, client = start_service()
+    with trace.get_tracer("test").start_as_current_span("web tier") as caller:
+        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    caller_trace = format(caller.get_span_context().trace_id, "032x")
+    assert response.trace_id == caller_trace
+
+    finished = [s for s in spans.get_finished_spans()
+                if format(s.context.trace_id, "032x") == caller_trace]
+    by_id = {s.context.span_id: s for s in finished}
+    (server,) = [s for s in finished if s.kind is SpanKind.SERVER]
+    assert server.name == "AppStats/get_app_stats"
+    assert server.attributes["rpc.method"] == "get_app_stats"
+    tasks = [s for s in finished if s.name.startswith("fanout.task ")]
+    assert sorted(t.attributes["fanout.task.name"] for t in tasks) == sorted(ALL_PANELS)
+    assert {t.parent.span_id for t in tasks} == {server.context.span_id}
+    assert all(t.attributes["fanout.async"] and t.attributes["fanout.task.status"] == "OK" for t in tasks)
+    # The server span descends from the caller's span (directly or via the client's span).
+    ancestor = server
+    while ancestor.parent is not None and ancestor.parent.span_id in by_id:
+        ancestor = by_id[ancestor.parent.span_id]
+    assert ancestor.context.span_id == caller.get_span_context().span_id
+
+    for task in tasks:
+        children = [s for s in finished if s.parent is not None and s.parent.span_id == task.context.span_id]
+        assert children, f"no library span under {task.name}"
+        assert all(c.kind is SpanKind.CLIENT for c in children)
+        if task.attributes["fanout.task.source"] == "mongo":
+            assert any(c.attributes.get("db.system") == "mongodb" for c in children)
+    # Parallel: every task started before any task ended.
+    assert max(t.start_time for t in tasks) < min(t.end_time for t in tasks)
