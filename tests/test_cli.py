@@ -1,0 +1,106 @@
+"""The ``fanout`` command as a user runs it: real processes, real ports, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import gevent
+import pytest
+
+from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
+
+FANOUT = [sys.executable, "-m", "service.cli"]
+# The processes must not try to reach a trace collector that is not there.
+ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+
+
+def read_until(process: subprocess.Popen, marker: str, timeout_s: float = 30) -> list[str]:
+    """Lines of ``process``'s stdout up to and including the first containing ``marker``."""
+    lines: list[str] = []
+    with gevent.Timeout(timeout_s, AssertionError(f"no {marker!r} within {timeout_s}s; got {lines}")):
+        while not lines or marker not in lines[-1]:
+            line = process.stdout.readline()
+            assert line, f"process ended before {marker!r}: {lines}"
+            lines.append(line.rstrip("\n"))
+    return lines
+
+
+def stop(process: subprocess.Popen) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def spawn(processes: list[subprocess.Popen], *args: str) -> subprocess.Popen:
+    process = subprocess.Popen([*FANOUT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=ENV)
+    processes.append(process)
+    return process
+
+
+def test_backends_serve_and_call_work_together(tmp_path: Path,
+                                               processes: list[subprocess.Popen]) -> None:
+    backends = spawn(processes, "backends")
+    printed = read_until(backends, "Press Ctrl-C")
+    snippet = "\n".join(printed[printed.index("[mongo]"):-1])
+    config = tmp_path / "fanout.toml"
+    config.write_text(snippet)
+
+    server = spawn(processes, "serve", "--config", str(config), "--port", "0")
+    (line,) = read_until(server, "serving on")[-1:]
+    port = line.rsplit(":", 1)[1]
+
+    call = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop",
+                           "--start-ms", str(SAMPLE_START_MS), "--end-ms", str(SAMPLE_END_MS), "--json"],
+                          capture_output=True, text=True, env=ENV, timeout=60)
+    assert call.returncode == 0, call.stderr
+    response = json.loads(call.stdout)
+    assert {o["name"]: o["status"] for o in response["outcomes"]} == {
+        name: "OK" for name in ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]}
+    assert response["panels"]["errors"]["error_summary"]["total"] > 0
+
+    bad = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "no/such"],
+                         capture_output=True, text=True, env=ENV, timeout=60)
+    assert bad.returncode == 1 and "InvalidRequest" in bad.stderr and "app" in bad.stderr
+
+    assert stop(server) == 0
+    assert stop(backends) == 0
+
+
+def test_demo_exits_zero_and_prints_panels_outcomes_and_trace() -> None:
+    demo = subprocess.run([*FANOUT, "demo"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    out = demo.stdout
+    for section in ("Panels", "Outcomes", "Trace"):
+        assert f"\n{section}\n" in out
+    outcome_lines = out.split("\nOutcomes\n")[1].split("\n\n")[0].splitlines()[1:]
+    assert len(outcome_lines) == 7 and all(" OK " in line for line in outcome_lines)
+    assert "AppStats/get_app_stats" in out and out.count("fanout.task ") == 7
+
+
+def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text("[fanout]\npool_size = 0\n")
+    result = subprocess.run([*FANOUT, "serve", "--config", str(config)],
+                            capture_output=True, text=True, env=ENV, timeout=60)
+    assert result.returncode == 2
+    assert "fanout.pool_size" in result.stderr
