@@ -27,7 +27,7 @@ from types import TracebackType
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import gevent.lock
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
@@ -35,6 +35,7 @@ from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocke
 
 from service.deadline import Deadline
 from service.idl import appstats
+from tracing.propagation import inject_headers
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS"]
 
@@ -154,7 +155,7 @@ class AppStatsClient:
         Raises as described in the module doc.
         """
         def build_args(remaining_ms: int) -> tuple[Any, ...]:
-            meta = appstats.RequestMeta(headers=_trace_headers(), deadline_ms=remaining_ms,
+            meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=remaining_ms,
                                         request_id=request_id)
             request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
                                             panels=None if panels is None else list(panels),
@@ -207,9 +208,3 @@ class AppStatsClient:
         transport = self._make_transport(socket)
         transport.open()  # raises TTransportException(NOT_OPEN) on failure
         return _Connection(socket, TClient(appstats.AppStats, self._make_protocol(transport)))
-
-
-def _trace_headers() -> dict[str, str]:
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier
