@@ -116,14 +116,16 @@ class FanOut:
         """
         started = time.monotonic()
         run = _Run(tasks, deadline)
-        self._start_all(run)
-        if not run.wake.is_set():
+        try:
+            self._start_all(run)
             run.wake.wait(timeout=deadline.remaining_s())
+        finally:
+            # Also when the caller itself is killed mid-wait: its children still get reaped.
+            self._abandon_stragglers(run)
         if run.failed_required is not None:
             run.settle_rest(TaskStatus.CANCELLED, f"required task {run.failed_required.name!r} failed")
         else:
             run.settle_rest(TaskStatus.TIMEOUT, "request deadline passed")
-        self._abandon_stragglers(run)
         result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
                               (time.monotonic() - started) * 1000.0)
         if run.failed_required is not None:

@@ -211,3 +211,14 @@ def test_expired_deadline_times_out_without_calling() -> None:
     result = engine().run([task("late", lambda budget: called.append(budget))], Deadline.after_ms(0))
     assert result.outcomes[0].status is TaskStatus.TIMEOUT
     assert called == []
+
+
+def test_children_of_a_killed_request_are_still_reaped() -> None:
+    fan = engine(abandon_grace_ms=50)
+    request = gevent.spawn(fan.run, [task("stuck", stubborn(30))], Deadline.after_ms(10_000))
+    gevent.sleep(0.05)
+    assert fan.inflight == 1
+    request.kill()
+    assert fan.stats.abandoned == 1
+    assert fan.wait_reapers(timeout_s=3)
+    assert fan.inflight == 0 and fan.stats.killed == 1
