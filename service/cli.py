@@ -86,7 +86,13 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     tracing = configure_tracing(settings.tracing)
-    service = FanoutService(settings).start()
+    try:
+        service = FanoutService(settings).start()
+    except OSError as exc:
+        print(f"fanout: cannot listen on {settings.server.host}:{settings.server.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        tracing.shutdown()
+        return 1
     host, port = service.address
     print(f"fanout: serving on {host}:{port}", flush=True)
     _wait_for_signal()
@@ -106,34 +112,54 @@ def _wait_for_signal() -> None:
             handler.cancel()
 
 
+class _CallFailed(Exception):
+    """The server answered a call with a declared exception; ``str`` says which."""
+
+
 def _call(args: argparse.Namespace) -> int:
-    from service.client import AppStatsClient
-    from service.idl import appstats
+    from thriftpy2.transport import TTransportException
+
     from service.report import format_response, response_to_json
 
+    if args.method == "get_app_stats" and not args.app:
+        print("fanout call get_app_stats: --app is required", file=sys.stderr)
+        return 2
     settings = _settings(args)
+    try:
+        result = _call_server(args, settings)
+    except TTransportException as exc:
+        print(f"fanout call: cannot reach {settings.server.host}:{settings.server.port}: {exc.message}",
+              file=sys.stderr)
+        return 1
+    except _CallFailed as exc:
+        print(f"fanout call: {exc}", file=sys.stderr)
+        return 1
+    if args.method == "get_app_stats":
+        print(json.dumps(response_to_json(result), indent=2) if args.json else format_response(result))
+    else:
+        print(json.dumps(result) if args.json else result)
+    return 0
+
+
+def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
+    """Make the call; raises _CallFailed for declared exceptions, TTransportException otherwise."""
+    from service.client import AppStatsClient
+    from service.idl import appstats
+
     with AppStatsClient(settings.server.host, settings.server.port,
                         transport=settings.server.transport, protocol=settings.server.protocol,
                         timeout_ms=args.deadline_ms) as client:
         if args.method != "get_app_stats":
-            result: Any = getattr(client, args.method)()
-            print(json.dumps(result) if args.json else result)
-            return 0
-        if not args.app:
-            print("fanout call get_app_stats: --app is required", file=sys.stderr)
-            return 2
+            return getattr(client, args.method)()
         now_ms = int(time.time() * 1000)
         panels = [p.strip() for p in args.panels.split(",")] if args.panels else None
         try:
-            response = client.get_app_stats(
+            return client.get_app_stats(
                 args.app, args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
                 args.end_ms if args.end_ms is not None else now_ms, panels,
                 deadline_ms=args.deadline_ms)
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
-            print(f"fanout call: {type(exc).__name__}: {exc.message}", file=sys.stderr)
-            return 1
-    print(json.dumps(response_to_json(response), indent=2) if args.json else format_response(response))
-    return 0
+            raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
 
 
 def _backends(args: argparse.Namespace) -> int:

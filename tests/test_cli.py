@@ -104,3 +104,21 @@ def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None
                             capture_output=True, text=True, env=ENV, timeout=60)
     assert result.returncode == 2
     assert "fanout.pool_size" in result.stderr
+
+
+def test_unreachable_server_and_busy_port_are_clear_errors() -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        busy_port = str(holder.getsockname()[1])
+        serve = subprocess.run([*FANOUT, "serve", "--port", busy_port], capture_output=True, text=True,
+                               env=ENV, timeout=60)
+    assert serve.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{busy_port}" in serve.stderr and "Traceback" not in serve.stderr
+
+    call = subprocess.run([*FANOUT, "call", "ping", "--port", busy_port], capture_output=True, text=True,
+                          env=ENV, timeout=60)
+    assert call.returncode == 1
+    assert f"cannot reach 127.0.0.1:{busy_port}" in call.stderr and "Traceback" not in call.stderr
