@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from lookups.panels import Window
 from service.config import FanoutSettings
 from service.idl import appstats
+from tracing.propagation import propagation_fields
 
 __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLINE_MS"]
 
@@ -22,8 +23,6 @@ MAX_DEADLINE_MS = 10 * 60 * 1000
 MAX_EPOCH_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant BSON dates hold
 MAX_HEADERS = 16
 MAX_HEADER_BYTES = 4096
-# Only propagation headers are kept; nothing else from the caller reaches a span or a log.
-PROPAGATION_HEADERS = frozenset({"traceparent", "tracestate", "baggage"})
 
 
 @dataclass(frozen=True)
@@ -114,12 +113,15 @@ def _headers(headers: Optional[Mapping[str, str]]) -> Mapping[str, str]:
         return {}
     if len(headers) > MAX_HEADERS:
         raise _invalid("meta.headers", f"has {len(headers)} entries; at most {MAX_HEADERS}")
+    # Only the configured propagators' headers are kept; nothing else from the caller
+    # reaches the request context, a span or a log.
+    wanted = propagation_fields()
     kept = {}
     for key, value in headers.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise _invalid("meta.headers", "keys and values must be strings")
         if len(key) + len(value) > MAX_HEADER_BYTES:
             raise _invalid("meta.headers", f"entry {key[:64]!r} is longer than {MAX_HEADER_BYTES} characters")
-        if key.lower() in PROPAGATION_HEADERS:
+        if key.lower() in wanted:
             kept[key.lower()] = value
     return kept

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import propagate
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
 
 from service.config import FanoutSettings
 from service.idl import appstats
@@ -76,3 +79,27 @@ def test_missing_request_is_invalid() -> None:
     with pytest.raises(appstats.InvalidRequest) as caught:
         validate(None)
     assert caught.value.field == "request"
+
+
+class _B3Single(TextMapPropagator):
+    """A stand-in for a configured non-W3C propagator: only its field names matter here."""
+
+    def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+        return context
+
+    def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+        return None
+
+    @property
+    def fields(self) -> set[str]:
+        return {"b3"}
+
+
+def test_headers_of_the_configured_propagators_are_kept() -> None:
+    original = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([original, _B3Single()]))
+    try:
+        valid = validate(request(meta=appstats.RequestMeta(headers={"B3": "a-b-1", "x-other": "1"})))
+    finally:
+        propagate.set_global_textmap(original)
+    assert dict(valid.headers) == {"b3": "a-b-1"}

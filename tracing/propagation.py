@@ -14,7 +14,8 @@ from typing import Mapping
 from opentelemetry import propagate
 from opentelemetry.context import Context
 
-__all__ = ["MAX_HEADER_CHARS", "MAX_HEADERS", "extract_context", "inject_headers"]
+__all__ = ["MAX_HEADER_CHARS", "MAX_HEADERS", "extract_context", "inject_headers",
+           "propagation_fields"]
 
 # W3C caps tracestate at 32 members (~512 chars useful) and baggage at 8192 bytes;
 # anything longer is not a header a well-behaved caller sends.
@@ -47,9 +48,18 @@ def inject_headers() -> dict[str, str]:
     return carrier
 
 
+def propagation_fields() -> frozenset[str]:
+    """The header names the configured propagators read, lower-case.
+
+    W3C ``traceparent``, ``tracestate`` and ``baggage`` by default; others when
+    ``OTEL_PROPAGATORS`` names other propagators (b3, jaeger, ...).
+    """
+    return frozenset(field.lower() for field in propagate.get_global_textmap().fields)
+
+
 def _trace_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """The propagator's own fields from ``headers``, lower-cased, with sane values only."""
-    wanted = propagate.get_global_textmap().fields
+    wanted = propagation_fields()
     carrier: dict[str, str] = {}
     for count, (name, value) in enumerate(headers.items()):
         if count >= MAX_HEADERS:
