@@ -7,7 +7,11 @@ STAMP  := $(VENV)/.installed-stamp
 # patched before pytest, pymongo or requests import anything.
 PYTEST := $(PY) -m gevent.monkey --module pytest
 
-.PHONY: setup demo test clean
+BENCH_STAMP := $(VENV)/.bench-stamp
+FUZZ_EXAMPLES ?= 50000
+SOAK_MINUTES ?= 10
+
+.PHONY: setup demo test fuzz soak bench clean
 
 setup: $(STAMP)
 
@@ -23,6 +27,22 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTEST) $(PYTEST_ARGS)
+
+# The long fuzz run: the same properties as the suite's, many more examples.
+fuzz: $(STAMP)
+	FANOUT_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) tests/test_fuzz.py -p no:cacheprovider --timeout=0 $(PYTEST_ARGS)
+
+# A bounded soak: mixed load, slow and failing backends, garbage connections.
+soak: $(STAMP)
+	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
+
+$(BENCH_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+# The side-by-side benchmark (BENCH_ARGS=--quick for a short run); never part of `make test`.
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

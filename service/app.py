@@ -8,6 +8,7 @@ start the service through :class:`FanoutService`.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Optional
 
 from thriftpy2.thrift import TProcessor
@@ -32,7 +33,8 @@ class FanoutService:
     before the service starts.
     """
 
-    def __init__(self, settings: Settings, registry: Optional[LookupRegistry] = None) -> None:
+    def __init__(self, settings: Settings, registry: Optional[LookupRegistry] = None,
+                 listener: Optional[socket.socket] = None) -> None:
         self.settings = settings
         for warning in pool_warnings(settings):
             log.warning("configuration: %s", warning)
@@ -44,7 +46,8 @@ class FanoutService:
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout)
         self.handler = AppStatsHandler(settings, registry.build(self.backends), self.fanout)
-        self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server)
+        self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
+                                   listener=listener)
 
     @property
     def address(self) -> tuple[str, int]:

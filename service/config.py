@@ -40,7 +40,16 @@ class ServerSettings:
     protocol: str = "binary"           # binary | compact
     max_connections: int = 1000
     max_frame_bytes: int = 1024 * 1024
-    idle_timeout_ms: int = 60_000
+    idle_timeout_ms: int = 60_000      # a connection idle between calls is closed
+    frame_timeout_ms: int = 5_000      # once a message has begun, all of it must arrive within this
+    max_string_bytes: int = 64 * 1024  # any one string or binary field inside a message
+    max_container_items: int = 10_000  # any one list, set or map inside a message
+    max_nesting_depth: int = 32        # structs and containers within each other
+    drain_timeout_ms: int = 10_000     # on SIGTERM/SIGINT: how long calls in flight may finish
+    tls_cert_file: str = ""            # both set: the Thrift listener speaks TLS
+    tls_key_file: str = ""
+    workers: int = 1                   # > 1: pre-forked worker processes sharing the port
+    hub_block_threshold_ms: int = 100  # report event-loop iterations longer than this; 0 = off
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,7 @@ class HttpSettings:
     pool_maxsize: int = 32
     connect_timeout_ms: int = 500
     read_timeout_ms: int = 1000
+    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,7 @@ class TracingSettings:
     endpoint: str = ""                 # OTEL_EXPORTER_OTLP_ENDPOINT
     service_name: str = ""             # OTEL_SERVICE_NAME, else "fanout"
     sample_ratio: float = -1.0         # < 0: OTEL_TRACES_SAMPLER(_ARG), else always on
+    flush_timeout_ms: int = 2_000      # at shutdown, how long to wait for spans to export
 
 
 @dataclass(frozen=True)
@@ -123,8 +134,11 @@ _CHOICES = {
     "tracing.otlp_protocol": ("", "grpc", "http/protobuf"),
 }
 _INT_MINIMUM = {"server.port": 0, "lookups.timeout_ms": 0, "fanout.queue_timeout_ms": 0,
-                "fanout.abandon_grace_ms": 0}
-_INT_MAXIMUM = {"server.port": 65535}
+                "fanout.abandon_grace_ms": 0, "server.hub_block_threshold_ms": 0,
+                "tracing.flush_timeout_ms": 0, "server.drain_timeout_ms": 0,
+                "server.max_frame_bytes": 64, "server.max_string_bytes": 16}
+_INT_MAXIMUM = {"server.port": 65535, "server.workers": 64,
+                "server.max_frame_bytes": 64 * 1024 * 1024}
 _URL_KEYS = ("http.alerts_url", "http.metrics_url")
 
 
@@ -144,6 +158,16 @@ def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[st
             section, _, key = dotted.rpartition(".")
             _merge(raw, _nest(section.split("."), key, value))
     return _build(raw)
+
+
+def _check_together(settings: Settings) -> None:
+    """Rules that involve more than one key."""
+    server = settings.server
+    if bool(server.tls_cert_file) != bool(server.tls_key_file):
+        raise ConfigError("server.tls_cert_file and server.tls_key_file: set both or neither")
+    if server.max_string_bytes > server.max_frame_bytes:
+        raise ConfigError(f"server.max_string_bytes: must be at most server.max_frame_bytes "
+                          f"({server.max_frame_bytes}), got {server.max_string_bytes}")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -205,7 +229,9 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         raise ConfigError("lookups: must be a table of [lookups.<name>] sections")
     lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body, rule_prefix="lookups")
                for name, body in lookups_raw.items()}
-    return Settings(**parts, lookups=MappingProxyType(lookups))
+    settings = Settings(**parts, lookups=MappingProxyType(lookups))
+    _check_together(settings)
+    return settings
 
 
 def _build_section(label: str, cls: type, body: Any, rule_prefix: Optional[str] = None) -> Any:

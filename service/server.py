@@ -88,7 +88,8 @@ class ThriftServer:
     ValueError for any other value.
     """
 
-    def __init__(self, processor: TProcessor, settings: ServerSettings) -> None:
+    def __init__(self, processor: TProcessor, settings: ServerSettings,
+                 listener: Optional[socket.socket] = None) -> None:
         if settings.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {settings.transport!r}")
         self._processor = processor
@@ -97,6 +98,8 @@ class ThriftServer:
         self._stats = ServerStats()
         self._connections: set[_Connection] = set()
         self._server: Optional[StreamServer] = None
+        # A socket already bound and listening (pre-forked workers share one).
+        self._listener = listener
         self._stopping = False
         self._stopped = gevent.event.Event()
 
@@ -122,8 +125,8 @@ class ThriftServer:
         if self._server is not None or self._stopping:
             raise RuntimeError("server already started or stopped")
         settings = self._settings
-        server = StreamServer((settings.host, settings.port), self._serve_connection,
-                              spawn=Pool(settings.max_connections))
+        bind_to = self._listener if self._listener is not None else (settings.host, settings.port)
+        server = StreamServer(bind_to, self._serve_connection, spawn=Pool(settings.max_connections))
         server.start()
         self._server = server
         host, port = self.address

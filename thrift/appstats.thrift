@@ -141,8 +141,33 @@ exception PanelFailed {
   3: optional list<TaskOutcome> outcomes
 }
 
+/** Whether the server takes new calls. Optional addition, for load balancers. */
+enum ServingState {
+  SERVING = 0,    // accepting and answering calls
+  DRAINING = 1    // shutting down: finishing calls in flight, accepting no new connections
+}
+
+/** One backend as the server last saw it. */
+struct BackendHealth {
+  /** The backend's name: "mongo", "alerts", "metrics". */
+  1: string name
+  2: bool up
+  /** How long the check took, in milliseconds. */
+  3: double latency_ms
+  /** Why the backend is down (never credentials); empty when up. */
+  4: optional string detail
+}
+
+/** Answer of health(): the serving state and each backend's. Optional addition. */
+struct Health {
+  1: ServingState state
+  2: list<BackendHealth> backends
+}
+
 service AppStats {
   string ping()
+  /** Serving state and backend reachability, for load balancers. Optional addition. */
+  Health health()
   /** Names of the panels this server can gather. */
   list<string> panels()
   StatsResponse get_app_stats(1: StatsRequest request)
