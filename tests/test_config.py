@@ -89,3 +89,34 @@ def test_pool_warnings_name_the_mismatch() -> None:
     warnings = pool_warnings(settings)
     assert any(w.startswith("http.pool_maxsize (4) < fanout.pool_size (16)") for w in warnings)
     assert any(w.startswith("mongo.max_pool_size (2) < fanout.pool_size (16)") for w in warnings)
+
+
+def test_hardening_defaults_are_bounded_and_safe() -> None:
+    server = load_settings(env={}).server
+    assert server.host == "127.0.0.1"
+    assert (server.tls_cert_file, server.tls_key_file) == ("", "")
+    assert 0 < server.max_string_bytes <= server.max_frame_bytes
+    assert server.max_container_items > 0 and server.max_nesting_depth > 0
+    assert server.frame_timeout_ms <= server.idle_timeout_ms
+    assert server.workers == 1
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"server.tls_cert_file": "cert.pem"}, "set both or neither"),
+    ({"server.tls_key_file": "key.pem"}, "set both or neither"),
+    ({"server.max_frame_bytes": 1024, "server.max_string_bytes": 2048},
+     "server.max_string_bytes: must be at most server.max_frame_bytes"),
+    ({"server.workers": 0}, "server.workers: must be an integer between 1 and 64"),
+    ({"server.workers": 65}, "server.workers"),
+    ({"server.max_frame_bytes": 10}, "server.max_frame_bytes"),
+    ({"server.hub_block_threshold_ms": -1}, "server.hub_block_threshold_ms"),
+])
+def test_hardening_settings_are_checked_together(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env={}, overrides=overrides)
+
+
+def test_zero_turns_the_hub_monitor_and_drain_wait_off() -> None:
+    settings = load_settings(env={}, overrides={"server.hub_block_threshold_ms": 0,
+                                                "server.drain_timeout_ms": 0})
+    assert settings.server.hub_block_threshold_ms == 0 and settings.server.drain_timeout_ms == 0
