@@ -1,32 +1,33 @@
 """Bounded Thrift message input and output on one server connection.
 
-A :class:`FramedChannel` reads one length-prefixed frame at a time: it checks
-the declared length against the limit *before* allocating, reads exactly that
-many bytes, and decodes from them alone. A :class:`BufferedChannel` has no
-frames; it bounds each message by counting the bytes it reads for it.
+A channel receives one message at a time in two steps, each under its own time
+bound: :meth:`~Channel.next_message` waits (``idle_timeout_ms``) for the first
+bytes of the next message, then :meth:`~Channel.read_message` receives the rest
+(all of it within ``frame_timeout_ms`` of its first byte), checks it against
+the size limits (:mod:`service.wire_scan`) and returns a protocol ready to
+decode it. :class:`FramedChannel` checks the declared frame length before
+allocating; :class:`BufferedChannel` has no frames, so it scans the message as
+it arrives and knows where it ends. Either way the decoder is given one whole,
+checked message and nothing else.
 
-Why the decoder never reads past its input: both channels feed the protocol
-through thriftpy2's ``TCyBufferedTransport`` wrapped around a source that
-hands out the available bytes and then ``b''``. That transport raises
-``TTransportException(END_OF_FILE)`` when a read cannot be satisfied, so a
-struct that claims more bytes than the frame holds fails to decode. (The
-Cython ``TCyMemoryBuffer`` must not be used for input: it silently shortens
-reads, and the binary decoder then returns bytes from outside the input.)
+Memory: an idle connection holds no buffer. Received bytes are kept only
+while a message is being received or handled; decoding and reply encoding use
+one transport and one buffer per gevent hub (:mod:`service.wire_codec`, which
+also says why the decoder cannot read past the message).
 
-Errors, from the channel's point of view:
-
-* :class:`FrameRejected` -- the peer declared a frame (or sent a message)
-  larger than the limit, or a negative length; close the connection.
-* :class:`OSError` (including ``TimeoutError`` and :class:`PeerClosed`) -- the
-  connection itself failed, idled out, or the peer went away.
-* anything else raised while decoding -- the message is malformed.
+Errors (see :mod:`service.wire_errors`): :class:`MessageRejected` subclasses for
+a message refused (too big, over a limit, malformed, too slow);
+:class:`ReplyNotTaken` when the peer does not read a reply in time; ``OSError``
+(``TimeoutError`` when idle too long, :class:`PeerClosed`) when the connection
+fails or the peer goes away.
 """
 
 from __future__ import annotations
 
 import socket
 import struct
-from typing import Callable, Optional, Protocol
+import time
+from typing import Any, Callable, Optional, Protocol
 
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.protocol.compact import TCompactProtocol
@@ -34,33 +35,23 @@ from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from service.wire_codec import decoder_for, hub_codec
+from service.wire_errors import (FrameRejected, MessageRejected, MessageTooSlow,
+                                 ReplyNotTaken)
+from service.wire_scan import MessageScan, WireLimits, check_frame
+
 __all__ = [
-    "FrameRejected", "PeerClosed", "Channel", "FramedChannel", "BufferedChannel",
-    "open_channel", "protocol_for", "new_output_buffer", "TRANSPORTS", "PROTOCOLS",
+    "FrameRejected", "MessageRejected", "PeerClosed", "Channel", "FramedChannel",
+    "BufferedChannel", "WireLimits", "open_channel", "protocol_for", "shared_output_buffer",
+    "TRANSPORTS", "PROTOCOLS",
 ]
 
 TRANSPORTS = ("framed", "buffered")
 PROTOCOLS = ("binary", "compact")
 
 _FRAME_HEADER = struct.Struct("!i")
-# Per-connection receive buffer: typical calls arrive, header and body, in one read.
-_READ_AHEAD_BYTES = 16 * 1024
-
-
-class FrameRejected(Exception):
-    """A frame or message is larger than the limit, or declares a negative length.
-
-    Raised before the body is allocated or read; the connection must be closed
-    because the stream can no longer be trusted to be in step.
-    """
-
-    def __init__(self, length: Optional[int], limit: int) -> None:
-        if length is None:
-            super().__init__(f"message longer than the {limit}-byte limit")
-        else:
-            super().__init__(f"frame length {length} outside 0..{limit} bytes")
-        self.length = length
-        self.limit = limit
+# The most one receive asks for: a typical call (or a burst of pipelined ones) in one read.
+_READ_BYTES = 64 * 1024
 
 
 class PeerClosed(ConnectionError):
@@ -68,28 +59,30 @@ class PeerClosed(ConnectionError):
 
 
 class Channel(Protocol):
-    """One connection's message input (:attr:`input`) and reply output (:meth:`send`)."""
+    """One connection's message input and reply output."""
 
-    input: TCyBufferedTransport
     #: True while waiting for the first byte of the next message: closing the
     #: connection then loses no call.
     idle: bool
 
     def next_message(self) -> bool: ...
 
+    def read_message(self) -> TProtocolBase: ...
+
     def send(self, payload: bytes) -> None: ...
 
 
-def open_channel(transport: str, sock: socket.socket, max_message_bytes: int) -> Channel:
+def open_channel(transport: str, sock: socket.socket, limits: WireLimits,
+                 protocol: str = "binary") -> Channel:
     """The channel for ``transport`` ("framed" or "buffered"); raises ValueError otherwise."""
     if transport == "framed":
-        return FramedChannel(sock, max_message_bytes)
+        return FramedChannel(sock, limits, protocol)
     if transport == "buffered":
-        return BufferedChannel(sock, max_message_bytes)
+        return BufferedChannel(sock, limits, protocol)
     raise ValueError(f"unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
 
 
-def protocol_for(protocol: str) -> Callable[[object], TProtocolBase]:
+def protocol_for(protocol: str) -> Callable[[Any], TProtocolBase]:
     """A factory building the ``protocol`` ("binary" or "compact") over a transport.
 
     Raises ValueError for any other name.
@@ -101,162 +94,176 @@ def protocol_for(protocol: str) -> Callable[[object], TProtocolBase]:
     raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
 
 
-def new_output_buffer() -> TCyMemoryBuffer:
-    """A reusable buffer for encoding replies (writing to it is safe; see the module doc)."""
-    return TCyMemoryBuffer()
+def shared_output_buffer() -> TCyMemoryBuffer:
+    """This hub's reply buffer: clean it, encode, and take ``getvalue()`` with no switch between."""
+    return hub_codec().output
 
 
-class _FrameSource:
-    """Hands out one frame's bytes, then ``b''``: the end the decoder cannot pass."""
+class _SocketChannel:
+    """What both transports share: receiving under the idle and frame bounds, sending."""
 
-    __slots__ = ("_view", "_position")
+    __slots__ = ("_sock", "_limits", "_codec", "_decode", "_buffer", "_start", "_deadline",
+                 "_timeout", "idle")
 
-    def __init__(self) -> None:
-        self._view = memoryview(b"")
-        self._position = 0
-
-    def reset(self, frame: memoryview | bytearray) -> None:
-        self._view = memoryview(frame)
-        self._position = 0
-
-    def read(self, size: int) -> bytes:
-        start = self._position
-        end = min(start + max(size, 0), len(self._view))
-        self._position = end
-        return self._view[start:end].tobytes()
-
-
-class FramedChannel:
-    """Length-prefixed frames: ``[i32 length][length bytes]``, in both directions.
-
-    Frames that fit the read-ahead buffer are received with as few reads as the
-    network allows (header and body together) and decoded in place; larger
-    ones get their own buffer, allocated once the length has been checked.
-    """
-
-    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+    def __init__(self, sock: socket.socket, limits: WireLimits | int,
+                 protocol: str = "binary") -> None:
         self._sock = sock
-        self._max_frame_bytes = max_frame_bytes
-        self._buffer = bytearray(_READ_AHEAD_BYTES)
-        self._view = memoryview(self._buffer)
-        self._start = 0  # first byte not yet handed out
-        self._end = 0    # one past the last byte received
-        self._source = _FrameSource()
-        self.input = TCyBufferedTransport(self._source)
+        # An int is the frame limit alone, with every other limit at its default.
+        self._limits = limits if isinstance(limits, WireLimits) else WireLimits(max_frame_bytes=limits)
+        self._codec = hub_codec()
+        self._decode = decoder_for(protocol, self._codec)
+        self._buffer: Any = b""  # bytes received and not yet handed out, from _start on
+        self._start = 0
+        self._deadline = 0.0
+        self._timeout: Optional[float] = None  # last timeout set on the socket
         self.idle = True
 
     def next_message(self) -> bool:
-        """Read the next frame; False if the peer closed cleanly before it began.
+        """Wait for the next message to begin; False if the peer closed cleanly first.
 
-        Raises :class:`FrameRejected` for a bad length, :class:`PeerClosed`
-        when the stream ends inside a frame, ``TimeoutError`` when the socket
-        idles out.
+        Raises ``TimeoutError`` after ``idle_timeout_ms`` without a byte. Framed:
+        also reads the frame header and raises :class:`FrameRejected` for a bad
+        length, :class:`MessageTooSlow` or :class:`PeerClosed` if it does not come.
         """
-        self.idle = self._start == self._end
-        if not self._fill(_FRAME_HEADER.size, at_message_start=True):
-            return False
-        (length,) = _FRAME_HEADER.unpack_from(self._buffer, self._start)
-        if length < 0 or length > self._max_frame_bytes:
-            raise FrameRejected(length, self._max_frame_bytes)
-        self._start += _FRAME_HEADER.size
-        self._source.reset(self._take(length))
-        self.input.clean()  # drop anything a previous, malformed decode left behind
+        if self._start >= len(self._buffer):
+            self.idle = True
+            self._set_timeout(self._limits.idle_timeout_ms / 1000.0)
+            self._buffer, self._start = self._sock.recv(_READ_BYTES), 0
+            if not self._buffer:
+                return False
+        self.idle = False
+        self._deadline = time.monotonic() + self._limits.frame_timeout_ms / 1000.0
+        self._begin()
         return True
+
+    def read_message(self) -> TProtocolBase:
+        """Receive the rest of the message, check it, and return a protocol positioned at it.
+
+        Decode it at once: the protocol may be shared and is only valid until
+        the next greenlet switch. Raises :class:`MessageRejected` subclasses,
+        :class:`PeerClosed`.
+        """
+        return self._decode(self._receive())
+
+    @property
+    def input(self) -> TCyBufferedTransport:
+        """The message as a hard-ended thriftpy2 transport, for a protocol of the caller's
+        choice (:meth:`read_message` receives and checks it first). Read it at once."""
+        self._codec.bind(self._receive())
+        return self._codec.input
 
     def send(self, payload: bytes) -> None:
-        self._sock.sendall(_FRAME_HEADER.pack(len(payload)) + payload)
+        """Send ``payload``; raises :class:`ReplyNotTaken` if the peer has not taken it
+        within ``frame_timeout_ms``."""
+        self._set_timeout(self._limits.frame_timeout_ms / 1000.0)
+        try:
+            self._sock.sendall(payload)
+        except TimeoutError:
+            raise ReplyNotTaken(f"reply of {len(payload)} bytes not taken within "
+                                f"{self._limits.frame_timeout_ms} ms") from None
 
-    def _fill(self, wanted: int, at_message_start: bool = False) -> bool:
-        """Have at least ``wanted`` (<= buffer size) unread bytes in the buffer.
+    def _begin(self) -> None:
+        """Start on a message whose first bytes are buffered."""
 
-        False only if the stream ended cleanly at a message boundary.
-        """
-        if self._end - self._start >= wanted:
-            return True
-        if len(self._buffer) - self._start < wanted:  # make room at the end
-            unread = self._end - self._start
-            self._buffer[:unread] = self._buffer[self._start:self._end]
-            self._start, self._end = 0, unread
-        while self._end - self._start < wanted:  # each pass receives at least one byte or ends
-            received = self._sock.recv_into(self._view[self._end:])
-            if received == 0:
-                if at_message_start and self._end == self._start:
-                    return False
-                raise PeerClosed("connection closed inside a frame")
-            self._end += received
-            self.idle = False
-        return True
+    def _receive(self) -> Any:
+        raise NotImplementedError
 
-    def _take(self, length: int) -> memoryview | bytearray:
-        """The next ``length`` bytes: a view of the buffer, or a new buffer if too big."""
-        if length <= len(self._buffer):
-            self._fill(length)
-            frame = self._view[self._start:self._start + length]
-            self._start += length
-            return frame
-        frame = bytearray(length)
-        unread = self._end - self._start
-        frame[:unread] = self._view[self._start:self._end]
-        self._start = self._end = 0
-        _recv_exactly(self._sock, memoryview(frame)[unread:])
-        return frame
+    def _set_timeout(self, timeout_s: float) -> None:
+        if timeout_s != self._timeout:
+            self._sock.settimeout(timeout_s)
+            self._timeout = timeout_s
 
+    def _time_left(self) -> float:
+        """Seconds left for the message; raises :class:`MessageTooSlow` when none are."""
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise self._too_slow()
+        return left
 
-def _recv_exactly(sock: socket.socket, view: memoryview) -> None:
-    """Fill ``view`` from ``sock``; raises :class:`PeerClosed` if the stream ends first."""
-    filled = 0
-    while filled < len(view):  # each pass receives at least one byte or raises
-        received = sock.recv_into(view[filled:])
-        if received == 0:
-            raise PeerClosed(f"connection closed after {filled} of {len(view)} bytes")
-        filled += received
+    def _too_slow(self) -> MessageTooSlow:
+        return MessageTooSlow(f"message not complete within {self._limits.frame_timeout_ms} ms "
+                              "of its first byte")
 
-
-class _SocketSource:
-    """Reads from the socket for the decoder, at most ``budget`` bytes per message."""
-
-    __slots__ = ("_sock", "_channel", "_max_message_bytes", "_budget")
-
-    def __init__(self, sock: socket.socket, channel: "BufferedChannel", max_message_bytes: int) -> None:
-        self._sock = sock
-        self._channel = channel
-        self._max_message_bytes = max_message_bytes
-        self._budget = max_message_bytes
-
-    def start_message(self) -> None:
-        self._budget = self._max_message_bytes
-
-    def read(self, size: int) -> bytes:
-        allowed = min(size, self._budget)
-        if allowed <= 0:
-            raise FrameRejected(None, self._max_message_bytes)
-        data = self._sock.recv(allowed)
+    def _recv_more(self, size: int) -> bytes:
+        """Up to ``size`` more bytes of the current message, within its deadline."""
+        self._set_timeout(self._time_left())
+        try:
+            data = self._sock.recv(size)
+        except TimeoutError:
+            raise self._too_slow() from None
         if not data:
-            raise PeerClosed("connection closed by peer")
-        self._budget -= len(data)
-        self._channel.idle = False
+            raise PeerClosed("connection closed inside a message")
         return data
 
 
-class BufferedChannel:
-    """Unframed messages, read straight from the socket through a read buffer.
+class FramedChannel(_SocketChannel):
+    """Length-prefixed frames: ``[i32 length][length bytes]``, in both directions.
 
-    The byte budget counts what is read from the socket while decoding one
-    message, read-ahead included, so the limit is approximate (never looser
-    than one buffer's worth).
+    The length is checked against ``max_frame_bytes`` before the body is read.
+    A frame that arrived with its header is checked in place; a longer one is
+    gathered as it arrives. ``limits`` may be just the frame limit (an int).
     """
 
-    def __init__(self, sock: socket.socket, max_message_bytes: int) -> None:
-        self._sock = sock
-        self._source = _SocketSource(sock, self, max_message_bytes)
-        self.input = TCyBufferedTransport(self._source)
-        self.idle = True
+    __slots__ = ("_length",)
 
-    def next_message(self) -> bool:
-        """Prepare for the next message; the end of the stream surfaces as :class:`PeerClosed`."""
-        self.idle = True
-        self._source.start_message()
-        return True
+    def _begin(self) -> None:
+        """Read the frame header; raises :class:`FrameRejected` for a bad length."""
+        while len(self._buffer) - self._start < _FRAME_HEADER.size:
+            more = self._recv_more(_READ_BYTES)
+            self._buffer, self._start = bytes(self._buffer[self._start:]) + more, 0
+        (length,) = _FRAME_HEADER.unpack_from(self._buffer, self._start)
+        limit = self._limits.max_frame_bytes
+        if length < 0 or length > limit:
+            raise FrameRejected(length, limit)
+        self._start += _FRAME_HEADER.size
+        self._length = length
 
     def send(self, payload: bytes) -> None:
-        self._sock.sendall(payload)
+        super().send(_FRAME_HEADER.pack(len(payload)) + payload)
+
+    def _receive(self) -> Any:
+        start, length = self._start, self._length
+        buffered = len(self._buffer) - start
+        if buffered >= length:
+            frame = memoryview(self._buffer)[start:start + length]
+            self._start = start + length
+        else:
+            # Grown as bytes arrive, never to the claimed length up front: a peer that
+            # claims a large frame and sends little costs what it sent.
+            frame = bytearray(memoryview(self._buffer)[start:])
+            self._buffer, self._start = b"", 0
+            while len(frame) < length:
+                frame += self._recv_more(min(_READ_BYTES, length - len(frame)))
+        if self._start >= len(self._buffer):
+            self._buffer, self._start = b"", 0  # hold nothing while idle
+        check_frame(frame, self._limits)
+        return frame
+
+
+class BufferedChannel(_SocketChannel):
+    """Unframed messages, each scanned as it arrives, at most ``max_frame_bytes`` long.
+
+    The scan knows where a message ends, so bytes after it stay for the next one.
+    """
+
+    __slots__ = ()
+
+    def _receive(self) -> Any:
+        buf, start = self._buffer, self._start
+        limit = start + self._limits.max_frame_bytes
+        scan = MessageScan(self._limits, start, framed=False)
+        end = scan.advance(buf, min(len(buf), limit), limit)
+        while end is None:
+            if start:  # keep only this message's bytes before growing the buffer
+                buf = bytearray(memoryview(buf)[start:])
+                scan.shift(start)
+                limit -= start
+                start = 0
+            elif not isinstance(buf, bytearray):
+                buf = bytearray(buf)
+            buf += self._recv_more(min(_READ_BYTES, limit - len(buf)))
+            self._buffer, self._start = buf, start
+            end = scan.advance(buf, min(len(buf), limit), limit)
+        message = memoryview(buf)[start:end]
+        self._buffer, self._start = (buf, end) if end < len(buf) else (b"", 0)
+        return message

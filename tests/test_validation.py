@@ -1,17 +1,24 @@
-"""Request validation: every bad field raises InvalidRequest naming it."""
+"""Request validation: every bad field raises InvalidRequest naming it, under an ERROR span."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import SpanKind, StatusCode
+from thriftpy2.protocol import TCyBinaryProtocol
+from thriftpy2.thrift import TClient
+from thriftpy2.transport import TCyFramedTransport, TSocket
 
-from service.config import FanoutSettings
+from service.app import FanoutService
+from service.config import FanoutSettings, load_settings
 from service.idl import appstats
 from service.validation import validate_stats_request
+from tests.support.backends import backend_overrides
+from tracing.propagation import inject_headers
 
 KNOWN = ("errors", "urls", "alerts")
 DAY_MS = 24 * 3600 * 1000
@@ -103,3 +110,69 @@ def test_headers_of_the_configured_propagators_are_kept() -> None:
     finally:
         propagate.set_global_textmap(original)
     assert dict(valid.headers) == {"b3": "a-b-1"}
+
+
+HOUR_MS = 3600 * 1000
+
+
+@pytest.mark.parametrize("fields, field", [
+    (dict(app="a" * 100_000), "app"),                                       # huge
+    (dict(app="shop\x00"), "app"),
+    (dict(start_ms=5_000, end_ms=4_999), "end_ms"),                         # start after end
+    (dict(start_ms=1_000, end_ms=1_000 + HOUR_MS + 1), "end_ms"),           # over max_window_ms
+    (dict(panels=["x" * 60_000]), "panels"),                                # unknown, huge
+    (dict(meta=appstats.RequestMeta(deadline_ms=600_001)), "meta.deadline_ms"),
+    (dict(meta=appstats.RequestMeta(deadline_ms=-2**31)), "meta.deadline_ms"),
+    (dict(meta=appstats.RequestMeta(request_id="r" * 65)), "meta.request_id"),
+    (dict(meta=appstats.RequestMeta(headers={"traceparent": 7})), "meta.headers"),
+])
+def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None:
+    settings = FanoutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
+    with pytest.raises(appstats.InvalidRequest) as caught:
+        validate_stats_request(request(**{"end_ms": 1_000 + HOUR_MS, **fields}), KNOWN, KNOWN,
+                               settings)
+    assert caught.value.field == field
+    assert len(caught.value.message) < 300  # a huge value is never echoed back whole
+
+
+def test_limits_are_inclusive() -> None:
+    settings = FanoutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
+    valid = validate_stats_request(
+        request(app="a" * 64, start_ms=0, end_ms=HOUR_MS,
+                meta=appstats.RequestMeta(deadline_ms=600_000, request_id="r" * 64)),
+        KNOWN, KNOWN, settings)
+    assert valid.window.end_ms - valid.window.start_ms == HOUR_MS
+    assert valid.deadline_ms == 2000  # capped by the server's own deadline
+
+
+@pytest.mark.parametrize("app, start_ms, end_ms, deadline_ms, field", [
+    ("", 1_000, 2_000, 1_000, "app"),
+    ("shop", 2_000, 1_000, 1_000, "end_ms"),
+    ("shop", 1_000, 2_000, 0, "meta.deadline_ms"),
+])
+def test_an_invalid_request_gets_an_error_span_naming_the_field(
+        mongo_server: Any, http_services: Any, spans: Any, app: str, start_ms: int, end_ms: int,
+        deadline_ms: int, field: str) -> None:
+    overrides = {**backend_overrides(mongo_server, http_services), "server.port": 0}
+    service = FanoutService(load_settings(env={}, overrides=overrides)).start()
+    transport = TCyFramedTransport(TSocket(*service.address, socket_timeout=5000))
+    transport.open()
+    try:
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(transport))
+        with trace.get_tracer("test").start_as_current_span("caller") as caller:
+            meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=deadline_ms)
+            with pytest.raises(appstats.InvalidRequest) as caught:
+                client.get_app_stats(appstats.StatsRequest(
+                    app=app, start_ms=start_ms, end_ms=end_ms, meta=meta))
+    finally:
+        transport.close()
+        service.stop()
+    assert caught.value.field == field
+    server_spans = [s for s in spans.get_finished_spans() if s.kind == SpanKind.SERVER]
+    assert [s.name for s in server_spans] == ["AppStats/get_app_stats"]
+    span = server_spans[0]
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["fanout.invalid_field"] == field
+    # The caller's trace context is honoured although the request is invalid.
+    assert span.parent is not None and span.parent.span_id == caller.get_span_context().span_id
+    assert span.context.trace_id == caller.get_span_context().trace_id
