@@ -7,21 +7,33 @@ every lookup, including the ones that failed or timed out, gave its connection b
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
+from typing import Union
+from urllib.parse import urlsplit
+
+import gevent.lock
 import pymongo
 import requests
+from gevent import monkey
 from pymongo import monitoring
 from pymongo.database import Database
 from pymongo.errors import ConfigurationError
 from requests.adapters import HTTPAdapter
 
-from service.config import HttpSettings, MongoSettings
+from service.config import ConfigError, HttpSettings, MongoSettings
+from service.redact import redact_uri
 
-__all__ = ["Backends", "CheckedOutCounter"]
+__all__ = ["Backends", "CheckedOutCounter", "HttpSlots", "Slots", "new_slots"]
+
+log = logging.getLogger(__name__)
 
 _APP_NAME = "fanout"
 # Distinct hosts whose pools the session keeps (alerts and metrics, with room to spare).
 _HTTP_HOSTS_CACHED = 8
+# RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 class CheckedOutCounter(monitoring.ConnectionPoolListener):
@@ -60,6 +72,44 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
             self, event: monitoring.ConnectionCheckOutFailedEvent) -> None: ...
 
 
+Slots = Union[gevent.lock.BoundedSemaphore, threading.BoundedSemaphore]
+
+
+def new_slots(size: int) -> Slots:
+    """A bounded semaphore of ``size`` for the running concurrency model.
+
+    Under gevent's patching (the server), a gevent semaphore: waiting on it is safe to
+    interrupt. Without patching (code driving lookups from OS threads), a thread one.
+    """
+    if monkey.is_module_patched("threading"):
+        return gevent.lock.BoundedSemaphore(size)
+    return threading.BoundedSemaphore(size)
+
+
+class HttpSlots:
+    """At most ``per_origin`` HTTP calls in flight to each origin (scheme, host and port).
+
+    HTTP lookups take a slot before calling, so urllib3's own pool (as big) always has a
+    connection ready and never makes a caller wait. Its wait is a ``threading.Condition``,
+    which a ``gevent.Timeout`` (the lookup's whole-exchange timer) or a kill arriving
+    mid-wait leaves corrupted (urllib3 then raises ``FullPoolError``); waiting on a gevent
+    semaphore instead is safe to interrupt.
+    """
+
+    def __init__(self, per_origin: int) -> None:
+        self._per_origin = per_origin
+        self._slots: dict[tuple[str, str], Slots] = {}
+
+    def for_url(self, url: str) -> Slots:
+        """The semaphore of ``url``'s origin."""
+        parts = urlsplit(url)
+        origin = (parts.scheme, parts.netloc)
+        slot = self._slots.get(origin)
+        if slot is None:
+            slot = self._slots[origin] = new_slots(self._per_origin)
+        return slot
+
+
 class Backends:
     """The process's shared backend clients, built from their settings sections.
 
@@ -68,11 +118,16 @@ class Backends:
     The HTTP session ignores proxy and netrc environment variables
     (``trust_env = False``): configuration arrives only through the settings.
 
-    Raises :class:`ValueError` when ``mongo.uri`` is not a valid MongoDB URI (the
-    message does not repeat the URI, which may hold credentials).
+    With ``http.auth_token`` set, every HTTP lookup sends ``Authorization: Bearer <token>``.
+
+    Raises :class:`~service.config.ConfigError` (a :class:`ValueError`) when ``mongo.uri``
+    is not a valid MongoDB URI or ``http.auth_token`` is not a bearer token; the message
+    repeats neither, as both may hold secrets.
     """
 
     def __init__(self, mongo: MongoSettings, http: HttpSettings) -> None:
+        # Checked first: nothing is opened for settings that will be refused.
+        authorization = _bearer(http.auth_token) if http.auth_token else None
         self._mongo_settings = mongo
         self._http_settings = http
         self._mongo_checked_out = CheckedOutCounter()
@@ -81,9 +136,17 @@ class Backends:
                                     pool_block=True, max_retries=0)
         self._session = requests.Session()
         self._session.trust_env = False
+        if authorization:
+            self._session.headers["Authorization"] = authorization
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
+        self._http_slots = HttpSlots(http.pool_maxsize)
+        # One connection is left over for the health check's ping, which takes no slot.
+        self._mongo_slots = new_slots(max(1, mongo.max_pool_size - 1))
         self._closed = False
+        log.debug("backends: MongoDB %s (database %s), alerts %s, metrics %s, bearer token %s",
+                  redact_uri(mongo.uri), mongo.database, redact_uri(http.alerts_url),
+                  redact_uri(http.metrics_url), "set" if http.auth_token else "not set")
 
     @property
     def mongo_settings(self) -> MongoSettings:
@@ -106,6 +169,23 @@ class Backends:
     def session(self) -> requests.Session:
         """The shared HTTP session; its pools block when ``http.pool_maxsize`` are in use."""
         return self._session
+
+    @property
+    def mongo_slots(self) -> Slots:
+        """MongoDB operations a lookup may have in flight: one fewer than ``mongo.max_pool_size``.
+
+        Lookups take a slot before calling pymongo, so pymongo's pool always has a
+        connection for them and never makes them wait. Its waits are ``threading.Condition``
+        waits, which an exception arriving mid-wait (a killed task) leaves corrupted:
+        pymongo then raises ``RuntimeError: Semaphore released too many times`` in other
+        tasks and loses track of checked-out connections. A gevent semaphore is safe.
+        """
+        return self._mongo_slots
+
+    @property
+    def http_slots(self) -> HttpSlots:
+        """The per-origin bound HTTP lookups take a slot of before calling."""
+        return self._http_slots
 
     def connections_in_use(self) -> dict[str, int]:
         """Connections checked out right now: ``{"mongo": n, "http": m}``."""
@@ -133,12 +213,22 @@ def _open_mongo_client(settings: MongoSettings,
         return pymongo.MongoClient(
             settings.uri, connect=False, appname=_APP_NAME,
             maxPoolSize=settings.max_pool_size,
+            # No waiting on pymongo's "connecting" limit (default 2): see mongo_slots.
+            maxConnecting=settings.max_pool_size,
             connectTimeoutMS=settings.connect_timeout_ms,
             serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
             event_listeners=[listener])
     except ConfigurationError as exc:
         # The library's message may quote the URI, credentials included.
-        raise ValueError(f"mongo.uri: not a valid MongoDB URI ({type(exc).__name__})") from None
+        raise ConfigError(f"mongo.uri: not a valid MongoDB URI ({type(exc).__name__})") from None
+
+
+def _bearer(token: str) -> str:
+    if not _BEARER_TOKEN.fullmatch(token):
+        # The requests library would quote an invalid header value in its error.
+        raise ConfigError("http.auth_token: must be a bearer token (letters, digits and "
+                          "-._~+/, optionally ending in =)")
+    return f"Bearer {token}"
 
 
 def _http_connections_in_use(adapter: HTTPAdapter) -> int:

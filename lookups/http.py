@@ -19,13 +19,14 @@ from __future__ import annotations
 import abc
 import json
 import math
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn, Optional
 from urllib.parse import quote
 
 import gevent
 import requests
 
 from lookups.base import Lookup
+from lookups.clients import HttpSlots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.panels import Alert, AlertList, Point, Series, Window
 from service.config import HttpSettings
@@ -76,18 +77,27 @@ class HttpLookup(Lookup, abc.ABC):
 
     source: ClassVar[str] = "http"
 
-    def __init__(self, session: requests.Session, settings: HttpSettings) -> None:
+    def __init__(self, session: requests.Session, settings: HttpSettings,
+                 slots: Optional[HttpSlots] = None) -> None:
+        """``slots`` bounds calls in flight per service; share the session's (Backends.http_slots)."""
         self._session = session
         self._settings = settings
+        self._slots = slots or HttpSlots(settings.pool_maxsize)
 
     def _get_json(self, base_url: str, path: str, params: dict[str, int], timeout_s: float) -> Any:
         if timeout_s <= 0:
             raise BackendTimeout(f"{self.name}: no time left to call the service")
         timeouts = (min(self._settings.connect_timeout_ms / 1000, timeout_s),
                     min(self._settings.read_timeout_ms / 1000, timeout_s))
+        slot = self._slots.for_url(base_url)
+        acquired = False
         timer = gevent.Timeout(timeout_s)
         timer.start()
         try:
+            acquired = slot.acquire(timeout=timeout_s)
+            if not acquired:
+                raise BackendTimeout(f"{self.name}: no free connection to the service "
+                                     f"within {timeout_s:.3f}s")
             body = self._get_body(base_url.rstrip("/") + path, params, timeouts)
         except gevent.Timeout as fired:
             if fired is not timer:
@@ -97,6 +107,8 @@ class HttpLookup(Lookup, abc.ABC):
             _raise_transport_error(self.name, exc)
         finally:
             timer.close()
+            if acquired:
+                slot.release()
         try:
             return json.loads(body, parse_constant=_reject_constant)
         except ValueError as exc:

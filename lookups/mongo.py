@@ -3,7 +3,8 @@
 Each lookup runs one aggregation over one collection, filtered to the window's app and
 ``start <= ts < end``, and does its grouping, sorting and limiting on the server. The
 task budget is pushed into the operation with :func:`pymongo.timeout` (client-side
-operation timeout, which also sends ``maxTimeMS``), so pymongo gives up cleanly.
+operation timeout, which also sends ``maxTimeMS``), so pymongo gives up cleanly; see
+:mod:`lookups.mongo_errors` for how the budget is kept and what each failure is reported as.
 
 Collections (database ``mongo.database``)::
 
@@ -15,19 +16,17 @@ Collections (database ``mongo.database``)::
 from __future__ import annotations
 
 import abc
-import contextlib
 import re
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Optional, Sequence
 
 import pymongo
 from bson.datetime_ms import DatetimeMS
-from bson.errors import BSONError
 from pymongo.database import Database
-from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, PyMongoError,
-                            ServerSelectionTimeoutError)
 
 from lookups.base import Lookup
-from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.clients import Slots, new_slots
+from lookups.errors import BackendTimeout, BadBackendResponse
+from lookups.mongo_errors import run_bounded, translated_errors
 from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList,
                             Window)
 
@@ -76,18 +75,19 @@ class MongoLookup(Lookup, abc.ABC):
     source: ClassVar[str] = "mongo"
     collection: ClassVar[str]
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, slots: Optional[Slots] = None) -> None:
+        """``slots`` bounds operations in flight; share the client's (Backends.mongo_slots)."""
         self._db = db
+        self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size)
 
     def fetch(self, window: Window, timeout_s: float) -> PanelValue:
         if timeout_s <= 0:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB")
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        with translated_errors(self.name, self._db.client):
-            with pymongo.timeout(timeout_s):
-                # Every pipeline ends in a $limit of at most QUERY_GROUP_CAP: one batch holds it all.
-                cursor = self._db[self.collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP)
-                documents = list(cursor)
+        collection = self._db[self.collection]
+        # Every pipeline ends in a $limit of at most QUERY_GROUP_CAP: one batch holds it all.
+        documents = run_bounded(self.name, self._db.client, self._slots, timeout_s,
+                                lambda: list(collection.aggregate(pipeline, batchSize=QUERY_GROUP_CAP)))
         return self.build(documents)
 
     @abc.abstractmethod
@@ -235,42 +235,3 @@ def _duration(lookup: str, document: Any, key: str) -> float:
         raise BadBackendResponse(f"{lookup}: field {key!r} is not a number "
                                  f"(found {type(value).__name__})")
     return float(value)
-
-
-@contextlib.contextmanager
-def translated_errors(lookup: str, client: pymongo.MongoClient) -> Iterator[None]:
-    """Re-raise pymongo's errors as :mod:`lookups.errors`, with messages free of the URI.
-
-    Server selection failing is reported as :class:`BackendUnavailable` when pymongo
-    recorded why the server is unusable (refused, reset, unresolvable): calling that a
-    timeout would send an operator looking for a slow server when the server is down.
-    Without a recorded error, selection simply ran out of budget: :class:`BackendTimeout`.
-    """
-    try:
-        yield
-    except ServerSelectionTimeoutError as exc:
-        if _server_error_recorded(client):
-            raise BackendUnavailable(f"{lookup}: no MongoDB server available") from exc
-        raise BackendTimeout(f"{lookup}: no MongoDB server answered within the budget") from exc
-    except PyMongoError as exc:
-        raise _translated(lookup, exc) from exc
-    except BSONError as exc:
-        raise BadBackendResponse(f"{lookup}: MongoDB sent undecodable BSON") from exc
-
-
-def _translated(lookup: str, exc: PyMongoError) -> LookupFailed:
-    kind = type(exc).__name__
-    if exc.timeout:
-        return BackendTimeout(f"{lookup}: MongoDB did not answer within the budget ({kind})")
-    if isinstance(exc, ConnectionFailure):
-        return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})")
-    if isinstance(exc, (OperationFailure, ProtocolError)):
-        code = getattr(exc, "code", None)
-        return BadBackendResponse(f"{lookup}: MongoDB refused or garbled the aggregation "
-                                  f"(code {code}, {kind})")
-    return LookupFailed(f"{lookup}: MongoDB client error ({kind})")
-
-
-def _server_error_recorded(client: pymongo.MongoClient) -> bool:
-    servers = client.topology_description.server_descriptions().values()
-    return any(server.error is not None for server in servers)
