@@ -18,12 +18,17 @@ from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, pool_warnings
 from service.fanout import FanOut
 from service.handler import AppStatsHandler
+from service.health import HealthChecker
+from service.hub_monitor import HubMonitor
 from service.idl import appstats
-from service.server import ThriftServer
+from service.server import DrainReport, ThriftServer
 
 __all__ = ["FanoutService"]
 
 log = logging.getLogger(__name__)
+
+# Abandoned tasks end within fanout.abandon_grace_ms, then the reaper's kill; this covers it.
+_REAPER_MARGIN_S = 2.0
 
 
 class FanoutService:
@@ -45,9 +50,12 @@ class FanoutService:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout)
-        self.handler = AppStatsHandler(settings, registry.build(self.backends), self.fanout)
+        self.health = HealthChecker(self.backends)
+        self.handler = AppStatsHandler(settings, registry.build(self.backends), self.fanout,
+                                       health=self.health, draining=lambda: self.server.draining)
         self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
                                    listener=listener)
+        self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -55,16 +63,33 @@ class FanoutService:
 
     def start(self) -> "FanoutService":
         self.server.start()
+        self.hub_monitor.start()
         host, port = self.address
         log.info("serving AppStats on %s:%d (%s transport, %s protocol)", host, port,
                  self.settings.server.transport, self.settings.server.protocol)
         return self
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop accepting, let calls in flight finish, end abandoned tasks, close clients."""
-        self.server.stop(timeout_s)
-        self.fanout.wait_reapers(timeout_s=timeout_s)
+    def drain(self, timeout_s: Optional[float] = None) -> DrainReport:
+        """Stop accepting, let calls in flight finish (up to ``timeout_s``, default
+        ``server.drain_timeout_ms``), close every connection, end abandoned tasks."""
+        report = self.server.stop(timeout_s)
+        grace_s = self.settings.fanout.abandon_grace_ms / 1000.0
+        if not self.fanout.wait_reapers(timeout_s=grace_s + _REAPER_MARGIN_S):
+            log.warning("drain: abandoned tasks still running after %.1f s", grace_s + _REAPER_MARGIN_S)
+        return report
+
+    def close(self) -> None:
+        """Close the MongoDB client and the HTTP sessions, stop the hub monitor; idempotent."""
+        self.hub_monitor.stop()
+        self.health.close()
         self.backends.close()
+
+    def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
+        """:meth:`drain`, then :meth:`close`."""
+        try:
+            return self.drain(timeout_s)
+        finally:
+            self.close()
 
     def __enter__(self) -> "FanoutService":
         return self.start()

@@ -42,10 +42,11 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the Thrift server")
     _server_flags(serve, with_config=True)
+    serve.add_argument("--workers", type=int, help="pre-forked worker processes (default 1)")
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
-    call.add_argument("method", choices=["ping", "panels", "get_app_stats"])
+    call.add_argument("method", choices=["ping", "health", "panels", "get_app_stats"])
     _server_flags(call, with_config=False)
     call.add_argument("--app", help="application name (get_app_stats)")
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
@@ -53,6 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--panels", help="comma-separated panel names (default: all)")
     call.add_argument("--deadline-ms", type=int, default=2000, help="the call's budget")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
+    call.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
+    call.add_argument("--tls-server-name", metavar="NAME",
+                      help="the name the server's certificate must hold (default: --host)")
     call.set_defaults(run=_call)
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
@@ -77,29 +81,32 @@ def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(getattr(args, "config", None), overrides={
         "server.host": args.host, "server.port": args.port,
-        "server.transport": args.transport, "server.protocol": args.protocol})
+        "server.transport": args.transport, "server.protocol": args.protocol,
+        "server.workers": getattr(args, "workers", None)})
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from service.app import FanoutService
-    from tracing.setup import configure_tracing
+    from service.lifecycle import run_server
 
     settings = _settings(args)
-    tracing = configure_tracing(settings.tracing)
     try:
-        service = FanoutService(settings).start()
+        if settings.server.workers > 1:
+            from service.workers import run_workers
+
+            return run_workers(settings, on_ready=_print_serving_workers)
+        return run_server(settings, on_ready=_print_serving)
     except OSError as exc:
         print(f"fanout: cannot listen on {settings.server.host}:{settings.server.port}: "
               f"{exc.strerror or exc}", file=sys.stderr)
-        tracing.shutdown()
         return 1
-    host, port = service.address
-    print(f"fanout: serving on {host}:{port}", flush=True)
-    _wait_for_signal()
-    log.info("stopping: draining calls in flight")
-    service.stop()
-    tracing.shutdown()
-    return 0
+
+
+def _print_serving(address: tuple[str, int]) -> None:
+    print(f"fanout: serving on {address[0]}:{address[1]}", flush=True)
+
+
+def _print_serving_workers(address: tuple[str, int], workers: int) -> None:
+    print(f"fanout: serving on {address[0]}:{address[1]} ({workers} workers)", flush=True)
 
 
 def _wait_for_signal() -> None:
@@ -136,6 +143,8 @@ def _call(args: argparse.Namespace) -> int:
         return 1
     if args.method == "get_app_stats":
         print(json.dumps(response_to_json(result), indent=2) if args.json else format_response(result))
+    elif args.method == "health":
+        print(json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result))
     else:
         print(json.dumps(result) if args.json else result)
     return 0
@@ -148,7 +157,8 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
 
     with AppStatsClient(settings.server.host, settings.server.port,
                         transport=settings.server.transport, protocol=settings.server.protocol,
-                        timeout_ms=args.deadline_ms) as client:
+                        timeout_ms=args.deadline_ms, tls_ca_file=args.tls_ca,
+                        tls_server_hostname=args.tls_server_name) as client:
         if args.method != "get_app_stats":
             return getattr(client, args.method)()
         now_ms = int(time.time() * 1000)
@@ -160,6 +170,23 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
                 deadline_ms=args.deadline_ms)
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
             raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
+
+
+def _health_to_json(health: Any) -> dict[str, Any]:
+    from service.idl import appstats
+
+    return {"state": appstats.ServingState._VALUES_TO_NAMES[health.state],
+            "backends": [{"name": b.name, "up": b.up, "latency_ms": b.latency_ms,
+                          "detail": b.detail or ""} for b in health.backends]}
+
+
+def _format_health(health: Any) -> str:
+    body = _health_to_json(health)
+    lines = [f"state  {body['state']}", "", f"  {'backend':<10} {'up':<4} {'latency_ms':>10}  detail"]
+    for backend in body["backends"]:
+        lines.append(f"  {backend['name']:<10} {'yes' if backend['up'] else 'no':<4} "
+                     f"{backend['latency_ms']:>10.1f}  {backend['detail']}".rstrip())
+    return "\n".join(lines)
 
 
 def _backends(args: argparse.Namespace) -> int:

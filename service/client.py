@@ -18,10 +18,16 @@ What a call raises::
 
 A connection whose call ended in a transport error or timeout is closed, never
 reused: a late reply must not be read as the answer to the next call.
+
+TLS: pass ``tls_ca_file`` (PEM CAs to trust) and, when the certificate does not
+name the host you connect to, ``tls_server_hostname``. The server is always
+verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
 """
 
 from __future__ import annotations
 
+import socket as _socket
+import ssl
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -35,6 +41,7 @@ from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocke
 
 from service.deadline import Deadline
 from service.idl import appstats
+from service.tls import client_context
 from tracing.propagation import inject_headers
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS"]
@@ -64,6 +71,36 @@ class _Connection:
 
     def close(self) -> None:
         self.socket.close()
+
+
+class _TlsSocket(TSocket):
+    """A client TSocket that verifies the server against ``context`` and ``server_hostname``."""
+
+    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_hostname: str,
+                 socket_timeout: float, connect_timeout: float) -> None:
+        super().__init__(host, port, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
+        self._context = context
+        self._server_hostname = server_hostname
+
+    def open(self) -> None:
+        """Connect and complete the handshake within the connect timeout.
+
+        Raises TTransportException(NOT_OPEN) with the reason on failure.
+        """
+        try:
+            raw = _socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        except OSError as exc:
+            raise TTransportException(TTransportException.NOT_OPEN,
+                                      f"Could not connect to {self.host}:{self.port}: {exc}") from None
+        try:
+            raw.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            self.sock = self._context.wrap_socket(raw, server_hostname=self._server_hostname)
+        except (OSError, ssl.SSLError) as exc:
+            raw.close()
+            raise TTransportException(TTransportException.NOT_OPEN,
+                                      f"TLS handshake with {self.host}:{self.port} failed: "
+                                      f"{getattr(exc, 'reason', None) or exc}") from None
+        self.sock.settimeout(self.socket_timeout)
 
 
 class _ConnectionPool:
@@ -115,12 +152,15 @@ class AppStatsClient:
     ``transport`` ("framed" or "buffered") and ``protocol`` ("binary" or
     "compact") must match the server's; raises ValueError for other values or
     for a non-positive pool size or timeout. ``tracer_provider`` defaults to
-    the global one.
+    the global one. ``tls_ca_file`` turns TLS on (see the module doc); raises
+    :class:`service.tls.TlsConfigError` when it cannot be read.
     """
 
     def __init__(self, host: str, port: int, *, transport: str = "framed", protocol: str = "binary",
                  pool_size: int = 8, connect_timeout_ms: int = 1000, timeout_ms: int = 3000,
-                 tracer_provider: Optional[TracerProvider] = None) -> None:
+                 tracer_provider: Optional[TracerProvider] = None,
+                 tls_ca_file: Optional[str] = None,
+                 tls_server_hostname: Optional[str] = None) -> None:
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {transport!r}")
         if protocol not in _PROTOCOLS:
@@ -132,6 +172,8 @@ class AppStatsClient:
         self._make_protocol = _PROTOCOLS[protocol]
         self._connect_timeout_ms = connect_timeout_ms
         self._timeout_ms = timeout_ms
+        self._tls = client_context(tls_ca_file) if tls_ca_file else None
+        self._tls_server_hostname = tls_server_hostname or host
         self._pool = _ConnectionPool(self._connect, pool_size)
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._span_attributes = {"rpc.system": "apache_thrift", "rpc.service": "AppStats",
@@ -140,6 +182,13 @@ class AppStatsClient:
     def ping(self) -> str:
         """The server's liveness answer. Raises as described in the module doc."""
         return self._call("ping", self._timeout_ms, lambda remaining_ms: ())
+
+    def health(self) -> Any:
+        """The server's ``appstats.Health``: serving state and each backend's status.
+
+        Raises as described in the module doc.
+        """
+        return self._call("health", self._timeout_ms, lambda remaining_ms: ())
 
     def panels(self) -> list[str]:
         """Names of the panels the server can gather. Raises as described in the module doc."""
@@ -203,8 +252,13 @@ class AppStatsClient:
         if connect_timeout_ms < 1:
             raise TTransportException(TTransportException.TIMED_OUT,
                                       "deadline passed before connecting")
-        socket = TSocket(self._host, self._port, socket_timeout=self._timeout_ms,
-                         connect_timeout=connect_timeout_ms)
+        socket: TSocket
+        if self._tls is not None:
+            socket = _TlsSocket(self._host, self._port, self._tls, self._tls_server_hostname,
+                                socket_timeout=self._timeout_ms, connect_timeout=connect_timeout_ms)
+        else:
+            socket = TSocket(self._host, self._port, socket_timeout=self._timeout_ms,
+                             connect_timeout=connect_timeout_ms)
         transport = self._make_transport(socket)
         transport.open()  # raises TTransportException(NOT_OPEN) on failure
         return _Connection(socket, TClient(appstats.AppStats, self._make_protocol(transport)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from lookups.base import Lookup
 from lookups.panels import Window
@@ -16,6 +16,7 @@ from service.config import Settings
 from service.context import RequestContext, new_request_id, use_request
 from service.deadline import Deadline
 from service.fanout import FanOut
+from service.health import HealthChecker
 from service.idl import appstats
 from service.mapping import to_panel_data, to_thrift_outcomes
 from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
@@ -33,16 +34,30 @@ class AppStatsHandler:
 
     ``lookups`` maps every panel this server offers to its lookup, in display
     order; which of them run, their timeouts and whether each is required come
-    from ``settings.lookups``.
+    from ``settings.lookups``. ``health`` checks the backends for :meth:`health`
+    (none: no backends listed); ``draining`` says whether the server is draining.
     """
 
-    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut) -> None:
+    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut, *,
+                 health: Optional[HealthChecker] = None,
+                 draining: Callable[[], bool] = lambda: False) -> None:
         self._settings = settings
         self._lookups = dict(lookups)
         self._fanout = fanout
+        self._health = health
+        self._draining = draining
 
     def ping(self) -> str:
         return "pong"
+
+    def health(self) -> Any:
+        """Serving state and each backend's reachability (checked in parallel, cached ~1 s)."""
+        statuses = self._health.check() if self._health is not None else ()
+        state = appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
+        return appstats.Health(state=state, backends=[
+            appstats.BackendHealth(name=s.name, up=s.up, latency_ms=s.latency_ms,
+                                   detail=s.detail or None)
+            for s in statuses])
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""
@@ -51,25 +66,38 @@ class AppStatsHandler:
     def get_app_stats(self, request: Any) -> Any:
         """Gather the requested panels.
 
+        The SERVER span covers validation too: an invalid request's span has
+        status ERROR and ``fanout.invalid_field`` naming the field.
+
         Raises ``InvalidRequest`` for bad input, ``Overloaded`` when no panel could
         start, ``PanelFailed`` when a required panel failed.
         """
         started = time.monotonic()
-        valid = validate_stats_request(request, list(self._lookups), self.panels(),
-                                       self._settings.fanout)
-        context = RequestContext(request_id=valid.request_id or new_request_id(),
-                                 method="get_app_stats",
-                                 deadline=Deadline.after_ms(valid.deadline_ms),
-                                 headers=valid.headers)
-        with use_request(context), request_span("get_app_stats", valid.headers,
-                                                context.request_id) as span:
-            outcomes = self._gather(valid, context)
-            return appstats.StatsResponse(
-                app=valid.window.app,
-                panels={o.name: o.value for o in outcomes if o.ok},
-                outcomes=to_thrift_outcomes(outcomes),
-                trace_id=trace_id_hex(span),
-                elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+        # Not validated yet: request_span's extract_context tolerates any junk here.
+        caller_headers = getattr(getattr(request, "meta", None), "headers", None) or {}
+        request_id = new_request_id()
+        with request_span("get_app_stats", caller_headers, request_id) as span:
+            try:
+                valid = validate_stats_request(request, list(self._lookups), self.panels(),
+                                               self._settings.fanout)
+            except appstats.InvalidRequest as invalid:
+                if span.is_recording():
+                    span.set_attribute("fanout.invalid_field", invalid.field or "")
+                raise
+            if valid.request_id and span.is_recording():
+                span.set_attribute("fanout.request_id", valid.request_id)
+            context = RequestContext(request_id=valid.request_id or request_id,
+                                     method="get_app_stats",
+                                     deadline=Deadline.after_ms(valid.deadline_ms),
+                                     headers=valid.headers)
+            with use_request(context):
+                outcomes = self._gather(valid, context)
+                return appstats.StatsResponse(
+                    app=valid.window.app,
+                    panels={o.name: o.value for o in outcomes if o.ok},
+                    outcomes=to_thrift_outcomes(outcomes),
+                    trace_id=trace_id_hex(span),
+                    elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
         tasks, skipped = self._plan(valid)

@@ -12,6 +12,16 @@ back typed; anything else the handler raises becomes
 ``TApplicationException(INTERNAL_ERROR, "internal error (request id ...)")``,
 with the stack trace logged under that id, and the connection stays usable.
 A malformed or oversized message closes only its own connection.
+
+With ``server.tls_cert_file`` and ``server.tls_key_file`` set, every accepted
+connection first completes a TLS handshake (TLS 1.2 or later) within
+``server.frame_timeout_ms``; a peer that fails or stalls it is closed.
+
+Stopping (:meth:`ThriftServer.stop`) drains: the listener closes at once (new
+connections are refused), idle connections close at once, each busy connection
+closes after its current call has been answered, and connections still busy
+after ``server.drain_timeout_ms`` are killed. :attr:`ThriftServer.draining` is
+true from the start of the drain.
 """
 
 from __future__ import annotations
@@ -20,6 +30,8 @@ import contextvars
 import dataclasses
 import logging
 import socket
+import ssl
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -29,13 +41,19 @@ from gevent.server import StreamServer
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
+from service.accept import ResilientStreamServer
 from service.config import ServerSettings
 from service.context import new_request_id
+from service.tls import handshake, server_context
 from service.transport import (
-    TRANSPORTS, Channel, FrameRejected, new_output_buffer, open_channel, protocol_for,
+    TRANSPORTS, Channel, open_channel, protocol_for, shared_output_buffer,
 )
+from service.wire_errors import (
+    LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
+)
+from service.wire_scan import WireLimits
 
-__all__ = ["ThriftServer", "ServerStats"]
+__all__ = ["ThriftServer", "ServerStats", "DrainReport"]
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +62,41 @@ _Reply = TPayload | TApplicationException
 
 @dataclass
 class ServerStats:
-    """Counters since start. ``frames_rejected`` counts oversized or negative
-    lengths and messages that failed to decode; each closed its connection."""
+    """Counters since start.
+
+    ``frames_rejected`` counts every incoming message refused, each of which
+    closed its connection: over a limit (``limits_exceeded``: frame, string,
+    container or nesting depth), malformed or undecodable (``malformed_messages``),
+    or not complete within ``server.frame_timeout_ms`` (``slow_messages``).
+    ``slow_readers`` counts connections closed because the peer did not take
+    its reply within ``server.frame_timeout_ms``.
+    """
 
     connections_open: int = 0
     connections_total: int = 0
     frames_rejected: int = 0
+    limits_exceeded: int = 0
+    malformed_messages: int = 0
+    slow_messages: int = 0
+    slow_readers: int = 0
     internal_errors: int = 0
+
+
+@dataclass(frozen=True)
+class DrainReport:
+    """What one :meth:`ThriftServer.stop` did.
+
+    ``calls_in_flight`` counts the connections busy when the drain began (a
+    call being received, run or answered); each was let finish (``finished``)
+    or killed at the drain timeout (``killed``, which also counts any
+    connection still in its TLS handshake then).
+    """
+
+    calls_in_flight: int = 0
+    idle_closed: int = 0
+    finished: int = 0
+    killed: int = 0
+    elapsed_ms: float = 0.0
 
 
 class _MalformedMessage(Exception):
@@ -65,19 +111,29 @@ class _Connection:
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
         self.sock = sock
-        self.channel: Channel = open_channel(settings.transport, sock, settings.max_frame_bytes)
-        self.iprot = make_protocol(self.channel.input)
-        self.output = new_output_buffer()
+        self.channel: Channel = open_channel(settings.transport, sock,
+                                             WireLimits.from_settings(settings), settings.protocol)
+        # No per-connection input: _read_call asks the channel for each message's protocol.
+        self.iprot = self.channel
+        # The hub's reply buffer; _write_reply fills and empties it without a switch.
+        self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)
 
-    def close_if_idle(self) -> None:
-        """End the connection if it is waiting for a new message, so none is lost."""
-        if self.channel.idle:
-            try:
-                # The blocked read then sees end-of-stream and the loop ends normally.
-                self.sock.shutdown(socket.SHUT_RD)
-            except OSError:
-                pass
+    def close_if_idle(self) -> bool:
+        """End the connection if it is waiting for a new message, so none is lost.
+
+        True if it was idle.
+        """
+        if not self.channel.idle:
+            return False
+        try:
+            # The blocked read then sees end-of-stream and the loop ends normally. The
+            # plain socket's shutdown, also under TLS: ssl's own would unwrap the socket
+            # under the blocked read, which then fails instead of ending.
+            socket.socket.shutdown(self.sock, socket.SHUT_RD)
+        except OSError:
+            pass
+        return True
 
 
 class ThriftServer:
@@ -100,13 +156,20 @@ class ThriftServer:
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
+        self._tls: Optional[ssl.SSLContext] = server_context(settings)
         self._stopping = False
         self._stopped = gevent.event.Event()
+        self._drain_report = DrainReport()
 
     @property
     def stats(self) -> ServerStats:
         """A snapshot of the counters."""
         return dataclasses.replace(self._stats)
+
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`stop` has begun: no new connections, calls in flight finishing."""
+        return self._stopping
 
     @property
     def address(self) -> tuple[str, int]:
@@ -120,18 +183,20 @@ class ThriftServer:
         """Bind, listen and accept in the background; returns once listening.
 
         Raises OSError if the address cannot be bound, RuntimeError if already
-        started or stopped.
+        started or stopped. (An unreadable TLS certificate or key already raised
+        :class:`service.tls.TlsConfigError` at construction.)
         """
         if self._server is not None or self._stopping:
             raise RuntimeError("server already started or stopped")
         settings = self._settings
         bind_to = self._listener if self._listener is not None else (settings.host, settings.port)
-        server = StreamServer(bind_to, self._serve_connection, spawn=Pool(settings.max_connections))
+        server = ResilientStreamServer(bind_to, self._serve_connection, spawn=Pool(settings.max_connections))
         server.start()
         self._server = server
         host, port = self.address
-        log.info("listening on %s:%d (%s transport, %s protocol, max %d connections)",
-                 host, port, settings.transport, settings.protocol, settings.max_connections)
+        log.info("listening on %s:%d (%s transport, %s protocol%s, max %d connections)",
+                 host, port, settings.transport, settings.protocol,
+                 ", TLS" if self._tls is not None else "", settings.max_connections)
 
     def serve_forever(self) -> None:
         """:meth:`start` if needed, then block until :meth:`stop` has finished."""
@@ -139,52 +204,109 @@ class ThriftServer:
             self.start()
         self._stopped.wait()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop accepting, let calls in progress finish, close every connection.
+    def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
+        """Drain: stop accepting, let calls in flight finish, close every connection.
 
-        Idle connections close at once; connections still busy after
-        ``timeout_s`` are killed. Safe to call more than once, from any greenlet.
+        The listener closes first, so new connections are refused. Idle
+        connections close at once; each busy one closes after its current call
+        is answered; those still busy after ``timeout_s`` (default
+        ``server.drain_timeout_ms``) are killed. Safe to call more than once,
+        from any greenlet: later calls wait for the first one to finish.
         """
+        if timeout_s is None:
+            timeout_s = self._settings.drain_timeout_ms / 1000.0
         if self._stopping:
             self._stopped.wait(timeout_s)
-            return
+            return self._drain_report
         self._stopping = True
-        server = self._server
-        if server is not None:
-            server.close()
-            for connection in list(self._connections):
-                connection.close_if_idle()
-            server.stop(timeout=timeout_s)
-            log.info("stopped")
-        self._stopped.set()
+        try:
+            if self._server is not None:
+                self._drain_report = self._drain(self._server, timeout_s)
+        finally:
+            self._stopped.set()
+        return self._drain_report
+
+    def _drain(self, server: StreamServer, timeout_s: float) -> DrainReport:
+        started = time.monotonic()
+        server.close()
+        open_connections = list(self._connections)
+        idle = sum(connection.close_if_idle() for connection in open_connections)
+        busy = len(open_connections) - idle
+        log.info("drain: stopped accepting; %d calls in flight, %d idle connections closed",
+                 busy, idle)
+        # Every connection greenlet, including any accepted but not yet serving: those
+        # see the stop before reading anything and end at once.
+        handlers = server.pool
+        handlers.join(timeout=timeout_s)
+        killed = len(handlers)
+        if killed:
+            handlers.kill(block=True, timeout=1.0)
+        report = DrainReport(calls_in_flight=busy, idle_closed=idle,
+                             finished=max(busy - killed, 0), killed=killed,
+                             elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
+        if killed:
+            log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "
+                        "still busy were killed", timeout_s * 1000.0, report.finished, killed)
+        else:
+            log.info("drain: %d calls finished in %.0f ms; all connections closed",
+                     report.finished, report.elapsed_ms)
+        return report
 
     def _serve_connection(self, sock: socket.socket, peer: Any) -> None:
         self._stats.connections_open += 1
         self._stats.connections_total += 1
         connection: Optional[_Connection] = None
+        stream: Optional[socket.socket] = sock
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self._settings.idle_timeout_ms / 1000.0)
-            connection = _Connection(sock, self._settings, self._make_protocol)
+            if self._tls is not None:
+                stream = self._secure(sock, peer)
+                if stream is None:
+                    return
+            stream.settimeout(self._settings.idle_timeout_ms / 1000.0)
+            connection = _Connection(stream, self._settings, self._make_protocol)
             self._connections.add(connection)
             self._serve_messages(connection, peer)
         finally:
             if connection is not None:
                 self._connections.discard(connection)
             self._stats.connections_open -= 1
-            sock.close()
+            (stream or sock).close()
+
+    def _secure(self, sock: socket.socket, peer: Any) -> Optional[socket.socket]:
+        """The TLS-wrapped socket, or None (logged) if the handshake failed."""
+        assert self._tls is not None
+        try:
+            return handshake(self._tls, sock, self._settings.frame_timeout_ms / 1000.0)
+        except TimeoutError:
+            log.info("TLS handshake with %s: no handshake within %d ms; closing", peer,
+                     self._settings.frame_timeout_ms)
+        except ssl.SSLError as exc:
+            log.info("TLS handshake with %s failed: %s", peer, exc.reason or exc)
+        except OSError as exc:
+            log.debug("TLS handshake with %s: connection ended: %s", peer, exc)
+        return None
 
     def _serve_messages(self, connection: _Connection, peer: Any) -> None:
         try:
             # One pass per message; ends when the peer closes, idles out or we stop.
             while not self._stopping and connection.channel.next_message():
                 self._serve_one(connection)
-        except FrameRejected as exc:
+        except LimitExceeded as exc:
             self._stats.frames_rejected += 1
+            self._stats.limits_exceeded += 1
             log.warning("closing connection from %s: %s", peer, exc)
-        except _MalformedMessage as exc:
+        except (MalformedMessage, _MalformedMessage) as exc:
             self._stats.frames_rejected += 1
+            self._stats.malformed_messages += 1
             log.warning("closing connection from %s: malformed message (%s)", peer, exc)
+        except MessageTooSlow as exc:
+            self._stats.frames_rejected += 1
+            self._stats.slow_messages += 1
+            log.warning("closing connection from %s: %s", peer, exc)
+        except ReplyNotTaken as exc:
+            self._stats.slow_readers += 1
+            log.warning("closing connection from %s: %s", peer, exc)
         except TimeoutError:
             log.debug("connection from %s idle for %d ms; closing", peer,
                       self._settings.idle_timeout_ms)
@@ -201,11 +323,11 @@ class ThriftServer:
         if isinstance(reply, TApplicationException) or not reply.oneway:
             self._write_reply(connection, api, seqid, reply)
 
-    def _read_call(self, iprot: TProtocolBase) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
-        """Decode one call. The single place where input is decoded."""
+    def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
+        """Receive and decode one call. The single place where input is decoded."""
         try:
-            return self._processor.process_in(iprot)
-        except (OSError, FrameRejected):
+            return self._processor.process_in(channel.read_message())
+        except (OSError, WireError):
             raise
         except Exception as exc:
             raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
@@ -228,9 +350,11 @@ class ThriftServer:
         try:
             self._encode(connection.oprot, api, seqid, reply)
         except Exception as exc:  # the handler returned something the IDL cannot encode
+            # Log first: a log handler may yield, and the buffer is shared by the hub.
+            error = self._internal_error(api, exc)
             output.clean()
             connection.oprot = self._make_protocol(output)  # drop any half-written state
-            self._encode(connection.oprot, api, seqid, self._internal_error(api, exc))
+            self._encode(connection.oprot, api, seqid, error)
         connection.channel.send(output.getvalue())
 
     def _encode(self, oprot: TProtocolBase, api: str, seqid: int, reply: _Reply) -> None:

@@ -1,0 +1,164 @@
+"""Backend health for load balancers: can this server reach each backend right now?
+
+Three checks, run in parallel, each bounded by its own short timeout
+(``timeout_ms``, 300 ms by default):
+
+* ``mongo``: a ``ping`` command through the shared MongoDB client;
+* ``alerts`` and ``metrics``: a ``GET`` of the service's base URL on a small
+  session of its own (so a full lookup pool cannot delay the check). Any HTTP
+  answer below 500 means the service is up, whatever its body.
+
+The answer is cached for ``cache_ms`` (1 s by default), and concurrent callers
+share one refresh, so a load balancer polling many times a second costs the
+backends at most one round of checks per second. The checks are not traced.
+
+``detail`` is written here from the failure's kind (never from a library's
+message, which may quote a URI with credentials): for example
+``"no answer within 300 ms (ServerSelectionTimeoutError)"`` or ``"HTTP 503"``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import gevent
+import gevent.lock
+import pymongo
+import requests
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
+from requests.adapters import HTTPAdapter
+
+from lookups.clients import Backends
+from service.context import spawn_in_context
+
+__all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS", "DEFAULT_CACHE_MS"]
+
+DEFAULT_CHECK_TIMEOUT_MS = 300
+DEFAULT_CACHE_MS = 1000
+# How much longer than a check's own timeout the refresh waits for it.
+_JOIN_MARGIN_S = 0.2
+
+
+@dataclass(frozen=True)
+class BackendStatus:
+    """One backend as last checked: ``detail`` says why it is down, empty when up."""
+
+    name: str
+    up: bool
+    latency_ms: float
+    detail: str = ""
+
+
+class HealthChecker:
+    """Checks the backends of one :class:`~lookups.clients.Backends`, cached briefly.
+
+    :meth:`check` never raises for a backend failure: that backend is reported
+    down. ``clock`` (seconds, monotonic) is replaceable for unit tests.
+    """
+
+    def __init__(self, backends: Backends, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
+                 cache_ms: int = DEFAULT_CACHE_MS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._backends = backends
+        self._timeout_s = timeout_ms / 1000.0
+        self._cache_s = cache_ms / 1000.0
+        self._clock = clock
+        self._session = _probe_session()
+        self._lock = gevent.lock.Semaphore()
+        self._cached: Optional[tuple[BackendStatus, ...]] = None
+        self._checked_at = 0.0
+        http = backends.http_settings
+        self._probes: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("mongo", self._ping_mongo),
+            ("alerts", lambda: self._get(http.alerts_url)),
+            ("metrics", lambda: self._get(http.metrics_url)),
+        )
+
+    def check(self) -> tuple[BackendStatus, ...]:
+        """Each backend's status, in the order mongo, alerts, metrics; at most ``cache_ms`` old."""
+        with self._lock:  # one refresh at a time; the others then read its result
+            if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
+                self._cached = self._refresh()
+                self._checked_at = self._clock()
+            return self._cached
+
+    def close(self) -> None:
+        """Close the probe session (the shared clients belong to :class:`Backends`)."""
+        self._session.close()
+
+    def _refresh(self) -> tuple[BackendStatus, ...]:
+        checks = [spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
+        gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
+        late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
+        # A check still running is left to end on its own timeout, not killed.
+        return tuple(check.value if check.successful() else
+                     BackendStatus(name, False, late_ms, "check did not finish in time")
+                     for (name, _), check in zip(self._probes, checks))
+
+    def _timed(self, name: str, probe: Callable[[], None]) -> BackendStatus:
+        started = time.monotonic()
+        detail = ""
+        with suppress_instrumentation():
+            try:
+                probe()
+            except Exception as exc:
+                detail = _describe(exc, self._timeout_s)
+        latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+        return BackendStatus(name, not detail, latency_ms, detail)
+
+    def _ping_mongo(self) -> None:
+        with pymongo.timeout(self._timeout_s):
+            self._backends.mongo_client.admin.command("ping")
+
+    def _get(self, url: str) -> None:
+        # requests' timeouts are per read; the timer bounds the whole exchange.
+        timer = gevent.Timeout(self._timeout_s)
+        timer.start()
+        try:
+            response = self._session.get(url, timeout=(self._timeout_s, self._timeout_s),
+                                         allow_redirects=False, stream=True)
+            response.close()  # the status line is all we need
+        except gevent.Timeout as fired:
+            if fired is not timer:
+                raise
+            raise _ProbeTimeout() from None
+        finally:
+            timer.close()
+        if response.status_code >= 500:
+            raise _HttpStatus(response.status_code)
+
+
+class _ProbeTimeout(Exception):
+    """The whole HTTP exchange took longer than the check's timeout."""
+
+
+class _HttpStatus(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+
+
+def _probe_session() -> requests.Session:
+    session = requests.Session()
+    session.trust_env = False  # as the lookups: no proxies or netrc from the environment
+    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=2, max_retries=0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def _describe(exc: Exception, timeout_s: float) -> str:
+    """Why a check failed, from the exception's kind only (messages may quote credentials)."""
+    kind = type(exc).__name__
+    if isinstance(exc, _HttpStatus):
+        return str(exc)
+    if isinstance(exc, (_ProbeTimeout, requests.Timeout, TimeoutError)) or \
+            (isinstance(exc, PyMongoError) and exc.timeout):
+        return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
+    if isinstance(exc, (requests.ConnectionError, ConnectionFailure)):
+        return f"cannot connect ({kind})"
+    if isinstance(exc, OperationFailure):
+        return f"ping refused (code {exc.code})"
+    return f"check failed ({kind})"

@@ -1,0 +1,285 @@
+"""Report greenlet runs that block the event loop longer than ``server.hub_block_threshold_ms``.
+
+A greenlet that computes for a long time, or calls something blocking that
+gevent did not patch, stops every other connection and task of the process.
+:class:`HubMonitor` reports each such run once, after it ends:
+
+* a WARNING log line: how long the loop was blocked, by which greenlet, in
+  which span, and the blocked greenlet's stack taken *while* it was blocking;
+* a ``hub.blocked`` span event (``blocked_ms``, ``threshold_ms``, ``greenlet``,
+  ``location``, ``span``: the name of the span current while blocked) on the span that was current in the blocked greenlet (a task's
+  or a request's), or, if that span ended meanwhile, on its nearest open parent.
+
+How, and what it costs:
+
+* gevent's compiled ``HubSwitchTracer`` (the tracer behind gevent's own
+  ``monitor_thread``) runs on every greenlet switch: it records the greenlet
+  switched to and, on a switch into the hub, the time. About 0.2 µs a switch.
+* A native thread wakes every quarter threshold (at least 5 ms). When the hub
+  has not run for longer than the threshold, it takes the blocked thread's stack
+  and the blocked greenlet's current span, and hands them to the hub with
+  ``loop.run_callback_threadsafe``; the report runs there, in the monitored
+  thread, as soon as the loop runs again. Nothing is logged or recorded from
+  the monitor thread itself.
+* Another thread cannot read the context of a running greenlet, so the current
+  span per greenlet comes from a span processor on the global SDK tracer
+  provider (:class:`_GreenletSpans`): a dict update per span start and end,
+  only for recorded spans. Without an SDK provider there are no span events.
+
+A run between one threshold and one and a quarter thresholds long may end
+before the monitor looks and go unreported; longer ones are always reported.
+One monitor per thread: a second :meth:`HubMonitor.start` in the same thread
+is a no-op (logged).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, Optional
+
+import greenlet
+from gevent import get_hub, spawn_raw
+from gevent._tracer import HubSwitchTracer
+from gevent.monkey import get_original
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+
+__all__ = ["HubMonitor", "BLOCKED_EVENT"]
+
+log = logging.getLogger(__name__)
+
+#: Name of the span event added for a blocked run.
+BLOCKED_EVENT = "hub.blocked"
+
+_STACK_FRAMES = 8          # innermost frames of the blocked stack kept in the report
+_MIN_PERIOD_S = 0.005      # the monitor thread never wakes more often than this
+_MAX_OPEN_SPANS = 100_000  # a bound on the span registry, against spans never ended
+
+_start_thread = get_original("_thread", "start_new_thread")
+_thread_sleep = get_original("time", "sleep")
+_get_ident = get_original("_thread", "get_ident")
+
+
+class _GreenletSpans(SpanProcessor):
+    """The innermost open span of each greenlet, readable from another thread.
+
+    Inactive (every hook returns at once) while no monitor uses it.
+    """
+
+    def __init__(self) -> None:
+        self.users = 0
+        self._open: dict[int, tuple[Span, Any]] = {}   # span id -> (span, greenlet that started it)
+        self._innermost: dict[Any, Span] = {}          # greenlet -> its innermost open span
+
+    def on_start(self, span: Span, parent_context: Any = None) -> None:
+        if not self.users:
+            return
+        current = greenlet.getcurrent()
+        self._open[span.get_span_context().span_id] = (span, current)
+        self._innermost[current] = span
+        if len(self._open) > _MAX_OPEN_SPANS:
+            self.clear()  # spans that never end (a bug elsewhere) must not grow this forever
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not self.users:
+            return
+        entry = self._open.pop(span.context.span_id, None)
+        if entry is None:
+            return
+        ended, owner = entry
+        if self._innermost.get(owner) is not ended:
+            return
+        outer = self._open.get(span.parent.span_id) if span.parent is not None else None
+        if outer is not None and outer[1] is owner:
+            self._innermost[owner] = outer[0]
+        else:
+            del self._innermost[owner]
+
+    def innermost(self, owner: Any) -> Optional[Span]:
+        """The innermost open span started by greenlet ``owner``; safe from any thread."""
+        return self._innermost.get(owner)
+
+    def nearest_recording(self, span: Optional[Span]) -> Optional[Span]:
+        """``span`` if still open, else its nearest ancestor still open, else None."""
+        while span is not None and not span.is_recording():
+            parent = span.parent
+            entry = self._open.get(parent.span_id) if parent is not None else None
+            span = entry[0] if entry is not None else None
+        return span
+
+    def clear(self) -> None:
+        self._open.clear()
+        self._innermost.clear()
+
+
+_SPANS = _GreenletSpans()
+_attached_to: list[Any] = []       # the provider _SPANS was added to (processors cannot be removed)
+_active: dict[tuple[int, int], "HubMonitor"] = {}  # (pid, thread ident) -> the monitor running there
+
+
+def _attach_span_registry() -> bool:
+    """Add :data:`_SPANS` to the global SDK tracer provider, once; False if there is none."""
+    provider = trace.get_tracer_provider()
+    if _attached_to and _attached_to[0] is provider:
+        return True
+    add = getattr(provider, "add_span_processor", None)
+    if add is None:
+        return False
+    add(_SPANS)
+    _attached_to[:] = [provider]
+    return True
+
+
+@dataclass
+class _Watch:
+    """The state of one :meth:`HubMonitor.start`, shared with its monitor thread."""
+
+    tracer: Any
+    hub: Any
+    thread_ident: int
+    key: tuple[int, int]           # its key in _active
+    threshold_s: float
+    period_s: float
+    running: bool = True
+    uses_spans: bool = False       # counted in _SPANS.users
+    reported_entry: float = 0.0    # hub entry time of the last run reported
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One blocked run, as seen by the monitor thread."""
+
+    greenlet: Any
+    entered_hub: float             # perf_counter() when the hub last ran before the block
+    stack: Optional[traceback.StackSummary]
+    span: Optional[Span]
+
+
+class HubMonitor:
+    """Reports event-loop blocks longer than ``threshold_ms``; ``threshold_ms`` 0 disables it.
+
+    Call :meth:`start` and :meth:`stop` in the thread whose event loop to watch.
+    """
+
+    def __init__(self, threshold_ms: int) -> None:
+        if threshold_ms < 0:
+            raise ValueError(f"threshold_ms must be >= 0, got {threshold_ms}")
+        self.threshold_ms = threshold_ms
+        self._watch: Optional[_Watch] = None
+        self._reported = 0
+
+    @property
+    def running(self) -> bool:
+        return self._watch is not None
+
+    @property
+    def blocks_reported(self) -> int:
+        """Blocked runs reported since construction."""
+        return self._reported
+
+    def start(self) -> "HubMonitor":
+        """Install the switch tracer and start the monitor thread; a no-op when disabled,
+        already running, or when another monitor runs in this thread."""
+        if self.threshold_ms == 0 or self._watch is not None:
+            return self
+        ident = _get_ident()
+        key = (os.getpid(), ident)  # a forked child may reuse the parent's thread ident
+        if key in _active:
+            log.info("hub monitor: one is already running in this thread; not starting another")
+            return self
+        hub = get_hub()
+        threshold_s = self.threshold_ms / 1000.0
+        watch = _Watch(HubSwitchTracer(hub, threshold_s), hub, ident, key, threshold_s,
+                       max(threshold_s / 4, _MIN_PERIOD_S))
+        if _attach_span_registry():
+            watch.uses_spans = True
+            _SPANS.users += 1
+        self._watch, _active[key] = watch, self
+        _start_thread(self._monitor, (watch,))
+        log.info("hub monitor: reporting event-loop blocks over %d ms", self.threshold_ms)
+        return self
+
+    def stop(self) -> None:
+        """Stop reporting and remove the tracer; idempotent. The thread ends within one period."""
+        watch, self._watch = self._watch, None
+        if watch is None:
+            return
+        watch.running = False
+        _active.pop(watch.key, None)
+        if watch.uses_spans:
+            _SPANS.users -= 1
+            if not _SPANS.users:
+                _SPANS.clear()
+        if greenlet.gettrace() is watch.tracer:
+            watch.tracer.kill()
+        else:  # a tracer installed after ours chains to ours; removing ours would drop it
+            log.warning("hub monitor: another greenlet tracer was installed later; ours stays chained")
+
+    def _monitor(self, watch: _Watch) -> None:
+        """The monitor thread. Reads the tracer, never writes anything the hub reads."""
+        try:
+            while watch.running:
+                _thread_sleep(watch.period_s)
+                if watch.running:
+                    self._check(watch)
+        except Exception as exc:  # the process is exiting, or a bug: report it in the hub
+            if watch.running:
+                watch.hub.loop.run_callback_threadsafe(
+                    log.error, "hub monitor: monitor thread failed: %r", exc)
+
+    def _check(self, watch: _Watch) -> None:
+        tracer = watch.tracer
+        entered = tracer.last_entered_hub
+        blocked = tracer.active_greenlet
+        if blocked is None or blocked is watch.hub or not entered or entered == watch.reported_entry:
+            return
+        if perf_counter() - entered < watch.threshold_s:
+            return
+        watch.reported_entry = entered
+        frame = sys._current_frames().get(watch.thread_ident)
+        stack = traceback.extract_stack(frame, limit=_STACK_FRAMES) if frame is not None else None
+        if tracer.last_entered_hub != entered:
+            stack = None  # the block ended while we looked: that stack is someone else's
+        block = _Block(blocked, entered, stack, _SPANS.innermost(blocked))
+        watch.hub.loop.run_callback_threadsafe(self._report, watch, block)
+
+    def _report(self, watch: _Watch, block: _Block) -> None:
+        """Runs in the hub, right after the blocked run ended."""
+        if not watch.running:
+            return
+        self._reported += 1
+        blocked_ms = (perf_counter() - block.entered_hub) * 1000.0
+        name = _greenlet_name(block.greenlet)
+        location = _location(block.stack)
+        span = _SPANS.nearest_recording(block.span)
+        if span is not None:
+            try:
+                span.add_event(BLOCKED_EVENT, {
+                    "blocked_ms": round(blocked_ms, 1), "threshold_ms": self.threshold_ms,
+                    "greenlet": name, "location": location,
+                    "span": block.span.name if block.span is not None else ""})
+            except Exception:  # tracing must never break the process; the log line still goes out
+                log.exception("hub monitor: could not add the span event")
+        stack = "".join(block.stack.format()) if block.stack else "  (stack not captured)\n"
+        # Logged from a greenlet, not the hub: a log handler may do cooperative I/O.
+        spawn_raw(log.warning, "event loop blocked for %.0f ms (threshold %d ms) by %s%s at %s; "
+                  "its stack while blocked:\n%s", blocked_ms, self.threshold_ms, name,
+                  f" in span {block.span.name!r}" if block.span is not None else "",
+                  location, stack.rstrip("\n"))
+
+
+def _greenlet_name(blocked: Any) -> str:
+    name = getattr(blocked, "name", None)  # gevent.Greenlet; raw greenlets have none
+    return name if isinstance(name, str) else f"{type(blocked).__name__}@{id(blocked):#x}"
+
+
+def _location(stack: Optional[traceback.StackSummary]) -> str:
+    if not stack:
+        return "unknown"
+    frame = stack[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"

@@ -1,0 +1,122 @@
+"""One server process from start to exit: serve until SIGTERM or SIGINT, then drain.
+
+The drain, in order, each phase logged at INFO with its counts:
+
+1. the listener closes (new connections are refused) and idle connections
+   close at once;
+2. each call in flight finishes and is answered, then its connection closes;
+   connections still busy after ``server.drain_timeout_ms`` are killed (logged
+   as a WARNING with the count);
+3. abandoned fan-out tasks end (``fanout.abandon_grace_ms``);
+4. pending spans are flushed, for at most ``tracing.flush_timeout_ms``;
+5. the MongoDB client and the HTTP sessions close.
+
+The exit code is 0 after a drain, including one that had to kill calls at the
+timeout: the operator asked the process to stop and it stopped within the time
+it was given. Killed calls are counted in the WARNING line, and their callers
+see the connection close (a transport error, safe to retry elsewhere).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import time
+from typing import Callable, Optional
+
+import gevent
+from gevent.event import Event
+
+from service.app import FanoutService
+from service.config import Settings
+from tracing.setup import Tracing, configure_tracing
+
+__all__ = ["run_server", "STOP_SIGNALS"]
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
+               on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
+               install_signals: bool = True, stop: Optional[Event] = None) -> int:
+    """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
+
+    Configures tracing from ``settings.tracing``, starts :class:`FanoutService`
+    (on ``listener`` if given: a bound, listening socket, as pre-forked workers
+    share), calls ``on_ready(address)`` once listening, and blocks. A signal
+    arriving during the drain is logged and otherwise ignored: the drain is
+    already bounded. With ``install_signals`` false no handler is installed and
+    only ``stop`` ends the wait. Returns 0 after the drain in the module doc.
+
+    Raises OSError if it cannot listen, :class:`~service.config.ConfigError`
+    (:class:`~service.tls.TlsConfigError` for unusable TLS files) for settings it
+    cannot use, ValueError without signal handlers and without ``stop``.
+    """
+    if not install_signals and stop is None:
+        raise ValueError("run_server: without signal handlers, pass a stop event")
+    stop = stop or Event()
+    tracing = configure_tracing(settings.tracing)
+    try:
+        service = FanoutService(settings, listener=listener)
+    except Exception:
+        tracing.shutdown(settings.tracing.flush_timeout_ms)
+        raise
+    try:
+        service.start()
+    except Exception:
+        service.close()
+        tracing.shutdown(settings.tracing.flush_timeout_ms)
+        raise
+    signals = _StopSignals(stop) if install_signals else None
+    try:
+        if on_ready is not None:
+            on_ready(service.address)
+        stop.wait()
+        log.info("drain: %s received; draining for up to %d ms",
+                 signals.received if signals and signals.received else "stop request",
+                 settings.server.drain_timeout_ms)
+    finally:
+        try:
+            service.drain()
+            _flush_spans(tracing, settings.tracing.flush_timeout_ms)
+        finally:
+            service.close()
+            log.info("drain: MongoDB client and HTTP sessions closed; exiting")
+            if signals is not None:
+                signals.cancel()
+    return 0
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT set ``stop``; later ones (during the drain) are only logged."""
+
+    def __init__(self, stop: Event) -> None:
+        self.received = ""
+        self._stop = stop
+        self._handlers = [gevent.signal_handler(signum, self._on_signal, signum)
+                          for signum in STOP_SIGNALS]
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.received:
+            log.info("drain: %s received while draining; the drain goes on", name)
+            return
+        self.received = name
+        self._stop.set()
+
+    def cancel(self) -> None:
+        for handler in self._handlers:
+            handler.cancel()
+
+
+def _flush_spans(tracing: Tracing, timeout_ms: int) -> None:
+    started = time.monotonic()
+    flushed = tracing.shutdown(timeout_ms)
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    if flushed:
+        log.info("drain: spans flushed in %.0f ms", elapsed_ms)
+    else:
+        log.warning("drain: spans not all flushed within %d ms; continuing", timeout_ms)

@@ -1,0 +1,151 @@
+"""The hub monitor: a lookup that hogs the event loop is reported as a log line and a span event."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterator
+
+import gevent
+import greenlet
+import pytest
+
+from lookups.base import Lookup
+from lookups.panels import AlertList, Window
+from lookups.registry import LookupRegistry
+from service.app import FanoutService
+from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
+from service.client import AppStatsClient
+from service.config import load_settings
+from service.hub_monitor import BLOCKED_EVENT, HubMonitor
+from service.idl import appstats
+from tests.support.backends import backend_overrides
+
+_BUSY_S = 0.3
+_THRESHOLD_MS = 100
+
+
+def spin(seconds: float) -> None:
+    """Compute without yielding: the event loop is blocked meanwhile."""
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        pass
+
+
+class BusyLookup(Lookup):
+    """A lookup doing ~300 ms of CPU work without yielding."""
+
+    name = "busy"
+    source = "cpu"
+
+    def fetch(self, window: Window, timeout_s: float) -> AlertList:
+        spin(_BUSY_S)
+        return AlertList(alerts=())
+
+
+def busy_registry() -> LookupRegistry:
+    registry = LookupRegistry()
+    registry.register("busy", lambda backends: BusyLookup())
+    return registry
+
+
+StartBusy = Callable[[int], tuple[FanoutService, AppStatsClient]]
+
+
+@pytest.fixture
+def start_busy(mongo_server: Any, http_services: Any) -> Iterator[StartBusy]:
+    """A Fanout server offering only the ``busy`` panel, with the given block threshold."""
+    started: list[tuple[FanoutService, AppStatsClient]] = []
+
+    def start(threshold_ms: int) -> tuple[FanoutService, AppStatsClient]:
+        settings = load_settings(env={}, overrides={
+            **backend_overrides(mongo_server, http_services), "server.port": 0,
+            "server.hub_block_threshold_ms": threshold_ms})
+        service = FanoutService(settings, registry=busy_registry()).start()
+        client = AppStatsClient(*service.address, timeout_ms=5000)
+        started.append((service, client))
+        return service, client
+
+    yield start
+    for service, client in started:
+        client.close()
+        service.stop()
+
+
+def blocked_lines(caplog: Any) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "service.hub_monitor" and "blocked" in r.message]
+
+
+def blocked_events(spans: Any) -> list[tuple[str, Any]]:
+    return [(span.name, event) for span in spans.get_finished_spans() for event in span.events
+            if event.name == BLOCKED_EVENT]
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        gevent.sleep(0.01)
+
+
+def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBusy, caplog: Any,
+                                                            spans: Any) -> None:
+    caplog.set_level(logging.INFO, logger="service.hub_monitor")
+    service, client = start_busy(_THRESHOLD_MS)
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
+    assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK]
+    wait_for(lambda: blocked_lines(caplog))
+
+    [line] = blocked_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert "span 'fanout.task busy'" in line.message
+    assert "in fetch" in line.message and "spin" in line.message  # the stack while blocked
+    assert service.hub_monitor.blocks_reported == 1
+
+    [(span_name, event)] = blocked_events(spans)
+    assert span_name in ("fanout.task busy", "AppStats/get_app_stats")  # the task's, or its request's
+    assert event.attributes["blocked_ms"] >= _THRESHOLD_MS
+    assert event.attributes["threshold_ms"] == _THRESHOLD_MS
+    assert event.attributes["span"] == "fanout.task busy"
+    assert "test_hub_monitor.py" in event.attributes["location"]
+    assert event.attributes["greenlet"]
+
+
+def test_threshold_zero_reports_nothing(start_busy: StartBusy, caplog: Any, spans: Any) -> None:
+    caplog.set_level(logging.INFO, logger="service.hub_monitor")
+    service, client = start_busy(0)
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
+    assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK]
+    gevent.sleep(0.2)  # a report, if any, would be logged by now
+
+    assert not service.hub_monitor.running
+    assert blocked_lines(caplog) == [] and blocked_events(spans) == []
+    assert service.hub_monitor.blocks_reported == 0
+
+
+def test_stopped_monitor_reports_nothing_and_removes_its_tracer(caplog: Any) -> None:
+    tracer_before = greenlet.gettrace()
+    monitor = HubMonitor(_THRESHOLD_MS).start()
+    try:
+        gevent.spawn(spin, _BUSY_S).join()
+        wait_for(lambda: monitor.blocks_reported == 1)
+        assert greenlet.gettrace() is not tracer_before
+    finally:
+        monitor.stop()
+    assert greenlet.gettrace() is tracer_before
+
+    gevent.spawn(spin, _BUSY_S).join()
+    gevent.sleep(0.2)
+    assert monitor.blocks_reported == 1
+    assert len(blocked_lines(caplog)) == 1
+
+
+def test_short_runs_are_not_reported() -> None:
+    monitor = HubMonitor(_THRESHOLD_MS).start()
+    try:
+        for _ in range(20):  # 20 runs of 10 ms: busy, but each well under the threshold
+            gevent.spawn(spin, 0.01).join()
+        gevent.sleep(0.1)
+        assert monitor.blocks_reported == 0
+    finally:
+        monitor.stop()

@@ -1,0 +1,277 @@
+"""Shutdown: ``fanout serve`` as a real process under load, signalled while calls are in flight.
+
+The alerts service runs in this process and *holds* every request it receives
+until the test releases it, so the test knows the calls are in flight (they are
+waiting at the backend) when it sends the signal, without guessing at timings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gevent
+import gevent.event
+import pytest
+from thriftpy2.protocol.binary import TBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport import TTransportException
+from thriftpy2.transport.memory import TMemoryBuffer
+
+from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.client import AppStatsClient
+from service.config import TracingSettings, load_settings
+from service.idl import appstats
+from service.lifecycle import run_server
+from tests.support.backends import backend_overrides
+from tracing.setup import configure_tracing
+
+FANOUT = [sys.executable, "-m", "service.cli"]
+CLIENTS = 30
+
+
+def _ping_frame() -> bytes:
+    buffer = TMemoryBuffer()
+    proto = TBinaryProtocol(buffer)
+    proto.write_message_begin("ping", TMessageType.CALL, 1)
+    appstats.AppStats.ping_args().write(proto)
+    proto.write_message_end()
+    return struct.pack("!i", len(buffer.getvalue())) + buffer.getvalue()
+
+
+PING_FRAME = _ping_frame()
+
+
+class HeldAlerts:
+    """Sample HTTP services whose alerts endpoint waits for :attr:`release` before answering."""
+
+    def __init__(self, data: SampleData) -> None:
+        self.services = SampleHttpServices(data).start()
+        self.arrived = 0
+        self.enough = gevent.event.Event()
+        self.expected = 1
+        self.release = gevent.event.Event()
+        answer = self.services.alerts.answer
+
+        def held(segments: list[str], environ: dict[str, Any]) -> Any:
+            self.arrived += 1
+            if self.arrived >= self.expected:
+                self.enough.set()
+            self.release.wait(timeout=60)
+            return answer(segments, environ)
+
+        self.services.alerts.answer = held  # the real service, answering later
+
+    def wait_for(self, count: int, timeout_s: float = 30) -> None:
+        self.expected = count
+        if self.arrived >= count:
+            return
+        assert self.enough.wait(timeout=timeout_s), f"{self.arrived} of {count} calls arrived"
+
+    def stop(self) -> None:
+        self.release.set()
+        self.services.stop()
+
+
+@pytest.fixture
+def held(sample_data: SampleData) -> Iterator[HeldAlerts]:
+    backend = HeldAlerts(sample_data)
+    yield backend
+    backend.stop()
+
+
+class Server:
+    """A ``fanout serve`` process; its log (stderr) goes to a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", "0"],
+                                        stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        with gevent.Timeout(30, AssertionError("server did not start")):
+            line = self.process.stdout.readline()
+        assert "serving on" in line, line + self.log()
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def signal(self, signum: int) -> float:
+        self.process.send_signal(signum)
+        return time.monotonic()
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    started: list[Server] = []
+
+    def start(http: SampleHttpServices, **settings: Any) -> Server:
+        keys = {**backend_overrides(mongo_server, http), "fanout.task_timeout_ms": 30_000,
+                "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
+        env = {**os.environ, "OTEL_TRACES_EXPORTER": "none",
+               **{"FANOUT_" + key.replace(".", "_").upper(): str(value) for key, value in keys.items()}}
+        server = Server(env, tmp_path / f"server-{len(started)}.log")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+def refused_within(port: int, timeout_s: float = 10) -> bool:
+    """True once a new connection to ``port`` is refused (the listener has closed)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        except ConnectionRefusedError:
+            return True
+        gevent.sleep(0.02)
+    return False
+
+
+def logged_count(log: str, pattern: str) -> int:
+    match = re.search(pattern, log)
+    assert match, f"{pattern!r} not in log:\n{log}"
+    return int(match.group(1))
+
+
+def test_sigterm_under_load_finishes_every_call_in_flight(serve, held: HeldAlerts) -> None:
+    server = serve(held.services, **{"server.drain_timeout_ms": 10_000})
+    clients = [AppStatsClient("127.0.0.1", server.port, timeout_ms=40_000) for _ in range(CLIENTS)]
+    calls = [gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS,
+                          ["alerts", "errors"], deadline_ms=30_000) for client in clients]
+    held.wait_for(CLIENTS)
+
+    signalled = server.signal(signal.SIGTERM)
+    assert refused_within(server.port)
+    held.release.set()
+
+    responses = [call.get(timeout=30) for call in calls]  # raises if any call failed
+    assert all(o.status == 0 for r in responses for o in r.outcomes)
+    assert server.wait(timeout_s=10 + 10) == 0
+    exited_s = time.monotonic() - signalled
+    assert exited_s < 10 + 5  # the drain timeout plus a margin
+    log = server.log()
+    assert "drain: SIGTERM received" in log
+    assert logged_count(log, r"drain: stopped accepting; (\d+) calls in flight") == CLIENTS
+    assert logged_count(log, r"drain: (\d+) calls finished in \d+ ms") == CLIENTS
+    assert "drain: spans flushed" in log and "HTTP sessions closed" in log
+    assert "Traceback" not in log
+    for client in clients:
+        client.close()
+
+
+def test_sigint_closes_idle_connections_at_once(serve, http_services: SampleHttpServices) -> None:
+    server = serve(http_services, **{"server.drain_timeout_ms": 30_000})
+    idle = []
+    for _ in range(3):
+        client = AppStatsClient("127.0.0.1", server.port)
+        assert client.ping() == "pong"
+        idle.append(client)
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    raw.sendall(PING_FRAME)
+    assert raw.recv(4096)  # answered: the server is serving this connection, now idle
+
+    signalled = server.signal(signal.SIGINT)
+    assert raw.recv(1) == b""  # closed by the server, well before the 30 s drain timeout
+    assert server.wait(timeout_s=20) == 0
+    assert time.monotonic() - signalled < 15
+    log = server.log()
+    assert "drain: SIGINT received" in log
+    assert logged_count(log, r"(\d+) idle connections closed") == 4
+    assert logged_count(log, r"stopped accepting; (\d+) calls in flight") == 0
+    raw.close()
+    for client in idle:
+        with pytest.raises(TTransportException):
+            client.ping()  # the pooled connection was closed; no server to reconnect to
+        client.close()
+
+
+def test_drain_timeout_kills_a_stuck_call_and_still_exits_zero(serve, held: HeldAlerts) -> None:
+    server = serve(held.services, **{"server.drain_timeout_ms": 500,
+                                     "fanout.abandon_grace_ms": 200})
+    client = AppStatsClient("127.0.0.1", server.port, timeout_ms=40_000)
+    stuck = gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"],
+                         deadline_ms=30_000)
+    held.wait_for(1)
+
+    signalled = server.signal(signal.SIGTERM)
+    with pytest.raises(TTransportException):
+        stuck.get(timeout=20)  # its connection closed: a transport error, safe to retry elsewhere
+    assert server.wait(timeout_s=20) == 0
+    assert time.monotonic() - signalled < 10
+    log = server.log()
+    assert logged_count(log, r"stopped accepting; (\d+) calls in flight") == 1
+    assert logged_count(log, r"WARNING .*drain: timeout of 500 ms passed; .*?(\d+) connections") == 1
+    client.close()
+
+
+def test_run_server_in_process_on_a_given_listener(mongo_server, http_services) -> None:
+    settings = load_settings(env={}, overrides={
+        **backend_overrides(mongo_server, http_services), "tracing.enabled": False})
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    ready: list[tuple[str, int]] = []
+    stop = gevent.event.Event()
+    running = gevent.spawn(run_server, settings, listener=listener, on_ready=ready.append,
+                           install_signals=False, stop=stop)
+    try:
+        with gevent.Timeout(10):
+            while not ready:
+                gevent.sleep(0.01)
+        assert ready == [listener.getsockname()]
+        with AppStatsClient(*ready[0]) as client:
+            assert client.ping() == "pong"
+        stop.set()
+        assert running.get(timeout=20) == 0
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(ready[0], timeout=5)
+    finally:
+        running.kill()
+        listener.close()
+
+
+def test_run_server_needs_a_way_to_stop() -> None:
+    with pytest.raises(ValueError):
+        run_server(load_settings(env={}), install_signals=False)
+
+
+@pytest.mark.parametrize("collector", ["refused", "silent"])
+def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector: str) -> None:
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    if collector == "silent":
+        holder.listen(8)  # accepts TCP connections, never answers
+    port = holder.getsockname()[1]
+    try:
+        tracing = configure_tracing(TracingSettings(exporter="otlp", otlp_protocol="http/protobuf",
+                                                    endpoint=f"http://127.0.0.1:{port}"),
+                                    set_global=False, env={})
+        for index in range(5):
+            tracing.provider.get_tracer("test").start_span(f"pending {index}").end()
+        started = time.monotonic()
+        assert tracing.shutdown(timeout_ms=300) is False
+        # The exporter alone would retry for its 10 s timeout.
+        assert time.monotonic() - started < 3.0
+    finally:
+        holder.close()
