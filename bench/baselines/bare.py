@@ -1,0 +1,78 @@
+"""Bare baseline: a gevent ``StreamServer`` and a thriftpy2 processor loop, ``ping`` and ``panels`` only.
+
+The floor for raw RPC cost, with none of Fanout's server: no bounded message reader,
+no idle timeout, no per-call context, no error mapping. Each accepted socket gets a
+Cython framed transport and binary protocol, and ``processor.process(iprot, oprot)``
+runs in a loop until the peer closes. Connections are bounded by
+``server.max_connections`` (a gevent pool), as in Fanout.
+
+    python -m bench.baselines.bare --config bench.toml
+
+prints ``READY {"host": ..., "port": ...}`` once listening; stops on SIGTERM or SIGINT.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import socket  # noqa: E402
+from typing import Any, Optional, Sequence  # noqa: E402
+
+from gevent.pool import Pool  # noqa: E402
+from gevent.server import StreamServer  # noqa: E402
+from thriftpy2.protocol import TCyBinaryProtocol  # noqa: E402
+from thriftpy2.thrift import TProcessor  # noqa: E402
+from thriftpy2.transport import TCyFramedTransport, TSocket, TTransportException  # noqa: E402
+
+from bench.baselines.common import settings_from_argv  # noqa: E402
+from bench.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from lookups.registry import default_registry  # noqa: E402
+from service.idl import appstats  # noqa: E402
+
+__all__ = ["BareHandler", "serve_connection", "main"]
+
+
+class BareHandler:
+    """``ping`` and ``panels``; the other methods are not served."""
+
+    def __init__(self) -> None:
+        self._panels = list(default_registry().names())
+
+    def ping(self) -> str:
+        return "pong"
+
+    def panels(self) -> list[str]:
+        return self._panels
+
+
+_PROCESSOR = TProcessor(appstats.AppStats, BareHandler())
+
+
+def serve_connection(sock: socket.socket, peer: Any) -> None:
+    """The whole server loop: process calls until the transport ends."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    transport = TCyFramedTransport(TSocket(sock=sock))
+    protocol = TCyBinaryProtocol(transport)
+    try:
+        while True:
+            _PROCESSOR.process(protocol, protocol)
+    except TTransportException:
+        pass
+    finally:
+        transport.close()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    settings = settings_from_argv("python -m bench.baselines.bare", argv)
+    server = StreamServer((settings.server.host, settings.server.port), serve_connection,
+                          spawn=Pool(settings.server.max_connections))
+    server.start()
+    host, port = server.address[:2]
+    announce_ready(host=host, port=port, server="bare")
+    wait_for_stop_signal()
+    server.stop(timeout=1.0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

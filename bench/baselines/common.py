@@ -1,0 +1,127 @@
+"""What the sequential and threaded baselines share with Fanout: settings, lookups, validation, mapping.
+
+Both baselines read the same TOML settings file as ``fanout serve``, build the same
+lookups (:func:`lookups.registry.default_registry` over :class:`lookups.clients.Backends`),
+validate requests with :func:`service.validation.validate_stats_request`, map panel
+values with :mod:`service.mapping`, and answer the same ``StatsResponse``. Only the
+scheduling of the lookups differs, which is what the benchmark compares.
+
+Left out, because the benchmark does not exercise them: ``required`` panels
+(``PanelFailed``), the process-wide task budget (``Overloaded``), tracing (the
+``trace_id`` is empty) and backend checks in ``health()`` (always ``SERVING``).
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import logging
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+from lookups.base import Lookup
+from lookups.panels import Window
+from service.config import Settings, load_settings
+from service.deadline import Deadline
+from service.idl import appstats
+from service.mapping import to_panel_data, to_thrift_outcomes
+from service.outcomes import TaskOutcome, TaskStatus
+from service.validation import validate_stats_request
+
+__all__ = ["PlannedLookup", "BaselineHandler", "lookup_outcome", "timeout_outcome",
+           "settings_from_argv"]
+
+log = logging.getLogger(__name__)
+
+_MESSAGE_LIMIT = 500
+PlannedLookup = tuple[Lookup, int]   # the lookup and its timeout_ms
+
+
+def settings_from_argv(prog: str, argv: Optional[Sequence[str]] = None) -> Settings:
+    """``--config FILE`` (the same TOML as ``fanout serve``), loaded and validated.
+
+    Raises :class:`service.config.ConfigError` for a bad file.
+    """
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--config", help="TOML settings file, as for fanout serve")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return load_settings(args.config)
+
+
+def lookup_outcome(lookup: Lookup, window: Window, timeout_ms: int,
+                   deadline: Deadline) -> TaskOutcome:
+    """Run one lookup within ``min(timeout_ms, time left)``; every failure becomes an outcome.
+
+    Classified as Fanout's engine does: ``TimeoutError`` is ``TIMEOUT``, anything else
+    ``ERROR``, ``retryable`` from the exception.
+    """
+    budget_s = min(timeout_ms / 1000.0, deadline.remaining_s())
+    if budget_s <= 0:
+        return timeout_outcome(lookup, 0.0, "no time left before the request deadline")
+    started = time.monotonic()
+    try:
+        value = to_panel_data(lookup.fetch(window, budget_s))
+    except Exception as exc:  # every lookup failure becomes an outcome
+        elapsed_ms = (time.monotonic() - started) * 1000.0
+        timed_out = isinstance(exc, TimeoutError)
+        if timed_out or hasattr(exc, "retryable"):
+            log.warning("task %s failed: %s: %s", lookup.name, type(exc).__name__, exc)
+        else:
+            log.error("task %s raised an unexpected error", lookup.name, exc_info=exc)
+        return TaskOutcome(lookup.name, lookup.source,
+                           TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR, elapsed_ms,
+                           error_type=type(exc).__name__,
+                           message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
+                           retryable=bool(getattr(exc, "retryable", timed_out)))
+    return TaskOutcome(lookup.name, lookup.source, TaskStatus.OK,
+                       (time.monotonic() - started) * 1000.0, value=value)
+
+
+def timeout_outcome(lookup: Lookup, elapsed_ms: float, message: str) -> TaskOutcome:
+    return TaskOutcome(lookup.name, lookup.source, TaskStatus.TIMEOUT, elapsed_ms,
+                       error_type="TIMEOUT", message=message, retryable=True)
+
+
+class BaselineHandler(abc.ABC):
+    """The AppStats handler of a baseline; subclasses say how the planned lookups run."""
+
+    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup]) -> None:
+        self._settings = settings
+        self._lookups = dict(lookups)
+
+    def ping(self) -> str:
+        return "pong"
+
+    def panels(self) -> list[str]:
+        return [name for name in self._lookups if self._settings.lookup(name).enabled]
+
+    def health(self) -> Any:
+        return appstats.Health(state=appstats.ServingState.SERVING, backends=[])
+
+    def get_app_stats(self, request: Any) -> Any:
+        """Gather the requested panels. Raises ``InvalidRequest`` for bad input."""
+        started = time.monotonic()
+        valid = validate_stats_request(request, list(self._lookups), self.panels(),
+                                       self._settings.fanout)
+        deadline = Deadline.after_ms(valid.deadline_ms)
+        planned, outcomes = [], {}
+        for name in valid.panels:
+            lookup = self._lookups[name]
+            if self._settings.lookup(name).enabled:
+                planned.append((lookup, self._settings.task_timeout_ms(name)))
+            else:
+                outcomes[name] = TaskOutcome(name, lookup.source, TaskStatus.SKIPPED, 0.0,
+                                             message="disabled on this server")
+        for outcome in self.gather(valid.window, planned, deadline):
+            outcomes[outcome.name] = outcome
+        ordered = [outcomes[name] for name in valid.panels]
+        return appstats.StatsResponse(
+            app=valid.window.app, panels={o.name: o.value for o in ordered if o.ok},
+            outcomes=to_thrift_outcomes(ordered), trace_id="",
+            elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+
+    @abc.abstractmethod
+    def gather(self, window: Window, planned: Sequence[PlannedLookup],
+               deadline: Deadline) -> list[TaskOutcome]:
+        """One outcome per planned lookup, all settled by ``deadline``."""

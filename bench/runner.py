@@ -1,0 +1,233 @@
+"""Run one benchmark configuration: a fresh stack, a fresh load, the figures of every window.
+
+A configuration is one stack (:class:`bench.stack.StackSpec`) under one load
+(call, connections, pacing). :func:`run_config` starts the stack, runs the load
+(warm-up, then ``reps`` contiguous windows), samples the CPU of every role at each
+window boundary and the RSS before connecting, once connected and at the end,
+and tears everything down, whatever happened. The result is a JSON-able dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import psutil
+
+from bench import frames, stats
+from bench.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
+
+__all__ = ["Config", "Timing", "run_config", "loadgen_processes", "panel_names",
+           "DEADLINE_MS", "CALL_TIMEOUT_S"]
+
+#: The deadline every get_app_stats call carries (meta.deadline_ms), as the web tier sends it.
+DEADLINE_MS = 2000
+#: How long a caller waits for any reply: the deadline plus AppStatsClient's reply margin.
+#: A later reply is useless to the web tier, so it counts as a failed call ("timeout").
+CALL_TIMEOUT_S = (DEADLINE_MS + 250) / 1000.0
+
+_MACHINE = "machine"   # key of the machine-wide busy CPU among the samples
+
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long each part of a configuration runs."""
+
+    reps: int
+    window_s: float
+    warmup_s: float
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel) or
+    "stats_each_panel" (connection i asks for panel i only). ``interval_s`` > 0 paces
+    each connection to one call per interval; 0 is a closed loop."""
+
+    key: str
+    scenario: str
+    label: str
+    spec: Any                      # bench.stack.StackSpec
+    call: str
+    connections: int
+    interval_s: float = 0.0
+    decode_every: int = 0
+    window_scale: float = 1.0          # this configuration's windows are this much longer
+    processes: int = 0                 # 0: loadgen_processes(connections)
+
+    def timing(self, base: Timing) -> Timing:
+        return dataclasses.replace(base, window_s=base.window_s * self.window_scale)
+
+
+def loadgen_processes(connections: int) -> int:
+    """Load-generator processes for ``connections``: one gevent loop holds a few thousand."""
+    if connections <= 50:
+        return 1
+    return 2 if connections <= 2000 else 4
+
+
+def panel_names() -> tuple[str, ...]:
+    """The panels every server of the stack offers (the default registry's, in its order)."""
+    from lookups.registry import default_registry
+
+    return tuple(default_registry().names())
+
+
+def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
+    from bench.stack import sample_call
+
+    if config.call == "ping":
+        method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
+    else:
+        app, start_ms, end_ms = sample_call()
+        method = "get_app_stats"
+        if config.call == "stats":
+            encoded = (frames.stats_frame(app, start_ms, end_ms, deadline_ms=DEADLINE_MS),)
+            expect_ok = len(panel_names())
+        else:
+            encoded = tuple(frames.stats_frame(app, start_ms, end_ms, [p], deadline_ms=DEADLINE_MS)
+                            for p in panel_names())
+            expect_ok = 1
+    return LoadPlan(address=address, method=method, frames=encoded,
+                    connections=config.connections,
+                    processes=config.processes or loadgen_processes(config.connections),
+                    warmup_s=timing.warmup_s, window_s=timing.window_s, reps=timing.reps,
+                    interval_s=config.interval_s, expect_ok=expect_ok,
+                    decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S)
+
+
+def _percentiles(values: array) -> dict[str, float]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan"), "n": 0}
+    return {"p50_ms": stats.percentile(ordered, 50), "p99_ms": stats.percentile(ordered, 99),
+            "mean_ms": sum(ordered) / len(ordered), "n": len(ordered)}
+
+
+def _cpu_pct(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    return {role: 100.0 * (after.get(role, 0.0) - before.get(role, 0.0)) / seconds
+            for role in after}
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all processes, all CPUs)."""
+    times = psutil.cpu_times()
+    return times.user + times.system + getattr(times, "nice", 0.0) + getattr(times, "irq", 0.0) \
+        + getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0)
+
+
+def _rep_figures(window: Window, window_s: float, cpu_before: dict[str, float],
+                 cpu_after: dict[str, float]) -> dict[str, Any]:
+    pooled = array("d")
+    for part in window.latencies_ms:
+        pooled.extend(part)
+    cpu = _cpu_pct(cpu_before, cpu_after, window_s)
+    machine = cpu.pop(_MACHINE)
+    loadgen = 100.0 * window.loadgen_cpu_s / window_s
+    figures = {"rps": sum(window.ok) / window_s, "ok": sum(window.ok),
+               "replies_per_s": (sum(window.ok) + sum(window.degraded)) / window_s,
+               "degraded": sum(window.degraded), "failures": dict(window.failures),
+               **_percentiles(pooled), "cpu_pct": cpu, "loadgen_cpu_pct": loadgen,
+               # What else ran on the machine meanwhile (other users, the harness itself).
+               "other_cpu_pct": max(0.0, machine - loadgen - sum(cpu.values()))}
+    if len(window.latencies_ms) > 1:
+        figures["frames"] = [_percentiles(part) for part in window.latencies_ms]
+    return figures
+
+
+def _pooled(load: LoadResult) -> dict[str, Any]:
+    frames_n = len(load.windows[0].latencies_ms) if load.windows else 0
+    per_frame = [array("d") for _ in range(frames_n)]
+    for window in load.windows:
+        for f, part in enumerate(window.latencies_ms):
+            per_frame[f].extend(part)
+    everything = array("d")
+    for part in per_frame:
+        everything.extend(part)
+    pooled = _percentiles(everything)
+    if frames_n > 1:
+        pooled["frames"] = [_percentiles(part) for part in per_frame]
+    return pooled
+
+
+def _server_side(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per panel, the median elapsed time the server reported; and the slowest per request."""
+    if not samples:
+        return {}
+    by_panel: dict[str, list[float]] = {}
+    slowest = []
+    for sample in samples:
+        for name, elapsed in sample["outcomes_ms"].items():
+            by_panel.setdefault(name, []).append(elapsed)
+        if sample["outcomes_ms"]:
+            slowest.append(max(sample["outcomes_ms"].values()))
+    median = {name: stats.percentile(sorted(v), 50) for name, v in by_panel.items()}
+    return {"samples": len(samples), "panel_p50_ms": median,
+            "slowest_outcome_p50_ms": stats.percentile(sorted(slowest), 50) if slowest else None}
+
+
+def _sum_failures(load: LoadResult) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in [load.connect_failures, load.outside_failures] + [w.failures for w in load.windows]:
+        for kind, count in part.items():
+            total[kind] = total.get(kind, 0) + count
+    return total
+
+
+def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lambda: None,
+               ) -> dict[str, Any]:
+    """Run ``config`` on a fresh stack and return its figures; never raises for a
+    failed run: the result then carries ``"error"`` (and whatever was measured)."""
+    from bench.stack import start_stack
+
+    timing = config.timing(base)
+    result: dict[str, Any] = {"key": config.key, "scenario": config.scenario,
+                              "label": config.label, "spec": dataclasses.asdict(config.spec),
+                              "call": config.call, "connections": config.connections,
+                              "interval_s": config.interval_s, "reps_planned": timing.reps,
+                              "window_s": timing.window_s, "warmup_s": timing.warmup_s}
+    started = time.monotonic()
+    try:
+        # Started first so that their start-up overlaps the stack's; they end before it.
+        with LoadGenerator(config.processes or loadgen_processes(config.connections)) as load:
+            with start_stack(config.spec) as stack:
+                result["startup_s"] = time.monotonic() - started
+                _measure(config, stack, load, timing, result, on_window)
+                torn_down = time.monotonic()
+            result["teardown_s"] = time.monotonic() - torn_down
+    except Exception as exc:  # one broken configuration must not end the whole run
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    result["total_s"] = time.monotonic() - started
+    return result
+
+
+def _measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timing,
+             result: dict[str, Any], on_window: Callable[[], None]) -> None:
+    if hasattr(stack, "describe"):
+        result["stack"] = stack.describe()
+    rss = {"before_connect": stack.rss_kib()}
+    cpu: list[dict[str, float]] = []
+
+    def boundary(i: int) -> None:
+        cpu.append({**stack.cpu_seconds(), _MACHINE: _machine_busy_s()})
+        if i > 0:
+            on_window()
+
+    def ready() -> None:
+        rss["connected"] = stack.rss_kib()
+
+    plan = _plan(config, stack.address, timing)
+    load = generator.run(plan, on_ready=ready, on_boundary=boundary)
+    rss["end_of_load"] = stack.rss_kib()
+    reps = [_rep_figures(w, timing.window_s, cpu[i], cpu[i + 1])
+            for i, w in enumerate(load.windows)]
+    result.update(
+        processes=plan.processes, address=list(stack.address), reps=reps,
+        pooled=_pooled(load), failures_total=_sum_failures(load),
+        degraded_total=sum(r["degraded"] for r in reps), connected=load.connected,
+        connect_s=load.connect_s, unfinished_at_end=load.unfinished, rss_kib=rss,
+        server_side=_server_side(load.samples), server_pids=len(stack.server_pids()))

@@ -1,0 +1,286 @@
+"""Fresh benchmark stacks: backends, an optional OTLP sink and one Thrift server, each its own process.
+
+    with start_stack(StackSpec(server="fanout", delay_ms=20)) as stack:
+        host, port = stack.address          # framed transport, binary protocol
+        ...                                 # drive load
+        stack.cpu_seconds()                 # {"server": s, "mongo": s, "http": s, "otlp": s}
+
+Every process is started for the stack and ended with it (SIGTERM, then SIGKILL after
+a timeout), also when the ``with`` body raises, so no configuration inherits another's
+connections, caches or warm pools. What runs:
+
+=================  ==========================================================================
+mongo "responder"  ``python -m bench.mongo_responder``: answers recorded from nx-27017,
+                   after ``delay_ms`` per operation, tens of microseconds of CPU each
+mongo "nx"         ``python -m bench.nx_backend``: nx-27017 seeded with the sample data;
+                   real queries, no added delay
+http               ``python -m bench.http_backend``: the sample alerts and metrics answers,
+                   cached, after ``delay_ms`` per request
+otlp               ``python -m bench.otlp_sink`` (tracing "ratio10" or "full" only)
+server "fanout"    ``python -m service.cli serve --config FILE``
+server "sequential", "threaded", "bare"   ``python -m bench.baselines.<name> --config FILE``
+=================  ==========================================================================
+
+All servers read the same generated TOML file (:func:`stack_config`). A stack is ready
+once its server answers ``ping`` over Thrift; nothing waits on a timer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from thriftpy2.protocol import TCyBinaryProtocolFactory
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
+
+from bench.mongo_answers import DEFAULT_ANSWERS_PATH
+from bench.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
+from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from service.idl import appstats
+
+__all__ = ["SERVERS", "MONGO_BACKENDS", "TRACING_MODES", "StackSpec", "Stack", "StackError",
+           "start_stack", "sample_call", "stack_config"]
+
+log = logging.getLogger(__name__)
+
+SERVERS = ("fanout", "sequential", "threaded", "bare")
+MONGO_BACKENDS = ("responder", "nx")
+TRACING_MODES = ("off", "ratio10", "full")
+ROLES = ("server", "mongo", "http", "otlp")
+_SERVER_MODULES = {"fanout": ["service.cli", "serve"], "sequential": ["bench.baselines.sequential"],
+                   "threaded": ["bench.baselines.threaded"], "bare": ["bench.baselines.bare"]}
+_REPO = Path(__file__).resolve().parent.parent
+_FD_HEADROOM = 1000        # descriptors beyond the connections: backends, logs, the listener
+_STOP_TIMEOUT_S = 15.0     # the server drains for up to 2 s (server.drain_timeout_ms)
+_PING_TIMEOUT_MS = 1000
+_POLL_S = 0.02
+
+
+class StackError(RuntimeError):
+    """The stack could not start: a process exited or was not ready in time."""
+
+
+@dataclass(frozen=True)
+class StackSpec:
+    """What one benchmark configuration runs. Construction raises ``ValueError`` for bad values."""
+
+    server: str                 # "fanout" | "sequential" | "threaded" | "bare"
+    mongo: str = "responder"    # "responder" | "nx"
+    delay_ms: int = 20          # added to every MongoDB-wire (responder only) and HTTP operation
+    workers: int = 1            # fanout only
+    tracing: str = "off"        # "off" | "ratio10" | "full"; fanout only
+    max_connections: int = 12_000
+
+    def __post_init__(self) -> None:
+        for name, value, choices in (("server", self.server, SERVERS),
+                                     ("mongo", self.mongo, MONGO_BACKENDS),
+                                     ("tracing", self.tracing, TRACING_MODES)):
+            if value not in choices:
+                raise ValueError(f"StackSpec.{name}: one of {', '.join(choices)}, got {value!r}")
+        if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1:
+            raise ValueError("StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1")
+        if self.server != "fanout" and (self.workers != 1 or self.tracing != "off"):
+            raise ValueError("StackSpec: workers and tracing apply to the fanout server only")
+
+
+def sample_call() -> tuple[str, int, int]:
+    """``(app, start_ms, end_ms)``: app ``shop`` over the sample day; data for all 7 panels."""
+    return "shop", SAMPLE_START_MS, SAMPLE_END_MS
+
+
+def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: str,
+                 otlp_endpoint: Optional[str]) -> str:
+    """The TOML every server of the stack reads (``fanout serve --config`` and the baselines)."""
+    q = json.dumps   # a JSON string is a valid TOML basic string
+    lines = ["[server]", 'host = "127.0.0.1"', "port = 0",
+             f"max_connections = {spec.max_connections}", f"workers = {spec.workers}",
+             "hub_block_threshold_ms = 0", "drain_timeout_ms = 2000", "idle_timeout_ms = 600000",
+             "", "[fanout]", "pool_size = 16", "max_inflight_tasks = 20000",
+             "request_deadline_ms = 2000",
+             "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"', "max_pool_size = 200",
+             "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
+             "pool_maxsize = 200", "", "[tracing]"]
+    if spec.tracing == "off":
+        lines.append("enabled = false")
+    else:
+        ratio = 0.1 if spec.tracing == "ratio10" else 1.0
+        lines += ["enabled = true", 'exporter = "otlp"', 'otlp_protocol = "http/protobuf"',
+                  f"endpoint = {q(otlp_endpoint or '')}", f"sample_ratio = {ratio}",
+                  'service_name = "fanout-bench"', "flush_timeout_ms = 2000"]
+    return "\n".join(lines) + "\n"
+
+
+class Stack:
+    """A running stack; a context manager that tears every process down on exit."""
+
+    def __init__(self, spec: StackSpec, workdir: Path) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.address: tuple[str, int] = ("", 0)
+        self.startup_s = 0.0
+        self.processes: dict[str, ManagedProcess] = {}
+        self._closed = False
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """Cumulative user+system CPU per role (0.0 for a role not running in this stack)."""
+        return {role: self.processes[role].cpu_seconds() if role in self.processes else 0.0
+                for role in ROLES}
+
+    def rss_kib(self) -> dict[str, int]:
+        """Current RSS per role, in KiB; the server's is the sum over its workers."""
+        return {role: self.processes[role].rss_kib() if role in self.processes else 0
+                for role in ROLES}
+
+    def server_pids(self) -> list[int]:
+        """The server process and its live descendants (pre-forked workers)."""
+        return [process.pid for process in self.processes["server"].processes()]
+
+    def nofile_limit(self) -> Optional[int]:
+        """The server process's soft RLIMIT_NOFILE."""
+        return self.processes["server"].nofile_limit()
+
+    def otlp_stats(self) -> Optional[dict[str, int]]:
+        """``{"requests", "bytes"}`` the OTLP sink received so far; ``None`` without a sink."""
+        sink = self.processes.get("otlp")
+        if sink is None:
+            return None
+        from urllib.request import urlopen
+        with urlopen(sink.facts["stats_url"], timeout=5) as answer:
+            return json.loads(answer.read())
+
+    def describe(self) -> dict[str, Any]:
+        """The spec and, in words, which backends this stack used (for the results)."""
+        spec = self.spec
+        delay = f"+{spec.delay_ms} ms per operation"
+        mongo = (f"light MongoDB-wire responder replaying answers recorded from nx-27017, {delay}"
+                 if spec.mongo == "responder" else
+                 "nx-27017 (MongoDB wire over SQLite, in memory), real queries, no added delay")
+        return {**asdict(spec), "startup_s": round(self.startup_s, 3), "backends": {
+            "mongo": mongo,
+            "http": f"lean gevent HTTP responder with the sample alerts/metrics answers, {delay}",
+            "otlp": "local OTLP/HTTP sink" if "otlp" in self.processes else "none"}}
+
+    def close(self) -> None:
+        """Stop the server (it drains and flushes spans), then the sink and the backends."""
+        if self._closed:
+            return
+        self._closed = True
+        for role in ROLES:
+            process = self.processes.get(role)
+            if process is not None:
+                status = process.stop(_STOP_TIMEOUT_S)
+                if status not in (0, None, -15):   # -15: ended by our SIGTERM
+                    log.warning("%s exited with status %s; log tail:\n%s", role, status,
+                                process.log_tail())
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "Stack":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        host, port = self.address
+        return f"<Stack {self.spec.server} on {host}:{port} mongo={self.spec.mongo}>"
+
+
+def start_stack(spec: StackSpec, timeout_s: float = 60.0) -> Stack:
+    """Start a fresh stack for ``spec`` and return it once its server answers ``ping``.
+
+    Raises :class:`StackError` (with the failing process's log tail) when a process
+    exits or is not ready within ``timeout_s``; whatever had started is stopped first.
+    """
+    started = time.monotonic()
+    deadline = started + timeout_s
+    raise_nofile_limit()   # for the load generator in this process; children raise their own
+    stack = Stack(spec, Path(tempfile.mkdtemp(prefix=f"fanout-bench-{spec.server}-")))
+    try:
+        _start_backends(stack, deadline)
+        _start_server(stack, deadline)
+    except BaseException as exc:
+        stack.close()
+        if isinstance(exc, ProcessStartError):
+            raise StackError(str(exc)) from None
+        raise
+    stack.startup_s = time.monotonic() - started
+    _check_nofile_limit(stack)
+    return stack
+
+
+def _python_module(*args: str) -> list[str]:
+    return [sys.executable, "-m", *args]
+
+
+def _start_backends(stack: Stack, deadline: float) -> None:
+    spec = stack.spec
+    delay = str(spec.delay_ms)
+    commands = {
+        "mongo": (_python_module("bench.mongo_responder", "--port", "0", "--delay-ms", delay,
+                                 "--answers", str(DEFAULT_ANSWERS_PATH))
+                  if spec.mongo == "responder" else _python_module("bench.nx_backend")),
+        "http": _python_module("bench.http_backend", "--delay-ms", delay),
+    }
+    if spec.tracing != "off":
+        commands["otlp"] = _python_module("bench.otlp_sink")
+    # Started together, awaited one by one: start-up overlaps.
+    for role, argv in commands.items():
+        stack.processes[role] = _process(stack, role, argv).spawn()
+    for role in commands:
+        stack.processes[role].wait_ready(deadline)
+
+
+def _start_server(stack: Stack, deadline: float) -> None:
+    facts = {role: process.facts for role, process in stack.processes.items()}
+    config = stack.workdir / "bench.toml"
+    config.write_text(stack_config(stack.spec, facts["mongo"]["uri"], facts["http"]["alerts_url"],
+                                   facts["http"]["metrics_url"],
+                                   facts.get("otlp", {}).get("endpoint")))
+    argv = _python_module(*_SERVER_MODULES[stack.spec.server], "--config", str(config))
+    server = stack.processes["server"] = _process(stack, "server", argv).spawn()
+    ready = server.wait_ready(deadline)
+    stack.address = (ready["host"], int(ready["port"]))
+    _wait_for_ping(stack.address, server, deadline)
+
+
+def _process(stack: Stack, role: str, argv: list[str]) -> ManagedProcess:
+    return ManagedProcess(role, argv, stack.workdir / f"{role}.log", env=child_environment(),
+                          cwd=_REPO)
+
+
+def _wait_for_ping(address: tuple[str, int], server: ManagedProcess, deadline: float) -> None:
+    """Call ``ping`` until it answers ``pong``; raises ProcessStartError at the deadline."""
+    host, port = address
+    while True:
+        try:
+            client = make_client(appstats.AppStats, host, port,
+                                 proto_factory=TCyBinaryProtocolFactory(),
+                                 trans_factory=TCyFramedTransportFactory(), timeout=_PING_TIMEOUT_MS)
+            try:
+                if client.ping() == "pong":
+                    return
+            finally:
+                client.close()
+        except (TTransportException, OSError, socket.timeout):
+            pass
+        if not server.processes() or time.monotonic() >= deadline:
+            raise ProcessStartError(f"server on {host}:{port} did not answer ping; log tail:\n"
+                                    f"{server.log_tail()}")
+        time.sleep(_POLL_S)
+
+
+def _check_nofile_limit(stack: Stack) -> None:
+    limit = stack.nofile_limit()
+    wanted = stack.spec.max_connections + _FD_HEADROOM
+    if limit is not None and limit < wanted:
+        log.warning("server RLIMIT_NOFILE is %d, below the %d that %d connections need; "
+                    "raise the hard limit (ulimit -Hn)", limit, wanted, stack.spec.max_connections)

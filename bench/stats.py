@@ -1,0 +1,174 @@
+"""The statistics of the benchmark: means with Student-t intervals, percentiles, ratios.
+
+Pure functions, no scipy: the t quantile comes from the exact t distribution
+(regularised incomplete beta function, continued fraction) inverted by bisection.
+Ratios between two configurations get a bootstrap interval with a fixed seed, so
+the same raw figures always give the same interval.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+__all__ = ["Estimate", "t_cdf", "t_quantile", "mean_ci", "percentile", "bootstrap_ratio",
+           "ratio_of_means"]
+
+_BOOTSTRAP_SEED = 20260101
+_BOOTSTRAP_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its 95% interval ``[low, high]`` (equal to the value when
+    there is too little data for an interval) and the number of repetitions behind it."""
+
+    value: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the incomplete beta function (modified Lentz)."""
+    tiny, eps = 1e-300, 3e-16
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b) for 0 <= x <= 1."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+                 + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(log_front) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom; ValueError if df <= 0."""
+    if df <= 0:
+        raise ValueError(f"degrees of freedom must be positive, got {df}")
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t with P(T <= t) = p; ValueError unless 0 < p < 1 and df > 0."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1), got {p}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    low, high = 0.0, 1.0
+    while t_cdf(high, df) < p:  # t quantiles grow fast for df=1: widen first
+        low, high = high, high * 2.0
+    for _ in range(200):
+        mid = (low + high) / 2.0
+        if t_cdf(mid, df) < p:
+            low = mid
+        else:
+            high = mid
+        if high - low < 1e-10 * max(1.0, high):
+            break
+    return (low + high) / 2.0
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> Estimate:
+    """The mean of ``values`` with its Student-t interval at ``level``.
+
+    One value gives a zero-width interval; no values raise ValueError.
+    """
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_ci needs at least one value")
+    mean = math.fsum(values) / n
+    if n == 1:
+        return Estimate(mean, mean, mean, 1)
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    half = t_quantile(0.5 + level / 2.0, n - 1) * math.sqrt(variance / n)
+    return Estimate(mean, mean - half, mean + half, n)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of already sorted values, linear interpolation
+    between closest ranks (numpy's default). ValueError on no values or q outside 0..100."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q must be within 0..100, got {q}")
+    rank = (len(sorted_values) - 1) * q / 100.0
+    below = int(math.floor(rank))
+    above = min(below + 1, len(sorted_values) - 1)
+    fraction = rank - below
+    low, high = sorted_values[below], sorted_values[above]
+    if fraction == 0 or low == high:  # also keeps inf from becoming inf - inf = nan
+        return low
+    return low + (high - low) * fraction
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float]) -> float:
+    """mean(numerator) / mean(denominator); inf when the denominator mean is 0."""
+    bottom = _mean(denominator)
+    return math.inf if bottom == 0 else _mean(numerator) / bottom
+
+
+def bootstrap_ratio(numerator: Sequence[float], denominator: Sequence[float], *,
+                    statistic: Callable[[Sequence[float]], float] = _mean,
+                    level: float = 0.95, samples: int = _BOOTSTRAP_SAMPLES,
+                    seed: int = _BOOTSTRAP_SEED) -> Estimate:
+    """statistic(numerator) / statistic(denominator) with a percentile-bootstrap interval.
+
+    The two samples are independent repetitions of two configurations, so each is
+    resampled on its own. The seed is fixed: equal inputs give equal intervals.
+    Raises ValueError when either sample is empty.
+    """
+    if not numerator or not denominator:
+        raise ValueError("bootstrap_ratio needs repetitions on both sides")
+
+    def ratio(top: Sequence[float], bottom: Sequence[float]) -> float:
+        over, under = statistic(top), statistic(bottom)
+        if under == 0:
+            return math.nan if over == 0 else math.inf
+        return over / under
+
+    point = ratio(numerator, denominator)
+    rng = random.Random(seed)
+    draws = [ratio(rng.choices(numerator, k=len(numerator)),
+                   rng.choices(denominator, k=len(denominator))) for _ in range(samples)]
+    draws = sorted(d for d in draws if not math.isnan(d))  # 0/0: no ratio at all
+    n = min(len(numerator), len(denominator))
+    if not draws:
+        return Estimate(point, math.nan, math.nan, n)
+    tail = (1.0 - level) / 2.0 * 100.0
+    return Estimate(point, percentile(draws, tail), percentile(draws, 100.0 - tail), n)

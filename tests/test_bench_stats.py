@@ -1,0 +1,191 @@
+"""The benchmark's pure functions: t quantiles, intervals, percentiles, bootstrap ratios,
+goal verdicts and the cheap reading of Thrift replies the load generator relies on."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+from thriftpy2.protocol import TBinaryProtocol
+from thriftpy2.thrift import TApplicationException, TMessageType
+from thriftpy2.transport import TMemoryBuffer
+
+from bench import frames, stats
+from bench.goals import failures_goal, ratio_goal, value_goal
+from service.idl import appstats
+
+# Two-sided 95% critical values from published Student-t tables.
+T_TABLE_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228,
+               20: 2.086, 29: 2.045, 30: 2.042, 60: 2.000, 120: 1.980}
+
+
+@pytest.mark.parametrize("df, expected", sorted(T_TABLE_975.items()))
+def test_t_quantile_matches_the_table(df: int, expected: float) -> None:
+    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
+
+
+def test_t_quantile_other_levels_and_symmetry() -> None:
+    assert stats.t_quantile(0.995, 5) == pytest.approx(4.032, abs=1e-3)
+    assert stats.t_quantile(0.95, 10) == pytest.approx(1.812, abs=1e-3)
+    assert stats.t_quantile(0.025, 10) == pytest.approx(-stats.t_quantile(0.975, 10))
+    assert stats.t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-9)
+    # With many degrees of freedom t tends to the normal quantile.
+    assert stats.t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-3)
+
+
+def test_t_cdf_inverts_the_quantile() -> None:
+    for df in (1, 3, 30):
+        for p in (0.6, 0.9, 0.99):
+            assert stats.t_cdf(stats.t_quantile(p, df), df) == pytest.approx(p, abs=1e-8)
+
+
+@pytest.mark.parametrize("p, df", [(0.0, 5), (1.0, 5), (0.5, 0), (0.9, -1)])
+def test_t_quantile_rejects_bad_arguments(p: float, df: float) -> None:
+    with pytest.raises(ValueError):
+        stats.t_quantile(p, df)
+
+
+def test_mean_ci_is_the_student_interval() -> None:
+    values = [10.0, 12.0, 11.0, 13.0, 9.0]
+    estimate = stats.mean_ci(values)
+    half = 2.776 * statistics.stdev(values) / math.sqrt(len(values))
+    assert estimate.value == pytest.approx(11.0)
+    assert estimate.low == pytest.approx(11.0 - half, abs=1e-3)
+    assert estimate.high == pytest.approx(11.0 + half, abs=1e-3)
+    assert estimate.n == 5
+
+
+def test_mean_ci_of_one_value_has_no_width_and_of_none_raises() -> None:
+    assert stats.mean_ci([4.0]) == stats.Estimate(4.0, 4.0, 4.0, 1)
+    with pytest.raises(ValueError):
+        stats.mean_ci([])
+
+
+def test_mean_ci_covers_the_true_mean_about_95_percent_of_the_time() -> None:
+    rng = random.Random(7)
+    trials = 400
+    covered = 0
+    for _ in range(trials):
+        estimate = stats.mean_ci([rng.gauss(100.0, 15.0) for _ in range(10)])
+        covered += estimate.low <= 100.0 <= estimate.high
+    assert 0.91 <= covered / trials <= 0.99
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = sorted([15.0, 20.0, 35.0, 40.0, 50.0])
+    assert stats.percentile(values, 0) == 15.0
+    assert stats.percentile(values, 100) == 50.0
+    assert stats.percentile(values, 50) == 35.0
+    assert stats.percentile(values, 40) == pytest.approx(29.0)   # numpy.percentile: 29.0
+    assert stats.percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        stats.percentile([], 50)
+    with pytest.raises(ValueError):
+        stats.percentile(values, 101)
+
+
+def test_bootstrap_ratio_brackets_the_ratio_and_is_reproducible() -> None:
+    rng = random.Random(3)
+    top = [rng.gauss(300.0, 10.0) for _ in range(30)]
+    bottom = [rng.gauss(100.0, 5.0) for _ in range(30)]
+    estimate = stats.bootstrap_ratio(top, bottom)
+    assert estimate.value == pytest.approx(stats.ratio_of_means(top, bottom))
+    assert estimate.low < estimate.value < estimate.high
+    assert 2.8 < estimate.low and estimate.high < 3.2
+    assert stats.bootstrap_ratio(top, bottom) == estimate
+    with pytest.raises(ValueError):
+        stats.bootstrap_ratio([], bottom)
+
+
+def test_bootstrap_ratio_interval_narrows_with_less_noise() -> None:
+    rng = random.Random(5)
+    noisy = stats.bootstrap_ratio([rng.gauss(2.0, 0.5) for _ in range(30)], [1.0] * 30)
+    quiet = stats.bootstrap_ratio([rng.gauss(2.0, 0.05) for _ in range(30)], [1.0] * 30)
+    assert quiet.high - quiet.low < noisy.high - noisy.low
+
+
+def test_ratio_goal_verdicts() -> None:
+    fast, slow = [30.0, 31.0, 29.0, 30.5], [10.0, 10.2, 9.8, 10.1]
+    assert ratio_goal("s", "x", fast, slow, limit=2.0, at_most=False).verdict == "PASS"
+    assert ratio_goal("s", "x", fast, slow, limit=4.0, at_most=False).verdict == "GAP"
+    assert ratio_goal("s", "x", slow, fast, limit=0.5, at_most=True).verdict == "PASS"
+    assert ratio_goal("s", "x", fast, slow, limit=None, at_most=True).verdict == "INFO"
+    assert ratio_goal("s", "x", [], slow, limit=2.0, at_most=False).verdict == "ERROR"
+    close = ratio_goal("s", "x", [1.0, 1.3, 0.7, 1.1], [1.0, 1.0, 1.0, 1.0], limit=1.0,
+                       at_most=True)
+    assert "uncertain" in close.note
+
+
+def test_failures_goal_counts_every_kind() -> None:
+    clean = {"failures_total": {}, "degraded_total": 2, "reps": [{"ok": 5, "degraded": 2}]}
+    broken = {"failures_total": {"timeout": 2, "transport": 1}, "degraded_total": 0,
+              "reps": [{"ok": 5, "degraded": 0}]}
+    assert failures_goal("s", "x", clean).verdict == "PASS"
+    goal = failures_goal("s", "x", broken)
+    assert (goal.verdict, goal.shown) == ("GAP", "3")
+    assert "timeout 2" in goal.note
+    assert failures_goal("s", "x", {"error": "boom"}).verdict == "ERROR"
+
+
+def test_value_goal_against_an_upper_limit() -> None:
+    assert value_goal("m", "x", stats.Estimate(20.0, 18.0, 22.0, 30), "us", 25.0).verdict == "PASS"
+    assert value_goal("m", "x", stats.Estimate(30.0, 30.0, 30.0, 1), "us", 25.0).verdict == "GAP"
+    assert value_goal("m", "x", None, "us", 25.0).verdict == "ERROR"
+
+
+# ---- reading replies without decoding them ------------------------------------------------------
+
+def _reply(method: str, result: object, message_type: int = TMessageType.REPLY,
+           strict: bool = True) -> bytes:
+    buffer = TMemoryBuffer()
+    protocol = TBinaryProtocol(buffer, strict_write=strict)
+    protocol.write_message_begin(method, message_type, 7)
+    result.write(protocol)
+    protocol.write_message_end()
+    return buffer.getvalue()
+
+
+def _stats_reply(statuses: list[int]) -> bytes:
+    outcomes = [appstats.TaskOutcome(name=f"p{i}", source="mongo", status=s, elapsed_ms=20.25,
+                                     retryable=False) for i, s in enumerate(statuses)]
+    response = appstats.StatsResponse(app="shop", panels={}, outcomes=outcomes, trace_id="",
+                                      elapsed_ms=21.5)
+    return _reply("get_app_stats", appstats.AppStats.get_app_stats_result(success=response))
+
+
+def test_classify_reply_success_and_degraded() -> None:
+    names = frames.exception_names("get_app_stats")
+    assert frames.classify_reply(_stats_reply([0] * 7), 7, names) == "ok"
+    assert frames.classify_reply(_stats_reply([0] * 6 + [2]), 7, names) == "degraded"
+    assert frames.classify_reply(_stats_reply([0] * 6 + [2]), 0, names) == "ok"
+    ping = _reply("ping", appstats.AppStats.ping_result(success="pong"))
+    assert frames.classify_reply(ping) == "ok"
+    assert frames.classify_reply(_reply("ping", appstats.AppStats.ping_result(success="pong"),
+                                        strict=False)) == "ok"
+
+
+def test_classify_reply_exceptions_and_garbage() -> None:
+    names = frames.exception_names("get_app_stats")
+    assert names == {1: "invalid", 2: "overloaded", 3: "failed"}
+    overloaded = appstats.AppStats.get_app_stats_result(overloaded=appstats.Overloaded("busy"))
+    assert frames.classify_reply(_reply("get_app_stats", overloaded), 7, names) == "overloaded"
+    assert frames.classify_reply(_reply("get_app_stats", overloaded)) == "exception_2"
+    internal = TApplicationException(TApplicationException.INTERNAL_ERROR, "boom")
+    exception = _reply("ping", internal, TMessageType.EXCEPTION)
+    assert frames.classify_reply(exception) == "app_exception"
+    assert frames.classify_reply(b"\x80\x01") == "bad_reply"
+    assert frames.classify_reply(b"\x80\x01\x00\x02\x00\x00\x00\x40ping") == "bad_reply"
+
+
+def test_encoded_call_is_one_framed_message_the_server_can_decode() -> None:
+    frame = frames.stats_frame("shop", 1, 2, ["errors"], deadline_ms=500)
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    protocol = TBinaryProtocol(TMemoryBuffer(frame[4:]))
+    name, message_type, _ = protocol.read_message_begin()
+    args = appstats.AppStats.get_app_stats_args()
+    args.read(protocol)
+    assert (name, message_type) == ("get_app_stats", TMessageType.CALL)
+    assert (args.request.app, args.request.panels, args.request.meta.deadline_ms) == \
+        ("shop", ["errors"], 500)
