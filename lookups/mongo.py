@@ -16,6 +16,7 @@ Collections (database ``mongo.database``)::
 from __future__ import annotations
 
 import abc
+import functools
 import re
 from typing import Any, ClassVar, Optional, Sequence
 
@@ -192,12 +193,28 @@ _IN_LIST = re.compile(r"\b(IN)\s*\(\s*\?(?:\s*,\s*\?)*\s*\)", re.IGNORECASE)
 _WHITESPACE = re.compile(r"\s+")
 
 
+# The same raw statements come back call after call, and the regexes were the
+# largest CPU cost of a whole request; the cache is bounded in entries and size.
+_CACHED_STATEMENT_CHARS = 2048
+
+
 def normalise_query(query: str) -> str:
     """The statement's shape: literals become ``?``, ``IN (1, 2, 3)`` becomes ``IN (?)``.
 
     >>> normalise_query("SELECT * FROM orders WHERE id = 4812 AND tag IN ('a', 'b')")
     'SELECT * FROM orders WHERE id = ? AND tag IN (?)'
     """
+    if len(query) <= _CACHED_STATEMENT_CHARS:
+        return _cached_shape(query)
+    return _shape(query)
+
+
+@functools.lru_cache(maxsize=8192)
+def _cached_shape(query: str) -> str:
+    return _shape(query)
+
+
+def _shape(query: str) -> str:
     shape = _QUOTED_STRING.sub("?", query)
     shape = _NUMBER.sub("?", shape)
     shape = _IN_LIST.sub(r"\1 (?)", shape)

@@ -261,3 +261,11 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
     gevent.joinall(workers, timeout=30, raise_error=True)
     assert most_in_use >= 1, "the counter never saw a connection checked out"
     assert backends.connections_in_use()["mongo"] == 0
+
+
+def test_normalise_query_long_statements_bypass_the_cache_with_the_same_result() -> None:
+    padding = "col_" + "x" * 3000
+    long_statement = f"SELECT {padding} FROM orders WHERE id = 4812 AND tag IN ('a', 'b')"
+    assert normalise_query(long_statement) == f"SELECT {padding} FROM orders WHERE id = ? AND tag IN (?)"
+    short = "SELECT * FROM t WHERE id = 7"
+    assert normalise_query(short) == normalise_query(short) == "SELECT * FROM t WHERE id = ?"
