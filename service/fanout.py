@@ -1,17 +1,18 @@
 """FanOut: run one request's tasks in parallel, bounded, within its deadline.
 
-Each task runs in its own greenlet, started in a copy of the request's
-contextvars context (so the request context and the current span reach it),
-holding one slot of the request's pool (``fanout.pool_size``) and one of the
-process-wide budget (``fanout.max_inflight_tasks``). Waiting for slots is
-bounded by ``fanout.queue_timeout_ms``; a task that gets none is ``REJECTED``.
+Each task runs in its own greenlet (a reused one, see
+:class:`~service.context.TaskRunners`), in a copy of the request's contextvars
+context (so the request context and the current span reach it), holding one
+slot of the request's pool (``fanout.pool_size``) and one of the process-wide
+budget (``fanout.max_inflight_tasks``). Waiting for slots is bounded by
+``fanout.queue_timeout_ms``; a task that gets none is ``REJECTED``.
 
 The request waits until every task is settled, a required task fails, or the
 deadline passes, whichever is first. Tasks still running then are *abandoned*:
 their outcome is already settled (``TIMEOUT`` or ``CANCELLED``), they are
 counted, and a reaper gives them ``fanout.abandon_grace_ms`` to finish on their
 own (their budget was pushed into their I/O, so they normally do) before it
-kills them. No task greenlet outlives its request by more than that grace.
+kills them. No task outlives its request by more than that grace.
 
 This module knows nothing of Thrift, MongoDB or HTTP.
 """
@@ -24,12 +25,15 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import gevent
-from gevent import Greenlet
+from gevent import Greenlet, GreenletExit
 from gevent.event import Event
+from gevent.hub import get_hub
 from gevent.lock import BoundedSemaphore
+from greenlet import getcurrent
+from greenlet import greenlet as RawGreenlet
 
 from service.config import FanoutSettings
-from service.context import spawn_in_context
+from service.context import TaskRunners, spawn_in_context
 from service.deadline import Deadline
 from service.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
                               TaskOutcome, TaskStatus)
@@ -56,17 +60,28 @@ class FanOutStats:
 class _Run:
     """The state of one request's fan-out. Outcomes settle once; the first one wins."""
 
+    __slots__ = ("tasks", "deadline", "outcomes", "started_at", "failed_required", "wake",
+                 "_pending", "unfinished", "running", "ended")
+
     def __init__(self, tasks: Sequence[Task], deadline: Deadline) -> None:
         self.tasks = tasks
         self.deadline = deadline
         self.outcomes: list[Optional[TaskOutcome]] = [None] * len(tasks)
         self.started_at: list[Optional[float]] = [None] * len(tasks)
-        self.greenlets: list[Greenlet] = []
         self.failed_required: Optional[TaskOutcome] = None
         self.wake = Event()
         self._pending = len(tasks)
         if not tasks:
             self.wake.set()
+        self.unfinished = 0                           # tasks started whose body has not ended
+        self.running: dict[int, RawGreenlet] = {}     # task index -> the greenlet running it
+        self.ended: Optional[Event] = None            # set once unfinished is 0, when someone waits
+
+    def task_ended(self, index: int) -> None:
+        self.running.pop(index, None)
+        self.unfinished -= 1
+        if self.unfinished == 0 and self.ended is not None:
+            self.ended.set()
 
     def settle(self, index: int, outcome: TaskOutcome) -> TaskOutcome:
         """Record ``outcome`` unless the task is settled already; return the one that counts."""
@@ -100,6 +115,7 @@ class FanOut:
         self.settings = settings
         self.stats = FanOutStats()
         self._inflight = BoundedSemaphore(settings.max_inflight_tasks)
+        self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
 
     @property
@@ -136,6 +152,12 @@ class FanOut:
         return result
 
     def _start_all(self, run: _Run) -> None:
+        if run.tasks and self._inflight.locked():
+            # Fail fast: with the process-wide budget exhausted, queueing for it only makes
+            # the caller wait for what is most likely an Overloaded anyway.
+            self.stats.rejected += len(run.tasks)
+            raise FanOutOverloaded("no task could start: the process-wide task budget is exhausted",
+                                   retry_after_ms=max(self.settings.queue_timeout_ms, 50))
         pool = BoundedSemaphore(self.settings.pool_size)
         # All tasks queue at once, so each may wait for a slot until the same moment.
         queue_until = run.deadline.earlier(self.settings.queue_timeout_ms)
@@ -151,9 +173,9 @@ class FanOut:
                     message="no pool slot became free in time", retryable=True, pool_wait_ms=wait_ms))
                 continue
             self.stats.started += 1
-            run.started_at[index] = time.monotonic()
-            wait_ms = (run.started_at[index] - queued_at) * 1000.0
-            run.greenlets.append(spawn_in_context(self._run_task, run, index, pool, wait_ms))
+            run.started_at[index] = now = time.monotonic()
+            run.unfinished += 1
+            self._runners.start(self._run_task, run, index, pool, (now - queued_at) * 1000.0)
 
     def _acquire(self, pool: BoundedSemaphore, until: Deadline) -> bool:
         """Take a request slot, then a process slot, waiting no later than ``until``."""
@@ -166,6 +188,7 @@ class FanOut:
 
     def _run_task(self, run: _Run, index: int, pool: BoundedSemaphore, wait_ms: float) -> None:
         task = run.tasks[index]
+        run.running[index] = getcurrent()
         try:
             with task_span(task.name, task.source, wait_ms) as span:
                 outcome, error = self._call(run, index, wait_ms)
@@ -175,6 +198,7 @@ class FanOut:
         finally:
             pool.release()
             self._inflight.release()
+            run.task_ended(index)
 
     def _call(self, run: _Run, index: int,
               wait_ms: float) -> tuple[TaskOutcome, Optional[Exception]]:
@@ -206,24 +230,40 @@ class FanOut:
             retryable=bool(getattr(exc, "retryable", timed_out)), pool_wait_ms=wait_ms)
 
     def _abandon_stragglers(self, run: _Run) -> None:
-        stragglers = [g for g in run.greenlets if not g.dead]
-        if not stragglers:
+        if run.unfinished == 0:
             return
-        self.stats.abandoned += len(stragglers)
-        reaper = spawn_in_context(self._reap, stragglers)
+        self.stats.abandoned += run.unfinished
+        run.ended = Event()
+        reaper = spawn_in_context(self._reap, run)
         self._reapers.add(reaper)
         reaper.link(self._reapers.discard)
 
-    def _reap(self, stragglers: list[Greenlet]) -> None:
-        gevent.joinall(stragglers, timeout=self.settings.abandon_grace_ms / 1000.0)
-        alive = [g for g in stragglers if not g.dead]
-        if alive:
-            self.stats.killed += len(alive)
-            log.warning("killing %d task greenlet(s) still running %d ms after their request ended",
-                        len(alive), self.settings.abandon_grace_ms)
-            gevent.killall(alive, block=True, timeout=_KILL_WAIT_S)
+    def _reap(self, run: _Run) -> None:
+        assert run.ended is not None
+        if run.ended.wait(timeout=self.settings.abandon_grace_ms / 1000.0):
+            return
+        alive = list(run.running.items())
+        if not alive:
+            return
+        self.stats.killed += len(alive)
+        log.warning("killing %d task(s) still running %d ms after their request ended",
+                    len(alive), self.settings.abandon_grace_ms)
+        loop = get_hub().loop
+        for index, runner in alive:
+            loop.run_callback(_kill_task, run, index, runner)
+        run.ended.wait(timeout=_KILL_WAIT_S)
 
     def wait_reapers(self, timeout_s: float) -> bool:
         """Wait for abandoned tasks to end (used at shutdown and by tests); True if all did."""
         gevent.joinall(list(self._reapers), timeout=timeout_s)
         return not self._reapers
+
+
+def _kill_task(run: _Run, index: int, runner: RawGreenlet) -> None:
+    """Raise ``GreenletExit`` in ``runner`` if it is still running task ``index`` of ``run``.
+
+    Runs in the hub, so the check and the throw happen with no switch in between:
+    a runner that finished this task meanwhile may already run another request's.
+    """
+    if run.running.get(index) is runner:
+        runner.throw(GreenletExit)

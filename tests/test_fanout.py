@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 from typing import Any, Callable
 
 import gevent
+import gevent.event
 import pytest
 from opentelemetry import trace
 
 from lookups.errors import BackendUnavailable, BadBackendResponse
 from service.config import FanoutSettings
-from service.context import RequestContext, current_request, use_request
+from service.context import RequestContext, TaskRunners, current_request, use_request
 from service.deadline import Deadline
 from service.fanout import FanOut
 from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus)
@@ -222,3 +224,51 @@ def test_children_of_a_killed_request_are_still_reaped() -> None:
     assert fan.stats.abandoned == 1
     assert fan.wait_reapers(timeout_s=3)
     assert fan.inflight == 0 and fan.stats.killed == 1
+
+
+def test_task_greenlets_are_reused_and_never_carry_context_over() -> None:
+    fan = engine()
+    leak: contextvars.ContextVar[str] = contextvars.ContextVar("leak", default="clean")
+    seen: list[tuple[Any, str]] = []
+
+    def look(budget_s: float) -> str:
+        seen.append((gevent.getcurrent(), leak.get()))
+        leak.set("dirty")   # set inside the task: must not reach the next task on this greenlet
+        return "ok"
+
+    for _ in range(3):
+        assert all(o.ok for o in fan.run([task(f"t{i}", look) for i in range(4)],
+                                         Deadline.after_ms(1000)).outcomes)
+    greenlets = {id(g) for g, _ in seen}
+    assert len(greenlets) <= 4 < len(seen)          # 12 tasks ran on at most 4 greenlets
+    assert {value for _, value in seen} == {"clean"}
+
+
+def test_idle_task_greenlets_are_bounded() -> None:
+    runners = TaskRunners(max_idle=2)
+    release = gevent.event.Event()
+    done: list[int] = []
+
+    def job(index: int) -> None:
+        release.wait()
+        done.append(index)
+
+    for index in range(5):
+        runners.start(job, index)
+    gevent.sleep(0.01)
+    assert runners.idle == 0
+    release.set()
+    wait_until = time.monotonic() + 2
+    while len(done) < 5 and time.monotonic() < wait_until:
+        gevent.sleep(0.01)
+    assert sorted(done) == [0, 1, 2, 3, 4] and runners.idle == 2
+
+
+def test_a_killed_straggler_ends_only_its_own_greenlet() -> None:
+    fan = engine(abandon_grace_ms=30)
+    result = fan.run([task("stuck", stubborn(30)), task("quick", sleeper(0))], Deadline.after_ms(100))
+    assert [o.status for o in result.outcomes] == [TaskStatus.TIMEOUT, TaskStatus.OK]
+    assert fan.wait_reapers(timeout_s=3) and fan.stats.killed == 1
+    # The engine goes on serving on the runners that are left (and new ones).
+    again = fan.run([task(f"t{i}", sleeper(0.01)) for i in range(5)], Deadline.after_ms(1000))
+    assert all(o.ok for o in again.outcomes) and fan.inflight == 0

@@ -1,4 +1,5 @@
-"""configure_tracing: exporter, protocol, sampler and service-name selection, and the global provider."""
+"""configure_tracing: exporter, protocol, sampler and service-name selection, the global provider,
+and the batch processor's sizes."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from service.config import ConfigError, TracingSettings
+from tracing.batching import batch_processor
 from tracing.setup import DEFAULT_SERVICE_NAME, Tracing, TracingAlreadyConfigured, configure_tracing
 
 SAMPLED_REMOTE_PARENT = SpanContext(trace_id=0x5B8AA5A2D2C872E8321CF37308D69DF2, span_id=0x051581BF3CB55C13,
@@ -174,3 +176,23 @@ def test_standalone_provider_does_not_touch_instrumentation(build, session_traci
     handle.shutdown()
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
     assert trace.get_tracer_provider() is session_tracing.provider
+
+
+def batch_sizes(processor: BatchSpanProcessor) -> tuple[int, int, float]:
+    inner = processor._batch_processor  # the SDK keeps the sizes here
+    return inner._max_queue_size, inner._max_export_batch_size, inner._schedule_delay_millis
+
+
+def test_batch_processor_sizes_come_from_otel_bsp_else_fanout_defaults() -> None:
+    env = {"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "500",
+           "OTEL_BSP_SCHEDULE_DELAY": "junk"}
+    defaults, configured = (batch_processor(InMemorySpanExporter(), {}),
+                            batch_processor(InMemorySpanExporter(), env))
+    try:
+        assert batch_sizes(defaults) == (8192, 512, 5000)
+        # A batch larger than the queue is cut to it; junk falls back to the default.
+        assert batch_sizes(configured) == (100, 100, 5000)
+    finally:
+        defaults.shutdown()
+        configured.shutdown()
+

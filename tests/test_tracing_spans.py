@@ -206,6 +206,42 @@ def test_unsampled_caller_makes_non_recording_spans_that_still_carry_the_trace_i
     assert spans.get_finished_spans() == ()
 
 
+def test_an_unsampled_task_span_leaves_the_request_span_current(spans) -> None:
+    with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-7b") as span:
+        with task_span("errors", "mongo", 0):
+            assert trace.get_current_span() is span
+            headers = inject_headers()
+    # Calls made in the task still tell the next service the trace is not sampled.
+    assert headers["traceparent"].startswith(f"00-{TRACE_ID}-") and headers["traceparent"].endswith("-00")
+
+
+class LookupBroke(Exception):
+    """A project exception type: its event names it with its module."""
+
+
+def fail_with_a_cause() -> None:
+    try:
+        {}["missing"]
+    except KeyError as error:
+        raise LookupBroke("panel lookup broke") from error
+
+
+def test_exception_event_carries_type_message_and_a_stack_trace_of_frames(spans) -> None:
+    with pytest.raises(LookupBroke):
+        with request_span("getStats", {}, "req-10"):
+            fail_with_a_cause()
+    event = finished(spans, "AppStats/getStats").events[0]
+    assert event.name == "exception"
+    assert event.attributes["exception.type"] == f"{__name__}.LookupBroke"
+    assert event.attributes["exception.message"] == "panel lookup broke"
+    stack = event.attributes["exception.stacktrace"]
+    # Cause first, then the exception, each with its frames (file, line, function), as Python prints them.
+    assert stack.index("KeyError: 'missing'") < stack.index("direct cause") < stack.index(
+        f"{__name__}.LookupBroke: panel lookup broke")
+    assert f'File "{__file__}"' in stack and "in fail_with_a_cause" in stack
+    assert '{}["missing"]' not in stack    # no source lines: formatting them is what costs
+
+
 def test_trace_id_hex() -> None:
     assert trace_id_hex(INVALID_SPAN) == ""
     with trace.get_tracer("test").start_as_current_span("probe") as span:
@@ -241,6 +277,22 @@ def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(spa
     assert len(clients) == 1
     assert clients[0].parent.span_id == task.context.span_id
     assert seen["traceparent"].split("-")[1:3] == [TRACE_ID, format_span_id(clients[0].context.span_id)]
+
+
+def test_an_unsampled_request_suppresses_the_instrumentations(spans, echo_server) -> None:
+    from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+
+    def lookup() -> dict:
+        with task_span("alerts", "http", 0):
+            assert not is_instrumentation_enabled()
+            # The lookups pass the trace on themselves; the instrumentation adds nothing here.
+            return requests.get(echo_server, headers=inject_headers(), timeout=5).json()
+
+    with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):
+        seen = spawn_in_context(lookup).get(timeout=10)
+    assert is_instrumentation_enabled()
+    assert seen["traceparent"].split("-")[1] == TRACE_ID and seen["traceparent"].endswith("-00")
+    assert spans.get_finished_spans() == ()
 
 
 def test_pymongo_spans_nest_under_the_task_span(spans, mongo_server) -> None:

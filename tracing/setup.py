@@ -13,11 +13,12 @@ OpenTelemetry environment variable, then the SDK default.
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (used as is), ``OTEL_EXPORTER_OTLP_ENDPOINT``, SDK default.
 
 The remaining exporter options (headers, timeout, compression, certificates) and
-``OTEL_RESOURCE_ATTRIBUTES`` / ``OTEL_BSP_*`` are read by the SDK itself from the process environment.
+``OTEL_RESOURCE_ATTRIBUTES`` are read by the SDK itself from the process environment.
 
-Spans leave through a ``BatchSpanProcessor``, whose worker is a greenlet once
-gevent has patched ``threading``; the SDK suppresses instrumentation around each
-export, so the exporter's own HTTP calls never become spans.
+Spans leave through a ``BatchSpanProcessor`` (:mod:`tracing.batching`: sized by
+``OTEL_BSP_*``, else Fanout's defaults), whose
+worker is a greenlet once gevent has patched ``threading``; the SDK suppresses
+instrumentation around each export, so the exporter's own HTTP calls never become spans.
 
 OpenTelemetry lets a process install its global provider once; a second
 ``configure_tracing(..., set_global=True)`` raises :class:`TracingAlreadyConfigured`
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Mapping, Optional, Sequence
 
+import gevent
 import gevent.monkey
 from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
@@ -38,12 +41,14 @@ from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
 )
 
 from service.config import ConfigError, TracingSettings
+from tracing.batching import batch_processor
+from tracing.spans import follow_parent_sampling
 
 __all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing",
            "prepare_grpc_for_gevent"]
@@ -98,14 +103,40 @@ class Tracing:
             return True
         return self.provider.force_flush(timeout_ms)
 
-    def shutdown(self) -> None:
-        """Undo the instrumentation this handle did, flush pending spans, stop exporting. Idempotent."""
+    def shutdown(self, timeout_ms: Optional[int] = None) -> bool:
+        """Undo the instrumentation this handle did, flush pending spans, stop exporting. Idempotent.
+
+        With ``timeout_ms`` (``tracing.flush_timeout_ms`` at shutdown) this returns
+        within about that long even when the collector is down or hangs: an export
+        still running then is told to stop retrying and left behind, and its spans
+        are lost. Without it, each export may take the exporter's own timeout.
+        Returns False if the spans were not all flushed in time.
+        """
         if self.provider is None or self._shut_down:
-            return
+            return True
         self._shut_down = True
         for instrumentor in self._instrumentors:
             instrumentor.uninstrument()
-        self.provider.shutdown()
+        if timeout_ms is None:
+            self.provider.shutdown()
+            return True
+        return self._shutdown_within(timeout_ms / 1000.0)
+
+    def _shutdown_within(self, timeout_s: float) -> bool:
+        assert self.provider is not None
+        deadline = time.monotonic() + timeout_s
+        # The SDK's flush ignores its timeout once an export runs, so bound it from outside.
+        flush = gevent.spawn(self.provider.force_flush)
+        flush.join(timeout=timeout_s)
+        flushed = flush.ready() and flush.successful() and bool(flush.value)
+        if not flush.ready():
+            _log.warning("tracing: spans not exported within %.0f ms; dropping the rest",
+                         timeout_s * 1000.0)
+            for exporter in self.exporters:
+                exporter.shutdown()  # ends the exporter's retry wait; further batches are dropped
+        close = gevent.spawn(self.provider.shutdown)
+        close.join(timeout=max(deadline - time.monotonic(), 0.05))
+        return flushed and close.ready()
 
     def __repr__(self) -> str:
         names = ", ".join(type(exporter).__name__ for exporter in self.exporters) or "no exporter"
@@ -118,7 +149,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     """Build the tracer provider described by ``settings`` and, by default, install it globally.
 
     ``env`` stands in for ``os.environ`` when choosing the service name, sampler,
-    exporter, protocol and endpoint. With ``set_global`` the pymongo and requests
+    exporter, protocol, endpoint and batch sizes (``OTEL_BSP_*``). With ``set_global`` the pymongo and requests
     instrumentations are switched on (unless already on) and bound to the provider;
     pymongo only traces clients created after this call.
 
@@ -137,7 +168,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     provider = TracerProvider(resource=_build_resource(settings, environment),
                               sampler=_build_sampler(settings, environment))
     for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+        provider.add_span_processor(batch_processor(exporter, environment))
     for processor in extra_processors:
         provider.add_span_processor(processor)
     if not set_global:
@@ -147,6 +178,8 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
         # Another installer won between our check and our set; the API ignored ours.
         provider.shutdown()
         raise TracingAlreadyConfigured("another tracer provider was installed concurrently")
+    # Every ParentBased sampler built here keeps the default: an unsampled parent's children are dropped.
+    follow_parent_sampling(isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF)
     return Tracing(provider, exporters, _instrument(provider))
 
 

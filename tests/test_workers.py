@@ -1,0 +1,161 @@
+"""Pre-forked workers (``server.workers``): real ``fanout serve`` processes, real signals, real backends."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gevent
+import psutil
+import pytest
+
+from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
+from service.client import AppStatsClient
+from service.config import load_settings
+from service.workers import _Master
+from tests.support.backends import backend_overrides
+
+FANOUT = [sys.executable, "-m", "service.cli"]
+ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    with gevent.Timeout(timeout_s, AssertionError(f"not within {timeout_s} s: {what}")):
+        while not (result := condition()):
+            gevent.sleep(0.05)
+    return result
+
+
+class Server:
+    """A ``fanout serve`` process: its address, its workers, and a way to stop it."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        with gevent.Timeout(30, AssertionError("fanout serve did not print its address")):
+            self.line = process.stdout.readline().strip()
+        found = re.search(r"serving on (\S+):(\d+)", self.line)
+        assert found, self.line
+        self.address = (found.group(1), int(found.group(2)))
+
+    def workers(self) -> list[int]:
+        return sorted(child.pid for child in psutil.Process(self.process.pid).children())
+
+    def stop(self, timeout_s: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+
+@pytest.fixture
+def serve(tmp_path: Path, mongo_server: Any, http_services: SampleHttpServices) -> Iterator[Callable[..., Server]]:
+    """Start ``fanout serve --port 0 ARGS`` over the session's backends; killed after the test."""
+    started: list[Server] = []
+    config = tmp_path / "fanout.toml"
+    overrides = backend_overrides(mongo_server, http_services)
+    config.write_text("\n".join([
+        "[server]", "drain_timeout_ms = 3000",
+        "[mongo]", f'uri = "{overrides["mongo.uri"]}"', f'database = "{overrides["mongo.database"]}"',
+        "[http]", f'alerts_url = "{overrides["http.alerts_url"]}"',
+        f'metrics_url = "{overrides["http.metrics_url"]}"', ""]))
+
+    def start(*args: str) -> Server:
+        process = subprocess.Popen([*FANOUT, "serve", "--config", str(config), "--port", "0", *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        try:
+            server = Server(process)
+        except BaseException:
+            process.kill()
+            raise
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        pids = server.workers() if server.process.poll() is None else []
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait(timeout=10)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def gather_all_panels(address: tuple[str, int]) -> None:
+    with AppStatsClient(*address, timeout_ms=10_000) as client:
+        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert {o.name: o.status for o in response.outcomes} == {name: 0 for name in ALL_PANELS}
+
+
+def open_idle_connection(address: tuple[str, int]) -> socket.socket:
+    """A connection that made one framed ``ping`` and stays open."""
+    body = struct.pack("!iI", -2147418111, 4) + b"ping" + struct.pack("!i", 0) + b"\x00"
+    sock = socket.create_connection(address, timeout=10)
+    sock.sendall(struct.pack("!i", len(body)) + body)
+    assert sock.recv(4096)
+    return sock
+
+
+def connections_of(pid: int, port: int) -> int:
+    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+
+
+def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(serve: Callable[..., Server]) -> None:
+    server = serve("--workers", "2")
+    assert server.line.endswith("(2 workers)")
+    workers = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 10, "two workers")
+    gather_all_panels(server.address)
+
+    # Both workers accept from the one shared port.
+    held = [open_idle_connection(server.address) for _ in range(40)]
+    try:
+        counts = wait_for(lambda: (c := [connections_of(p, server.address[1]) for p in workers])
+                          and sum(c) == 40 and c, 10, "40 connections accepted")
+        assert all(count > 0 for count in counts), counts
+    finally:
+        for sock in held:
+            sock.close()
+
+    os.kill(workers[0], signal.SIGKILL)
+    replaced = wait_for(lambda: (now := server.workers()) and len(now) == 2
+                        and workers[0] not in now and now, 10, "a replacement worker")
+    assert workers[1] in replaced
+    for _ in range(3):
+        gather_all_panels(server.address)
+
+    assert server.stop() == 0
+    wait_for(lambda: not any(psutil.pid_exists(pid) for pid in replaced), 5, "workers gone")
+
+
+def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -> None:
+    server = serve()
+    assert "workers" not in server.line
+    gather_all_panels(server.address)
+    assert server.workers() == []
+    assert server.stop() == 0
+
+
+def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
+    master = _Master(load_settings(env={}, overrides={"server.workers": 2}))
+    slot = master._slots[0]
+    delays = []
+    for pid in range(100, 110):
+        slot.pid, slot.started_at = pid, time.monotonic()
+        assert master._on_exit(pid, signal.SIGKILL) is None          # killed by a signal: restart
+        delays.append(round(slot.restart_at - time.monotonic(), 1))
+    assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
+    slot.pid = 110
+    assert master._on_exit(110, 1 << 8) == 1                          # the 11th in a minute: give up
+    other = master._slots[1]
+    other.pid = 200
+    assert master._on_exit(200, 2 << 8) == 2                          # a configuration error: stop
