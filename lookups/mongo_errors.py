@@ -67,9 +67,10 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
         slots.release()
         raise
     call = functools.partial(_run_releasing, lookup, client, slots, budget_s, operation)
-    if not monkey.is_module_patched("threading"):
-        return call()   # plain threads: nothing throws into them
-    succeeded, result = gevent.spawn(contextvars.copy_context().run, call).get()
+    if monkey.is_module_patched("threading"):
+        succeeded, result = gevent.spawn(contextvars.copy_context().run, call).get()
+    else:
+        succeeded, result = call()  # plain threads: nothing throws into them
     if not succeeded:
         raise result
     return result

@@ -269,3 +269,45 @@ def test_normalise_query_long_statements_bypass_the_cache_with_the_same_result()
     assert normalise_query(long_statement) == f"SELECT {padding} FROM orders WHERE id = ? AND tag IN (?)"
     short = "SELECT * FROM t WHERE id = 7"
     assert normalise_query(short) == normalise_query(short) == "SELECT * FROM t WHERE id = ?"
+
+
+# Run in a process gevent never patched: the lookups are also driven from OS threads
+# (the threaded benchmark baseline), where they take a different path.
+_UNPATCHED_THREADS_SCRIPT = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from lookups.clients import Backends
+from lookups.panels import Window
+from lookups.registry import default_registry
+from service.config import load_settings
+settings = load_settings(env={}, overrides=json.loads(sys.argv[1]))
+window = Window(*json.loads(sys.argv[2]))
+backends = Backends(settings.mongo, settings.http)
+lookups = default_registry().build(backends)
+with ThreadPoolExecutor(4) as pool:
+    futures = {name: pool.submit(lookups[name].fetch, window, 2.0)
+               for name in ("errors", "urls", "controllers", "queries")}
+    print(json.dumps({name: repr(future.result()) for name, future in futures.items()}))
+backends.close()
+"""
+
+
+def test_mongo_lookups_from_plain_threads_give_the_same_panels(
+        backends: Backends, mongo_server, http_services) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from lookups.registry import default_registry
+    from tests.support.backends import backend_overrides
+
+    window = ("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    done = subprocess.run(
+        [sys.executable, "-c", _UNPATCHED_THREADS_SCRIPT,
+         json.dumps(backend_overrides(mongo_server, http_services)), json.dumps(window)],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from_threads = json.loads(done.stdout.strip().splitlines()[-1])
+    lookups = default_registry().build(backends)
+    for name, value in from_threads.items():
+        assert value == repr(lookups[name].fetch(Window(*window), 2.0)), name
