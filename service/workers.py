@@ -114,7 +114,7 @@ class _Master:
         self._settings = settings
         self._count = settings.server.workers
         self._slots = [_Slot(index) for index in range(self._count)]
-        self._events: Queue = Queue()        # ("exit", pid, status) | ("signal", name)
+        self._events: Queue = Queue()        # ("exit", pid, wait status) | ("signal", signum)
         self._restarts: deque[float] = deque()
         self._storm_limit = max(10, 3 * self._count)
         self._master_pid = os.getpid()

@@ -48,6 +48,7 @@ from opentelemetry.sdk.trace.sampling import (
 
 from service.config import ConfigError, TracingSettings
 from tracing.batching import batch_processor
+from tracing.otlp_wire import use_for_http_export
 from tracing.spans import follow_parent_sampling
 
 __all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing",
@@ -271,8 +272,10 @@ def _build_otlp_exporter(settings: TracingSettings, env: Mapping[str, str]) -> S
         prepare_grpc_for_gevent()
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
         return GrpcExporter(endpoint=endpoint)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-    return HttpExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter
+
+    use_for_http_export(trace_exporter)
+    return trace_exporter.OTLPSpanExporter(endpoint=endpoint)
 
 
 def prepare_grpc_for_gevent() -> None:

@@ -6,9 +6,10 @@ does not record is not even made current (it would change nothing anyone sees).
 Under parent-based sampling (what ``tracing.sample_ratio`` configures; see
 :func:`follow_parent_sampling`) an unsampled request goes further: no task span
 is started at all, and the pymongo and requests instrumentations are suppressed
-for the whole request, since every span they would make is unsampled too. The
-trace context still travels on: callers of other services inject it themselves
-(:func:`tracing.propagation.inject_headers`), as the HTTP lookups do.
+for the whole request, since every span they would make is unsampled too. Code
+that calls another service must then pass the (unsampled) trace context on
+itself, with :func:`tracing.propagation.inject_headers`: the requests
+instrumentation no longer does it for such a request.
 
 Failures are recorded as the standard ``exception`` event, with a stack trace of
 file, line and function only. (``Span.record_exception`` formats the source line
