@@ -30,6 +30,7 @@ from lookups.clients import HttpSlots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.panels import Alert, AlertList, Point, Series, Window
 from service.config import HttpSettings
+from tracing.propagation import inject_headers
 
 __all__ = ["MAX_RESPONSE_BYTES", "MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for",
            "app_path_segment", "HttpLookup", "AlertsLookup", "SeriesLookup", "LatencyLookup",
@@ -116,7 +117,10 @@ class HttpLookup(Lookup, abc.ABC):
 
     def _get_body(self, url: str, params: dict[str, int], timeouts: tuple[float, float]) -> bytes:
         response = self._session.get(url, params=params, timeout=timeouts, stream=True,
-                                     allow_redirects=False, headers={"Accept": "application/json"})
+                                     allow_redirects=False,
+                                     # The trace context, also when unsampled: the requests
+                                     # instrumentation is off then, and overwrites it when on.
+                                     headers={"Accept": "application/json", **inject_headers()})
         try:
             if response.status_code >= 500:
                 raise BackendUnavailable(f"{self.name}: service answered HTTP {response.status_code}")
