@@ -37,10 +37,9 @@ from service.config import FanoutSettings, ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 from service.validation import validate_stats_request
-from tests.support.server import COMBINATIONS, sample_response
-from tests.test_wire_limits import (encode_call, on_the_wire, read_until_closed, thrift_client,
-                                    varint, with_list_count, with_string_length,
-                                    with_unknown_field)
+from tests.support.server import COMBINATIONS, read_until_closed, sample_response
+from tests.test_wire_limits import (encode_call, on_the_wire, thrift_client, varint,
+                                    with_list_count, with_string_length, with_unknown_field)
 
 _FUZZ_TESTS = 2 * len(COMBINATIONS)
 TOTAL_EXAMPLES = int(os.environ.get("FANOUT_FUZZ_EXAMPLES", "3000"))

@@ -25,7 +25,8 @@ from service.config import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 from service.transport import BufferedChannel, FramedChannel, FrameRejected, protocol_for
-from tests.support.server import COMBINATIONS, SECRET, RecordingHandler, sample_response
+from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
+                                  sample_response)
 
 _TRANSPORT_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
 _PROTOCOL_FACTORIES = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
@@ -85,20 +86,6 @@ def call_with_string_length(claimed: int) -> bytes:
 
 def raw_connection(server: ThriftServer) -> socket.socket:
     return socket.create_connection(server.address, timeout=5)
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends before it closes; raises TimeoutError if it never does."""
-    received = b""
-    for _ in range(1000):
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
-    raise AssertionError("server kept sending")
 
 
 def wait_for(condition: Any, timeout_s: float = 5.0) -> None:

@@ -39,7 +39,7 @@ from service.idl import appstats
 from service.server import ThriftServer
 from service.tls import MINIMUM_VERSION, TlsConfigError, server_context
 from tests.support.backends import backend_overrides
-from tests.support.server import SECRET, RecordingHandler, sample_response
+from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 
@@ -76,18 +76,6 @@ def tls_server(start_server, pki: Pki):
 
 def request(app: str) -> Any:
     return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000)
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    received = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
 
 
 # --- TLS --------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ from service.transport import BufferedChannel
 from service.wire_codec import HubCodec, decoder_for
 from service.wire_errors import LimitExceeded, MalformedMessage
 from service.wire_scan import MessageScan, WireLimits, check_frame
-from tests.support.server import COMBINATIONS, RecordingHandler, sample_response
+from tests.support.server import (COMBINATIONS, RecordingHandler, read_until_closed,
+                                  sample_response)
 
 PROTOCOLS = ["binary", "compact"]
 _FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport,
@@ -117,19 +118,6 @@ def with_list_count(message: bytes, protocol: str, first: str, claimed: int) -> 
 
 def raw_connection(server: ThriftServer) -> socket.socket:
     return socket.create_connection(server.address, timeout=5)
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the server sends before it closes; raises TimeoutError if it never does."""
-    received = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except ConnectionResetError:
-            return received
-        if not chunk:
-            return received
-        received += chunk
 
 
 def wait_for(condition: Any, timeout_s: float = 5.0) -> None:

@@ -15,6 +15,7 @@ The handler's behaviour is picked by the request's ``app``:
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable, Iterator
 
 import gevent
@@ -26,7 +27,8 @@ from service.config import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 
-__all__ = ["COMBINATIONS", "SECRET", "RecordingHandler", "sample_response", "handler", "start_server"]
+__all__ = ["COMBINATIONS", "SECRET", "RecordingHandler", "sample_response", "handler", "start_server",
+           "read_until_closed"]
 
 #: Every transport x protocol pair the server offers.
 COMBINATIONS = [("framed", "binary"), ("framed", "compact"),
@@ -118,3 +120,17 @@ def start_server(handler: RecordingHandler) -> Iterator[Callable[..., ThriftServ
     handler.released.set()
     for server in servers:
         server.stop(timeout_s=5.0)
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes; raises TimeoutError if it never does."""
+    received = b""
+    for _ in range(1000):
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError("server kept sending")
