@@ -40,7 +40,7 @@ def settings_for(mongo_uri: str, alerts_url: str, metrics_url: str, **extra: Any
 
 
 @pytest.fixture
-def start_service(mongo_server, http_services) -> Iterator[Callable[..., FanoutService]]:
+def start_with_settings(mongo_server, http_services) -> Iterator[Callable[..., FanoutService]]:
     started: list[FanoutService] = []
 
     def start(settings: Settings | None = None) -> FanoutService:
@@ -87,8 +87,8 @@ def by_name(health: Any) -> dict[str, Any]:
     return {backend.name: backend for backend in health.backends}
 
 
-def test_all_backends_up(start_service) -> None:
-    service = start_service()
+def test_all_backends_up(start_with_settings) -> None:
+    service = start_with_settings()
     with AppStatsClient(*service.address) as client:
         health = client.health()
     assert health.state == State.SERVING
@@ -97,9 +97,9 @@ def test_all_backends_up(start_service) -> None:
         assert backend.up and backend.detail is None and 0 <= backend.latency_ms < 5000
 
 
-def test_mongo_down_is_reported_without_credentials(start_service, http_services, dead_port) -> None:
+def test_mongo_down_is_reported_without_credentials(start_with_settings, http_services, dead_port) -> None:
     uri = f"mongodb://fanout:hunter2@127.0.0.1:{dead_port}/?authSource=admin"
-    service = start_service(settings_for(uri, http_services.alerts_url, http_services.metrics_url))
+    service = start_with_settings(settings_for(uri, http_services.alerts_url, http_services.metrics_url))
     started = time.monotonic()
     with AppStatsClient(*service.address) as client:
         health = client.health()
@@ -180,10 +180,10 @@ class _Reader:
 
 
 def test_health_answers_draining_while_a_call_keeps_the_drain_going(
-        start_service, mongo_server, sample_data) -> None:
+        start_with_settings, mongo_server, sample_data) -> None:
     slow = SampleHttpServices(sample_data, alerts_delay_ms=1500).start()
     try:
-        service = start_service(load_settings(env={}, overrides={
+        service = start_with_settings(load_settings(env={}, overrides={
             **backend_overrides(mongo_server, slow), "server.port": 0,
             "fanout.task_timeout_ms": 5000, "fanout.request_deadline_ms": 5000,
             "http.read_timeout_ms": 5000}))
@@ -217,8 +217,8 @@ def test_health_answers_draining_while_a_call_keeps_the_drain_going(
         slow.stop()
 
 
-def test_cli_call_health(start_service) -> None:
-    service = start_service()
+def test_cli_call_health(start_with_settings) -> None:
+    service = start_with_settings()
     port = str(service.address[1])
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
     as_json = subprocess.run([*FANOUT, "call", "health", "--port", port, "--json"],

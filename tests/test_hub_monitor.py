@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import gevent
 import greenlet
@@ -16,10 +16,9 @@ from lookups.registry import LookupRegistry
 from service.app import FanoutService
 from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.config import load_settings
 from service.hub_monitor import BLOCKED_EVENT, HubMonitor
 from service.idl import appstats
-from tests.support.backends import backend_overrides
+from tests.support.backends import StartService
 
 _BUSY_S = 0.3
 _THRESHOLD_MS = 100
@@ -53,23 +52,10 @@ StartBusy = Callable[[int], tuple[FanoutService, AppStatsClient]]
 
 
 @pytest.fixture
-def start_busy(mongo_server: Any, http_services: Any) -> Iterator[StartBusy]:
+def start_busy(start_service: StartService) -> StartBusy:
     """A Fanout server offering only the ``busy`` panel, with the given block threshold."""
-    started: list[tuple[FanoutService, AppStatsClient]] = []
-
-    def start(threshold_ms: int) -> tuple[FanoutService, AppStatsClient]:
-        settings = load_settings(env={}, overrides={
-            **backend_overrides(mongo_server, http_services), "server.port": 0,
-            "server.hub_block_threshold_ms": threshold_ms})
-        service = FanoutService(settings, registry=busy_registry()).start()
-        client = AppStatsClient(*service.address, timeout_ms=5000)
-        started.append((service, client))
-        return service, client
-
-    yield start
-    for service, client in started:
-        client.close()
-        service.stop()
+    return lambda threshold_ms: start_service(registry=busy_registry(),
+                                              server__hub_block_threshold_ms=threshold_ms)
 
 
 def blocked_lines(caplog: Any) -> list[logging.LogRecord]:

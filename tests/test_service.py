@@ -14,38 +14,15 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from service.app import FanoutService
 from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.config import load_settings
 from service.idl import appstats
-from tests.support.backends import backend_overrides
+from tests.support.backends import StartService
 
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 MONGO_PANELS = ALL_PANELS[:4]
 HTTP_PANELS = ALL_PANELS[4:]
 Status = appstats.TaskStatus
-
-StartService = Callable[..., tuple[FanoutService, AppStatsClient]]
-
-
-@pytest.fixture
-def start_service(mongo_server: Any, http_services: SampleHttpServices) -> Iterator[StartService]:
-    """Start a Fanout server on port 0 over the sample backends; stopped after the test."""
-    started: list[tuple[FanoutService, AppStatsClient]] = []
-
-    def start(http: SampleHttpServices | None = None, **overrides: Any) -> tuple[FanoutService, AppStatsClient]:
-        keys = {**backend_overrides(mongo_server, http or http_services), "server.port": 0,
-                **{key.replace("__", "."): value for key, value in overrides.items()}}
-        service = FanoutService(load_settings(env={}, overrides=keys)).start()
-        client = AppStatsClient(*service.address, timeout_ms=5000)
-        started.append((service, client))
-        return service, client
-
-    yield start
-    for service, client in started:
-        client.close()
-        service.stop()
 
 
 @pytest.fixture

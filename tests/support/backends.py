@@ -2,23 +2,27 @@
 
 Session-scoped: ``sample_data``, ``mongo_server`` (one in-memory MongoDB-wire server,
 seeded) and ``http_services`` (the alerts and metrics services). Function-scoped:
-``backends`` (a :class:`lookups.clients.Backends` on them, closed after the test) and
-``backend_settings`` (a full :class:`service.config.Settings` pointing at them).
+``backends`` (a :class:`lookups.clients.Backends` on them, closed after the test),
+``backend_settings`` (a full :class:`service.config.Settings` pointing at them) and
+``start_service`` (a whole Fanout server on port 0 over them, with a client).
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
 from lookups.clients import Backends
+from lookups.registry import LookupRegistry
+from service.app import FanoutService
 from service.backends import (MongoWireServer, SampleData, SampleHttpServices,
                               generate_sample_data, seed_mongo_at)
+from service.client import AppStatsClient
 from service.config import Settings, load_settings
 
 __all__ = ["SAMPLE_DATABASE", "sample_data", "mongo_server", "http_services", "backends",
-           "backend_settings", "backend_overrides"]
+           "backend_settings", "backend_overrides", "StartService", "start_service"]
 
 SAMPLE_DATABASE = "apm"
 
@@ -57,3 +61,32 @@ def backend_settings(mongo_server: MongoWireServer, http_services: SampleHttpSer
 def backends(backend_settings: Settings) -> Iterator[Backends]:
     with Backends(backend_settings.mongo, backend_settings.http) as opened:
         yield opened
+
+
+StartService = Callable[..., tuple[FanoutService, AppStatsClient]]
+
+
+@pytest.fixture
+def start_service(mongo_server: MongoWireServer,
+                  http_services: SampleHttpServices) -> Iterator[StartService]:
+    """Start a Fanout server on port 0 over the sample backends; stopped after the test.
+
+    ``start(http=None, registry=None, **overrides)``: ``http`` replaces the sample HTTP
+    services, ``registry`` the default lookups; override keys use ``__`` for dots
+    (``fanout__pool_size=4``).
+    """
+    started: list[tuple[FanoutService, AppStatsClient]] = []
+
+    def start(http: Optional[SampleHttpServices] = None, registry: Optional[LookupRegistry] = None,
+              **overrides: Any) -> tuple[FanoutService, AppStatsClient]:
+        keys = {**backend_overrides(mongo_server, http or http_services), "server.port": 0,
+                **{key.replace("__", "."): value for key, value in overrides.items()}}
+        service = FanoutService(load_settings(env={}, overrides=keys), registry=registry).start()
+        client = AppStatsClient(*service.address, timeout_ms=5000)
+        started.append((service, client))
+        return service, client
+
+    yield start
+    for service, client in started:
+        client.close()
+        service.stop()
