@@ -161,12 +161,7 @@ def _span(span: Any) -> bytes:
 
 
 def _name(name: str) -> bytes:
-    encoded = _span_names.get(name)
-    if encoded is None:
-        encoded = _string(b"\x2a", name)
-        if len(_span_names) < _MAX_CACHED:
-            _span_names[name] = encoded
-    return encoded
+    return _cached_string(_span_names, b"\x2a", name)
 
 
 def _event(event: Any) -> bytes:
@@ -214,11 +209,16 @@ def _attributes(tag: bytes, attributes: Optional[Mapping[str, Any]]) -> bytes:
 
 
 def _key(key: str) -> bytes:
-    encoded = _key_fields.get(key)
+    return _cached_string(_key_fields, b"\x0a", key)
+
+
+def _cached_string(cache: dict[str, bytes], tag: bytes, text: str) -> bytes:
+    """``text`` encoded as field ``tag``, from a cache bounded at ``_MAX_CACHED`` entries."""
+    encoded = cache.get(text)
     if encoded is None:
-        encoded = _string(b"\x0a", key)
-        if len(_key_fields) < _MAX_CACHED:
-            _key_fields[key] = encoded
+        encoded = _string(tag, text)
+        if len(cache) < _MAX_CACHED:
+            cache[text] = encoded
     return encoded
 
 
