@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import Any, Iterator
 
 import gevent
 import pymongo
@@ -279,19 +279,38 @@ def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(spa
     assert seen["traceparent"].split("-")[1:3] == [TRACE_ID, format_span_id(clients[0].context.span_id)]
 
 
-def test_an_unsampled_request_suppresses_the_instrumentations(spans, echo_server) -> None:
+def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
     from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-    def lookup() -> dict:
+    from lookups.http import AlertsLookup
+    from lookups.panels import Window
+    from service.config import HttpSettings
+
+    seen: list[str] = []
+
+    def alerts_service(environ, start_response):
+        seen.append(environ.get("HTTP_TRACEPARENT", ""))
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b'{"alerts": []}']
+
+    server = WSGIServer(("127.0.0.1", 0), alerts_service, log=None, error_log=None)
+    server.start()
+    lookup = AlertsLookup(requests.Session(), HttpSettings(alerts_url=f"http://127.0.0.1:{server.server_port}"))
+
+    def fetch() -> Any:
         with task_span("alerts", "http", 0):
             assert not is_instrumentation_enabled()
-            # The lookups pass the trace on themselves; the instrumentation adds nothing here.
-            return requests.get(echo_server, headers=inject_headers(), timeout=5).json()
+            return lookup.fetch(Window("shop", 1_000, 2_000), 5.0)
 
-    with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):
-        seen = spawn_in_context(lookup).get(timeout=10)
+    try:
+        with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):
+            assert spawn_in_context(fetch).get(timeout=10).alerts == ()
+    finally:
+        server.stop(timeout=2)
     assert is_instrumentation_enabled()
-    assert seen["traceparent"].split("-")[1] == TRACE_ID and seen["traceparent"].endswith("-00")
+    # The real lookup passes the (unsampled) trace on itself: the instrumentation is off.
+    [traceparent] = seen
+    assert traceparent.split("-")[1] == TRACE_ID and traceparent.endswith("-00")
     assert spans.get_finished_spans() == ()
 
 
