@@ -15,13 +15,11 @@ credentials) nor pymongo's own message (it lists hosts and options).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import math
 import time
 from typing import Any, Callable, Iterator, TypeVar
 
-import gevent
 import pymongo
 from bson.errors import BSONError
 from gevent import monkey
@@ -30,6 +28,7 @@ from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, 
 
 from lookups.clients import Slots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from service.context import spawn_in_context
 
 __all__ = ["run_bounded", "translated_errors"]
 
@@ -68,7 +67,7 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
         raise
     call = functools.partial(_run_releasing, lookup, client, slots, budget_s, operation)
     if monkey.is_module_patched("threading"):
-        succeeded, result = gevent.spawn(contextvars.copy_context().run, call).get()
+        succeeded, result = spawn_in_context(call).get()
     else:
         succeeded, result = call()  # plain threads: nothing throws into them
     if not succeeded:
