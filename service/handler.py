@@ -103,11 +103,10 @@ class AppStatsHandler:
         tasks, skipped = self._plan(valid)
         try:
             result = self._fanout.run(tasks, context.deadline)
+        # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
-            log.warning("request %s overloaded: %s", context.request_id, exc)
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
         except RequiredTaskFailed as exc:
-            log.warning("request %s failed: %s", context.request_id, exc)
             raise appstats.PanelFailed(message=str(exc), panel=exc.failed.name,
                                        outcomes=to_thrift_outcomes(exc.result.outcomes)) from None
         by_name = {o.name: o for o in (*result.outcomes, *skipped)}
