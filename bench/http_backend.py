@@ -1,6 +1,6 @@
 """The benchmark's HTTP backends: the sample alerts and metrics answers, served lean, after a delay.
 
-The answers are exactly those of :class:`service.backends.SampleHttpServices` (the same
+The answers are exactly those of :class:`service.samples.SampleHttpServices` (the same
 WSGI apps compute them), but each distinct request target is computed once and cached,
 and requests are parsed by a minimal HTTP/1.1 keep-alive loop on a gevent
 ``StreamServer`` instead of ``pywsgi``. The sample metrics service buckets a day of
@@ -30,8 +30,8 @@ import gevent
 from gevent.server import StreamServer
 
 from bench.ready import announce_ready, wait_for_stop_signal
-from service.backends.http_services import AlertsService, MetricsService
-from service.backends.seed import DEFAULT_SEED, generate_sample_data
+from service.samples.http_services import AlertsService, MetricsService
+from service.samples.seed import DEFAULT_SEED, generate_sample_data
 
 __all__ = ["LeanHttpServer", "BenchHttpBackends", "main"]
 

@@ -92,24 +92,18 @@ def _summary(samples: list[float]) -> dict[str, float]:
 # --- probes (run in their own process, monkey-patched) -----------------------------------------
 
 def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict:
-    from service.config import FanoutSettings
-    from service.context import RequestContext, use_request
-    from service.deadline import Deadline
-    from service.fanout import FanOut
-    from service.outcomes import Task
+    from service.engine import FanOut, FanOutSettings, RequestContext, Task
 
-    fanout = FanOut(FanoutSettings(pool_size=tasks_per_run, max_inflight_tasks=10 * tasks_per_run))
+    fanout = FanOut(FanOutSettings(pool_size=tasks_per_run, max_inflight_tasks=10 * tasks_per_run))
     tasks = [Task(name=f"t{i}", source="micro", call=_trivial, timeout_ms=1000)
              for i in range(tasks_per_run)]
-    request = RequestContext("micro", "get_app_stats", Deadline.after_ms(3_600_000))
     samples = []
-    with use_request(request):
-        for rep in range(reps + 3):  # the first reps warm up caches and the allocator
-            began = time.perf_counter()
-            for _ in range(runs_per_rep):
-                fanout.run(tasks, Deadline.after_ms(60_000))
-            if rep >= 3:
-                samples.append((time.perf_counter() - began) * 1e6 / (runs_per_rep * tasks_per_run))
+    for rep in range(reps + 3):  # the first reps warm up caches and the allocator
+        began = time.perf_counter()
+        for _ in range(runs_per_rep):
+            fanout.run(tasks, RequestContext.start("get_app_stats", 60_000))
+        if rep >= 3:
+            samples.append((time.perf_counter() - began) * 1e6 / (runs_per_rep * tasks_per_run))
     return {**_summary(samples), "reps": reps, "runs_per_rep": runs_per_rep,
             "tasks_per_run": tasks_per_run}
 
@@ -124,30 +118,27 @@ def _probe_inflight(n: int) -> dict:
     import gevent
     from gevent.event import Event
 
-    from service.config import FanoutSettings
-    from service.context import spawn_in_context
-    from service.deadline import Deadline
-    from service.fanout import FanOut
-    from service.outcomes import Task
+    from service.engine import FanOut, FanOutSettings, RequestContext, Task
+    from tracing.greenlets import spawn_in_context
 
     release = Event()
 
     def parked(budget_s: float) -> None:
         release.wait()
 
-    fanout = FanOut(FanoutSettings(pool_size=n, max_inflight_tasks=n, queue_timeout_ms=60_000,
+    fanout = FanOut(FanOutSettings(pool_size=n, max_inflight_tasks=n, queue_timeout_ms=60_000,
                                    request_deadline_ms=600_000, task_timeout_ms=600_000))
     tasks = [Task(name=f"t{i}", source="micro", call=parked, timeout_ms=600_000) for i in range(n)]
     # Warm up the code paths with a few tasks only: memory a big warm-up freed would be
     # reused by the measured run and hide what each task really holds.
-    warm = spawn_in_context(fanout.run, tasks[:_WARMUP_TASKS], Deadline.after_ms(600_000))
+    warm = spawn_in_context(fanout.run, tasks[:_WARMUP_TASKS], RequestContext.start("get_app_stats", 600_000))
     _wait_until(lambda: fanout.inflight == _WARMUP_TASKS)
     release.set()
     warm.get(timeout=60)
     release.clear()
     gc.collect()
     before = _own_rss_kib()
-    runner = spawn_in_context(fanout.run, tasks, Deadline.after_ms(600_000))
+    runner = spawn_in_context(fanout.run, tasks, RequestContext.start("get_app_stats", 600_000))
     _wait_until(lambda: fanout.inflight == n)
     gevent.sleep(0.05)
     during = _own_rss_kib()

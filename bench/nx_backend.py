@@ -1,7 +1,7 @@
 """nx-27017 as a benchmark backend: the real MongoDB-wire server of the tests, seeded, no delay.
 
 Used by the one scenario that runs real queries (``StackSpec(mongo="nx")``). Starts
-:class:`service.backends.MongoWireServer` (an ``nx-27017`` child process), seeds it
+:class:`service.samples.MongoWireServer` (an ``nx-27017`` child process), seeds it
 with the sample data in database ``apm``, prints ``READY {"uri": ..., "pid": ...}``
 (``pid`` is the nx-27017 process, whose CPU the benchmark reports), and stops it on
 SIGTERM or SIGINT::
@@ -16,7 +16,7 @@ import logging
 from typing import Optional
 
 from bench.ready import announce_ready, wait_for_stop_signal
-from service.backends import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
+from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
 
 __all__ = ["DATABASE", "main"]
 

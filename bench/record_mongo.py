@@ -1,6 +1,6 @@
 """Record the answers the benchmark's MongoDB-wire responder replays.
 
-Starts nx-27017 (:class:`service.backends.MongoWireServer`), seeds it with the sample
+Starts nx-27017 (:class:`service.samples.MongoWireServer`), seeds it with the sample
 data, runs every MongoDB lookup of the default registry once for the benchmark's
 sample call (:func:`bench.stack.sample_call`), captures each aggregation's reply
 documents through pymongo's command monitoring, and writes them as Extended JSON::
@@ -22,10 +22,10 @@ from typing import Any, Optional
 from pymongo import monitoring
 
 from bench.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.panels import Window
 from lookups.registry import default_registry
-from service.backends import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
+from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
 from service.config import load_settings
 
 __all__ = ["AggregateRecorder", "record_answers", "main"]
@@ -63,7 +63,7 @@ class AggregateRecorder(monitoring.CommandListener):
 def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
     """Run the MongoDB lookups for ``window`` against a freshly seeded nx-27017.
 
-    Raises :class:`service.backends.MongoWireServerError` if nx-27017 cannot start,
+    Raises :class:`service.samples.MongoWireServerError` if nx-27017 cannot start,
     :class:`lookups.errors.LookupFailed` if a lookup fails, and ``RuntimeError`` if a
     lookup runs other than exactly one aggregation or its answer needs a second batch.
     """
@@ -75,7 +75,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
         seed_mongo_at(server.uri, _DATABASE, generate_sample_data(seed))
         settings = load_settings(env={}, overrides={"mongo.uri": server.uri,
                                                     "mongo.database": _DATABASE})
-        with Backends(settings.mongo, settings.http) as backends:
+        with BackendClients(settings.mongo, settings.http) as backends:
             for name, lookup in default_registry().build(backends).items():
                 if lookup.source != "mongo":
                     continue
@@ -88,7 +88,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
                 answers.append(RecordedAnswer(name, collection, stages_after_match(pipeline),
                                               documents))
     return RecordedAnswers.of(
-        answers, recorded_from=f"nx-27017 seeded with service.backends.seed (seed {seed})",
+        answers, recorded_from=f"nx-27017 seeded with service.samples.seed (seed {seed})",
         database=_DATABASE, call={"app": window.app, "start_ms": window.start_ms,
                                   "end_ms": window.end_ms})
 

@@ -30,12 +30,13 @@ from gevent.event import Event  # noqa: E402
 from bench.soak_chaos import cycle_http, cycle_mongo, run_garbage  # noqa: E402
 from bench.soak_load import (LoadStats, live_greenlets, rss_kib, run_worker,  # noqa: E402
                              sample_hub_lag)
-from service.app import FanoutService  # noqa: E402
-from service.backends import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer,  # noqa: E402
+from service.app import FanOutService  # noqa: E402
+from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer,  # noqa: E402
                               generate_sample_data, seed_mongo_at)
-from service.backends.faults import FaultyHttpService, TcpFaultProxy  # noqa: E402
+from service.samples.faults import FaultyHttpService, TcpFaultProxy  # noqa: E402
 from service.client import AppStatsClient  # noqa: E402
-from service.config import TracingSettings, load_settings  # noqa: E402
+from service.config import load_settings  # noqa: E402
+from tracing.settings import TracingSettings  # noqa: E402
 from tracing.setup import configure_tracing  # noqa: E402
 
 __all__ = ["main"]
@@ -67,7 +68,7 @@ class _Rig:
     """The backends and the server of one soak run."""
 
     def __init__(self, mongo: MongoWireServer, proxy: TcpFaultProxy, alerts: FaultyHttpService,
-                 metrics: FaultyHttpService, service: FanoutService) -> None:
+                 metrics: FaultyHttpService, service: FanOutService) -> None:
         self.mongo, self.proxy, self.alerts, self.metrics = mongo, proxy, alerts, metrics
         self.service = service
 
@@ -130,7 +131,7 @@ def _report(args: argparse.Namespace, rig: _Rig, stats: LoadStats, chaos: Counte
              *stats.summary(),
              f"fan-out: started {fan.started}, rejected {fan.rejected}, abandoned {fan.abandoned}, "
              f"killed {fan.killed}; in flight at end {rig.service.fanout.inflight}; "
-             f"connections in use at end {rig.service.backends.connections_in_use()}",
+             f"connections in use at end {rig.service.clients.connections_in_use()}",
              "backend faults injected: " + _counts(chaos),
              "garbage connections: " + _counts(garbage),
              "server log lines: " + (_counts(logs.levels) or "none"),
@@ -173,7 +174,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "http.alerts_url": alerts.url, "http.metrics_url": metrics.url, "server.port": 0,
             "fanout.max_inflight_tasks": 96, "fanout.queue_timeout_ms": 50,
             "lookups.errors.required": True})
-        service = FanoutService(settings).start()
+        service = FanOutService(settings).start()
         rig = _Rig(mongo, proxy, alerts, metrics, service)
         try:
             rig.healthy_call()   # warm: clients connected, pools filled, monitors running
@@ -185,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             alive = rig.healthy_call()
             live, parked = _settle(rig, before["greenlets"])
             after = {"rss": rss_kib(), "greenlets": live, "parked": parked}
-            leaked = service.fanout.inflight != 0 or any(service.backends.connections_in_use().values())
+            leaked = service.fanout.inflight != 0 or any(service.clients.connections_in_use().values())
             lines = _report(args, rig, stats, chaos, garbage, logs, before, after, alive)
         finally:
             service.stop()

@@ -14,7 +14,7 @@ from collections import Counter
 import gevent
 from gevent.event import Event
 
-from service.backends.faults import FaultyHttpService, TcpFaultProxy
+from service.samples.faults import FaultyHttpService, TcpFaultProxy
 
 __all__ = ["cycle_http", "cycle_mongo", "GARBAGE_KINDS", "send_garbage", "run_garbage"]
 

@@ -20,9 +20,9 @@ from greenlet import greenlet
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TTransportException
 
-from service.backends import APPS, SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples import APPS, SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.context import TaskRunners
+from service.engine.runners import TaskRunners
 from service.idl import appstats
 
 __all__ = ["HUNG_AFTER_S", "LATE_AFTER_S", "LoadStats", "run_worker", "sample_hub_lag",

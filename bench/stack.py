@@ -44,7 +44,7 @@ from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
 
 from bench.mongo_answers import DEFAULT_ANSWERS_PATH
 from bench.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
-from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from service.idl import appstats
 
 __all__ = ["SERVERS", "MONGO_BACKENDS", "TRACING_MODES", "StackSpec", "Stack", "StackError",

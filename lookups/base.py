@@ -15,7 +15,9 @@ class Lookup(abc.ABC):
 
     Subclasses set ``name`` (the panel name on the wire) and ``source`` (``"mongo"``,
     ``"http"``, ...). :meth:`fetch` runs in a fan-out greenlet in a copy of the
-    request's context, so :func:`service.context.current_request` works inside it.
+    request's context, so the request's span is current inside it. Its only view of
+    the request is its arguments: the window, and the budget it must push into its I/O.
+    A greenlet it starts itself must start through :func:`tracing.greenlets.spawn_in_context`.
     """
 
     name: ClassVar[str]

@@ -1,6 +1,6 @@
 """The shared backend clients: one MongoDB client and one HTTP session per process.
 
-Both are pooled and safe to share between greenlets. :meth:`Backends.connections_in_use`
+Both are pooled and safe to share between greenlets. :meth:`BackendClients.connections_in_use`
 counts the connections currently checked out of either pool, so tests can prove that
 every lookup, including the ones that failed or timed out, gave its connection back.
 """
@@ -8,7 +8,6 @@ every lookup, including the ones that failed or timed out, gave its connection b
 from __future__ import annotations
 
 import logging
-import re
 import threading
 from typing import Union
 from urllib.parse import urlsplit
@@ -22,18 +21,16 @@ from pymongo.database import Database
 from pymongo.errors import ConfigurationError
 from requests.adapters import HTTPAdapter
 
-from service.config import ConfigError, HttpSettings, MongoSettings
-from service.redact import redact_uri
+from lookups.redact import redact_uri
+from lookups.settings import HttpSettings, MongoSettings, bearer_header
 
-__all__ = ["Backends", "CheckedOutCounter", "HttpSlots", "Slots", "new_slots"]
+__all__ = ["BackendClients", "CheckedOutCounter", "HttpSlots", "Slots", "new_slots"]
 
 log = logging.getLogger(__name__)
 
 _APP_NAME = "fanout"
 # Distinct hosts whose pools the session keeps (alerts and metrics, with room to spare).
 _HTTP_HOSTS_CACHED = 8
-# RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
-_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 class CheckedOutCounter(monitoring.ConnectionPoolListener):
@@ -110,7 +107,7 @@ class HttpSlots:
         return slot
 
 
-class Backends:
+class BackendClients:
     """The process's shared backend clients, built from their settings sections.
 
     The MongoDB client is created with ``connect=False``: nothing touches the network
@@ -120,14 +117,12 @@ class Backends:
 
     With ``http.auth_token`` set, every HTTP lookup sends ``Authorization: Bearer <token>``.
 
-    Raises :class:`~service.config.ConfigError` (a :class:`ValueError`) when ``mongo.uri``
-    is not a valid MongoDB URI or ``http.auth_token`` is not a bearer token; the message
-    repeats neither, as both may hold secrets.
+    Raises :class:`ValueError` naming ``mongo.uri`` when it is not a valid MongoDB URI;
+    the message does not repeat it, as it may hold credentials.
     """
 
     def __init__(self, mongo: MongoSettings, http: HttpSettings) -> None:
-        # Checked first: nothing is opened for settings that will be refused.
-        authorization = _bearer(http.auth_token) if http.auth_token else None
+        authorization = bearer_header(http)
         self._mongo_settings = mongo
         self._http_settings = http
         self._mongo_checked_out = CheckedOutCounter()
@@ -200,7 +195,7 @@ class Backends:
         self._session.close()
         self._client.close()
 
-    def __enter__(self) -> "Backends":
+    def __enter__(self) -> "BackendClients":
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -220,15 +215,7 @@ def _open_mongo_client(settings: MongoSettings,
             event_listeners=[listener])
     except ConfigurationError as exc:
         # The library's message may quote the URI, credentials included.
-        raise ConfigError(f"mongo.uri: not a valid MongoDB URI ({type(exc).__name__})") from None
-
-
-def _bearer(token: str) -> str:
-    if not _BEARER_TOKEN.fullmatch(token):
-        # The requests library would quote an invalid header value in its error.
-        raise ConfigError("http.auth_token: must be a bearer token (letters, digits and "
-                          "-._~+/, optionally ending in =)")
-    return f"Bearer {token}"
+        raise ValueError(f"mongo.uri: not a valid MongoDB URI ({type(exc).__name__})") from None
 
 
 def _http_connections_in_use(adapter: HTTPAdapter) -> int:

@@ -29,7 +29,7 @@ from lookups.base import Lookup
 from lookups.clients import HttpSlots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.panels import Alert, AlertList, Point, Series, Window
-from service.config import HttpSettings
+from lookups.settings import HttpSettings
 from tracing.propagation import inject_headers
 
 __all__ = ["MAX_RESPONSE_BYTES", "MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for",
@@ -80,7 +80,7 @@ class HttpLookup(Lookup, abc.ABC):
 
     def __init__(self, session: requests.Session, settings: HttpSettings,
                  slots: Optional[HttpSlots] = None) -> None:
-        """``slots`` bounds calls in flight per service; share the session's (Backends.http_slots)."""
+        """``slots`` bounds calls in flight per service; share the session's (BackendClients.http_slots)."""
         self._session = session
         self._settings = settings
         self._slots = slots or HttpSlots(settings.pool_maxsize)

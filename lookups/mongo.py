@@ -77,7 +77,7 @@ class MongoLookup(Lookup, abc.ABC):
     collection: ClassVar[str]
 
     def __init__(self, db: Database, slots: Optional[Slots] = None) -> None:
-        """``slots`` bounds operations in flight; share the client's (Backends.mongo_slots)."""
+        """``slots`` bounds operations in flight; share the client's (BackendClients.mongo_slots)."""
         self._db = db
         self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size)
 

@@ -28,7 +28,7 @@ from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, 
 
 from lookups.clients import Slots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
-from service.context import spawn_in_context
+from tracing.greenlets import spawn_in_context
 
 __all__ = ["run_bounded", "translated_errors"]
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 from typing import Callable
 
 from lookups.base import Lookup
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup
 from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
 
 __all__ = ["LookupFactory", "LookupRegistry", "default_registry"]
 
-LookupFactory = Callable[[Backends], Lookup]
+LookupFactory = Callable[[BackendClients], Lookup]
 
 
 class LookupRegistry:
@@ -39,7 +39,7 @@ class LookupRegistry:
         """Registered panel names, in registration order."""
         return tuple(self._factories)
 
-    def build(self, backends: Backends) -> dict[str, Lookup]:
+    def build(self, backends: BackendClients) -> dict[str, Lookup]:
         """One lookup per registered name, in registration order, sharing ``backends``.
 
         Raises :class:`ValueError` if a factory returns a lookup whose ``name`` differs

@@ -2,7 +2,7 @@
 
 This is the composition root: the one place that turns :class:`Settings` into
 running parts. ``fanout serve``, ``fanout demo`` and the integration tests all
-start the service through :class:`FanoutService`.
+start the service through :class:`FanOutService`.
 """
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ from typing import Optional
 
 from thriftpy2.thrift import TProcessor
 
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.registry import LookupRegistry, default_registry
-from service.config import Settings, pool_warnings
-from service.fanout import FanOut
+from service.config import Settings, as_config_error, pool_warnings
+from service.engine.fanout import FanOut
 from service.handler import AppStatsHandler
 from service.health import HealthChecker
 from service.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.server import DrainReport, ThriftServer
 
-__all__ = ["FanoutService"]
+__all__ = ["FanOutService"]
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 _REAPER_MARGIN_S = 2.0
 
 
-class FanoutService:
+class FanOutService:
     """One running Fanout server. Use :meth:`start` and :meth:`stop`, or ``with``.
 
     Tracing is process-wide and set up by the caller (see ``tracing.setup``),
@@ -43,15 +43,16 @@ class FanoutService:
         self.settings = settings
         for warning in pool_warnings(settings):
             log.warning("configuration: %s", warning)
-        self.backends = Backends(settings.mongo, settings.http)
+        with as_config_error():
+            self.clients = BackendClients(settings.mongo, settings.http)
         registry = registry or default_registry()
         unknown = sorted(set(settings.lookups) - set(registry.names()))
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout)
-        self.health = HealthChecker(self.backends)
-        self.handler = AppStatsHandler(settings, registry.build(self.backends), self.fanout,
+        self.health = HealthChecker(self.clients)
+        self.handler = AppStatsHandler(settings, registry.build(self.clients), self.fanout,
                                        health=self.health, draining=lambda: self.server.draining)
         self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
                                    listener=listener)
@@ -61,7 +62,7 @@ class FanoutService:
     def address(self) -> tuple[str, int]:
         return self.server.address
 
-    def start(self) -> "FanoutService":
+    def start(self) -> "FanOutService":
         self.server.start()
         self.hub_monitor.start()
         host, port = self.address
@@ -82,7 +83,7 @@ class FanoutService:
         """Close the MongoDB client and the HTTP sessions, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
         self.health.close()
-        self.backends.close()
+        self.clients.close()
 
     def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
         """:meth:`drain`, then :meth:`close`."""
@@ -91,7 +92,7 @@ class FanoutService:
         finally:
             self.close()
 
-    def __enter__(self) -> "FanoutService":
+    def __enter__(self) -> "FanOutService":
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

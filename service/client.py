@@ -39,9 +39,9 @@ from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
 
-from service.deadline import Deadline
+from service.engine.deadline import Deadline
 from service.idl import appstats
-from service.tls import client_context
+from service.wire.tls import client_context
 from tracing.propagation import inject_headers
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS"]
@@ -153,7 +153,7 @@ class AppStatsClient:
     "compact") must match the server's; raises ValueError for other values or
     for a non-positive pool size or timeout. ``tracer_provider`` defaults to
     the global one. ``tls_ca_file`` turns TLS on (see the module doc); raises
-    :class:`service.tls.TlsConfigError` when it cannot be read.
+    :class:`service.wire.tls.TlsConfigError` when it cannot be read.
     """
 
     def __init__(self, host: str, port: int, *, transport: str = "framed", protocol: str = "binary",

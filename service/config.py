@@ -8,6 +8,16 @@ sections use ``FANOUT_LOOKUPS_<NAME>_<KEY>`` (for example
 Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
 naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
 Nothing below the handler reads configuration: each part receives its section.
+
+Each section is defined by the part that owns it, with its per-key rules::
+
+    [server]          ServerSettings    here: the listener is the service's own
+    [fanout]          FanOutSettings    service/engine/settings.py
+    [mongo] [http]    MongoSettings, HttpSettings    lookups/settings.py
+    [lookups.<name>]  LookupSettings    lookups/settings.py
+    [tracing]         TracingSettings   tracing/settings.py
+
+This module loads, merges, coerces and composes them into :class:`Settings`.
 """
 
 from __future__ import annotations
@@ -15,15 +25,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import Any, ClassVar, Iterator, Mapping, Optional
 
-__all__ = [
-    "ConfigError", "ServerSettings", "FanoutSettings", "MongoSettings", "HttpSettings",
-    "LookupSettings", "TracingSettings", "Settings", "load_settings", "pool_warnings",
-]
+from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from service.engine.settings import FanOutSettings
+from tracing.settings import TracingSettings
+
+__all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_warnings",
+           "as_config_error"]
 
 ENV_PREFIX = "FANOUT_"
 
@@ -34,6 +47,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ServerSettings:
+    """The Thrift listener: address, wire format, connection and message limits, drain."""
+
     host: str = "127.0.0.1"
     port: int = 9090
     transport: str = "framed"          # framed | buffered
@@ -51,63 +66,27 @@ class ServerSettings:
     workers: int = 1                   # > 1: pre-forked worker processes sharing the port
     hub_block_threshold_ms: int = 100  # report event-loop iterations longer than this; 0 = off
 
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {"transport": ("framed", "buffered"), "protocol": ("binary", "compact")})
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType({
+        "port": (0, 65535), "workers": (1, 64), "hub_block_threshold_ms": (0, None),
+        "drain_timeout_ms": (0, None), "max_frame_bytes": (64, 64 * 1024 * 1024),
+        "max_string_bytes": (16, None)})
 
-@dataclass(frozen=True)
-class FanoutSettings:
-    pool_size: int = 16
-    max_inflight_tasks: int = 1000
-    queue_timeout_ms: int = 100
-    request_deadline_ms: int = 2000
-    task_timeout_ms: int = 1000
-    abandon_grace_ms: int = 500
-    max_window_ms: int = 31 * 24 * 3600 * 1000
-
-
-@dataclass(frozen=True)
-class MongoSettings:
-    uri: str = "mongodb://127.0.0.1:27017"
-    database: str = "apm"
-    max_pool_size: int = 32
-    connect_timeout_ms: int = 1000
-    server_selection_timeout_ms: int = 1000
-
-
-@dataclass(frozen=True)
-class HttpSettings:
-    alerts_url: str = "http://127.0.0.1:8081"
-    metrics_url: str = "http://127.0.0.1:8082"
-    pool_maxsize: int = 32
-    connect_timeout_ms: int = 500
-    read_timeout_ms: int = 1000
-    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
-
-
-@dataclass(frozen=True)
-class LookupSettings:
-    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``."""
-
-    enabled: bool = True
-    timeout_ms: int = 0
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class TracingSettings:
-    """Tracing. Empty strings defer to the standard ``OTEL_*`` variables, then SDK defaults."""
-
-    enabled: bool = True
-    exporter: str = ""                 # otlp | console | none  (OTEL_TRACES_EXPORTER)
-    otlp_protocol: str = ""            # grpc | http/protobuf   (OTEL_EXPORTER_OTLP_PROTOCOL)
-    endpoint: str = ""                 # OTEL_EXPORTER_OTLP_ENDPOINT
-    service_name: str = ""             # OTEL_SERVICE_NAME, else "fanout"
-    sample_ratio: float = -1.0         # < 0: OTEL_TRACES_SAMPLER(_ARG), else always on
-    flush_timeout_ms: int = 2_000      # at shutdown, how long to wait for spans to export
+    def __post_init__(self) -> None:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file: set both or neither")
+        if self.max_string_bytes > self.max_frame_bytes:
+            raise ValueError(f"max_string_bytes: must be at most server.max_frame_bytes "
+                             f"({self.max_frame_bytes}), got {self.max_string_bytes}")
 
 
 @dataclass(frozen=True)
 class Settings:
+    """Every section; each but ``server`` is defined by the part that owns it."""
+
     server: ServerSettings = field(default_factory=ServerSettings)
-    fanout: FanoutSettings = field(default_factory=FanoutSettings)
+    fanout: FanOutSettings = field(default_factory=FanOutSettings)
     mongo: MongoSettings = field(default_factory=MongoSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
@@ -122,24 +101,24 @@ class Settings:
 
 
 _SECTIONS: dict[str, type] = {
-    "server": ServerSettings, "fanout": FanoutSettings, "mongo": MongoSettings,
+    "server": ServerSettings, "fanout": FanOutSettings, "mongo": MongoSettings,
     "http": HttpSettings, "tracing": TracingSettings,
 }
 
-# Range and choice rules; every other int must be >= 1, every string may be anything.
-_CHOICES = {
-    "server.transport": ("framed", "buffered"),
-    "server.protocol": ("binary", "compact"),
-    "tracing.exporter": ("", "otlp", "console", "none"),
-    "tracing.otlp_protocol": ("", "grpc", "http/protobuf"),
-}
-_INT_MINIMUM = {"server.port": 0, "lookups.timeout_ms": 0, "fanout.queue_timeout_ms": 0,
-                "fanout.abandon_grace_ms": 0, "server.hub_block_threshold_ms": 0,
-                "tracing.flush_timeout_ms": 0, "server.drain_timeout_ms": 0,
-                "server.max_frame_bytes": 64, "server.max_string_bytes": 16}
-_INT_MAXIMUM = {"server.port": 65535, "server.workers": 64,
-                "server.max_frame_bytes": 64 * 1024 * 1024}
-_URL_KEYS = ("http.alerts_url", "http.metrics_url")
+
+@contextmanager
+def as_config_error(label: str = "") -> Iterator[None]:
+    """Turn an owner's :class:`ValueError` about its settings into :class:`ConfigError`.
+
+    Owners (a section's ``__post_init__``, the backend clients, tracing set-up) name
+    the key relative to ``label``, the section, if one is given.
+    """
+    try:
+        yield
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(f"{label}.{exc}" if label else str(exc)) from None
 
 
 def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[str, str]] = None,
@@ -158,16 +137,6 @@ def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[st
             section, _, key = dotted.rpartition(".")
             _merge(raw, _nest(section.split("."), key, value))
     return _build(raw)
-
-
-def _check_together(settings: Settings) -> None:
-    """Rules that involve more than one key."""
-    server = settings.server
-    if bool(server.tls_cert_file) != bool(server.tls_key_file):
-        raise ConfigError("server.tls_cert_file and server.tls_key_file: set both or neither")
-    if server.max_string_bytes > server.max_frame_bytes:
-        raise ConfigError(f"server.max_string_bytes: must be at most server.max_frame_bytes "
-                          f"({server.max_frame_bytes}), got {server.max_string_bytes}")
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -227,14 +196,12 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     lookups_raw = raw.get("lookups", {})
     if not isinstance(lookups_raw, Mapping):
         raise ConfigError("lookups: must be a table of [lookups.<name>] sections")
-    lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body, rule_prefix="lookups")
+    lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body)
                for name, body in lookups_raw.items()}
-    settings = Settings(**parts, lookups=MappingProxyType(lookups))
-    _check_together(settings)
-    return settings
+    return Settings(**parts, lookups=MappingProxyType(lookups))
 
 
-def _build_section(label: str, cls: type, body: Any, rule_prefix: Optional[str] = None) -> Any:
+def _build_section(label: str, cls: type, body: Any) -> Any:
     if not isinstance(body, Mapping):
         raise ConfigError(f"{label}: must be a table")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -242,29 +209,26 @@ def _build_section(label: str, cls: type, body: Any, rule_prefix: Optional[str] 
     for key, value in body.items():
         if key not in fields:
             raise ConfigError(f"{label}.{key}: unknown key; expected one of {', '.join(fields)}")
-        values[key] = _coerce(f"{label}.{key}", f"{rule_prefix or label}.{key}",
-                              type(fields[key].default), value)
-    return cls(**values)
+        values[key] = _coerce(f"{label}.{key}", cls, key, type(fields[key].default), value)
+    with as_config_error(label):
+        return cls(**values)
 
 
-def _coerce(label: str, rule: str, kind: type, value: Any) -> Any:
+def _coerce(label: str, cls: type, key: str, kind: type, value: Any) -> Any:
+    """``value`` as ``kind``, within the section's ``CHOICES`` and ``INT_BOUNDS`` for ``key``."""
     if kind is bool:
-        result = _to_bool(label, value)
-    elif kind is int:
-        result = _to_int(label, rule, value)
-    elif kind is float:
-        result = _to_float(label, value)
-    else:
-        if not isinstance(value, str):
-            raise ConfigError(f"{label}: must be a string, got {value!r}")
-        result = value.strip()
-    if rule in _CHOICES and result not in _CHOICES[rule]:
-        choices = ", ".join(repr(c) for c in _CHOICES[rule] if c)
-        raise ConfigError(f"{label}: must be one of {choices}, got {value!r}")
-    if rule in _URL_KEYS and not result.startswith(("http://", "https://")):
-        raise ConfigError(f"{label}: must be an http:// or https:// URL, got {value!r}")
-    if rule == "tracing.sample_ratio" and result > 1.0:
-        raise ConfigError(f"{label}: must be at most 1.0 (negative: use OTEL_TRACES_SAMPLER)")
+        return _to_bool(label, value)
+    if kind is int:
+        return _to_int(label, value, cls.INT_BOUNDS.get(key, (1, None)))
+    if kind is float:
+        return _to_float(label, value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{label}: must be a string, got {value!r}")
+    result = value.strip()
+    choices = cls.CHOICES.get(key)
+    if choices is not None and result not in choices:
+        listed = ", ".join(repr(c) for c in choices if c)
+        raise ConfigError(f"{label}: must be one of {listed}, got {value!r}")
     return result
 
 
@@ -278,14 +242,14 @@ def _to_bool(label: str, value: Any) -> bool:
     raise ConfigError(f"{label}: must be true or false, got {value!r}")
 
 
-def _to_int(label: str, rule: str, value: Any) -> int:
+def _to_int(label: str, value: Any, bounds: tuple[int, Optional[int]]) -> int:
     try:
         if isinstance(value, bool) or isinstance(value, float):
             raise ValueError
         number = int(value, 10) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{label}: must be an integer, got {value!r}") from None
-    low, high = _INT_MINIMUM.get(rule, 1), _INT_MAXIMUM.get(rule)
+    low, high = bounds
     if number < low or (high is not None and number > high):
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise ConfigError(f"{label}: must be an integer {bound}, got {value!r}")

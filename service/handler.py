@@ -13,13 +13,12 @@ from typing import Any, Callable, Mapping, Optional
 from lookups.base import Lookup
 from lookups.panels import Window
 from service.config import Settings
-from service.context import RequestContext, new_request_id, use_request
-from service.deadline import Deadline
-from service.fanout import FanOut
+from service.engine.context import RequestContext, new_request_id
+from service.engine.fanout import FanOut
 from service.health import HealthChecker
 from service.idl import appstats
 from service.mapping import to_panel_data, to_thrift_outcomes
-from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
+from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
                               TaskStatus)
 from service.validation import ValidRequest, validate_stats_request
 from tracing.spans import request_span, trace_id_hex
@@ -86,23 +85,20 @@ class AppStatsHandler:
                 raise
             if valid.request_id and span.is_recording():
                 span.set_attribute("fanout.request_id", valid.request_id)
-            context = RequestContext(request_id=valid.request_id or request_id,
-                                     method="get_app_stats",
-                                     deadline=Deadline.after_ms(valid.deadline_ms),
-                                     headers=valid.headers)
-            with use_request(context):
-                outcomes = self._gather(valid, context)
-                return appstats.StatsResponse(
-                    app=valid.window.app,
-                    panels={o.name: o.value for o in outcomes if o.ok},
-                    outcomes=to_thrift_outcomes(outcomes),
-                    trace_id=trace_id_hex(span),
-                    elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+            context = RequestContext.start("get_app_stats", valid.deadline_ms,
+                                           valid.request_id or request_id, valid.headers)
+            outcomes = self._gather(valid, context)
+            return appstats.StatsResponse(
+                app=valid.window.app,
+                panels={o.name: o.value for o in outcomes if o.ok},
+                outcomes=to_thrift_outcomes(outcomes),
+                trace_id=trace_id_hex(span),
+                elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
         tasks, skipped = self._plan(valid)
         try:
-            result = self._fanout.run(tasks, context.deadline)
+            result = self._fanout.run(tasks, context)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None

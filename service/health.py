@@ -31,8 +31,8 @@ from opentelemetry.instrumentation.utils import suppress_instrumentation
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from requests.adapters import HTTPAdapter
 
-from lookups.clients import Backends
-from service.context import spawn_in_context
+from lookups.clients import BackendClients
+from tracing.greenlets import spawn_in_context
 
 __all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS", "DEFAULT_CACHE_MS"]
 
@@ -53,13 +53,13 @@ class BackendStatus:
 
 
 class HealthChecker:
-    """Checks the backends of one :class:`~lookups.clients.Backends`, cached briefly.
+    """Checks the backends of one :class:`~lookups.clients.BackendClients`, cached briefly.
 
     :meth:`check` never raises for a backend failure: that backend is reported
     down. ``clock`` (seconds, monotonic) is replaceable for unit tests.
     """
 
-    def __init__(self, backends: Backends, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
+    def __init__(self, backends: BackendClients, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
                  cache_ms: int = DEFAULT_CACHE_MS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._backends = backends
@@ -86,7 +86,7 @@ class HealthChecker:
             return self._cached
 
     def close(self) -> None:
-        """Close the probe session (the shared clients belong to :class:`Backends`)."""
+        """Close the probe session (the shared clients belong to :class:`BackendClients`)."""
         self._session.close()
 
     def _refresh(self) -> tuple[BackendStatus, ...]:

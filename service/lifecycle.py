@@ -28,8 +28,8 @@ from typing import Callable, Optional
 import gevent
 from gevent.event import Event
 
-from service.app import FanoutService
-from service.config import Settings
+from service.app import FanOutService
+from service.config import Settings, as_config_error
 from tracing.setup import Tracing, configure_tracing
 
 __all__ = ["run_server", "STOP_SIGNALS"]
@@ -44,7 +44,7 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
                install_signals: bool = True, stop: Optional[Event] = None) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
-    Configures tracing from ``settings.tracing``, starts :class:`FanoutService`
+    Configures tracing from ``settings.tracing``, starts :class:`FanOutService`
     (on ``listener`` if given: a bound, listening socket, as pre-forked workers
     share), calls ``on_ready(address)`` once listening, and blocks. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
@@ -52,15 +52,16 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
     only ``stop`` ends the wait. Returns 0 after the drain in the module doc.
 
     Raises OSError if it cannot listen, :class:`~service.config.ConfigError`
-    (:class:`~service.tls.TlsConfigError` for unusable TLS files) for settings it
+    (:class:`~service.wire.tls.TlsConfigError` for unusable TLS files) for settings it
     cannot use, ValueError without signal handlers and without ``stop``.
     """
     if not install_signals and stop is None:
         raise ValueError("run_server: without signal handlers, pass a stop event")
     stop = stop or Event()
-    tracing = configure_tracing(settings.tracing)
+    with as_config_error():
+        tracing = configure_tracing(settings.tracing)
     try:
-        service = FanoutService(settings, listener=listener)
+        service = FanOutService(settings, listener=listener)
     except Exception:
         tracing.shutdown(settings.tracing.flush_timeout_ms)
         raise

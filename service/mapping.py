@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList
 from service.idl import appstats
-from service.outcomes import TaskOutcome
+from service.engine.outcomes import TaskOutcome
 
 __all__ = ["to_panel_data", "to_thrift_outcome", "to_thrift_outcomes"]
 

@@ -6,7 +6,7 @@ accepting and new connections wait in the kernel's backlog. Each connection
 serves one call after another until the peer closes, idles out
 (``server.idle_timeout_ms``) or the server stops.
 
-Per call: read one bounded message (:mod:`service.transport`), decode it with
+Per call: read one bounded message (:mod:`service.wire.channel`), decode it with
 the processor, run the handler, write the reply. Exceptions the IDL declares go
 back typed; anything else the handler raises becomes
 ``TApplicationException(INTERNAL_ERROR, "internal error (request id ...)")``,
@@ -41,17 +41,17 @@ from gevent.server import StreamServer
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.accept import ResilientStreamServer
+from service.wire.accept import ResilientStreamServer
 from service.config import ServerSettings
-from service.context import new_request_id
-from service.tls import handshake, server_context
-from service.transport import (
+from service.engine.context import new_request_id
+from service.wire.tls import handshake, server_context
+from service.wire.channel import (
     TRANSPORTS, Channel, open_channel, protocol_for, shared_output_buffer,
 )
-from service.wire_errors import (
+from service.wire.errors import (
     LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
 )
-from service.wire_scan import WireLimits
+from service.wire.scan import WireLimits
 
 __all__ = ["ThriftServer", "ServerStats", "DrainReport"]
 
@@ -184,7 +184,7 @@ class ThriftServer:
 
         Raises OSError if the address cannot be bound, RuntimeError if already
         started or stopped. (An unreadable TLS certificate or key already raised
-        :class:`service.tls.TlsConfigError` at construction.)
+        :class:`service.wire.tls.TlsConfigError` at construction.)
         """
         if self._server is not None or self._stopping:
             raise RuntimeError("server already started or stopped")

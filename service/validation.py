@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from lookups.panels import Window
-from service.config import FanoutSettings
+from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from tracing.propagation import propagation_fields
 
@@ -39,7 +39,7 @@ def _invalid(field: str, message: str) -> appstats.InvalidRequest:
 
 
 def validate_stats_request(request: Any, known_panels: Sequence[str],
-                           default_panels: Sequence[str], fanout: FanoutSettings) -> ValidRequest:
+                           default_panels: Sequence[str], fanout: FanOutSettings) -> ValidRequest:
     """Validate ``request`` against the panels this server knows and the fan-out limits.
 
     ``default_panels`` are gathered when the request names none.

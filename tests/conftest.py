@@ -8,4 +8,4 @@ from gevent import monkey
 
 monkey.patch_all()
 
-pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.backends"]
+pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples"]

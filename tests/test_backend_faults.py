@@ -22,20 +22,20 @@ import gevent
 import pytest
 from greenlet import greenlet
 
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.errors import LookupFailed
 from lookups.http import AlertsLookup
 from lookups.mongo import UrlsLookup
 from lookups.panels import Window
-from service.app import FanoutService
-from service.backends import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleData,
+from service.app import FanOutService
+from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleData,
                               seed_mongo_at)
-from service.backends.faults import FaultyHttpService, TcpFaultProxy
+from service.samples.faults import FaultyHttpService, TcpFaultProxy
 from service.client import AppStatsClient
 from service.config import load_settings
-from service.context import TaskRunners
+from service.engine.runners import TaskRunners
 from service.idl import appstats
-from tests.support.backends import SAMPLE_DATABASE
+from tests.support.samples import SAMPLE_DATABASE
 
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 MONGO_PANELS = ALL_PANELS[:4]
@@ -83,7 +83,7 @@ class Rig:
 
     http: FaultyHttpService
     proxy: TcpFaultProxy
-    service: FanoutService | None = None
+    service: FanOutService | None = None
     client: AppStatsClient | None = None
     extra: list[Any] = field(default_factory=list)   # more backends, stopped after the test
 
@@ -97,7 +97,7 @@ class Rig:
                 # than a panel's budget, not so slow that the driver writes the server off.
                 "mongo.connect_timeout_ms": MONGO_HEARTBEAT_TIMEOUT_MS,
                 **{key.replace("__", "."): value for key, value in overrides.items()}}
-        self.service = FanoutService(load_settings(env={}, overrides=keys)).start()
+        self.service = FanOutService(load_settings(env={}, overrides=keys)).start()
         self.client = AppStatsClient(*self.service.address, timeout_ms=5000)
         return self.client
 
@@ -182,8 +182,8 @@ def assert_nothing_leaked(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None
     assert service is not None
     assert service.fanout.wait_reapers(timeout_s=SETTLE_S)
     assert service.fanout.inflight == 0
-    assert wait_for(lambda: service.backends.connections_in_use() == {"mongo": 0, "http": 0}), \
-        service.backends.connections_in_use()
+    assert wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}), \
+        service.clients.connections_in_use()
     assert wait_for(lambda: not new_greenlets(rig, greenlets_before)), new_greenlets(rig, greenlets_before)
 
 
@@ -324,14 +324,14 @@ def test_bearer_token_is_sent_to_both_services(rig: Rig, sample_data: SampleData
 def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: SampleData) -> None:
     """Many more calls than connections, most cut by their budgets while waiting for one.
 
-    (Before lookups waited on ``Backends.http_slots``, their timers fired inside urllib3's
+    (Before lookups waited on ``BackendClients.http_slots``, their timers fired inside urllib3's
     pool wait and corrupted it: urllib3 then raised ``FullPoolError``.)
     """
     with FaultyHttpService(sample_data) as http:
         http.set_mode("slow", delay_ms=150)
         settings = load_settings(env={}, overrides={"http.alerts_url": http.url,
                                                     "http.pool_maxsize": 2})
-        with Backends(settings.mongo, settings.http) as backends:
+        with BackendClients(settings.mongo, settings.http) as backends:
             lookup = AlertsLookup(backends.session, backends.http_settings, backends.http_slots)
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 
@@ -363,7 +363,7 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
         settings = load_settings(env={}, overrides={
             "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}", "mongo.database": SAMPLE_DATABASE,
             "mongo.max_pool_size": 3})
-        with Backends(settings.mongo, settings.http) as backends:
+        with BackendClients(settings.mongo, settings.http) as backends:
             lookup = UrlsLookup(backends.db, backends.mongo_slots)
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             for pause_s in (0.05, 0.15, 0.25, 0.35):

@@ -15,16 +15,17 @@ import requests
 from pymongo.errors import PyMongoError
 
 from lookups.base import Lookup
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.http import AlertsLookup
 from lookups.mongo import ErrorsLookup
 from lookups.panels import AlertList, Window
 from lookups.registry import LookupRegistry, default_registry
-from service.backends import (DemoBackends, MongoWireServer, MongoWireServerError, SampleData,
+from service.samples import (DemoBackends, MongoWireServer, MongoWireServerError, SampleData,
                               SampleHttpServices, generate_sample_data)
-from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from service.config import HttpSettings, MongoSettings, Settings, load_settings
-from service.context import spawn_in_context
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from lookups.settings import HttpSettings, MongoSettings
+from service.config import Settings, load_settings
+from tracing.greenlets import spawn_in_context
 
 SEVEN_PANELS = ("errors", "urls", "controllers", "queries", "alerts", "latency", "volume")
 
@@ -147,7 +148,7 @@ def test_services_answer_get_only(http_services: SampleHttpServices) -> None:
 def test_delayed_services_serve_calls_in_parallel(sample_data: SampleData) -> None:
     with SampleHttpServices(sample_data, alerts_delay_ms=400) as services:
         http = HttpSettings(alerts_url=services.alerts_url, metrics_url=services.metrics_url)
-        with Backends(MongoSettings(), http) as backends:
+        with BackendClients(MongoSettings(), http) as backends:
             lookup = AlertsLookup(backends.session, backends.http_settings)
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             started = time.monotonic()
@@ -178,7 +179,7 @@ def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
         assert tomllib.loads(demo.config_snippet())["mongo"]["uri"] == overrides["mongo.uri"]
         assert (settings.mongo.uri, settings.http.alerts_url) == (overrides["mongo.uri"],
                                                                   overrides["http.alerts_url"])
-        with Backends(settings.mongo, settings.http) as backends:
+        with BackendClients(settings.mongo, settings.http) as backends:
             summary = ErrorsLookup(backends.db).fetch(
                 Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=5.0)
         assert summary.total == sum(1 for e in demo.data.errors if e.app == "shop")
@@ -192,7 +193,7 @@ def test_backends_open_without_blocking_when_mongo_is_down() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     started = time.monotonic()
-    backends = Backends(MongoSettings(uri=f"mongodb://127.0.0.1:{port}",
+    backends = BackendClients(MongoSettings(uri=f"mongodb://127.0.0.1:{port}",
                                       server_selection_timeout_ms=5000), HttpSettings())
     assert time.monotonic() - started < 1.0
     assert backends.connections_in_use() == {"mongo": 0, "http": 0}
@@ -202,11 +203,11 @@ def test_backends_open_without_blocking_when_mongo_is_down() -> None:
 
 def test_invalid_mongo_uri_is_refused_without_echoing_it() -> None:
     with pytest.raises(ValueError) as caught:
-        Backends(MongoSettings(uri="mongodb://admin:hunter2@/nohost"), HttpSettings())
+        BackendClients(MongoSettings(uri="mongodb://admin:hunter2@/nohost"), HttpSettings())
     assert "hunter2" not in str(caught.value) and "mongo.uri" in str(caught.value)
 
 
-def test_backends_use_the_settings(backend_settings: Settings, backends: Backends) -> None:
+def test_backends_use_the_settings(backend_settings: Settings, backends: BackendClients) -> None:
     assert backends.db.name == backend_settings.mongo.database
     options = backends.mongo_client.options
     assert options.pool_options.max_pool_size == backend_settings.mongo.max_pool_size
@@ -217,7 +218,7 @@ def test_backends_use_the_settings(backend_settings: Settings, backends: Backend
 
 # --- the registry ------------------------------------------------------------------------
 
-def test_default_registry_has_the_seven_panels_in_order(backends: Backends) -> None:
+def test_default_registry_has_the_seven_panels_in_order(backends: BackendClients) -> None:
     registry = default_registry()
     assert registry.names() == SEVEN_PANELS
     built = registry.build(backends)
@@ -236,7 +237,7 @@ class _ConstantAlerts(Lookup):
         return AlertList(())
 
 
-def test_registering_a_lookup(backends: Backends) -> None:
+def test_registering_a_lookup(backends: BackendClients) -> None:
     registry = default_registry()
     registry.register("constant", lambda _: _ConstantAlerts())
     assert registry.names()[-1] == "constant"
@@ -245,7 +246,7 @@ def test_registering_a_lookup(backends: Backends) -> None:
         registry.register("errors", lambda b: ErrorsLookup(b.db))
 
 
-def test_a_factory_must_build_the_lookup_it_names(backends: Backends) -> None:
+def test_a_factory_must_build_the_lookup_it_names(backends: BackendClients) -> None:
     registry = LookupRegistry()
     registry.register("other", lambda _: _ConstantAlerts())
     with pytest.raises(ValueError, match="named 'constant'"):

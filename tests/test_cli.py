@@ -13,7 +13,7 @@ from typing import Iterator
 import gevent
 import pytest
 
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 # The processes must not try to reach a trace collector that is not there.

@@ -12,11 +12,14 @@ import pytest
 from opentelemetry import trace
 
 from lookups.errors import BackendUnavailable, BadBackendResponse
-from service.config import FanoutSettings
-from service.context import RequestContext, TaskRunners, current_request, use_request
-from service.deadline import Deadline
-from service.fanout import FanOut
-from service.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus)
+from service.engine.context import RequestContext
+from service.engine.fanout import FanOut
+from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus
+from service.engine.runners import TaskRunners
+from service.engine.settings import FanOutSettings
+
+# A context variable the caller sets: the engine must carry it into every task.
+caller_value: contextvars.ContextVar[str] = contextvars.ContextVar("caller_value", default="unset")
 
 
 def sleeper(seconds: float, value: Any = "done") -> Callable[[float], Any]:
@@ -48,18 +51,23 @@ def task(name: str, call: Callable[[float], Any], timeout_ms: int = 2000,
     return Task(name=name, source="test", call=call, timeout_ms=timeout_ms, required=required)
 
 
+def within(deadline_ms: float) -> RequestContext:
+    """A request due ``deadline_ms`` from now."""
+    return RequestContext.start("test", deadline_ms)
+
+
 def engine(**overrides: Any) -> FanOut:
-    return FanOut(FanoutSettings(**{"abandon_grace_ms": 100, **overrides}))
+    return FanOut(FanOutSettings(**{"abandon_grace_ms": 100, **overrides}))
 
 
 def test_tasks_run_in_parallel_not_in_sequence() -> None:
     fan = engine()
     tasks = [task(f"t{i}", sleeper(0.1, value=i)) for i in range(7)]
     began = time.monotonic()
-    result = fan.run(tasks, Deadline.after_ms(3000))
+    result = fan.run(tasks, within(3000))
     elapsed = time.monotonic() - began
     assert [o.status for o in result.outcomes] == [TaskStatus.OK] * 7
-    assert result.values() == {f"t{i}": i for i in range(7)}
+    assert {o.name: o.value for o in result.outcomes} == {f"t{i}": i for i in range(7)}
     # Sequential would take 0.7 s; parallel about 0.1 s. The bound leaves room for a slow CI box.
     assert elapsed < 0.35
 
@@ -75,7 +83,7 @@ def test_request_pool_bounds_concurrency() -> None:
         running[0] -= 1
         return "ok"
 
-    result = fan.run([task(f"t{i}", tracked) for i in range(6)], Deadline.after_ms(3000))
+    result = fan.run([task(f"t{i}", tracked) for i in range(6)], within(3000))
     assert all(o.ok for o in result.outcomes)
     assert peak[0] == 2
     assert fan.inflight == 0
@@ -84,7 +92,7 @@ def test_request_pool_bounds_concurrency() -> None:
 def test_task_waiting_past_queue_timeout_is_rejected() -> None:
     fan = engine(pool_size=1, queue_timeout_ms=30)
     result = fan.run([task("first", sleeper(0.2)), task("second", sleeper(0.01))],
-                     Deadline.after_ms(3000))
+                     within(3000))
     first, second = result.outcomes
     assert first.status is TaskStatus.OK
     assert second.status is TaskStatus.REJECTED and second.retryable
@@ -94,30 +102,33 @@ def test_task_waiting_past_queue_timeout_is_rejected() -> None:
 
 def test_no_task_can_start_raises_overloaded() -> None:
     fan = engine(max_inflight_tasks=1, queue_timeout_ms=30)
-    hog = gevent.spawn(fan.run, [task("hog", sleeper(0.3))], Deadline.after_ms(3000))
+    hog = gevent.spawn(fan.run, [task("hog", sleeper(0.3))], within(3000))
     gevent.sleep(0.01)
     assert fan.inflight == 1
     with pytest.raises(FanOutOverloaded) as caught:
-        fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], Deadline.after_ms(3000))
+        fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], within(3000))
     assert caught.value.retry_after_ms > 0
     assert hog.get(timeout=2).outcomes[0].ok
     assert fan.inflight == 0
 
 
-def test_children_see_request_context_and_parent_span(spans: Any) -> None:
+def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) -> None:
     fan = engine()
     seen = {}
 
     def look(budget_s: float) -> str:
-        seen["request"] = current_request()
+        seen["value"] = caller_value.get()
         seen["parent"] = trace.get_current_span().get_span_context()
         return "ok"
 
     tracer = trace.get_tracer("test")
-    request = RequestContext("req-1", "get_app_stats", Deadline.after_ms(1000))
-    with use_request(request), tracer.start_as_current_span("request") as root:
-        fan.run([task("look", look)], request.deadline)
-    assert seen["request"] is request
+    token = caller_value.set("req-1")
+    try:
+        with tracer.start_as_current_span("request") as root:
+            fan.run([task("look", look)], within(1000))
+    finally:
+        caller_value.reset(token)
+    assert seen["value"] == "req-1"
     (task_span,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task look"]
     assert task_span.parent.span_id == root.get_span_context().span_id
     # Inside the task, the current span is the task's own span, a child of the request's.
@@ -128,7 +139,7 @@ def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     fan = engine(abandon_grace_ms=50)
     began = time.monotonic()
     result = fan.run([task("fast", sleeper(0.01)), task("stuck", stubborn(30))],
-                     Deadline.after_ms(150))
+                     within(150))
     assert time.monotonic() - began < 0.5
     fast, stuck = result.outcomes
     assert fast.status is TaskStatus.OK
@@ -151,7 +162,7 @@ def test_budget_is_min_of_task_timeout_and_time_left() -> None:
         return call
 
     fan.run([task("short", record("short"), timeout_ms=50), task("long", record("long"), timeout_ms=60_000)],
-            Deadline.after_ms(400))
+            within(400))
     assert budgets["short"] == pytest.approx(0.05, abs=0.001)
     assert 0.3 < budgets["long"] <= 0.4
 
@@ -164,7 +175,7 @@ def test_every_error_kind_becomes_its_outcome() -> None:
         task("slow", sleeper(5), timeout_ms=30),
         task("bug", raiser(KeyError("x" * 2000))),
         task("fine", sleeper(0)),
-    ], Deadline.after_ms(2000))
+    ], within(2000))
     by_name = {o.name: o for o in result.outcomes}
     assert [o.name for o in result.outcomes] == ["unavailable", "bad", "slow", "bug", "fine"]
     assert (by_name["unavailable"].status, by_name["unavailable"].retryable) == (TaskStatus.ERROR, True)
@@ -184,7 +195,7 @@ def test_required_failure_cancels_siblings_and_raises() -> None:
         fan.run([task("slow", sleeper(1.0)),
                  task("must", raiser(BackendUnavailable("down"), after_s=0.02), required=True),
                  task("queued", sleeper(0.01))],
-                Deadline.after_ms(3000))
+                within(3000))
     assert time.monotonic() - began < 0.5
     failure = caught.value
     assert failure.failed.name == "must"
@@ -198,26 +209,26 @@ def test_required_failure_cancels_siblings_and_raises() -> None:
 def test_optional_failures_never_raise() -> None:
     fan = engine()
     result = fan.run([task("a", raiser(BackendUnavailable("down"))), task("b", sleeper(0))],
-                     Deadline.after_ms(1000))
+                     within(1000))
     assert [o.status for o in result.outcomes] == [TaskStatus.ERROR, TaskStatus.OK]
 
 
 def test_no_tasks_returns_at_once() -> None:
     began = time.monotonic()
-    result = engine().run([], Deadline.after_ms(5000))
+    result = engine().run([], within(5000))
     assert result.outcomes == () and time.monotonic() - began < 0.1
 
 
 def test_expired_deadline_times_out_without_calling() -> None:
     called = []
-    result = engine().run([task("late", lambda budget: called.append(budget))], Deadline.after_ms(0))
+    result = engine().run([task("late", lambda budget: called.append(budget))], within(0))
     assert result.outcomes[0].status is TaskStatus.TIMEOUT
     assert called == []
 
 
 def test_children_of_a_killed_request_are_still_reaped() -> None:
     fan = engine(abandon_grace_ms=50)
-    request = gevent.spawn(fan.run, [task("stuck", stubborn(30))], Deadline.after_ms(10_000))
+    request = gevent.spawn(fan.run, [task("stuck", stubborn(30))], within(10_000))
     gevent.sleep(0.05)
     assert fan.inflight == 1
     request.kill()
@@ -238,7 +249,7 @@ def test_task_greenlets_are_reused_and_never_carry_context_over() -> None:
 
     for _ in range(3):
         assert all(o.ok for o in fan.run([task(f"t{i}", look) for i in range(4)],
-                                         Deadline.after_ms(1000)).outcomes)
+                                         within(1000)).outcomes)
     greenlets = {id(g) for g, _ in seen}
     assert len(greenlets) <= 4 < len(seen)          # 12 tasks ran on at most 4 greenlets
     assert {value for _, value in seen} == {"clean"}
@@ -266,9 +277,9 @@ def test_idle_task_greenlets_are_bounded() -> None:
 
 def test_a_killed_straggler_ends_only_its_own_greenlet() -> None:
     fan = engine(abandon_grace_ms=30)
-    result = fan.run([task("stuck", stubborn(30)), task("quick", sleeper(0))], Deadline.after_ms(100))
+    result = fan.run([task("stuck", stubborn(30)), task("quick", sleeper(0))], within(100))
     assert [o.status for o in result.outcomes] == [TaskStatus.TIMEOUT, TaskStatus.OK]
     assert fan.wait_reapers(timeout_s=3) and fan.stats.killed == 1
     # The engine goes on serving on the runners that are left (and new ones).
-    again = fan.run([task(f"t{i}", sleeper(0.01)) for i in range(5)], Deadline.after_ms(1000))
+    again = fan.run([task(f"t{i}", sleeper(0.01)) for i in range(5)], within(1000))
     assert all(o.ok for o in again.outcomes) and fan.inflight == 0

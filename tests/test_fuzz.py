@@ -33,7 +33,9 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType, TProcessor
 
-from service.config import FanoutSettings, ServerSettings
+from service.config import ServerSettings
+
+from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.server import ThriftServer
 from service.validation import validate_stats_request
@@ -65,7 +67,7 @@ class FuzzHandler:
         return appstats.Health(state=appstats.ServingState.SERVING, backends=[])
 
     def get_app_stats(self, request: Any) -> Any:
-        valid = validate_stats_request(request, PANELS, PANELS, FanoutSettings())
+        valid = validate_stats_request(request, PANELS, PANELS, FanOutSettings())
         return sample_response(valid.window.app)
 
 

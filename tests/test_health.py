@@ -19,15 +19,15 @@ from thriftpy2.thrift import TClient, TMessageType
 from thriftpy2.transport.framed import TCyFramedTransport
 from thriftpy2.transport.memory import TMemoryBuffer
 
-from lookups.clients import Backends
-from service.app import FanoutService
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
-from service.backends.http_services import serve_wsgi
+from lookups.clients import BackendClients
+from service.app import FanOutService
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
+from service.samples.http_services import serve_wsgi
 from service.client import AppStatsClient
 from service.config import Settings, load_settings
 from service.health import HealthChecker
 from service.idl import appstats
-from tests.support.backends import SAMPLE_DATABASE, backend_overrides
+from tests.support.samples import SAMPLE_DATABASE, backend_overrides
 
 State = appstats.ServingState
 FANOUT = [sys.executable, "-m", "service.cli"]
@@ -40,13 +40,13 @@ def settings_for(mongo_uri: str, alerts_url: str, metrics_url: str, **extra: Any
 
 
 @pytest.fixture
-def start_with_settings(mongo_server, http_services) -> Iterator[Callable[..., FanoutService]]:
-    started: list[FanoutService] = []
+def start_with_settings(mongo_server, http_services) -> Iterator[Callable[..., FanOutService]]:
+    started: list[FanOutService] = []
 
-    def start(settings: Settings | None = None) -> FanoutService:
+    def start(settings: Settings | None = None) -> FanOutService:
         settings = settings or load_settings(env={}, overrides={
             **backend_overrides(mongo_server, http_services), "server.port": 0})
-        service = FanoutService(settings).start()
+        service = FanOutService(settings).start()
         started.append(service)
         return service
 
@@ -116,7 +116,7 @@ def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead
     now = [0.0]
     with MongoWireServer() as mongo:
         settings = settings_for(mongo.uri, failing_http, f"http://127.0.0.1:{dead_port}")
-        with Backends(settings.mongo, settings.http) as backends:
+        with BackendClients(settings.mongo, settings.http) as backends:
             checker = HealthChecker(backends, clock=lambda: now[0])
             first = {s.name: s for s in checker.check()}
             assert first["mongo"].up
@@ -135,7 +135,7 @@ def test_checks_run_in_parallel_each_with_its_own_timeout(backend_settings, sile
     """Three backends that accept connections and never answer: about one timeout, not three."""
     silent = f"http://127.0.0.1:{silent_port}"
     settings = settings_for(f"mongodb://127.0.0.1:{silent_port}", silent, silent)
-    with Backends(settings.mongo, settings.http) as backends:
+    with BackendClients(settings.mongo, settings.http) as backends:
         checker = HealthChecker(backends, timeout_ms=1000)
         started = time.monotonic()
         statuses = checker.check()

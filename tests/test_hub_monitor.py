@@ -13,12 +13,12 @@ import pytest
 from lookups.base import Lookup
 from lookups.panels import AlertList, Window
 from lookups.registry import LookupRegistry
-from service.app import FanoutService
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
+from service.app import FanOutService
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
 from service.hub_monitor import BLOCKED_EVENT, HubMonitor
 from service.idl import appstats
-from tests.support.backends import StartService
+from tests.support.samples import StartService
 
 _BUSY_S = 0.3
 _THRESHOLD_MS = 100
@@ -48,7 +48,7 @@ def busy_registry() -> LookupRegistry:
     return registry
 
 
-StartBusy = Callable[[int], tuple[FanoutService, AppStatsClient]]
+StartBusy = Callable[[int], tuple[FanOutService, AppStatsClient]]
 
 
 @pytest.fixture

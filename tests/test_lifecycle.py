@@ -26,12 +26,13 @@ from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TTransportException
 from thriftpy2.transport.memory import TMemoryBuffer
 
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.config import TracingSettings, load_settings
+from service.config import load_settings
+from tracing.settings import TracingSettings
 from service.idl import appstats
 from service.lifecycle import run_server
-from tests.support.backends import backend_overrides
+from tests.support.samples import backend_overrides
 from tracing.setup import configure_tracing
 
 FANOUT = [sys.executable, "-m", "service.cli"]

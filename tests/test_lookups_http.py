@@ -17,15 +17,15 @@ from gevent.server import StreamServer
 import pytest
 import requests
 
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup
 from lookups.panels import Window
-from service.backends import SampleData, SampleHttpServices
-from service.backends.http_services import path_segments, serve_wsgi
-from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from service.config import HttpSettings, MongoSettings
-from service.context import spawn_in_context
+from service.samples import SampleData, SampleHttpServices
+from service.samples.http_services import path_segments, serve_wsgi
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from lookups.settings import HttpSettings, MongoSettings
+from tracing.greenlets import spawn_in_context
 
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
@@ -60,7 +60,7 @@ def _expected_series(data: SampleData, window: Window, metric: str) -> list[tupl
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", list(WINDOWS))
-def test_alerts_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_alerts_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
     window = Window(app, *WINDOWS[window_name])
     expected = sorted(((a.triggered_ms, a.id, a.severity, a.title) for a in sample_data.alerts
                        if a.app == app and window.start_ms <= a.triggered_ms < window.end_ms))
@@ -68,7 +68,7 @@ def test_alerts_panel(backends: Backends, sample_data: SampleData, app: str, win
     assert [(a.triggered_ms, a.id, a.severity, a.title) for a in alerts.alerts] == expected
 
 
-def test_alerts_at_the_same_instant_are_ordered_by_id(backends: Backends, sample_data: SampleData) -> None:
+def test_alerts_at_the_same_instant_are_ordered_by_id(backends: BackendClients, sample_data: SampleData) -> None:
     window = Window("shop", *WINDOWS["day"])
     alerts = AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0).alerts
     stamps = [a.triggered_ms for a in alerts]
@@ -79,7 +79,7 @@ def test_alerts_at_the_same_instant_are_ordered_by_id(backends: Backends, sample
 @pytest.mark.parametrize("lookup_class", [LatencyLookup, VolumeLookup])
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", list(WINDOWS))
-def test_series_panels(backends: Backends, sample_data: SampleData, lookup_class: type[HttpLookup],
+def test_series_panels(backends: BackendClients, sample_data: SampleData, lookup_class: type[HttpLookup],
                        app: str, window_name: str) -> None:
     window = Window(app, *WINDOWS[window_name])
     series = lookup_class(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
@@ -90,13 +90,13 @@ def test_series_panels(backends: Backends, sample_data: SampleData, lookup_class
     assert [p.value for p in series.points] == pytest.approx([v for _, v in expected], rel=1e-9)
 
 
-def test_whole_day_series_has_120_twelve_minute_points(backends: Backends) -> None:
+def test_whole_day_series_has_120_twelve_minute_points(backends: BackendClients) -> None:
     series = LatencyLookup(backends.session, backends.http_settings).fetch(
         Window("shop", *WINDOWS["day"]), timeout_s=5.0)
     assert series.step_ms == 12 * MINUTE_MS and len(series.points) == 120
 
 
-def test_unknown_app_is_a_bad_response(backends: Backends) -> None:
+def test_unknown_app_is_a_bad_response(backends: BackendClients) -> None:
     for lookup_class in (AlertsLookup, LatencyLookup):
         with pytest.raises(BadBackendResponse) as caught:
             lookup_class(backends.session, backends.http_settings).fetch(
@@ -147,12 +147,12 @@ def misbehaving_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def open_backends() -> Iterator[Callable[..., Backends]]:
-    """Builds Backends on given HTTP settings and closes them all after the test."""
-    opened: list[Backends] = []
+def open_backends() -> Iterator[Callable[..., BackendClients]]:
+    """Builds BackendClients on given HTTP settings and closes them all after the test."""
+    opened: list[BackendClients] = []
 
-    def open_with(**http: Any) -> Backends:
-        opened.append(Backends(MongoSettings(), HttpSettings(**http)))
+    def open_with(**http: Any) -> BackendClients:
+        opened.append(BackendClients(MongoSettings(), HttpSettings(**http)))
         return opened[-1]
 
     yield open_with
@@ -160,7 +160,7 @@ def open_backends() -> Iterator[Callable[..., Backends]]:
         backends.close()
 
 
-def _fetch(backends: Backends, lookup_class: type[HttpLookup], budget_s: float = 5.0) -> Any:
+def _fetch(backends: BackendClients, lookup_class: type[HttpLookup], budget_s: float = 5.0) -> Any:
     return lookup_class(backends.session, backends.http_settings).fetch(
         Window("shop", *WINDOWS["day"]), timeout_s=budget_s)
 
@@ -179,7 +179,7 @@ def _fetch(backends: Backends, lookup_class: type[HttpLookup], budget_s: float =
     ("big", BadBackendResponse, False),
 ])
 @pytest.mark.parametrize("lookup_class", [AlertsLookup, VolumeLookup])
-def test_bad_answers_are_typed_errors(open_backends: Callable[..., Backends], misbehaving_url: str,
+def test_bad_answers_are_typed_errors(open_backends: Callable[..., BackendClients], misbehaving_url: str,
                                       mode: str, error: type[LookupFailed], retryable: bool,
                                       lookup_class: type[HttpLookup]) -> None:
     url = f"{misbehaving_url}/{mode}"
@@ -195,7 +195,7 @@ def test_bad_answers_are_typed_errors(open_backends: Callable[..., Backends], mi
     ("hang", {"read_timeout_ms": 200}),        # http.read_timeout_ms cuts it first
     ("drip", {"read_timeout_ms": 10_000}),     # each byte is in time; the total is not
 ])
-def test_slow_servers_time_out_within_budget(open_backends: Callable[..., Backends], misbehaving_url: str,
+def test_slow_servers_time_out_within_budget(open_backends: Callable[..., BackendClients], misbehaving_url: str,
                                              mode: str, http_settings: dict[str, int]) -> None:
     url = f"{misbehaving_url}/{mode}"
     backends = open_backends(alerts_url=url, metrics_url=url, **http_settings)
@@ -213,7 +213,7 @@ def _closed_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_connection_refused_is_unavailable(open_backends: Callable[..., Backends]) -> None:
+def test_connection_refused_is_unavailable(open_backends: Callable[..., BackendClients]) -> None:
     url = f"http://127.0.0.1:{_closed_port()}"
     backends = open_backends(alerts_url=url, metrics_url=url)
     started = time.monotonic()
@@ -239,7 +239,7 @@ def hang_up_url() -> Iterator[str]:
         server.stop(timeout=1)
 
 
-def test_connection_closed_without_answer_is_unavailable(open_backends: Callable[..., Backends],
+def test_connection_closed_without_answer_is_unavailable(open_backends: Callable[..., BackendClients],
                                                          hang_up_url: str) -> None:
     backends = open_backends(alerts_url=hang_up_url, metrics_url=hang_up_url)
     for lookup_class in (AlertsLookup, VolumeLookup):
@@ -248,13 +248,13 @@ def test_connection_closed_without_answer_is_unavailable(open_backends: Callable
     assert backends.connections_in_use()["http"] == 0
 
 
-def test_spent_budget_is_a_timeout(backends: Backends) -> None:
+def test_spent_budget_is_a_timeout(backends: BackendClients) -> None:
     for budget in (0.0, -0.5):
         with pytest.raises(BackendTimeout):
             _fetch(backends, AlertsLookup, budget_s=budget)
 
 
-def test_connections_are_returned_after_a_burst(open_backends: Callable[..., Backends],
+def test_connections_are_returned_after_a_burst(open_backends: Callable[..., BackendClients],
                                                  misbehaving_url: str,
                                                  http_services: SampleHttpServices) -> None:
     slow = open_backends(alerts_url=http_services.alerts_url, metrics_url=f"{misbehaving_url}/hang",
@@ -275,7 +275,7 @@ def test_connections_are_returned_after_a_burst(open_backends: Callable[..., Bac
     assert slow.connections_in_use()["http"] == 0
 
 
-def test_the_counter_sees_a_held_connection(backends: Backends, http_services: SampleHttpServices) -> None:
+def test_the_counter_sees_a_held_connection(backends: BackendClients, http_services: SampleHttpServices) -> None:
     response = backends.session.get(f"{http_services.alerts_url}/apps/shop/alerts",
                                     params={"start_ms": 0, "end_ms": 1}, stream=True, timeout=5)
     try:
@@ -311,7 +311,7 @@ def recording_url() -> Iterator[tuple[str, list[str]]]:
     ("x?y=1#z", "x%3Fy%3D1%23z"),
     ("café 100%", "caf%C3%A9%20100%25"),
 ])
-def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., Backends],
+def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., BackendClients],
                                            recording_url: tuple[str, list[str]], app: str,
                                            segment: str) -> None:
     base, seen = recording_url
@@ -325,7 +325,7 @@ def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., Backends
 
 
 @pytest.mark.parametrize("app", ["", ".", ".."])
-def test_dot_segment_app_names_are_refused(open_backends: Callable[..., Backends],
+def test_dot_segment_app_names_are_refused(open_backends: Callable[..., BackendClients],
                                            recording_url: tuple[str, list[str]], app: str) -> None:
     base, seen = recording_url
     backends = open_backends(alerts_url=base, metrics_url=base)

@@ -1,7 +1,7 @@
 """The four MongoDB panels against a seeded MongoDB-wire server, and their failures.
 
 Expected values are computed here from the SampleData records in plain Python.
-Window bounds are whole seconds, like the records (see service.backends.seed).
+Window bounds are whole seconds, like the records (see service.samples.seed).
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ from gevent.server import StreamServer
 import pymongo
 import pytest
 
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse
 from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
                            normalise_query)
 from lookups.panels import TopList, Window
-from service.backends import MongoWireServer, SampleData
-from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from service.config import HttpSettings, MongoSettings
-from service.context import spawn_in_context
+from service.samples import MongoWireServer, SampleData
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from lookups.settings import HttpSettings, MongoSettings
+from tracing.greenlets import spawn_in_context
 
 HOUR_MS = 3_600_000
 FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
@@ -79,7 +79,7 @@ def test_narrow_window_bounds_fall_on_records(sample_data: SampleData) -> None:
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_errors_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     records = _in_window(sample_data.errors, window)
     counts = Counter(r.message for r in records)
@@ -93,7 +93,7 @@ def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, win
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_urls_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
     _assert_top_list(UrlsLookup(backends.db).fetch(window, timeout_s=5.0), expected)
@@ -101,7 +101,7 @@ def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, windo
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str,
+def test_controllers_panel(backends: BackendClients, sample_data: SampleData, app: str,
                            window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
@@ -110,7 +110,7 @@ def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_queries_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     totals: dict[str, list[float]] = defaultdict(list)
     for record in _in_window(sample_data.queries, window):
@@ -120,13 +120,13 @@ def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, wi
     _assert_top_list(QueriesLookup(backends.db).fetch(window, timeout_s=5.0), expected)
 
 
-def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
+def test_a_wide_window(backends: BackendClients, sample_data: SampleData) -> None:
     window = Window("search", 0, 4_102_444_800_000)   # 1970 to 2100
     summary = ErrorsLookup(backends.db).fetch(window, timeout_s=5.0)
     assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
 
 
-def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) -> None:
+def test_whole_day_panels_are_full(backends: BackendClients, sample_data: SampleData) -> None:
     """The seeded data is rich enough that every top list is cut at ten."""
     window = _window(sample_data, "shop", "day")
     for lookup in (UrlsLookup(backends.db), QueriesLookup(backends.db)):
@@ -181,7 +181,7 @@ def _closed_port() -> int:
 def test_unreachable_mongo_is_unavailable_within_budget() -> None:
     uri = f"mongodb://fanout:s3cret@127.0.0.1:{_closed_port()}/?authSource=admin"
     settings = MongoSettings(uri=uri, server_selection_timeout_ms=10_000)
-    with Backends(settings, HttpSettings()) as backends:
+    with BackendClients(settings, HttpSettings()) as backends:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
             ErrorsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
@@ -210,7 +210,7 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
     """A server that accepts but never answers is slow, not known to be down."""
     settings = MongoSettings(uri=f"mongodb://127.0.0.1:{silent_server}", connect_timeout_ms=10_000,
                              server_selection_timeout_ms=10_000)
-    with Backends(settings, HttpSettings()) as backends:
+    with BackendClients(settings, HttpSettings()) as backends:
         started = time.monotonic()
         with pytest.raises(BackendTimeout) as caught:
             UrlsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
@@ -222,7 +222,7 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
 def test_mongo_killed_mid_session_is_unavailable() -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     with MongoWireServer() as server:
-        with Backends(MongoSettings(uri=server.uri), HttpSettings()) as backends:
+        with BackendClients(MongoSettings(uri=server.uri), HttpSettings()) as backends:
             assert UrlsLookup(backends.db).fetch(window, timeout_s=5.0) == TopList(())
             server.kill()
             for _ in range(2):   # first on the pooled connection, then on selection
@@ -231,7 +231,7 @@ def test_mongo_killed_mid_session_is_unavailable() -> None:
             assert backends.connections_in_use()["mongo"] == 0
 
 
-def test_spent_budget_is_a_timeout(backends: Backends) -> None:
+def test_spent_budget_is_a_timeout(backends: BackendClients) -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for budget in (0.0, -1.0, 1e-6):
         with pytest.raises(BackendTimeout) as caught:
@@ -239,7 +239,7 @@ def test_spent_budget_is_a_timeout(backends: Backends) -> None:
         assert caught.value.retryable is True and isinstance(caught.value, TimeoutError)
 
 
-def test_connections_are_returned_after_a_burst(backends: Backends, sample_data: SampleData) -> None:
+def test_connections_are_returned_after_a_burst(backends: BackendClients, sample_data: SampleData) -> None:
     window = _window(sample_data, "shop", "day")
     lookups = [ErrorsLookup(backends.db), UrlsLookup(backends.db), ControllersLookup(backends.db),
                QueriesLookup(backends.db)]
@@ -276,13 +276,13 @@ def test_normalise_query_long_statements_bypass_the_cache_with_the_same_result()
 _UNPATCHED_THREADS_SCRIPT = """
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.config import load_settings
 settings = load_settings(env={}, overrides=json.loads(sys.argv[1]))
 window = Window(*json.loads(sys.argv[2]))
-backends = Backends(settings.mongo, settings.http)
+backends = BackendClients(settings.mongo, settings.http)
 lookups = default_registry().build(backends)
 with ThreadPoolExecutor(4) as pool:
     futures = {name: pool.submit(lookups[name].fetch, window, 2.0)
@@ -293,13 +293,13 @@ backends.close()
 
 
 def test_mongo_lookups_from_plain_threads_give_the_same_panels(
-        backends: Backends, mongo_server, http_services) -> None:
+        backends: BackendClients, mongo_server, http_services) -> None:
     import json
     import subprocess
     import sys
 
     from lookups.registry import default_registry
-    from tests.support.backends import backend_overrides
+    from tests.support.samples import backend_overrides
 
     window = ("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     done = subprocess.run(

@@ -21,13 +21,13 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TSocket
 from thriftpy2.transport.framed import TCyFramedTransport
 
-from service.accept import fd_headroom_warning
-from service.app import FanoutService
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.wire.accept import fd_headroom_warning
+from service.app import FanOutService
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
 from service.config import load_settings
 from service.idl import appstats
-from tests.support.backends import backend_overrides
+from tests.support.samples import backend_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +41,7 @@ from gevent import monkey; monkey.patch_all()
 import logging
 import gevent.socket
 from thriftpy2.thrift import TProcessor
-from service.accept import ResilientStreamServer
+from service.wire.accept import ResilientStreamServer
 from service.config import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
@@ -144,7 +144,7 @@ def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
         **backend_overrides(mongo_server, slow_http), "server.port": 0,
         "fanout.max_inflight_tasks": 8, "fanout.pool_size": 4,
         "fanout.queue_timeout_ms": _QUEUE_TIMEOUT_MS, "fanout.request_deadline_ms": _DEADLINE_MS})
-    service = FanoutService(settings).start()
+    service = FanOutService(settings).start()
     clients = [AppStatsClient(*service.address, pool_size=1, timeout_ms=_DEADLINE_MS)
                for _ in range(_BURST)]
 
@@ -172,7 +172,7 @@ def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
 
         assert service.fanout.wait_reapers(timeout_s=5)
         assert service.fanout.inflight == 0
-        assert service.backends.connections_in_use() == {"mongo": 0, "http": 0}
+        assert service.clients.connections_in_use() == {"mongo": 0, "http": 0}
         with AppStatsClient(*service.address, timeout_ms=_DEADLINE_MS) as after:
             again = after.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
         assert {o.status for o in again.outcomes} == {appstats.TaskStatus.OK}

@@ -21,14 +21,14 @@ from typing import Any, Iterator
 import gevent
 import pytest
 
-from lookups.clients import Backends
-from service.app import FanoutService
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
-from service.backends.faults import FaultyHttpService
+from lookups.clients import BackendClients
+from service.app import FanOutService
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples.faults import FaultyHttpService
 from service.client import AppStatsClient
 from service.config import ConfigError, load_settings
 from service.idl import appstats
-from service.redact import redact_uri
+from lookups.redact import redact_uri
 
 PASSWORD = "s3cr3t-pw"
 TOKEN = "tok-s3cr3t"
@@ -81,7 +81,7 @@ def test_secrets_stay_out_of_logs_spans_and_answers(caplog: pytest.LogCaptureFix
     answers: list[str] = []
     for required in (False, True):
         overrides = {**secret_settings, "server.port": 0, "lookups.errors.required": required}
-        service = FanoutService(load_settings(env={}, overrides=overrides)).start()
+        service = FanOutService(load_settings(env={}, overrides=overrides)).start()
         try:
             with AppStatsClient(*service.address, timeout_ms=5000) as client:
                 if required:
@@ -157,7 +157,6 @@ def test_redact_uri_hides_credentials_and_keeps_hosts(uri: str, shown: str) -> N
 
 @pytest.mark.parametrize("token", [f"{TOKEN} x", f"{TOKEN}\tx", f"{TOKEN}\u00e9", f"{TOKEN}\r\nX-Evil: 1"])
 def test_a_token_that_is_not_a_bearer_token_is_refused_without_quoting_it(token: str) -> None:
-    settings = load_settings(env={}, overrides={"http.auth_token": token})
     with pytest.raises(ConfigError) as caught:
-        Backends(settings.mongo, settings.http)
+        load_settings(env={}, overrides={"http.auth_token": token})
     assert "http.auth_token" in str(caught.value) and leaked(str(caught.value)) == []

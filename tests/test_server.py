@@ -24,7 +24,7 @@ from thriftpy2.transport.memory import TMemoryBuffer
 from service.config import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
-from service.transport import BufferedChannel, FramedChannel, FrameRejected, protocol_for
+from service.wire.channel import BufferedChannel, FramedChannel, FrameRejected, protocol_for
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
                                   sample_response)
 
@@ -168,7 +168,7 @@ class _Socket:
 
 @pytest.mark.parametrize("length", [4097, -1, 2**31 - 1])
 def test_bad_frame_length_closes_only_that_connection(start_server, handler, length):
-    server = start_server(max_frame_bytes=4096)
+    server = start_server(max_frame_bytes=4096, max_string_bytes=1024)
     busy = thrift_client(server)
     in_flight = gevent.spawn(busy.get_app_stats, request("slow"))
     assert handler.entered.wait(timeout=5)
@@ -242,7 +242,7 @@ def test_string_length_beyond_the_frame_is_rejected(start_server, handler, claim
 
 
 def test_buffered_message_is_bounded_by_max_frame_bytes(start_server, handler):
-    server = start_server(transport="buffered", max_frame_bytes=1024)
+    server = start_server(transport="buffered", max_frame_bytes=1024, max_string_bytes=512)
     big = encode_call("get_app_stats",
                       appstats.AppStats.get_app_stats_args(request=request("A" * 8000)))
     sock = raw_connection(server)

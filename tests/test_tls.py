@@ -31,14 +31,14 @@ from thriftpy2.transport import TTransportException
 from lookups.base import Lookup
 from lookups.panels import Window
 from lookups.registry import default_registry
-from service.app import FanoutService
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS
+from service.app import FanOutService
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
 from service.config import ServerSettings, Settings, load_settings
 from service.idl import appstats
 from service.server import ThriftServer
-from service.tls import MINIMUM_VERSION, TlsConfigError, server_context
-from tests.support.backends import backend_overrides
+from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
+from tests.support.samples import backend_overrides
 from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
 
 FANOUT = [sys.executable, "-m", "service.cli"]
@@ -213,9 +213,9 @@ def test_default_settings_bind_loopback_only() -> None:
 
 
 def test_cli_and_demo_default_to_loopback() -> None:
-    from service.cli import _parser, _settings
+    from service.cli.main import _parser, _settings
 
-    from service.demo import _demo_settings
+    from service.cli.demo import _demo_settings
 
     args = _parser().parse_args(["serve", "--port", "0"])
     assert _settings(args).server.host == "127.0.0.1"
@@ -244,12 +244,12 @@ class _MisdeclaredLookup(Lookup):
         raise KeyError("never reached by the caller")
 
 
-def _service_with(lookup: type[Lookup], mongo_server: Any, http_services: Any) -> FanoutService:
+def _service_with(lookup: type[Lookup], mongo_server: Any, http_services: Any) -> FanOutService:
     registry = default_registry()
     registry.register(lookup.name, lambda backends: lookup())
     settings: Settings = load_settings(env={}, overrides={
         **backend_overrides(mongo_server, http_services), "server.port": 0})
-    return FanoutService(settings, registry=registry).start()
+    return FanOutService(settings, registry=registry).start()
 
 
 def test_unexpected_lookup_error_is_that_panels_error_without_traceback(
@@ -257,7 +257,7 @@ def test_unexpected_lookup_error_is_that_panels_error_without_traceback(
     service = _service_with(_BrokenLookup, mongo_server, http_services)
     try:
         with AppStatsClient(*service.address, timeout_ms=5000) as client, \
-                caplog.at_level(logging.ERROR, logger="service.fanout"):
+                caplog.at_level(logging.ERROR, logger="service.engine.fanout"):
             response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
                                              ["broken", "errors"])
     finally:

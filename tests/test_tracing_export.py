@@ -17,7 +17,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind
 
-from service.config import TracingSettings
+from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing, prepare_grpc_for_gevent
 
 RECEIVE_TIMEOUT_S = 10

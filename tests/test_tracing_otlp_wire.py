@@ -16,7 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from service.config import TracingSettings
+from tracing.settings import TracingSettings
 from tracing.otlp_wire import encode_spans, use_for_http_export
 from tracing.setup import configure_tracing
 

@@ -14,7 +14,7 @@ from opentelemetry import baggage, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_id, format_trace_id
 
-from service.context import spawn_in_context
+from tracing.greenlets import spawn_in_context
 from tracing.propagation import MAX_HEADER_CHARS, extract_context, inject_headers
 from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
 
@@ -284,7 +284,7 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
 
     from lookups.http import AlertsLookup
     from lookups.panels import Window
-    from service.config import HttpSettings
+    from lookups.settings import HttpSettings
 
     seen: list[str] = []
 

@@ -13,11 +13,12 @@ from thriftpy2.protocol import TCyBinaryProtocol
 from thriftpy2.thrift import TClient
 from thriftpy2.transport import TCyFramedTransport, TSocket
 
-from service.app import FanoutService
-from service.config import FanoutSettings, load_settings
+from service.app import FanOutService
+from service.config import load_settings
+from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.validation import validate_stats_request
-from tests.support.backends import backend_overrides
+from tests.support.samples import backend_overrides
 from tracing.propagation import inject_headers
 
 KNOWN = ("errors", "urls", "alerts")
@@ -31,7 +32,7 @@ def request(**fields: Any) -> Any:
 
 
 def validate(req: Any, default: tuple[str, ...] = KNOWN) -> Any:
-    return validate_stats_request(req, KNOWN, default, FanoutSettings(request_deadline_ms=2000))
+    return validate_stats_request(req, KNOWN, default, FanOutSettings(request_deadline_ms=2000))
 
 
 def test_a_good_request_becomes_trusted_values() -> None:
@@ -127,7 +128,7 @@ HOUR_MS = 3600 * 1000
     (dict(meta=appstats.RequestMeta(headers={"traceparent": 7})), "meta.headers"),
 ])
 def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None:
-    settings = FanoutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
+    settings = FanOutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
     with pytest.raises(appstats.InvalidRequest) as caught:
         validate_stats_request(request(**{"end_ms": 1_000 + HOUR_MS, **fields}), KNOWN, KNOWN,
                                settings)
@@ -136,7 +137,7 @@ def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None
 
 
 def test_limits_are_inclusive() -> None:
-    settings = FanoutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
+    settings = FanOutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
     valid = validate_stats_request(
         request(app="a" * 64, start_ms=0, end_ms=HOUR_MS,
                 meta=appstats.RequestMeta(deadline_ms=600_000, request_id="r" * 64)),
@@ -154,7 +155,7 @@ def test_an_invalid_request_gets_an_error_span_naming_the_field(
         mongo_server: Any, http_services: Any, spans: Any, app: str, start_ms: int, end_ms: int,
         deadline_ms: int, field: str) -> None:
     overrides = {**backend_overrides(mongo_server, http_services), "server.port": 0}
-    service = FanoutService(load_settings(env={}, overrides=overrides)).start()
+    service = FanOutService(load_settings(env={}, overrides=overrides)).start()
     transport = TCyFramedTransport(TSocket(*service.address, socket_timeout=5000))
     transport.open()
     try:

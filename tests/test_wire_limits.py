@@ -28,10 +28,10 @@ from thriftpy2.transport.memory import TMemoryBuffer
 
 from service.idl import appstats
 from service.server import ThriftServer
-from service.transport import BufferedChannel
-from service.wire_codec import HubCodec, decoder_for
-from service.wire_errors import LimitExceeded, MalformedMessage
-from service.wire_scan import MessageScan, WireLimits, check_frame
+from service.wire.channel import BufferedChannel
+from service.wire.codec import HubCodec, decoder_for
+from service.wire.errors import LimitExceeded, MalformedMessage
+from service.wire.scan import MessageScan, WireLimits, check_frame
 from tests.support.server import (COMBINATIONS, RecordingHandler, read_until_closed,
                                   sample_response)
 

@@ -17,11 +17,11 @@ import gevent
 import psutil
 import pytest
 
-from service.backends import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from service.client import AppStatsClient
 from service.config import load_settings
 from service.workers import _Master
-from tests.support.backends import backend_overrides
+from tests.support.samples import backend_overrides
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}

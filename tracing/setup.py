@@ -46,9 +46,9 @@ from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
 )
 
-from service.config import ConfigError, TracingSettings
 from tracing.batching import batch_processor
 from tracing.otlp_wire import use_for_http_export
+from tracing.settings import EXPORTERS, OTLP_PROTOCOLS, TracingSettings
 from tracing.spans import follow_parent_sampling
 
 __all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing",
@@ -56,8 +56,6 @@ __all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "confi
 
 DEFAULT_SERVICE_NAME = "fanout"
 _HTTP_TRACES_PATH = "/v1/traces"
-_EXPORTERS = ("otlp", "console", "none")
-_PROTOCOLS = ("grpc", "http/protobuf")
 _RATIO_SAMPLERS = {
     "traceidratio": lambda ratio: TraceIdRatioBased(ratio),
     "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
@@ -154,7 +152,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     instrumentations are switched on (unless already on) and bound to the provider;
     pymongo only traces clients created after this call.
 
-    Raises :class:`~service.config.ConfigError` for an unknown exporter or protocol
+    Raises :class:`ValueError` naming the variable for an unknown exporter or protocol
     named in the environment, and :class:`TracingAlreadyConfigured` when
     ``set_global`` is true and a global provider is already installed.
     """
@@ -231,11 +229,11 @@ def _exporter_names(settings: TracingSettings, env: Mapping[str, str]) -> set[st
         return {settings.exporter}
     raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
     # The variable is a comma-separated list; a short one is all we ever need to look at.
-    names = {name.strip() for name in raw.split(",")[:len(_EXPORTERS) + 1] if name.strip()}
-    unknown = names - set(_EXPORTERS)
+    names = {name.strip() for name in raw.split(",")[:len(EXPORTERS) + 1] if name.strip()}
+    unknown = names - set(EXPORTERS)
     if unknown:
-        raise ConfigError(f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
-                          f"expected one of {', '.join(_EXPORTERS)}")
+        raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
+                          f"expected one of {', '.join(EXPORTERS)}")
     return names
 
 
@@ -245,9 +243,9 @@ def _otlp_protocol(settings: TracingSettings, env: Mapping[str, str]) -> str:
     for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         protocol = env.get(variable, "").strip().lower()
         if protocol:
-            if protocol not in _PROTOCOLS:
-                raise ConfigError(f"{variable}: unsupported protocol {protocol!r}; "
-                                  f"expected one of {', '.join(_PROTOCOLS)}")
+            if protocol not in OTLP_PROTOCOLS:
+                raise ValueError(f"{variable}: unsupported protocol {protocol!r}; "
+                                  f"expected one of {', '.join(OTLP_PROTOCOLS)}")
             return protocol
     return "http/protobuf"
 

@@ -1,7 +1,7 @@
 """What the sequential and threaded baselines share with Fanout: settings, lookups, validation, mapping.
 
 Both baselines read the same TOML settings file as ``fanout serve``, build the same
-lookups (:func:`lookups.registry.default_registry` over :class:`lookups.clients.Backends`),
+lookups (:func:`lookups.registry.default_registry` over :class:`lookups.clients.BackendClients`),
 validate requests with :func:`service.validation.validate_stats_request`, map panel
 values with :mod:`service.mapping`, and answer the same ``StatsResponse``. Only the
 scheduling of the lookups differs, which is what the benchmark compares.
@@ -22,10 +22,10 @@ from typing import Any, Mapping, Optional, Sequence
 from lookups.base import Lookup
 from lookups.panels import Window
 from service.config import Settings, load_settings
-from service.deadline import Deadline
+from service.engine.deadline import Deadline
 from service.idl import appstats
 from service.mapping import to_panel_data, to_thrift_outcomes
-from service.outcomes import TaskOutcome, TaskStatus
+from service.engine.outcomes import TaskOutcome, TaskStatus
 from service.validation import validate_stats_request
 
 __all__ = ["PlannedLookup", "BaselineHandler", "lookup_outcome", "timeout_outcome",

@@ -22,12 +22,12 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv)
 from bench.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from lookups.clients import Backends  # noqa: E402
+from lookups.clients import BackendClients  # noqa: E402
 from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
-from service.deadline import Deadline  # noqa: E402
+from service.engine.deadline import Deadline  # noqa: E402
 from service.idl import appstats  # noqa: E402
-from service.outcomes import TaskOutcome  # noqa: E402
+from service.engine.outcomes import TaskOutcome  # noqa: E402
 from service.server import ThriftServer  # noqa: E402
 
 __all__ = ["SequentialHandler", "main"]
@@ -44,7 +44,7 @@ class SequentialHandler(BaselineHandler):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.sequential", argv)
-    with Backends(settings.mongo, settings.http) as backends:
+    with BackendClients(settings.mongo, settings.http) as backends:
         handler = SequentialHandler(settings, default_registry().build(backends))
         server = ThriftServer(TProcessor(appstats.AppStats, handler), settings.server)
         server.start()

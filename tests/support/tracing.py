@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.config import TracingSettings
+from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing
 
 __all__ = ["session_tracing", "span_exporter", "spans"]

@@ -15,13 +15,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from service.app import FanoutService
-from service.backends import DemoBackends
-from service.backends.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from service.app import FanOutService
+from service.samples import DemoBackends
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.config import Settings, load_settings
+from service.config import Settings, as_config_error, load_settings
 from service.idl import appstats
-from service.report import format_response, status_name
+from service.cli.report import format_response, status_name
 from tracing.setup import configure_tracing
 from tracing.waterfall import render_waterfall
 
@@ -35,9 +35,11 @@ def run_demo(out: TextIO, app: str = "shop", config_path: Optional[str] = None,
     collected = InMemorySpanExporter()
     with DemoBackends() as backends:
         settings = _demo_settings(backends.settings_overrides(), config_path, env)
-        tracing = configure_tracing(settings.tracing, extra_processors=[SimpleSpanProcessor(collected)])
+        with as_config_error():
+            tracing = configure_tracing(settings.tracing,
+                                        extra_processors=[SimpleSpanProcessor(collected)])
         try:
-            with FanoutService(settings) as service:
+            with FanOutService(settings) as service:
                 host, port = service.address
                 _print_setup(out, backends.settings_overrides(), host, port, settings)
                 response = _call(host, port, settings, app)

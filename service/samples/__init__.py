@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from service.backends.http_services import SampleHttpServices
-from service.backends.mongo_server import MongoWireServer, MongoWireServerError
-from service.backends.seed import (APPS, DEFAULT_SEED, SAMPLE_END_MS, SAMPLE_START_MS, SampleData,
+from service.samples.http_services import SampleHttpServices
+from service.samples.mongo_server import MongoWireServer, MongoWireServerError
+from service.samples.seed import (APPS, DEFAULT_SEED, SAMPLE_END_MS, SAMPLE_START_MS, SampleData,
                                    generate_sample_data, seed_mongo, seed_mongo_at)
 
 __all__ = ["DemoBackends", "MongoWireServer", "MongoWireServerError", "SampleHttpServices",

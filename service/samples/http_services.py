@@ -22,7 +22,7 @@ from urllib.parse import parse_qs, quote, unquote
 import gevent
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
-from service.backends.seed import AlertRecord, MetricSample, SampleData
+from service.samples.seed import AlertRecord, MetricSample, SampleData
 
 __all__ = ["SampleHttpServices", "AlertsService", "MetricsService", "RawPathHandler",
            "serve_wsgi", "path_segments", "MAX_BUCKETS"]

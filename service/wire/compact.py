@@ -1,4 +1,4 @@
-"""Walks a compact-protocol Thrift message for :class:`service.wire_scan.MessageScan`.
+"""Walks a compact-protocol Thrift message for :class:`service.wire.scan.MessageScan`.
 
 Compact encoding: integers as (zigzag) varints; strings as a varint length and
 the bytes; a struct field as one byte (id delta << 4 | type), a zigzag varint id
@@ -6,15 +6,15 @@ when the delta is 0, then the value, except a bool field whose value is its
 type (1 true, 2 false); a 0 type nibble is STOP. Lists and sets start with
 ``size << 4 | element type`` (size 15: a varint size follows); maps with a
 varint size and, when not empty, ``key type << 4 | value type``. See
-:mod:`service.wire_walk` for the stack and the return convention.
+:mod:`service.wire.walk` for the stack and the return convention.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from service.wire_errors import MalformedMessage
-from service.wire_walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
+from service.wire.errors import MalformedMessage
+from service.wire.walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
 
 __all__ = ["read_header", "walk"]
 

@@ -69,10 +69,6 @@ class FanOutResult:
     outcomes: tuple[TaskOutcome, ...]
     elapsed_ms: float
 
-    def values(self) -> dict[str, Any]:
-        """The values of the tasks that finished OK, by task name."""
-        return {o.name: o.value for o in self.outcomes if o.ok}
-
 
 class FanOutError(Exception):
     """Base class of the errors :meth:`FanOut.run` raises."""

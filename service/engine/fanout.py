@@ -1,7 +1,7 @@
 """FanOut: run one request's tasks in parallel, bounded, within its deadline.
 
 Each task runs in its own greenlet (a reused one, see
-:class:`~service.context.TaskRunners`), in a copy of the request's contextvars
+:class:`~service.engine.runners.TaskRunners`), in a copy of the request's contextvars
 context (so the request context and the current span reach it), holding one
 slot of the request's pool (``fanout.pool_size``) and one of the process-wide
 budget (``fanout.max_inflight_tasks``). Waiting for slots is bounded by
@@ -32,11 +32,13 @@ from gevent.lock import BoundedSemaphore
 from greenlet import getcurrent
 from greenlet import greenlet as RawGreenlet
 
-from service.config import FanoutSettings
-from service.context import TaskRunners, spawn_in_context
-from service.deadline import Deadline
-from service.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
-                              TaskOutcome, TaskStatus)
+from service.engine.context import RequestContext
+from service.engine.deadline import Deadline
+from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
+                                     TaskOutcome, TaskStatus)
+from service.engine.runners import TaskRunners
+from service.engine.settings import FanOutSettings
+from tracing.greenlets import spawn_in_context
 from tracing.spans import mark_task_outcome, task_span
 
 __all__ = ["FanOut", "FanOutStats"]
@@ -111,7 +113,7 @@ class _Run:
 class FanOut:
     """Runs the tasks of one request at a time; one instance serves the whole process."""
 
-    def __init__(self, settings: FanoutSettings) -> None:
+    def __init__(self, settings: FanOutSettings) -> None:
         self.settings = settings
         self.stats = FanOutStats()
         self._inflight = BoundedSemaphore(settings.max_inflight_tasks)
@@ -123,14 +125,16 @@ class FanOut:
         """Tasks holding a process-wide slot right now."""
         return self.settings.max_inflight_tasks - self._inflight.counter
 
-    def run(self, tasks: Sequence[Task], deadline: Deadline) -> FanOutResult:
-        """Run ``tasks`` in parallel and return one outcome per task, in order.
+    def run(self, tasks: Sequence[Task], request: RequestContext) -> FanOutResult:
+        """Run ``tasks`` for ``request`` in parallel; one outcome per task, in order.
+
+        Every task ends by ``request.deadline``.
 
         Raises :class:`FanOutOverloaded` when no task could get a slot, and
         :class:`RequiredTaskFailed` when a required task did not finish OK.
         Every other failure is an outcome, never an exception.
         """
-        started = time.monotonic()
+        started, deadline = time.monotonic(), request.deadline
         run = _Run(tasks, deadline)
         try:
             self._start_all(run)

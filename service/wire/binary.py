@@ -1,9 +1,9 @@
-"""Walks a strict-binary Thrift message for :class:`service.wire_scan.MessageScan`.
+"""Walks a strict-binary Thrift message for :class:`service.wire.scan.MessageScan`.
 
 Binary encoding: big-endian fixed-width numbers; strings as an i32 length and
 the bytes; a struct as ``type, i16 id, value`` per field and a 0 (STOP) byte;
 lists and sets as ``element type, i32 count`` and the elements; maps as
-``key type, value type, i32 count`` and the pairs. See :mod:`service.wire_walk`
+``key type, value type, i32 count`` and the pairs. See :mod:`service.wire.walk`
 for the stack and the return convention.
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Optional
 
-from service.wire_errors import MalformedMessage
-from service.wire_walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
+from service.wire.errors import MalformedMessage
+from service.wire.walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
 
 __all__ = ["read_header", "walk"]
 

@@ -2,7 +2,7 @@
 
 Session-scoped: ``sample_data``, ``mongo_server`` (one in-memory MongoDB-wire server,
 seeded) and ``http_services`` (the alerts and metrics services). Function-scoped:
-``backends`` (a :class:`lookups.clients.Backends` on them, closed after the test),
+``backends`` (a :class:`lookups.clients.BackendClients` on them, closed after the test),
 ``backend_settings`` (a full :class:`service.config.Settings` pointing at them) and
 ``start_service`` (a whole Fanout server on port 0 over them, with a client).
 """
@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from lookups.clients import Backends
+from lookups.clients import BackendClients
 from lookups.registry import LookupRegistry
-from service.app import FanoutService
-from service.backends import (MongoWireServer, SampleData, SampleHttpServices,
+from service.app import FanOutService
+from service.samples import (MongoWireServer, SampleData, SampleHttpServices,
                               generate_sample_data, seed_mongo_at)
 from service.client import AppStatsClient
 from service.config import Settings, load_settings
@@ -58,12 +58,12 @@ def backend_settings(mongo_server: MongoWireServer, http_services: SampleHttpSer
 
 
 @pytest.fixture
-def backends(backend_settings: Settings) -> Iterator[Backends]:
-    with Backends(backend_settings.mongo, backend_settings.http) as opened:
+def backends(backend_settings: Settings) -> Iterator[BackendClients]:
+    with BackendClients(backend_settings.mongo, backend_settings.http) as opened:
         yield opened
 
 
-StartService = Callable[..., tuple[FanoutService, AppStatsClient]]
+StartService = Callable[..., tuple[FanOutService, AppStatsClient]]
 
 
 @pytest.fixture
@@ -75,13 +75,13 @@ def start_service(mongo_server: MongoWireServer,
     services, ``registry`` the default lookups; override keys use ``__`` for dots
     (``fanout__pool_size=4``).
     """
-    started: list[tuple[FanoutService, AppStatsClient]] = []
+    started: list[tuple[FanOutService, AppStatsClient]] = []
 
     def start(http: Optional[SampleHttpServices] = None, registry: Optional[LookupRegistry] = None,
-              **overrides: Any) -> tuple[FanoutService, AppStatsClient]:
+              **overrides: Any) -> tuple[FanOutService, AppStatsClient]:
         keys = {**backend_overrides(mongo_server, http or http_services), "server.port": 0,
                 **{key.replace("__", "."): value for key, value in overrides.items()}}
-        service = FanoutService(load_settings(env={}, overrides=keys), registry=registry).start()
+        service = FanOutService(load_settings(env={}, overrides=keys), registry=registry).start()
         client = AppStatsClient(*service.address, timeout_ms=5000)
         started.append((service, client))
         return service, client

@@ -20,8 +20,8 @@ every string, every container) and accepts it only if:
 
 The walk follows the wire types, as both decoders do when they skip, so what
 it checked is what they read. Binary messages start with 0x80, compact ones
-with 0x82; the scan recognises either (:mod:`service.wire_binary`,
-:mod:`service.wire_compact`), and the configured decoder then refuses the
+with 0x82; the scan recognises either (:mod:`service.wire.binary`,
+:mod:`service.wire.compact`), and the configured decoder then refuses the
 other. The walk is resumable, so the unframed transport can check a message as
 its bytes arrive and learn exactly where it ends.
 """
@@ -32,14 +32,14 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
 
-from service import wire_binary, wire_compact
+from service.wire import binary, compact
 from service.config import ServerSettings
-from service.wire_errors import FrameRejected, LimitExceeded, MalformedMessage
-from service.wire_walk import CALL, STRUCT
+from service.wire.errors import FrameRejected, LimitExceeded, MalformedMessage
+from service.wire.walk import CALL, STRUCT
 
 __all__ = ["WireLimits", "MessageScan", "check_frame"]
 
-_WALKERS = {0x80: wire_binary, 0x82: wire_compact}
+_WALKERS = {0x80: binary, 0x82: compact}
 _I32 = struct.Struct("!i").unpack_from
 
 
@@ -117,7 +117,7 @@ class MessageScan:
         self._pos = self._protocol.walk(buf, self._pos, end, limit, self._stack, self)
         return None if self._stack else self._pos
 
-    # The checks the walkers call (service.wire_walk.Checks); each raises or returns quietly.
+    # The checks the walkers call (service.wire.walk.Checks); each raises or returns quietly.
 
     def overrun(self, token: int, limit: int) -> NoReturn:
         if self._framed:

@@ -4,7 +4,7 @@ A channel receives one message at a time in two steps, each under its own time
 bound: :meth:`~Channel.next_message` waits (``idle_timeout_ms``) for the first
 bytes of the next message, then :meth:`~Channel.read_message` receives the rest
 (all of it within ``frame_timeout_ms`` of its first byte), checks it against
-the size limits (:mod:`service.wire_scan`) and returns a protocol ready to
+the size limits (:mod:`service.wire.scan`) and returns a protocol ready to
 decode it. :class:`FramedChannel` checks the declared frame length before
 allocating; :class:`BufferedChannel` has no frames, so it scans the message as
 it arrives and knows where it ends. Either way the decoder is given one whole,
@@ -12,10 +12,10 @@ checked message and nothing else.
 
 Memory: an idle connection holds no buffer. Received bytes are kept only
 while a message is being received or handled; decoding and reply encoding use
-one transport and one buffer per gevent hub (:mod:`service.wire_codec`, which
+one transport and one buffer per gevent hub (:mod:`service.wire.codec`, which
 also says why the decoder cannot read past the message).
 
-Errors (see :mod:`service.wire_errors`): :class:`MessageRejected` subclasses for
+Errors (see :mod:`service.wire.errors`): :class:`MessageRejected` subclasses for
 a message refused (too big, over a limit, malformed, too slow);
 :class:`ReplyNotTaken` when the peer does not read a reply in time; ``OSError``
 (``TimeoutError`` when idle too long, :class:`PeerClosed`) when the connection
@@ -35,10 +35,10 @@ from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
-from service.wire_codec import decoder_for, hub_codec
-from service.wire_errors import (FrameRejected, MessageRejected, MessageTooSlow,
+from service.wire.codec import decoder_for, hub_codec
+from service.wire.errors import (FrameRejected, MessageRejected, MessageTooSlow,
                                  ReplyNotTaken)
-from service.wire_scan import MessageScan, WireLimits, check_frame
+from service.wire.scan import MessageScan, WireLimits, check_frame
 
 __all__ = [
     "FrameRejected", "MessageRejected", "PeerClosed", "Channel", "FramedChannel",

@@ -126,7 +126,7 @@ class _CallFailed(Exception):
 def _call(args: argparse.Namespace) -> int:
     from thriftpy2.transport import TTransportException
 
-    from service.report import format_response, response_to_json
+    from service.cli.report import format_response, response_to_json
 
     if args.method == "get_app_stats" and not args.app:
         print("fanout call get_app_stats: --app is required", file=sys.stderr)
@@ -190,7 +190,7 @@ def _format_health(health: Any) -> str:
 
 
 def _backends(args: argparse.Namespace) -> int:
-    from service.backends import DemoBackends
+    from service.samples import DemoBackends
 
     with DemoBackends() as backends:
         print("Sample backends are running (seeded, deterministic):")
@@ -204,7 +204,7 @@ def _backends(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from service.demo import run_demo
+    from service.cli.demo import run_demo
 
     return run_demo(sys.stdout, app=args.app, config_path=args.config)
 

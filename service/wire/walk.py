@@ -1,4 +1,4 @@
-"""What the per-protocol message walkers share with :class:`service.wire_scan.MessageScan`.
+"""What the per-protocol message walkers share with :class:`service.wire.scan.MessageScan`.
 
 A walker moves through a message's values with an explicit stack instead of
 recursion, so a walk can stop where the received bytes end and resume when
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import NoReturn, Protocol
 
-from service.wire_errors import MalformedMessage
+from service.wire.errors import MalformedMessage
 
 __all__ = ["STRUCT", "LIST", "MAP", "CALL", "ONEWAY", "Checks", "bad_type", "bad_message_type"]
 

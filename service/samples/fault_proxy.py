@@ -1,6 +1,6 @@
 """A TCP proxy with switchable faults, in front of a real server (e.g. nx-27017).
 
-Part of :mod:`service.backends.faults` (which re-exports it; the modes are listed there).
+Part of :mod:`service.samples.faults` (which re-exports it; the modes are listed there).
 A request held by a delay or a pause is dropped, not delivered late, if its client
 closes the connection meanwhile.
 """

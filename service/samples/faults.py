@@ -6,7 +6,7 @@ in the calling process. Modes can be switched while they run.
 ``FaultyHttpService``: the sample alerts *and* metrics API on one gevent WSGI server
 (use :attr:`~FaultyHttpService.url` as both ``http.alerts_url`` and ``http.metrics_url``)::
 
-    ok        answer as the sample services do (service.backends.http_services)
+    ok        answer as the sample services do (service.samples.http_services)
     slow      wait ``delay_ms``, then answer as in ``ok``
     error500  HTTP 500 with a JSON error body
     bad_json  HTTP 200, ``application/json``, with a body that is not JSON
@@ -37,10 +37,10 @@ from gevent.event import Event
 from gevent.pool import Pool
 from gevent.pywsgi import WSGIServer
 
-from service.backends.fault_proxy import TcpFaultProxy, reset_socket
-from service.backends.http_services import (AlertsService, MetricsService, RawPathHandler,
+from service.samples.fault_proxy import TcpFaultProxy, reset_socket
+from service.samples.http_services import (AlertsService, MetricsService, RawPathHandler,
                                             path_segments)
-from service.backends.seed import SampleData
+from service.samples.seed import SampleData
 
 __all__ = ["HTTP_MODES", "FaultyHttpService", "TcpFaultProxy", "reset_socket"]
 

@@ -1,0 +1,78 @@
+"""The lookups' settings sections: ``[mongo]``, ``[http]`` and ``[lookups.<name>]``.
+
+Each section is a frozen value that can only be made valid: ``__post_init__``
+raises :class:`ValueError` naming the key. ``CHOICES`` and ``INT_BOUNDS`` are the
+per-key rules the loader (``service/config.py``) applies while coercing; an
+integer key not in ``INT_BOUNDS`` must be at least 1.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar, Mapping, Optional
+
+__all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "bearer_header"]
+
+# RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
+_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+_NO_RULES: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class MongoSettings:
+    """The MongoDB client: where, which database, pool size and connection timeouts."""
+
+    uri: str = "mongodb://127.0.0.1:27017"
+    database: str = "apm"
+    max_pool_size: int = 32
+    connect_timeout_ms: int = 1000
+    server_selection_timeout_ms: int = 1000
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP services' base URLs, the shared session's pool and timeouts, the bearer token."""
+
+    alerts_url: str = "http://127.0.0.1:8081"
+    metrics_url: str = "http://127.0.0.1:8082"
+    pool_maxsize: int = 32
+    connect_timeout_ms: int = 500
+    read_timeout_ms: int = 1000
+    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+
+    def __post_init__(self) -> None:
+        for key in ("alerts_url", "metrics_url"):
+            url = getattr(self, key)
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{key}: must be an http:// or https:// URL, got {url!r}")
+        if self.auth_token and not _BEARER_TOKEN.fullmatch(self.auth_token):
+            # Never quoted: the value is a secret, and requests would quote it in its error.
+            raise ValueError("auth_token: must be a bearer token (letters, digits and "
+                             "-._~+/, optionally ending in =)")
+
+
+def bearer_header(settings: HttpSettings) -> Optional[str]:
+    """The ``Authorization`` header value for ``http.auth_token``, or ``None`` when unset."""
+    return f"Bearer {settings.auth_token}" if settings.auth_token else None
+
+
+@dataclass(frozen=True)
+class LookupSettings:
+    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``."""
+
+    enabled: bool = True
+    timeout_ms: int = 0
+    required: bool = False
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
+        {"timeout_ms": (0, None)})

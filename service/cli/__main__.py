@@ -1,0 +1,7 @@
+"""``python -m service.cli``: the ``fanout`` command."""
+
+import sys
+
+from service.cli.main import main
+
+sys.exit(main())
