@@ -1,4 +1,4 @@
-"""The evented Thrift server: accept loop, per-connection message loop, graceful stop.
+"""The evented Thrift server: accept loop, TLS, connection pool, graceful stop.
 
 A gevent ``StreamServer`` accepts connections into a bounded pool of
 ``server.max_connections`` handlers; while the pool is full the server stops
@@ -6,12 +6,7 @@ accepting and new connections wait in the kernel's backlog. Each connection
 serves one call after another until the peer closes, idles out
 (``server.idle_timeout_ms``) or the server stops.
 
-Per call: read one bounded message (:mod:`service.wire.channel`), decode it with
-the processor, run the handler, write the reply. Exceptions the IDL declares go
-back typed; anything else the handler raises becomes
-``TApplicationException(INTERNAL_ERROR, "internal error (request id ...)")``,
-with the stack trace logged under that id, and the connection stays usable.
-A malformed or oversized message closes only its own connection.
+Each connection's calls are served by :class:`service.connection.MessageLoop`.
 
 With ``server.tls_cert_file`` and ``server.tls_key_file`` set, every accepted
 connection first completes a TLS handshake (TLS 1.2 or later) within
@@ -26,60 +21,28 @@ true from the start of the drain.
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import logging
 import socket
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import gevent.event
 from gevent.pool import Pool
 from gevent.server import StreamServer
-from thriftpy2.protocol.base import TProtocolBase
-from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
+from thriftpy2.thrift import TProcessor
 
-from service.wire.accept import ResilientStreamServer
 from service.config import ServerSettings
-from service.engine.context import new_request_id
+from service.connection import Connection, MessageLoop, ServerStats
+from service.wire.accept import ResilientStreamServer
+from service.wire.channel import TRANSPORTS
 from service.wire.tls import handshake, server_context
-from service.wire.channel import (
-    TRANSPORTS, Channel, open_channel, protocol_for, shared_output_buffer,
-)
-from service.wire.errors import (
-    LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
-)
-from service.wire.scan import WireLimits
 
 __all__ = ["ThriftServer", "ServerStats", "DrainReport"]
 
 log = logging.getLogger(__name__)
-
-_Reply = TPayload | TApplicationException
-
-
-@dataclass
-class ServerStats:
-    """Counters since start.
-
-    ``frames_rejected`` counts every incoming message refused, each of which
-    closed its connection: over a limit (``limits_exceeded``: frame, string,
-    container or nesting depth), malformed or undecodable (``malformed_messages``),
-    or not complete within ``server.frame_timeout_ms`` (``slow_messages``).
-    ``slow_readers`` counts connections closed because the peer did not take
-    its reply within ``server.frame_timeout_ms``.
-    """
-
-    connections_open: int = 0
-    connections_total: int = 0
-    frames_rejected: int = 0
-    limits_exceeded: int = 0
-    malformed_messages: int = 0
-    slow_messages: int = 0
-    slow_readers: int = 0
-    internal_errors: int = 0
 
 
 @dataclass(frozen=True)
@@ -99,43 +62,6 @@ class DrainReport:
     elapsed_ms: float = 0.0
 
 
-class _MalformedMessage(Exception):
-    """The message could not be decoded; the stream can no longer be trusted."""
-
-
-class _Connection:
-    """One accepted socket with its reusable input and output protocols."""
-
-    __slots__ = ("sock", "channel", "iprot", "output", "oprot")
-
-    def __init__(self, sock: socket.socket, settings: ServerSettings,
-                 make_protocol: Callable[[Any], TProtocolBase]) -> None:
-        self.sock = sock
-        self.channel: Channel = open_channel(settings.transport, sock,
-                                             WireLimits.from_settings(settings), settings.protocol)
-        # No per-connection input: _read_call asks the channel for each message's protocol.
-        self.iprot = self.channel
-        # The hub's reply buffer; _write_reply fills and empties it without a switch.
-        self.output = shared_output_buffer()
-        self.oprot = make_protocol(self.output)
-
-    def close_if_idle(self) -> bool:
-        """End the connection if it is waiting for a new message, so none is lost.
-
-        True if it was idle.
-        """
-        if not self.channel.idle:
-            return False
-        try:
-            # The blocked read then sees end-of-stream and the loop ends normally. The
-            # plain socket's shutdown, also under TLS: ssl's own would unwrap the socket
-            # under the blocked read, which then fails instead of ending.
-            socket.socket.shutdown(self.sock, socket.SHUT_RD)
-        except OSError:
-            pass
-        return True
-
-
 class ThriftServer:
     """Serves one thriftpy2 ``TProcessor`` over TCP, per ``ServerSettings``.
 
@@ -148,11 +74,10 @@ class ThriftServer:
                  listener: Optional[socket.socket] = None) -> None:
         if settings.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {settings.transport!r}")
-        self._processor = processor
         self._settings = settings
-        self._make_protocol = protocol_for(settings.protocol)
         self._stats = ServerStats()
-        self._connections: set[_Connection] = set()
+        self._connections: set[Connection] = set()
+        self._loop = MessageLoop(processor, settings, self._stats, lambda: self._stopping)
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
@@ -255,7 +180,7 @@ class ThriftServer:
     def _serve_connection(self, sock: socket.socket, peer: Any) -> None:
         self._stats.connections_open += 1
         self._stats.connections_total += 1
-        connection: Optional[_Connection] = None
+        connection: Optional[Connection] = None
         stream: Optional[socket.socket] = sock
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -264,9 +189,9 @@ class ThriftServer:
                 if stream is None:
                     return
             stream.settimeout(self._settings.idle_timeout_ms / 1000.0)
-            connection = _Connection(stream, self._settings, self._make_protocol)
+            connection = self._loop.open(stream)
             self._connections.add(connection)
-            self._serve_messages(connection, peer)
+            self._loop.serve(connection, peer)
         finally:
             if connection is not None:
                 self._connections.discard(connection)
@@ -287,85 +212,3 @@ class ThriftServer:
             log.debug("TLS handshake with %s: connection ended: %s", peer, exc)
         return None
 
-    def _serve_messages(self, connection: _Connection, peer: Any) -> None:
-        try:
-            # One pass per message; ends when the peer closes, idles out or we stop.
-            while not self._stopping and connection.channel.next_message():
-                self._serve_one(connection)
-        except LimitExceeded as exc:
-            self._stats.frames_rejected += 1
-            self._stats.limits_exceeded += 1
-            log.warning("closing connection from %s: %s", peer, exc)
-        except (MalformedMessage, _MalformedMessage) as exc:
-            self._stats.frames_rejected += 1
-            self._stats.malformed_messages += 1
-            log.warning("closing connection from %s: malformed message (%s)", peer, exc)
-        except MessageTooSlow as exc:
-            self._stats.frames_rejected += 1
-            self._stats.slow_messages += 1
-            log.warning("closing connection from %s: %s", peer, exc)
-        except ReplyNotTaken as exc:
-            self._stats.slow_readers += 1
-            log.warning("closing connection from %s: %s", peer, exc)
-        except TimeoutError:
-            log.debug("connection from %s idle for %d ms; closing", peer,
-                      self._settings.idle_timeout_ms)
-        except OSError as exc:
-            log.debug("connection from %s ended: %s", peer, exc)
-        except Exception:
-            self._stats.internal_errors += 1
-            log.exception("connection from %s failed", peer)
-
-    def _serve_one(self, connection: _Connection) -> None:
-        api, seqid, reply, call = self._read_call(connection.iprot)
-        if call is not None:
-            reply = self._invoke(api, call, reply)
-        if isinstance(reply, TApplicationException) or not reply.oneway:
-            self._write_reply(connection, api, seqid, reply)
-
-    def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
-        """Receive and decode one call. The single place where input is decoded."""
-        try:
-            return self._processor.process_in(channel.read_message())
-        except (OSError, WireError):
-            raise
-        except Exception as exc:
-            raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
-
-    def _invoke(self, api: str, call: Callable[[], Any], result: TPayload) -> _Reply:
-        try:
-            # A fresh context per call: nothing one call sets can leak into the next.
-            result.success = contextvars.Context().run(call)
-        except TApplicationException as exc:
-            return exc
-        except Exception as exc:
-            if not self._processor.handle_exception(exc, result):
-                return self._internal_error(api, exc)
-            log.warning("%s raised %s: %s", api, type(exc).__name__, exc)
-        return result
-
-    def _write_reply(self, connection: _Connection, api: str, seqid: int, reply: _Reply) -> None:
-        output = connection.output
-        output.clean()
-        try:
-            self._encode(connection.oprot, api, seqid, reply)
-        except Exception as exc:  # the handler returned something the IDL cannot encode
-            # Log first: a log handler may yield, and the buffer is shared by the hub.
-            error = self._internal_error(api, exc)
-            output.clean()
-            connection.oprot = self._make_protocol(output)  # drop any half-written state
-            self._encode(connection.oprot, api, seqid, error)
-        connection.channel.send(output.getvalue())
-
-    def _encode(self, oprot: TProtocolBase, api: str, seqid: int, reply: _Reply) -> None:
-        if isinstance(reply, TApplicationException):
-            self._processor.send_exception(oprot, api, reply, seqid)
-        else:
-            self._processor.send_result(oprot, api, reply, seqid)
-
-    def _internal_error(self, api: str, exc: Exception) -> TApplicationException:
-        request_id = new_request_id()
-        self._stats.internal_errors += 1
-        log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
-        return TApplicationException(TApplicationException.INTERNAL_ERROR,
-                                     f"internal error (request id {request_id})")

@@ -21,7 +21,6 @@ from typing import Any, Iterator
 import gevent
 import pytest
 
-from lookups.clients import BackendClients
 from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService

@@ -1,0 +1,198 @@
+"""One connection's message loop: read a call, run it, write the reply, until the end.
+
+Per call: read one bounded message (:mod:`service.wire.channel`), decode it with
+the processor, run the handler in a fresh ``contextvars.Context``, write the
+reply. Exceptions the IDL declares go back typed; anything else the handler
+raises becomes ``TApplicationException(INTERNAL_ERROR, "internal error (request
+id ...)")``, with the stack trace logged under that id, and the connection stays
+usable. A malformed, oversized or too slow message closes only its own
+connection, counted by kind in :class:`ServerStats`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from thriftpy2.protocol.base import TProtocolBase
+from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
+
+from service.config import ServerSettings
+from service.engine.context import new_request_id
+from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
+from service.wire.errors import (
+    LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
+)
+from service.wire.scan import WireLimits
+
+__all__ = ["Connection", "MessageLoop", "ServerStats"]
+
+log = logging.getLogger(__name__)
+
+_Reply = TPayload | TApplicationException
+
+
+@dataclass
+class ServerStats:
+    """Counters since start.
+
+    ``frames_rejected`` counts every incoming message refused, each of which
+    closed its connection: over a limit (``limits_exceeded``: frame, string,
+    container or nesting depth), malformed or undecodable (``malformed_messages``),
+    or not complete within ``server.frame_timeout_ms`` (``slow_messages``).
+    ``slow_readers`` counts connections closed because the peer did not take
+    its reply within ``server.frame_timeout_ms``.
+    """
+
+    connections_open: int = 0
+    connections_total: int = 0
+    frames_rejected: int = 0
+    limits_exceeded: int = 0
+    malformed_messages: int = 0
+    slow_messages: int = 0
+    slow_readers: int = 0
+    internal_errors: int = 0
+
+
+class _MalformedMessage(Exception):
+    """The message could not be decoded; the stream can no longer be trusted."""
+
+
+class Connection:
+    """One accepted socket with its reusable input and output protocols."""
+
+    __slots__ = ("sock", "channel", "iprot", "output", "oprot")
+
+    def __init__(self, sock: socket.socket, settings: ServerSettings,
+                 make_protocol: Callable[[Any], TProtocolBase]) -> None:
+        self.sock = sock
+        self.channel: Channel = open_channel(settings.transport, sock,
+                                             WireLimits.from_settings(settings), settings.protocol)
+        # No per-connection input: MessageLoop asks the channel for each message's protocol.
+        self.iprot = self.channel
+        # The hub's reply buffer: MessageLoop fills and empties it without a switch.
+        self.output = shared_output_buffer()
+        self.oprot = make_protocol(self.output)
+
+    def close_if_idle(self) -> bool:
+        """End the connection if it is waiting for a new message, so none is lost.
+
+        True if it was idle.
+        """
+        if not self.channel.idle:
+            return False
+        try:
+            # The blocked read then sees end-of-stream and the loop ends normally. The
+            # plain socket's shutdown, also under TLS: ssl's own would unwrap the socket
+            # under the blocked read, which then fails instead of ending.
+            socket.socket.shutdown(self.sock, socket.SHUT_RD)
+        except OSError:
+            pass
+        return True
+
+
+class MessageLoop:
+    """Serves calls on connections with one processor; shared by all of a server's connections.
+
+    ``stopping`` says whether the server is draining: a connection then ends
+    after the call it is serving.
+    """
+
+    def __init__(self, processor: TProcessor, settings: ServerSettings, stats: ServerStats,
+                 stopping: Callable[[], bool]) -> None:
+        self._processor = processor
+        self._settings = settings
+        self._stats = stats
+        self._stopping = stopping
+        self._make_protocol = protocol_for(settings.protocol)
+
+    def open(self, sock: socket.socket) -> Connection:
+        """A :class:`Connection` over ``sock``, with this loop's wire settings."""
+        return Connection(sock, self._settings, self._make_protocol)
+
+    def serve(self, connection: Connection, peer: Any) -> None:
+        """Serve calls until the peer closes, idles out, errs or the server stops; never raises."""
+        try:
+            # One pass per message; ends when the peer closes, idles out or we stop.
+            while not self._stopping() and connection.channel.next_message():
+                self._serve_one(connection)
+        except LimitExceeded as exc:
+            self._stats.frames_rejected += 1
+            self._stats.limits_exceeded += 1
+            log.warning("closing connection from %s: %s", peer, exc)
+        except (MalformedMessage, _MalformedMessage) as exc:
+            self._stats.frames_rejected += 1
+            self._stats.malformed_messages += 1
+            log.warning("closing connection from %s: malformed message (%s)", peer, exc)
+        except MessageTooSlow as exc:
+            self._stats.frames_rejected += 1
+            self._stats.slow_messages += 1
+            log.warning("closing connection from %s: %s", peer, exc)
+        except ReplyNotTaken as exc:
+            self._stats.slow_readers += 1
+            log.warning("closing connection from %s: %s", peer, exc)
+        except TimeoutError:
+            log.debug("connection from %s idle for %d ms; closing", peer,
+                      self._settings.idle_timeout_ms)
+        except OSError as exc:
+            log.debug("connection from %s ended: %s", peer, exc)
+        except Exception:
+            self._stats.internal_errors += 1
+            log.exception("connection from %s failed", peer)
+
+    def _serve_one(self, connection: Connection) -> None:
+        api, seqid, reply, call = self._read_call(connection.iprot)
+        if call is not None:
+            reply = self._invoke(api, call, reply)
+        if isinstance(reply, TApplicationException) or not reply.oneway:
+            self._write_reply(connection, api, seqid, reply)
+
+    def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
+        """Receive and decode one call. The single place where input is decoded."""
+        try:
+            return self._processor.process_in(channel.read_message())
+        except (OSError, WireError):
+            raise
+        except Exception as exc:
+            raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
+
+    def _invoke(self, api: str, call: Callable[[], Any], result: TPayload) -> _Reply:
+        try:
+            # A fresh context per call: nothing one call sets can leak into the next.
+            result.success = contextvars.Context().run(call)
+        except TApplicationException as exc:
+            return exc
+        except Exception as exc:
+            if not self._processor.handle_exception(exc, result):
+                return self._internal_error(api, exc)
+            log.warning("%s raised %s: %s", api, type(exc).__name__, exc)
+        return result
+
+    def _write_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> None:
+        output = connection.output
+        output.clean()
+        try:
+            self._encode(connection.oprot, api, seqid, reply)
+        except Exception as exc:  # the handler returned something the IDL cannot encode
+            # Log first: a log handler may yield, and the buffer is shared by the hub.
+            error = self._internal_error(api, exc)
+            output.clean()
+            connection.oprot = self._make_protocol(output)  # drop any half-written state
+            self._encode(connection.oprot, api, seqid, error)
+        connection.channel.send(output.getvalue())
+
+    def _encode(self, oprot: TProtocolBase, api: str, seqid: int, reply: _Reply) -> None:
+        if isinstance(reply, TApplicationException):
+            self._processor.send_exception(oprot, api, reply, seqid)
+        else:
+            self._processor.send_result(oprot, api, reply, seqid)
+
+    def _internal_error(self, api: str, exc: Exception) -> TApplicationException:
+        request_id = new_request_id()
+        self._stats.internal_errors += 1
+        log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
+        return TApplicationException(TApplicationException.INTERNAL_ERROR,
+                                     f"internal error (request id {request_id})")
