@@ -21,10 +21,10 @@ from typing import Any, Optional, Sequence
 
 from tqdm import tqdm
 
-from bench import plots, report
-from bench.goals import Goal, micro_goals
-from bench.runner import Config, Timing, panel_names, run_config
-from bench.scenarios import SCENARIO_NAMES, Scale, Scenario, all_scenarios
+from bench.analysis import plots, report
+from bench.analysis.goals import Goal, micro_goals
+from bench.harness.runner import Config, Timing, panel_names, run_config
+from bench.harness.scenarios import SCENARIO_NAMES, Scale, Scenario, all_scenarios
 
 __all__ = ["main"]
 

@@ -6,6 +6,12 @@
      "rss_per_inflight_task_kib": {"mean", "n", "rss_before_kib", "rss_during_kib"},
      "rss_per_idle_connection_kib": {"mean", "n", "rss_before_kib", "rss_during_kib"}}
 
+Why not pyperf: two of the three figures are memory (RSS per task, per connection),
+which pyperf does not measure, and the timing probe must run under gevent's
+patching inside a hub, where pyperf's runner, which owns the command line and
+spawns and calibrates its own workers, cannot host it without wrapping the probe
+anyway.
+
 Every figure comes from a fresh subprocess, so what the calling process has
 installed (a tracer provider, monkey-patching, warm caches) does not leak in:
 

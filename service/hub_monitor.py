@@ -28,6 +28,17 @@ How, and what it costs:
 
 A run between one threshold and one and a quarter thresholds long may end
 before the monitor looks and go unreported; longer ones are always reported.
+
+Why not gevent's own monitor thread (``gevent.config.monitor_thread`` with
+``max_blocking_time``, which baseplate.py listens to through ``EventLoopBlocked``):
+its event carries the configured threshold, not how long the loop was really
+blocked; it is sent from the monitor thread while the block is still going on, so
+a listener can neither log through the process's handlers safely nor add a span
+event; it checks once per threshold, so a block may run to twice the threshold
+before it is seen; and it prints a greenlet-tree report to stderr per block
+unless ``print_blocking_reports`` is turned off for the whole process. We reuse
+its switch tracer (``gevent._tracer``, private: tests/test_hub_monitor.py fails
+if a gevent upgrade moves it) and add measured durations and span attribution.
 One monitor per thread: a second :meth:`HubMonitor.start` in the same thread
 is a no-op (logged).
 """

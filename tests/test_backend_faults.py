@@ -12,7 +12,6 @@ The backends: a :class:`FaultyHttpService` serving both HTTP services, and Mongo
 from __future__ import annotations
 
 import gc
-import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -36,6 +35,7 @@ from service.config import load_settings
 from service.engine.runners import TaskRunners
 from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE
+from tests.support.sockets import dead_port, wait_for
 
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 MONGO_PANELS = ALL_PANELS[:4]
@@ -69,12 +69,6 @@ def live_greenlets() -> list[greenlet]:
     return [o for o in gc.get_objects() if issubclass(type(o), greenlet) and not o.dead
             and not (o.gr_frame is not None and o.gr_frame.f_code is _PARKED)]
 
-
-def dead_port() -> int:
-    """A port of 127.0.0.1 with nothing listening on it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @dataclass
@@ -163,14 +157,6 @@ def assert_failed(response: Any, panels: list[str], status: int, error_types: se
         assert name not in response.panels
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = SETTLE_S) -> bool:
-    ends = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > ends:
-            return False
-        gevent.sleep(0.05)
-    return True
-
 
 def new_greenlets(rig: Rig, before: WeakSet[greenlet]) -> list[str]:
     """What runs in the greenlets that were not alive at ``before``."""
@@ -182,9 +168,9 @@ def assert_nothing_leaked(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None
     assert service is not None
     assert service.fanout.wait_reapers(timeout_s=SETTLE_S)
     assert service.fanout.inflight == 0
-    assert wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}), \
-        service.clients.connections_in_use()
-    assert wait_for(lambda: not new_greenlets(rig, greenlets_before)), new_greenlets(rig, greenlets_before)
+    wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}, SETTLE_S,
+             "every backend connection back in its pool")
+    wait_for(lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind")
 
 
 def assert_recovers(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None:

@@ -17,10 +17,10 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from bench.http_backend import BenchHttpBackends
-from bench.mongo_answers import RecordedAnswers
-from bench.mongo_responder import MongoResponder
-from bench.stack import StackSpec, sample_call, start_stack
+from bench.servers.http_backend import BenchHttpBackends
+from bench.servers.mongo_answers import RecordedAnswers
+from bench.servers.mongo_responder import MongoResponder
+from bench.harness.stack import StackSpec, sample_call, start_stack
 from lookups.clients import BackendClients
 from lookups.errors import BackendTimeout
 from lookups.panels import Window

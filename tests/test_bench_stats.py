@@ -1,4 +1,4 @@
-"""The benchmark's pure functions: t quantiles, intervals, percentiles, bootstrap ratios,
+"""The benchmark's pure functions: intervals, percentiles, bootstrap ratios,
 goal verdicts and the cheap reading of Thrift replies the load generator relies on."""
 
 from __future__ import annotations
@@ -12,40 +12,10 @@ from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport import TMemoryBuffer
 
-from bench import frames, stats
-from bench.goals import failures_goal, ratio_goal, value_goal
+from bench.analysis import stats
+from bench.load import frames
+from bench.analysis.goals import failures_goal, ratio_goal, value_goal
 from service.idl import appstats
-
-# Two-sided 95% critical values from published Student-t tables.
-T_TABLE_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228,
-               20: 2.086, 29: 2.045, 30: 2.042, 60: 2.000, 120: 1.980}
-
-
-@pytest.mark.parametrize("df, expected", sorted(T_TABLE_975.items()))
-def test_t_quantile_matches_the_table(df: int, expected: float) -> None:
-    assert stats.t_quantile(0.975, df) == pytest.approx(expected, abs=1e-3)
-
-
-def test_t_quantile_other_levels_and_symmetry() -> None:
-    assert stats.t_quantile(0.995, 5) == pytest.approx(4.032, abs=1e-3)
-    assert stats.t_quantile(0.95, 10) == pytest.approx(1.812, abs=1e-3)
-    assert stats.t_quantile(0.025, 10) == pytest.approx(-stats.t_quantile(0.975, 10))
-    assert stats.t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-9)
-    # With many degrees of freedom t tends to the normal quantile.
-    assert stats.t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-3)
-
-
-def test_t_cdf_inverts_the_quantile() -> None:
-    for df in (1, 3, 30):
-        for p in (0.6, 0.9, 0.99):
-            assert stats.t_cdf(stats.t_quantile(p, df), df) == pytest.approx(p, abs=1e-8)
-
-
-@pytest.mark.parametrize("p, df", [(0.0, 5), (1.0, 5), (0.5, 0), (0.9, -1)])
-def test_t_quantile_rejects_bad_arguments(p: float, df: float) -> None:
-    with pytest.raises(ValueError):
-        stats.t_quantile(p, df)
-
 
 def test_mean_ci_is_the_student_interval() -> None:
     values = [10.0, 12.0, 11.0, 13.0, 9.0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable
+from typing import Any
 
 import gevent
 import pytest
@@ -16,15 +16,10 @@ from thriftpy2.transport import TTransportException
 from service.client import REPLY_MARGIN_MS, AppStatsClient
 from service.idl import appstats
 from tests.support.server import COMBINATIONS, sample_response
+from tests.support.sockets import wait_for
 
 _tracer = trace.get_tracer(__name__)
 
-
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        gevent.sleep(0.01)
 
 
 def client_for(server: Any, **options: Any) -> AppStatsClient:

@@ -19,6 +19,7 @@ from service.client import AppStatsClient
 from service.hub_monitor import BLOCKED_EVENT, HubMonitor
 from service.idl import appstats
 from tests.support.samples import StartService
+from tests.support.sockets import wait_for
 
 _BUSY_S = 0.3
 _THRESHOLD_MS = 100
@@ -66,12 +67,6 @@ def blocked_events(spans: Any) -> list[tuple[str, Any]]:
     return [(span.name, event) for span in spans.get_finished_spans() for event in span.events
             if event.name == BLOCKED_EVENT]
 
-
-def wait_for(condition: Callable[[], Any], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        gevent.sleep(0.01)
 
 
 def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBusy, caplog: Any,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,17 +27,13 @@ from service.client import AppStatsClient
 from service.config import ConfigError, load_settings
 from service.idl import appstats
 from lookups.redact import redact_uri
+from tests.support.sockets import dead_port
 
 PASSWORD = "s3cr3t-pw"
 TOKEN = "tok-s3cr3t"
 SECRETS = (PASSWORD, TOKEN)
 Status = appstats.TaskStatus
 
-
-def dead_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def leaked(text: str) -> list[str]:

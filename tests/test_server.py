@@ -27,6 +27,7 @@ from service.server import ThriftServer
 from service.wire.channel import BufferedChannel, FramedChannel, FrameRejected, protocol_for
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
                                   sample_response)
+from tests.support.sockets import raw_connection, wait_for
 
 _TRANSPORT_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
 _PROTOCOL_FACTORIES = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
@@ -84,15 +85,6 @@ def call_with_string_length(claimed: int) -> bytes:
     return call[: start - 4] + struct.pack("!i", claimed) + call[start:]
 
 
-def raw_connection(server: ThriftServer) -> socket.socket:
-    return socket.create_connection(server.address, timeout=5)
-
-
-def wait_for(condition: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        gevent.sleep(0.01)
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)

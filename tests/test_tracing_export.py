@@ -18,7 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.trace import SpanKind
 
 from tracing.settings import TracingSettings
-from tracing.setup import Tracing, configure_tracing, prepare_grpc_for_gevent
+from tracing.exporters import prepare_grpc_for_gevent
+from tracing.setup import Tracing, configure_tracing
 
 RECEIVE_TIMEOUT_S = 10
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -34,6 +33,7 @@ from service.wire.errors import LimitExceeded, MalformedMessage
 from service.wire.scan import MessageScan, WireLimits, check_frame
 from tests.support.server import (COMBINATIONS, RecordingHandler, read_until_closed,
                                   sample_response)
+from tests.support.sockets import raw_connection, wait_for
 
 PROTOCOLS = ["binary", "compact"]
 _FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport,
@@ -116,15 +116,6 @@ def with_list_count(message: bytes, protocol: str, first: str, claimed: int) -> 
     return message[:at] + bytes([0xF0 | message[at] & 0x0F]) + varint(claimed) + message[at + 1:]
 
 
-def raw_connection(server: ThriftServer) -> socket.socket:
-    return socket.create_connection(server.address, timeout=5)
-
-
-def wait_for(condition: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        gevent.sleep(0.01)
 
 
 @contextmanager

@@ -22,17 +22,12 @@ from service.client import AppStatsClient
 from service.config import load_settings
 from service.workers import _Master
 from tests.support.samples import backend_overrides
+from tests.support.sockets import wait_for
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    with gevent.Timeout(timeout_s, AssertionError(f"not within {timeout_s} s: {what}")):
-        while not (result := condition()):
-            gevent.sleep(0.05)
-    return result
 
 
 class Server:

@@ -41,21 +41,19 @@ from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
 )
 
 from tracing.batching import batch_processor
-from tracing.otlp_wire import use_for_http_export
-from tracing.settings import EXPORTERS, OTLP_PROTOCOLS, TracingSettings
+from tracing.exporters import build_exporters
+from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
 
-__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing",
-           "prepare_grpc_for_gevent"]
+__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing"]
 
 DEFAULT_SERVICE_NAME = "fanout"
-_HTTP_TRACES_PATH = "/v1/traces"
 _RATIO_SAMPLERS = {
     "traceidratio": lambda ratio: TraceIdRatioBased(ratio),
     "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
@@ -68,7 +66,6 @@ _FIXED_SAMPLERS: dict[str, Sampler] = {
 }
 
 _log = logging.getLogger(__name__)
-_grpc_gevent_ready = False
 
 
 class TracingAlreadyConfigured(RuntimeError):
@@ -163,7 +160,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
         raise TracingAlreadyConfigured(
             "a global tracer provider is already installed in this process; "
             "use set_global=False for a standalone provider")
-    exporters = _build_exporters(settings, environment)
+    exporters = build_exporters(settings, environment)
     provider = TracerProvider(resource=_build_resource(settings, environment),
                               sampler=_build_sampler(settings, environment))
     for exporter in exporters:
@@ -212,82 +209,6 @@ def _sampler_ratio(raw: str) -> float:
     if raw.strip():
         _log.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]; using 1.0", raw)
     return 1.0
-
-
-def _build_exporters(settings: TracingSettings, env: Mapping[str, str]) -> list[SpanExporter]:
-    names = _exporter_names(settings, env)
-    exporters: list[SpanExporter] = []
-    if "otlp" in names:
-        exporters.append(_build_otlp_exporter(settings, env))
-    if "console" in names:
-        exporters.append(ConsoleSpanExporter())
-    return exporters
-
-
-def _exporter_names(settings: TracingSettings, env: Mapping[str, str]) -> set[str]:
-    if settings.exporter:
-        return {settings.exporter}
-    raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
-    # The variable is a comma-separated list; a short one is all we ever need to look at.
-    names = {name.strip() for name in raw.split(",")[:len(EXPORTERS) + 1] if name.strip()}
-    unknown = names - set(EXPORTERS)
-    if unknown:
-        raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
-                          f"expected one of {', '.join(EXPORTERS)}")
-    return names
-
-
-def _otlp_protocol(settings: TracingSettings, env: Mapping[str, str]) -> str:
-    if settings.otlp_protocol:
-        return settings.otlp_protocol
-    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = env.get(variable, "").strip().lower()
-        if protocol:
-            if protocol not in OTLP_PROTOCOLS:
-                raise ValueError(f"{variable}: unsupported protocol {protocol!r}; "
-                                  f"expected one of {', '.join(OTLP_PROTOCOLS)}")
-            return protocol
-    return "http/protobuf"
-
-
-def _otlp_endpoint(settings: TracingSettings, env: Mapping[str, str], protocol: str) -> Optional[str]:
-    """The endpoint to hand the exporter, or ``None`` for the SDK default."""
-    base = settings.endpoint
-    if not base:
-        signal_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-        if signal_endpoint:
-            return signal_endpoint
-        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
-    if not base or protocol == "grpc" or base.rstrip("/").endswith(_HTTP_TRACES_PATH):
-        return base or None
-    return base.rstrip("/") + _HTTP_TRACES_PATH
-
-
-def _build_otlp_exporter(settings: TracingSettings, env: Mapping[str, str]) -> SpanExporter:
-    protocol = _otlp_protocol(settings, env)
-    endpoint = _otlp_endpoint(settings, env, protocol)
-    if protocol == "grpc":
-        prepare_grpc_for_gevent()
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        return GrpcExporter(endpoint=endpoint)
-    from opentelemetry.exporter.otlp.proto.http import trace_exporter
-
-    use_for_http_export(trace_exporter)
-    return trace_exporter.OTLPSpanExporter(endpoint=endpoint)
-
-
-def prepare_grpc_for_gevent() -> None:
-    """Make gRPC's core cooperate with the gevent hub. Idempotent; a no-op without gevent patching.
-
-    Must run before the process creates its first gRPC channel or server; choosing the
-    gRPC exporter calls it. Anything else here that uses gRPC calls it first too.
-    """
-    global _grpc_gevent_ready
-    if _grpc_gevent_ready or not gevent.monkey.is_module_patched("socket"):
-        return
-    from grpc.experimental import gevent as grpc_gevent
-    grpc_gevent.init_gevent()
-    _grpc_gevent_ready = True
 
 
 def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:

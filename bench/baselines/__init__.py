@@ -1,4 +1,4 @@
-"""The servers Fanout is compared with, each run as its own process by :mod:`bench.stack`.
+"""The servers Fanout is compared with, each run as its own process by :mod:`bench.harness.stack`.
 
 * :mod:`bench.baselines.sequential`: the same seven lookups called one after another in
   the handler, on Fanout's own ``ThriftServer`` (the "before" picture).

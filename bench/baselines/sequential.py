@@ -21,7 +21,7 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv)
-from bench.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.clients import BackendClients  # noqa: E402
 from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402

@@ -18,6 +18,12 @@ that becomes a stream of tracebacks while nothing is wrong with the code.
 * it counts the failures (:attr:`ResilientStreamServer.accept_resource_errors`).
 
 Every other accept error goes through gevent's handling unchanged.
+
+Why our own rather than gevent's back-off alone: ``BaseServer._do_read`` already
+pauses and doubles its delay after a failed accept, but reports each failure
+through ``hub.handle_error`` (a traceback on stderr per attempt), and a hub's error
+handling cannot be changed for one server. The pause here reuses gevent's
+mechanism (``stop_accepting`` and a timer); only the reporting and counting differ.
 """
 
 from __future__ import annotations

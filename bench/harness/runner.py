@@ -1,6 +1,6 @@
 """Run one benchmark configuration: a fresh stack, a fresh load, the figures of every window.
 
-A configuration is one stack (:class:`bench.stack.StackSpec`) under one load
+A configuration is one stack (:class:`bench.harness.stack.StackSpec`) under one load
 (call, connections, pacing). :func:`run_config` starts the stack, runs the load
 (warm-up, then ``reps`` contiguous windows), samples the CPU of every role at each
 window boundary and the RSS before connecting, once connected and at the end,
@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import psutil
 
-from bench import frames, stats
-from bench.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
+from bench.analysis import stats
+from bench.load import frames
+from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
 
 __all__ = ["Config", "Timing", "run_config", "loadgen_processes", "panel_names",
            "DEADLINE_MS", "CALL_TIMEOUT_S"]
@@ -51,7 +52,7 @@ class Config:
     key: str
     scenario: str
     label: str
-    spec: Any                      # bench.stack.StackSpec
+    spec: Any                      # bench.harness.stack.StackSpec
     call: str
     connections: int
     interval_s: float = 0.0
@@ -78,7 +79,7 @@ def panel_names() -> tuple[str, ...]:
 
 
 def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
-    from bench.stack import sample_call
+    from bench.harness.stack import sample_call
 
     if config.call == "ping":
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
@@ -182,7 +183,7 @@ def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lam
                ) -> dict[str, Any]:
     """Run ``config`` on a fresh stack and return its figures; never raises for a
     failed run: the result then carries ``"error"`` (and whatever was measured)."""
-    from bench.stack import start_stack
+    from bench.harness.stack import start_stack
 
     timing = config.timing(base)
     result: dict[str, Any] = {"key": config.key, "scenario": config.scenario,

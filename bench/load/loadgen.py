@@ -1,7 +1,7 @@
 """The load generator, parent side: plan a load, run it in separate processes, collect windows.
 
 :func:`run_load` starts ``plan.processes`` fresh processes (``python -m
-bench.loadgen_worker``), splits the connections between them, waits until every
+bench.load.loadgen_worker``), splits the connections between them, waits until every
 connection is open, then gives all of them the same start time on the
 system-wide monotonic clock. Windows are contiguous: a warm-up, then ``reps``
 measured windows of ``window_s`` each. At each window boundary ``on_boundary``
@@ -28,7 +28,7 @@ import psutil
 
 __all__ = ["LoadPlan", "Window", "LoadResult", "LoadError", "LoadGenerator", "run_load"]
 
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _START_DELAY_S = 0.3   # between "go" and the start, so every process has it in time
 _RESULT_TIMEOUT_S = 60.0
 
@@ -92,7 +92,7 @@ class _Child:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.loadgen_worker"], cwd=_PROJECT_ROOT,
+            [sys.executable, "-m", "bench.load.loadgen_worker"], cwd=_PROJECT_ROOT,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.stderr_tail: list[str] = []

@@ -1,6 +1,6 @@
 """Aggregation answers recorded from nx-27017, keyed by collection and pipeline shape.
 
-The file ``bench/fixtures/mongo_answers.json`` (written by ``python -m bench.record_mongo``)
+The file ``bench/fixtures/mongo_answers.json`` (written by ``python -m bench.servers.record_mongo``)
 holds, for each MongoDB lookup, the stages its pipeline has after the leading ``$match``
 and the documents nx-27017 answered for the benchmark's sample call. The key leaves out
 the ``$match``, so the app and the window do not matter: the benchmark always makes the
@@ -26,7 +26,7 @@ from bson import json_util
 __all__ = ["DEFAULT_ANSWERS_PATH", "RecordedAnswer", "RecordedAnswers", "pipeline_key",
            "stages_after_match"]
 
-DEFAULT_ANSWERS_PATH = Path(__file__).resolve().parent / "fixtures" / "mongo_answers.json"
+DEFAULT_ANSWERS_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "mongo_answers.json"
 
 
 def stages_after_match(pipeline: Sequence[Any]) -> list[Any]:

@@ -6,7 +6,7 @@ with the sample data in database ``apm``, prints ``READY {"uri": ..., "pid": ...
 (``pid`` is the nx-27017 process, whose CPU the benchmark reports), and stops it on
 SIGTERM or SIGINT::
 
-    python -m bench.nx_backend
+    python -m bench.servers.nx_backend
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import logging
 from typing import Optional
 
-from bench.ready import announce_ready, wait_for_stop_signal
+from bench.harness.ready import announce_ready, wait_for_stop_signal
 from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
 
 __all__ = ["DATABASE", "main"]
@@ -24,7 +24,7 @@ DATABASE = "apm"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.nx_backend", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.servers.nx_backend", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ keep-alive (HTTP/1.0 and ``Connection: close`` close after the answer), request 
 skipped by ``Content-Length``. Every request is answered ``delay_ms`` after its head
 arrived (``gevent.sleep``: no CPU).
 
-    python -m bench.http_backend --delay-ms 20
+    python -m bench.servers.http_backend --delay-ms 20
 
 prints ``READY {"alerts_url": ..., "metrics_url": ...}`` and stops on SIGTERM or SIGINT.
 """
@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import gevent
 from gevent.server import StreamServer
 
-from bench.ready import announce_ready, wait_for_stop_signal
+from bench.harness.ready import announce_ready, wait_for_stop_signal
 from service.samples.http_services import AlertsService, MetricsService
 from service.samples.seed import DEFAULT_SEED, generate_sample_data
 
@@ -200,7 +200,7 @@ class BenchHttpBackends:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.http_backend", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.servers.http_backend", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--delay-ms", type=float, default=0.0)

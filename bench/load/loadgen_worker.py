@@ -1,8 +1,8 @@
 """One load-generator process: a gevent loop driving many connections.
 
-Run as ``python -m bench.loadgen_worker`` by :mod:`bench.loadgen`, never by hand.
+Run as ``python -m bench.load.loadgen_worker`` by :mod:`bench.load.loadgen`, never by hand.
 
-Speaks JSON lines with :mod:`bench.loadgen` over stdin/stdout:
+Speaks JSON lines with :mod:`bench.load.loadgen` over stdin/stdout:
 
 1. reads the plan (one line), opens its connections (at most ``connect_concurrency``
    connecting at once, so the server's backlog is not flooded) and writes
@@ -13,7 +13,7 @@ Speaks JSON lines with :mod:`bench.loadgen` over stdin/stdout:
 
 Each connection calls back-to-back (closed loop) or, when ``interval_s`` > 0, once per
 interval from a random phase. A call is the pre-encoded frame sent whole, then one
-reply read and classified by :func:`bench.frames.classify_reply`; its latency is
+reply read and classified by :func:`bench.load.frames.classify_reply`; its latency is
 counted in the window in which it completed. A failed connection is replaced by a
 new one; the failure is counted by kind.
 """
@@ -36,7 +36,7 @@ import gevent
 import gevent.socket
 from gevent.lock import Semaphore
 
-from bench.frames import classify_reply, decode_result, exception_names
+from bench.load.frames import classify_reply, decode_result, exception_names
 
 __all__ = ["main"]
 

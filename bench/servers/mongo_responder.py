@@ -13,7 +13,7 @@ included (legacy OP_QUERY is not sent, and a connection sending it is closed)::
                                  sessions supported (no topologyVersion: pymongo polls)
     ping, buildInfo, endSessions, killCursors    ok
     aggregate                    the documents recorded for (collection, stages after
-                                 the leading $match), see bench.mongo_answers; one batch,
+                                 the leading $match), see bench.servers.mongo_answers; one batch,
                                  cursor id 0. No recording: ok 0, code 2 (BadValue)
     anything else                ok 0, code 59 (CommandNotFound)
 
@@ -21,7 +21,7 @@ Every command but the handshake ones (hello, isMaster, ping, buildInfo, endSessi
 answered ``delay_ms`` after it arrived. When the command's ``maxTimeMS`` is shorter than
 the delay, the answer is MongoDB's ``MaxTimeMSExpired`` (code 50) after ``maxTimeMS``.
 
-    python -m bench.mongo_responder --port 0 --delay-ms 20 --answers bench/fixtures/mongo_answers.json
+    python -m bench.servers.mongo_responder --port 0 --delay-ms 20 --answers bench/fixtures/mongo_answers.json
 
 prints ``READY {"host": ..., "port": ...}`` once it accepts connections, and stops on
 SIGTERM or SIGINT.
@@ -42,8 +42,8 @@ import gevent
 from bson.int64 import Int64
 from gevent.server import StreamServer
 
-from bench.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswers, stages_after_match
-from bench.ready import announce_ready, wait_for_stop_signal
+from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswers, stages_after_match
+from bench.harness.ready import announce_ready, wait_for_stop_signal
 
 __all__ = ["OP_MSG", "MAX_WIRE_VERSION", "WireProtocolError", "MongoResponder",
            "decode_op_msg", "encode_op_msg", "main"]
@@ -235,7 +235,7 @@ class MongoResponder:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.mongo_responder", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.servers.mongo_responder", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

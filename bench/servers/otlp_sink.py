@@ -5,7 +5,7 @@ an empty ``ExportTraceServiceResponse`` (an empty protobuf message is zero bytes
 spans are not decoded. ``GET /stats`` answers ``{"requests": n, "bytes": m}``.
 Anything else is ``404``.
 
-    python -m bench.otlp_sink
+    python -m bench.servers.otlp_sink
 
 prints ``READY {"endpoint": "http://127.0.0.1:PORT", ...}`` (the collector base URL:
 the exporter appends ``/v1/traces``) and stops on SIGTERM or SIGINT.
@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from gevent.pywsgi import WSGIServer
 
-from bench.ready import announce_ready, wait_for_stop_signal
+from bench.harness.ready import announce_ready, wait_for_stop_signal
 
 __all__ = ["OtlpSink", "TRACES_PATH", "main"]
 
@@ -83,7 +83,7 @@ def _drain(stream: Any) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.otlp_sink", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.servers.otlp_sink", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)

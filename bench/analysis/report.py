@@ -13,8 +13,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable, Optional, TextIO
 
-from bench import stats
-from bench.goals import Goal
+from bench.analysis import stats
+from bench.analysis.goals import Goal
 
 __all__ = ["machine_facts", "summarize", "print_configs", "print_goals", "write_json"]
 

@@ -1,6 +1,6 @@
 """The one line a benchmark process prints on stdout once it serves: ``READY {json}``.
 
-Every process :mod:`bench.stack` starts (backends, sink, baseline servers) announces
+Every process :mod:`bench.harness.stack` starts (backends, sink, baseline servers) announces
 itself this way, so the stack learns the ports chosen by the kernel (every server binds
 port 0) without guessing or sleeping. ``fanout serve`` prints its own line instead
 (``fanout: serving on HOST:PORT``), which :func:`parse_ready` reads too.

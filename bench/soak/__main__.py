@@ -27,8 +27,8 @@ from typing import Optional, Sequence  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from bench.soak_chaos import cycle_http, cycle_mongo, run_garbage  # noqa: E402
-from bench.soak_load import (LoadStats, live_greenlets, rss_kib, run_worker,  # noqa: E402
+from bench.soak.chaos import cycle_http, cycle_mongo, run_garbage  # noqa: E402
+from bench.soak.load import (LoadStats, live_greenlets, rss_kib, run_worker,  # noqa: E402
                              sample_hub_lag)
 from service.app import FanOutService  # noqa: E402
 from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer,  # noqa: E402

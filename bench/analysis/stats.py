@@ -1,9 +1,11 @@
 """The statistics of the benchmark: means with Student-t intervals, percentiles, ratios.
 
-Pure functions, no scipy: the t quantile comes from the exact t distribution
-(regularised incomplete beta function, continued fraction) inverted by bisection.
-Ratios between two configurations get a bootstrap interval with a fixed seed, so
-the same raw figures always give the same interval.
+The t quantile is scipy's (``scipy.stats.t``). Ratios between two configurations get a
+percentile-bootstrap interval with a fixed seed, so the same raw figures always give
+the same interval. That resampling is our own, not ``scipy.stats.bootstrap``, for one
+gap: a configuration that completed nothing in some repetitions makes some resampled
+ratios 0/0, and scipy's interval is then NaN (``numpy.percentile`` propagates it),
+where dropping those draws still gives the interval of the ratios that exist.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["Estimate", "t_cdf", "t_quantile", "mean_ci", "percentile", "bootstrap_ratio",
+from scipy.stats import t as student_t
+
+__all__ = ["Estimate", "mean_ci", "percentile", "bootstrap_ratio",
            "ratio_of_means"]
 
 _BOOTSTRAP_SEED = 20260101
@@ -38,68 +42,6 @@ class Estimate:
         return {"value": self.value, "low": self.low, "high": self.high, "n": self.n}
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny, eps = 1e-300, 3e-16
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < eps:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularised incomplete beta function I_x(a, b) for 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = (math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
-                 + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom; ValueError if df <= 0."""
-    if df <= 0:
-        raise ValueError(f"degrees of freedom must be positive, got {df}")
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The t with P(T <= t) = p; ValueError unless 0 < p < 1 and df > 0."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while t_cdf(high, df) < p:  # t quantiles grow fast for df=1: widen first
-        low, high = high, high * 2.0
-    for _ in range(200):
-        mid = (low + high) / 2.0
-        if t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-10 * max(1.0, high):
-            break
-    return (low + high) / 2.0
-
-
 def mean_ci(values: Sequence[float], level: float = 0.95) -> Estimate:
     """The mean of ``values`` with its Student-t interval at ``level``.
 
@@ -112,7 +54,7 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> Estimate:
     if n == 1:
         return Estimate(mean, mean, mean, 1)
     variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
-    half = t_quantile(0.5 + level / 2.0, n - 1) * math.sqrt(variance / n)
+    half = float(student_t.ppf(0.5 + level / 2.0, n - 1)) * math.sqrt(variance / n)
     return Estimate(mean, mean - half, mean + half, n)
 
 

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from bench import stats
+from bench.analysis import stats
 
 __all__ = ["Goal", "ratio_goal", "failures_goal", "value_goal", "info_row", "micro_goals"]
 

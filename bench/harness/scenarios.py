@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from bench.goals import Goal, failures_goal, info_row, ratio_goal
-from bench.runner import Config, panel_names
+from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
+from bench.harness.runner import Config, panel_names
 
 __all__ = ["Scenario", "Scale", "all_scenarios", "SCENARIO_NAMES"]
 
@@ -41,7 +41,7 @@ class Scenario:
 
 
 def _spec(**kwargs: Any) -> Any:
-    from bench.stack import StackSpec
+    from bench.harness.stack import StackSpec
 
     return StackSpec(**kwargs)
 

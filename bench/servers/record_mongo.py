@@ -2,10 +2,10 @@
 
 Starts nx-27017 (:class:`service.samples.MongoWireServer`), seeds it with the sample
 data, runs every MongoDB lookup of the default registry once for the benchmark's
-sample call (:func:`bench.stack.sample_call`), captures each aggregation's reply
+sample call (:func:`bench.harness.stack.sample_call`), captures each aggregation's reply
 documents through pymongo's command monitoring, and writes them as Extended JSON::
 
-    python -m bench.record_mongo [--out bench/fixtures/mongo_answers.json]
+    python -m bench.servers.record_mongo [--out bench/fixtures/mongo_answers.json]
 
 Run it again whenever a MongoDB lookup's pipeline or the sample data changes; the
 test ``tests/test_bench_responder.py`` fails until the fixture matches.
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from pymongo import monitoring
 
-from bench.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
+from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
 from lookups.clients import BackendClients
 from lookups.panels import Window
 from lookups.registry import default_registry
@@ -94,9 +94,9 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from bench.stack import sample_call
+    from bench.harness.stack import sample_call
 
-    parser = argparse.ArgumentParser(prog="python -m bench.record_mongo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.servers.record_mongo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(DEFAULT_ANSWERS_PATH))
     args = parser.parse_args(argv)

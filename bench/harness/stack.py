@@ -10,13 +10,13 @@ a timeout), also when the ``with`` body raises, so no configuration inherits ano
 connections, caches or warm pools. What runs:
 
 =================  ==========================================================================
-mongo "responder"  ``python -m bench.mongo_responder``: answers recorded from nx-27017,
+mongo "responder"  ``python -m bench.servers.mongo_responder``: answers recorded from nx-27017,
                    after ``delay_ms`` per operation, tens of microseconds of CPU each
-mongo "nx"         ``python -m bench.nx_backend``: nx-27017 seeded with the sample data;
+mongo "nx"         ``python -m bench.servers.nx_backend``: nx-27017 seeded with the sample data;
                    real queries, no added delay
-http               ``python -m bench.http_backend``: the sample alerts and metrics answers,
+http               ``python -m bench.servers.http_backend``: the sample alerts and metrics answers,
                    cached, after ``delay_ms`` per request
-otlp               ``python -m bench.otlp_sink`` (tracing "ratio10" or "full" only)
+otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio10" or "full" only)
 server "fanout"    ``python -m service.cli serve --config FILE``
 server "sequential", "threaded", "bare"   ``python -m bench.baselines.<name> --config FILE``
 =================  ==========================================================================
@@ -42,8 +42,8 @@ from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
 
-from bench.mongo_answers import DEFAULT_ANSWERS_PATH
-from bench.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
+from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
+from bench.harness.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from service.idl import appstats
 
@@ -58,7 +58,7 @@ TRACING_MODES = ("off", "ratio10", "full")
 ROLES = ("server", "mongo", "http", "otlp")
 _SERVER_MODULES = {"fanout": ["service.cli", "serve"], "sequential": ["bench.baselines.sequential"],
                    "threaded": ["bench.baselines.threaded"], "bare": ["bench.baselines.bare"]}
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 _FD_HEADROOM = 1000        # descriptors beyond the connections: backends, logs, the listener
 _STOP_TIMEOUT_S = 15.0     # the server drains for up to 2 s (server.drain_timeout_ms)
 _PING_TIMEOUT_MS = 1000
@@ -225,13 +225,13 @@ def _start_backends(stack: Stack, deadline: float) -> None:
     spec = stack.spec
     delay = str(spec.delay_ms)
     commands = {
-        "mongo": (_python_module("bench.mongo_responder", "--port", "0", "--delay-ms", delay,
+        "mongo": (_python_module("bench.servers.mongo_responder", "--port", "0", "--delay-ms", delay,
                                  "--answers", str(DEFAULT_ANSWERS_PATH))
-                  if spec.mongo == "responder" else _python_module("bench.nx_backend")),
-        "http": _python_module("bench.http_backend", "--delay-ms", delay),
+                  if spec.mongo == "responder" else _python_module("bench.servers.nx_backend")),
+        "http": _python_module("bench.servers.http_backend", "--delay-ms", delay),
     }
     if spec.tracing != "off":
-        commands["otlp"] = _python_module("bench.otlp_sink")
+        commands["otlp"] = _python_module("bench.servers.otlp_sink")
     # Started together, awaited one by one: start-up overlaps.
     for role, argv in commands.items():
         stack.processes[role] = _process(stack, role, argv).spawn()

@@ -1,0 +1,1 @@
+"""From samples to verdicts: intervals (``stats.py``), goals, the report and its plots."""

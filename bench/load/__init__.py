@@ -1,0 +1,1 @@
+"""The multi-process load generator and its pre-encoded request frames."""
