@@ -22,6 +22,7 @@ from pymongo.errors import ConfigurationError
 from requests.adapters import HTTPAdapter
 
 from lookups.redact import redact_uri
+from tracing.pools import MeteredSlots, PoolMeter
 from lookups.settings import HttpSettings, MongoSettings, bearer_header
 
 __all__ = ["BackendClients", "CheckedOutCounter", "HttpSlots", "Slots", "new_slots"]
@@ -69,18 +70,19 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
             self, event: monitoring.ConnectionCheckOutFailedEvent) -> None: ...
 
 
-Slots = Union[gevent.lock.BoundedSemaphore, threading.BoundedSemaphore]
+Slots = Union[MeteredSlots, gevent.lock.BoundedSemaphore, threading.BoundedSemaphore]
 
 
-def new_slots(size: int) -> Slots:
-    """A bounded semaphore of ``size`` for the running concurrency model.
+def new_slots(size: int, name: str) -> MeteredSlots:
+    """A bounded semaphore of ``size`` for the running concurrency model, metered as ``name``.
 
     Under gevent's patching (the server), a gevent semaphore: waiting on it is safe to
     interrupt. Without patching (code driving lookups from OS threads), a thread one.
+    Either way its use shows in ``fanout pools`` and the ``fanout.pool.*`` metrics.
     """
     if monkey.is_module_patched("threading"):
-        return gevent.lock.BoundedSemaphore(size)
-    return threading.BoundedSemaphore(size)
+        return MeteredSlots(gevent.lock.BoundedSemaphore(size), PoolMeter(name, size))
+    return MeteredSlots(threading.BoundedSemaphore(size), PoolMeter(name, size))
 
 
 class HttpSlots:
@@ -95,16 +97,20 @@ class HttpSlots:
 
     def __init__(self, per_origin: int) -> None:
         self._per_origin = per_origin
-        self._slots: dict[tuple[str, str], Slots] = {}
+        self._slots: dict[tuple[str, str], MeteredSlots] = {}
 
-    def for_url(self, url: str) -> Slots:
+    def for_url(self, url: str) -> MeteredSlots:
         """The semaphore of ``url``'s origin."""
         parts = urlsplit(url)
         origin = (parts.scheme, parts.netloc)
         slot = self._slots.get(origin)
         if slot is None:
-            slot = self._slots[origin] = new_slots(self._per_origin)
+            slot = self._slots[origin] = new_slots(self._per_origin, f"http {parts.netloc}")
         return slot
+
+    def meters(self) -> list[PoolMeter]:
+        """The meters of the origins called so far."""
+        return [slot.meter for slot in self._slots.values()]
 
 
 class BackendClients:
@@ -137,7 +143,7 @@ class BackendClients:
         self._session.mount("https://", self._adapter)
         self._http_slots = HttpSlots(http.pool_maxsize)
         # One connection is left over for the health check's ping, which takes no slot.
-        self._mongo_slots = new_slots(max(1, mongo.max_pool_size - 1))
+        self._mongo_slots = new_slots(max(1, mongo.max_pool_size - 1), "mongo")
         self._closed = False
         log.debug("backends: MongoDB %s (database %s), alerts %s, metrics %s, bearer token %s",
                   redact_uri(mongo.uri), mongo.database, redact_uri(http.alerts_url),
@@ -166,7 +172,7 @@ class BackendClients:
         return self._session
 
     @property
-    def mongo_slots(self) -> Slots:
+    def mongo_slots(self) -> MeteredSlots:
         """MongoDB operations a lookup may have in flight: one fewer than ``mongo.max_pool_size``.
 
         Lookups take a slot before calling pymongo, so pymongo's pool always has a
@@ -181,6 +187,10 @@ class BackendClients:
     def http_slots(self) -> HttpSlots:
         """The per-origin bound HTTP lookups take a slot of before calling."""
         return self._http_slots
+
+    def pool_meters(self) -> list[PoolMeter]:
+        """The backend pools' meters: MongoDB's, then each HTTP origin's called so far."""
+        return [self._mongo_slots.meter, *self._http_slots.meters()]
 
     def connections_in_use(self) -> dict[str, int]:
         """Connections checked out right now: ``{"mongo": n, "http": m}``."""

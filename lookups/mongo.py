@@ -79,7 +79,7 @@ class MongoLookup(Lookup, abc.ABC):
     def __init__(self, db: Database, slots: Optional[Slots] = None) -> None:
         """``slots`` bounds operations in flight; share the client's (BackendClients.mongo_slots)."""
         self._db = db
-        self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size)
+        self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size, "mongo")
 
     def fetch(self, window: Window, timeout_s: float) -> PanelValue:
         if timeout_s <= 0:

@@ -50,10 +50,11 @@ class FanOutService:
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
-        self.fanout = FanOut(settings.fanout)
+        self.fanout = FanOut(settings.fanout, settings.admission)
         self.health = HealthChecker(self.clients)
         self.handler = AppStatsHandler(settings, registry.build(self.clients), self.fanout,
-                                       health=self.health, draining=lambda: self.server.draining)
+                                       health=self.health, draining=lambda: self.server.draining,
+                                       backend_pools=self.clients.pool_meters)
         self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
                                    listener=listener)
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
@@ -82,6 +83,7 @@ class FanOutService:
     def close(self) -> None:
         """Close the MongoDB client and the HTTP sessions, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
+        self.fanout.failures.flush()
         self.health.close()
         self.clients.close()
 

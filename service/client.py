@@ -190,6 +190,10 @@ class AppStatsClient:
         """
         return self._call("health", self._timeout_ms, lambda remaining_ms: ())
 
+    def pool_stats(self) -> Any:
+        """The server's ``appstats.PoolReport``: each pool's use and recommended size."""
+        return self._call("pool_stats", self._timeout_ms, lambda remaining_ms: ())
+
     def panels(self) -> list[str]:
         """Names of the panels the server can gather. Raises as described in the module doc."""
         return self._call("panels", self._timeout_ms, lambda remaining_ms: ())

@@ -13,9 +13,11 @@ Each section is defined by the part that owns it, with its per-key rules::
 
     [server]          ServerSettings    here: the listener is the service's own
     [fanout]          FanOutSettings    service/engine/settings.py
+    [admission]       AdmissionSettings service/engine/settings.py
     [mongo] [http]    MongoSettings, HttpSettings    lookups/settings.py
     [lookups.<name>]  LookupSettings    lookups/settings.py
     [tracing]         TracingSettings   tracing/settings.py
+    [metrics]         MetricsSettings   tracing/settings.py
 
 This module loads, merges, coerces and composes them into :class:`Settings`.
 """
@@ -32,8 +34,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Iterator, Mapping, Optional
 
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.engine.settings import FanOutSettings
-from tracing.settings import TracingSettings
+from service.engine.settings import AdmissionSettings, FanOutSettings
+from tracing.settings import MetricsSettings, TracingSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_warnings",
            "as_config_error"]
@@ -87,9 +89,11 @@ class Settings:
 
     server: ServerSettings = field(default_factory=ServerSettings)
     fanout: FanOutSettings = field(default_factory=FanOutSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     mongo: MongoSettings = field(default_factory=MongoSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
     lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
 
     def lookup(self, name: str) -> LookupSettings:
@@ -101,8 +105,9 @@ class Settings:
 
 
 _SECTIONS: dict[str, type] = {
-    "server": ServerSettings, "fanout": FanOutSettings, "mongo": MongoSettings,
-    "http": HttpSettings, "tracing": TracingSettings,
+    "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,
+    "mongo": MongoSettings, "http": HttpSettings, "tracing": TracingSettings,
+    "metrics": MetricsSettings,
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -22,6 +23,8 @@ from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
 from service.config import ServerSettings
 from service.engine.context import new_request_id
+from service.engine.summary import FailureSummary
+from service.rpc_metrics import call_ended
 from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
 from service.wire.errors import (
     LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
@@ -55,6 +58,7 @@ class ServerStats:
     slow_messages: int = 0
     slow_readers: int = 0
     internal_errors: int = 0
+    declared_errors: int = 0    # calls answered with an exception the IDL declares
 
 
 class _MalformedMessage(Exception):
@@ -108,10 +112,15 @@ class MessageLoop:
         self._stats = stats
         self._stopping = stopping
         self._make_protocol = protocol_for(settings.protocol)
+        self._declared = FailureSummary(log, "declared exceptions answered")
 
     def open(self, sock: socket.socket) -> Connection:
         """A :class:`Connection` over ``sock``, with this loop's wire settings."""
         return Connection(sock, self._settings, self._make_protocol)
+
+    def flush(self) -> None:
+        """Log the pending summary of declared exceptions answered (at shutdown)."""
+        self._declared.flush()
 
     def serve(self, connection: Connection, peer: Any) -> None:
         """Serve calls until the peer closes, idles out, errs or the server stops; never raises."""
@@ -145,10 +154,12 @@ class MessageLoop:
 
     def _serve_one(self, connection: Connection) -> None:
         api, seqid, reply, call = self._read_call(connection.iprot)
+        started = time.perf_counter()
         if call is not None:
             reply = self._invoke(api, call, reply)
         if isinstance(reply, TApplicationException) or not reply.oneway:
             self._write_reply(connection, api, seqid, reply)
+        call_ended(api, _error_type(reply), time.perf_counter() - started)
 
     def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
         """Receive and decode one call. The single place where input is decoded."""
@@ -168,7 +179,9 @@ class MessageLoop:
         except Exception as exc:
             if not self._processor.handle_exception(exc, result):
                 return self._internal_error(api, exc)
-            log.warning("%s raised %s: %s", api, type(exc).__name__, exc)
+            # Declared: the caller has it typed. Counted, summarised every few seconds.
+            self._stats.declared_errors += 1
+            self._declared.count(f"{api} {type(exc).__name__}", str(exc))
         return result
 
     def _write_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> None:
@@ -196,3 +209,14 @@ class MessageLoop:
         log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
         return TApplicationException(TApplicationException.INTERNAL_ERROR,
                                      f"internal error (request id {request_id})")
+
+
+def _error_type(reply: _Reply) -> str:
+    """The ``error.type`` of a reply: the declared exception's name, the application
+    exception's, or empty for a normal answer."""
+    if isinstance(reply, TApplicationException):
+        return "TApplicationException"
+    for name in getattr(reply, "__dict__", {}):
+        if name != "success" and getattr(reply, name) is not None:
+            return type(getattr(reply, name)).__name__
+    return ""

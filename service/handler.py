@@ -6,9 +6,10 @@ types and the engine; declared Thrift exceptions leave from here and nowhere els
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from lookups.base import Lookup
 from lookups.panels import Window
@@ -21,6 +22,7 @@ from service.mapping import to_panel_data, to_thrift_outcomes
 from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
                               TaskStatus)
 from service.validation import ValidRequest, validate_stats_request
+from tracing.pools import PoolMeter
 from tracing.spans import request_span, trace_id_hex
 
 __all__ = ["AppStatsHandler"]
@@ -39,12 +41,14 @@ class AppStatsHandler:
 
     def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut, *,
                  health: Optional[HealthChecker] = None,
-                 draining: Callable[[], bool] = lambda: False) -> None:
+                 draining: Callable[[], bool] = lambda: False,
+                 backend_pools: Callable[[], Sequence[PoolMeter]] = tuple) -> None:
         self._settings = settings
         self._lookups = dict(lookups)
         self._fanout = fanout
         self._health = health
         self._draining = draining
+        self._backend_pools = backend_pools
 
     def ping(self) -> str:
         return "pong"
@@ -57,6 +61,15 @@ class AppStatsHandler:
             appstats.BackendHealth(name=s.name, up=s.up, latency_ms=s.latency_ms,
                                    detail=s.detail or None)
             for s in statuses])
+
+    def pool_stats(self) -> Any:
+        """Every pool's use over the rolling window, with its recommended size."""
+        meters = [*self._fanout.pool_meters, *self._backend_pools()]
+        admission = self._fanout.admission
+        return appstats.PoolReport(
+            pools=[appstats.PoolStats(**dataclasses.asdict(meter.report())) for meter in meters],
+            admission_limit=int(admission.limit), calls_in_flight=admission.inflight,
+            calls_queued=admission.queued)
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""

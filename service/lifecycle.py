@@ -8,8 +8,9 @@ The drain, in order, each phase logged at INFO with its counts:
    connections still busy after ``server.drain_timeout_ms`` are killed (logged
    as a WARNING with the count);
 3. abandoned fan-out tasks end (``fanout.abandon_grace_ms``);
-4. pending spans are flushed, for at most ``tracing.flush_timeout_ms``;
-5. the MongoDB client and the HTTP sessions close.
+4. the MongoDB client and the HTTP sessions close;
+5. the metrics scrape endpoint closes, and pending spans are flushed, for at
+   most ``tracing.flush_timeout_ms``.
 
 The exit code is 0 after a drain, including one that had to kill calls at the
 timeout: the operator asked the process to stop and it stopped within the time
@@ -19,6 +20,7 @@ see the connection close (a transport error, safe to retry elsewhere).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import socket
@@ -30,6 +32,7 @@ from gevent.event import Event
 
 from service.app import FanOutService
 from service.config import Settings, as_config_error
+from tracing.metrics import configure_metrics
 from tracing.setup import Tracing, configure_tracing
 
 __all__ = ["run_server", "STOP_SIGNALS"]
@@ -41,10 +44,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
                on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
-               install_signals: bool = True, stop: Optional[Event] = None) -> int:
+               install_signals: bool = True, stop: Optional[Event] = None,
+               worker_index: int = 0) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
-    Configures tracing from ``settings.tracing``, starts :class:`FanOutService`
+    Configures tracing and metrics (``settings.tracing``, ``settings.metrics``; a
+    pre-forked worker's Prometheus port is shifted by ``worker_index``), starts :class:`FanOutService`
     (on ``listener`` if given: a bound, listening socket, as pre-forked workers
     share), calls ``on_ready(address)`` once listening, and blocks. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
@@ -58,37 +63,31 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
     if not install_signals and stop is None:
         raise ValueError("run_server: without signal handlers, pass a stop event")
     stop = stop or Event()
-    with as_config_error():
-        tracing = configure_tracing(settings.tracing)
-    try:
+    with contextlib.ExitStack() as cleanup:  # undone in reverse: drain, close, metrics, spans
+        with as_config_error():
+            tracing = configure_tracing(settings.tracing)
+            cleanup.callback(_flush_spans, tracing, settings.tracing.flush_timeout_ms)
+            meters = configure_metrics(settings.metrics, port_offset=worker_index)
+            cleanup.callback(meters.shutdown)
         service = FanOutService(settings, listener=listener)
-    except Exception:
-        tracing.shutdown(settings.tracing.flush_timeout_ms)
-        raise
-    try:
+        cleanup.callback(_close, service)
         service.start()
-    except Exception:
-        service.close()
-        tracing.shutdown(settings.tracing.flush_timeout_ms)
-        raise
-    signals = _StopSignals(stop) if install_signals else None
-    try:
+        cleanup.callback(service.drain)
+        signals = _StopSignals(stop) if install_signals else None
+        if signals is not None:
+            cleanup.callback(signals.cancel)
         if on_ready is not None:
             on_ready(service.address)
         stop.wait()
         log.info("drain: %s received; draining for up to %d ms",
                  signals.received if signals and signals.received else "stop request",
                  settings.server.drain_timeout_ms)
-    finally:
-        try:
-            service.drain()
-            _flush_spans(tracing, settings.tracing.flush_timeout_ms)
-        finally:
-            service.close()
-            log.info("drain: MongoDB client and HTTP sessions closed; exiting")
-            if signals is not None:
-                signals.cancel()
     return 0
+
+
+def _close(service: FanOutService) -> None:
+    service.close()
+    log.info("drain: MongoDB client and HTTP sessions closed")
 
 
 class _StopSignals:

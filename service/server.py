@@ -169,6 +169,7 @@ class ThriftServer:
         report = DrainReport(calls_in_flight=busy, idle_closed=idle,
                              finished=max(busy - killed, 0), killed=killed,
                              elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
+        self._loop.flush()
         if killed:
             log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "
                         "still busy were killed", timeout_s * 1000.0, report.finished, killed)

@@ -164,6 +164,38 @@ struct Health {
   2: list<BackendHealth> backends
 }
 
+/**
+ * One pool of slots over the server's rolling window (window_s seconds).
+ * recommended = offered_per_s x hold_ms x headroom (Little's law). Optional addition.
+ */
+struct PoolStats {
+  /** "fanout.request", "fanout.tasks", "mongo", "http <host:port>". */
+  1: string name
+  2: i32 size
+  3: i32 in_use
+  /** 99th percentile of slots taken, as arrivals saw them. */
+  4: i32 in_use_p99
+  /** 99th percentile of the wait for a slot, in milliseconds. */
+  5: double wait_p99_ms
+  /** Attempts to take a slot per second, including those that waited in vain. */
+  6: double offered_per_s
+  /** Mean time a slot was held, in milliseconds. */
+  7: double hold_ms
+  /** Takers that gave up waiting. */
+  8: i64 timeouts
+  9: i32 recommended
+  10: double window_s
+}
+
+/** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */
+struct PoolReport {
+  1: list<PoolStats> pools
+  /** The adaptive limit on calls in flight, and the calls in flight and queued now. */
+  2: i32 admission_limit
+  3: i32 calls_in_flight
+  4: i32 calls_queued
+}
+
 service AppStats {
   string ping()
   /** Serving state and backend reachability, for load balancers. Optional addition. */
@@ -172,4 +204,6 @@ service AppStats {
   list<string> panels()
   StatsResponse get_app_stats(1: StatsRequest request)
     throws (1: InvalidRequest invalid, 2: Overloaded overloaded, 3: PanelFailed failed)
+  /** How full each pool is and what size it should be, for `fanout pools`. Optional addition. */
+  PoolReport pool_stats()
 }

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Mapping, Optional
 
-__all__ = ["TracingSettings", "EXPORTERS", "OTLP_PROTOCOLS"]
+__all__ = ["TracingSettings", "MetricsSettings", "EXPORTERS", "OTLP_PROTOCOLS", "METRIC_EXPORTERS"]
 
 #: Span exporters, by their ``OTEL_TRACES_EXPORTER`` names.
 EXPORTERS = ("otlp", "console", "none")
@@ -40,3 +40,29 @@ class TracingSettings:
     def __post_init__(self) -> None:
         if self.sample_ratio > 1.0:
             raise ValueError("sample_ratio: must be at most 1.0 (negative: use OTEL_TRACES_SAMPLER)")
+
+
+#: Metric exporters, by their ``OTEL_METRICS_EXPORTER`` names.
+METRIC_EXPORTERS = ("prometheus", "otlp", "none")
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The ``[metrics]`` section. Empty strings and -1 defer to the ``OTEL_*`` variables.
+
+    ``exporter`` (``OTEL_METRICS_EXPORTER``) is ``none`` unless set: a scrape
+    port is opened only when asked for. ``host`` and ``port``
+    (``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``, else 127.0.0.1:9464) are where
+    Prometheus scrapes; port 0 picks a free one (logged). With ``server.workers``
+    > 1, worker *i* listens on ``port + i``.
+    """
+
+    exporter: str = ""                 # prometheus | otlp | none
+    host: str = ""
+    port: int = -1
+    export_interval_ms: int = 10_000   # otlp: how often metrics are pushed
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
+        {"exporter": ("", *METRIC_EXPORTERS)})
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
+        {"port": (-1, 65535)})

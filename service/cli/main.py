@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
-    call.add_argument("method", choices=["ping", "health", "panels", "get_app_stats"])
+    call.add_argument("method", choices=["ping", "health", "panels", "pool_stats", "get_app_stats"])
     _server_flags(call, with_config=False)
     call.add_argument("--app", help="application name (get_app_stats)")
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
@@ -58,6 +58,16 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--tls-server-name", metavar="NAME",
                       help="the name the server's certificate must hold (default: --host)")
     call.set_defaults(run=_call)
+
+    pools = commands.add_parser("pools", help="ask a running server how full its pools are "
+                                               "and what size they should be")
+    _server_flags(pools, with_config=False)
+    pools.add_argument("--json", action="store_true", help="print the report as JSON")
+    pools.add_argument("--deadline-ms", type=int, default=2000, help="the call's budget")
+    pools.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
+    pools.add_argument("--tls-server-name", metavar="NAME",
+                       help="the name the server's certificate must hold (default: --host)")
+    pools.set_defaults(run=_call, method="pool_stats")
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
     backends.set_defaults(run=_backends)
@@ -126,9 +136,10 @@ class _CallFailed(Exception):
 def _call(args: argparse.Namespace) -> int:
     from thriftpy2.transport import TTransportException
 
+    from service.cli.pools import format_pools
     from service.cli.report import format_response, response_to_json
 
-    if args.method == "get_app_stats" and not args.app:
+    if args.method == "get_app_stats" and not getattr(args, "app", None):
         print("fanout call get_app_stats: --app is required", file=sys.stderr)
         return 2
     settings = _settings(args)
@@ -145,6 +156,8 @@ def _call(args: argparse.Namespace) -> int:
         print(json.dumps(response_to_json(result), indent=2) if args.json else format_response(result))
     elif args.method == "health":
         print(json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result))
+    elif args.method == "pool_stats":
+        print(format_pools(result, args.json))
     else:
         print(json.dumps(result) if args.json else result)
     return 0

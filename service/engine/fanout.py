@@ -14,6 +14,14 @@ counted, and a reaper gives them ``fanout.abandon_grace_ms`` to finish on their
 own (their budget was pushed into their I/O, so they normally do) before it
 kills them. No task outlives its request by more than that grace.
 
+Before any of that, the call must be admitted (:mod:`service.engine.admission`):
+a call refused there, or finding the process-wide budget exhausted, raises
+:class:`FanOutOverloaded` at once, having cost almost nothing.
+
+Failures are counted, and logged as a summary every few seconds at most
+(:mod:`service.engine.summary`), never a line per task. Task durations go to the
+``fanout.task.duration`` histogram (see :mod:`service.engine.metrics`).
+
 This module knows nothing of Thrift, MongoDB or HTTP.
 """
 
@@ -32,13 +40,17 @@ from gevent.lock import BoundedSemaphore
 from greenlet import getcurrent
 from greenlet import greenlet as RawGreenlet
 
+from service.engine import metrics
+from service.engine.admission import AdmissionControl, Refused
 from service.engine.context import RequestContext
 from service.engine.deadline import Deadline
 from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
                                      TaskOutcome, TaskStatus)
 from service.engine.runners import TaskRunners
-from service.engine.settings import FanOutSettings
+from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.engine.summary import FailureSummary
 from tracing.greenlets import spawn_in_context
+from tracing.pools import DemandMeter, MeteredSlots, PoolMeter
 from tracing.spans import mark_task_outcome, task_span
 
 __all__ = ["FanOut", "FanOutStats"]
@@ -57,6 +69,7 @@ class FanOutStats:
     rejected: int = 0
     abandoned: int = 0   # still running when their request answered
     killed: int = 0      # abandoned and still running after the grace period
+    overloaded: int = 0  # calls answered FanOutOverloaded (refused, or no task could start)
 
 
 class _Run:
@@ -113,28 +126,51 @@ class _Run:
 class FanOut:
     """Runs the tasks of one request at a time; one instance serves the whole process."""
 
-    def __init__(self, settings: FanOutSettings) -> None:
+    def __init__(self, settings: FanOutSettings,
+                 admission: AdmissionSettings = AdmissionSettings()) -> None:
         self.settings = settings
         self.stats = FanOutStats()
-        self._inflight = BoundedSemaphore(settings.max_inflight_tasks)
+        self.admission = AdmissionControl(admission, settings.request_deadline_ms)
+        self._inflight = MeteredSlots(BoundedSemaphore(settings.max_inflight_tasks),
+                                      PoolMeter("fanout.tasks", settings.max_inflight_tasks))
+        self.request_pool = DemandMeter("fanout.request", settings.pool_size)
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
+        self.failures = FailureSummary(log, "task failures")
+        metrics.observe(self)
 
     @property
     def inflight(self) -> int:
         """Tasks holding a process-wide slot right now."""
-        return self.settings.max_inflight_tasks - self._inflight.counter
+        return self._inflight.meter.in_use
+
+    @property
+    def pool_meters(self) -> tuple[PoolMeter, ...]:
+        """The engine's pools: per request (``fanout.pool_size``) and process-wide."""
+        return (self.request_pool, self._inflight.meter)
 
     def run(self, tasks: Sequence[Task], request: RequestContext) -> FanOutResult:
         """Run ``tasks`` for ``request`` in parallel; one outcome per task, in order.
 
         Every task ends by ``request.deadline``.
 
-        Raises :class:`FanOutOverloaded` when no task could get a slot, and
-        :class:`RequiredTaskFailed` when a required task did not finish OK.
-        Every other failure is an outcome, never an exception.
+        Raises :class:`FanOutOverloaded` when the call is not admitted or no task
+        could get a slot, and :class:`RequiredTaskFailed` when a required task
+        did not finish OK. Every other failure is an outcome, never an exception.
         """
-        started, deadline = time.monotonic(), request.deadline
+        try:
+            self.admission.admit(request.deadline)
+        except Refused as refused:
+            self.stats.overloaded += 1
+            raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
+        started = time.monotonic()
+        try:
+            return self._run_admitted(tasks, request.deadline, started)
+        finally:
+            self.admission.done(time.monotonic() - started)
+
+    def _run_admitted(self, tasks: Sequence[Task], deadline: Deadline,
+                      started: float) -> FanOutResult:
         run = _Run(tasks, deadline)
         try:
             self._start_all(run)
@@ -151,8 +187,9 @@ class FanOut:
         if run.failed_required is not None:
             raise RequiredTaskFailed(run.failed_required, result)
         if tasks and all(o.status is TaskStatus.REJECTED for o in result.outcomes):
+            self.stats.overloaded += 1
             raise FanOutOverloaded("no task could start: the fan-out pools are full",
-                                   retry_after_ms=max(self.settings.queue_timeout_ms, 50))
+                                   retry_after_ms=self.admission.retry_after_ms())
         return result
 
     def _start_all(self, run: _Run) -> None:
@@ -160,8 +197,10 @@ class FanOut:
             # Fail fast: with the process-wide budget exhausted, queueing for it only makes
             # the caller wait for what is most likely an Overloaded anyway.
             self.stats.rejected += len(run.tasks)
+            self.stats.overloaded += 1
             raise FanOutOverloaded("no task could start: the process-wide task budget is exhausted",
-                                   retry_after_ms=max(self.settings.queue_timeout_ms, 50))
+                                   retry_after_ms=self.admission.retry_after_ms())
+        self.request_pool.wanted(len(run.tasks))
         pool = BoundedSemaphore(self.settings.pool_size)
         # All tasks queue at once, so each may wait for a slot until the same moment.
         queue_until = run.deadline.earlier(self.settings.queue_timeout_ms)
@@ -199,6 +238,7 @@ class FanOut:
                 final = run.settle(index, outcome)
                 # A late finisher reports what the caller was told, not what it did.
                 mark_task_outcome(span, final.status.value, error if final is outcome else None)
+            metrics.task_ended(task, final)
         finally:
             pool.release()
             self._inflight.release()
@@ -219,14 +259,13 @@ class FanOut:
         return TaskOutcome(task.name, task.source, TaskStatus.OK, run.elapsed_ms(index),
                            value=value, pool_wait_ms=wait_ms), None
 
-    @staticmethod
-    def _failure(task: Task, exc: Exception, elapsed_ms: float, wait_ms: float) -> TaskOutcome:
+    def _failure(self, task: Task, exc: Exception, elapsed_ms: float, wait_ms: float) -> TaskOutcome:
         timed_out = isinstance(exc, TimeoutError)
         declared = timed_out or hasattr(exc, "retryable")
         if declared:
-            log.warning("task %s failed: %s: %s", task.name, type(exc).__name__, exc)
+            self.failures.count(f"{task.name} {type(exc).__name__}", str(exc))
         else:
-            log.error("task %s raised an unexpected error", task.name, exc_info=exc)
+            self.failures.count(f"{task.name} unexpected {type(exc).__name__}", str(exc), exc)
         return TaskOutcome(
             task.name, task.source, TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
             elapsed_ms, error_type=type(exc).__name__,
@@ -250,8 +289,8 @@ class FanOut:
         if not alive:
             return
         self.stats.killed += len(alive)
-        log.warning("killing %d task(s) still running %d ms after their request ended",
-                    len(alive), self.settings.abandon_grace_ms)
+        self.failures.count("killed after the abandon grace", f"{len(alive)} task(s) still running "
+                            f"{self.settings.abandon_grace_ms} ms after their request ended")
         loop = get_hub().loop
         for index, runner in alive:
             loop.run_callback(_kill_task, run, index, runner)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Mapping, Optional
 
-__all__ = ["FanOutSettings"]
+__all__ = ["FanOutSettings", "AdmissionSettings"]
 
 
 @dataclass(frozen=True)
@@ -25,3 +25,34 @@ class FanOutSettings:
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
         {"queue_timeout_ms": (0, None), "abandon_grace_ms": (0, None)})
+
+
+@dataclass(frozen=True)
+class AdmissionSettings:
+    """The ``[admission]`` section: the adaptive limit on calls in flight and its queue.
+
+    The defaults need no tuning: the limit starts at ``initial_limit`` and follows
+    measured latency between ``min_limit`` and ``max_limit``.
+    """
+
+    enabled: bool = True
+    initial_limit: int = 100           # calls in flight before the first measurements
+    min_limit: int = 2
+    max_limit: int = 1000
+    tolerance: float = 2.0             # latency may rise to this multiple of its long-term average
+    max_latency_fraction: float = 0.25  # ...and never past this share of fanout.request_deadline_ms
+    queue_interval_ms: int = 100       # CoDel: longest wait while the queue drains now and then
+    queue_target_ms: int = 5           # ...and the wait once the queue stands longer than that
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
+        {"queue_interval_ms": (0, None), "queue_target_ms": (0, None)})
+
+    def __post_init__(self) -> None:
+        if not self.min_limit <= self.initial_limit <= self.max_limit:
+            raise ValueError(f"initial_limit: must be between min_limit ({self.min_limit}) and "
+                             f"max_limit ({self.max_limit}), got {self.initial_limit}")
+        if self.tolerance < 1.0:
+            raise ValueError(f"tolerance: must be at least 1.0, got {self.tolerance}")
+        if not 0.0 < self.max_latency_fraction <= 1.0:
+            raise ValueError(f"max_latency_fraction: must be in (0, 1], got {self.max_latency_fraction}")

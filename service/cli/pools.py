@@ -1,0 +1,38 @@
+"""``fanout pools``: how full each pool of a live server is, and what size it should be.
+
+One line per pool::
+
+    mongo size=31 in_use_p99=31 wait_p99_ms=128.0 recommended=52
+
+``recommended`` is Little's law over the server's rolling window: attempts per
+second (including takers that waited in vain) x mean hold time x 1.25 headroom.
+For ``fanout.request`` (a pool per call, ``fanout.pool_size``) it is the 99th
+percentile of the tasks one call wanted at once. The last line is the adaptive
+admission limit, which sizes itself.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["format_pools", "pools_to_json"]
+
+
+def pools_to_json(report: Any) -> dict[str, Any]:
+    """A ``PoolReport`` as plain values."""
+    return {"pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
+            "admission": {"limit": report.admission_limit, "calls_in_flight": report.calls_in_flight,
+                          "calls_queued": report.calls_queued}}
+
+
+def format_pools(report: Any, as_json: bool = False) -> str:
+    """One line per pool, then the admission line (or the JSON of :func:`pools_to_json`)."""
+    if as_json:
+        return json.dumps(pools_to_json(report), indent=2)
+    lines = [f"{pool.name} size={pool.size} in_use_p99={pool.in_use_p99} "
+             f"wait_p99_ms={pool.wait_p99_ms:.1f} recommended={pool.recommended}"
+             for pool in report.pools]
+    lines.append(f"admission limit={report.admission_limit} in_flight={report.calls_in_flight} "
+                 f"queued={report.calls_queued} (adaptive)")
+    return "\n".join(lines)

@@ -1,0 +1,232 @@
+"""Admission: let in only the calls the process can finish within their deadlines.
+
+A limit on calls in flight follows measured latency (the gradient of Netflix's
+concurrency-limits ``Gradient2``): each admitted call's latency feeds a
+short-term and a long-term average, and the limit is scaled by
+``tolerance x long / short``, kept within [0.5, 1] so it never more than halves
+at once, plus a small allowance to grow by. When latency stands still the
+limit grows; when it jumps (a slow backend, a saturated pool, a busy core) the
+limit falls within a few calls. Because the long-term average slowly follows
+the short one, latency is also held under an absolute ceiling,
+``max_latency_fraction`` of ``fanout.request_deadline_ms``: beyond it, the
+limit is cut in proportion whatever the gradient says. While fewer calls are
+in flight than half the limit, the limit does not grow (nothing measured it).
+
+A call finding the limit reached waits in a bounded queue, with Facebook's
+adaptive LIFO and CoDel: while the queue has drained within the last
+``queue_interval_ms``, a waiter may wait that long, first in, first out; once
+it has stood longer, waiting is cut to ``queue_target_ms`` and the newest
+waiter is served first (the oldest are the likeliest to miss their deadlines).
+A call is refused at once, without queueing, when its remaining deadline is
+shorter than the expected wait plus the typical latency, or the queue is full.
+
+A refusal carries ``retry_after_ms``, from the server's state: the refusal
+rate is steered towards a quarter of the admission rate, so that callers who
+honour it (with jitter) spend little of the process on being refused.
+
+The limit counts calls and stays within ``admission.min_limit`` and
+``admission.max_limit``; ``fanout.max_inflight_tasks`` remains the hard cap on
+tasks, enforced by :class:`~service.engine.fanout.FanOut`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from gevent.event import Event
+
+from service.engine.deadline import Deadline
+from service.engine.settings import AdmissionSettings
+
+__all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
+
+_SHORT_WEIGHT = 0.2        # the short-term latency average: about the last five calls
+_LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
+_SMOOTHING = 0.2           # how far one update moves the limit towards its new value
+_RETRY_WINDOW_S = 1.0      # how often retry_after is re-steered
+_REFUSAL_SHARE = 0.25      # refusals aimed at, as a share of admissions
+_RETRY_AFTER_MIN_S, _RETRY_AFTER_MAX_S = 0.02, 10.0
+
+
+class Refused(Exception):
+    """The call may not start now; ``retry_after_ms`` says when trying again makes sense."""
+
+    def __init__(self, reason: str, retry_after_ms: int) -> None:
+        super().__init__(reason)
+        self.retry_after_ms = retry_after_ms
+
+
+@dataclass
+class AdmissionStats:
+    """Counters since start."""
+
+    admitted: int = 0
+    queued: int = 0
+    refused: int = 0            # every refusal, whatever the reason
+    refused_deadline: int = 0   # ...of which: the deadline could not be met
+    refused_queue: int = 0      # ...of which: the queue was full or the wait ran out
+
+
+class _Waiter:
+    __slots__ = ("event", "admitted", "since")
+
+    def __init__(self) -> None:
+        self.event = Event()
+        self.admitted = False
+        self.since = time.monotonic()
+
+
+class AdmissionControl:
+    """The adaptive limit on calls in flight, its queue, and ``retry_after_ms``.
+
+    Use ``admit(deadline)`` before the work and ``done(latency_s)`` after it,
+    exactly once per admitted call (``FanOut.run`` does both).
+    """
+
+    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
+        self.settings = settings
+        self.stats = AdmissionStats()
+        self.limit = float(settings.initial_limit)
+        self.inflight = 0
+        self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
+        self._short_s = self._long_s = 0.0
+        self._samples_since_update = 0
+        self._waiters: deque[_Waiter] = deque()
+        self._queue_empty_at = time.monotonic()
+        self._retry_after_s = 0.1
+        self._window_started = time.monotonic()
+        self._window_admitted = self._window_refused = 0
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def admit(self, deadline: Deadline) -> None:
+        """Return once the call may start; raise :class:`Refused` if it should not."""
+        if not self.settings.enabled:
+            self._admitted()
+            return
+        if self.inflight < int(self.limit) and not self._waiters:
+            self._admitted()
+            return
+        expected_s = self._expected_wait_s() + self._short_s
+        if deadline.remaining_s() < expected_s:
+            self.stats.refused_deadline += 1
+            raise self._refuse("cannot finish within its deadline at the current load")
+        if len(self._waiters) >= max(int(self.limit), self.settings.min_limit):
+            self.stats.refused_queue += 1
+            raise self._refuse("the admission queue is full")
+        self._wait(deadline)
+
+    def done(self, latency_s: float) -> None:
+        """An admitted call ended after ``latency_s``: update the limit, pass the slot on."""
+        self.inflight -= 1
+        self._sample(latency_s)
+        self._hand_over()
+
+    def retry_after_ms(self) -> int:
+        """When a refused caller should try again, in milliseconds (the caller adds jitter)."""
+        return int(self._retry_after_s * 1000.0)
+
+    # --- the queue -------------------------------------------------------------------
+
+    def _wait(self, deadline: Deadline) -> None:
+        waiter = _Waiter()
+        self._waiters.append(waiter)
+        self.stats.queued += 1
+        standing = time.monotonic() - self._queue_empty_at > self.settings.queue_interval_ms / 1000.0
+        wait_ms = self.settings.queue_target_ms if standing else self.settings.queue_interval_ms
+        wait_s = min(wait_ms / 1000.0, max(0.0, deadline.remaining_s() - self._short_s))
+        try:
+            waiter.event.wait(timeout=wait_s)
+        finally:
+            if not waiter.admitted:
+                self._remove(waiter)
+        if not waiter.admitted:
+            self.stats.refused_queue += 1
+            raise self._refuse("no call finished while this one waited")
+
+    def _remove(self, waiter: _Waiter) -> None:
+        try:
+            self._waiters.remove(waiter)
+        except ValueError:
+            pass
+        if not self._waiters:
+            self._queue_empty_at = time.monotonic()
+
+    def _hand_over(self) -> None:
+        while self._waiters and self.inflight < int(self.limit):
+            standing = (time.monotonic() - self._queue_empty_at
+                        > self.settings.queue_interval_ms / 1000.0)
+            # Adaptive LIFO: under a standing queue the newest waiter has the best chance.
+            waiter = self._waiters.pop() if standing else self._waiters.popleft()
+            if not self._waiters:
+                self._queue_empty_at = time.monotonic()
+            waiter.admitted = True
+            self._admitted()
+            waiter.event.set()
+
+    def _expected_wait_s(self) -> float:
+        """Roughly how long a newcomer would queue: those ahead, at the current pace."""
+        if self._short_s <= 0 or self.limit < 1:
+            return 0.0
+        return (len(self._waiters) + 1) * self._short_s / self.limit
+
+    # --- the limit -------------------------------------------------------------------
+
+    def _sample(self, latency_s: float) -> None:
+        if self._long_s == 0.0:
+            self._short_s = self._long_s = latency_s
+        else:
+            self._short_s += _SHORT_WEIGHT * (latency_s - self._short_s)
+            self._long_s += _LONG_WEIGHT * (latency_s - self._long_s)
+        if self._long_s > 2.0 * self._short_s:
+            self._long_s *= 0.95  # latency fell a lot: let the baseline follow it quicker
+        self._samples_since_update += 1
+        if self._samples_since_update >= max(4, int(math.sqrt(self.limit))):
+            self._samples_since_update = 0
+            self._update_limit()
+
+    def _update_limit(self) -> None:
+        settings, short_s = self.settings, max(self._short_s, 1e-6)
+        gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
+        if short_s > self._ceiling_s:
+            gradient = min(gradient, max(0.5, self._ceiling_s / short_s))
+        target = self.limit * gradient
+        if gradient >= 1.0 and self.inflight + len(self._waiters) >= self.limit / 2:
+            target += math.sqrt(self.limit)
+        new = self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING
+        self.limit = min(float(settings.max_limit), max(float(settings.min_limit), new))
+
+    # --- accounting ------------------------------------------------------------------
+
+    def _admitted(self) -> None:
+        self.inflight += 1
+        self.stats.admitted += 1
+        self._window_admitted += 1
+        self._roll_window()
+
+    def _refuse(self, reason: str) -> Refused:
+        self.stats.refused += 1
+        self._window_refused += 1
+        self._roll_window()
+        return Refused(reason, self.retry_after_ms())
+
+    def _roll_window(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._window_started
+        if elapsed < _RETRY_WINDOW_S:
+            return
+        admitted, refused = self._window_admitted / elapsed, self._window_refused / elapsed
+        aim = max(_REFUSAL_SHARE * admitted, 5.0)
+        if refused > 0:
+            # Callers in back-off are about refused x retry_after; aim that many at `aim` per second.
+            self._retry_after_s *= math.sqrt(refused / aim)
+        else:
+            self._retry_after_s /= 2.0
+        floor_s = max(_RETRY_AFTER_MIN_S, self._short_s)
+        self._retry_after_s = min(_RETRY_AFTER_MAX_S, max(floor_s, self._retry_after_s))
+        self._window_started, self._window_admitted, self._window_refused = now, 0, 0

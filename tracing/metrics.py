@@ -1,0 +1,153 @@
+"""Metrics: the OpenTelemetry SDK's meter provider, exported for Prometheus or over OTLP.
+
+:func:`configure_metrics` installs the global meter provider from
+:class:`~tracing.settings.MetricsSettings` and the standard variables
+(``OTEL_METRICS_EXPORTER``; ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``;
+``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``/``OTEL_EXPORTER_OTLP_ENDPOINT``):
+
+* ``prometheus``: opentelemetry-exporter-prometheus's reader, served by
+  prometheus_client's HTTP server at ``http://host:port/metrics``;
+* ``otlp``: a periodic reader pushing OTLP over HTTP;
+* ``none`` (the default): no provider; every instrument is the API's no-op.
+
+Instruments are created against the global API (``metrics.get_meter``) when
+their modules load; the API's proxy hands them to the provider once installed.
+Histograms measured in seconds get bucket bounds from 1 ms to 10 s.
+
+This module also publishes every :class:`~tracing.pools.PoolMeter` alive as
+``fanout.pool.*`` gauges (size, in use, wait p99, recommended size).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Mapping, Optional
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+from tracing.pools import live_meters
+from tracing.settings import METRIC_EXPORTERS, MetricsSettings
+
+__all__ = ["Metrics", "configure_metrics", "SECONDS_BUCKETS"]
+
+log = logging.getLogger(__name__)
+
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 9464
+
+
+class Metrics:
+    """The handle on a configured meter provider; :meth:`shutdown` at exit."""
+
+    def __init__(self, provider: Optional[MeterProvider], exporter: str,
+                 http_server: Any = None) -> None:
+        self.provider = provider
+        self.exporter = exporter
+        self._http_server = http_server
+
+    @property
+    def scrape_address(self) -> Optional[tuple[str, int]]:
+        """Where Prometheus scrapes (``/metrics``), or ``None`` without that exporter."""
+        if self._http_server is None:
+            return None
+        host, port = self._http_server.server_address[:2]
+        return host, port
+
+    def shutdown(self, timeout_ms: int = 2000) -> None:
+        """Stop the scrape server and flush the readers; idempotent."""
+        server, self._http_server = self._http_server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        provider, self.provider = self.provider, None
+        if provider is not None:
+            provider.shutdown(timeout_millis=timeout_ms)
+
+
+def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, str]] = None,
+                      port_offset: int = 0) -> Metrics:
+    """Install the global meter provider ``settings`` describes, if any.
+
+    ``port_offset`` shifts the Prometheus port (worker *i* of a pre-forked server
+    passes *i*). Raises :class:`ValueError` naming the variable for an unknown
+    exporter, OSError when the scrape port cannot be bound.
+    """
+    environment = os.environ if env is None else env
+    name = settings.exporter or environment.get("OTEL_METRICS_EXPORTER", "").strip().lower() or "none"
+    if name not in METRIC_EXPORTERS:
+        raise ValueError(f"OTEL_METRICS_EXPORTER: unsupported exporter {name!r}; "
+                         f"expected one of {', '.join(METRIC_EXPORTERS)}")
+    if name == "none":
+        return Metrics(None, name)
+    server = None
+    if name == "prometheus":
+        reader, server = _prometheus_reader(settings, environment, port_offset)
+    else:
+        reader = _otlp_reader(settings)
+    views = [View(instrument_name="*duration*",
+                  aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS))]
+    provider = MeterProvider(metric_readers=[reader], views=views)
+    metrics.set_meter_provider(provider)
+    if metrics.get_meter_provider() is not provider:
+        log.warning("a meter provider was already installed; metrics go to that one")
+    if server is not None:
+        host, port = server.server_address[:2]
+        log.info("metrics: Prometheus scrape at http://%s:%d/metrics", host, port)
+    return Metrics(provider, name, server)
+
+
+def _prometheus_reader(settings: MetricsSettings, env: Mapping[str, str],
+                       port_offset: int) -> tuple[MetricReader, Any]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    host = settings.host or env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "").strip() or _DEFAULT_HOST
+    port = settings.port
+    if port < 0:
+        raw = env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "").strip()
+        try:
+            port = int(raw) if raw else _DEFAULT_PORT
+        except ValueError:
+            raise ValueError(f"OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got {raw!r}") from None
+    if port:
+        port += port_offset
+    # A registry of its own: a second provider in one process (tests) does not collide.
+    registry = CollectorRegistry(auto_describe=True)
+    reader = PrometheusMetricReader(registry=registry)
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return reader, server
+
+
+def _otlp_reader(settings: MetricsSettings) -> MetricReader:
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return PeriodicExportingMetricReader(OTLPMetricExporter(),
+                                         export_interval_millis=settings.export_interval_ms)
+
+
+def _observe_pools(field: str) -> Any:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        for meter in live_meters():
+            report = meter.report()
+            yield Observation(getattr(report, field), {"fanout.pool.name": meter.name})
+    return callback
+
+
+_meter = metrics.get_meter("fanout")
+_meter.create_observable_gauge("fanout.pool.size", [_observe_pools("size")], unit="{slot}",
+                               description="Slots in the pool")
+_meter.create_observable_gauge("fanout.pool.in_use", [_observe_pools("in_use")], unit="{slot}",
+                               description="Slots taken right now")
+_meter.create_observable_gauge("fanout.pool.in_use_p99", [_observe_pools("in_use_p99")],
+                               unit="{slot}",
+                               description="99th percentile of slots taken, seen by arrivals (rolling window)")
+_meter.create_observable_gauge("fanout.pool.wait_p99", [_observe_pools("wait_p99_ms")], unit="ms",
+                               description="99th percentile of the wait for a slot (rolling window)")
+_meter.create_observable_gauge("fanout.pool.recommended", [_observe_pools("recommended")],
+                               unit="{slot}",
+                               description="Little's law: offered rate x mean hold x headroom")

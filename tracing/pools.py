@@ -1,0 +1,238 @@
+"""Pools an operator can see and size: slots that measure their own use.
+
+:class:`MeteredSlots` wraps a bounded semaphore (gevent's, or a thread one) and
+keeps, per pool, what Little's law needs over a rolling window
+(:data:`WINDOW_S`): how many acquisitions were attempted (the offered arrival
+rate, including the ones that waited in vain), how long slots were held
+(the busy time, integrated as slots change hands), and how long takers waited.
+:meth:`PoolMeter.report` turns that into a :class:`PoolReport` whose
+``recommended`` size is ``ceil(offered rate x mean hold time x HEADROOM)``.
+
+Why our own rather than reading the OpenTelemetry SDK's aggregates back: the
+sizing needs a rolling window (an SDK histogram is cumulative or per export
+interval, and an exporter may be off), and it must cost a few integer updates
+per acquisition: the engine takes two slots per task. The same figures are
+published as metrics (see :func:`observe_pools`).
+
+Everything here is hub-local: no locks, no switches inside an update.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable, Optional, Protocol
+
+__all__ = ["WINDOW_S", "HEADROOM", "PoolMeter", "DemandMeter", "PoolReport", "MeteredSlots",
+           "live_meters"]
+
+#: The rolling window the report covers, in seconds, kept as BUCKETS buckets.
+WINDOW_S = 60.0
+BUCKETS = 6
+#: Spare capacity the recommendation adds above the measured need.
+HEADROOM = 1.25
+# Wait times are counted in power-of-two buckets of microseconds: 1 us .. ~1.1 h.
+_WAIT_BUCKETS = 32
+_DEMANDS_KEPT = 4096
+
+_meters: "weakref.WeakSet[PoolMeter]" = weakref.WeakSet()
+
+
+class Semaphore(Protocol):
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool: ...
+    def release(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class PoolReport:
+    """One pool over the rolling window; ``recommended`` is Little's law plus headroom."""
+
+    name: str
+    size: int
+    in_use: int
+    in_use_p99: int
+    wait_p99_ms: float
+    offered_per_s: float
+    hold_ms: float
+    timeouts: int
+    recommended: int
+    window_s: float
+
+
+class _Bucket:
+    __slots__ = ("started", "attempts", "acquired", "timeouts", "busy_s", "in_use_counts",
+                 "wait_counts")
+
+    def __init__(self, started: float, size: int) -> None:
+        self.started = started
+        self.attempts = self.acquired = self.timeouts = 0
+        self.busy_s = 0.0
+        self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
+        self.wait_counts = [0] * _WAIT_BUCKETS
+
+
+class PoolMeter:
+    """The rolling statistics of one named pool of ``size`` slots."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.in_use = 0
+        self._changed_at = time.monotonic()
+        self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
+        _meters.add(self)
+
+    def _current(self, now: float) -> _Bucket:
+        bucket = self._buckets[-1]
+        if now - bucket.started < WINDOW_S / BUCKETS:
+            return bucket
+        bucket = _Bucket(now, self.size)
+        self._buckets.append(bucket)
+        del self._buckets[:-BUCKETS]
+        return bucket
+
+    def _integrate(self, now: float, bucket: _Bucket) -> None:
+        bucket.busy_s += self.in_use * (now - self._changed_at)
+        self._changed_at = now
+
+    def arriving(self) -> float:
+        """Note an attempt to take a slot; returns the moment, for :meth:`taken`."""
+        now = time.monotonic()
+        bucket = self._current(now)
+        bucket.attempts += 1
+        bucket.in_use_counts[min(self.in_use, self.size + 1)] += 1
+        return now
+
+    def taken(self, since: float) -> None:
+        """A slot was taken after waiting since ``since``."""
+        now = time.monotonic()
+        bucket = self._current(now)
+        self._integrate(now, bucket)
+        self.in_use += 1
+        bucket.acquired += 1
+        bucket.wait_counts[_wait_bucket(now - since)] += 1
+
+    def gave_up(self, since: float) -> None:
+        """No slot came free before the taker's timeout."""
+        now = time.monotonic()
+        bucket = self._current(now)
+        bucket.timeouts += 1
+        bucket.wait_counts[_wait_bucket(now - since)] += 1
+
+    def returned(self) -> None:
+        now = time.monotonic()
+        self._integrate(now, self._current(now))
+        self.in_use -= 1
+
+    def report(self) -> PoolReport:
+        """The pool over the rolling window (to now)."""
+        now = time.monotonic()
+        self._integrate(now, self._current(now))
+        buckets = self._buckets
+        window_s = max(now - buckets[0].started, 1e-3)
+        attempts = sum(b.attempts for b in buckets)
+        acquired = sum(b.acquired for b in buckets)
+        busy_s = sum(b.busy_s for b in buckets)
+        offered = attempts / window_s
+        hold_s = busy_s / acquired if acquired else 0.0
+        recommended = max(1, math.ceil(offered * hold_s * HEADROOM)) if acquired else self.size
+        in_use_p99 = _p99_index(_sum_columns(b.in_use_counts for b in buckets))
+        wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
+        wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)
+        return PoolReport(self.name, self.size, self.in_use, min(in_use_p99, self.size),
+                          wait_p99_ms, round(offered, 2), round(hold_s * 1000.0, 3),
+                          sum(b.timeouts for b in buckets), recommended, round(window_s, 1))
+
+
+class DemandMeter(PoolMeter):
+    """A pool made anew for each request (the engine's ``fanout.pool_size``).
+
+    What sizes it is how many slots one request wants at once: :meth:`wanted`
+    records that per request (the last :data:`_DEMANDS_KEPT`), and the
+    recommendation is its 99th percentile.
+    """
+
+    def __init__(self, name: str, size: int) -> None:
+        super().__init__(name, size)
+        self._demands: deque[int] = deque(maxlen=_DEMANDS_KEPT)
+
+    def wanted(self, slots: int) -> None:
+        self._current(time.monotonic()).attempts += 1
+        self._demands.append(slots)
+
+    def report(self) -> PoolReport:
+        base = super().report()
+        demands = sorted(self._demands)
+        want_p99 = demands[min(len(demands) - 1, math.ceil(len(demands) * 0.99) - 1)] if demands else 0
+        return PoolReport(base.name, self.size, base.in_use, min(want_p99, self.size),
+                          base.wait_p99_ms, base.offered_per_s, base.hold_ms, base.timeouts,
+                          max(1, want_p99), base.window_s)
+
+
+def _wait_bucket(seconds: float) -> int:
+    micros = int(seconds * 1e6)
+    return min(micros.bit_length(), _WAIT_BUCKETS - 1)
+
+
+def _sum_columns(rows: Iterable[list[int]]) -> list[int]:
+    total: list[int] = []
+    for row in rows:
+        if len(total) < len(row):
+            total.extend([0] * (len(row) - len(total)))
+        for index, count in enumerate(row):
+            total[index] += count
+    return total
+
+
+def _p99_index(counts: list[int]) -> int:
+    """The index at the 99th percentile of a histogram given as counts per index."""
+    total = sum(counts)
+    if not total:
+        return 0
+    rank, seen = math.ceil(total * 0.99), 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank:
+            return index
+    return len(counts) - 1
+
+
+def live_meters() -> list[PoolMeter]:
+    """Every pool meter still alive in this process, by name."""
+    return sorted(_meters, key=lambda meter: meter.name)
+
+
+class MeteredSlots:
+    """A bounded semaphore that reports to a :class:`PoolMeter`.
+
+    ``acquire(timeout=...)`` and ``release()`` behave as the wrapped semaphore's;
+    every attempt, wait, give-up and hold is counted on the way.
+    """
+
+    __slots__ = ("_slots", "meter", "__weakref__")
+
+    def __init__(self, slots: Semaphore, meter: PoolMeter) -> None:
+        self._slots = slots
+        self.meter = meter
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        since = self.meter.arriving()
+        if self._slots.acquire(blocking, timeout):
+            self.meter.taken(since)
+            return True
+        self.meter.gave_up(since)
+        return False
+
+    def release(self) -> None:
+        self.meter.returned()
+        self._slots.release()
+
+    def locked(self) -> bool:
+        """True while every slot is taken."""
+        return self.meter.in_use >= self.meter.size
+
+    def __repr__(self) -> str:
+        return f"<MeteredSlots {self.meter.name} {self.meter.in_use}/{self.meter.size}>"
