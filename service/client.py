@@ -19,6 +19,13 @@ What a call raises::
 A connection whose call ended in a transport error or timeout is closed, never
 reused: a late reply must not be read as the answer to the next call.
 
+Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
+server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
+leaves time for it and the client's :class:`~lookups.retry_budget.RetryBudget`
+allows: retries stay within ``overload_retry_ratio`` (10%) of calls, plus a
+small reserve, so overload never turns into a retry storm. Otherwise, or after
+``MAX_OVERLOAD_ATTEMPTS``, the ``Overloaded`` is raised.
+
 TLS: pass ``tls_ca_file`` (PEM CAs to trust) and, when the certificate does not
 name the host you connect to, ``tls_server_hostname``. The server is always
 verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
@@ -26,12 +33,14 @@ verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
 
 from __future__ import annotations
 
+import random
 import socket as _socket
 import ssl
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Callable, Iterator, Optional, Sequence
 
+import gevent
 import gevent.lock
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
@@ -39,16 +48,22 @@ from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
 
+from lookups.retry_budget import RetryBudget
 from service.engine.deadline import Deadline
 from service.idl import appstats
 from service.wire.tls import client_context
 from tracing.propagation import inject_headers
 
-__all__ = ["AppStatsClient", "REPLY_MARGIN_MS"]
+__all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]
 
 #: Extra time the client waits beyond the deadline it sends: the server answers
 #: at its deadline, and the reply still has to arrive.
 REPLY_MARGIN_MS = 250
+
+#: Attempts of one call answered Overloaded, the first included.
+MAX_OVERLOAD_ATTEMPTS = 3
+# The least a retried call should still have before its deadline, besides the back-off.
+_MIN_RETRY_BUDGET_MS = 50
 
 _TRANSPORTS = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
 _PROTOCOLS = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
@@ -160,7 +175,8 @@ class AppStatsClient:
                  pool_size: int = 8, connect_timeout_ms: int = 1000, timeout_ms: int = 3000,
                  tracer_provider: Optional[TracerProvider] = None,
                  tls_ca_file: Optional[str] = None,
-                 tls_server_hostname: Optional[str] = None) -> None:
+                 tls_server_hostname: Optional[str] = None,
+                 overload_retry_ratio: float = 0.1) -> None:
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {transport!r}")
         if protocol not in _PROTOCOLS:
@@ -175,6 +191,8 @@ class AppStatsClient:
         self._tls = client_context(tls_ca_file) if tls_ca_file else None
         self._tls_server_hostname = tls_server_hostname or host
         self._pool = _ConnectionPool(self._connect, pool_size)
+        # Ratio 0 turns retries off altogether, reserve included.
+        self.retry_budget = RetryBudget(overload_retry_ratio, reserve=3.0 if overload_retry_ratio else 0.0)
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._span_attributes = {"rpc.system": "apache_thrift", "rpc.service": "AppStats",
                                  "server.address": host, "server.port": port}
@@ -215,8 +233,25 @@ class AppStatsClient:
                                             meta=meta)
             return (request,)
 
-        budget_ms = self._timeout_ms if deadline_ms is None else deadline_ms
-        return self._call("get_app_stats", budget_ms, build_args)
+        deadline = Deadline.after_ms(self._timeout_ms if deadline_ms is None else deadline_ms)
+        self.retry_budget.record_call()
+        for attempt in range(1, MAX_OVERLOAD_ATTEMPTS + 1):
+            try:
+                return self._call("get_app_stats", int(deadline.remaining_ms()), build_args)
+            except appstats.Overloaded as overloaded:
+                if attempt == MAX_OVERLOAD_ATTEMPTS or not self._back_off(overloaded, deadline):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _back_off(self, overloaded: Any, deadline: Deadline) -> bool:
+        """Sleep the jittered ``retry_after_ms`` if time and the retry budget allow; True if slept."""
+        delay_ms = (overloaded.retry_after_ms or 0) * random.uniform(0.5, 1.5)
+        if deadline.remaining_ms() < delay_ms + _MIN_RETRY_BUDGET_MS:
+            return False
+        if not self.retry_budget.try_retry():
+            return False
+        gevent.sleep(delay_ms / 1000.0)
+        return True
 
     def close(self) -> None:
         """Close the pooled connections; later calls raise TTransportException(NOT_OPEN)."""

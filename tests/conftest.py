@@ -8,4 +8,5 @@ from gevent import monkey
 
 monkey.patch_all()
 
-pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples"]
+pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples",
+                             "tests.support.processes"]

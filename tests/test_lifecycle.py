@@ -7,16 +7,12 @@ waiting at the backend) when it sends the signal, without guessing at timings.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import gevent
 import gevent.event
@@ -35,7 +31,6 @@ from service.lifecycle import run_server
 from tests.support.samples import backend_overrides
 from tracing.setup import configure_tracing
 
-FANOUT = [sys.executable, "-m", "service.cli"]
 CLIENTS = 30
 
 
@@ -87,54 +82,6 @@ def held(sample_data: SampleData) -> Iterator[HeldAlerts]:
     backend = HeldAlerts(sample_data)
     yield backend
     backend.stop()
-
-
-class Server:
-    """A ``fanout serve`` process; its log (stderr) goes to a file."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = log_path.open("w")
-        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", "0"],
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
-        with gevent.Timeout(30, AssertionError("server did not start")):
-            line = self.process.stdout.readline()
-        assert "serving on" in line, line + self.log()
-        self.port = int(line.rsplit(":", 1)[1])
-
-    def signal(self, signum: int) -> float:
-        self.process.send_signal(signum)
-        return time.monotonic()
-
-    def wait(self, timeout_s: float) -> int:
-        return self.process.wait(timeout=timeout_s)
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self._log.close()
-
-
-@pytest.fixture
-def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    started: list[Server] = []
-
-    def start(http: SampleHttpServices, **settings: Any) -> Server:
-        keys = {**backend_overrides(mongo_server, http), "fanout.task_timeout_ms": 30_000,
-                "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
-        env = {**os.environ, "OTEL_TRACES_EXPORTER": "none",
-               **{"FANOUT_" + key.replace(".", "_").upper(): str(value) for key, value in keys.items()}}
-        server = Server(env, tmp_path / f"server-{len(started)}.log")
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.kill()
 
 
 def refused_within(port: int, timeout_s: float = 10) -> bool:

@@ -145,7 +145,7 @@ def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
         "fanout.max_inflight_tasks": 8, "fanout.pool_size": 4,
         "fanout.queue_timeout_ms": _QUEUE_TIMEOUT_MS, "fanout.request_deadline_ms": _DEADLINE_MS})
     service = FanOutService(settings).start()
-    clients = [AppStatsClient(*service.address, pool_size=1, timeout_ms=_DEADLINE_MS)
+    clients = [AppStatsClient(*service.address, pool_size=1, timeout_ms=_DEADLINE_MS, overload_retry_ratio=0)
                for _ in range(_BURST)]
 
     def call(client: AppStatsClient) -> tuple[str, float, Any]:

@@ -4,6 +4,7 @@ The handler's behaviour is picked by the request's ``app``:
 
 * ``""`` raises the declared ``InvalidRequest``;
 * ``"internal"`` raises a plain ``RuntimeError`` (an undeclared, internal error);
+* ``"overloaded"`` raises the declared ``Overloaded`` (``retry_after_ms`` 40);
 * ``"unencodable"`` returns a response the IDL cannot encode (a bug of its own);
 * ``"slow"`` waits until the test releases it (or ``slow_s`` passes);
 * anything else answers :func:`sample_response`.
@@ -86,6 +87,8 @@ class RecordingHandler:
                 raise appstats.InvalidRequest(message="app must not be empty", field="app")
             if request.app == "internal":
                 raise RuntimeError(f"database {SECRET}")
+            if request.app == "overloaded":
+                raise appstats.Overloaded(message="shedding load", retry_after_ms=40)
             if request.app == "unencodable":
                 return appstats.StatsResponse(app=request.app, panels={"errors": 42})
             if request.app == "slow":

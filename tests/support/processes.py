@@ -1,0 +1,78 @@
+"""Pytest plugin: ``fanout serve`` as a real process over the sample backends.
+
+    def test_something(serve, http_services):
+        server = serve(http_services, **{"server.drain_timeout_ms": 1000})
+        ...server.port, server.signal(signal.SIGTERM), server.log()...
+
+Settings reach the process as ``FANOUT_*`` variables; its log (INFO) goes to a file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import gevent
+import pytest
+
+from service.samples import SampleHttpServices
+from tests.support.samples import backend_overrides
+
+__all__ = ["FANOUT", "Server", "serve"]
+
+#: The ``fanout`` command, run from this checkout.
+FANOUT = [sys.executable, "-m", "service.cli"]
+
+
+class Server:
+    """A ``fanout serve`` process; its log (stderr) goes to a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", "0"],
+                                        stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        with gevent.Timeout(30, AssertionError("server did not start")):
+            line = self.process.stdout.readline()
+        assert "serving on" in line, line + self.log()
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def signal(self, signum: int) -> float:
+        self.process.send_signal(signum)
+        return time.monotonic()
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Start ``fanout serve`` processes; ``serve(http, **settings)``; killed after the test."""
+    started: list[Server] = []
+
+    def start(http: SampleHttpServices, env: Any = None, **settings: Any) -> Server:
+        keys = {**backend_overrides(mongo_server, http), "fanout.task_timeout_ms": 30_000,
+                "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
+        environment = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {}),
+                       **{"FANOUT_" + key.replace(".", "_").upper(): str(value)
+                          for key, value in keys.items()}}
+        server = Server(environment, tmp_path / f"server-{len(started)}.log")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()

@@ -1,0 +1,182 @@
+"""Capacity: adaptive admission, cheap shedding, metrics, pool sizing, the client's back-off."""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import time
+from typing import Any, Callable
+
+import gevent
+import pytest
+import requests
+
+from service.client import AppStatsClient
+from service.engine import FanOut, FanOutOverloaded, FanOutSettings, RequestContext, Task
+from service.engine.settings import AdmissionSettings
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples.faults import FaultyHttpService, TcpFaultProxy
+from tests.support.processes import FANOUT
+from tests.support.sockets import wait_for
+
+
+def run_loops(fan: FanOut, loops: int, seconds: float, delay_s: Callable[[], float]) -> list[str]:
+    """``loops`` callers calling ``fan.run`` back to back for ``seconds``; the outcome kinds."""
+    ends = time.monotonic() + seconds
+    kinds: list[str] = []
+
+    def sleeper(budget_s: float) -> str:
+        gevent.sleep(min(delay_s(), budget_s))
+        return "ok"
+
+    def loop() -> None:
+        while time.monotonic() < ends:
+            try:
+                fan.run([Task("t", "test", sleeper, 2000)], RequestContext.start("test", 2000))
+                kinds.append("ok")
+            except FanOutOverloaded:
+                kinds.append("overloaded")
+                gevent.sleep(0.005)
+
+    gevent.joinall([gevent.spawn(loop) for _ in range(loops)], timeout=seconds + 5)
+    return kinds
+
+
+def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> None:
+    fan = FanOut(FanOutSettings(pool_size=4, max_inflight_tasks=1000),
+                 AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200))
+    delay = {"s": 0.005}
+    run_loops(fan, 40, 1.0, lambda: delay["s"])
+    before = fan.admission.limit
+
+    seen: list[float] = []
+    watcher = gevent.spawn(lambda: [seen.append(fan.admission.limit) or gevent.sleep(0.01)
+                                    for _ in range(150)])
+    delay["s"] = 0.2
+    run_loops(fan, 40, 1.5, lambda: delay["s"])
+    watcher.join()
+    lowest = min(seen)
+    assert lowest < before * 0.8, (before, lowest)
+
+    delay["s"] = 0.005
+    run_loops(fan, 40, 1.5, lambda: delay["s"])
+    assert fan.admission.limit > lowest * 1.2, (lowest, fan.admission.limit)
+
+
+def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
+    fan = FanOut(FanOutSettings(), AdmissionSettings(initial_limit=2, min_limit=2, max_limit=2))
+    run_loops(fan, 2, 0.3, lambda: 0.05)  # the admission learns that a call takes ~50 ms
+    hogs = [gevent.spawn(fan.run, [Task("hog", "test", lambda b: gevent.sleep(0.3), 2000)],
+                         RequestContext.start("test", 2000)) for _ in range(2)]
+    gevent.sleep(0.01)
+    began = time.monotonic()
+    with pytest.raises(FanOutOverloaded) as refused:
+        fan.run([Task("t", "test", lambda b: "ok", 2000)], RequestContext.start("test", 10))
+    assert time.monotonic() - began < 0.05
+    assert "deadline" in str(refused.value) and refused.value.retry_after_ms > 0
+    gevent.joinall(hogs, timeout=5)
+    assert fan.admission.inflight == 0
+
+
+@pytest.fixture
+def slow_alerts(sample_data: SampleData) -> Any:
+    service = FaultyHttpService(sample_data).start()
+    service.set_mode("slow", delay_ms=300)
+    yield service
+    service.stop()
+
+
+def burst(address: tuple[str, int], count: int) -> list[Any]:
+    """``count`` calls at once from their own clients, no retries; answers or Overloaded."""
+    def call() -> Any:
+        with AppStatsClient(*address, pool_size=1, timeout_ms=3000, overload_retry_ratio=0) as client:
+            try:
+                return client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+            except appstats.Overloaded as overloaded:
+                return overloaded
+    calls = [gevent.spawn(call) for _ in range(count)]
+    gevent.joinall(calls, timeout=20)
+    assert all(c.ready() for c in calls), "a call hung"
+    return [c.get() for c in calls]  # re-raises any transport error
+
+
+def test_a_burst_far_over_capacity_gets_answers_or_overloaded_and_logs_no_line_per_call(
+        start_service: Any, slow_alerts: FaultyHttpService, caplog: Any) -> None:
+    service, _ = start_service(**{
+        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 4,
+        "admission.min_limit": 2, "admission.max_limit": 4})
+    caplog.set_level(logging.INFO)
+    answers = burst(service.address, 150)
+
+    kinds = {type(a).__name__ for a in answers}
+    assert kinds == {"StatsResponse", "Overloaded"}, kinds
+    refused = [a for a in answers if isinstance(a, appstats.Overloaded)]
+    assert len(refused) >= 100 and all(a.retry_after_ms > 0 for a in refused)
+    assert service.fanout.stats.overloaded == len(refused)
+    per_call = [r for r in caplog.records if r.name.startswith(("service", "lookups"))]
+    assert len(per_call) < 10, [r.getMessage() for r in per_call]
+
+
+def test_fanout_pools_recommends_a_bigger_mongo_pool_when_it_is_saturated(
+        start_service: Any, mongo_server: Any) -> None:
+    with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
+        proxy.set_delay_ms(150)
+        service, _ = start_service(**{
+            "mongo.uri": f"mongodb://{proxy.address[0]}:{proxy.address[1]}/?directConnection=true",
+            "mongo.max_pool_size": 3, "fanout.task_timeout_ms": 3000,
+            "fanout.request_deadline_ms": 3000})
+        burst(service.address, 12)
+        host, port = service.address
+        shown = subprocess.run([*FANOUT, "pools", "--host", host, "--port", str(port)],
+                               capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    mongo = re.search(r"^mongo size=(\d+) in_use_p99=(\d+) wait_p99_ms=([\d.]+) recommended=(\d+)$",
+                      shown.stdout, re.M)
+    assert mongo, shown.stdout
+    size, in_use_p99, wait_ms, recommended = (float(g) for g in mongo.groups())
+    assert size == 2 and in_use_p99 == 2 and wait_ms > 0
+    assert recommended > size, shown.stdout
+    assert re.search(r"^fanout.tasks size=\d+ ", shown.stdout, re.M)
+    assert re.search(r"^admission limit=\d+ in_flight=\d+ queued=\d+", shown.stdout, re.M)
+
+
+def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: Any) -> None:
+    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0})
+    with AppStatsClient("127.0.0.1", server.port) as client:
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    scrape = requests.get(found.group(1), timeout=5)
+    assert scrape.status_code == 200
+    text = scrape.text
+    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="get_app_stats".*\} 1\.0$',
+                     text, re.M), text
+    assert re.search(r'^fanout_task_duration_seconds_count\{.*fanout_task_name="alerts".*'
+                     r'fanout_task_status="OK".*\} 1\.0$', text, re.M)
+    assert re.search(r'^fanout_pool_size\{.*fanout_pool_name="mongo".*\} 31\.0$', text, re.M)
+    assert re.search(r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M)
+    assert re.search(r"^fanout_admission_limit(_ratio)?(\{[^}]*\})? 100\.0$", text, re.M), text
+    assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
+
+
+def test_the_client_backs_off_on_overloaded_and_stays_within_its_retry_budget(
+        start_server: Any, handler: Any) -> None:
+    server = start_server()
+    with AppStatsClient(*server.address, timeout_ms=5000) as client:
+        began = time.monotonic()
+        with pytest.raises(appstats.Overloaded):
+            client.get_app_stats("overloaded", 0, 1)
+        first = len(handler.requests)
+        assert first == 3  # MAX_OVERLOAD_ATTEMPTS, within the reserve of the budget
+        # Two back-offs of retry_after_ms (40) x at least 0.5 each.
+        assert time.monotonic() - began >= 2 * 0.02
+        for _ in range(99):
+            with pytest.raises(appstats.Overloaded):
+                client.get_app_stats("overloaded", 0, 1)
+    budget = client.retry_budget
+    retries = len(handler.requests) - 100
+    assert retries == budget.retries
+    assert retries <= 0.1 * 100 + 3, retries  # ratio x calls + reserve
+    assert budget.refused > 0
