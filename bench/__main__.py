@@ -183,7 +183,9 @@ def _finish(out: Path, facts: dict[str, Any], scenarios: list[Scenario],
     levels = {"concurrency": sorted({c.connections for s in scenarios for c in s.configs
                                      if s.name == "concurrency"}),
               "raw": sorted({c.connections for s in scenarios for c in s.configs
-                             if s.name == "raw"})}
+                             if s.name == "raw"}),
+              "overload": sorted({c.connections for s in scenarios for c in s.configs
+                                  if s.name == "overload" and "refusals" not in c.label})}
     out.mkdir(parents=True, exist_ok=True)
     pngs = plots.write_plots(summaries, out, levels=levels, slowest_ms=_slowest_lookup_ms(results))
     report.write_json(out / "results.json", {

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Union
+from types import MappingProxyType
+from typing import Mapping, Union
 from urllib.parse import urlsplit
 
 import gevent.lock
@@ -23,9 +24,11 @@ from requests.adapters import HTTPAdapter
 
 from lookups.redact import redact_uri
 from tracing.pools import MeteredSlots, PoolMeter
-from lookups.settings import HttpSettings, MongoSettings, bearer_header
+from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
+from lookups.settings import HttpSettings, LookupSettings, MongoSettings, bearer_header
 
-__all__ = ["BackendClients", "CheckedOutCounter", "HttpSlots", "Slots", "new_slots"]
+__all__ = ["BackendClients", "BackendGuards", "CheckedOutCounter", "HttpSlots", "Slots",
+           "new_slots"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,41 @@ class HttpSlots:
         return [slot.meter for slot in self._slots.values()]
 
 
+class BackendGuards:
+    """A :class:`~lookups.resilience.BackendGuard` for MongoDB and one per HTTP origin.
+
+    Each gets its backend's retry budget and breaker settings; ``policies`` gives each
+    lookup's attempts and hedging (``[lookups.<name>]``).
+    """
+
+    def __init__(self, mongo: MongoSettings, http: HttpSettings,
+                 policies: Mapping[str, LookupSettings]) -> None:
+        self._http_settings = http
+        self._policies = {name: RetryPolicy(p.attempts, p.hedge) for name, p in policies.items()}
+        self.mongo = BackendGuard("mongo", _breaker_policy(mongo), mongo.retry_budget_ratio,
+                                  self._policies)
+        self._http: dict[str, BackendGuard] = {}
+
+    def for_url(self, url: str) -> BackendGuard:
+        """The guard of ``url``'s origin (scheme, host and port)."""
+        origin = urlsplit(url).netloc
+        guard = self._http.get(origin)
+        if guard is None:
+            guard = self._http[origin] = BackendGuard(
+                f"http {origin}", _breaker_policy(self._http_settings),
+                self._http_settings.retry_budget_ratio, self._policies)
+        return guard
+
+    def all(self) -> list[BackendGuard]:
+        return [self.mongo, *self._http.values()]
+
+
+def _breaker_policy(settings: MongoSettings | HttpSettings) -> BreakerPolicy:
+    return BreakerPolicy(consecutive_failures=settings.breaker_failures,
+                         failure_rate=settings.breaker_failure_rate,
+                         open_ms=settings.breaker_open_ms)
+
+
 class BackendClients:
     """The process's shared backend clients, built from their settings sections.
 
@@ -127,7 +165,8 @@ class BackendClients:
     the message does not repeat it, as it may hold credentials.
     """
 
-    def __init__(self, mongo: MongoSettings, http: HttpSettings) -> None:
+    def __init__(self, mongo: MongoSettings, http: HttpSettings,
+                 lookups: Mapping[str, LookupSettings] = MappingProxyType({})) -> None:
         authorization = bearer_header(http)
         self._mongo_settings = mongo
         self._http_settings = http
@@ -144,6 +183,7 @@ class BackendClients:
         self._http_slots = HttpSlots(http.pool_maxsize)
         # One connection is left over for the health check's ping, which takes no slot.
         self._mongo_slots = new_slots(max(1, mongo.max_pool_size - 1), "mongo")
+        self.guards = BackendGuards(mongo, http, lookups)
         self._closed = False
         log.debug("backends: MongoDB %s (database %s), alerts %s, metrics %s, bearer token %s",
                   redact_uri(mongo.uri), mongo.database, redact_uri(http.alerts_url),

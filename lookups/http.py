@@ -26,13 +26,14 @@ import gevent
 import requests
 
 from lookups.base import Lookup
-from lookups.clients import HttpSlots
+from lookups.clients import BackendGuards, HttpSlots
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.panels import Alert, AlertList, Point, Series, Window
-from lookups.settings import HttpSettings
+from lookups.settings import HttpSettings, MongoSettings
 from tracing.propagation import inject_headers
 
 __all__ = ["MAX_RESPONSE_BYTES", "MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for",
+           "connect_timeout_s",
            "app_path_segment", "HttpLookup", "AlertsLookup", "SeriesLookup", "LatencyLookup",
            "VolumeLookup"]
 
@@ -41,6 +42,8 @@ MAX_ITEMS = 10_000          # alerts or points in one answer
 MAX_POINTS = 120            # a series asks for at most this many buckets...
 MIN_STEP_MS = 60_000        # ...each a whole number of minutes, at least one
 _CHUNK_BYTES = 64 * 1024
+# Answers that say "not now" from a gateway or an overloaded server: safe to try again.
+_RETRY_SAFE_STATUS = frozenset({502, 503, 504})
 
 
 def step_ms_for(window: Window) -> int:
@@ -52,6 +55,17 @@ def step_ms_for(window: Window) -> int:
     span_ms = max(window.end_ms - window.start_ms, 1)
     minutes = math.ceil(span_ms / (MAX_POINTS * MIN_STEP_MS))
     return max(minutes, 1) * MIN_STEP_MS
+
+
+def connect_timeout_s(settings: HttpSettings, budget_s: float) -> float:
+    """The connect timeout of one attempt with ``budget_s`` left.
+
+    At least ``http.connect_timeout_ms``, and up to half the budget: a listen queue
+    that is full drops the SYN, and Linux sends it again after 1 s, then 3 s. With
+    budget to spare, one attempt then lives through those retransmissions; with
+    little, it gives up early enough for a retry's fresh SYN. Never past the budget.
+    """
+    return min(budget_s, max(settings.connect_timeout_ms / 1000.0, budget_s / 2.0))
 
 
 def app_path_segment(app: str) -> str:
@@ -79,16 +93,25 @@ class HttpLookup(Lookup, abc.ABC):
     source: ClassVar[str] = "http"
 
     def __init__(self, session: requests.Session, settings: HttpSettings,
-                 slots: Optional[HttpSlots] = None) -> None:
-        """``slots`` bounds calls in flight per service; share the session's (BackendClients.http_slots)."""
+                 slots: Optional[HttpSlots] = None, guards: Optional[BackendGuards] = None) -> None:
+        """``slots`` bounds calls in flight per service, ``guards`` retries and breaks circuits
+        per service; share the clients' (``BackendClients.http_slots``, ``.guards``)."""
         self._session = session
         self._settings = settings
         self._slots = slots or HttpSlots(settings.pool_maxsize)
+        self._guards = guards or BackendGuards(MongoSettings(), settings, {})
 
     def _get_json(self, base_url: str, path: str, params: dict[str, int], timeout_s: float) -> Any:
+        """GET ``path`` of ``base_url`` as JSON, through the service's guard (retries, breaker)."""
+        guard = self._guards.for_url(base_url)
+        return guard.call(self.name, lambda left_s: self._attempt(base_url, path, params, left_s),
+                          timeout_s)
+
+    def _attempt(self, base_url: str, path: str, params: dict[str, int], timeout_s: float) -> Any:
         if timeout_s <= 0:
-            raise BackendTimeout(f"{self.name}: no time left to call the service")
-        timeouts = (min(self._settings.connect_timeout_ms / 1000, timeout_s),
+            raise BackendTimeout(f"{self.name}: no time left to call the service",
+                                 backend_fault=False)
+        timeouts = (connect_timeout_s(self._settings, timeout_s),
                     min(self._settings.read_timeout_ms / 1000, timeout_s))
         slot = self._slots.for_url(base_url)
         acquired = False
@@ -98,14 +121,14 @@ class HttpLookup(Lookup, abc.ABC):
             acquired = slot.acquire(timeout=timeout_s)
             if not acquired:
                 raise BackendTimeout(f"{self.name}: no free connection to the service "
-                                     f"within {timeout_s:.3f}s")
+                                     f"within {timeout_s:.3f}s", backend_fault=False)
             body = self._get_body(base_url.rstrip("/") + path, params, timeouts)
         except gevent.Timeout as fired:
             if fired is not timer:
                 raise
             raise BackendTimeout(f"{self.name}: no complete answer within {timeout_s:.3f}s") from None
         except requests.RequestException as exc:
-            _raise_transport_error(self.name, exc)
+            _raise_transport_error(self.name, exc, before_response=False)
         finally:
             timer.close()
             if acquired:
@@ -116,14 +139,18 @@ class HttpLookup(Lookup, abc.ABC):
             raise BadBackendResponse(f"{self.name}: response is not valid JSON") from exc
 
     def _get_body(self, url: str, params: dict[str, int], timeouts: tuple[float, float]) -> bytes:
-        response = self._session.get(url, params=params, timeout=timeouts, stream=True,
-                                     allow_redirects=False,
-                                     # The trace context, also when unsampled: the requests
-                                     # instrumentation is off then, and overwrites it when on.
-                                     headers={"Accept": "application/json", **inject_headers()})
+        try:
+            response = self._session.get(url, params=params, timeout=timeouts, stream=True,
+                                         allow_redirects=False,
+                                         # The trace context, also when unsampled: the requests
+                                         # instrumentation is off then, and overwrites it when on.
+                                         headers={"Accept": "application/json", **inject_headers()})
+        except requests.RequestException as exc:
+            _raise_transport_error(self.name, exc, before_response=True)
         try:
             if response.status_code >= 500:
-                raise BackendUnavailable(f"{self.name}: service answered HTTP {response.status_code}")
+                raise BackendUnavailable(f"{self.name}: service answered HTTP {response.status_code}",
+                                         retry_safe=response.status_code in _RETRY_SAFE_STATUS)
             if response.status_code >= 300:
                 raise BadBackendResponse(f"{self.name}: service answered HTTP {response.status_code}")
             return self._read_bounded(response)
@@ -194,12 +221,20 @@ class VolumeLookup(SeriesLookup):
     metric: ClassVar[str] = "volume"
 
 
-def _raise_transport_error(lookup: str, exc: requests.RequestException) -> NoReturn:
+def _raise_transport_error(lookup: str, exc: requests.RequestException, *,
+                           before_response: bool) -> NoReturn:
+    """Typed; ``retry_safe`` when nothing of an answer came yet and the cause was the
+    connection (refused, connect timeout, reset), not a slow server."""
     kind = type(exc).__name__
+    if isinstance(exc, requests.ConnectTimeout):
+        raise BackendTimeout(f"{lookup}: no connection to the service ({kind})",
+                             retry_safe=True) from exc
     if isinstance(exc, requests.Timeout):
         raise BackendTimeout(f"{lookup}: service too slow ({kind})") from exc
     if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
-        raise BackendUnavailable(f"{lookup}: cannot reach the service ({kind})") from exc
+        safe = before_response and isinstance(exc, requests.ConnectionError)
+        raise BackendUnavailable(f"{lookup}: cannot reach the service ({kind})",
+                                 retry_safe=safe) from exc
     if isinstance(exc, requests.exceptions.ContentDecodingError):
         raise BadBackendResponse(f"{lookup}: undecodable response body ({kind})") from exc
     raise LookupFailed(f"{lookup}: HTTP request failed ({kind})") from exc

@@ -28,6 +28,7 @@ from lookups.base import Lookup
 from lookups.clients import Slots, new_slots
 from lookups.errors import BackendTimeout, BadBackendResponse
 from lookups.mongo_errors import run_bounded, translated_errors
+from lookups.resilience import BackendGuard
 from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList,
                             Window)
 
@@ -76,19 +77,23 @@ class MongoLookup(Lookup, abc.ABC):
     source: ClassVar[str] = "mongo"
     collection: ClassVar[str]
 
-    def __init__(self, db: Database, slots: Optional[Slots] = None) -> None:
-        """``slots`` bounds operations in flight; share the client's (BackendClients.mongo_slots)."""
+    def __init__(self, db: Database, slots: Optional[Slots] = None,
+                 guard: Optional[BackendGuard] = None) -> None:
+        """``slots`` bounds operations in flight, ``guard`` retries and breaks the circuit;
+        share the clients' (``BackendClients.mongo_slots``, ``.guards.mongo``)."""
         self._db = db
         self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size, "mongo")
+        self._guard = guard or BackendGuard("mongo")
 
     def fetch(self, window: Window, timeout_s: float) -> PanelValue:
         if timeout_s <= 0:
-            raise BackendTimeout(f"{self.name}: no time left to query MongoDB")
+            raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
         collection = self._db[self.collection]
         # Every pipeline ends in a $limit of at most QUERY_GROUP_CAP: one batch holds it all.
-        documents = run_bounded(self.name, self._db.client, self._slots, timeout_s,
-                                lambda: list(collection.aggregate(pipeline, batchSize=QUERY_GROUP_CAP)))
+        documents = self._guard.call(self.name, lambda left_s: run_bounded(
+            self.name, self._db.client, self._slots, left_s,
+            lambda: list(collection.aggregate(pipeline, batchSize=QUERY_GROUP_CAP))), timeout_s)
         return self.build(documents)
 
     @abc.abstractmethod

@@ -2,7 +2,8 @@
 
 What a MongoDB lookup reports, and why::
 
-    server refused, reset, closed, unresolvable        BackendUnavailable (retryable)
+    server refused, reset, closed, unresolvable        BackendUnavailable (retryable; a failed
+                                                       connection is retry_safe)
     no answer within the budget                        BackendTimeout (retryable)
     pymongo's monitor could not reach the server in
       time, and cancelled the operation                BackendTimeout: slow, not known down
@@ -59,7 +60,8 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
     """
     ends = time.monotonic() + timeout_s
     if not slots.acquire(timeout=timeout_s):
-        raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget")
+        raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
+                             backend_fault=False)
     try:
         budget_s = _pymongo_budget(lookup, client, ends - time.monotonic())
     except BaseException:
@@ -81,7 +83,7 @@ def _pymongo_budget(lookup: str, client: pymongo.MongoClient, left_s: float) -> 
         if left_s <= 0:
             raise _selection_failed(lookup, client)
     if left_s <= 0:
-        raise BackendTimeout(f"{lookup}: no time left to query MongoDB")
+        raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
     return left_s
 
 
@@ -131,7 +133,9 @@ def _translated(lookup: str, exc: PyMongoError, client: pymongo.MongoClient) -> 
         if _server_only_slow(client):
             # The monitor's heartbeat timed out, so pymongo cancelled the operations in flight.
             return BackendTimeout(f"{lookup}: MongoDB too slow to answer its monitor ({kind})")
-        return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})")
+        # A connection that failed (reset, closed: a restarted server) is what pymongo's
+        # retryable reads retry; a fresh attempt takes a fresh connection.
+        return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})", retry_safe=True)
     if isinstance(exc, (OperationFailure, ProtocolError)):
         code = getattr(exc, "code", None)
         return BadBackendResponse(f"{lookup}: MongoDB refused or garbled the aggregation "

@@ -63,11 +63,12 @@ class LookupRegistry:
 def default_registry() -> LookupRegistry:
     """The seven dashboard panels: errors, urls, controllers, queries, alerts, latency, volume."""
     registry = LookupRegistry()
-    registry.register("errors", lambda b: ErrorsLookup(b.db, b.mongo_slots))
-    registry.register("urls", lambda b: UrlsLookup(b.db, b.mongo_slots))
-    registry.register("controllers", lambda b: ControllersLookup(b.db, b.mongo_slots))
-    registry.register("queries", lambda b: QueriesLookup(b.db, b.mongo_slots))
-    registry.register("alerts", lambda b: AlertsLookup(b.session, b.http_settings, b.http_slots))
-    registry.register("latency", lambda b: LatencyLookup(b.session, b.http_settings, b.http_slots))
-    registry.register("volume", lambda b: VolumeLookup(b.session, b.http_settings, b.http_slots))
+    registry.register("errors", lambda b: ErrorsLookup(b.db, b.mongo_slots, b.guards.mongo))
+    registry.register("urls", lambda b: UrlsLookup(b.db, b.mongo_slots, b.guards.mongo))
+    registry.register("controllers", lambda b: ControllersLookup(b.db, b.mongo_slots, b.guards.mongo))
+    registry.register("queries", lambda b: QueriesLookup(b.db, b.mongo_slots, b.guards.mongo))
+    for name, lookup in (("alerts", AlertsLookup), ("latency", LatencyLookup),
+                         ("volume", VolumeLookup)):
+        registry.register(name, lambda b, lookup=lookup: lookup(b.session, b.http_settings,
+                                                                b.http_slots, b.guards))
     return registry

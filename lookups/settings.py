@@ -30,9 +30,16 @@ class MongoSettings:
     max_pool_size: int = 32
     connect_timeout_ms: int = 1000
     server_selection_timeout_ms: int = 1000
+    retry_budget_ratio: float = 0.2    # retries at most this share of calls (plus 10/s and a reserve)
+    breaker_failures: int = 5          # consecutive failures that open the circuit
+    breaker_failure_rate: float = 0.5  # ...or more than this share of at least 20 calls in 10 s
+    breaker_open_ms: int = 2000        # how long it stays open before a probe
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+
+    def __post_init__(self) -> None:
+        _check_resilience(self)
 
 
 @dataclass(frozen=True)
@@ -42,9 +49,13 @@ class HttpSettings:
     alerts_url: str = "http://127.0.0.1:8081"
     metrics_url: str = "http://127.0.0.1:8082"
     pool_maxsize: int = 32
-    connect_timeout_ms: int = 500
+    connect_timeout_ms: int = 250      # short: a retry sends a fresh SYN sooner than the kernel's 1 s
     read_timeout_ms: int = 1000
     auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
+    retry_budget_ratio: float = 0.2    # per service, as for [mongo]
+    breaker_failures: int = 5
+    breaker_failure_rate: float = 0.5
+    breaker_open_ms: int = 2000
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
@@ -58,6 +69,14 @@ class HttpSettings:
             # Never quoted: the value is a secret, and requests would quote it in its error.
             raise ValueError("auth_token: must be a bearer token (letters, digits and "
                              "-._~+/, optionally ending in =)")
+        _check_resilience(self)
+
+
+def _check_resilience(settings: "MongoSettings | HttpSettings") -> None:
+    if not 0.0 <= settings.retry_budget_ratio <= 1.0:
+        raise ValueError(f"retry_budget_ratio: must be within 0..1, got {settings.retry_budget_ratio}")
+    if not 0.0 < settings.breaker_failure_rate <= 1.0:
+        raise ValueError(f"breaker_failure_rate: must be in (0, 1], got {settings.breaker_failure_rate}")
 
 
 def bearer_header(settings: HttpSettings) -> Optional[str]:
@@ -67,12 +86,18 @@ def bearer_header(settings: HttpSettings) -> Optional[str]:
 
 @dataclass(frozen=True)
 class LookupSettings:
-    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``."""
+    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``.
+
+    ``attempts`` bounds the tries of one task (retries of safe failures only, within
+    its budget); ``hedge`` sends a second attempt after the backend's p95 latency.
+    """
 
     enabled: bool = True
     timeout_ms: int = 0
     required: bool = False
+    attempts: int = 3
+    hedge: bool = False
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"timeout_ms": (0, None)})
+        {"timeout_ms": (0, None), "attempts": (1, 10)})

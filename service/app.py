@@ -44,7 +44,7 @@ class FanOutService:
         for warning in pool_warnings(settings):
             log.warning("configuration: %s", warning)
         with as_config_error():
-            self.clients = BackendClients(settings.mongo, settings.http)
+            self.clients = BackendClients(settings.mongo, settings.http, settings.lookups)
         registry = registry or default_registry()
         unknown = sorted(set(settings.lookups) - set(registry.names()))
         if unknown:

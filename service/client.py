@@ -17,11 +17,15 @@ What a call raises::
                               every AppStats method only reads, so a retry is safe
 
 A connection whose call ended in a transport error or timeout is closed, never
-reused: a late reply must not be read as the answer to the next call.
+reused: a late reply must not be read as the answer to the next call. A pooled
+connection idle for ``max_idle_ms`` (50 s, under the server's 60 s
+``server.idle_timeout_ms``) is closed instead of reused. A call that fails at
+the transport level (not a timeout) is tried once more on a new connection,
+within its deadline: every AppStats method only reads.
 
 Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
 server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
-leaves time for it and the client's :class:`~lookups.retry_budget.RetryBudget`
+leaves time for it and the client's :class:`~lookups.resilience.budget.RetryBudget`
 allows: retries stay within ``overload_retry_ratio`` (10%) of calls, plus a
 small reserve, so overload never turns into a retry storm. Otherwise, or after
 ``MAX_OVERLOAD_ATTEMPTS``, the ``Overloaded`` is raised.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import random
 import socket as _socket
 import ssl
+import time
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -48,7 +53,7 @@ from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
 
-from lookups.retry_budget import RetryBudget
+from lookups.resilience.budget import RetryBudget
 from service.engine.deadline import Deadline
 from service.idl import appstats
 from service.wire.tls import client_context
@@ -75,11 +80,12 @@ _REPLY_ERRORS = (TApplicationException, appstats.InvalidRequest, appstats.Overlo
 class _Connection:
     """One open socket and the thriftpy2 client speaking over it."""
 
-    __slots__ = ("socket", "client")
+    __slots__ = ("socket", "client", "idle_since")
 
     def __init__(self, socket: TSocket, client: TClient) -> None:
         self.socket = socket
         self.client = client
+        self.idle_since = time.monotonic()
 
     def set_timeout_ms(self, timeout_ms: float) -> None:
         self.socket.set_timeout(max(1.0, timeout_ms))
@@ -121,16 +127,19 @@ class _TlsSocket(TSocket):
 class _ConnectionPool:
     """At most ``size`` open connections; idle ones are reused, broken ones closed."""
 
-    def __init__(self, connect: Callable[[Deadline], _Connection], size: int) -> None:
+    def __init__(self, connect: Callable[[Deadline], _Connection], size: int,
+                 max_idle_s: float) -> None:
         self._connect = connect
+        self._max_idle_s = max_idle_s
         self._slots = gevent.lock.BoundedSemaphore(size)
         self._idle: list[_Connection] = []
         self._closed = False
 
     @contextmanager
-    def connection(self, deadline: Deadline) -> Iterator[_Connection]:
-        """Lend a connection for one call; raises TTransportException(TIMED_OUT) if none
-        frees up before ``deadline``, or TTransportException(NOT_OPEN) when closed."""
+    def connection(self, deadline: Deadline, fresh: bool = False) -> Iterator[_Connection]:
+        """Lend a connection for one call (a new one if ``fresh``); raises
+        TTransportException(TIMED_OUT) if none frees up before ``deadline``, or
+        TTransportException(NOT_OPEN) when closed."""
         if self._closed:
             raise TTransportException(TTransportException.NOT_OPEN, "client is closed")
         if not self._slots.acquire(timeout=deadline.remaining_s()):
@@ -139,7 +148,7 @@ class _ConnectionPool:
         connection: Optional[_Connection] = None
         in_step = False
         try:
-            connection = self._idle.pop() if self._idle else self._connect(deadline)
+            connection = (None if fresh else self._reusable()) or self._connect(deadline)
             yield connection
             in_step = True
         except _REPLY_ERRORS:
@@ -148,10 +157,20 @@ class _ConnectionPool:
         finally:
             if connection is not None:
                 if in_step and not self._closed:
+                    connection.idle_since = time.monotonic()
                     self._idle.append(connection)
                 else:
                     connection.close()
             self._slots.release()
+
+    def _reusable(self) -> Optional[_Connection]:
+        """The most recently used idle connection that is not too old; older ones are closed."""
+        while self._idle:
+            connection = self._idle.pop()
+            if time.monotonic() - connection.idle_since < self._max_idle_s:
+                return connection
+            connection.close()  # the server may be closing it right now: do not race it
+        return None
 
     def close(self) -> None:
         """Close idle connections now; connections in use close when returned."""
@@ -176,7 +195,7 @@ class AppStatsClient:
                  tracer_provider: Optional[TracerProvider] = None,
                  tls_ca_file: Optional[str] = None,
                  tls_server_hostname: Optional[str] = None,
-                 overload_retry_ratio: float = 0.1) -> None:
+                 overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000) -> None:
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {transport!r}")
         if protocol not in _PROTOCOLS:
@@ -190,7 +209,7 @@ class AppStatsClient:
         self._timeout_ms = timeout_ms
         self._tls = client_context(tls_ca_file) if tls_ca_file else None
         self._tls_server_hostname = tls_server_hostname or host
-        self._pool = _ConnectionPool(self._connect, pool_size)
+        self._pool = _ConnectionPool(self._connect, pool_size, max_idle_ms / 1000.0)
         # Ratio 0 turns retries off altogether, reserve included.
         self.retry_budget = RetryBudget(overload_retry_ratio, reserve=3.0 if overload_retry_ratio else 0.0)
         self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
@@ -267,10 +286,21 @@ class AppStatsClient:
     def _call(self, method: str, deadline_ms: int,
               build_args: Callable[[int], tuple[Any, ...]]) -> Any:
         deadline = Deadline.after_ms(deadline_ms)
+        try:
+            return self._call_once(method, deadline, deadline_ms, build_args, fresh=False)
+        except TTransportException as failure:
+            # Read-only methods: one more try on a new connection, if time is left. A pooled
+            # connection the server has just closed (idle, draining) fails exactly like this.
+            if failure.type == TTransportException.TIMED_OUT or deadline.remaining_ms() < 1:
+                raise
+            return self._call_once(method, deadline, deadline_ms, build_args, fresh=True)
+
+    def _call_once(self, method: str, deadline: Deadline, deadline_ms: int,
+                   build_args: Callable[[int], tuple[Any, ...]], fresh: bool) -> Any:
         attributes = {**self._span_attributes, "rpc.method": method}
         with self._tracer.start_as_current_span(f"AppStats/{method}", kind=SpanKind.CLIENT,
                                                 attributes=attributes):
-            with self._pool.connection(deadline) as connection:
+            with self._pool.connection(deadline, fresh) as connection:
                 remaining_ms = int(deadline.remaining_ms())
                 if remaining_ms <= 0:
                     raise TTransportException(TTransportException.TIMED_OUT,

@@ -59,7 +59,7 @@ class AppStatsHandler:
         state = appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
         return appstats.Health(state=state, backends=[
             appstats.BackendHealth(name=s.name, up=s.up, latency_ms=s.latency_ms,
-                                   detail=s.detail or None)
+                                   detail=s.detail or None, circuit=s.circuit)
             for s in statuses])
 
     def pool_stats(self) -> Any:

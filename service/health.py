@@ -19,9 +19,10 @@ message, which may quote a URI with credentials): for example
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import gevent
 import gevent.lock
@@ -50,6 +51,7 @@ class BackendStatus:
     up: bool
     latency_ms: float
     detail: str = ""
+    circuit: str = "closed"   # the backend's circuit breaker, as lookups see it: closed, open, half_open
 
 
 class HealthChecker:
@@ -69,6 +71,7 @@ class HealthChecker:
         self._session = _probe_session()
         self._lock = gevent.lock.Semaphore()
         self._cached: Optional[tuple[BackendStatus, ...]] = None
+        self._answer: Optional[tuple[Any, tuple[str, ...], tuple[BackendStatus, ...]]] = None
         self._checked_at = 0.0
         http = backends.http_settings
         self._probes: tuple[tuple[str, Callable[[], None]], ...] = (
@@ -76,14 +79,26 @@ class HealthChecker:
             ("alerts", lambda: self._get(http.alerts_url)),
             ("metrics", lambda: self._get(http.metrics_url)),
         )
+        guards = backends.guards
+        self._breakers = (guards.mongo.breaker, guards.for_url(http.alerts_url).breaker,
+                          guards.for_url(http.metrics_url).breaker)
 
     def check(self) -> tuple[BackendStatus, ...]:
-        """Each backend's status, in the order mongo, alerts, metrics; at most ``cache_ms`` old."""
+        """Each backend's status, in the order mongo, alerts, metrics; at most ``cache_ms`` old.
+
+        The circuit states are read now, not cached.
+        """
         with self._lock:  # one refresh at a time; the others then read its result
             if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
                 self._cached = self._refresh()
                 self._checked_at = self._clock()
-            return self._cached
+            cached = self._cached
+            states = tuple(breaker.state.value for breaker in self._breakers)
+            if self._answer is None or self._answer[0] is not cached or self._answer[1] != states:
+                # Callers in one round share one answer while the circuits stay as they were.
+                self._answer = (cached, states, tuple(
+                    dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
+            return self._answer[2]
 
     def close(self) -> None:
         """Close the probe session (the shared clients belong to :class:`BackendClients`)."""

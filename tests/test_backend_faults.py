@@ -53,6 +53,9 @@ OVERRUN_MS = 300        # how far past its budget a failed panel may report fini
 SELECTION_STEP_MS = 500
 MONGO_HEARTBEAT_TIMEOUT_MS = 5000
 MONGO_SLOW_MS = 2000    # past the task budget, within the heartbeat timeout
+# Circuit breakers that never open (tests/test_resilience.py covers them).
+NO_BREAKERS = {f"{backend}.{key}": value for backend in ("mongo", "http")
+               for key, value in (("breaker_failures", 1000), ("breaker_failure_rate", 1.0))}
 SETTLE_S = 5.0          # bounded wait for stragglers to end and connections to return
 
 
@@ -90,6 +93,10 @@ class Rig:
                 # it the server is "unknown" until the next heartbeat. "Slow" here means slower
                 # than a panel's budget, not so slow that the driver writes the server off.
                 "mongo.connect_timeout_ms": MONGO_HEARTBEAT_TIMEOUT_MS,
+                # These tests pin down how each fault itself is reported, call after call, and
+                # that the next call after recovery is whole; the circuit breakers, which would
+                # answer CircuitOpen instead after a few failures, are tests/test_resilience.py's.
+                **NO_BREAKERS,
                 **{key.replace("__", "."): value for key, value in overrides.items()}}
         self.service = FanOutService(load_settings(env={}, overrides=keys)).start()
         self.client = AppStatsClient(*self.service.address, timeout_ms=5000)
@@ -316,9 +323,10 @@ def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: S
     with FaultyHttpService(sample_data) as http:
         http.set_mode("slow", delay_ms=150)
         settings = load_settings(env={}, overrides={"http.alerts_url": http.url,
-                                                    "http.pool_maxsize": 2})
+                                                    "http.pool_maxsize": 2, **NO_BREAKERS})
         with BackendClients(settings.mongo, settings.http) as backends:
-            lookup = AlertsLookup(backends.session, backends.http_settings, backends.http_slots)
+            lookup = AlertsLookup(backends.session, backends.http_settings, backends.http_slots,
+                                  backends.guards)
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 
             def fetch(budget_s: float) -> str:
@@ -350,7 +358,7 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
             "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}", "mongo.database": SAMPLE_DATABASE,
             "mongo.max_pool_size": 3})
         with BackendClients(settings.mongo, settings.http) as backends:
-            lookup = UrlsLookup(backends.db, backends.mongo_slots)
+            lookup = UrlsLookup(backends.db, backends.mongo_slots, backends.guards.mongo)
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             for pause_s in (0.05, 0.15, 0.25, 0.35):
                 tasks = [gevent.spawn(lookup.fetch, window, 3.0) for _ in range(12)]

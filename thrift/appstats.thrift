@@ -156,6 +156,8 @@ struct BackendHealth {
   3: double latency_ms
   /** Why the backend is down (never credentials); empty when up. */
   4: optional string detail
+  /** Its circuit breaker: "closed", "open" (failing fast) or "half_open" (probing). Optional addition. */
+  5: optional string circuit
 }
 
 /** Answer of health(): the serving state and each backend's. Optional addition. */

@@ -104,6 +104,29 @@ def _grouped(summaries: Summaries, title: str, ylabel: str, groups: list[str],
     plt.close(fig)
 
 
+def _overload(summaries: Summaries, levels: list[int], path: Path) -> None:
+    """Goodput against offered load (connections), one panel per regime."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, regime in zip(axes, ("cpu", "pool")):
+        for server in ("fanout", "threaded"):
+            data = [(c, _point(summaries, f"overload/{server}-{regime}/c{c}", "rps")) for c in levels]
+            data = [(c, p) for c, p in data if p]
+            if data:
+                ax.errorbar([c for c, _ in data], [p[0] for _, p in data],
+                            yerr=[[p[1] for _, p in data], [p[2] for _, p in data]],
+                            marker="o", capsize=3, label=server, color=_COLORS[server])
+        ax.set_xscale("log")
+        ax.set_xlabel("closed-loop connections (offered load)")
+        ax.set_ylabel("complete replies per second")
+        ax.set_title(f"Goodput, {regime}-bound")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_plots(summaries: Summaries, out_dir: Path, *, levels: dict[str, list[int]],
                 slowest_ms: Optional[float]) -> list[Path]:
     """Write every plot whose configurations ran; returns the files written."""
@@ -137,6 +160,9 @@ def write_plots(summaries: Summaries, out_dir: Path, *, levels: dict[str, list[i
                  {"fanout": [_only(summaries, f"workers/workers-{w}/") for w in (1, 2)]},
                  "rps",
                  written[-1])
+    if any(k.startswith("overload/") for k in summaries):
+        written.append(out_dir / "overload.png")
+        _overload(summaries, levels.get("overload", []), written[-1])
     if any(k.startswith("concurrency/") for k in summaries):
         conc = levels["concurrency"]
         written.append(out_dir / "latency.png")

@@ -59,9 +59,12 @@ class Config:
     decode_every: int = 0
     window_scale: float = 1.0          # this configuration's windows are this much longer
     processes: int = 0                 # 0: loadgen_processes(connections)
+    honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
+    warmup_s: float = 0.0              # > 0: this configuration's own warm-up
 
     def timing(self, base: Timing) -> Timing:
-        return dataclasses.replace(base, window_s=base.window_s * self.window_scale)
+        return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
+                                   warmup_s=self.warmup_s or base.warmup_s)
 
 
 def loadgen_processes(connections: int) -> int:
@@ -98,7 +101,8 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
                     processes=config.processes or loadgen_processes(config.connections),
                     warmup_s=timing.warmup_s, window_s=timing.window_s, reps=timing.reps,
                     interval_s=config.interval_s, expect_ok=expect_ok,
-                    decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S)
+                    decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
+                    honour_retry_after=config.honour_retry_after)
 
 
 def _percentiles(values: array) -> dict[str, float]:

@@ -48,7 +48,7 @@ def _spec(**kwargs: Any) -> Any:
 
 def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
             **kwargs: Any) -> Config:
-    spec_keys = {"mongo", "delay_ms", "workers", "tracing"}
+    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission"}
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
     key = f"{scenario}/{label or server}/c{connections}"
@@ -284,9 +284,11 @@ def real_queries(scale: Scale) -> Scenario:
     return Scenario(name, "Real queries (nx-27017)", configs, goals, notes)
 
 
+from bench.harness.overload import overload  # noqa: E402  (it builds on the helpers above)
+
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
-                     "c10k": ten_thousand, "raw": raw_rpc, "tracing": tracing_cost,
-                     "workers": multi_core, "nx": real_queries}
+                     "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
+                     "tracing": tracing_cost, "workers": multi_core, "nx": real_queries}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

@@ -79,6 +79,8 @@ class StackSpec:
     workers: int = 1            # fanout only
     tracing: str = "off"        # "off" | "ratio10" | "full"; fanout only
     max_connections: int = 12_000
+    pool_size: int = 200        # mongo.max_pool_size and http.pool_maxsize
+    admission: str = "adaptive"  # "adaptive" (the defaults) | "one" (a limit of one call)
 
     def __post_init__(self) -> None:
         for name, value, choices in (("server", self.server, SERVERS),
@@ -86,8 +88,11 @@ class StackSpec:
                                      ("tracing", self.tracing, TRACING_MODES)):
             if value not in choices:
                 raise ValueError(f"StackSpec.{name}: one of {', '.join(choices)}, got {value!r}")
-        if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1:
-            raise ValueError("StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1")
+        if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1 or self.pool_size < 2:
+            raise ValueError("StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, "
+                             "pool_size >= 2")
+        if self.admission not in ("adaptive", "one"):
+            raise ValueError(f"StackSpec.admission: adaptive or one, got {self.admission!r}")
         if self.server != "fanout" and (self.workers != 1 or self.tracing != "off"):
             raise ValueError("StackSpec: workers and tracing apply to the fanout server only")
 
@@ -106,9 +111,13 @@ def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: 
              "hub_block_threshold_ms = 0", "drain_timeout_ms = 2000", "idle_timeout_ms = 600000",
              "", "[fanout]", "pool_size = 16", "max_inflight_tasks = 20000",
              "request_deadline_ms = 2000",
-             "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"', "max_pool_size = 200",
+             "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"',
+             f"max_pool_size = {spec.pool_size}",
              "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
-             "pool_maxsize = 200", "", "[tracing]"]
+             f"pool_maxsize = {spec.pool_size}", ""]
+    if spec.admission == "one":
+        lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1", ""]
+    lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")
     else:

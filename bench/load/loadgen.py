@@ -45,6 +45,9 @@ class LoadPlan:
     ``interval_s`` 0 is a closed loop, else each connection calls once per interval.
     ``expect_ok`` > 0 makes a reply with fewer OK outcomes "degraded".
     ``decode_every`` n > 0 fully decodes about one successful reply in n (samples).
+    ``honour_retry_after``: after an ``Overloaded`` reply a connection waits its
+    ``retry_after_ms`` x uniform(0.5, 1.5) before calling again, as
+    ``service.client.AppStatsClient`` does; otherwise it calls again at once.
     """
 
     address: tuple[str, int]
@@ -58,6 +61,7 @@ class LoadPlan:
     interval_s: float = 0.0
     expect_ok: int = 0
     decode_every: int = 0
+    honour_retry_after: bool = False
     call_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
     connect_concurrency: int = 200
@@ -147,6 +151,7 @@ def _plans(plan: LoadPlan) -> list[dict[str, Any]]:
             "warmup_s": plan.warmup_s, "window_s": plan.window_s, "reps": plan.reps,
             "interval_s": plan.interval_s, "expect_ok": plan.expect_ok,
             "decode_every": plan.decode_every, "call_timeout_s": plan.call_timeout_s,
+            "honour_retry_after": plan.honour_retry_after,
             "connect_timeout_s": plan.connect_timeout_s,
             "connect_concurrency": plan.connect_concurrency}
     shares, offset = [], 0

@@ -102,6 +102,15 @@ def _connect(plan: dict[str, Any]) -> Any:
     return sock
 
 
+def _retry_after_s(method: str, body: bytes) -> float:
+    """The jittered wait an Overloaded reply asks for (0.1 s if it names none)."""
+    try:
+        retry_after_ms = decode_result(method, body).overloaded.retry_after_ms or 100
+    except Exception:  # a reply we cannot decode: back off a little all the same
+        retry_after_ms = 100
+    return retry_after_ms / 1000.0 * random.uniform(0.5, 1.5)
+
+
 def _failure_kind(exc: BaseException) -> str:
     if isinstance(exc, (TimeoutError, stdlib_socket.timeout)):
         return "timeout"
@@ -121,6 +130,7 @@ class _Caller:
         self.recorder = recorder
         self.sock = sock
         self.exceptions = exception_names(plan["method"])
+        self.resume_at = 0.0   # after an Overloaded: when to call again (honour_retry_after)
 
     def run(self, start_at: float, end_at: float, phase_s: float) -> None:
         interval = self.plan["interval_s"]
@@ -135,6 +145,9 @@ class _Caller:
                 next_at = max(next_at + interval, time.monotonic())
             elif now >= end_at:
                 break
+            if self.resume_at > now:
+                gevent.sleep(min(self.resume_at, end_at) - now)
+                continue
             self.call_once()
         if self.sock is not None:
             self.sock.close()
@@ -167,6 +180,8 @@ class _Caller:
                 self._maybe_sample(w, body)
             return
         recorder.fail(time.monotonic(), kind)
+        if kind == "overloaded" and self.plan["honour_retry_after"]:
+            self.resume_at = time.monotonic() + _retry_after_s(self.plan["method"], body)
 
     def _maybe_sample(self, window: int, body: bytes) -> None:
         every = self.plan["decode_every"]

@@ -190,15 +190,18 @@ def _health_to_json(health: Any) -> dict[str, Any]:
 
     return {"state": appstats.ServingState._VALUES_TO_NAMES[health.state],
             "backends": [{"name": b.name, "up": b.up, "latency_ms": b.latency_ms,
-                          "detail": b.detail or ""} for b in health.backends]}
+                          "circuit": b.circuit or "", "detail": b.detail or ""}
+                         for b in health.backends]}
 
 
 def _format_health(health: Any) -> str:
     body = _health_to_json(health)
-    lines = [f"state  {body['state']}", "", f"  {'backend':<10} {'up':<4} {'latency_ms':>10}  detail"]
+    lines = [f"state  {body['state']}", "",
+             f"  {'backend':<10} {'up':<4} {'latency_ms':>10}  {'circuit':<9}  detail"]
     for backend in body["backends"]:
         lines.append(f"  {backend['name']:<10} {'yes' if backend['up'] else 'no':<4} "
-                     f"{backend['latency_ms']:>10.1f}  {backend['detail']}".rstrip())
+                     f"{backend['latency_ms']:>10.1f}  {backend['circuit']:<9}  "
+                     f"{backend['detail']}".rstrip())
     return "\n".join(lines)
 
 

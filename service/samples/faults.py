@@ -9,6 +9,7 @@ in the calling process. Modes can be switched while they run.
     ok        answer as the sample services do (service.samples.http_services)
     slow      wait ``delay_ms``, then answer as in ``ok``
     error500  HTTP 500 with a JSON error body
+    flaky503  every fourth request (the 1st, 5th, ...) HTTP 503; the others as in ``ok``
     bad_json  HTTP 200, ``application/json``, with a body that is not JSON
     hang      read the request and never answer (until the mode changes or the server stops)
     reset     read the request, then reset the connection (TCP RST); with ``partial=True``
@@ -44,7 +45,7 @@ from service.samples.seed import SampleData
 
 __all__ = ["HTTP_MODES", "FaultyHttpService", "TcpFaultProxy", "reset_socket"]
 
-HTTP_MODES = ("ok", "slow", "error500", "bad_json", "hang", "reset")
+HTTP_MODES = ("ok", "slow", "error500", "flaky503", "bad_json", "hang", "reset")
 _HANG_LIMIT_S = 120.0      # a hung request ends by itself after this, whatever happens
 _STOP_GRACE_S = 0.5
 _BAD_JSON = b'{"alerts": [{"id": "a-1", "severity": '
@@ -162,6 +163,8 @@ class FaultyHttpService:
             gevent.sleep(self.delay_ms / 1000)
         if mode == "error500":
             return _respond(start_response, "500 Internal Server Error", b'{"error": "injected fault"}')
+        if mode == "flaky503" and self.requests_seen % 4 == 1:
+            return _respond(start_response, "503 Service Unavailable", b'{"error": "try again"}')
         if mode == "bad_json":
             return _respond(start_response, "200 OK", _BAD_JSON)
         segments = path_segments(environ)

@@ -1,0 +1,119 @@
+"""The overload scenario: goodput at 1x, 4x and 20x capacity, in two regimes.
+
+* ``cpu``: backends answer in 20 ms; a call costs the server a few ms of CPU, so one
+  core bounds throughput (about 50 closed-loop connections fill it).
+* ``pool``: backends answer in 200 ms and the MongoDB and HTTP pools hold 64
+  connections, so the pools bound throughput (Little's law: 63 / 0.2 s / 4 Mongo
+  operations a call, about 80 calls/s).
+
+Callers are closed-loop and honour ``retry_after_ms`` (jittered), as
+``AppStatsClient`` does; a caller refused keeps its connection open. Goodput is
+complete replies (all seven panels OK) per second. One more configuration pins
+admission to a single call in flight and lets 50 callers hammer without backing
+off: nearly every answer is then ``Overloaded``, and the server's CPU per answer is
+the cost of one refusal, compared with the CPU of one admitted call in the ``cpu``
+regime at 50 connections.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
+from bench.harness.runner import Config
+from bench.harness.scenarios import Results, Scale, Scenario, _config, _per_rep
+
+__all__ = ["overload", "REGIMES"]
+
+NAME = "overload"
+#: regime -> (backend delay ms, pool size)
+REGIMES = {"cpu": (20, 200), "pool": (200, 64)}
+BASE = 50
+WARMUP_S = 5.0
+
+
+def _key(server: str, regime: str, connections: int) -> str:
+    return f"{NAME}/{server}-{regime}/c{connections}"
+
+
+def _configs(scale: Scale) -> tuple[list[Config], tuple[int, ...], tuple[str, ...]]:
+    levels = scale.levels((BASE, 4 * BASE, 20 * BASE), (BASE, 20 * BASE))
+    servers = ("fanout", "threaded")
+    configs = [_config(NAME, server, "stats", c, label=f"{server}-{regime}", delay_ms=delay,
+                       pool_size=pool, honour_retry_after=True, warmup_s=WARMUP_S,
+                       window_scale=2.0)
+               for regime, (delay, pool) in REGIMES.items() for server in servers for c in levels]
+    configs.append(_config(NAME, "fanout", "stats", BASE, label="fanout-refusals", delay_ms=200,
+                           admission="one", window_scale=2.0))
+    return configs, levels, servers
+
+
+def _answers_per_rep(result: Optional[dict[str, Any]], kinds: tuple[str, ...]) -> list[float]:
+    """Answers of ``kinds`` per second, per repetition ("ok", "degraded" or a failure kind)."""
+    if not result or "reps" not in result:
+        return []
+    window_s = result["window_s"]
+    return [sum(rep.get(k, 0) if k in ("ok", "degraded") else rep["failures"].get(k, 0)
+                for k in kinds) / window_s for rep in result["reps"]]
+
+
+def _cpu_per_answer_ms(result: Optional[dict[str, Any]], kinds: tuple[str, ...]) -> list[float]:
+    """Server CPU milliseconds per answer of ``kinds``, per repetition."""
+    if not result or "reps" not in result:
+        return []
+    rates = _answers_per_rep(result, kinds)
+    return [10.0 * rep["cpu_pct"].get("server", math.nan) / rate  # (pct / 100) * 1000 ms
+            for rep, rate in zip(result["reps"], rates) if rate > 0]
+
+
+def _answer_mix(result: Optional[dict[str, Any]]) -> str:
+    if not result or "reps" not in result:
+        return "n/a"
+    ok = sum(r["ok"] for r in result["reps"])
+    degraded = sum(r["degraded"] for r in result["reps"])
+    failures: dict[str, int] = {}
+    for rep in result["reps"]:
+        for kind, n in rep["failures"].items():
+            failures[kind] = failures.get(kind, 0) + n
+    rest = ", ".join(f"{kind} {n}" for kind, n in sorted(failures.items()))
+    p99 = (result.get("pooled") or {}).get("p99_ms", math.nan)
+    return f"ok {ok}, degraded {degraded}" + (f", {rest}" if rest else "") + f"; p99 {p99:.0f} ms"
+
+
+def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
+    def goals(results: Results) -> list[Goal]:
+        out: list[Goal] = []
+        top = levels[-1]
+        for regime in REGIMES:
+            for server in servers:
+                out.append(ratio_goal(
+                    NAME, f"{server} goodput at {top} / at {BASE} connections ({regime}-bound)",
+                    _per_rep(results.get(_key(server, regime, top)), "rps"),
+                    _per_rep(results.get(_key(server, regime, BASE)), "rps"),
+                    limit=0.9 if server == "fanout" else None, at_most=False))
+            out.append(failures_goal(
+                NAME, f"fanout late or failed answers besides Overloaded, {top} conns ({regime})",
+                results.get(_key("fanout", regime, top)), ignore=("overloaded",)))
+            for server in servers:
+                for c in levels:
+                    out.append(info_row(NAME, f"answers {server} {regime} c{c}",
+                                        _answer_mix(results.get(_key(server, regime, c)))))
+        out.append(ratio_goal(
+            NAME, "server CPU of one Overloaded / of one admitted call",
+            _cpu_per_answer_ms(results.get(f"{NAME}/fanout-refusals/c{BASE}"), ("overloaded",)),
+            _cpu_per_answer_ms(results.get(_key("fanout", "cpu", BASE)), ("ok", "degraded")),
+            limit=0.05, at_most=True))
+        return out
+    return goals
+
+
+def overload(scale: Scale) -> Scenario:
+    configs, levels, servers = _configs(scale)
+    notes = [f"Closed loop at {', '.join(map(str, levels))} connections ({BASE} is about "
+             "capacity), meta.deadline_ms 2000; callers wait retry_after_ms x U(0.5, 1.5) after "
+             f"an Overloaded. {WARMUP_S:g} s warm-up lets the admission limit settle.",
+             "cpu: 20 ms backends, pools of 200; pool: 200 ms backends, MongoDB and HTTP pools "
+             "of 64. refusals: admission pinned to one call, 50 callers not backing off: the "
+             "server CPU per Overloaded answer."]
+    return Scenario(NAME, "Overload", configs, _goals(levels, servers), notes)

@@ -1,0 +1,127 @@
+"""A circuit breaker per backend: stop calling what keeps failing, probe until it heals.
+
+States, and what moves between them::
+
+    CLOSED --(consecutive failures, or failure rate over the window)--> OPEN
+    OPEN --(open_ms passed)--> HALF_OPEN: one probe call at a time may go through
+    HALF_OPEN --(probe succeeds)--> CLOSED        --(probe fails)--> OPEN again
+
+While OPEN, :meth:`CircuitBreaker.check` raises :class:`~lookups.errors.CircuitOpen`
+at once: the panel fails fast (``ERROR``, retryable) and its call does not wait out
+a dead backend's timeout. A change of state is logged once (WARNING when it opens,
+INFO when it closes).
+
+What counts as a failure is the backend's: unreachable, timed out, or HTTP 5xx
+(``BackendUnavailable`` and ``BackendTimeout``). A bad answer (4xx, wrong JSON) is
+the backend working, and so is a refusal by the breaker itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from lookups.errors import CircuitOpen
+
+__all__ = ["BreakerPolicy", "CircuitBreaker", "CircuitState"]
+
+log = logging.getLogger(__name__)
+
+
+class CircuitState(enum.Enum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """When a breaker opens, and for how long."""
+
+    consecutive_failures: int = 5      # this many failures in a row open it
+    failure_rate: float = 0.5          # ...or more than this share of the calls in the window
+    window_s: float = 10.0
+    min_calls: int = 20                # the rate counts once the window holds this many
+    open_ms: int = 2000                # how long it stays open before a probe
+
+
+class CircuitBreaker:
+    """The breaker of one backend (``name``: ``mongo``, ``http 127.0.0.1:8081``)."""
+
+    def __init__(self, name: str, policy: BreakerPolicy = BreakerPolicy()) -> None:
+        self.name = name
+        self.policy = policy
+        self.state = CircuitState.CLOSED
+        self.opened = 0                                 # times it has opened
+        self._consecutive = 0
+        self._recent: deque[tuple[float, bool]] = deque()   # (when, failed) within the window
+        self._failures_in_window = 0
+        self._open_until = 0.0
+        self._probing = False
+
+    def check(self) -> bool:
+        """Before a call: raise :class:`CircuitOpen` if it may not go; True if it is a probe."""
+        if self.state is CircuitState.CLOSED:
+            return False
+        now = time.monotonic()
+        if self.state is CircuitState.OPEN and now >= self._open_until:
+            self._move(CircuitState.HALF_OPEN)
+        if self.state is CircuitState.HALF_OPEN and not self._probing:
+            self._probing = True
+            return True
+        raise CircuitOpen(f"{self.name}: circuit open after repeated failures; failing fast",
+                          retry_safe=False)
+
+    def record(self, failed: bool, probe: bool = False) -> None:
+        """After a call that :meth:`check` let through: did the backend fail it?"""
+        if probe:
+            self._probing = False
+            if failed:
+                self._open()
+            else:
+                self._close()
+            return
+        if self.state is not CircuitState.CLOSED:
+            return  # an answer to a call started before the circuit opened
+        now = time.monotonic()
+        self._remember(now, failed)
+        self._consecutive = self._consecutive + 1 if failed else 0
+        policy = self.policy
+        if self._consecutive >= policy.consecutive_failures or (
+                len(self._recent) >= policy.min_calls
+                and self._failures_in_window > policy.failure_rate * len(self._recent)):
+            self._open()
+
+    def _remember(self, now: float, failed: bool) -> None:
+        recent, horizon = self._recent, now - self.policy.window_s
+        recent.append((now, failed))
+        self._failures_in_window += failed
+        while recent and recent[0][0] < horizon:
+            self._failures_in_window -= recent.popleft()[1]
+
+    def _open(self) -> None:
+        self._open_until = time.monotonic() + self.policy.open_ms / 1000.0
+        self.opened += 1
+        self._move(CircuitState.OPEN)
+
+    def _close(self) -> None:
+        self._consecutive = 0
+        self._recent.clear()
+        self._failures_in_window = 0
+        self._move(CircuitState.CLOSED)
+
+    def _move(self, state: CircuitState) -> None:
+        if state is self.state:
+            return
+        previous, self.state = self.state, state
+        if state is CircuitState.OPEN:
+            log.warning("circuit %s: %s -> open for %d ms (failing fast)", self.name,
+                        previous.value, self.policy.open_ms)
+        else:
+            log.info("circuit %s: %s -> %s", self.name, previous.value, state.value)
+
+    def __repr__(self) -> str:
+        return f"<CircuitBreaker {self.name} {self.state.value}>"

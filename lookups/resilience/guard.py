@@ -1,0 +1,195 @@
+"""One backend's guard: retries within the task's budget, a retry budget, a circuit
+breaker, and optional hedged requests.
+
+:meth:`BackendGuard.call` runs one attempt after another until one succeeds or:
+
+* the failure is not ``retry_safe`` (see :mod:`lookups.errors`), or
+* the lookup's ``attempts`` are used up, or
+* the jittered back-off (``RETRY_BACKOFF_MS`` doubling up to ``RETRY_BACKOFF_MAX_MS``,
+  "full jitter") would not leave ``MIN_ATTEMPT_MS`` of the budget for another try, or
+* the backend's :class:`~lookups.resilience.budget.RetryBudget` is spent (retries at
+  most ``retry_budget_ratio`` of calls, plus 10 a second and a reserve of 3), or
+* the circuit breaker is open (:class:`~lookups.errors.CircuitOpen`, at once).
+
+With hedging on for a lookup, an attempt still running after the backend's
+observed 95th-percentile latency gets a twin; the first answer wins and the
+other is killed (its slot and connection are given back in its ``finally``; a
+MongoDB operation runs on in its own never-killed greenlet and ends within its
+budget). A hedge spends the retry budget too. This is Finagle's backup requests.
+
+The task's span gets ``fanout.attempts`` and, after a failed attempt,
+``fanout.last_error``; each retry is a ``retry`` event.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, TypeVar
+
+import gevent
+from opentelemetry import trace
+
+from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
+from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
+from lookups.resilience.budget import RetryBudget
+from tracing.greenlets import spawn_in_context
+
+__all__ = ["RetryPolicy", "BackendGuard", "live_guards", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
+
+T = TypeVar("T")
+
+RETRY_BACKOFF_MS = 20
+RETRY_BACKOFF_MAX_MS = 200
+MIN_ATTEMPT_MS = 20
+_LATENCIES_KEPT = 200
+_HEDGE_MIN_SAMPLES = 20
+_MIN_RETRIES_PER_S = 10.0
+
+_guards: "weakref.WeakSet[BackendGuard]" = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Per lookup: how many attempts in all, and whether to hedge."""
+
+    attempts: int = 3
+    hedge: bool = False
+
+
+def _is_backend_fault(error: BaseException) -> bool:
+    """Whether a failure counts against the backend for its circuit breaker: unreachable or
+    timed out, by the backend's doing. Not a bad answer, not the breaker's own refusal, not
+    a kill (the engine's reaper) nor a bug of ours."""
+    if isinstance(error, CircuitOpen):
+        return False
+    if isinstance(error, (BackendUnavailable, BackendTimeout)):
+        return error.backend_fault
+    return False
+
+
+class BackendGuard:
+    """Retries, retry budget, breaker and hedging for the backend ``name``."""
+
+    def __init__(self, name: str, breaker: BreakerPolicy = BreakerPolicy(),
+                 retry_budget_ratio: float = 0.1,
+                 policies: Optional[Mapping[str, RetryPolicy]] = None) -> None:
+        self.name = name
+        self.breaker = CircuitBreaker(name, breaker)
+        # A few retries a second on top of the ratio, as Finagle's default budget allows;
+        # a ratio of 0 turns retries off altogether.
+        enabled = retry_budget_ratio > 0
+        self.budget = RetryBudget(retry_budget_ratio, reserve=3.0 if enabled else 0.0,
+                                  min_per_s=_MIN_RETRIES_PER_S if enabled else 0.0)
+        self._policies = dict(policies or {})
+        self._latencies: deque[float] = deque(maxlen=_LATENCIES_KEPT)
+        self._p95_s: Optional[float] = None
+        self._since_p95 = 0
+        self.attempts = self.hedges = 0
+        _guards.add(self)
+
+    def policy(self, lookup: str) -> RetryPolicy:
+        return self._policies.get(lookup, RetryPolicy())
+
+    def call(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
+        """``attempt(budget_s)`` with retries as in the module doc; raises its last failure.
+
+        The breaker judges the call, not each attempt: a call a retry saved is a success.
+        """
+        probe = self.breaker.check()
+        failed = True
+        try:
+            value = self._attempts(lookup, attempt, budget_s)
+            failed = False
+            return value
+        except BaseException as error:
+            failed = _is_backend_fault(error)
+            raise
+        finally:
+            self.breaker.record(failed, probe)
+
+    def _attempts(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
+        policy, ends = self.policy(lookup), time.monotonic() + budget_s
+        self.budget.record_call()
+        span = trace.get_current_span()
+        for number in range(1, policy.attempts + 1):
+            left_s = ends - time.monotonic()
+            try:
+                value = self._once(attempt, left_s, policy.hedge)
+                _annotate(span, number, None)
+                return value
+            except LookupFailed as failure:
+                _annotate(span, number, failure)
+                if not self._may_retry(failure, number, policy, ends):
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _may_retry(self, failure: LookupFailed, number: int, policy: RetryPolicy,
+                   ends: float) -> bool:
+        if not failure.retry_safe or number >= policy.attempts:
+            return False
+        backoff_ms = random.uniform(0, min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * 2 ** (number - 1)))
+        if (ends - time.monotonic()) * 1000.0 < backoff_ms + MIN_ATTEMPT_MS:
+            return False
+        if not self.budget.try_retry():
+            return False
+        time.sleep(backoff_ms / 1000.0)  # gevent's under patching; a thread's otherwise
+        return True
+
+    def _once(self, attempt: Callable[[float], T], left_s: float, hedge: bool) -> T:
+        self.attempts += 1
+        began = time.monotonic()
+        value = self._hedged(attempt, left_s) if hedge else attempt(left_s)
+        self._observe(time.monotonic() - began)
+        return value
+
+    def _hedged(self, attempt: Callable[[float], T], left_s: float) -> T:
+        delay_s = self._p95_s
+        if delay_s is None or delay_s >= left_s:
+            return attempt(left_s)
+        first = spawn_in_context(attempt, left_s)
+        first.join(timeout=delay_s)
+        if first.ready() or not self.budget.try_retry():
+            return first.get()
+        self.hedges += 1
+        second = spawn_in_context(attempt, left_s - delay_s)
+        racing = [first, second]
+        try:
+            while racing:
+                done = gevent.wait(racing, count=1)[0]
+                racing.remove(done)
+                if done.successful() or not racing:
+                    return done.get()
+            raise AssertionError("unreachable")
+        finally:
+            for loser in racing:
+                loser.kill(block=False)
+
+    def _observe(self, seconds: float) -> None:
+        self._latencies.append(seconds)
+        self._since_p95 += 1
+        if len(self._latencies) >= _HEDGE_MIN_SAMPLES and self._since_p95 >= 10:
+            ordered = sorted(self._latencies)
+            self._p95_s = ordered[int(0.95 * (len(ordered) - 1))]
+            self._since_p95 = 0
+
+    def __repr__(self) -> str:
+        return f"<BackendGuard {self.name} {self.breaker.state.value} {self.budget!r}>"
+
+
+def _annotate(span: trace.Span, attempts: int, failure: Optional[LookupFailed]) -> None:
+    if not span.is_recording() or (attempts == 1 and failure is None):
+        return
+    span.set_attribute("fanout.attempts", attempts)
+    if failure is not None:
+        span.set_attribute("fanout.last_error", type(failure).__name__)
+        span.add_event("retry" if failure.retry_safe else "attempt failed",
+                       {"attempt": attempts, "error": type(failure).__name__})
+
+
+def live_guards() -> list[BackendGuard]:
+    """Every backend guard alive in this process, by name."""
+    return sorted(_guards, key=lambda guard: guard.name)

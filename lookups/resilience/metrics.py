@@ -1,0 +1,44 @@
+"""The resilience metrics, per backend (``fanout.backend`` = ``mongo``, ``http <host:port>``)::
+
+    fanout.circuit.state       gauge    0 closed, 1 half open, 2 open
+    fanout.circuit.opened      counter  times the circuit opened
+    fanout.backend.attempts    counter  attempts made (first tries, retries and hedges)
+    fanout.backend.retries     counter  retries the retry budget allowed
+    fanout.backend.retries_refused  counter  retries the retry budget refused
+    fanout.backend.hedges      counter  hedged second attempts sent
+
+Read from the guards when a reader collects; nothing on the hot path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from lookups.resilience.breaker import CircuitState
+from lookups.resilience.guard import BackendGuard, live_guards
+
+__all__: list[str] = []
+
+_STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
+
+
+def _per_guard(value: Callable[[BackendGuard], Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(value(guard), {"fanout.backend": guard.name}) for guard in live_guards()]
+    return callback
+
+
+_meter = metrics.get_meter("fanout.lookups")
+_meter.create_observable_gauge("fanout.circuit.state",
+                               [_per_guard(lambda g: _STATE_VALUE[g.breaker.state])],
+                               description="Circuit breaker: 0 closed, 1 half open, 2 open")
+for _name, _read, _description in (
+        ("fanout.circuit.opened", lambda g: g.breaker.opened, "Times the circuit opened"),
+        ("fanout.backend.attempts", lambda g: g.attempts, "Attempts made, retries and hedges included"),
+        ("fanout.backend.retries", lambda g: g.budget.retries, "Retries and hedges the budget allowed"),
+        ("fanout.backend.retries_refused", lambda g: g.budget.refused, "Retries the budget refused"),
+        ("fanout.backend.hedges", lambda g: g.hedges, "Hedged second attempts sent")):
+    _meter.create_observable_counter(_name, [_per_guard(_read)], description=_description)

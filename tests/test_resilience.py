@@ -1,0 +1,271 @@
+"""Backends that misbehave: retries within budget, circuit breakers, hedging, client churn."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Iterator
+
+import gevent
+import pytest
+import requests
+from requests.adapters import HTTPAdapter
+
+from lookups.clients import BackendGuards, HttpSlots
+from lookups.errors import CircuitOpen
+from lookups.http import AlertsLookup
+from lookups.panels import Window
+from lookups.resilience import BreakerPolicy, CircuitBreaker, CircuitState
+from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from service.client import AppStatsClient
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples.faults import FaultyHttpService, TcpFaultProxy
+from tests.support.samples import SAMPLE_DATABASE
+from tests.support.sockets import dead_port, wait_for
+
+WINDOW = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+
+
+def pooled_session(size: int = 32) -> requests.Session:
+    """A session whose pool holds ``size`` connections per host, as BackendClients' does."""
+    session = requests.Session()
+    session.mount("http://", HTTPAdapter(pool_maxsize=size, pool_block=True, max_retries=0))
+    return session
+
+
+def alerts_lookup(url: str, session: requests.Session, **http: Any) -> AlertsLookup:
+    settings = HttpSettings(alerts_url=url, metrics_url=url, **http)
+    return AlertsLookup(session, settings, HttpSlots(settings.pool_maxsize),
+                        BackendGuards(MongoSettings(), settings, {}))
+
+
+def fetch_many(lookup: AlertsLookup, callers: int, each: int, budget_s: float,
+               pause_s: float = 0.0) -> list[Any]:
+    """``callers`` greenlets each fetching ``each`` times (``pause_s`` apart); the values or
+    the exceptions."""
+    def caller() -> list[Any]:
+        results = []
+        for _ in range(each):
+            gevent.sleep(pause_s)
+            try:
+                results.append(lookup.fetch(WINDOW, budget_s))
+            except Exception as failure:  # collected, asserted on by the test
+                results.append(failure)
+        return results
+    greenlets = [gevent.spawn(caller) for _ in range(callers)]
+    gevent.joinall(greenlets, timeout=120)
+    return [result for g in greenlets for result in g.get()]
+
+
+# A single-threaded HTTP/1.0 server with Python's default listen backlog (5), in its own
+# process as a real service would be. It prints its port, serves until stdin closes.
+_BACKLOG5_SERVER = r"""
+import http.server, json, sys, threading
+class Alerts(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    def do_GET(self):
+        body = json.dumps({"alerts": []}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", 0), Alerts)
+assert server.request_queue_size == 5
+threading.Thread(target=server.serve_forever, daemon=True).start()
+print(server.server_address[1], flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def backlog5() -> Iterator[str]:
+    """The URL of a real single-threaded HTTP/1.0 server with a listen backlog of 5."""
+    process = subprocess.Popen([sys.executable, "-c", _BACKLOG5_SERVER], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        with gevent.Timeout(20, AssertionError("the backlog-5 server did not start")):
+            port = int(process.stdout.readline())
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.stdin.close()
+        process.wait(timeout=10)
+
+
+def test_a_backlog_of_five_under_twenty_callers_loses_no_panel(backlog5: str) -> None:
+    with pooled_session() as session:
+        lookup = alerts_lookup(backlog5, session)
+        results = fetch_many(lookup, callers=20, each=14, budget_s=8.0)
+    failures = [r for r in results if isinstance(r, Exception)]
+    assert len(results) == 280 and failures == [], failures[:3]
+    guard = lookup._guards.for_url(backlog5)
+    assert guard.budget.retries <= 0.2 * 280 + guard.budget.min_per_s * 60 + guard.budget.max_tokens
+
+
+def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: SampleData) -> None:
+    with FaultyHttpService(sample_data) as flaky, pooled_session() as session:
+        flaky.set_mode("flaky503")
+        lookup = alerts_lookup(flaky.url, session)
+        results = fetch_many(lookup, callers=10, each=20, budget_s=2.0, pause_s=0.1)
+        requests_made = flaky.requests_seen
+    ok = [r for r in results if not isinstance(r, Exception)]
+    assert len(ok) / len(results) >= 0.95, [r for r in results if isinstance(r, Exception)][:3]
+    assert requests_made / len(results) <= 1.6
+
+
+def test_healthy_backends_get_no_extra_requests(sample_data: SampleData) -> None:
+    with FaultyHttpService(sample_data) as healthy, pooled_session() as session:
+        lookup = alerts_lookup(healthy.url, session)
+        results = fetch_many(lookup, callers=5, each=10, budget_s=2.0)
+        assert healthy.requests_seen == len(results) == 50
+    assert not any(isinstance(r, Exception) for r in results)
+
+
+def test_retries_never_exceed_the_retry_budget() -> None:
+    refused = f"http://127.0.0.1:{dead_port()}"  # every connect refused: always retry-safe
+    with pooled_session() as session:
+        lookup = alerts_lookup(refused, session, breaker_failures=10_000, breaker_failure_rate=1.0)
+        began = time.monotonic()
+        results = fetch_many(lookup, callers=4, each=50, budget_s=1.0)
+        elapsed_s = time.monotonic() - began
+    guard = lookup._guards.for_url(refused)
+    assert all(isinstance(r, Exception) for r in results) and len(results) == 200
+    retries = guard.attempts - 200
+    assert retries == guard.budget.retries > 0
+    assert retries <= 0.2 * 200 + guard.budget.min_per_s * elapsed_s + guard.budget.max_tokens
+    assert guard.budget.refused > 0
+
+
+def test_the_breaker_opens_fails_fast_probes_and_closes() -> None:
+    breaker = CircuitBreaker("test", BreakerPolicy(consecutive_failures=3, open_ms=100))
+    for _ in range(3):
+        assert breaker.check() is False
+        breaker.record(failed=True)
+    assert breaker.state is CircuitState.OPEN
+    with pytest.raises(CircuitOpen) as fast:
+        breaker.check()
+    assert fast.value.retryable
+    time.sleep(0.15)
+    assert breaker.check() is True                  # the one probe
+    with pytest.raises(CircuitOpen):
+        breaker.check()                             # others still fail fast meanwhile
+    breaker.record(failed=True, probe=True)         # probe failed: open again
+    assert breaker.state is CircuitState.OPEN
+    time.sleep(0.15)
+    assert breaker.check() is True
+    breaker.record(failed=False, probe=True)
+    assert breaker.state is CircuitState.CLOSED and breaker.opened == 2
+
+
+def test_the_failure_rate_opens_the_breaker_too() -> None:
+    breaker = CircuitBreaker("rate", BreakerPolicy(consecutive_failures=3, failure_rate=0.5,
+                                                   min_calls=10))
+    for n in range(10):
+        breaker.check()
+        breaker.record(failed=n % 3 != 2)           # 7 of 10, never three in a row
+    assert breaker.state is CircuitState.OPEN
+
+
+def call_all(client: AppStatsClient) -> tuple[Any, float]:
+    began = time.monotonic()
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=8000)
+    return response, time.monotonic() - began
+
+
+def status_of(response: Any, panel: str) -> Any:
+    return next(o for o in response.outcomes if o.name == panel)
+
+
+def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
+        start_service: Any, sample_data: SampleData) -> None:
+    with FaultyHttpService(sample_data) as hole:
+        service, client = start_service(**{"http.alerts_url": hole.url})
+        hole.set_mode("hang")
+        gevent.joinall([gevent.spawn(call_all, client) for _ in range(6)], timeout=30)
+
+        timed = [call_all(client) for _ in range(5)]
+        assert statistics.median(elapsed for _, elapsed in timed) < 0.3
+        alerts = status_of(timed[-1][0], "alerts")
+        assert alerts.status == appstats.TaskStatus.ERROR and alerts.error_type == "CircuitOpen"
+        assert alerts.retryable
+        assert all(status_of(timed[-1][0], p).status == appstats.TaskStatus.OK
+                   for p in PANELS if p != "alerts")
+        circuits = {b.name: b.circuit for b in client.health().backends}
+        assert circuits["alerts"] in ("open", "half_open") and circuits["mongo"] == "closed"
+
+        hole.set_mode("ok")
+        healed = wait_for(lambda: all(o.status == appstats.TaskStatus.OK
+                                      for o in call_all(client)[0].outcomes), 20,
+                          "all seven panels OK after the service healed", poll_s=0.5)
+        assert healed
+        assert service.fanout.wait_reapers(timeout_s=5) and service.fanout.inflight == 0
+        wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}, 5,
+                 "every connection back in its pool")
+
+
+def test_a_restarted_mongo_costs_no_panel(start_service: Any, mongo_server: Any) -> None:
+    with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
+        service, client = start_service(**{
+            "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+            "mongo.database": SAMPLE_DATABASE})
+        assert all(o.status == appstats.TaskStatus.OK for o in call_all(client)[0].outcomes)
+        proxy.reset_all()       # every pooled connection dies, as when the server restarts
+        response, _ = call_all(client)
+        assert all(o.status == appstats.TaskStatus.OK for o in response.outcomes), response.outcomes
+        wait_for(lambda: service.clients.connections_in_use()["mongo"] == 0, 5, "mongo pool idle")
+
+
+@pytest.fixture
+def sometimes_slow() -> Iterator[tuple[str, dict[str, int]]]:
+    """Alerts answering in 2 ms, except every 25th request: 600 ms (under 5%: above the p95)."""
+    from gevent.pywsgi import WSGIServer
+
+    seen = {"requests": 0}
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen["requests"] += 1
+        gevent.sleep(0.6 if seen["requests"] % 25 == 0 else 0.002)
+        start_response("200 OK", [("Content-Type", "application/json")])
+        return [b'{"alerts": []}']
+
+    server = WSGIServer(("127.0.0.1", 0), app, log=None)
+    server.start()
+    yield f"http://127.0.0.1:{server.server_port}", seen
+    server.stop(timeout=1)
+
+
+def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: tuple[str, dict[str, int]]) -> None:
+    url, seen = sometimes_slow
+    settings = HttpSettings(alerts_url=url, metrics_url=url)
+    slots = HttpSlots(settings.pool_maxsize)
+    guards = BackendGuards(MongoSettings(), settings, {"alerts": LookupSettings(hedge=True)})
+    with pooled_session() as session:
+        lookup = AlertsLookup(session, settings, slots, guards)
+        for _ in range(40):                      # learn the p95 (about 2 ms)
+            lookup.fetch(WINDOW, 2.0)
+        slowest = 0.0
+        for _ in range(30):
+            began = time.monotonic()
+            lookup.fetch(WINDOW, 2.0)
+            slowest = max(slowest, time.monotonic() - began)
+    guard = guards.for_url(url)
+    assert guard.hedges >= 1
+    assert slowest < 0.3, slowest                # the 600 ms answers lost to their hedges
+    wait_for(lambda: slots.for_url(url).meter.in_use == 0, 2, "every HTTP slot given back")
+
+
+def test_the_client_expires_idle_connections_before_the_server_does(start_server: Any) -> None:
+    server = start_server()
+    with AppStatsClient(*server.address, pool_size=1, max_idle_ms=100) as client:
+        assert client.ping() == "pong"
+        assert client.ping() == "pong"
+        assert server.stats.connections_total == 1   # reused while fresh
+        gevent.sleep(0.3)
+        assert client.ping() == "pong"
+        assert server.stats.connections_total == 2   # a new one, not the aged one
