@@ -3,7 +3,9 @@
 Precedence, lowest to highest: built-in defaults, the TOML file (``--config``),
 ``FANOUT_<SECTION>_<KEY>`` environment variables, command-line flags. Lookup
 sections use ``FANOUT_LOOKUPS_<NAME>_<KEY>`` (for example
-``FANOUT_LOOKUPS_ERRORS_REQUIRED=true``).
+``FANOUT_LOOKUPS_ERRORS_REQUIRED=true``). A ``FANOUT_`` variable naming no
+section (the service links Kubernetes injects) is ignored, with a debug line;
+an unknown key in a known section, or anything unknown in the file, is an error.
 
 Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
 naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
@@ -18,6 +20,7 @@ Each section is defined by the part that owns it, with its per-key rules::
     [lookups.<name>]  LookupSettings    lookups/settings.py
     [tracing]         TracingSettings   tracing/settings.py
     [metrics]         MetricsSettings   tracing/settings.py
+    [logging]         LoggingSettings   service/logs.py
 
 This module loads, merges, coerces and composes them into :class:`Settings`.
 """
@@ -25,6 +28,7 @@ This module loads, merges, coerces and composes them into :class:`Settings`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 from contextlib import contextmanager
@@ -35,12 +39,15 @@ from typing import Any, ClassVar, Iterator, Mapping, Optional
 
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
 from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.logs import LoggingSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_warnings",
            "as_config_error"]
 
 ENV_PREFIX = "FANOUT_"
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -94,6 +101,7 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     tracing: TracingSettings = field(default_factory=TracingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
     lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
 
     def lookup(self, name: str) -> LookupSettings:
@@ -107,7 +115,7 @@ class Settings:
 _SECTIONS: dict[str, type] = {
     "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,
     "mongo": MongoSettings, "http": HttpSettings, "tracing": TracingSettings,
-    "metrics": MetricsSettings,
+    "metrics": MetricsSettings, "logging": LoggingSettings,
 }
 
 
@@ -187,8 +195,10 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             continue
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
         if section is None:
-            raise ConfigError(f"{name}: unknown section; expected one of "
-                              f"{', '.join(sorted([*_SECTIONS, 'lookups']))}")
+            # Not ours: Kubernetes injects FANOUT_SERVICE_HOST, FANOUT_PORT_9090_TCP, ... for
+            # a Service named "fanout". A misspelled key of a known section is still an error.
+            log.debug("ignoring environment variable %s: names no settings section", name)
+            continue
         _merge(raw, _nest([section], rest[len(section) + 1:], value))
     return raw
 

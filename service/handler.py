@@ -18,6 +18,7 @@ from service.engine.context import RequestContext, new_request_id
 from service.engine.fanout import FanOut
 from service.health import HealthChecker
 from service.idl import appstats
+from service.logs import set_request_id
 from service.mapping import to_panel_data, to_thrift_outcomes
 from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
                               TaskStatus)
@@ -88,6 +89,7 @@ class AppStatsHandler:
         # Not validated yet: request_span's extract_context tolerates any junk here.
         caller_headers = getattr(getattr(request, "meta", None), "headers", None) or {}
         request_id = new_request_id()
+        set_request_id(request_id)
         with request_span("get_app_stats", caller_headers, request_id) as span:
             try:
                 valid = validate_stats_request(request, list(self._lookups), self.panels(),
@@ -100,6 +102,7 @@ class AppStatsHandler:
                 span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
                                            valid.request_id or request_id, valid.headers)
+            set_request_id(context.request_id)
             outcomes = self._gather(valid, context)
             return appstats.StatsResponse(
                 app=valid.window.app,

@@ -59,13 +59,24 @@ timeout_ms = 250
     ("[nosuch]\nx = 1\n", {}, "nosuch"),
     ("", {"FANOUT_FANOUT_QUEUE_TIMEOUT_MS": "-5"}, "fanout.queue_timeout_ms"),
     ("", {"FANOUT_MONGO_MAX_POOL_SIZE": "1.5"}, "mongo.max_pool_size"),
-    ("", {"FANOUT_NOPE_X": "1"}, "FANOUT_NOPE_X"),
+    ("", {"FANOUT_SERVER_PROTT": "binary"}, "server.prott"),
     ("", {"FANOUT_TRACING_SAMPLE_RATIO": "2"}, "tracing.sample_ratio"),
 ])
 def test_bad_values_fail_naming_the_key(tmp_path: Path, text: str, env: dict, key: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, text), env=env)
     assert str(caught.value).startswith(key)
+
+
+def test_kubernetes_service_links_are_ignored_but_a_misspelled_key_is_not(tmp_path: Path) -> None:
+    links = {"FANOUT_SERVICE_HOST": "10.0.0.7", "FANOUT_SERVICE_PORT": "9090",
+             "FANOUT_PORT": "tcp://10.0.0.7:9090", "FANOUT_PORT_9090_TCP_ADDR": "10.0.0.7"}
+    settings = load_settings(env={**links, "FANOUT_SERVER_PORT": "9300"})
+    assert settings.server.port == 9300
+    with pytest.raises(ConfigError, match="server.prott"):
+        load_settings(env={**links, "FANOUT_SERVER_PROTT": "x"})
+    with pytest.raises(ConfigError, match="service"):
+        load_settings(write(tmp_path, "[service]\nhost = 'x'\n"), env={})
 
 
 def test_unreadable_and_invalid_files_are_config_errors(tmp_path: Path) -> None:

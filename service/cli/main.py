@@ -97,8 +97,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 def _serve(args: argparse.Namespace) -> int:
     from service.lifecycle import run_server
+    from service.logs import configure_logging
 
     settings = _settings(args)
+    configure_logging(settings.logging, args.log_level)
     try:
         if settings.server.workers > 1:
             from service.workers import run_workers

@@ -1,0 +1,76 @@
+"""Logs a platform can read: JSON lines carrying the call's trace, span and request ids."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any, Iterator
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+
+from service.client import AppStatsClient
+from service.logs import LoggingSettings, configure_logging, set_request_id
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from tests.support.sockets import dead_port
+
+
+@pytest.fixture
+def root_logging() -> Iterator[None]:
+    """Give the root logger back as it was (pytest's own capture handlers included)."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_json_lines_carry_the_trace_span_and_request_ids(root_logging: None) -> None:
+    stream = io.StringIO()
+    configure_logging(LoggingSettings(format="json"), "info", stream=stream)
+    tracer = TracerProvider().get_tracer("test")
+    logging.getLogger("outside").info("before any call")
+    with tracer.start_as_current_span("call") as span:
+        set_request_id("web-42")
+        logging.getLogger("service.test").warning("inside %s", "a call")
+    outside, inside = json_lines(stream.getvalue())
+    context = span.get_span_context()
+    assert inside["message"] == "inside a call" and inside["level"] == "WARNING"
+    assert inside["logger"] == "service.test" and inside["time"]
+    assert inside["trace_id"] == format(context.trace_id, "032x")
+    assert inside["span_id"] == format(context.span_id, "016x")
+    assert inside["request_id"] == "web-42"
+    assert outside["trace_id"] == "0" and outside["message"] == "before any call"
+
+
+def test_text_stays_the_default_format(root_logging: None) -> None:
+    stream = io.StringIO()
+    configure_logging(LoggingSettings(), "info", stream=stream)
+    logging.getLogger("service.test").info("plain")
+    line = stream.getvalue().strip()
+    assert line.endswith("INFO service.test: plain") and not line.startswith("{")
+
+
+def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(serve: Any, http_services: Any) -> None:
+    server = serve(http_services, **{"logging.format": "json", "fanout.task_timeout_ms": 2000,
+                                     "fanout.request_deadline_ms": 3000,
+                                     "mongo.uri": f"mongodb://127.0.0.1:{dead_port()}",
+                                     "mongo.breaker_failures": 1})
+    with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
+        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["errors"],
+                                        request_id="web-42")
+    assert response.outcomes[0].error_type == "BackendUnavailable"
+    lines = json_lines(server.log())
+    assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    opened = [line for line in lines if "circuit mongo: closed -> open" in line["message"]]
+    assert len(opened) == 1, lines
+    assert opened[0]["trace_id"] == response.trace_id
+    assert opened[0]["request_id"] == "web-42" and opened[0]["span_id"] != "0"
