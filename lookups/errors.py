@@ -21,7 +21,11 @@ Two flags, for two audiences:
 from __future__ import annotations
 
 __all__ = ["LookupFailed", "BackendUnavailable", "BackendTimeout", "BadBackendResponse",
-           "CircuitOpen"]
+           "CircuitOpen", "blame_own_wait"]
+
+
+# A timeout after waiting this share of the budget for our own slot is not the backend's.
+_OWN_WAIT_SHARE = 0.1
 
 
 class LookupFailed(Exception):
@@ -64,3 +68,14 @@ class CircuitOpen(BackendUnavailable):
     """The backend failed so often lately that calls to it fail at once, without a wait."""
 
     retryable = True
+
+
+def blame_own_wait(timeout: BackendTimeout, waited_s: float, budget_s: float) -> BackendTimeout:
+    """``timeout``, no longer counted against the backend if a tenth of the attempt's
+    ``budget_s`` or more went on waiting for our own pool slot: then our pool was
+    saturated, and the time left was short by our doing, not the backend's (whose circuit
+    would otherwise open under our own overload). A black hole is still caught: its
+    first calls find free slots, time out, and count."""
+    if waited_s >= budget_s * _OWN_WAIT_SHARE:
+        timeout.backend_fault = False
+    return timeout

@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import json
 import math
+import time
 from typing import Any, ClassVar, NoReturn, Optional
 from urllib.parse import quote
 
@@ -27,7 +28,8 @@ import requests
 
 from lookups.base import Lookup
 from lookups.clients import BackendGuards, HttpSlots
-from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
+                            blame_own_wait)
 from lookups.panels import Alert, AlertList, Point, Series, Window
 from lookups.settings import HttpSettings, MongoSettings
 from tracing.propagation import inject_headers
@@ -114,7 +116,7 @@ class HttpLookup(Lookup, abc.ABC):
         timeouts = (connect_timeout_s(self._settings, timeout_s),
                     min(self._settings.read_timeout_ms / 1000, timeout_s))
         slot = self._slots.for_url(base_url)
-        acquired = False
+        acquired, began = False, time.monotonic()
         timer = gevent.Timeout(timeout_s)
         timer.start()
         try:
@@ -122,11 +124,18 @@ class HttpLookup(Lookup, abc.ABC):
             if not acquired:
                 raise BackendTimeout(f"{self.name}: no free connection to the service "
                                      f"within {timeout_s:.3f}s", backend_fault=False)
-            body = self._get_body(base_url.rstrip("/") + path, params, timeouts)
+            waited_s = time.monotonic() - began
+            try:
+                body = self._get_body(base_url.rstrip("/") + path, params, timeouts)
+            except BackendTimeout as slow:
+                raise blame_own_wait(slow, waited_s, timeout_s)
         except gevent.Timeout as fired:
             if fired is not timer:
                 raise
-            raise BackendTimeout(f"{self.name}: no complete answer within {timeout_s:.3f}s") from None
+            raise blame_own_wait(BackendTimeout(f"{self.name}: no complete answer within "
+                                                f"{timeout_s:.3f}s"),
+                                 time.monotonic() - began if not acquired else waited_s,
+                                 timeout_s) from None
         except requests.RequestException as exc:
             _raise_transport_error(self.name, exc, before_response=False)
         finally:

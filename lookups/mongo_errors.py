@@ -28,7 +28,8 @@ from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, 
                             ServerSelectionTimeoutError)
 
 from lookups.clients import Slots
-from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
+                            blame_own_wait)
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["run_bounded", "translated_errors"]
@@ -58,10 +59,12 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
     connection back and releases its slot. Raises what :func:`translated_errors` raises,
     and :class:`BackendTimeout` when no slot frees up in time.
     """
-    ends = time.monotonic() + timeout_s
+    began = time.monotonic()
+    ends = began + timeout_s
     if not slots.acquire(timeout=timeout_s):
         raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
                              backend_fault=False)
+    waited_s = time.monotonic() - began
     try:
         budget_s = _pymongo_budget(lookup, client, ends - time.monotonic())
     except BaseException:
@@ -73,6 +76,8 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
     else:
         succeeded, result = call()  # plain threads: nothing throws into them
     if not succeeded:
+        if isinstance(result, BackendTimeout):
+            blame_own_wait(result, waited_s, timeout_s)
         raise result
     return result
 

@@ -269,3 +269,36 @@ def test_the_client_expires_idle_connections_before_the_server_does(start_server
         gevent.sleep(0.3)
         assert client.ping() == "pong"
         assert server.stats.connections_total == 2   # a new one, not the aged one
+
+
+def test_each_attempt_shows_in_the_task_span(sample_data: SampleData, spans: Any) -> None:
+    from opentelemetry import trace
+
+    with FaultyHttpService(sample_data) as flaky, pooled_session() as session:
+        flaky.set_mode("flaky503")               # the first request is a 503, the next is fine
+        lookup = alerts_lookup(flaky.url, session)
+        with trace.get_tracer("test").start_as_current_span("fanout.task alerts"):
+            lookup.fetch(WINDOW, 2.0)
+        assert flaky.requests_seen == 2
+    (task,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task alerts"]
+    assert task.attributes["fanout.attempts"] == 2
+    assert task.attributes["fanout.last_error"] == "BackendUnavailable"
+    assert [e.attributes["attempt"] for e in task.events if e.name == "retry"] == [1]
+
+
+def test_a_saturated_pool_of_our_own_does_not_open_the_backends_circuit(
+        start_service: Any, mongo_server: Any) -> None:
+    with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
+        service, client = start_service(**{
+            "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+            "mongo.database": SAMPLE_DATABASE, "mongo.max_pool_size": 3,
+            "fanout.task_timeout_ms": 400, "mongo.breaker_failures": 2})
+        call_all(client)                          # connections made while the backend is quick
+        proxy.set_delay_ms(150)                   # slower, yet well within a task's budget
+        calls = [gevent.spawn(call_all, client) for _ in range(8)]
+        gevent.joinall(calls, timeout=30, raise_error=True)
+        timed_out = [o for c in calls for o in c.value[0].outcomes
+                     if o.source == "mongo" and o.status == appstats.TaskStatus.TIMEOUT]
+        assert len(timed_out) >= 4                # most of them waited for one of two slots
+        assert service.clients.guards.mongo.breaker.state is CircuitState.CLOSED
+        assert {b.name: b.circuit for b in client.health().backends}["mongo"] == "closed"
