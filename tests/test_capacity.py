@@ -51,18 +51,32 @@ def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> Non
     run_loops(fan, 40, 1.0, lambda: delay["s"])
     before = fan.admission.limit
 
-    seen: list[float] = []
-    watcher = gevent.spawn(lambda: [seen.append(fan.admission.limit) or gevent.sleep(0.01)
-                                    for _ in range(150)])
     delay["s"] = 0.2
-    run_loops(fan, 40, 1.5, lambda: delay["s"])
-    watcher.join()
-    lowest = min(seen)
+    lowest = min(watch_limit(fan, lambda: run_loops(fan, 40, 1.5, lambda: delay["s"])))
     assert lowest < before * 0.8, (before, lowest)
 
     delay["s"] = 0.005
-    run_loops(fan, 40, 1.5, lambda: delay["s"])
-    assert fan.admission.limit > lowest * 1.2, (lowest, fan.admission.limit)
+    highest = max(watch_limit(fan, lambda: run_loops(fan, 40, 3.0, lambda: delay["s"])))
+    assert highest > lowest * 1.2, (lowest, highest)
+
+
+def watch_limit(fan: FanOut, work: Callable[[], Any]) -> list[float]:
+    """The admission limit every 10 ms while ``work`` runs."""
+    seen: list[float] = []
+    done = False
+
+    def watch() -> None:
+        while not done:
+            seen.append(fan.admission.limit)
+            gevent.sleep(0.01)
+
+    watcher = gevent.spawn(watch)
+    try:
+        work()
+    finally:
+        done = True
+        watcher.join()
+    return seen
 
 
 def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
