@@ -68,11 +68,12 @@ class _MalformedMessage(Exception):
 class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
-    __slots__ = ("sock", "channel", "iprot", "output", "oprot")
+    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
         self.sock = sock
+        self.opened_at = time.monotonic()
         self.channel: Channel = open_channel(settings.transport, sock,
                                              WireLimits.from_settings(settings), settings.protocol)
         # No per-connection input: MessageLoop asks the channel for each message's protocol.
@@ -118,6 +119,10 @@ class MessageLoop:
         """A :class:`Connection` over ``sock``, with this loop's wire settings."""
         return Connection(sock, self._settings, self._make_protocol)
 
+    def _too_old(self, connection: Connection) -> bool:
+        max_age_ms = self._settings.max_connection_age_ms
+        return bool(max_age_ms) and (time.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
+
     def flush(self) -> None:
         """Log the pending summary of declared exceptions answered (at shutdown)."""
         self._declared.flush()
@@ -125,8 +130,10 @@ class MessageLoop:
     def serve(self, connection: Connection, peer: Any) -> None:
         """Serve calls until the peer closes, idles out, errs or the server stops; never raises."""
         try:
-            # One pass per message; ends when the peer closes, idles out or we stop.
-            while not self._stopping() and connection.channel.next_message():
+            # One pass per message; ends when the peer closes, idles out, the connection
+            # reaches server.max_connection_age_ms (so load rebalances) or we stop.
+            while (not self._stopping() and not self._too_old(connection)
+                   and connection.channel.next_message()):
                 self._serve_one(connection)
         except LimitExceeded as exc:
             self._stats.frames_rejected += 1

@@ -2,6 +2,9 @@
 
 The drain, in order, each phase logged at INFO with its counts:
 
+0. with ``server.lame_duck_ms`` > 0, first a lame-duck period: ``health()``
+   answers DRAINING while the server still accepts and serves, so load
+   balancers and clients move away;
 1. the listener closes (new connections are refused) and idle connections
    close at once;
 2. each call in flight finishes and is answered, then its connection closes;
@@ -79,8 +82,13 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         if on_ready is not None:
             on_ready(service.address)
         stop.wait()
-        log.info("drain: %s received; draining for up to %d ms",
-                 signals.received if signals and signals.received else "stop request",
+        received = signals.received if signals and signals.received else "stop request"
+        if settings.server.lame_duck_ms:
+            log.info("drain: %s received; lame duck for %d ms: reporting DRAINING, still serving",
+                     received, settings.server.lame_duck_ms)
+            service.server.enter_lame_duck()
+            gevent.sleep(settings.server.lame_duck_ms / 1000.0)
+        log.info("drain: %s received; draining for up to %d ms", received,
                  settings.server.drain_timeout_ms)
     return 0
 

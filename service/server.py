@@ -83,6 +83,7 @@ class ThriftServer:
         self._listener = listener
         self._tls: Optional[ssl.SSLContext] = server_context(settings)
         self._stopping = False
+        self._lame_duck = False
         self._stopped = gevent.event.Event()
         self._drain_report = DrainReport()
 
@@ -91,10 +92,15 @@ class ThriftServer:
         """A snapshot of the counters."""
         return dataclasses.replace(self._stats)
 
+    def enter_lame_duck(self) -> None:
+        """Report DRAINING from now on while still accepting and serving (``server.lame_duck_ms``),
+        so that load balancers and clients move away before :meth:`stop`."""
+        self._lame_duck = True
+
     @property
     def draining(self) -> bool:
-        """True once :meth:`stop` has begun: no new connections, calls in flight finishing."""
-        return self._stopping
+        """True in the lame-duck period and once :meth:`stop` has begun."""
+        return self._lame_duck or self._stopping
 
     @property
     def address(self) -> tuple[str, int]:

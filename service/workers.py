@@ -20,7 +20,7 @@ single-process servers side by side:
   unreadable TLS file) stops everything at once with exit status 2.
 * SIGTERM or SIGINT: the master closes its copy of the listening socket,
   forwards SIGTERM to every worker, and waits while each drains
-  (``server.drain_timeout_ms``, ``fanout.abandon_grace_ms`` and
+  (``server.lame_duck_ms``, ``server.drain_timeout_ms``, ``fanout.abandon_grace_ms`` and
   ``tracing.flush_timeout_ms``, plus a margin); workers still running then are
   killed (SIGKILL). The master exits 0.
 
@@ -265,7 +265,7 @@ class _Master:
 
     def _drain_budget_s(self) -> float:
         s = self._settings
-        return (s.server.drain_timeout_ms + s.fanout.abandon_grace_ms
+        return (s.server.lame_duck_ms + s.server.drain_timeout_ms + s.fanout.abandon_grace_ms
                 + s.tracing.flush_timeout_ms) / 1000.0 + _STOP_MARGIN_S
 
     def _signal_workers(self, signum: int) -> None:

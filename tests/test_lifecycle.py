@@ -29,6 +29,7 @@ from tracing.settings import TracingSettings
 from service.idl import appstats
 from service.lifecycle import run_server
 from tests.support.samples import backend_overrides
+from tests.support.sockets import wait_for
 from tracing.setup import configure_tracing
 
 CLIENTS = 30
@@ -227,3 +228,19 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
         assert time.monotonic() - started < 3.0
     finally:
         holder.close()
+
+
+def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: SampleHttpServices) -> None:
+    server = serve(http_services, **{"server.lame_duck_ms": 1500})
+    with AppStatsClient("127.0.0.1", server.port) as client:
+        assert client.health().state == appstats.ServingState.SERVING
+    signalled = server.signal(signal.SIGTERM)
+    with AppStatsClient("127.0.0.1", server.port) as late:   # a new connection is still accepted
+        assert wait_for(lambda: late.health().state == appstats.ServingState.DRAINING, 5,
+                        "DRAINING during the lame-duck period")
+        assert late.ping() == "pong"
+    assert time.monotonic() - signalled < 1.5
+    assert refused_within(server.port)
+    assert time.monotonic() - signalled >= 1.5
+    assert server.wait(timeout_s=20) == 0
+    assert "lame duck for 1500 ms" in server.log()

@@ -21,6 +21,7 @@ from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.framed import TCyFramedTransport
 from thriftpy2.transport.memory import TMemoryBuffer
 
+from service.client import AppStatsClient
 from service.config import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
@@ -399,3 +400,17 @@ def test_address_before_start_raises():
     server = ThriftServer(TProcessor(appstats.AppStats, RecordingHandler()), ServerSettings(port=0))
     with pytest.raises(RuntimeError):
         server.address
+
+
+def test_connections_older_than_max_connection_age_are_closed_between_calls(start_server):
+    server = start_server(max_connection_age_ms=200)
+    client = AppStatsClient(*server.address, pool_size=1)
+    try:
+        assert client.ping() == "pong"
+        gevent.sleep(0.3)
+        assert client.ping() == "pong"           # served, then the aged connection is closed
+        wait_for(lambda: server.stats.connections_open == 0, what="the aged connection closed")
+        assert client.ping() == "pong"           # on a new connection (the client retries)
+        assert server.stats.connections_total == 2
+    finally:
+        client.close()
