@@ -18,7 +18,7 @@ from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
 from service.engine.fanout import FanOut
 from service.handler import AppStatsHandler
-from service.health import HealthChecker
+from service.health import HealthChecker, ProbeServer
 from service.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.server import DrainReport, ThriftServer
@@ -58,6 +58,7 @@ class FanOutService:
         self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
                                    listener=listener)
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
+        self.probes: Optional[ProbeServer] = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -65,6 +66,9 @@ class FanOutService:
 
     def start(self) -> "FanOutService":
         self.server.start()
+        if self.settings.server.probe_port >= 0:
+            self.probes = ProbeServer(self.settings.server.host, self.settings.server.probe_port,
+                                      self.health, lambda: self.server.draining).start()
         self.hub_monitor.start()
         host, port = self.address
         log.info("serving AppStats on %s:%d (%s transport, %s protocol)", host, port,
@@ -83,6 +87,8 @@ class FanOutService:
     def close(self) -> None:
         """Close the MongoDB client and the HTTP sessions, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
+        if self.probes is not None:
+            self.probes.stop()
         self.fanout.failures.flush()
         self.health.close()
         self.clients.close()

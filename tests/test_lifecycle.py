@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import gevent
 import gevent.event
 import pytest
+import requests
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TTransportException
@@ -244,3 +245,34 @@ def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: 
     assert time.monotonic() - signalled >= 1.5
     assert server.wait(timeout_s=20) == 0
     assert "lame duck for 1500 ms" in server.log()
+
+
+def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
+        serve, http_services: SampleHttpServices) -> None:
+    server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": 1500})
+    found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
+                     "the probe address in the log")
+    base = found.group(1)
+    live = requests.get(f"{base}/healthz", timeout=5)
+    ready = requests.get(f"{base}/readyz", timeout=5)
+    assert live.status_code == 200 and live.json() == {"status": "ok"}
+    assert ready.status_code == 200 and ready.json()["status"] == "ready"
+    assert set(ready.json()["backends"]) == {"mongo", "alerts", "metrics"}
+    assert requests.get(f"{base}/nope", timeout=5).status_code == 404
+
+    server.signal(signal.SIGTERM)
+    draining = wait_for(lambda: requests.get(f"{base}/readyz", timeout=5).status_code == 503, 5,
+                        "/readyz 503 in the lame-duck period")
+    assert draining
+    assert requests.get(f"{base}/readyz", timeout=5).json()["status"] == "draining"
+    assert requests.get(f"{base}/healthz", timeout=5).status_code == 200  # still alive
+    assert server.wait(timeout_s=20) == 0
+
+
+def test_readyz_says_not_ready_while_a_backend_is_down(serve, http_services: SampleHttpServices) -> None:
+    server = serve(http_services, **{"server.probe_port": 0, "mongo.uri": "mongodb://127.0.0.1:1"})
+    found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
+                     "the probe address in the log")
+    ready = requests.get(f"{found.group(1)}/readyz", timeout=5)
+    assert ready.status_code == 503 and ready.json()["status"] == "backends down"
+    assert ready.json()["backends"]["mongo"]["up"] is False
