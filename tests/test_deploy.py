@@ -1,0 +1,66 @@
+"""The Kubernetes manifests in deploy/kubernetes: valid (offline schemas) and consistent with fanout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from service.config import load_settings
+
+MANIFESTS = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+
+
+def documents() -> list[tuple[str, dict[str, Any]]]:
+    found = [(path.name, doc) for path in sorted(MANIFESTS.glob("*.yaml"))
+             for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert {doc["kind"] for _, doc in found} == {"Deployment", "Service", "PodDisruptionBudget"}
+    return found
+
+
+@pytest.mark.parametrize("name, doc", documents())
+def test_each_manifest_is_valid_against_the_kubernetes_schema(name: str, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_validator_refuses_a_broken_manifest() -> None:
+    _, deployment = next((n, d) for n, d in documents() if d["kind"] == "Deployment")
+    broken = {**deployment, "spec": {**deployment["spec"], "replicas": "three"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+def container() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The Deployment's pod template: its metadata, its spec, and fanout's container."""
+    _, deployment = next((n, d) for n, d in documents() if d["kind"] == "Deployment")
+    template = deployment["spec"]["template"]
+    return template["metadata"], template["spec"], template["spec"]["containers"][0]
+
+
+def test_the_deployment_configures_fanout_as_its_probes_and_ports_expect() -> None:
+    metadata, pod, fanout = container()
+    env = {e["name"]: e["value"] for e in fanout["env"] if "value" in e}
+    # Kubernetes adds service links for the "fanout" Service; fanout must start anyway.
+    settings = load_settings(env={**env, "FANOUT_SERVICE_HOST": "10.0.0.7",
+                                  "FANOUT_PORT_9090_TCP_ADDR": "10.0.0.7"})
+    ports = {p["name"]: p["containerPort"] for p in fanout["ports"]}
+    assert ports == {"thrift": settings.server.port, "metrics": settings.metrics.port,
+                     "probes": settings.server.probe_port}
+    assert fanout["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    assert fanout["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert metadata["annotations"]["prometheus.io/port"] == str(settings.metrics.port)
+    pre_stop_s = int(fanout["lifecycle"]["preStop"]["exec"]["command"][-1])
+    needed_s = pre_stop_s + (settings.server.lame_duck_ms + settings.server.drain_timeout_ms
+                             + settings.fanout.abandon_grace_ms
+                             + settings.tracing.flush_timeout_ms) / 1000.0
+    assert pod["terminationGracePeriodSeconds"] >= needed_s
+
+
+def test_the_service_is_headless_and_selects_the_pods() -> None:
+    _, service = next((n, d) for n, d in documents() if d["kind"] == "Service")
+    _, deployment = next((n, d) for n, d in documents() if d["kind"] == "Deployment")
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
