@@ -1,0 +1,235 @@
+"""The web tier's client for the AppStats service: pooled connections, deadlines, trace context.
+
+Each call waits at most its deadline (``deadline_ms``, default ``timeout_ms``)
+for a pooled connection, sends the remaining budget as ``meta.deadline_ms``,
+and reads the reply with a socket timeout of that budget plus a small margin,
+so no call waits forever. The caller's OpenTelemetry context travels in
+``meta.headers`` (W3C ``traceparent``, ``tracestate``, ``baggage``), injected
+from inside a CLIENT span, so the server's spans join the caller's trace.
+
+What a call raises::
+
+    appstats.InvalidRequest   the request is malformed; do not retry it unchanged
+    appstats.Overloaded       the server is shedding load; retry after retry_after_ms
+    appstats.PanelFailed      a required panel failed
+    TApplicationException     the server could not run the call (INTERNAL_ERROR, ...)
+    TTransportException       the connection failed, or the call timed out (type TIMED_OUT);
+                              every AppStats method only reads, so a retry is safe
+
+Several instances: pass ``addresses=[(host, port), ...]``, or ``resolve=True``
+to use every address ``host`` resolves to (re-resolved every
+``resolve_interval_ms``); calls go to the less busy of two instances picked at
+random, and an instance that refuses or resets new connections is left out for
+a while (:mod:`service.client.instances`).
+
+A connection whose call ended in a transport error or timeout is closed, never
+reused: a late reply must not be read as the answer to the next call. A pooled
+connection idle for ``max_idle_ms`` (50 s, under the server's 60 s
+``server.idle_timeout_ms``) is closed instead of reused. A call that fails at
+the transport level (not a timeout) is tried once more, within its deadline,
+on another instance if there is one, else on a new connection: every AppStats
+method only reads.
+
+Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
+server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
+leaves time for it and the client's :class:`~lookups.resilience.budget.RetryBudget`
+allows: retries stay within ``overload_retry_ratio`` (10%) of calls, plus a
+small reserve, so overload never turns into a retry storm. Otherwise, or after
+``MAX_OVERLOAD_ATTEMPTS``, the ``Overloaded`` is raised.
+
+TLS: pass ``tls_ca_file`` (PEM CAs to trust) and, when the certificate does not
+name the host you connect to, ``tls_server_hostname``. The server is always
+verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
+"""
+
+from __future__ import annotations
+
+import random
+from types import TracebackType
+from typing import Any, Callable, Optional, Sequence
+
+import gevent
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, TracerProvider
+from thriftpy2.transport import TTransportException
+
+from lookups.resilience.budget import RetryBudget
+from service.client.connections import PROTOCOLS, TRANSPORTS, Connection, ConnectionPool, Connector
+from service.client.instances import Instance, Instances
+from service.engine.deadline import Deadline
+from service.idl import appstats
+from service.wire.tls import client_context
+from tracing.propagation import inject_headers
+
+__all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]
+
+#: Extra time the client waits beyond the deadline it sends: the server answers
+#: at its deadline, and the reply still has to arrive.
+REPLY_MARGIN_MS = 250
+
+#: Attempts of one call answered Overloaded, the first included.
+MAX_OVERLOAD_ATTEMPTS = 3
+# The least a retried call should still have before its deadline, besides the back-off.
+_MIN_RETRY_BUDGET_MS = 50
+
+
+class AppStatsClient:
+    """A pooled, deadline-bound, traced client for the AppStats service.
+
+    ``transport`` ("framed" or "buffered") and ``protocol`` ("binary" or
+    "compact") must match the server's; raises ValueError for other values or
+    for a non-positive pool size or timeout. ``tracer_provider`` defaults to
+    the global one. ``tls_ca_file`` turns TLS on (see the module doc); raises
+    :class:`service.wire.tls.TlsConfigError` when it cannot be read.
+    """
+
+    def __init__(self, host: str, port: int, *, transport: str = "framed", protocol: str = "binary",
+                 pool_size: int = 8, connect_timeout_ms: int = 1000, timeout_ms: int = 3000,
+                 tracer_provider: Optional[TracerProvider] = None,
+                 tls_ca_file: Optional[str] = None,
+                 tls_server_hostname: Optional[str] = None,
+                 overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000,
+                 addresses: Optional[Sequence[tuple[str, int]]] = None, resolve: bool = False,
+                 resolve_interval_ms: int = 30_000, eject_ms: int = 5_000) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        if min(pool_size, connect_timeout_ms, timeout_ms) < 1:
+            raise ValueError("pool_size, connect_timeout_ms and timeout_ms must be at least 1")
+        self._timeout_ms = timeout_ms
+        tls = client_context(tls_ca_file) if tls_ca_file else None
+
+        def make_pool(address_host: str, address_port: int) -> ConnectionPool:
+            connector = Connector(address_host, address_port, transport=transport,
+                                  protocol=protocol, connect_timeout_ms=connect_timeout_ms,
+                                  timeout_ms=timeout_ms, tls=tls,
+                                  tls_server_hostname=tls_server_hostname or host)
+            return ConnectionPool(connector, pool_size, max_idle_ms / 1000.0)
+
+        options = {"resolve_interval_s": resolve_interval_ms / 1000.0, "eject_s": eject_ms / 1000.0}
+        self.instances = (Instances.from_name(host, port, make_pool, **options) if resolve
+                          else Instances(addresses or [(host, port)], make_pool, **options))
+        # Ratio 0 turns retries off altogether, reserve included.
+        self.retry_budget = RetryBudget(overload_retry_ratio, reserve=3.0 if overload_retry_ratio else 0.0)
+        self._tracer = trace.get_tracer("service.client", tracer_provider=tracer_provider)
+
+    def ping(self) -> str:
+        """The server's liveness answer. Raises as described in the module doc."""
+        return self._call("ping", self._timeout_ms, lambda remaining_ms: ())
+
+    def health(self) -> Any:
+        """The server's ``appstats.Health``: serving state and each backend's status.
+
+        Raises as described in the module doc.
+        """
+        return self._call("health", self._timeout_ms, lambda remaining_ms: ())
+
+    def pool_stats(self) -> Any:
+        """The server's ``appstats.PoolReport``: each pool's use and recommended size."""
+        return self._call("pool_stats", self._timeout_ms, lambda remaining_ms: ())
+
+    def panels(self) -> list[str]:
+        """Names of the panels the server can gather. Raises as described in the module doc."""
+        return self._call("panels", self._timeout_ms, lambda remaining_ms: ())
+
+    def get_app_stats(self, app: str, start_ms: int, end_ms: int,
+                      panels: Optional[Sequence[str]] = None, *, deadline_ms: Optional[int] = None,
+                      request_id: Optional[str] = None) -> Any:
+        """``app``'s panels over ``[start_ms, end_ms)`` as an ``appstats.StatsResponse``.
+
+        ``panels`` defaults to every panel the server offers; ``deadline_ms``
+        (default ``timeout_ms``) bounds the whole call, here and on the server.
+        Raises as described in the module doc.
+        """
+        def build_args(remaining_ms: int) -> tuple[Any, ...]:
+            meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=remaining_ms,
+                                        request_id=request_id)
+            request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
+                                            panels=None if panels is None else list(panels),
+                                            meta=meta)
+            return (request,)
+
+        deadline = Deadline.after_ms(self._timeout_ms if deadline_ms is None else deadline_ms)
+        self.retry_budget.record_call()
+        for attempt in range(1, MAX_OVERLOAD_ATTEMPTS + 1):
+            try:
+                return self._call("get_app_stats", int(deadline.remaining_ms()), build_args)
+            except appstats.Overloaded as overloaded:
+                if attempt == MAX_OVERLOAD_ATTEMPTS or not self._back_off(overloaded, deadline):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _back_off(self, overloaded: Any, deadline: Deadline) -> bool:
+        """Sleep the jittered ``retry_after_ms`` if time and the retry budget allow; True if slept."""
+        delay_ms = (overloaded.retry_after_ms or 0) * random.uniform(0.5, 1.5)
+        if deadline.remaining_ms() < delay_ms + _MIN_RETRY_BUDGET_MS:
+            return False
+        if not self.retry_budget.try_retry():
+            return False
+        gevent.sleep(delay_ms / 1000.0)
+        return True
+
+    def close(self) -> None:
+        """Close the pooled connections; later calls raise TTransportException(NOT_OPEN)."""
+        self.instances.close()
+
+    def __enter__(self) -> "AppStatsClient":
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
+        self.close()
+
+    def _call(self, method: str, deadline_ms: int,
+              build_args: Callable[[int], tuple[Any, ...]]) -> Any:
+        deadline = Deadline.after_ms(deadline_ms)
+        instance = self.instances.pick()
+        try:
+            return self._call_on(instance, method, deadline, deadline_ms, build_args, fresh=False)
+        except TTransportException as failure:
+            # Read-only methods: one more try, if time is left: on another instance, or on a
+            # new connection. A pooled connection the server just closed fails like this too.
+            if failure.type == TTransportException.TIMED_OUT or deadline.remaining_ms() < 1:
+                raise
+            other = self.instances.pick(exclude=[instance])
+            return self._call_on(other, method, deadline, deadline_ms, build_args, fresh=True)
+
+    def _call_on(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
+                 build_args: Callable[[int], tuple[Any, ...]], fresh: bool) -> Any:
+        attributes = {"rpc.system": "apache_thrift", "rpc.service": "AppStats", "rpc.method": method,
+                      "server.address": instance.host, "server.port": instance.port}
+        instance.inflight += 1
+        instance.calls += 1
+        reused = False
+        try:
+            with self._tracer.start_as_current_span(f"AppStats/{method}", kind=SpanKind.CLIENT,
+                                                    attributes=attributes):
+                with instance.pool.connection(deadline, fresh) as connection:
+                    reused = connection.reused
+                    value = self._exchange(connection, method, deadline, deadline_ms, build_args)
+            instance.succeeded()
+            return value
+        except TTransportException as failure:
+            if not reused and failure.type != TTransportException.TIMED_OUT:
+                self.instances.eject(instance)   # a new connection failed: the instance is away
+            raise
+        finally:
+            instance.inflight -= 1
+
+    @staticmethod
+    def _exchange(connection: Connection, method: str, deadline: Deadline, deadline_ms: int,
+                  build_args: Callable[[int], tuple[Any, ...]]) -> Any:
+        remaining_ms = int(deadline.remaining_ms())
+        if remaining_ms <= 0:
+            raise TTransportException(TTransportException.TIMED_OUT,
+                                      f"{method}: deadline passed before sending")
+        connection.set_timeout_ms(remaining_ms + REPLY_MARGIN_MS)
+        args = build_args(remaining_ms)
+        try:
+            return getattr(connection.client, method)(*args)
+        except TimeoutError as exc:
+            raise TTransportException(TTransportException.TIMED_OUT,
+                                      f"{method}: no reply within {deadline_ms} ms") from exc
+        except OSError as exc:
+            raise TTransportException(TTransportException.UNKNOWN, f"{method}: {exc}") from exc
