@@ -77,6 +77,7 @@ class ServerSettings:
     lame_duck_ms: int = 0              # on SIGTERM: report DRAINING, still serving, this long first
     max_connection_age_ms: int = 0     # > 0: close a connection after a call once it is this old
     probe_port: int = -1               # >= 0: HTTP /healthz and /readyz here (0: any free port)
+    worker_heartbeat_timeout_ms: int = 30_000  # a worker silent this long is killed; 0 = never
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         {"transport": ("framed", "buffered"), "protocol": ("binary", "compact")})
@@ -84,6 +85,7 @@ class ServerSettings:
         "port": (0, 65535), "workers": (1, 64), "hub_block_threshold_ms": (0, None),
         "drain_timeout_ms": (0, None), "max_frame_bytes": (64, 64 * 1024 * 1024),
         "lame_duck_ms": (0, None), "max_connection_age_ms": (0, None), "probe_port": (-1, 65535),
+        "worker_heartbeat_timeout_ms": (0, None),
         "max_string_bytes": (16, None)})
 
     def __post_init__(self) -> None:

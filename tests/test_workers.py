@@ -154,3 +154,51 @@ def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     other = master._slots[1]
     other.pid = 200
     assert master._on_exit(200, 2 << 8) == 2                          # a configuration error: stop
+
+
+def set_server_keys(config: Path, **keys: Any) -> None:
+    """Rewrite ``config``'s [server] table with ``keys`` set (the file the server reloads)."""
+    kept = [line for line in config.read_text().splitlines()
+            if line.split(" = ")[0] not in keys]   # a key set again replaces the old line
+    lines = [f"{key} = {value}" for key, value in keys.items()]
+    at = kept.index("[server]") + 1
+    config.write_text("\n".join(kept[:at] + lines + kept[at:]) + "\n")
+
+
+def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> None:
+    set_server_keys(tmp_path / "fanout.toml", worker_heartbeat_timeout_ms=1500)
+    server = serve("--workers", "2")
+    first = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    stuck = first[0]
+    os.kill(stuck, signal.SIGSTOP)   # its event loop stops: no more heartbeats
+    replaced = wait_for(lambda: stuck not in server.workers() and len(server.workers()) == 2
+                        and server.workers(), 15, "the stuck worker replaced")
+    assert first[1] in replaced
+    gather_all_panels(server.address)
+    assert server.stop() == 0
+
+
+def test_sighup_reloads_the_configuration_and_replaces_every_worker(serve: Any, tmp_path: Path) -> None:
+    config = tmp_path / "fanout.toml"
+    set_server_keys(config, workers=2)
+    server = serve()
+    old = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    set_server_keys(config, workers=3)
+    server.process.send_signal(signal.SIGHUP)
+    new = wait_for(lambda: (w := server.workers()) and len(w) == 3 and not set(w) & set(old) and w,
+                   20, "three new workers, the old ones gone")
+    assert len(new) == 3
+    gather_all_panels(server.address)
+    assert server.stop() == 0
+
+
+def test_sigttin_and_sigttou_add_and_retire_a_worker(serve: Any) -> None:
+    server = serve("--workers", "2")
+    before = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    server.process.send_signal(signal.SIGTTIN)
+    grown = wait_for(lambda: len(server.workers()) == 3 and server.workers(), 15, "three workers")
+    assert set(before) <= set(grown)   # the running workers stay
+    server.process.send_signal(signal.SIGTTOU)
+    wait_for(lambda: len(server.workers()) == 2, 15, "two workers again")
+    gather_all_panels(server.address)
+    assert server.stop() == 0

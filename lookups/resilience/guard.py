@@ -45,6 +45,8 @@ T = TypeVar("T")
 RETRY_BACKOFF_MS = 20
 RETRY_BACKOFF_MAX_MS = 200
 MIN_ATTEMPT_MS = 20
+#: A call timing out within a smaller budget than this does not count against its backend.
+JUDGED_BUDGET_S = 0.5
 _LATENCIES_KEPT = 200
 _HEDGE_MIN_SAMPLES = 20
 _MIN_RETRIES_PER_S = 10.0
@@ -106,7 +108,10 @@ class BackendGuard:
             failed = False
             return value
         except BaseException as error:
-            failed = _is_backend_fault(error)
+            # A timeout within a short budget says more about the caller's deadline than
+            # about the backend: it is not held against the backend's circuit.
+            failed = _is_backend_fault(error) and not (
+                isinstance(error, BackendTimeout) and budget_s < JUDGED_BUDGET_S)
             raise
         finally:
             self.breaker.record(failed, probe)

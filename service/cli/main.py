@@ -105,7 +105,8 @@ def _serve(args: argparse.Namespace) -> int:
         if settings.server.workers > 1:
             from service.workers import run_workers
 
-            return run_workers(settings, on_ready=_print_serving_workers)
+            return run_workers(settings, on_ready=_print_serving_workers,
+                               reload=lambda: _settings(args))
         return run_server(settings, on_ready=_print_serving)
     except OSError as exc:
         print(f"fanout: cannot listen on {settings.server.host}:{settings.server.port}: "

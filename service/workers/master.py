@@ -1,31 +1,22 @@
-"""Pre-forked workers: one listening socket, ``server.workers`` server processes, a master that keeps them.
+"""The pre-fork master: one listening socket, ``server.workers`` server processes.
 
-Python runs one core per process, so ``server.workers = N`` (N > 1) runs N
-single-process servers side by side:
+* The master binds once and forks; each worker is a whole server
+  (:func:`service.lifecycle.run_server` on the inherited socket). Nothing that
+  does not survive ``fork`` exists before it: no tracing, clients or threads.
+* A worker that exits is restarted after 0.1 s, doubling per quick death of its
+  slot up to 10 s; more than ``max(10, 3 * N)`` restarts within 60 s stop
+  everything (exit 1); a worker exiting 2 (a configuration error) stops
+  everything with status 2.
+* A worker whose event loop stops beating (``heartbeat.py``) for
+  ``server.worker_heartbeat_timeout_ms`` is killed, then restarted.
+* SIGHUP reloads the configuration (as at start) and replaces every worker,
+  the old ones draining; SIGTTIN / SIGTTOU add / retire one worker.
+  ``server.host`` and ``server.port`` cannot change on a reload.
+* SIGTERM or SIGINT: forwarded to every worker, which drains; those still
+  running after the lame-duck, drain, grace and flush budgets plus a margin are
+  killed. The master exits 0.
 
-* The master binds and listens once (``server.host``/``server.port``; port 0
-  picks one free port that every worker then shares), then forks the workers.
-  Each worker is a whole server: :func:`service.lifecycle.run_server` on the
-  inherited socket, with its own hub, backend clients and tracing. The kernel
-  hands each new connection to whichever worker accepts it first, so an idle
-  worker takes more of them than a busy one.
-* Nothing that does not survive ``fork`` exists before it: the master starts no
-  tracing, no backend clients and no threads. Tracing (whose batch processor
-  runs a worker thread) is configured by each worker, after the fork.
-* A worker that exits while the master is not stopping is restarted: after
-  0.1 s, doubling for each quick death in a row of the same slot, up to 10 s. If
-  restarts come too fast (more than ``max(10, 3 * N)`` within 60 s) the master
-  gives up: it stops every worker and exits 1, so whatever supervises the master
-  sees the failure. A worker that exits 2 (a configuration error, such as an
-  unreadable TLS file) stops everything at once with exit status 2.
-* SIGTERM or SIGINT: the master closes its copy of the listening socket,
-  forwards SIGTERM to every worker, and waits while each drains
-  (``server.lame_duck_ms``, ``server.drain_timeout_ms``, ``fanout.abandon_grace_ms`` and
-  ``tracing.flush_timeout_ms``, plus a margin); workers still running then are
-  killed (SIGKILL). The master exits 0.
-
-Every master decision (start, exit, restart, give-up, kill) is logged with the
-worker's pid.
+Every decision (start, exit, restart, kill, reload) is logged with the pid.
 """
 
 from __future__ import annotations
@@ -45,13 +36,14 @@ import gevent.os
 from gevent.queue import Empty, Queue
 
 from service.config import ConfigError, Settings
+from service.workers.heartbeat import Heartbeats
+from service.workers.process import bind_listener, end_with_master, signal_name
 
-__all__ = ["run_workers", "bind_listener", "LISTEN_BACKLOG"]
+__all__ = ["run_workers"]
 
 log = logging.getLogger(__name__)
 
 #: Connections the kernel queues for the workers while none of them is accepting.
-LISTEN_BACKLOG = 4096
 _FIRST_RESTART_DELAY_S = 0.1
 _MAX_RESTART_DELAY_S = 10.0
 _STABLE_AFTER_S = 10.0           # a worker that lived this long resets its slot's backoff
@@ -60,28 +52,11 @@ _STOP_MARGIN_S = 3.0             # beyond the drain, grace and flush budgets, be
 _KILL_WAIT_S = 5.0
 _CONFIG_ERROR_STATUS = 2         # what ``fanout serve`` exits with for a configuration error
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_PR_SET_PDEATHSIG = 1
+_RESIZE_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
+_HEARTBEAT_CHECK_S = 1.0
 
 
-def bind_listener(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
-    """A TCP socket bound to ``(host, port)`` and listening; raises OSError if it cannot be.
-
-    ``host`` is used as given (an IPv6 literal if it contains ``:``), so no
-    resolver thread starts in the master.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def run_workers(settings: Settings, *,
+def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] = None,
                 on_ready: Optional[Callable[[tuple[str, int], int], None]] = None) -> int:
     """Serve ``settings`` with ``settings.server.workers`` pre-forked worker processes.
 
@@ -93,7 +68,7 @@ def run_workers(settings: Settings, *,
     Call it from the main greenlet of a process that has started no threads,
     tracing or backend clients: each worker starts its own after the fork.
     """
-    return _Master(settings).run(on_ready)
+    return _Master(settings, reload).run(on_ready)
 
 
 @dataclass
@@ -110,8 +85,11 @@ class _Slot:
 class _Master:
     """The supervising process. Every decision runs in its main greenlet, fork included."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, reload: Optional[Callable[[], Settings]] = None) -> None:
         self._settings = settings
+        self._reload = reload
+        self._heartbeats = Heartbeats()
+        self._retiring: set[int] = set()     # old workers draining after a reload or a TTOU
         self._count = settings.server.workers
         self._slots = [_Slot(index) for index in range(self._count)]
         self._events: Queue = Queue()        # ("exit", pid, wait status) | ("signal", signum)
@@ -121,7 +99,6 @@ class _Master:
         self._listener: Optional[socket.socket] = None
         self._signal_handlers: list = []
 
-    # --- life of the master ---------------------------------------------------------------
 
     def run(self, on_ready: Optional[Callable[[tuple[str, int], int], None]]) -> int:
         server = self._settings.server
@@ -133,7 +110,7 @@ class _Master:
         # their pages untouched, so copy-on-write keeps them shared.
         gc.freeze()
         self._signal_handlers = [gevent.signal_handler(signum, self._events.put, ("signal", signum))
-                                 for signum in _STOP_SIGNALS]
+                                 for signum in (*_STOP_SIGNALS, *_RESIZE_SIGNALS)]
         try:
             for slot in self._slots:
                 self._fork(slot)
@@ -149,15 +126,19 @@ class _Master:
         finally:
             self._cancel_signal_handlers()
             self._listener.close()
+            self._heartbeats.remove()
 
     def _supervise(self) -> int:
         while True:
             try:
-                event = self._events.get(timeout=self._next_restart_in())
+                event = self._events.get(timeout=self._next_wake_in())
             except Empty:
                 event = None
             if event is None:
                 self._restart_due()
+                self._kill_stuck()
+            elif event[0] == "signal" and event[1] in _RESIZE_SIGNALS:
+                self._resize(event[1])
             elif event[0] == "signal":
                 log.info("master: %s received; stopping %d workers",
                          signal.Signals(event[1]).name, len(self._live()))
@@ -167,7 +148,6 @@ class _Master:
                 if verdict is not None:
                     return self._stop_all(exit_code=verdict)
 
-    # --- workers ----------------------------------------------------------------------------
 
     def _fork(self, slot: _Slot) -> None:
         try:
@@ -180,6 +160,7 @@ class _Master:
             return
         if pid == 0:
             self._become_worker(slot)  # never returns
+        self._heartbeats.reset(slot.index)
         slot.pid, slot.started_at, slot.restart_at = pid, time.monotonic(), None
         log.info("master: worker %d started (slot %d)", pid, slot.index)
 
@@ -193,11 +174,12 @@ class _Master:
         try:
             # The master's handlers were copied by fork; the worker installs its own.
             self._cancel_signal_handlers()
-            _end_with_master(self._master_pid)
+            end_with_master(self._master_pid)
             from service.lifecycle import run_server
 
             assert self._listener is not None
             log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot.index, self._count)
+            self._heartbeats.start_beating(slot.index)
             code = run_server(self._settings, listener=self._listener, worker_index=slot.index)
         except Exception as exc:
             log.exception("worker %d failed", os.getpid())
@@ -208,12 +190,17 @@ class _Master:
 
     def _on_exit(self, pid: int, status: int) -> Optional[int]:
         """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
+        if pid in self._retiring:
+            self._retiring.discard(pid)
+            log.info("master: retired worker %d stopped (exit code %d)", pid,
+                     os.waitstatus_to_exitcode(status))
+            return None
         slot = next((s for s in self._slots if s.pid == pid), None)
         if slot is None:
             return None
         slot.pid = 0
         code = os.waitstatus_to_exitcode(status)
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == _CONFIG_ERROR_STATUS:
             log.error("master: worker %d %s (a configuration error); stopping", pid, how)
             return _CONFIG_ERROR_STATUS
@@ -232,9 +219,25 @@ class _Master:
                     delay)
         return None
 
-    def _next_restart_in(self) -> Optional[float]:
+    def _next_wake_in(self) -> float:
+        """Until the next restart is due, and at least every heartbeat check."""
         due = [s.restart_at for s in self._slots if s.restart_at is not None]
-        return None if not due else max(0.0, min(due) - time.monotonic())
+        until_restart = min(due) - time.monotonic() if due else _HEARTBEAT_CHECK_S
+        return max(0.0, min(until_restart, _HEARTBEAT_CHECK_S))
+
+    def _kill_stuck(self) -> None:
+        """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
+        timeout_ms = self._settings.server.worker_heartbeat_timeout_ms
+        for slot in self._slots:
+            age_s = self._heartbeats.age_s(slot.index)
+            if timeout_ms and slot.pid and age_s * 1000.0 > timeout_ms:
+                log.warning("master: worker %d (slot %d) missed its heartbeat for %.1f s; killing it",
+                            slot.pid, slot.index, age_s)
+                try:
+                    os.kill(slot.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._heartbeats.reset(slot.index)  # one kill per stale beat; its exit restarts it
 
     def _restart_due(self) -> None:
         now = time.monotonic()
@@ -243,9 +246,49 @@ class _Master:
                 self._fork(slot)
 
     def _live(self) -> list[int]:
-        return [slot.pid for slot in self._slots if slot.pid]
+        return [slot.pid for slot in self._slots if slot.pid] + sorted(self._retiring)
 
-    # --- stopping ---------------------------------------------------------------------------
+
+    def _resize(self, signum: int) -> None:
+        """SIGHUP: reload the settings and replace every worker (the old ones drain);
+        SIGTTIN / SIGTTOU: one worker more / one fewer (never fewer than one)."""
+        if signum == signal.SIGTTIN:
+            self._slots.append(_Slot(len(self._slots)))
+            self._fork(self._slots[-1])
+        elif signum == signal.SIGTTOU and len(self._slots) > 1:
+            self._retire([self._slots.pop().pid])
+        elif signum == signal.SIGHUP and (settings := self._reloaded()) is not None:
+            old, self._settings = self._slots, settings
+            self._slots = [_Slot(index) for index in range(settings.server.workers)]
+            for slot in self._slots:
+                self._fork(slot)
+            self._retire([slot.pid for slot in old])
+        self._count, self._storm_limit = len(self._slots), max(10, 3 * len(self._slots))
+        log.info("master: %s: %d workers", signal.Signals(signum).name, self._count)
+
+    def _reloaded(self) -> Optional[Settings]:
+        if self._reload is None:
+            log.warning("master: SIGHUP received, but there is no configuration to reload")
+            return None
+        try:
+            settings = self._reload()
+        except ConfigError as exc:
+            log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
+            return None
+        old = self._settings.server
+        if (settings.server.host, settings.server.port) != (old.host, old.port):
+            log.warning("master: SIGHUP: server.host and server.port cannot change on a reload; "
+                        "keeping %s:%d", old.host, old.port)
+        return settings
+
+    def _retire(self, pids: list[int]) -> None:
+        for pid in filter(None, pids):
+            self._retiring.add(pid)
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
 
     def _stop_all(self, exit_code: int) -> int:
         assert self._listener is not None
@@ -294,6 +337,7 @@ class _Master:
         return True
 
     def _book_stopped(self, pid: int, status: int) -> None:
+        self._retiring.discard(pid)
         for slot in self._slots:
             if slot.pid == pid:
                 slot.pid = 0
@@ -304,23 +348,3 @@ class _Master:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
-
-
-def _end_with_master(master_pid: int) -> None:
-    """Have the kernel send this worker SIGTERM if the master dies (Linux), so none is orphaned."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return  # not Linux: a killed master leaves its workers to be stopped by hand
-    if os.getppid() != master_pid:  # the master died before the request was in place
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
