@@ -21,7 +21,10 @@ __all__ = ["RetryBudget"]
 
 
 class RetryBudget:
-    """Allow retries up to ``ratio`` of calls, plus a small reserve."""
+    """Allow retries up to ``ratio`` of calls, plus a small reserve.
+
+    A ``ratio`` of 0 allows no retry at all: the reserve and ``min_per_s`` are then ignored.
+    """
 
     def __init__(self, ratio: float = 0.1, reserve: float = 3.0, max_tokens: float = 10.0,
                  min_per_s: float = 0.0) -> None:
@@ -31,8 +34,8 @@ class RetryBudget:
             raise ValueError("reserve: must be >= 0, and max_tokens at least reserve and 1")
         self.ratio = ratio
         self.max_tokens = max_tokens
-        self.min_per_s = min_per_s
-        self._tokens = reserve
+        self.min_per_s = min_per_s if ratio else 0.0
+        self._tokens = reserve if ratio else 0.0
         self._refilled_at = time.monotonic()
         self.calls = 0
         self.retries = 0

@@ -62,13 +62,17 @@ class RetryPolicy:
     hedge: bool = False
 
 
-def _is_backend_fault(error: BaseException) -> bool:
-    """Whether a failure counts against the backend for its circuit breaker: unreachable or
-    timed out, by the backend's doing. Not a bad answer, not the breaker's own refusal, not
-    a kill (the engine's reaper) nor a bug of ours."""
+def _is_backend_fault(error: BaseException, budget_s: float) -> bool:
+    """Whether a call's failure counts against the backend for its circuit breaker:
+    unreachable or timed out, by the backend's doing. Not a bad answer, not the breaker's
+    own refusal, not a kill (the engine's reaper) nor a bug of ours, and not a timeout
+    within a budget under :data:`JUDGED_BUDGET_S`: that says more about the caller's
+    deadline than about the backend."""
     if isinstance(error, CircuitOpen):
         return False
-    if isinstance(error, (BackendUnavailable, BackendTimeout)):
+    if isinstance(error, BackendTimeout):
+        return error.backend_fault and budget_s >= JUDGED_BUDGET_S
+    if isinstance(error, BackendUnavailable):
         return error.backend_fault
     return False
 
@@ -81,12 +85,11 @@ class BackendGuard:
                  policies: Optional[Mapping[str, RetryPolicy]] = None) -> None:
         self.name = name
         self.breaker = CircuitBreaker(name, breaker)
-        # A few retries a second on top of the ratio, as Finagle's default budget allows;
-        # a ratio of 0 turns retries off altogether.
-        enabled = retry_budget_ratio > 0
-        self.budget = RetryBudget(retry_budget_ratio, reserve=3.0 if enabled else 0.0,
-                                  min_per_s=_MIN_RETRIES_PER_S if enabled else 0.0)
+        # A few retries a second on top of the ratio, as Finagle's default budget allows.
+        self.budget = RetryBudget(retry_budget_ratio, min_per_s=_MIN_RETRIES_PER_S)
         self._policies = dict(policies or {})
+        # The p95 latency is only wanted for hedging: not kept when no lookup hedges.
+        self._hedging = any(p.hedge for p in self._policies.values())
         self._latencies: deque[float] = deque(maxlen=_LATENCIES_KEPT)
         self._p95_s: Optional[float] = None
         self._since_p95 = 0
@@ -108,10 +111,7 @@ class BackendGuard:
             failed = False
             return value
         except BaseException as error:
-            # A timeout within a short budget says more about the caller's deadline than
-            # about the backend: it is not held against the backend's circuit.
-            failed = _is_backend_fault(error) and not (
-                isinstance(error, BackendTimeout) and budget_s < JUDGED_BUDGET_S)
+            failed = _is_backend_fault(error, budget_s)
             raise
         finally:
             self.breaker.record(failed, probe)
@@ -148,7 +148,8 @@ class BackendGuard:
         self.attempts += 1
         began = time.monotonic()
         value = self._hedged(attempt, left_s) if hedge else attempt(left_s)
-        self._observe(time.monotonic() - began)
+        if self._hedging:
+            self._observe(time.monotonic() - began)
         return value
 
     def _hedged(self, attempt: Callable[[float], T], left_s: float) -> T:

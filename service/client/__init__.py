@@ -110,8 +110,7 @@ class AppStatsClient:
         options = {"resolve_interval_s": resolve_interval_ms / 1000.0, "eject_s": eject_ms / 1000.0}
         self.instances = (Instances.from_name(host, port, make_pool, **options) if resolve
                           else Instances(addresses or [(host, port)], make_pool, **options))
-        # Ratio 0 turns retries off altogether, reserve included.
-        self.retry_budget = RetryBudget(overload_retry_ratio, reserve=3.0 if overload_retry_ratio else 0.0)
+        self.retry_budget = RetryBudget(overload_retry_ratio)   # 0: no retries at all
         self._tracer = trace.get_tracer("service.client", tracer_provider=tracer_provider)
 
     def ping(self) -> str:
