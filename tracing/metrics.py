@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, Iterable, Mapping, Optional
 
 from opentelemetry import metrics
@@ -30,7 +31,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
-from tracing.pools import live_meters
+from tracing.pools import PoolReport, live_meters
 from tracing.settings import METRIC_EXPORTERS, MetricsSettings
 
 __all__ = ["Metrics", "configure_metrics", "SECONDS_BUCKETS"]
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 9464
+_REPORT_REUSE_S = 0.5   # one collection reads all pool gauges well within this
 
 
 class Metrics:
@@ -130,11 +132,22 @@ def _otlp_reader(settings: MetricsSettings) -> MetricReader:
                                          export_interval_millis=settings.export_interval_ms)
 
 
+_reports: tuple[float, list[PoolReport]] = (-1.0, [])
+
+
+def _pool_reports() -> list[PoolReport]:
+    """Every live pool's report, computed once per collection: five gauges read each."""
+    global _reports
+    now = time.monotonic()
+    if now - _reports[0] > _REPORT_REUSE_S:
+        _reports = (now, [meter.report() for meter in live_meters()])
+    return _reports[1]
+
+
 def _observe_pools(field: str) -> Any:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        for meter in live_meters():
-            report = meter.report()
-            yield Observation(getattr(report, field), {"fanout.pool.name": meter.name})
+        return [Observation(getattr(report, field), {"fanout.pool.name": report.name})
+                for report in _pool_reports()]
     return callback
 
 
