@@ -32,6 +32,7 @@ from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendRespon
                             blame_own_wait)
 from lookups.panels import Alert, AlertList, Point, Series, Window
 from lookups.settings import HttpSettings, MongoSettings
+from tracing.clients import remote_call
 from tracing.propagation import inject_headers
 
 __all__ = ["MAX_RESPONSE_BYTES", "MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for",
@@ -93,6 +94,10 @@ class HttpLookup(Lookup, abc.ABC):
     """
 
     source: ClassVar[str] = "http"
+    #: The called service's logical name: ``peer.service`` on the request's span.
+    service: ClassVar[str]
+    #: The path with ``{app}`` for the app: ``url.template``, and the span's name.
+    route: ClassVar[str]
 
     def __init__(self, session: requests.Session, settings: HttpSettings,
                  slots: Optional[HttpSlots] = None, guards: Optional[BackendGuards] = None) -> None:
@@ -149,11 +154,12 @@ class HttpLookup(Lookup, abc.ABC):
 
     def _get_body(self, url: str, params: dict[str, int], timeouts: tuple[float, float]) -> bytes:
         try:
-            response = self._session.get(url, params=params, timeout=timeouts, stream=True,
-                                         allow_redirects=False,
-                                         # The trace context, also when unsampled: the requests
-                                         # instrumentation is off then, and overwrites it when on.
-                                         headers={"Accept": "application/json", **inject_headers()})
+            with remote_call(self.service, self.route):
+                response = self._session.get(url, params=params, timeout=timeouts, stream=True,
+                                             allow_redirects=False,
+                                             # The trace context, also when unsampled: the requests
+                                             # instrumentation is off then, and overwrites it when on.
+                                             headers={"Accept": "application/json", **inject_headers()})
         except requests.RequestException as exc:
             _raise_transport_error(self.name, exc, before_response=True)
         try:
@@ -184,9 +190,11 @@ class AlertsLookup(HttpLookup):
     """Alerts triggered in the window, sorted by ``triggered_ms`` then ``id``."""
 
     name: ClassVar[str] = "alerts"
+    service: ClassVar[str] = "alerts"
+    route: ClassVar[str] = "/apps/{app}/alerts"
 
     def fetch(self, window: Window, timeout_s: float) -> AlertList:
-        path = f"/apps/{app_path_segment(window.app)}/alerts"
+        path = self.route.format(app=app_path_segment(window.app))
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms}
         body = self._get_json(self._settings.alerts_url, path, params, timeout_s)
         items = _list_field(self.name, body, "alerts")
@@ -202,10 +210,11 @@ class SeriesLookup(HttpLookup):
     """One metric series over the window, at the step :func:`step_ms_for` chooses."""
 
     metric: ClassVar[str]
+    service: ClassVar[str] = "metrics"
 
     def fetch(self, window: Window, timeout_s: float) -> Series:
         step_ms = step_ms_for(window)
-        path = f"/apps/{app_path_segment(window.app)}/series/{self.metric}"
+        path = self.route.format(app=app_path_segment(window.app))
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms, "step_ms": step_ms}
         body = self._get_json(self._settings.metrics_url, path, params, timeout_s)
         points = [self._point(item) for item in _list_field(self.name, body, "points")]
@@ -223,11 +232,13 @@ class SeriesLookup(HttpLookup):
 class LatencyLookup(SeriesLookup):
     name: ClassVar[str] = "latency"
     metric: ClassVar[str] = "latency"
+    route: ClassVar[str] = "/apps/{app}/series/latency"
 
 
 class VolumeLookup(SeriesLookup):
     name: ClassVar[str] = "volume"
     metric: ClassVar[str] = "volume"
+    route: ClassVar[str] = "/apps/{app}/series/volume"
 
 
 def _raise_transport_error(lookup: str, exc: requests.RequestException, *,

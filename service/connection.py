@@ -16,7 +16,8 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
@@ -30,6 +31,7 @@ from service.wire.errors import (
     LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
 )
 from service.wire.scan import WireLimits
+from tracing.spans import set_call_endpoints
 
 __all__ = ["Connection", "MessageLoop", "ServerStats"]
 
@@ -68,7 +70,7 @@ class _MalformedMessage(Exception):
 class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
-    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at")
+    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at", "endpoints")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
@@ -81,6 +83,8 @@ class Connection:
         # The hub's reply buffer: MessageLoop fills and empties it without a switch.
         self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)
+        # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
+        self.endpoints = _endpoints(sock)
 
     def close_if_idle(self) -> bool:
         """End the connection if it is waiting for a new message, so none is lost.
@@ -163,7 +167,7 @@ class MessageLoop:
         api, seqid, reply, call = self._read_call(connection.iprot)
         started = time.perf_counter()
         if call is not None:
-            reply = self._invoke(api, call, reply)
+            reply = self._invoke(api, call, reply, connection.endpoints)
         if isinstance(reply, TApplicationException) or not reply.oneway:
             self._write_reply(connection, api, seqid, reply)
         call_ended(api, _error_type(reply), time.perf_counter() - started)
@@ -177,10 +181,13 @@ class MessageLoop:
         except Exception as exc:
             raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
 
-    def _invoke(self, api: str, call: Callable[[], Any], result: TPayload) -> _Reply:
+    def _invoke(self, api: str, call: Callable[[], Any], result: TPayload,
+                endpoints: Mapping[str, Any]) -> _Reply:
         try:
             # A fresh context per call: nothing one call sets can leak into the next.
-            result.success = contextvars.Context().run(call)
+            context = contextvars.Context()
+            context.run(set_call_endpoints, endpoints)
+            result.success = context.run(call)
         except TApplicationException as exc:
             return exc
         except Exception as exc:
@@ -216,6 +223,21 @@ class MessageLoop:
         log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
         return TApplicationException(TApplicationException.INTERNAL_ERROR,
                                      f"internal error (request id {request_id})")
+
+
+def _endpoints(sock: socket.socket) -> Mapping[str, Any]:
+    """The semantic conventions' network attributes of an accepted TCP connection."""
+    try:
+        local, peer = sock.getsockname(), sock.getpeername()
+    except OSError:  # already reset by the peer: its calls will fail on their own
+        return {}
+    if not (isinstance(local, tuple) and isinstance(peer, tuple)):
+        return {}
+    return MappingProxyType({
+        "server.address": local[0], "server.port": local[1],
+        "client.address": peer[0], "client.port": peer[1],
+        "network.peer.address": peer[0], "network.peer.port": peer[1],
+        "network.transport": "tcp"})
 
 
 def _error_type(reply: _Reply) -> str:

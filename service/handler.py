@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from lookups.base import Lookup
 from lookups.panels import Window
@@ -52,10 +52,15 @@ class AppStatsHandler:
         self._backend_pools = backend_pools
 
     def ping(self) -> str:
-        return "pong"
+        with _method_span("ping"):
+            return "pong"
 
     def health(self) -> Any:
         """Serving state and each backend's reachability (checked in parallel, cached ~1 s)."""
+        with _method_span("health"):
+            return self._health_report()
+
+    def _health_report(self) -> Any:
         statuses = self._health.check() if self._health is not None else ()
         state = appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
         return appstats.Health(state=state, backends=[
@@ -65,6 +70,10 @@ class AppStatsHandler:
 
     def pool_stats(self) -> Any:
         """Every pool's use over the rolling window, with its recommended size."""
+        with _method_span("pool_stats"):
+            return self._pool_report()
+
+    def _pool_report(self) -> Any:
         meters = [*self._fanout.pool_meters, *self._backend_pools()]
         admission = self._fanout.admission
         return appstats.PoolReport(
@@ -74,6 +83,10 @@ class AppStatsHandler:
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""
+        with _method_span("panels"):
+            return self._enabled_panels()
+
+    def _enabled_panels(self) -> list[str]:
         return [name for name in self._lookups if self._settings.lookup(name).enabled]
 
     def get_app_stats(self, request: Any) -> Any:
@@ -92,7 +105,7 @@ class AppStatsHandler:
         set_request_id(request_id)
         with request_span("get_app_stats", caller_headers, request_id) as span:
             try:
-                valid = validate_stats_request(request, list(self._lookups), self.panels(),
+                valid = validate_stats_request(request, list(self._lookups), self._enabled_panels(),
                                                self._settings.fanout)
             except appstats.InvalidRequest as invalid:
                 if span.is_recording():
@@ -137,6 +150,11 @@ class AppStatsHandler:
                               timeout_ms=self._settings.task_timeout_ms(name),
                               required=policy.required))
         return tasks, skipped
+
+
+def _method_span(method: str) -> ContextManager[Any]:
+    """The SERVER span of a method that carries no trace context: a root of its own."""
+    return request_span(method, {}, new_request_id())
 
 
 def _panel_call(lookup: Lookup, window: Window) -> Callable[[float], Any]:

@@ -1,8 +1,8 @@
 """The RPC server's metric: ``rpc.server.call.duration``, by the semantic conventions.
 
 One histogram (seconds) over every call, from decoding to the reply written, with
-``rpc.system`` (``apache_thrift``), ``rpc.service``, ``rpc.method`` and, for calls
-answered with an exception, ``error.type`` (the exception's name). In Prometheus:
+``rpc.system.name`` (``apache_thrift``), ``rpc.method`` (``AppStats/<method>``) and,
+for calls answered with an exception, ``error.type`` (the exception's name). In Prometheus:
 ``rpc_server_call_duration_seconds_*``.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from opentelemetry import metrics
 from opentelemetry.semconv._incubating.metrics.rpc_metrics import create_rpc_server_call_duration
 
-from tracing.spans import RPC_SERVICE
+from tracing.spans import rpc_attributes
 
 __all__ = ["call_ended"]
 
@@ -24,7 +24,7 @@ def call_ended(method: str, error_type: str, seconds: float) -> None:
     key = (method, error_type)
     attributes = _attributes.get(key)
     if attributes is None:
-        attributes = {"rpc.system": "apache_thrift", "rpc.service": RPC_SERVICE, "rpc.method": method}
+        attributes = rpc_attributes(method)
         if error_type:
             attributes["error.type"] = error_type
         if len(_attributes) < 256:  # methods x exception types: a few dozen at most

@@ -165,7 +165,7 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     scrape = requests.get(found.group(1), timeout=5)
     assert scrape.status_code == 200
     text = scrape.text
-    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="get_app_stats".*\} 1\.0$',
+    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} 1\.0$',
                      text, re.M), text
     assert re.search(r'^fanout_task_duration_seconds_count\{.*fanout_task_name="alerts".*'
                      r'fanout_task_status="OK".*\} 1\.0$', text, re.M)

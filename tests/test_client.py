@@ -51,8 +51,8 @@ def test_deadline_request_id_and_trace_context_reach_the_server(start_server, ha
     # The server's span will be a child of the client span, itself a child of the caller's.
     assert parent_id == format_span_id(client_span.context.span_id)
     assert client_span.parent.span_id == caller.get_span_context().span_id
-    assert client_span.attributes["rpc.system"] == "apache_thrift"
-    assert client_span.attributes["rpc.method"] == "get_app_stats"
+    assert client_span.attributes["rpc.system.name"] == "apache_thrift"
+    assert client_span.attributes["rpc.method"] == "AppStats/get_app_stats"
 
 
 def test_default_deadline_is_the_client_timeout(start_server, handler):

@@ -135,6 +135,41 @@ def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) 
     assert seen["parent"].span_id == task_span.context.span_id
 
 
+def test_a_task_cut_by_the_deadline_has_its_span_ended_as_an_error_then(spans: Any) -> None:
+    fan = engine(abandon_grace_ms=400)
+    with trace.get_tracer("test").start_as_current_span("request") as root:
+        result = fan.run([task("quick", sleeper(0.01)), task("slow", stubborn(0.3))], within(100))
+        answered = time.time_ns()
+    assert [o.status for o in result.outcomes] == [TaskStatus.OK, TaskStatus.TIMEOUT]
+    (cut,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task slow"]
+    assert cut.end_time <= answered           # ended when the request stopped waiting, not later
+    assert cut.status.status_code is trace.StatusCode.ERROR
+    assert cut.status.description == "request deadline passed"
+    assert cut.attributes["fanout.task.status"] == "TIMEOUT"
+    assert [e.attributes["reason"] for e in cut.events if e.name == "fanout.task.cut"] == [
+        "request deadline passed"]
+    (quick,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task quick"]
+    assert quick.status.status_code is trace.StatusCode.UNSET and quick.parent.span_id == \
+        root.get_span_context().span_id
+    assert fan.wait_reapers(2.0)
+    # The straggler finishing later changes nothing the trace already shows.
+    assert len([s for s in spans.get_finished_spans() if s.name == "fanout.task slow"]) == 1
+    assert cut.attributes["fanout.task.status"] == "TIMEOUT"
+
+
+def test_tasks_cancelled_by_a_failed_required_task_end_with_it(spans: Any) -> None:
+    fan = engine()
+    with pytest.raises(RequiredTaskFailed):
+        fan.run([task("must", raiser(BackendUnavailable("down"), 0.01), required=True),
+                 task("other", stubborn(0.3))], within(2000))
+    answered = time.time_ns()
+    (other,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task other"]
+    assert other.end_time <= answered and other.attributes["fanout.task.status"] == "CANCELLED"
+    assert [e.attributes["reason"] for e in other.events if e.name == "fanout.task.cut"] == [
+        "required task 'must' failed"]
+    assert fan.wait_reapers(2.0)
+
+
 def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     fan = engine(abandon_grace_ms=50)
     began = time.monotonic()

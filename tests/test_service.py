@@ -181,7 +181,7 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     by_id = {s.context.span_id: s for s in finished}
     (server,) = [s for s in finished if s.kind is SpanKind.SERVER]
     assert server.name == "AppStats/get_app_stats"
-    assert server.attributes["rpc.method"] == "get_app_stats"
+    assert server.attributes["rpc.method"] == "AppStats/get_app_stats"
     tasks = [s for s in finished if s.name.startswith("fanout.task ")]
     assert sorted(t.attributes["fanout.task.name"] for t in tasks) == sorted(ALL_PANELS)
     assert {t.parent.span_id for t in tasks} == {server.context.span_id}
@@ -197,6 +197,46 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
         assert children, f"no library span under {task.name}"
         assert all(c.kind is SpanKind.CLIENT for c in children)
         if task.attributes["fanout.task.source"] == "mongo":
-            assert any(c.attributes.get("db.system") == "mongodb" for c in children)
+            assert any(c.attributes.get("db.system.name") == "mongodb" for c in children)
     # Parallel: every task started before any task ended.
     assert max(t.start_time for t in tasks) < min(t.end_time for t in tasks)
+    # Within the call the caller saw, with the connection's endpoints on the server span.
+    assert all(t.end_time <= server.end_time for t in tasks)
+    assert server.attributes["rpc.system.name"] == "apache_thrift"
+    assert server.attributes["server.port"] > 0 and server.attributes["client.address"] == "127.0.0.1"
+
+
+def test_every_method_opens_a_server_span(start_service: StartService, spans: Any) -> None:
+    _, client = start_service()
+    assert client.ping() == "pong"
+    client.panels()
+    client.health()
+    client.pool_stats()
+    servers = {s.name: s for s in spans.get_finished_spans() if s.kind is SpanKind.SERVER}
+    for method in ("ping", "panels", "health", "pool_stats"):
+        span = servers[f"AppStats/{method}"]
+        assert span.attributes["rpc.method"] == f"AppStats/{method}"
+        assert span.attributes["network.transport"] == "tcp"
+        assert span.attributes["network.peer.port"] > 0
+    # Their arguments carry no trace context, so each is a root of its own.
+    assert all(servers[f"AppStats/{m}"].parent is None for m in ("ping", "panels", "health"))
+
+
+def test_client_spans_name_their_call_and_the_service(start_service: StartService, spans: Any) -> None:
+    _, client = start_service()
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    clients = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CLIENT
+               and format(s.context.trace_id, "032x") == response.trace_id
+               and s.attributes.get("peer.service") != "fanout"]
+    by_name = {s.name: s.attributes["peer.service"] for s in clients}
+    assert {name: service for name, service in by_name.items() if name.startswith("GET ")} == {
+        "GET /apps/{app}/alerts": "alerts",
+        "GET /apps/{app}/series/latency": "metrics",
+        "GET /apps/{app}/series/volume": "metrics"}
+    mongo = [s.name for s in clients if s.attributes["peer.service"] == "mongodb"]
+    # Four Mongo panels over three collections: operation and collection in each name.
+    assert sorted(mongo) == ["aggregate errors", "aggregate queries", "aggregate requests",
+                             "aggregate requests"]
+    http = [s for s in clients if s.name.startswith("GET ")]
+    assert all(s.attributes["url.template"] == s.name[4:] and s.attributes["server.port"] > 0
+               for s in http)

@@ -46,7 +46,10 @@ from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
 )
 
+from pymongo import monitoring
+
 from tracing.batching import batch_processor
+from tracing.clients import MongoConnectionEvents, pymongo_request_hook, requests_request_hook
 from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
@@ -64,6 +67,9 @@ _FIXED_SAMPLERS: dict[str, Sampler] = {
     "parentbased_always_on": ParentBased(ALWAYS_ON),
     "parentbased_always_off": ParentBased(ALWAYS_OFF),
 }
+
+SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
+_mongo_events_registered = False
 
 _log = logging.getLogger(__name__)
 
@@ -212,10 +218,22 @@ def _sampler_ratio(raw: str) -> float:
 
 
 def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
-    """Switch on the official instrumentations not already on; return those this call switched on."""
+    """Switch on the official instrumentations not already on; return those this call switched on.
+
+    They emit the current (stable) HTTP and database conventions (``server.address``,
+    ``db.system.name``, ...) unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` says otherwise,
+    and their spans get readable names and ``peer.service`` (:mod:`tracing.clients`).
+    """
+    global _mongo_events_registered
+    os.environ.setdefault(SEMCONV_OPT_IN, "http,database")
+    if not _mongo_events_registered:
+        # Global, like the instrumentation's own listener: every client made after this sees it.
+        monitoring.register(MongoConnectionEvents())
+        _mongo_events_registered = True
     switched_on = []
-    for instrumentor in (PymongoInstrumentor(), RequestsInstrumentor()):
+    for instrumentor, hooks in ((PymongoInstrumentor(), {"request_hook": pymongo_request_hook}),
+                                (RequestsInstrumentor(), {"request_hook": requests_request_hook})):
         if not instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.instrument(tracer_provider=provider)
+            instrumentor.instrument(tracer_provider=provider, **hooks)
             switched_on.append(instrumentor)
     return tuple(switched_on)

@@ -17,19 +17,29 @@ of every frame, and on Python 3.11+ parses each one to place carets: about a
 millisecond per failure, spent exactly when a failing backend makes every
 request fail.)
 
-Spans an operator sees::
+Spans an operator sees (attributes by the semantic conventions the installed
+OpenTelemetry packages define)::
 
-    AppStats/<method>           SERVER    rpc.system, rpc.service, rpc.method, fanout.request_id
+    AppStats/<method>           SERVER    rpc.system.name, rpc.method, fanout.request_id,
+                                          server.address/port, client.address/port,
+                                          network.peer.address/port, network.transport
       fanout.task <name>        INTERNAL  fanout.async, fanout.task.name, fanout.task.source,
                                           fanout.pool.wait_ms, fanout.task.status
-        <pymongo / requests spans from the official instrumentations>
+        <pymongo / requests spans from the official instrumentations, see tracing.clients>
+
+A task the request stops waiting for (its deadline passed, or a required task
+failed) has its span ended then, marked ``fanout.task.status`` ``TIMEOUT`` or
+``CANCELLED`` with a ``fanout.task.cut`` event giving the reason (and status
+ERROR for a deadline), so no task span outlasts its request's SERVER span. What
+the abandoned task still does shows as its client spans running on past it.
 """
 
 from __future__ import annotations
 
 import traceback
 from contextlib import contextmanager
-from typing import Iterator, Mapping, Optional
+from contextvars import ContextVar
+from typing import Any, Iterator, Mapping, Optional
 
 import gevent
 from gevent import GreenletExit
@@ -39,10 +49,13 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace
 
 from tracing.propagation import extract_context
 
-__all__ = ["RPC_SERVICE", "request_span", "task_span", "mark_task_outcome", "trace_id_hex",
-           "follow_parent_sampling"]
+__all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
+           "mark_task_outcome", "cut_task_span", "trace_id_hex", "follow_parent_sampling",
+           "set_call_endpoints"]
 
 RPC_SERVICE = "AppStats"
+#: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
+RPC_SYSTEM = "apache_thrift"
 _MAX_STATUS_DESCRIPTION = 200
 _MAX_STACK_FRAMES = 40     # the innermost ones, per exception
 _MAX_CHAINED = 3           # exceptions of a __cause__ / __context__ chain in one stack trace
@@ -51,6 +64,19 @@ _MAX_CHAINED = 3           # exceptions of a __cause__ / __context__ chain in on
 _tracer = trace.get_tracer("fanout")
 # True once the installed sampler is known never to sample a child of an unsampled span.
 _unsampled_is_final = False
+# The network attributes of the connection a call came in on; set by the server per call.
+_call_endpoints: ContextVar[Mapping[str, Any]] = ContextVar("fanout_call_endpoints", default={})
+
+
+def rpc_attributes(method: str) -> dict[str, str]:
+    """``rpc.system.name`` and the fully qualified ``rpc.method`` (``AppStats/<method>``)."""
+    return {"rpc.system.name": RPC_SYSTEM, "rpc.method": f"{RPC_SERVICE}/{method}"}
+
+
+def set_call_endpoints(attributes: Mapping[str, Any]) -> None:
+    """Declare, in the call's own context, the network attributes of its connection
+    (``server.address``, ``client.address``, ...); :func:`request_span` adds them."""
+    _call_endpoints.set(attributes)
 
 
 def follow_parent_sampling(enabled: bool) -> None:
@@ -86,10 +112,8 @@ def request_span(method: str, headers: Mapping[str, str], request_id: str) -> It
                                            kind=SpanKind.SERVER, record_exception=False,
                                            set_status_on_exception=False) as span:
             if span.is_recording():
-                span.set_attributes({
-                    "rpc.system": "apache_thrift", "rpc.service": RPC_SERVICE,
-                    "rpc.method": method, "fanout.request_id": request_id,
-                })
+                span.set_attributes({**rpc_attributes(method), **_call_endpoints.get(),
+                                     "fanout.request_id": request_id})
             try:
                 if _unsampled(span):
                     # Imported here: the module loads ssl, which must wait for gevent's patching.
@@ -123,14 +147,15 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
         return
     span = _tracer.start_span(f"fanout.task {name}", kind=SpanKind.INTERNAL, attributes={
         "fanout.async": True, "fanout.task.name": name,
-        "fanout.task.source": source, "fanout.pool.wait_ms": float(pool_wait_ms),
+        "fanout.task.source": source, "fanout.pool.wait_ms": round(float(pool_wait_ms), 2),
     })
     if not span.is_recording():
         # Tracing is off or the trace is not sampled. The request's span stays current,
         # so calls made in the task still pass the (unsampled) trace context on.
         yield span
         return
-    with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+    # Ended here unless cut_task_span ended it first, when the request stopped waiting.
+    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
         try:
             yield span
         except Exception as error:
@@ -145,6 +170,9 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
             if _unmarked(span):
                 mark_task_outcome(span, "CANCELLED")
             raise
+        finally:
+            if span.is_recording():
+                span.end()
 
 
 def mark_task_outcome(span: Span, status: str, error: Optional[BaseException] = None) -> None:
@@ -157,6 +185,22 @@ def mark_task_outcome(span: Span, status: str, error: Optional[BaseException] = 
     span.set_attribute("fanout.task.status", status)
     if error is not None:
         _record_error(span, error)
+
+
+def cut_task_span(span: Span, status: str, reason: str) -> None:
+    """End a task's span now: its request stopped waiting for it (``status`` ``TIMEOUT``
+    or ``CANCELLED``, ``reason`` why). A ``TIMEOUT`` is an error: the caller got no value.
+
+    The task may run on for a while (it is abandoned); its span keeps this outcome.
+    Never raises; a span already ended is left alone.
+    """
+    if not span.is_recording():
+        return
+    span.set_attribute("fanout.task.status", status)
+    span.add_event("fanout.task.cut", {"reason": reason})
+    if status == "TIMEOUT":
+        span.set_status(Status(StatusCode.ERROR, reason[:_MAX_STATUS_DESCRIPTION]))
+    span.end()
 
 
 def trace_id_hex(span: Span) -> str:

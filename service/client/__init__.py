@@ -60,6 +60,7 @@ from service.engine.deadline import Deadline
 from service.idl import appstats
 from service.wire.tls import client_context
 from tracing.propagation import inject_headers
+from tracing.spans import rpc_attributes
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]
 
@@ -90,7 +91,8 @@ class AppStatsClient:
                  tls_server_hostname: Optional[str] = None,
                  overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000,
                  addresses: Optional[Sequence[tuple[str, int]]] = None, resolve: bool = False,
-                 resolve_interval_ms: int = 30_000, eject_ms: int = 5_000) -> None:
+                 resolve_interval_ms: int = 30_000, eject_ms: int = 5_000,
+                 peer_service: str = "fanout") -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         if protocol not in PROTOCOLS:
@@ -112,6 +114,8 @@ class AppStatsClient:
                           else Instances(addresses or [(host, port)], make_pool, **options))
         self.retry_budget = RetryBudget(overload_retry_ratio)   # 0: no retries at all
         self._tracer = trace.get_tracer("service.client", tracer_provider=tracer_provider)
+        #: ``peer.service`` of the client's spans: what trace views name the server in their graphs.
+        self.peer_service = peer_service
 
     def ping(self) -> str:
         """The server's liveness answer. Raises as described in the module doc."""
@@ -196,7 +200,7 @@ class AppStatsClient:
 
     def _call_on(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
                  build_args: Callable[[int], tuple[Any, ...]], fresh: bool) -> Any:
-        attributes = {"rpc.system": "apache_thrift", "rpc.service": "AppStats", "rpc.method": method,
+        attributes = {**rpc_attributes(method), "peer.service": self.peer_service,
                       "server.address": instance.host, "server.port": instance.port}
         instance.inflight += 1
         instance.calls += 1

@@ -39,6 +39,7 @@ from gevent.hub import get_hub
 from gevent.lock import BoundedSemaphore
 from greenlet import getcurrent
 from greenlet import greenlet as RawGreenlet
+from opentelemetry.trace import Span
 
 from service.engine import metrics
 from service.engine.admission import AdmissionControl, Refused
@@ -51,7 +52,7 @@ from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.engine.summary import FailureSummary
 from tracing.greenlets import spawn_in_context
 from tracing.pools import DemandMeter, MeteredSlots, PoolMeter
-from tracing.spans import mark_task_outcome, task_span
+from tracing.spans import cut_task_span, mark_task_outcome, task_span
 
 __all__ = ["FanOut", "FanOutStats"]
 
@@ -76,7 +77,7 @@ class _Run:
     """The state of one request's fan-out. Outcomes settle once; the first one wins."""
 
     __slots__ = ("tasks", "deadline", "outcomes", "started_at", "failed_required", "wake",
-                 "_pending", "unfinished", "running", "ended")
+                 "_pending", "unfinished", "running", "ended", "spans")
 
     def __init__(self, tasks: Sequence[Task], deadline: Deadline) -> None:
         self.tasks = tasks
@@ -91,6 +92,7 @@ class _Run:
         self.unfinished = 0                           # tasks started whose body has not ended
         self.running: dict[int, RawGreenlet] = {}     # task index -> the greenlet running it
         self.ended: Optional[Event] = None            # set once unfinished is 0, when someone waits
+        self.spans: dict[int, Span] = {}              # task index -> its span, while it runs
 
     def task_ended(self, index: int) -> None:
         self.running.pop(index, None)
@@ -116,11 +118,15 @@ class _Run:
         return 0.0 if started is None else (time.monotonic() - started) * 1000.0
 
     def settle_rest(self, status: TaskStatus, message: str) -> None:
+        """Settle every task not settled yet; the spans of those still running end now."""
         for index, task in enumerate(self.tasks):
             if self.outcomes[index] is None:
                 self.settle(index, TaskOutcome(task.name, task.source, status, self.elapsed_ms(index),
                                                error_type=status.value, message=message,
                                                retryable=status is TaskStatus.TIMEOUT))
+                span = self.spans.get(index)
+                if span is not None:
+                    cut_task_span(span, status.value, message)
 
 
 class FanOut:
@@ -233,13 +239,17 @@ class FanOut:
         task = run.tasks[index]
         run.running[index] = getcurrent()
         try:
+            if run.outcomes[index] is not None:
+                return  # settled before this greenlet got to run: nobody waits for its work
             with task_span(task.name, task.source, wait_ms) as span:
+                run.spans[index] = span
                 outcome, error = self._call(run, index, wait_ms)
                 final = run.settle(index, outcome)
                 # A late finisher reports what the caller was told, not what it did.
                 mark_task_outcome(span, final.status.value, error if final is outcome else None)
             metrics.task_ended(task, final)
         finally:
+            run.spans.pop(index, None)
             pool.release()
             self._inflight.release()
             run.task_ended(index)
