@@ -11,7 +11,7 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 FUZZ_EXAMPLES ?= 50000
 SOAK_MINUTES ?= 10
 
-.PHONY: setup demo test fuzz soak bench clean
+.PHONY: setup demo test fuzz soak bench clean trace-ui
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/fanout demo
+
+# The demo's traces in a real Zipkin UI on loopback (Java 17; the jar comes from Maven Central).
+# TRACE_UI_ARGS="--screenshots docs/tracing --exit" remakes the screenshots in docs/ (Chromium).
+trace-ui: $(STAMP)
+	$(VENV)/bin/fanout trace-ui $(TRACE_UI_ARGS)
 
 test: $(STAMP)
 	$(PYTEST) $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """Span exporters chosen by settings or the standard ``OTEL_*`` variables.
 
-``otlp`` (over HTTP, encoded by :mod:`tracing.otlp_wire`, or gRPC), ``console``,
-or ``none``. Settings win over the environment; the environment over SDK defaults.
+``otlp`` (over HTTP, encoded by :mod:`tracing.otlp_wire`, or gRPC), ``zipkin``
+(:mod:`tracing.zipkin`, the optional ``zipkin`` extra), ``console``, or ``none``. Settings win over the environment; the environment over SDK defaults.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 
 from tracing.otlp_wire import use_for_http_export
 from tracing.settings import EXPORTERS, OTLP_PROTOCOLS, TracingSettings
+from tracing.zipkin import build_zipkin_exporter
 
 __all__ = ["build_exporters", "prepare_grpc_for_gevent"]
 
@@ -29,6 +30,8 @@ def build_exporters(settings: TracingSettings, env: Mapping[str, str]) -> list[S
     exporters: list[SpanExporter] = []
     if "otlp" in names:
         exporters.append(_build_otlp_exporter(settings, env))
+    if "zipkin" in names:
+        exporters.append(build_zipkin_exporter(settings.zipkin_endpoint))
     if "console" in names:
         exporters.append(ConsoleSpanExporter())
     return exporters

@@ -15,7 +15,7 @@ from typing import ClassVar, Mapping, Optional
 __all__ = ["TracingSettings", "MetricsSettings", "EXPORTERS", "OTLP_PROTOCOLS", "METRIC_EXPORTERS"]
 
 #: Span exporters, by their ``OTEL_TRACES_EXPORTER`` names.
-EXPORTERS = ("otlp", "console", "none")
+EXPORTERS = ("otlp", "zipkin", "console", "none")
 #: OTLP protocols, by their ``OTEL_EXPORTER_OTLP_PROTOCOL`` names.
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -25,9 +25,10 @@ class TracingSettings:
     """Tracing. Empty strings defer to the standard ``OTEL_*`` variables, then SDK defaults."""
 
     enabled: bool = True
-    exporter: str = ""                 # otlp | console | none  (OTEL_TRACES_EXPORTER)
+    exporter: str = ""                 # otlp | zipkin | console | none  (OTEL_TRACES_EXPORTER)
     otlp_protocol: str = ""            # grpc | http/protobuf   (OTEL_EXPORTER_OTLP_PROTOCOL)
     endpoint: str = ""                 # OTEL_EXPORTER_OTLP_ENDPOINT
+    zipkin_endpoint: str = ""          # OTEL_EXPORTER_ZIPKIN_ENDPOINT, else localhost:9411
     service_name: str = ""             # OTEL_SERVICE_NAME, else "fanout"
     sample_ratio: float = -1.0         # < 0: OTEL_TRACES_SAMPLER(_ARG), else always on
     flush_timeout_ms: int = 2_000      # at shutdown, how long to wait for spans to export

@@ -76,7 +76,26 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help="TOML settings file")
     demo.add_argument("--app", default="shop", help="sample application to show")
     demo.set_defaults(run=_demo)
+
+    trace_ui = commands.add_parser("trace-ui", help="show the demo's traces in a local Zipkin UI "
+                                                     "(needs Java 17)")
+    trace_ui.add_argument("--screenshots", metavar="DIR",
+                          help="save PNGs of the traces and the dependency graph (needs Chromium)")
+    trace_ui.add_argument("--zipkin", metavar="URL", default="",
+                          help="use the Zipkin already running at URL instead of starting one")
+    trace_ui.add_argument("--exit", action="store_true",
+                          help="stop Zipkin at once instead of waiting for Ctrl-C")
+    trace_ui.set_defaults(run=_trace_ui)
     return parser
+
+
+def _trace_ui(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from service.cli.trace_ui import run_trace_ui
+
+    return run_trace_ui(sys.stdout, zipkin_url=args.zipkin, screenshots=Path(args.screenshots) if args.screenshots else None,
+                        keep=not args.exit)
 
 
 def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
