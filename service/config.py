@@ -62,6 +62,7 @@ class ServerSettings:
     port: int = 9090
     transport: str = "framed"          # framed | buffered
     protocol: str = "binary"           # binary | compact
+    strict_binary: bool = False        # true: refuse old-style binary messages (no version header)
     max_connections: int = 1000
     max_frame_bytes: int = 1024 * 1024
     idle_timeout_ms: int = 60_000      # a connection idle between calls is closed

@@ -16,7 +16,7 @@ from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TCompactProtocol import TCompactProtocol
 from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport.TSocket import TSocket
-from thrift.transport.TTransport import TBufferedTransport, TFramedTransport
+from thrift.transport.TTransport import TBufferedTransport, TFramedTransport, TTransportException
 
 from tests.support.server import COMBINATIONS
 
@@ -64,12 +64,16 @@ def read_struct(proto: Any) -> dict[int, Any]:
 
 
 def call(server: Any, transport: str, protocol: str, method: str,
-         write_args: Callable[[Any], None]) -> Reply:
-    """Send one call; return (message type, result fields or the TApplicationException)."""
+         write_args: Callable[[Any], None], *, strict: bool = True) -> Reply:
+    """Send one call; return (message type, result fields or the TApplicationException).
+
+    ``strict=False``: old-style binary, as legacy Apache Thrift clients write it.
+    """
     sock = TSocket(*server.address)
     sock.setTimeout(5000)
     trans = _TRANSPORTS[transport](sock)
-    proto = _PROTOCOLS[protocol](trans)
+    proto = (_PROTOCOLS[protocol](trans) if strict
+             else TBinaryProtocol(trans, strictRead=False, strictWrite=False))
     trans.open()
     try:
         proto.writeMessageBegin(method, TMessageType.CALL, 41)
@@ -167,3 +171,24 @@ def test_declared_and_internal_errors(start_server, transport, protocol):
     assert message_type == TMessageType.EXCEPTION
     assert error.type == TApplicationException.INTERNAL_ERROR
     assert error.message.startswith("internal error (request id ")
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_old_style_binary_clients_are_served_by_default(start_server, handler, transport):
+    server = start_server(transport=transport)
+    assert call(server, transport, "binary", "ping", no_args, strict=False) == (
+        TMessageType.REPLY, {0: "pong"})
+    message_type, result = call(server, transport, "binary", "get_app_stats", stats_request("shop"),
+                                strict=False)
+    assert message_type == TMessageType.REPLY and result[0][1] == "shop"
+    assert call(server, transport, "binary", "get_app_stats", stats_request(""), strict=False) == (
+        TMessageType.REPLY, {1: {1: "app must not be empty", 2: "app"}})
+
+
+def test_old_style_binary_is_refused_with_strict_binary(start_server):
+    server = start_server(transport="framed", strict_binary=True)
+    with pytest.raises(TTransportException):
+        call(server, "framed", "binary", "ping", no_args, strict=False)
+    assert server.stats.malformed_messages == 1
+    # Strict clients are unaffected.
+    assert call(server, "framed", "binary", "ping", no_args) == (TMessageType.REPLY, {0: "pong"})

@@ -299,6 +299,38 @@ def test_valid_messages_pass_and_every_truncation_or_extension_fails(protocol):
             check_frame(message + b"\x00", limits)
 
 
+def old_style(message: bytes) -> bytes:
+    """A strict binary message rewritten old-style: name length, name, type byte, seqid."""
+    assert message[:2] == b"\x80\x01"
+    name_end = 8 + struct.unpack("!i", message[4:8])[0]
+    return message[4:name_end] + message[3:4] + message[name_end:]
+
+
+def test_old_style_binary_is_scanned_exactly_like_strict_and_refused_when_strict():
+    for strict in _valid_messages("binary"):
+        message = old_style(strict)
+        check_frame(message, WireLimits())
+        for cut in range(len(message)):
+            with pytest.raises(MalformedMessage):
+                check_frame(message[:cut], WireLimits())
+        with pytest.raises(MalformedMessage):
+            check_frame(message + b"\x00", WireLimits())
+        stream = message + ping_call("binary")
+        scan = MessageScan(WireLimits(), framed=False)
+        ends = [scan.advance(stream, available, 1 << 20) for available in range(len(stream) + 1)]
+        assert ends.index(len(message)) == len(message)
+        with pytest.raises(MalformedMessage, match="server.strict_binary = true"):
+            check_frame(message, WireLimits(strict_binary=True))
+    deep = old_style(with_nested_unknown_field(ping_call("binary"), "binary", 32))
+    with pytest.raises(LimitExceeded):
+        check_frame(deep, WireLimits(max_nesting_depth=32))
+    long_name = b"\x00\x01\x00\x01" + b"x" * 65537 + b"\x01" + b"\x00" * 5
+    with pytest.raises(LimitExceeded, match="max_string_bytes"):
+        check_frame(long_name, WireLimits())
+    with pytest.raises(MalformedMessage, match="message type"):
+        check_frame(b"\x00\x00\x00\x04ping\x02\x00\x00\x00\x01\x00", WireLimits())
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_nesting_limit_counts_the_argument_struct(protocol):
     limits = WireLimits(max_nesting_depth=32)

@@ -1,4 +1,9 @@
-"""Walks a strict-binary Thrift message for :class:`service.wire.scan.MessageScan`.
+"""Walks a binary Thrift message for :class:`service.wire.scan.MessageScan`.
+
+Strict messages begin ``0x80 0x01``; old-style (non-strict) ones, which
+Apache Thrift's own servers accept by default, begin with the name's i32 length
+and carry the message type as one byte after the name (:func:`read_old_header`).
+Only the header differs: the arguments are walked the same way.
 
 Binary encoding: big-endian fixed-width numbers; strings as an i32 length and
 the bytes; a struct as ``type, i16 id, value`` per field and a 0 (STOP) byte;
@@ -15,7 +20,7 @@ from typing import Any, Optional
 from service.wire.errors import MalformedMessage
 from service.wire.walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
 
-__all__ = ["read_header", "walk"]
+__all__ = ["read_header", "read_old_header", "walk", "OLD_STYLE"]
 
 _I32 = struct.Struct("!i").unpack_from
 _STRING, _STRUCT_TYPE, _MAP_TYPE, _SET_TYPE, _LIST_TYPE = 11, 12, 13, 14, 15
@@ -39,6 +44,24 @@ def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optio
     size = _I32(buf, pos + 4)[0]
     scan.check_string(size, limit - pos - 12)
     after = pos + 12 + size
+    return after if after <= end else None
+
+
+def read_old_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optional[int]:
+    """i32 name length, name, message type byte, i32 seqid: the offset after it (None until
+    all of it is here). The scan recognises such a message by its first byte, 0x00."""
+    if pos + 9 > limit:  # even with an empty name
+        scan.overrun(pos, limit)
+    if pos + 4 > end:
+        return None
+    size = _I32(buf, pos)[0]
+    scan.check_string(size, limit - pos - 9)
+    type_at = pos + 4 + size
+    if type_at >= end:
+        return None
+    if buf[type_at] not in (CALL, ONEWAY):
+        raise bad_message_type(buf[type_at])
+    after = type_at + 5
     return after if after <= end else None
 
 
@@ -154,3 +177,10 @@ def _strings(buf: Any, pos: int, end: int, limit: int, count: int,
         pos += 4 + size
         count -= 1
     return pos, count
+
+
+class OLD_STYLE:
+    """The walker of old-style (non-strict) binary messages: their own header, the same walk."""
+
+    read_header = staticmethod(read_old_header)
+    walk = staticmethod(walk)

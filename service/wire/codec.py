@@ -84,7 +84,9 @@ class HubCodec:
         self._source = _MessageSource()
         #: The bound message as a hard-ended thriftpy2 transport.
         self.input = TCyBufferedTransport(self._source)
-        self._binary = TCyBinaryProtocol(self.input)
+        # Not strict: old-style messages reach the decoder only when the scan let them
+        # through (server.strict_binary = false); replies are always written strict.
+        self._binary = TCyBinaryProtocol(self.input, strict_read=False)
         self.output = TCyMemoryBuffer()
 
     def bind(self, message: Any) -> TCyBinaryProtocol:

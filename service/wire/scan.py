@@ -16,11 +16,13 @@ every string, every container) and accepts it only if:
 * structs and containers nest at most ``max_nesting_depth`` deep, the
   argument struct counting as 1;
 * every type code is a value type of the protocol, the message is a CALL or
-  ONEWAY (strict binary or compact), and every varint has a legal length.
+  ONEWAY, and every varint has a legal length.
 
 The walk follows the wire types, as both decoders do when they skip, so what
-it checked is what they read. Binary messages start with 0x80, compact ones
-with 0x82; the scan recognises either (:mod:`service.wire.binary`,
+it checked is what they read. Strict binary messages start with 0x80, compact
+ones with 0x82, old-style (non-strict) binary ones with 0x00, the top byte of
+their name's length; the scan recognises each (the last unless
+``server.strict_binary``) (:mod:`service.wire.binary`,
 :mod:`service.wire.compact`), and the configured decoder then refuses the
 other. The walk is resumable, so the unframed transport can check a message as
 its bytes arrive and learn exactly where it ends.
@@ -53,12 +55,13 @@ class WireLimits:
     max_nesting_depth: int = 32
     idle_timeout_ms: int = 60_000    # between messages
     frame_timeout_ms: int = 5_000    # from a message's first byte to its last; also for a reply
+    strict_binary: bool = False      # refuse old-style binary messages (no version header)
 
     @classmethod
     def from_settings(cls, settings: ServerSettings) -> "WireLimits":
         return cls(settings.max_frame_bytes, settings.max_string_bytes,
                    settings.max_container_items, settings.max_nesting_depth,
-                   settings.idle_timeout_ms, settings.frame_timeout_ms)
+                   settings.idle_timeout_ms, settings.frame_timeout_ms, settings.strict_binary)
 
 
 def check_frame(frame: Any, limits: WireLimits) -> None:
@@ -109,7 +112,7 @@ class MessageScan:
             if self._protocol is None:
                 if self._pos >= end:
                     return None
-                self._protocol = _protocol_of(buf[self._pos])
+                self._protocol = _protocol_of(buf[self._pos], self.limits.strict_binary)
             header_end = self._protocol.read_header(buf, self._pos, end, limit, self)
             if header_end is None:
                 return None
@@ -162,9 +165,14 @@ def _is_call_without_arguments(frame: Any, size: int, limits: WireLimits) -> boo
             and frame[3] == CALL and frame[size - 1] == 0 and _I32(frame, 4)[0] == size - 13)
 
 
-def _protocol_of(first_byte: int) -> Any:
+def _protocol_of(first_byte: int, strict_binary: bool) -> Any:
     walker = _WALKERS.get(first_byte)
-    if walker is None:
-        raise MalformedMessage(f"not a Thrift message: first byte 0x{first_byte:02x} "
-                               "(strict binary starts 0x80, compact 0x82)")
-    return walker
+    if walker is not None:
+        return walker
+    if first_byte == 0x00:
+        if not strict_binary:
+            return binary.OLD_STYLE
+        raise MalformedMessage("old-style binary message without a version header; this server "
+                               "has server.strict_binary = true")
+    raise MalformedMessage(f"not a Thrift message: first byte 0x{first_byte:02x} "
+                           "(binary starts 0x80, or 0x00 old-style; compact 0x82)")
