@@ -97,6 +97,7 @@ class LookupSettings:
     required: bool = False
     attempts: int = 3
     hedge: bool = False
+    factory: str = ""   # "module:attribute": a lookup from outside this package (lookups.plugins)
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(

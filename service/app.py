@@ -14,6 +14,7 @@ from typing import Optional
 from thriftpy2.thrift import TProcessor
 
 from lookups.clients import BackendClients
+from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
 from service.engine.fanout import FanOut
@@ -43,9 +44,9 @@ class FanOutService:
         self.settings = settings
         for warning in pool_warnings(settings):
             log.warning("configuration: %s", warning)
+        registry = _with_plugins(registry, settings)
         with as_config_error():
             self.clients = BackendClients(settings.mongo, settings.http, settings.lookups)
-        registry = registry or default_registry()
         unknown = sorted(set(settings.lookups) - set(registry.names()))
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
@@ -105,3 +106,15 @@ class FanOutService:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _with_plugins(registry: Optional[LookupRegistry], settings: Settings) -> LookupRegistry:
+    """The given registry, or the built-in lookups with every installed ``fanout.lookups``
+    entry point; either way plus the factories ``[lookups.<name>] factory`` names."""
+    with as_config_error():
+        if registry is None:
+            registry = default_registry()
+            add_entry_points(registry)
+        add_configured(registry, {name: policy.factory for name, policy in settings.lookups.items()
+                                  if policy.factory})
+    return registry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -122,3 +123,25 @@ def test_unreachable_server_and_busy_port_are_clear_errors() -> None:
                           env=ENV, timeout=60)
     assert call.returncode == 1
     assert f"cannot reach 127.0.0.1:{busy_port}" in call.stderr and "Traceback" not in call.stderr
+
+
+def test_version_is_the_installed_distributions() -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([*FANOUT, "--version"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"fanout {version('fanout')}"
+
+
+def test_every_command_and_flag_has_plain_help() -> None:
+    from service.cli.main import _parser
+
+    parser = _parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in [("fanout", parser), *commands.choices.items()]:
+        for action in command._actions:
+            if not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                assert action.help, f"{name} {action.option_strings or action.dest}: no help"
+        text = command.format_help()
+        assert "``" not in text and ":class:" not in text, f"{name}: reST markup in its help"
+    helped = {choice.dest: choice.help for choice in commands._choices_actions}
+    assert set(helped) == set(commands.choices) and all(helped.values()), helped

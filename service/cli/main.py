@@ -1,4 +1,4 @@
-"""The ``fanout`` command: serve, call, backends, demo."""
+"""The ``fanout`` command: serve, call, pools, backends, demo, trace-ui."""
 
 # gevent must patch the standard library before pymongo, requests or grpc load.
 from gevent import monkey
@@ -34,25 +34,45 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
+_DESCRIPTION = ("Fanout gathers a dashboard's panels in parallel (MongoDB aggregations, HTTP "
+                "services) and serves them over Thrift RPC. Settings come from a TOML file "
+                "(--config), FANOUT_<SECTION>_<KEY> variables and these flags, in rising order.")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fanout")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fanout", description=__doc__)
+    parser = argparse.ArgumentParser(prog="fanout", description=_DESCRIPTION,
+                                     epilog="'fanout <command> --help' describes each command.")
+    parser.add_argument("--version", action="version", version=f"fanout {_version()}")
     parser.add_argument("--log-level", default="warning",
-                        choices=["debug", "info", "warning", "error"])
+                        choices=["debug", "info", "warning", "error"],
+                        help="the lowest level logged to stderr (default: warning)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the Thrift server")
     _server_flags(serve, with_config=True)
-    serve.add_argument("--workers", type=int, help="pre-forked worker processes (default 1)")
+    serve.add_argument("--workers", type=int,
+                       help="pre-forked worker processes sharing the port (default 1)")
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
-    call.add_argument("method", choices=["ping", "health", "panels", "pool_stats", "get_app_stats"])
+    call.add_argument("method", choices=["ping", "health", "panels", "pool_stats", "get_app_stats"],
+                      help="the RPC method to call")
     _server_flags(call, with_config=False)
     call.add_argument("--app", help="application name (get_app_stats)")
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
     call.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: now)")
     call.add_argument("--panels", help="comma-separated panel names (default: all)")
-    call.add_argument("--deadline-ms", type=int, default=2000, help="the call's budget")
+    call.add_argument("--deadline-ms", type=int, default=2000,
+                      help="the call's budget in milliseconds (default 2000)")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     call.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
     call.add_argument("--tls-server-name", metavar="NAME",
@@ -63,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
                                                "and what size they should be")
     _server_flags(pools, with_config=False)
     pools.add_argument("--json", action="store_true", help="print the report as JSON")
-    pools.add_argument("--deadline-ms", type=int, default=2000, help="the call's budget")
+    pools.add_argument("--deadline-ms", type=int, default=2000,
+                       help="the call's budget in milliseconds (default 2000)")
     pools.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
     pools.add_argument("--tls-server-name", metavar="NAME",
                        help="the name the server's certificate must hold (default: --host)")
@@ -73,7 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     backends.set_defaults(run=_backends)
 
     demo = commands.add_parser("demo", help="start backends and server, call once, print, stop")
-    demo.add_argument("--config", help="TOML settings file")
+    demo.add_argument("--config", metavar="FILE", help="TOML settings file")
     demo.add_argument("--app", default="shop", help="sample application to show")
     demo.set_defaults(run=_demo)
 
@@ -100,11 +121,13 @@ def _trace_ui(args: argparse.Namespace) -> int:
 
 def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
     if with_config:
-        parser.add_argument("--config", help="TOML settings file")
+        parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--host", help="server host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server port (default 9090)")
-    parser.add_argument("--transport", choices=["framed", "buffered"])
-    parser.add_argument("--protocol", choices=["binary", "compact"])
+    parser.add_argument("--transport", choices=["framed", "buffered"],
+                        help="Thrift transport; must match the server's (default framed)")
+    parser.add_argument("--protocol", choices=["binary", "compact"],
+                        help="Thrift protocol; must match the server's (default binary)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:

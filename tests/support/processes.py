@@ -31,10 +31,12 @@ FANOUT = [sys.executable, "-m", "service.cli"]
 class Server:
     """A ``fanout serve`` process; its log (stderr) goes to a file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, port: int = 0) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, port: int = 0,
+                 args: tuple[str, ...] = ()) -> None:
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", str(port)],
+        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", str(port),
+                                         *args],
                                         stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
         with gevent.Timeout(30, AssertionError("server did not start")):
             line = self.process.stdout.readline()
@@ -60,16 +62,20 @@ class Server:
 
 @pytest.fixture
 def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
-    """Start ``fanout serve`` processes; ``serve(http, **settings)``; killed after the test."""
+    """Start ``fanout serve`` processes; ``serve(http, **settings)``; killed after the test.
+
+    ``env`` adds environment variables, ``args`` arguments after ``serve``.
+    """
     started: list[Server] = []
 
-    def start(http: SampleHttpServices, env: Any = None, port: int = 0, **settings: Any) -> Server:
+    def start(http: SampleHttpServices, env: Any = None, port: int = 0, args: tuple[str, ...] = (),
+              **settings: Any) -> Server:
         keys = {**backend_overrides(mongo_server, http), "fanout.task_timeout_ms": 30_000,
                 "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
         environment = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {}),
                        **{"FANOUT_" + key.replace(".", "_").upper(): str(value)
                           for key, value in keys.items()}}
-        server = Server(environment, tmp_path / f"server-{len(started)}.log", port)
+        server = Server(environment, tmp_path / f"server-{len(started)}.log", port, args)
         started.append(server)
         return server
 

@@ -1,0 +1,85 @@
+"""Lookups from outside this package: entry points and import paths named in config.
+
+A team adds a panel without editing Fanout, in either of two ways:
+
+* an installed distribution declares an entry point in the ``fanout.lookups``
+  group, named for the panel, whose object is a factory::
+
+      [project.entry-points."fanout.lookups"]
+      slow_queries = "acme_panels:build_slow_queries"
+
+* the configuration names the factory by import path::
+
+      [lookups.slow_queries]
+      factory = "acme_panels:build_slow_queries"
+
+A factory takes the shared :class:`~lookups.clients.BackendClients` and returns a
+:class:`~lookups.base.Lookup` whose ``name`` is the panel's. Panels from entry
+points follow the built-in ones in name order, then those from config. A panel
+name may be registered once; a factory that cannot be imported or is not
+callable stops start-up with a :class:`PluginError` naming it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Mapping
+
+from lookups.registry import LookupFactory, LookupRegistry
+
+__all__ = ["ENTRY_POINT_GROUP", "PluginError", "add_entry_points", "add_configured", "load_factory"]
+
+ENTRY_POINT_GROUP = "fanout.lookups"
+
+
+class PluginError(ValueError):
+    """A lookup plugin cannot be loaded; the message names it and why."""
+
+
+def add_entry_points(registry: LookupRegistry) -> list[str]:
+    """Register every ``fanout.lookups`` entry point installed; return their panel names."""
+    added = []
+    for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        try:
+            factory = point.load()
+        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
+            raise PluginError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): "
+                              f"cannot load it: {type(exc).__name__}: {exc}") from exc
+        _register(registry, point.name, _callable(factory, f"entry point {point.name}"))
+        added.append(point.name)
+    return added
+
+
+def add_configured(registry: LookupRegistry, factories: Mapping[str, str]) -> None:
+    """Register the factory each panel's ``lookups.<name>.factory`` names (``module:attribute``)."""
+    for name, path in factories.items():
+        _register(registry, name, load_factory(path, f"lookups.{name}.factory"))
+
+
+def load_factory(path: str, key: str) -> LookupFactory:
+    """Import ``module:attribute`` (the attribute may be dotted); ``key`` names it in errors."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise PluginError(f"{key}: expected 'module:attribute', got {path!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise PluginError(f"{key}: cannot import {path!r}: {type(exc).__name__}: {exc}") from exc
+    return _callable(target, key)
+
+
+def _callable(factory: Any, key: str) -> LookupFactory:
+    if not callable(factory):
+        raise PluginError(f"{key}: {factory!r} is not callable; a factory takes the backend "
+                          "clients and returns a Lookup")
+    return factory
+
+
+def _register(registry: LookupRegistry, name: str, factory: LookupFactory) -> None:
+    try:
+        registry.register(name, factory)
+    except ValueError as exc:
+        raise PluginError(f"lookup plugin {name!r}: {exc}") from exc
