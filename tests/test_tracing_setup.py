@@ -84,8 +84,20 @@ def test_process_environment_is_used_when_no_mapping_is_given(monkeypatch) -> No
         handle.shutdown()
 
 
+def test_zipkin_exporter_is_the_official_one_with_remote_endpoints(build, monkeypatch) -> None:
+    from opentelemetry.exporter.zipkin.json import ZipkinExporter
+
+    monkeypatch.setenv("OTEL_EXPORTER_ZIPKIN_ENDPOINT", "http://zipkin.example:9411/api/v2/spans")
+    (from_env,) = build({"OTEL_TRACES_EXPORTER": "zipkin"}).exporters
+    assert isinstance(from_env, ZipkinExporter)
+    assert from_env.endpoint == "http://zipkin.example:9411/api/v2/spans"
+    assert type(from_env.encoder).__name__ == "RemoteEndpointEncoder"
+    (from_settings,) = build(exporter="zipkin", zipkin_endpoint="http://127.0.0.1:1/api/v2/spans").exporters
+    assert from_settings.endpoint == "http://127.0.0.1:1/api/v2/spans"
+
+
 @pytest.mark.parametrize("env, message", [
-    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER"),
     ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
 ])
 def test_unsupported_otel_env_values_fail_at_start_up(build, env, message) -> None:

@@ -17,7 +17,6 @@ import secrets
 import subprocess
 from typing import Any, Iterator
 
-import gevent
 import pytest
 
 from service.app import FanOutService
@@ -36,10 +35,13 @@ PANEL_KINDS = {"errors": "error_summary", "urls": "top_list", "controllers": "to
 
 @pytest.fixture(scope="module")
 def clients() -> dict[str, list[str]]:
-    """Every client built, in parallel (the builds mostly wait on downloads and compilers)."""
-    builds = {language: gevent.spawn(build) for language, build in LANGUAGES.items()}
-    gevent.joinall(list(builds.values()))
-    return {language: build.get() for language, build in builds.items()}
+    """Every client built, one after another.
+
+    Not in parallel greenlets: a child that gevent's subprocess forks can run the
+    parent's other ready greenlets before it execs, so concurrent builds ran twice
+    and removed each other's directories.
+    """
+    return {language: build() for language, build in LANGUAGES.items()}
 
 
 @pytest.fixture(scope="module")
