@@ -14,6 +14,7 @@ from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 from lookups.base import Lookup
 from lookups.panels import Window
 from service.config import Settings
+from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext, new_request_id
 from service.engine.fanout import FanOut
 from service.health import HealthChecker
@@ -24,7 +25,7 @@ from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task,
                               TaskStatus)
 from service.validation import ValidRequest, validate_stats_request
 from tracing.pools import PoolMeter
-from tracing.spans import request_span, trace_id_hex
+from tracing.spans import mark_coalesced, request_span, trace_id_hex
 
 __all__ = ["AppStatsHandler"]
 
@@ -139,6 +140,7 @@ class AppStatsHandler:
 
     def _plan(self, valid: ValidRequest) -> tuple[list[Task], list[TaskOutcome]]:
         tasks, skipped = [], []
+        coalescer = self._fanout.coalescer if self._settings.fanout.coalesce else None
         for name in valid.panels:
             lookup, policy = self._lookups[name], self._settings.lookup(name)
             if not policy.enabled:
@@ -146,7 +148,7 @@ class AppStatsHandler:
                                            message="disabled on this server"))
                 continue
             tasks.append(Task(name=name, source=lookup.source,
-                              call=_panel_call(lookup, valid.window),
+                              call=_panel_call(lookup, valid.window, coalescer),
                               timeout_ms=self._settings.task_timeout_ms(name),
                               required=policy.required))
         return tasks, skipped
@@ -157,8 +159,18 @@ def _method_span(method: str) -> ContextManager[Any]:
     return request_span(method, {}, new_request_id())
 
 
-def _panel_call(lookup: Lookup, window: Window) -> Callable[[float], Any]:
-    """The task body: fetch, then map to Thrift inside the task, so a bad value is that task's ERROR."""
-    def call(budget_s: float) -> Any:
-        return to_panel_data(lookup.fetch(window, budget_s))
-    return call
+def _panel_call(lookup: Lookup, window: Window,
+                coalescer: Optional[Coalescer]) -> Callable[[float], Any]:
+    """The task body: fetch (sharing an identical call in flight, when coalescing), then map
+    to Thrift inside the task, so a bad value is that task's ERROR."""
+    if coalescer is None:
+        def call(budget_s: float) -> Any:
+            return to_panel_data(lookup.fetch(window, budget_s))
+        return call
+    # The whole question: the panel and the window (app, start, end). Nothing else is shared.
+    key = (lookup.name, window)
+
+    def shared_call(budget_s: float) -> Any:
+        return to_panel_data(coalescer.call(key, budget_s, lambda: lookup.fetch(window, budget_s),
+                                            joined=mark_coalesced))
+    return shared_call

@@ -140,7 +140,8 @@ def test_fanout_pools_recommends_a_bigger_mongo_pool_when_it_is_saturated(
         service, _ = start_service(**{
             "mongo.uri": f"mongodb://{proxy.address[0]}:{proxy.address[1]}/?directConnection=true",
             "mongo.max_pool_size": 3, "fanout.task_timeout_ms": 3000,
-            "fanout.request_deadline_ms": 3000})
+            "fanout.request_deadline_ms": 3000,
+            "fanout.coalesce": False})   # identical calls must each reach MongoDB here
         burst(service.address, 12)
         host, port = service.address
         shown = subprocess.run([*FANOUT, "pools", "--host", host, "--port", str(port)],

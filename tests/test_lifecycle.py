@@ -109,7 +109,8 @@ def logged_count(log: str, pattern: str) -> int:
 
 
 def test_sigterm_under_load_finishes_every_call_in_flight(serve, held: HeldAlerts) -> None:
-    server = serve(held.services, **{"server.drain_timeout_ms": 10_000})
+    # Without coalescing: every call in flight must reach the held alerts service.
+    server = serve(held.services, **{"server.drain_timeout_ms": 10_000, "fanout.coalesce": False})
     clients = [AppStatsClient("127.0.0.1", server.port, timeout_ms=40_000) for _ in range(CLIENTS)]
     calls = [gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS,
                           ["alerts", "errors"], deadline_ms=30_000) for client in clients]

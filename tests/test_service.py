@@ -240,3 +240,25 @@ def test_client_spans_name_their_call_and_the_service(start_service: StartServic
     http = [s for s in clients if s.name.startswith("GET ")]
     assert all(s.attributes["url.template"] == s.name[4:] and s.attributes["server.port"] > 0
                for s in http)
+
+
+def test_viewers_of_one_app_share_lookups_and_never_get_another_apps_data(
+        start_service: StartService, slow_http: Callable[[int], SampleHttpServices],
+        spans: Any) -> None:
+    http = slow_http(150)    # long enough that the viewers' calls overlap
+    _, alone = start_service(http=http, **{"fanout__coalesce": False})
+    expected = {app: alone.get_app_stats(app, SAMPLE_START_MS, SAMPLE_END_MS).panels
+                for app in ("shop", "search")}
+    _, client = start_service(http=http)
+    spans.clear()
+    apps = ["shop", "search"] * 6
+    viewers = [gevent.spawn(client.get_app_stats, app, SAMPLE_START_MS, SAMPLE_END_MS) for app in apps]
+    gevent.joinall(viewers, timeout=30, raise_error=True)
+    for app, viewer in zip(apps, viewers):
+        assert viewer.value.app == app and viewer.value.panels == expected[app]
+    alerts_calls = [s for s in spans.get_finished_spans()
+                    if s.name == "GET /apps/{app}/alerts" and s.kind is SpanKind.CLIENT]
+    shared = [s for s in spans.get_finished_spans() if s.attributes.get("fanout.task.coalesced")]
+    # Twelve viewers, two apps: far fewer calls than viewers, and at least one per app.
+    assert 2 <= len(alerts_calls) < len(apps)
+    assert len(shared) >= len(apps)

@@ -50,7 +50,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace
 from tracing.propagation import extract_context
 
 __all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
-           "mark_task_outcome", "cut_task_span", "trace_id_hex", "follow_parent_sampling",
+           "mark_task_outcome", "cut_task_span", "mark_coalesced", "trace_id_hex", "follow_parent_sampling",
            "set_call_endpoints"]
 
 RPC_SERVICE = "AppStats"
@@ -201,6 +201,13 @@ def cut_task_span(span: Span, status: str, reason: str) -> None:
     if status == "TIMEOUT":
         span.set_status(Status(StatusCode.ERROR, reason[:_MAX_STATUS_DESCRIPTION]))
     span.end()
+
+
+def mark_coalesced() -> None:
+    """Mark the current (task) span as sharing an identical lookup's call in flight."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("fanout.task.coalesced", True)
 
 
 def trace_id_hex(span: Span) -> str:

@@ -43,6 +43,7 @@ from opentelemetry.trace import Span
 
 from service.engine import metrics
 from service.engine.admission import AdmissionControl, Refused
+from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext
 from service.engine.deadline import Deadline
 from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
@@ -143,6 +144,8 @@ class FanOut:
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
         self.failures = FailureSummary(log, "task failures")
+        #: Shared calls of identical lookups (used by the handler when ``fanout.coalesce``).
+        self.coalescer = Coalescer()
         metrics.observe(self)
 
     @property

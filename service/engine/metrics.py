@@ -65,3 +65,6 @@ for _name, _field, _unit, _description in (
         ("fanout.tasks.killed", "killed", "{task}", "Abandoned tasks killed after the grace period")):
     _meter.create_observable_counter(
         _name, [_read(lambda e, f=_field: getattr(e.stats, f))], unit=_unit, description=_description)
+_meter.create_observable_counter(
+    "fanout.tasks.coalesced", [_read(lambda e: e.coalescer.stats.followers)], unit="{task}",
+    description="Tasks that shared an identical lookup's call instead of making their own")

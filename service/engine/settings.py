@@ -20,6 +20,7 @@ class FanOutSettings:
     task_timeout_ms: int = 1000        # a task's budget unless its lookup sets timeout_ms
     abandon_grace_ms: int = 500        # how long an abandoned task may run on before it is killed
     max_window_ms: int = 31 * 24 * 3600 * 1000  # the longest time window a request may ask for
+    coalesce: bool = True              # identical lookups in flight at once share one call
 
     #: Per-key rules the loader applies (service/config.py); other integers must be >= 1.
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
