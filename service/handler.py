@@ -80,7 +80,8 @@ class AppStatsHandler:
         return appstats.PoolReport(
             pools=[appstats.PoolStats(**dataclasses.asdict(meter.report())) for meter in meters],
             admission_limit=int(admission.limit), calls_in_flight=admission.inflight,
-            calls_queued=admission.queued)
+            calls_queued=admission.queued, tasks_started=self._fanout.stats.started,
+            tasks_coalesced=self._fanout.coalescer.stats.followers)
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""

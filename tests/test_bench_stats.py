@@ -159,3 +159,19 @@ def test_encoded_call_is_one_framed_message_the_server_can_decode() -> None:
     assert (name, message_type) == ("get_app_stats", TMessageType.CALL)
     assert (args.request.app, args.request.panels, args.request.meta.deadline_ms) == \
         ("shop", ["errors"], 500)
+
+
+def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
+    from collections import Counter
+
+    from bench.harness.runner import ZIPF_DASHBOARDS, zipf_views
+
+    views = zipf_views(200)
+    assert len(views) == 200
+    by_dashboard = Counter(views)
+    assert len(by_dashboard) == ZIPF_DASHBOARDS           # every dashboard has a viewer
+    counts = [by_dashboard[view] for view in dict.fromkeys(views)]   # in rank order
+    assert counts == sorted(counts, reverse=True) and counts[0] == 56 and counts[-1] >= 1
+    assert counts[0] / counts[1] == pytest.approx(2, rel=0.05)     # 1/k: the top one twice the next
+    assert {view[0] for view in views} == {"shop"}
+    assert len({(view[1], view[2]) for view in views}) == ZIPF_DASHBOARDS

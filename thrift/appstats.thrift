@@ -196,6 +196,10 @@ struct PoolReport {
   2: i32 admission_limit
   3: i32 calls_in_flight
   4: i32 calls_queued
+  /** Fan-out tasks started since the server started, and those of them that shared an
+      identical lookup's call in flight instead of calling (request coalescing). Optional addition. */
+  5: optional i64 tasks_started
+  6: optional i64 tasks_coalesced
 }
 
 service AppStats {

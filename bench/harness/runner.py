@@ -45,8 +45,9 @@ class Timing:
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel) or
-    "stats_each_panel" (connection i asks for panel i only). ``interval_s`` > 0 paces
+    """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel),
+    "stats_each_panel" (connection i asks for panel i only) or "stats_zipf" (connection i
+    watches one of twenty dashboards, chosen by :func:`zipf_views`). ``interval_s`` > 0 paces
     each connection to one call per interval; 0 is a closed loop."""
 
     key: str
@@ -86,6 +87,10 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
 
     if config.call == "ping":
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
+    elif config.call == "stats_zipf":
+        method, expect_ok = "get_app_stats", len(panel_names())
+        encoded = tuple(frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
+                        for view in zipf_views(config.connections))
     else:
         app, start_ms, end_ms = sample_call()
         method = "get_app_stats"
@@ -103,6 +108,33 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
                     interval_s=config.interval_s, expect_ok=expect_ok,
                     decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
                     honour_retry_after=config.honour_retry_after)
+
+
+#: Dashboards of the Zipf scenario, and the exponent of their popularity.
+ZIPF_DASHBOARDS = 20
+ZIPF_EXPONENT = 1.0
+
+
+def zipf_views(viewers: int) -> list[tuple[str, int, int]]:
+    """What each of ``viewers`` connections watches: one of ZIPF_DASHBOARDS (app, window)
+    questions, the k-th most popular watched by a share proportional to 1 / k^s.
+
+    The sample data holds three apps, so the dashboards are app ``shop``'s day shifted by
+    k minutes: twenty distinct questions, as twenty apps would be to the server.
+    """
+    from bench.harness.stack import sample_call
+
+    app, start_ms, end_ms = sample_call()
+    weights = [1.0 / (k + 1) ** ZIPF_EXPONENT for k in range(ZIPF_DASHBOARDS)]
+    shares = [viewers * w / sum(weights) for w in weights]
+    counts = [max(1, int(share)) for share in shares]
+    # Hand the viewers left by rounding down to the largest remainders, most popular first.
+    left = max(0, viewers - sum(counts))
+    for k in sorted(range(ZIPF_DASHBOARDS), key=lambda k: counts[k] - shares[k])[:left]:
+        counts[k] += 1
+    views = [(app, start_ms + k * 60_000, end_ms + k * 60_000)
+             for k, count in enumerate(counts) for _ in range(count)]
+    return views[:viewers]
 
 
 def _percentiles(values: array) -> dict[str, float]:
@@ -236,3 +268,17 @@ def _measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timin
         degraded_total=sum(r["degraded"] for r in reps), connected=load.connected,
         connect_s=load.connect_s, unfinished_at_end=load.unfinished, rss_kib=rss,
         server_side=_server_side(load.samples), server_pids=len(stack.server_pids()))
+    if config.spec.server == "fanout":
+        result["tasks"] = _task_counts(stack.address)
+
+
+def _task_counts(address: tuple[str, int]) -> dict[str, int]:
+    """Tasks the server started and those that shared a call (its ``pool_stats``), so far."""
+    from service.client import AppStatsClient
+
+    try:
+        with AppStatsClient(address[0], address[1], timeout_ms=5000) as client:
+            report = client.pool_stats()
+    except Exception as exc:  # noqa: BLE001 - a figure missing, not a failed configuration
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"started": report.tasks_started or 0, "coalesced": report.tasks_coalesced or 0}

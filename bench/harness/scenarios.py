@@ -48,7 +48,7 @@ def _spec(**kwargs: Any) -> Any:
 
 def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
             **kwargs: Any) -> Config:
-    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission"}
+    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce"}
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
     key = f"{scenario}/{label or server}/c{connections}"
@@ -284,11 +284,66 @@ def real_queries(scale: Scale) -> Scenario:
     return Scenario(name, "Real queries (nx-27017)", configs, goals, notes)
 
 
+# ---- request coalescing ------------------------------------------------------------------------
+
+ZIPF_VIEWERS = 200
+ZIPF_INTERVAL_S = 1.0
+
+
+def coalescing(scale: Scale) -> Scenario:
+    name = "coalescing"
+    configs = [_config(name, "fanout", "stats_zipf", ZIPF_VIEWERS, label=f"coalesce-{mode}",
+                       coalesce=mode == "on", interval_s=ZIPF_INTERVAL_S, window_scale=2.0,
+                       honour_retry_after=True)
+               for mode in ("on", "off")]
+
+    def goals(results: Results) -> list[Goal]:
+        on = results.get(f"{name}/coalesce-on/c{ZIPF_VIEWERS}")
+        off = results.get(f"{name}/coalesce-off/c{ZIPF_VIEWERS}")
+        out = [ratio_goal(name, "calls/s coalescing on / off (200 viewers, Zipf over 20 dashboards)",
+                          _per_rep(on, "rps"), _per_rep(off, "rps"), limit=None, at_most=False),
+               ratio_goal(name, "server CPU per reply, coalescing on / off",
+                          _cpu_ms_per_reply(on), _cpu_ms_per_reply(off), limit=None, at_most=True)]
+        for label, result in (("on", on), ("off", off)):
+            out.append(info_row(name, f"backend calls per call, coalescing {label}",
+                                _backend_calls(result), note="lookups run / calls admitted, "
+                                "from the server's task counters (warm-up included)"))
+        out.append(failures_goal(name, "failed calls with coalescing on", on))
+        return out
+
+    notes = [f"{ZIPF_VIEWERS} viewers (connections), each calling once every "
+             f"{ZIPF_INTERVAL_S:g} s from a random phase and waiting out retry_after_ms after an "
+             "Overloaded, each watching one of 20 "
+             "dashboards with Zipf popularity (s = 1: the top one has 56 viewers, the last 3); "
+             "the sample data has three apps, so the dashboards are app shop's day shifted by "
+             "k minutes, twenty distinct questions to the server. 7 lookups per call, 20 ms "
+             "backend delay. Every other scenario runs with coalescing off: they send one "
+             "question on every call, and sharing it would compare unequal work."]
+    return Scenario(name, "Request coalescing (Zipf viewers)", configs, goals, notes)
+
+
+def _cpu_ms_per_reply(result: Optional[dict[str, Any]]) -> list[float]:
+    """Per repetition, the server's CPU milliseconds per reply (complete or degraded)."""
+    if not result or "reps" not in result:
+        return []
+    return [10.0 * r["cpu_pct"]["server"] / r["replies_per_s"] for r in result["reps"]
+            if r.get("replies_per_s")]
+
+
+def _backend_calls(result: Optional[dict[str, Any]]) -> str:
+    tasks = (result or {}).get("tasks") or {}
+    started, coalesced = tasks.get("started", 0), tasks.get("coalesced", 0)
+    if not started:
+        return "n/a"
+    return f"{len(panel_names()) * (started - coalesced) / started:.2f} of {len(panel_names())}"
+
+
 from bench.harness.overload import overload  # noqa: E402  (it builds on the helpers above)
 
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
-                     "tracing": tracing_cost, "workers": multi_core, "nx": real_queries}
+                     "tracing": tracing_cost, "workers": multi_core, "nx": real_queries,
+                     "coalescing": coalescing}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

@@ -81,6 +81,9 @@ class StackSpec:
     max_connections: int = 12_000
     pool_size: int = 200        # mongo.max_pool_size and http.pool_maxsize
     admission: str = "adaptive"  # "adaptive" (the defaults) | "one" (a limit of one call)
+    # Off unless a scenario is about it: every other scenario sends the same app and window
+    # on every call, and sharing those calls would compare unequal work with the baselines.
+    coalesce: bool = False      # fanout.coalesce
 
     def __post_init__(self) -> None:
         for name, value, choices in (("server", self.server, SERVERS),
@@ -110,7 +113,7 @@ def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: 
              f"max_connections = {spec.max_connections}", f"workers = {spec.workers}",
              "hub_block_threshold_ms = 0", "drain_timeout_ms = 2000", "idle_timeout_ms = 600000",
              "", "[fanout]", "pool_size = 16", "max_inflight_tasks = 20000",
-             "request_deadline_ms = 2000",
+             "request_deadline_ms = 2000", f"coalesce = {str(spec.coalesce).lower()}",
              "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"',
              f"max_pool_size = {spec.pool_size}",
              "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",

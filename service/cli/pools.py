@@ -8,7 +8,8 @@ One line per pool::
 second (including takers that waited in vain) x mean hold time x 1.25 headroom.
 For ``fanout.request`` (a pool per call, ``fanout.pool_size``) it is the 99th
 percentile of the tasks one call wanted at once. The last line is the adaptive
-admission limit, which sizes itself.
+admission limit, which sizes itself; then the tasks started since start and those that
+shared an identical lookup's call (request coalescing).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ def pools_to_json(report: Any) -> dict[str, Any]:
     """A ``PoolReport`` as plain values."""
     return {"pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
             "admission": {"limit": report.admission_limit, "calls_in_flight": report.calls_in_flight,
-                          "calls_queued": report.calls_queued}}
+                          "calls_queued": report.calls_queued},
+            "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced}}
 
 
 def format_pools(report: Any, as_json: bool = False) -> str:
@@ -35,4 +37,6 @@ def format_pools(report: Any, as_json: bool = False) -> str:
              for pool in report.pools]
     lines.append(f"admission limit={report.admission_limit} in_flight={report.calls_in_flight} "
                  f"queued={report.calls_queued} (adaptive)")
+    if report.tasks_started is not None:
+        lines.append(f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}")
     return "\n".join(lines)
