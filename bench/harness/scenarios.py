@@ -308,12 +308,15 @@ def coalescing(scale: Scale) -> Scenario:
             out.append(info_row(name, f"backend calls per call, coalescing {label}",
                                 _backend_calls(result), note="lookups run / calls admitted, "
                                 "from the server's task counters (warm-up included)"))
-        out.append(failures_goal(name, "failed calls with coalescing on", on))
+        # 200 calls/s offered is more than one process serves either way: Overloaded is expected.
+        out.append(failures_goal(name, "failed calls with coalescing on (Overloaded aside)", on,
+                                 ignore=("overloaded",)))
         return out
 
     notes = [f"{ZIPF_VIEWERS} viewers (connections), each calling once every "
              f"{ZIPF_INTERVAL_S:g} s from a random phase and waiting out retry_after_ms after an "
-             "Overloaded, each watching one of 20 "
+             "Overloaded (200 calls/s offered: more than one process serves either way, so "
+             "calls/s is capacity), each watching one of 20 "
              "dashboards with Zipf popularity (s = 1: the top one has 56 viewers, the last 3); "
              "the sample data has three apps, so the dashboards are app shop's day shifted by "
              "k minutes, twenty distinct questions to the server. 7 lookups per call, 20 ms "
