@@ -6,4 +6,6 @@
   connection, no gevent) with a ``ThreadPoolExecutor`` fan-out of the same lookups.
 * :mod:`bench.baselines.bare`: a bare gevent ``StreamServer`` and thriftpy2 processor
   loop serving ``ping`` and ``panels``, the floor for raw RPC cost.
+* :mod:`bench.baselines.handwritten`: that loop with a plain ``gevent.spawn`` fan-out of
+  plain pymongo and requests calls (same queries and parsing): the CPU-per-call yardstick.
 """

@@ -16,7 +16,7 @@ from gevent import monkey
 monkey.patch_all()
 
 import socket  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+from typing import Any, Callable, Optional, Sequence  # noqa: E402
 
 from gevent.pool import Pool  # noqa: E402
 from gevent.server import StreamServer  # noqa: E402
@@ -29,7 +29,7 @@ from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E4
 from lookups.registry import default_registry  # noqa: E402
 from service.idl import appstats  # noqa: E402
 
-__all__ = ["BareHandler", "serve_connection", "main"]
+__all__ = ["BareHandler", "serve_connection", "serve_with", "main"]
 
 
 class BareHandler:
@@ -48,18 +48,24 @@ class BareHandler:
 _PROCESSOR = TProcessor(appstats.AppStats, BareHandler())
 
 
-def serve_connection(sock: socket.socket, peer: Any) -> None:
-    """The whole server loop: process calls until the transport ends."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    transport = TCyFramedTransport(TSocket(sock=sock))
-    protocol = TCyBinaryProtocol(transport)
-    try:
-        while True:
-            _PROCESSOR.process(protocol, protocol)
-    except TTransportException:
-        pass
-    finally:
-        transport.close()
+def serve_with(processor: TProcessor) -> Callable[[socket.socket, Any], None]:
+    """A ``StreamServer`` handler running ``processor`` on each connection until it ends."""
+    def serve(sock: socket.socket, peer: Any) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = TCyFramedTransport(TSocket(sock=sock))
+        protocol = TCyBinaryProtocol(transport)
+        try:
+            while True:
+                processor.process(protocol, protocol)
+        except TTransportException:
+            pass
+        finally:
+            transport.close()
+    return serve
+
+
+#: The whole server loop: process calls until the transport ends.
+serve_connection = serve_with(_PROCESSOR)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -284,6 +284,44 @@ def real_queries(scale: Scale) -> Scenario:
     return Scenario(name, "Real queries (nx-27017)", configs, goals, notes)
 
 
+# ---- CPU per call --------------------------------------------------------------------------------
+
+def cpu_per_call(scale: Scale) -> Scenario:
+    name = "cpu"
+    levels = (1, 50)
+    servers = ("fanout", "handwritten", "threaded")
+    configs = [_config(name, s, "stats", c) for c in levels for s in servers]
+
+    def goals(results: Results) -> list[Goal]:
+        out = []
+        for c in levels:
+            fan = _cpu_ms_per_reply(results.get(f"{name}/fanout/c{c}"))
+            out.append(ratio_goal(name, f"server CPU per call fanout / hand-written gevent, "
+                                        f"{c} connection{'s' if c > 1 else ''}", fan,
+                                  _cpu_ms_per_reply(results.get(f"{name}/handwritten/c{c}")),
+                                  limit=0.7, at_most=True))
+            out.append(ratio_goal(name, f"server CPU per call fanout / threaded, {c} connection"
+                                        f"{'s' if c > 1 else ''}", fan,
+                                  _cpu_ms_per_reply(results.get(f"{name}/threaded/c{c}")),
+                                  limit=None, at_most=True))
+        out.append(ratio_goal(name, "calls/s fanout / threaded at 50 connections",
+                              _per_rep(results.get(f"{name}/fanout/c50"), "rps"),
+                              _per_rep(results.get(f"{name}/threaded/c50"), "rps"),
+                              limit=1.5, at_most=False))
+        out.append(ratio_goal(name, "p50 fanout / hand-written at 1 connection",
+                              _per_rep(results.get(f"{name}/fanout/c1"), "p50_ms"),
+                              _per_rep(results.get(f"{name}/handwritten/c1"), "p50_ms"),
+                              limit=None, at_most=True))
+        return out
+
+    notes = ["Closed loop of get_app_stats (7 lookups, 20 ms backend delay), tracing off. "
+             "CPU per call = the server process's CPU (from /proc, per window) / replies. "
+             "hand-written = bench/baselines/handwritten.py: a gevent StreamServer, plain "
+             "gevent.spawn per lookup, plain pymongo aggregate and requests get, the same "
+             "queries and parsing; threaded = TThreadedServer and a ThreadPoolExecutor."]
+    return Scenario(name, "CPU per call", configs, goals, notes)
+
+
 # ---- request coalescing ------------------------------------------------------------------------
 
 ZIPF_VIEWERS = 200
@@ -346,7 +384,7 @@ from bench.harness.overload import overload  # noqa: E402  (it builds on the hel
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
                      "tracing": tracing_cost, "workers": multi_core, "nx": real_queries,
-                     "coalescing": coalescing}
+                     "coalescing": coalescing, "cpu": cpu_per_call}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

@@ -1,0 +1,121 @@
+"""Hand-written gevent baseline: what a team would write with the same libraries in an afternoon.
+
+A gevent ``StreamServer`` running the thriftpy2 processor loop (as :mod:`bench.baselines.bare`),
+and a ``get_app_stats`` that spawns one greenlet per lookup with plain ``gevent.spawn`` and
+waits for them with ``gevent.joinall`` until the deadline. Each lookup is a plain library
+call: ``collection.aggregate(...)`` with ``maxTimeMS``, ``session.get(..., timeout=...)``
+and ``response.json()``. The queries, URLs and the parsing of the answers are Fanout's own
+(the lookups' ``stages()``/``build()`` and the HTTP lookups' field checks), so the same
+work is asked of the backends and the same panels come back.
+
+Left out, as such code usually leaves them: admission control, pools of our own and slot
+waits, retries and circuit breakers, budgets enforced on the whole exchange, reaping of
+stragglers (a greenlet still running at the deadline is left to finish on its own), wire
+limits, tracing and metrics.
+
+    python -m bench.baselines.handwritten --config bench.toml
+
+prints ``READY {"host": ..., "port": ...}`` once listening; stops on SIGTERM or SIGINT.
+"""
+
+from gevent import monkey
+
+monkey.patch_all()
+
+import time  # noqa: E402
+from typing import Any, Optional, Sequence  # noqa: E402
+
+import gevent  # noqa: E402
+import pymongo  # noqa: E402
+import requests  # noqa: E402
+from gevent.pool import Pool  # noqa: E402
+from gevent.server import StreamServer  # noqa: E402
+from thriftpy2.thrift import TProcessor  # noqa: E402
+
+from bench.baselines.bare import serve_with  # noqa: E402
+from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
+                                    settings_from_argv, timeout_outcome)
+from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup  # noqa: E402
+from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # noqa: E402
+                           UrlsLookup, window_filter)
+from lookups.panels import Window  # noqa: E402
+from service.engine.deadline import Deadline  # noqa: E402
+from service.engine.outcomes import TaskOutcome  # noqa: E402
+from service.idl import appstats  # noqa: E402
+
+__all__ = ["HandwrittenHandler", "main"]
+
+
+def _plain_mongo(base: type) -> type:
+    class Plain(base):  # type: ignore[misc, valid-type]
+        """The lookup's pipeline and parsing, run as one plain ``aggregate`` call."""
+
+        def fetch(self, window: Window, timeout_s: float) -> Any:
+            pipeline = [{"$match": window_filter(window)}, *self.stages()]
+            documents = list(self._db[self.collection].aggregate(
+                pipeline, maxTimeMS=max(1, int(timeout_s * 1000))))
+            return self.build(documents)
+    return Plain
+
+
+def _plain_http(base: type) -> type:
+    class Plain(base):  # type: ignore[misc, valid-type]
+        """The lookup's URL and parsing, fetched with one plain ``session.get``."""
+
+        def _get_json(self, base_url: str, path: str, params: dict[str, int],
+                      timeout_s: float) -> Any:
+            response = self._session.get(base_url.rstrip("/") + path, params=params,
+                                         timeout=timeout_s)
+            response.raise_for_status()
+            return response.json()
+    return Plain
+
+
+class HandwrittenHandler(BaselineHandler):
+    """One plain greenlet per lookup; whatever has not finished at the deadline is TIMEOUT."""
+
+    def gather(self, window: Window, planned: Sequence[PlannedLookup],
+               deadline: Deadline) -> list[TaskOutcome]:
+        started = time.monotonic()
+        jobs = [gevent.spawn(lookup_outcome, lookup, window, timeout_ms, deadline)
+                for lookup, timeout_ms in planned]
+        gevent.joinall(jobs, timeout=deadline.remaining_s())
+        return [job.value if job.ready() and job.value is not None
+                else timeout_outcome(lookup, (time.monotonic() - started) * 1000.0,
+                                     "request deadline passed")
+                for (lookup, _), job in zip(planned, jobs)]
+
+
+def _lookups(settings: Any) -> dict[str, Any]:
+    client: pymongo.MongoClient = pymongo.MongoClient(
+        settings.mongo.uri, maxPoolSize=settings.mongo.max_pool_size,
+        connectTimeoutMS=settings.mongo.connect_timeout_ms,
+        serverSelectionTimeoutMS=settings.mongo.server_selection_timeout_ms)
+    db = client[settings.mongo.database]
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=settings.http.pool_maxsize)
+    session.mount("http://", adapter)
+    lookups: dict[str, Any] = {}
+    for lookup in (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup):
+        lookups[lookup.name] = _plain_mongo(lookup)(db)
+    for lookup in (AlertsLookup, LatencyLookup, VolumeLookup):
+        lookups[lookup.name] = _plain_http(lookup)(session, settings.http)
+    return lookups
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    settings = settings_from_argv("python -m bench.baselines.handwritten", argv)
+    processor = TProcessor(appstats.AppStats, HandwrittenHandler(settings, _lookups(settings)))
+    server = StreamServer((settings.server.host, settings.server.port), serve_with(processor),
+                          spawn=Pool(settings.server.max_connections))
+    server.start()
+    host, port = server.address[:2]
+    announce_ready(host=host, port=port, server="handwritten")
+    wait_for_stop_signal()
+    server.stop(timeout=1.0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
