@@ -224,13 +224,21 @@ def tracing_cost(scale: Scale) -> Scenario:
                        tracing=m) for m in modes]
 
     def goals(results: Results) -> list[Goal]:
-        off = _per_rep(results.get(f"{name}/tracing-off/c{SATURATING_CONNECTIONS}"), "rps")
+        off_result = results.get(f"{name}/tracing-off/c{SATURATING_CONNECTIONS}")
+        off = _per_rep(off_result, "rps")
         out = []
         for mode, limit in (("ratio10", 0.95), ("full", 0.75)):
+            traced = results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}")
             out.append(ratio_goal(
                 name, f"RPS tracing {mode} / off (loss at most {100 * (1 - limit):.0f}%)",
-                _per_rep(results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}"), "rps"),
-                off, limit=limit, at_most=False))
+                _per_rep(traced, "rps"), off, limit=limit, at_most=False))
+        for mode, limit in (("ratio10", 1.05), ("full", 1.20)):
+            traced = results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}")
+            out.append(ratio_goal(
+                name, f"server CPU per call, tracing {mode} / off "
+                      f"(at most +{100 * (limit - 1):.0f}%)",
+                _cpu_ms_per_reply(traced), _cpu_ms_per_reply(off_result), limit=limit,
+                at_most=True))
         return out
 
     notes = [f"Closed loop at {SATURATING_CONNECTIONS} connections: enough to keep the server's "
