@@ -73,7 +73,7 @@ class ServerSettings:
     drain_timeout_ms: int = 10_000     # on SIGTERM/SIGINT: how long calls in flight may finish
     tls_cert_file: str = ""            # both set: the Thrift listener speaks TLS
     tls_key_file: str = ""
-    workers: int = 1                   # > 1: pre-forked worker processes sharing the port
+    workers: int = 1                   # > 1: pre-forked worker processes sharing the port; "auto": one per core
     hub_block_threshold_ms: int = 100  # report event-loop iterations longer than this; 0 = off
     lame_duck_ms: int = 0              # on SIGTERM: report DRAINING, still serving, this long first
     max_connection_age_ms: int = 0     # > 0: close a connection after a call once it is this old
@@ -223,6 +223,19 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     return Settings(**parts, lookups=MappingProxyType(lookups))
 
 
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, as a container's cpuset limits it), 1..64."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 64))
+
+
+#: Integer keys that also take "auto", and what it means.
+AUTO_INTS: dict[type, dict[str, Any]] = {ServerSettings: {"workers": usable_cores}}
+
+
 def _build_section(label: str, cls: type, body: Any) -> Any:
     if not isinstance(body, Mapping):
         raise ConfigError(f"{label}: must be a table")
@@ -241,6 +254,8 @@ def _coerce(label: str, cls: type, key: str, kind: type, value: Any) -> Any:
     if kind is bool:
         return _to_bool(label, value)
     if kind is int:
+        if isinstance(value, str) and value.strip().lower() == "auto" and key in AUTO_INTS.get(cls, ()):
+            return AUTO_INTS[cls][key]()
         return _to_int(label, value, cls.INT_BOUNDS.get(key, (1, None)))
     if kind is float:
         return _to_float(label, value)

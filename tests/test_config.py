@@ -131,3 +131,22 @@ def test_zero_turns_the_hub_monitor_and_drain_wait_off() -> None:
     settings = load_settings(env={}, overrides={"server.hub_block_threshold_ms": 0,
                                                 "server.drain_timeout_ms": 0})
     assert settings.server.hub_block_threshold_ms == 0 and settings.server.drain_timeout_ms == 0
+
+
+def test_workers_auto_is_one_per_usable_core(tmp_path) -> None:
+    import os
+
+    from service.config import usable_cores
+
+    cores = len(os.sched_getaffinity(0))
+    assert usable_cores() == min(cores, 64)
+    path = tmp_path / "fanout.toml"
+    path.write_text('[server]\nworkers = "auto"\n')
+    assert load_settings(path, env={}).server.workers == cores
+    assert load_settings(env={"FANOUT_SERVER_WORKERS": "AUTO"}).server.workers == cores
+    assert load_settings(env={}, overrides={"server.workers": "auto"}).server.workers == cores
+    assert load_settings(env={}, overrides={"server.workers": "2"}).server.workers == 2
+    with pytest.raises(ConfigError, match="server.workers: must be an integer"):
+        load_settings(env={}, overrides={"server.workers": "many"})
+    with pytest.raises(ConfigError, match="fanout.pool_size: must be an integer"):
+        load_settings(env={"FANOUT_FANOUT_POOL_SIZE": "auto"})   # only where "auto" means something

@@ -59,8 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="run the Thrift server")
     _server_flags(serve, with_config=True)
-    serve.add_argument("--workers", type=int,
-                       help="pre-forked worker processes sharing the port (default 1)")
+    serve.add_argument("--workers", metavar="N|auto",
+                       help="pre-forked worker processes sharing the port; auto: one per core "
+                            "(default 1)")
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
