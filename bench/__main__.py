@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from bench.analysis import plots, report
 from bench.analysis.goals import Goal, micro_goals
-from bench.harness.runner import Config, Timing, panel_names, run_config
+from bench.harness.runner import Config, Timing, at_capacity_fraction, panel_names, run_config
 from bench.harness.scenarios import SCENARIO_NAMES, Scale, Scenario, all_scenarios
 
 __all__ = ["main"]
@@ -113,6 +113,15 @@ def _run_configs(scenarios: list[Scenario], timing: Timing,
     remaining = sum(_estimate_s(c, timing) for c in configs)
     for config in configs:
         progress.set_postfix_str(f"{config.key} (~{remaining / 60:.1f} min left)")
+        try:
+            config = at_capacity_fraction(config, results)
+        except ValueError as exc:
+            results.append({"key": config.key, "scenario": config.scenario,
+                            "label": config.label, "error": str(exc)})
+            progress.update(config.timing(timing).reps)
+            remaining -= _estimate_s(config, timing)
+            progress.write(f"{config.key}: ERROR {exc}")
+            continue
         result = run_config(config, timing, on_window=lambda: progress.update(1))
         remaining -= _estimate_s(config, timing)
         planned = config.timing(timing).reps

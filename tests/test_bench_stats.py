@@ -175,3 +175,18 @@ def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
     assert counts[0] / counts[1] == pytest.approx(2, rel=0.05)     # 1/k: the top one twice the next
     assert {view[0] for view in views} == {"shop"}
     assert len({(view[1], view[2]) for view in views}) == ZIPF_DASHBOARDS
+
+
+def test_a_rate_relative_to_capacity_becomes_each_connections_interval() -> None:
+    from bench.harness.runner import Config, at_capacity_fraction
+
+    config = Config(key="latency/open-90/c50", scenario="latency", label="open-90", spec=None,
+                    call="stats", connections=50, open_loop=True, capacity_fraction=0.9,
+                    capacity_of="latency/capacity/c50")
+    probe = {"key": "latency/capacity/c50", "reps": [{"rps": 80.0}, {"rps": 120.0}]}
+    paced = at_capacity_fraction(config, [probe])
+    assert paced.interval_s == pytest.approx(50 / (0.9 * 100.0))    # 90 calls/s over 50 connections
+    with pytest.raises(ValueError, match="no capacity measured"):
+        at_capacity_fraction(config, [{"key": "latency/capacity/c50", "reps": [{"rps": 0.0}]}])
+    closed = Config(key="k", scenario="s", label="l", spec=None, call="stats", connections=5)
+    assert at_capacity_fraction(closed, []) is closed

@@ -22,6 +22,7 @@ from bench.load import frames
 from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
 
 __all__ = ["Config", "Timing", "run_config", "loadgen_processes", "panel_names",
+           "at_capacity_fraction",
            "DEADLINE_MS", "CALL_TIMEOUT_S"]
 
 #: The deadline every get_app_stats call carries (meta.deadline_ms), as the web tier sends it.
@@ -61,11 +62,32 @@ class Config:
     window_scale: float = 1.0          # this configuration's windows are this much longer
     processes: int = 0                 # 0: loadgen_processes(connections)
     honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
+    open_loop: bool = False            # with interval_s: keep the schedule (no coordinated omission)
+    # > 0: interval_s is set when the run reaches this configuration, so that all connections
+    # together offer this fraction of the complete calls/s measured by ``capacity_of``.
+    capacity_fraction: float = 0.0
+    capacity_of: str = ""
     warmup_s: float = 0.0              # > 0: this configuration's own warm-up
 
     def timing(self, base: Timing) -> Timing:
         return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
                                    warmup_s=self.warmup_s or base.warmup_s)
+
+
+def at_capacity_fraction(config: Config, earlier: list[dict[str, Any]]) -> Config:
+    """``config`` with the ``interval_s`` that makes its connections offer
+    ``capacity_fraction`` of the complete calls/s its ``capacity_of`` result measured.
+
+    Raises :class:`ValueError` when that result is missing or measured nothing.
+    """
+    if config.capacity_fraction <= 0:
+        return config
+    probe = next((r for r in earlier if r.get("key") == config.capacity_of), None)
+    rates = [r["rps"] for r in (probe or {}).get("reps", []) if r.get("rps", 0) > 0]
+    if not rates:
+        raise ValueError(f"no capacity measured by {config.capacity_of!r} for {config.key}")
+    offered = config.capacity_fraction * sum(rates) / len(rates)
+    return dataclasses.replace(config, interval_s=config.connections / offered)
 
 
 def loadgen_processes(connections: int) -> int:
@@ -107,7 +129,7 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
                     warmup_s=timing.warmup_s, window_s=timing.window_s, reps=timing.reps,
                     interval_s=config.interval_s, expect_ok=expect_ok,
                     decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
-                    honour_retry_after=config.honour_retry_after)
+                    honour_retry_after=config.honour_retry_after, open_loop=config.open_loop)
 
 
 #: Dashboards of the Zipf scenario, and the exponent of their popularity.

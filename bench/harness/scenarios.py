@@ -330,6 +330,49 @@ def cpu_per_call(scale: Scale) -> Scenario:
     return Scenario(name, "CPU per call", configs, goals, notes)
 
 
+# ---- latency under an open loop ------------------------------------------------------------------
+
+OPEN_LOOP_CONNECTIONS = 50
+
+
+def open_loop_latency(scale: Scale) -> Scenario:
+    name = "latency"
+    c = OPEN_LOOP_CONNECTIONS
+    probe = _config(name, "fanout", "stats", c, label="capacity")
+    configs = [probe] + [
+        _config(name, "fanout", "stats", c, label=f"open-{int(fraction * 100)}", open_loop=True,
+                capacity_fraction=fraction, capacity_of=probe.key, honour_retry_after=True)
+        for fraction in (0.5, 0.9)]
+
+    def goals(results: Results) -> list[Goal]:
+        out = [info_row(name, f"capacity: complete calls/s, closed loop at {c} connections",
+                        _shown_mean(results.get(probe.key), "rps", "/s"))]
+        for fraction in (50, 90):
+            result = results.get(f"{name}/open-{fraction}/c{c}")
+            pooled = (result or {}).get("pooled") or {}
+            shown = (f"{pooled['p50_ms']:.1f} / {pooled['p99_ms']:.1f} ms" if pooled
+                     else (result or {}).get("error", "n/a"))
+            out.append(info_row(name, f"open loop at {fraction}% of capacity: p50 / p99", shown,
+                                note="latency from each call's scheduled start (wrk2's correction)"))
+        closed = (results.get(probe.key) or {}).get("pooled") or {}
+        if closed:
+            out.append(info_row(name, "closed loop at capacity: p50 / p99 (coordinated omission)",
+                                f"{closed['p50_ms']:.1f} / {closed['p99_ms']:.1f} ms"))
+        return out
+
+    notes = [f"Capacity = complete calls/s of a closed loop at {c} connections (get_app_stats, "
+             "7 lookups, 20 ms backends). Then the same connections offer 50% and 90% of it "
+             "at a fixed rate, each on its own schedule from a random phase; a call that could "
+             "not start on time starts at once and its latency counts from its scheduled "
+             "start, as wrk2 measures (latencies are kept whole, not in a histogram)."]
+    return Scenario(name, "Latency under a fixed arrival rate (open loop)", configs, goals, notes)
+
+
+def _shown_mean(result: Optional[dict[str, Any]], key: str, unit: str) -> str:
+    values = _per_rep(result, key)
+    return f"{sum(values) / len(values):.1f}{unit}" if values else "n/a"
+
+
 # ---- request coalescing ------------------------------------------------------------------------
 
 ZIPF_VIEWERS = 200
@@ -392,7 +435,7 @@ from bench.harness.overload import overload  # noqa: E402  (it builds on the hel
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
                      "tracing": tracing_cost, "workers": multi_core, "nx": real_queries,
-                     "coalescing": coalescing, "cpu": cpu_per_call}
+                     "coalescing": coalescing, "cpu": cpu_per_call, "latency": open_loop_latency}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

@@ -134,25 +134,31 @@ class _Caller:
 
     def run(self, start_at: float, end_at: float, phase_s: float) -> None:
         interval = self.plan["interval_s"]
+        open_loop = interval > 0 and self.plan.get("open_loop", False)
         next_at = start_at + phase_s
         while True:
             now = time.monotonic()
+            scheduled = None
             if interval > 0:
                 if next_at >= end_at:
                     break
                 if next_at > now:
                     gevent.sleep(next_at - now)
-                next_at = max(next_at + interval, time.monotonic())
+                if open_loop:   # keep the schedule; a late call's latency counts from it
+                    scheduled, next_at = next_at, next_at + interval
+                else:
+                    next_at = max(next_at + interval, time.monotonic())
             elif now >= end_at:
                 break
             if self.resume_at > now:
                 gevent.sleep(min(self.resume_at, end_at) - now)
                 continue
-            self.call_once()
+            self.call_once(scheduled)
         if self.sock is not None:
             self.sock.close()
 
-    def call_once(self) -> None:
+    def call_once(self, scheduled: Optional[float] = None) -> None:
+        """One call; with ``scheduled`` (open loop) its latency counts from that moment."""
         recorder = self.recorder
         try:
             if self.sock is None:
@@ -160,6 +166,8 @@ class _Caller:
             started = time.perf_counter()
             body = _exchange(self.sock, self.frame)
             elapsed_ms = (time.perf_counter() - started) * 1000.0
+            if scheduled is not None:
+                elapsed_ms = max(elapsed_ms, (time.monotonic() - scheduled) * 1000.0)
         except (OSError, EOFError) as exc:
             recorder.fail(time.monotonic(), _failure_kind(exc))
             if self.sock is not None:
