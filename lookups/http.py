@@ -155,11 +155,8 @@ class HttpLookup(Lookup, abc.ABC):
     def _get_body(self, url: str, params: dict[str, int], timeouts: tuple[float, float]) -> bytes:
         try:
             with remote_call(self.service, self.route):
-                response = self._session.get(url, params=params, timeout=timeouts, stream=True,
-                                             allow_redirects=False,
-                                             # The trace context, also when unsampled: the requests
-                                             # instrumentation is off then, and overwrites it when on.
-                                             headers={"Accept": "application/json", **inject_headers()})
+                response = self._session.send(self._prepare(url, params), timeout=timeouts,
+                                              stream=True, allow_redirects=False)
         except requests.RequestException as exc:
             _raise_transport_error(self.name, exc, before_response=True)
         try:
@@ -172,6 +169,22 @@ class HttpLookup(Lookup, abc.ABC):
         finally:
             # Returns the connection to the pool, or drops it when the body was not read.
             response.close()
+
+    def _prepare(self, url: str, params: dict[str, int]) -> requests.PreparedRequest:
+        """The GET, prepared straight from the session's headers.
+
+        ``Session.get`` would first merge the session's settings, cookies, hooks and
+        environment into a new request on every call (about a tenth of a lookup's CPU,
+        measured with py-spy); a lookup's session has no cookies, hooks or proxies to
+        merge, and ``Session.send`` (what the requests instrumentation traces) still runs.
+        """
+        prepared = requests.PreparedRequest()
+        # The trace context, also when unsampled: the requests instrumentation is off then,
+        # and overwrites it when on.
+        prepared.prepare(method="GET", url=url, params=params, cookies=self._session.cookies,
+                         headers={**self._session.headers, "Accept": "application/json",
+                                  **inject_headers()})
+        return prepared
 
     def _read_bounded(self, response: requests.Response) -> bytes:
         declared = response.headers.get("Content-Length", "")
