@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import json
 import math
+import operator
 import time
 from typing import Any, ClassVar, NoReturn, Optional
 from urllib.parse import quote
@@ -45,6 +46,7 @@ MAX_ITEMS = 10_000          # alerts or points in one answer
 MAX_POINTS = 120            # a series asks for at most this many buckets...
 MIN_STEP_MS = 60_000        # ...each a whole number of minutes, at least one
 _CHUNK_BYTES = 64 * 1024
+_BY_TS = operator.attrgetter("ts_ms")
 # Answers that say "not now" from a gateway or an overloaded server: safe to try again.
 _RETRY_SAFE_STATUS = frozenset({502, 503, 504})
 
@@ -230,16 +232,23 @@ class SeriesLookup(HttpLookup):
         path = self.route.format(app=app_path_segment(window.app))
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms, "step_ms": step_ms}
         body = self._get_json(self._settings.metrics_url, path, params, timeout_s)
-        points = [self._point(item) for item in _list_field(self.name, body, "points")]
-        return Series(points=tuple(sorted(points, key=lambda p: p.ts_ms)), step_ms=step_ms)
+        points = self._points(_list_field(self.name, body, "points"))
+        return Series(points=tuple(sorted(points, key=_BY_TS)), step_ms=step_ms)
 
-    def _point(self, item: Any) -> Point:
-        if not isinstance(item, list) or len(item) != 2:
-            raise BadBackendResponse(f"{self.name}: a point is not a [ts_ms, value] pair")
-        ts_ms, value = item
-        if not _is_number(ts_ms, int) or not _is_number(value, (int, float)):
-            raise BadBackendResponse(f"{self.name}: a point is not [integer, number]")
-        return Point(ts_ms=ts_ms, value=float(value))
+    def _points(self, items: list[Any]) -> list[Point]:
+        """``[ts_ms, value]`` pairs as points. Exact type checks: ``json`` makes exactly
+        ``list``, ``int`` and ``float`` (a bool is not an int here), and this loop runs for
+        every point of every series, so it avoids the generic checks' calls."""
+        points = []
+        for item in items:
+            if type(item) is not list or len(item) != 2:
+                raise BadBackendResponse(f"{self.name}: a point is not a [ts_ms, value] pair")
+            ts_ms, value = item
+            kind = type(value)
+            if type(ts_ms) is not int or (kind is not float and kind is not int):
+                raise BadBackendResponse(f"{self.name}: a point is not [integer, number]")
+            points.append(Point(ts_ms, float(value)))
+        return points
 
 
 class LatencyLookup(SeriesLookup):
