@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import pymongo
 from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
 from pymongo.database import Database
 
 from lookups.base import Lookup
@@ -42,6 +43,9 @@ COLLECTIONS = ("errors", "requests", "queries")
 # largest total time, and merges their normalised shapes here. Past the cap the ranking is
 # approximate: a shape spread thinly over many distinct literals may be under-counted.
 QUERY_GROUP_CAP = 1000
+# The exact types BSON decodes integers and numbers to (bool, a subclass of int, is neither).
+_INTEGERS = frozenset({int, Int64})
+_NUMBERS = frozenset({int, Int64, float})
 
 def ensure_indexes(db: Database) -> None:
     """Create the ``(app, ts)`` index every lookup's ``$match`` uses; idempotent."""
@@ -181,10 +185,18 @@ class QueriesLookup(MongoLookup):
     def build(self, documents: Sequence[Any]) -> TopList:
         merged: dict[str, tuple[int, float]] = {}
         for group in documents[:QUERY_GROUP_CAP]:
-            shape = normalise_query(_field(self.name, group, "_id", str))
-            count, total = merged.get(shape, (0, 0.0))
-            merged[shape] = (count + _field(self.name, group, "count", int),
-                             total + _duration(self.name, group, "total_ms"))
+            # Up to a thousand groups per call: exact BSON types checked inline, the
+            # generic checks (and their messages) only for a group that fails them.
+            query, count, total = (group.get("_id"), group.get("count"), group.get("total_ms")) \
+                if type(group) is dict else (None, None, None)
+            if type(query) is not str or type(count) not in _INTEGERS:
+                query = _field(self.name, group, "_id", str)
+                count = _field(self.name, group, "count", int)
+            if type(total) not in _NUMBERS:
+                total = _duration(self.name, group, "total_ms")
+            shape = normalise_query(query)
+            known_count, known_total = merged.get(shape, (0, 0.0))
+            merged[shape] = (known_count + count, known_total + total)
         entries = [TopEntry(key=shape, count=count, mean_ms=total / count if count else 0.0,
                             total_ms=total) for shape, (count, total) in merged.items()]
         return TopList(_sorted_by(entries, lambda e: (-e.total_ms, e.key))[:TOP_N])
