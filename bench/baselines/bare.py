@@ -29,7 +29,7 @@ from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E4
 from lookups.registry import default_registry  # noqa: E402
 from service.idl import appstats  # noqa: E402
 
-__all__ = ["BareHandler", "serve_connection", "serve_with", "main"]
+__all__ = ["BareHandler", "serve_with", "serve_until_stopped", "main"]
 
 
 class BareHandler:
@@ -64,20 +64,22 @@ def serve_with(processor: TProcessor) -> Callable[[socket.socket, Any], None]:
     return serve
 
 
-#: The whole server loop: process calls until the transport ends.
-serve_connection = serve_with(_PROCESSOR)
+def serve_until_stopped(settings: Any, processor: TProcessor, name: str) -> int:
+    """Serve ``processor`` on the configured address, ``server.max_connections`` at once;
+    announce READY as ``name``, and stop on SIGTERM or SIGINT."""
+    server = StreamServer((settings.server.host, settings.server.port), serve_with(processor),
+                          spawn=Pool(settings.server.max_connections))
+    server.start()
+    host, port = server.address[:2]
+    announce_ready(host=host, port=port, server=name)
+    wait_for_stop_signal()
+    server.stop(timeout=1.0)
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.bare", argv)
-    server = StreamServer((settings.server.host, settings.server.port), serve_connection,
-                          spawn=Pool(settings.server.max_connections))
-    server.start()
-    host, port = server.address[:2]
-    announce_ready(host=host, port=port, server="bare")
-    wait_for_stop_signal()
-    server.stop(timeout=1.0)
-    return 0
+    return serve_until_stopped(settings, _PROCESSOR, "bare")
 
 
 if __name__ == "__main__":

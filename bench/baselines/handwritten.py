@@ -28,14 +28,11 @@ from typing import Any, Optional, Sequence  # noqa: E402
 import gevent  # noqa: E402
 import pymongo  # noqa: E402
 import requests  # noqa: E402
-from gevent.pool import Pool  # noqa: E402
-from gevent.server import StreamServer  # noqa: E402
 from thriftpy2.thrift import TProcessor  # noqa: E402
 
-from bench.baselines.bare import serve_with  # noqa: E402
+from bench.baselines.bare import serve_until_stopped  # noqa: E402
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv, timeout_outcome)
-from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup  # noqa: E402
 from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # noqa: E402
                            UrlsLookup, window_filter)
@@ -107,14 +104,7 @@ def _lookups(settings: Any) -> dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.handwritten", argv)
     processor = TProcessor(appstats.AppStats, HandwrittenHandler(settings, _lookups(settings)))
-    server = StreamServer((settings.server.host, settings.server.port), serve_with(processor),
-                          spawn=Pool(settings.server.max_connections))
-    server.start()
-    host, port = server.address[:2]
-    announce_ready(host=host, port=port, server="handwritten")
-    wait_for_stop_signal()
-    server.stop(timeout=1.0)
-    return 0
+    return serve_until_stopped(settings, processor, "handwritten")
 
 
 if __name__ == "__main__":
