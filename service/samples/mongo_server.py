@@ -18,7 +18,7 @@ from typing import IO, Optional
 import pymongo
 from pymongo.errors import PyMongoError
 
-__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable"]
+__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port"]
 
 _EXECUTABLE = "nx-27017"
 _START_ATTEMPTS = 3          # a free port can be taken by someone else before we bind it
@@ -45,7 +45,8 @@ def find_executable() -> str:
     return on_path
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port of ``host`` free now (the kernel's pick for port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
@@ -96,7 +97,7 @@ class MongoWireServer:
         self._workdir = Path(tempfile.mkdtemp(prefix="fanout-mongo-"))
         deadline = time.monotonic() + self._ready_timeout_s
         for _ in range(_START_ATTEMPTS):
-            self._spawn(executable, _free_port(self._host))
+            self._spawn(executable, free_port(self._host))
             if self._wait_ready(deadline):
                 return self
             if self._process is not None and self._process.poll() is None:

@@ -13,7 +13,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,18 +20,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
+from service.samples.mongo_server import free_port
+
 __all__ = ["ZIPKIN_VERSION", "ZipkinServer", "ZipkinUnavailable", "zipkin_jar", "java_major_version"]
 
 ZIPKIN_VERSION = "3.4.2"
 _MAVEN = "https://repo1.maven.org/maven2/io/zipkin/zipkin-server"
 _MIN_JAVA = 17
 _START_TIMEOUT_S = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ZipkinUnavailable(RuntimeError):
@@ -85,7 +80,7 @@ class ZipkinServer:
 
     def __init__(self, jar: Optional[Path] = None, port: int = 0) -> None:
         self._jar = jar
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._process: Optional[subprocess.Popen[bytes]] = None
         self._log_path: Optional[Path] = None
