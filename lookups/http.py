@@ -224,7 +224,6 @@ class AlertsLookup(HttpLookup):
 class SeriesLookup(HttpLookup):
     """One metric series over the window, at the step :func:`step_ms_for` chooses."""
 
-    metric: ClassVar[str]
     service: ClassVar[str] = "metrics"
 
     def fetch(self, window: Window, timeout_s: float) -> Series:
@@ -253,13 +252,11 @@ class SeriesLookup(HttpLookup):
 
 class LatencyLookup(SeriesLookup):
     name: ClassVar[str] = "latency"
-    metric: ClassVar[str] = "latency"
     route: ClassVar[str] = "/apps/{app}/series/latency"
 
 
 class VolumeLookup(SeriesLookup):
     name: ClassVar[str] = "volume"
-    metric: ClassVar[str] = "volume"
     route: ClassVar[str] = "/apps/{app}/series/volume"
 
 

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar, Iterator, Mapping, Optional
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
 from service.engine.settings import AdmissionSettings, FanOutSettings
@@ -52,6 +52,15 @@ log = logging.getLogger(__name__)
 
 class ConfigError(ValueError):
     """Raised at start-up when a setting is unknown, mistyped or out of range."""
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity, as a container's cpuset limits it), 1..64."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 64))
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,8 @@ class ServerSettings:
         "lame_duck_ms": (0, None), "max_connection_age_ms": (0, None), "probe_port": (-1, 65535),
         "worker_heartbeat_timeout_ms": (0, None),
         "max_string_bytes": (16, None)})
+    #: Integer keys that also take "auto", and what it means.
+    AUTO_INTS: ClassVar[Mapping[str, Callable[[], int]]] = MappingProxyType({"workers": usable_cores})
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
@@ -223,19 +234,6 @@ def _build(raw: Mapping[str, Any]) -> Settings:
     return Settings(**parts, lookups=MappingProxyType(lookups))
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity, as a container's cpuset limits it), 1..64."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 64))
-
-
-#: Integer keys that also take "auto", and what it means.
-AUTO_INTS: dict[type, dict[str, Any]] = {ServerSettings: {"workers": usable_cores}}
-
-
 def _build_section(label: str, cls: type, body: Any) -> Any:
     if not isinstance(body, Mapping):
         raise ConfigError(f"{label}: must be a table")
@@ -250,12 +248,14 @@ def _build_section(label: str, cls: type, body: Any) -> Any:
 
 
 def _coerce(label: str, cls: type, key: str, kind: type, value: Any) -> Any:
-    """``value`` as ``kind``, within the section's ``CHOICES`` and ``INT_BOUNDS`` for ``key``."""
+    """``value`` as ``kind``, within the section's ``CHOICES``, ``INT_BOUNDS`` and
+    ``AUTO_INTS`` (integer keys that also take ``"auto"``) for ``key``."""
     if kind is bool:
         return _to_bool(label, value)
     if kind is int:
-        if isinstance(value, str) and value.strip().lower() == "auto" and key in AUTO_INTS.get(cls, ()):
-            return AUTO_INTS[cls][key]()
+        auto = getattr(cls, "AUTO_INTS", {}).get(key)
+        if auto is not None and isinstance(value, str) and value.strip().lower() == "auto":
+            return auto()
         return _to_int(label, value, cls.INT_BOUNDS.get(key, (1, None)))
     if kind is float:
         return _to_float(label, value)

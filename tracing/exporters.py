@@ -1,7 +1,8 @@
 """Span exporters chosen by settings or the standard ``OTEL_*`` variables.
 
 ``otlp`` (over HTTP, encoded by :mod:`tracing.otlp_wire`, or gRPC), ``zipkin``
-(:mod:`tracing.zipkin`, the optional ``zipkin`` extra), ``console``, or ``none``. Settings win over the environment; the environment over SDK defaults.
+(:mod:`tracing.zipkin`, the optional ``zipkin`` extra), ``console``, or ``none``.
+Settings win over the environment; the environment over SDK defaults.
 """
 
 from __future__ import annotations

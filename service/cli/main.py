@@ -116,7 +116,8 @@ def _trace_ui(args: argparse.Namespace) -> int:
 
     from service.cli.trace_ui import run_trace_ui
 
-    return run_trace_ui(sys.stdout, zipkin_url=args.zipkin, screenshots=Path(args.screenshots) if args.screenshots else None,
+    screenshots = Path(args.screenshots) if args.screenshots else None
+    return run_trace_ui(sys.stdout, zipkin_url=args.zipkin, screenshots=screenshots,
                         keep=not args.exit)
 
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, Hashable, Optional
 
 from gevent.event import AsyncResult
 
-__all__ = ["Coalescer", "CoalescedWaitTimeout", "CoalescingStats"]
+__all__ = ["Coalescer", "CoalescedWaitTimeout", "LeaderGone", "CoalescingStats"]
 
 
 class CoalescedWaitTimeout(TimeoutError):
