@@ -8,7 +8,7 @@ from typing import Any
 import gevent
 
 from service.client import AppStatsClient
-from service.client.instances import _MAX_EJECT_S
+from service.client.instances import MAX_EJECT_S
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from tests.support.sockets import wait_for
 
@@ -55,7 +55,7 @@ def test_three_instances_one_killed_mid_load_then_back(serve: Any,
         # Back once its ejection ends: doubling from 300 ms while the restart is slow (a
         # loaded machine saw 10 s pass), never past the client's ceiling.
         wait_for(lambda: load(client, 4, 0.5)[1] == [] and dead.calls > before,
-                 _MAX_EJECT_S + 5, "the revived instance gets calls again")
+                 MAX_EJECT_S + 5, "the revived instance gets calls again")
     assert revived.port == doomed.port
 
 

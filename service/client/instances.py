@@ -24,9 +24,10 @@ from typing import Callable, Iterable, Optional
 
 from service.client.connections import ConnectionPool
 
-__all__ = ["Instance", "Instances"]
+__all__ = ["Instance", "Instances", "MAX_EJECT_S"]
 
-_MAX_EJECT_S = 30.0
+#: The longest an instance stays ejected, however often it failed.
+MAX_EJECT_S = 30.0
 
 
 @dataclass(eq=False)
@@ -54,7 +55,7 @@ class Instance:
 
     def eject(self, base_s: float) -> None:
         self.failures += 1
-        self._eject_s = min(_MAX_EJECT_S, self._eject_s * 2 if self._eject_s else base_s)
+        self._eject_s = min(MAX_EJECT_S, self._eject_s * 2 if self._eject_s else base_s)
         self.ejected_until = time.monotonic() + self._eject_s
 
 
