@@ -293,7 +293,8 @@ def test_a_saturated_pool_of_our_own_does_not_open_the_backends_circuit(
         service, client = start_service(**{
             "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
             "mongo.database": SAMPLE_DATABASE, "mongo.max_pool_size": 3,
-            "fanout.task_timeout_ms": 400, "mongo.breaker_failures": 2})
+            "fanout.task_timeout_ms": 400, "mongo.breaker_failures": 2,
+            "fanout.coalesce": False})            # eight identical calls must each reach MongoDB
         call_all(client)                          # connections made while the backend is quick
         proxy.set_delay_ms(150)                   # slower, yet well within a task's budget
         calls = [gevent.spawn(call_all, client) for _ in range(8)]

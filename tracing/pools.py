@@ -4,9 +4,14 @@
 keeps, per pool, what Little's law needs over a rolling window
 (:data:`WINDOW_S`): how many acquisitions were attempted (the offered arrival
 rate, including the ones that waited in vain), how long slots were held
-(the busy time, integrated as slots change hands), and how long takers waited.
+(the busy time, integrated as slots change hands), and how long takers waited,
+and how many takers wanted a slot at once (holding one or waiting for one).
 :meth:`PoolMeter.report` turns that into a :class:`PoolReport` whose
-``recommended`` size is ``ceil(offered rate x mean hold time x HEADROOM)``.
+``recommended`` size is the mean number wanting a slot times :data:`HEADROOM`:
+Little's law, arrival rate x (mean wait + mean hold). Counting the waits matters
+once the pool is saturated: the holds then understate the need (a pool that
+serves its takers one after another is busy no more than its size, and a taker
+that got its slot only as its budget ran out holds it for an instant).
 
 Why our own rather than reading the OpenTelemetry SDK's aggregates back: the
 sizing needs a rolling window (an SDK histogram is cumulative or per export
@@ -48,7 +53,8 @@ class Semaphore(Protocol):
 
 @dataclass(frozen=True)
 class PoolReport:
-    """One pool over the rolling window; ``recommended`` is Little's law plus headroom."""
+    """One pool over the rolling window; ``recommended`` is Little's law plus headroom:
+    the mean number of takers holding or waiting for a slot, times :data:`HEADROOM`."""
 
     name: str
     size: int
@@ -63,13 +69,13 @@ class PoolReport:
 
 
 class _Bucket:
-    __slots__ = ("started", "attempts", "acquired", "timeouts", "busy_s", "in_use_counts",
-                 "wait_counts")
+    __slots__ = ("started", "attempts", "acquired", "timeouts", "busy_s", "wanted_s",
+                 "in_use_counts", "wait_counts")
 
     def __init__(self, started: float, size: int) -> None:
         self.started = started
         self.attempts = self.acquired = self.timeouts = 0
-        self.busy_s = 0.0
+        self.busy_s = self.wanted_s = 0.0
         self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
         self.wait_counts = [0] * _WAIT_BUCKETS
 
@@ -81,6 +87,7 @@ class PoolMeter:
         self.name = name
         self.size = size
         self.in_use = 0
+        self.waiting = 0
         self._changed_at = time.monotonic()
         self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
         _meters.add(self)
@@ -95,13 +102,17 @@ class PoolMeter:
         return bucket
 
     def _integrate(self, now: float, bucket: _Bucket) -> None:
-        bucket.busy_s += self.in_use * (now - self._changed_at)
+        elapsed = now - self._changed_at
+        bucket.busy_s += self.in_use * elapsed
+        bucket.wanted_s += (self.in_use + self.waiting) * elapsed
         self._changed_at = now
 
     def arriving(self) -> float:
         """Note an attempt to take a slot; returns the moment, for :meth:`taken`."""
         now = time.monotonic()
         bucket = self._current(now)
+        self._integrate(now, bucket)
+        self.waiting += 1
         bucket.attempts += 1
         bucket.in_use_counts[min(self.in_use, self.size + 1)] += 1
         return now
@@ -111,6 +122,7 @@ class PoolMeter:
         now = time.monotonic()
         bucket = self._current(now)
         self._integrate(now, bucket)
+        self.waiting -= 1
         self.in_use += 1
         bucket.acquired += 1
         bucket.wait_counts[_wait_bucket(now - since)] += 1
@@ -119,6 +131,8 @@ class PoolMeter:
         """No slot came free before the taker's timeout."""
         now = time.monotonic()
         bucket = self._current(now)
+        self._integrate(now, bucket)
+        self.waiting -= 1
         bucket.timeouts += 1
         bucket.wait_counts[_wait_bucket(now - since)] += 1
 
@@ -138,7 +152,8 @@ class PoolMeter:
         busy_s = sum(b.busy_s for b in buckets)
         offered = attempts / window_s
         hold_s = busy_s / acquired if acquired else 0.0
-        recommended = max(1, math.ceil(offered * hold_s * HEADROOM)) if acquired else self.size
+        wanted = sum(b.wanted_s for b in buckets) / window_s
+        recommended = max(1, math.ceil(wanted * HEADROOM)) if attempts else self.size
         in_use_p99 = _p99_index(_sum_columns(b.in_use_counts for b in buckets))
         wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
         wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)

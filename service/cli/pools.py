@@ -4,8 +4,9 @@ One line per pool::
 
     mongo size=31 in_use_p99=31 wait_p99_ms=128.0 recommended=52
 
-``recommended`` is Little's law over the server's rolling window: attempts per
-second (including takers that waited in vain) x mean hold time x 1.25 headroom.
+``recommended`` is Little's law over the server's rolling window: the mean number
+of takers holding or waiting for a slot (attempts per second x (mean wait + mean
+hold), takers that waited in vain included) x 1.25 headroom.
 For ``fanout.request`` (a pool per call, ``fanout.pool_size``) it is the 99th
 percentile of the tasks one call wanted at once. The last line is the adaptive
 admission limit, which sizes itself; then the tasks started since start and those that
