@@ -142,8 +142,9 @@ def test_fanout_pools_recommends_a_bigger_mongo_pool_when_it_is_saturated(
         proxy.set_delay_ms(150)
         service, _ = start_service(**{
             "mongo.uri": f"mongodb://{proxy.address[0]}:{proxy.address[1]}/?directConnection=true",
-            "mongo.max_pool_size": 3, "fanout.task_timeout_ms": 3000,
-            "fanout.request_deadline_ms": 3000,
+            # Answers due well before the burst's clients stop waiting (3 s).
+            "mongo.max_pool_size": 3, "fanout.task_timeout_ms": 2500,
+            "fanout.request_deadline_ms": 2500,
             "fanout.coalesce": False})   # identical calls must each reach MongoDB here
         burst(service.address, 12)
         host, port = service.address
