@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from http.cookiejar import DefaultCookiePolicy
 from types import MappingProxyType
 from typing import Mapping, Union
 from urllib.parse import urlsplit
@@ -176,6 +177,9 @@ class BackendClients:
                                     pool_block=True, max_retries=0)
         self._session = requests.Session()
         self._session.trust_env = False
+        # Lookups send no cookies (see HttpLookup._prepare): keep none either, so that a
+        # backend setting new ones on every answer cannot grow the jar.
+        self._session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
         if authorization:
             self._session.headers["Authorization"] = authorization
         self._session.mount("http://", self._adapter)

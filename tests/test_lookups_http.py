@@ -19,7 +19,7 @@ import requests
 
 from lookups.clients import BackendClients
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
-from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup
+from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup, step_ms_for
 from lookups.panels import Window
 from service.samples import SampleData, SampleHttpServices
 from service.samples.http_services import path_segments, serve_wsgi
@@ -322,6 +322,44 @@ def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., BackendC
     paths = [raw.split("?", 1)[0] for raw in seen]
     assert paths == [f"/base/apps/{segment}/alerts", f"/base/apps/{segment}/series/volume"]
     assert all(requests.utils.unquote(p.split("/")[3]) == app for p in paths)
+
+
+@pytest.fixture
+def cookie_setting_url() -> Iterator[tuple[str, list[dict[str, str]]]]:
+    """A server that sets a new cookie on every answer and records what each request sent."""
+    seen: list[dict[str, str]] = []
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        seen.append({"query": environ["QUERY_STRING"], "cookie": environ.get("HTTP_COOKIE", ""),
+                     "accept": environ.get("HTTP_ACCEPT", ""),
+                     "authorization": environ.get("HTTP_AUTHORIZATION", "")})
+        start_response("200 OK", [("Content-Type", "application/json"),
+                                  ("Set-Cookie", f"visit{len(seen)}=1; Path=/")])
+        return [json.dumps({"alerts": [], "points": []}).encode()]
+
+    server = serve_wsgi(app)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", seen
+    finally:
+        server.stop(timeout=1)
+
+
+def test_requests_carry_the_window_and_headers_and_no_cookies_are_sent_or_kept(
+        open_backends: Callable[..., BackendClients],
+        cookie_setting_url: tuple[str, list[dict[str, str]]]) -> None:
+    base, seen = cookie_setting_url
+    backends = open_backends(alerts_url=base, metrics_url=base, auth_token="s3cret")
+    window = Window("shop", *WINDOWS["day"])
+    for _ in range(3):
+        AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+    VolumeLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+    start_ms, end_ms = WINDOWS["day"]
+    assert [r["query"] for r in seen] == [f"start_ms={start_ms}&end_ms={end_ms}"] * 3 + [
+        f"start_ms={start_ms}&end_ms={end_ms}&step_ms={step_ms_for(window)}"]
+    assert {r["accept"] for r in seen} == {"application/json"}
+    assert {r["authorization"] for r in seen} == {"Bearer s3cret"}
+    assert [r["cookie"] for r in seen] == [""] * 4
+    assert len(backends.session.cookies) == 0
 
 
 @pytest.mark.parametrize("app", ["", ".", ".."])
