@@ -16,11 +16,13 @@ Collections (database ``mongo.database``)::
 from __future__ import annotations
 
 import abc
+import contextlib
 import functools
 import re
 from typing import Any, ClassVar, Optional, Sequence
 
 import pymongo
+import pymongo.errors
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from pymongo.database import Database
@@ -34,6 +36,7 @@ from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEn
                             Window)
 
 __all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
+           "aggregate_one_batch",
            "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
            "QueriesLookup", "translated_errors"]
 
@@ -70,6 +73,33 @@ def window_filter(window: Window) -> dict[str, Any]:
                      {"ts": {"$lt": DatetimeMS(window.end_ms)}}]}
 
 
+def aggregate_one_batch(db: Database, collection: str, pipeline: list[dict[str, Any]]) -> list[Any]:
+    """The documents of an aggregation whose result fits one batch, read as one command.
+
+    Every lookup's pipeline ends in a ``$limit`` of at most :data:`QUERY_GROUP_CAP`, so
+    its result comes back in the ``aggregate`` command's first batch. Sent with
+    ``Database.command`` (the same command ``Collection.aggregate`` sends, with the
+    database's read preference and read concern) it costs about a sixth less CPU than
+    through ``Collection.aggregate``, which also builds a command cursor and a retryable
+    read around it (measured in alternating runs); retries are the guard's. Should a
+    result ever need a second batch (over 16 MiB), the cursor is closed and the
+    aggregation runs again through ``Collection.aggregate``.
+    """
+    concern = db.read_concern.document
+    reply = db.command("aggregate", collection, pipeline=pipeline,
+                       cursor={"batchSize": QUERY_GROUP_CAP}, read_preference=db.read_preference,
+                       **({"readConcern": concern} if concern else {}))
+    cursor = reply["cursor"]
+    if not cursor["id"]:
+        return cursor["firstBatch"]
+    # Best effort: sent to a server the read preference selects, which on a replica set
+    # may not hold the cursor (then a no-op; the server drops it when idle).
+    with contextlib.suppress(pymongo.errors.PyMongoError):
+        db.command("killCursors", collection, cursors=[cursor["id"]],
+                   read_preference=db.read_preference)
+    return list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
+
+
 class MongoLookup(Lookup, abc.ABC):
     """One aggregation over ``collection``; subclasses give the stages after ``$match``.
 
@@ -93,11 +123,9 @@ class MongoLookup(Lookup, abc.ABC):
         if timeout_s <= 0:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        collection = self._db[self.collection]
-        # Every pipeline ends in a $limit of at most QUERY_GROUP_CAP: one batch holds it all.
         documents = self._guard.call(self.name, lambda left_s: run_bounded(
             self.name, self._db.client, self._slots, left_s,
-            lambda: list(collection.aggregate(pipeline, batchSize=QUERY_GROUP_CAP))), timeout_s)
+            lambda: aggregate_one_batch(self._db, self.collection, pipeline)), timeout_s)
         return self.build(documents)
 
     @abc.abstractmethod

@@ -19,7 +19,8 @@ import pytest
 
 from lookups.clients import BackendClients
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse
-from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
+from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
+                           aggregate_one_batch,
                            normalise_query)
 from lookups.panels import TopList, Window
 from service.samples import MongoWireServer, SampleData
@@ -170,6 +171,19 @@ def test_malformed_documents_are_a_bad_response(malformed_db: Any) -> None:
         with pytest.raises(BadBackendResponse) as caught:
             lookup.fetch(window, timeout_s=5.0)
         assert caught.value.retryable is False
+
+
+def test_a_result_past_one_batch_comes_back_whole(malformed_db: Any) -> None:
+    # The lookups' pipelines end in a $limit that one batch holds; a result that needs
+    # a second batch still comes back whole (through Collection.aggregate).
+    malformed_db.many.insert_many([{"n": n} for n in range(QUERY_GROUP_CAP + 500)])
+    reply = malformed_db.command("aggregate", "many", pipeline=[{"$sort": {"n": 1}}],
+                                 cursor={"batchSize": QUERY_GROUP_CAP})
+    assert reply["cursor"]["id"] != 0           # the server did split it
+    documents = aggregate_one_batch(malformed_db, "many", [{"$sort": {"n": 1}}])
+    assert [d["n"] for d in documents] == list(range(QUERY_GROUP_CAP + 500))
+    one_batch = aggregate_one_batch(malformed_db, "many", [{"$sort": {"n": 1}}, {"$limit": 3}])
+    assert [d["n"] for d in one_batch] == [0, 1, 2]
 
 
 def _closed_port() -> int:
