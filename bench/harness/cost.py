@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import panel_names
-from bench.harness.scenarios import (Results, Scale, Scenario, _config, _cpu_ms_per_reply,
-                                     _per_rep)
+from bench.harness.scenarios import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
+                                     _cpu_ms_per_reply, _per_rep, _per_rep_frame, _slowest_panel)
 
 __all__ = ["cpu_per_call", "open_loop_latency", "coalescing"]
 
@@ -26,9 +26,14 @@ def cpu_per_call(scale: Scale) -> Scenario:
     levels = (1, 50)
     servers = ("fanout", "handwritten", "threaded")
     configs = [_config(name, s, "stats", c) for c in levels for s in servers]
+    # Each panel asked for alone, as in the efficiency scenario: the yardstick of p50.
+    singles = len(panel_names())
+    configs.append(_config(name, "fanout", "stats_each_panel", singles, label="single-lookups",
+                           interval_s=SINGLE_INTERVAL_S))
 
     def goals(results: Results) -> list[Goal]:
-        out = []
+        out = [_p50_over_slowest_lookup(name, results.get(f"{name}/fanout/c1"),
+                                        results.get(f"{name}/single-lookups/c{singles}"))]
         for c in levels:
             fan = _cpu_ms_per_reply(results.get(f"{name}/fanout/c{c}"))
             out.append(ratio_goal(name, f"server CPU per call fanout / hand-written gevent, "
@@ -50,11 +55,22 @@ def cpu_per_call(scale: Scale) -> Scenario:
         return out
 
     notes = ["Closed loop of get_app_stats (7 lookups, 20 ms backend delay), tracing off. "
+             "Slowest lookup = the largest p50 among the 7 panels, each asked for alone "
+             f"on its own connection (one call every {SINGLE_INTERVAL_S:g} s each). "
              "CPU per call = the server process's CPU (from /proc, per window) / replies. "
              "hand-written = bench/baselines/handwritten.py: a gevent StreamServer, plain "
              "gevent.spawn per lookup, plain pymongo aggregate and requests get, the same "
              "queries and parsing; threaded = TThreadedServer and a ThreadPoolExecutor."]
     return Scenario(name, "CPU per call", configs, goals, notes)
+
+
+def _p50_over_slowest_lookup(name: str, calls: Optional[dict[str, Any]],
+                             single: Optional[dict[str, Any]]) -> Goal:
+    slowest = _slowest_panel(single)
+    return ratio_goal(name, "p50 fanout at 1 connection / slowest lookup alone (p50)",
+                      _per_rep(calls, "p50_ms"), _per_rep_frame(single, slowest, "p50_ms"),
+                      limit=1.15, at_most=True,
+                      note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}")
 
 
 # ---- latency under an open loop ------------------------------------------------------------------
