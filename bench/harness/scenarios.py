@@ -48,7 +48,8 @@ def _spec(**kwargs: Any) -> Any:
 
 def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
             **kwargs: Any) -> Config:
-    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce"}
+    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce",
+                 "python"}
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
     key = f"{scenario}/{label or server}/c{connections}"
@@ -302,11 +303,13 @@ def real_queries(scale: Scale) -> Scenario:
 
 from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency  # noqa: E402
 from bench.harness.overload import overload  # noqa: E402  (they build on the helpers above)
+from bench.harness.pythons import python_versions  # noqa: E402
 
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
                      "tracing": tracing_cost, "workers": multi_core, "nx": real_queries,
-                     "coalescing": coalescing, "cpu": cpu_per_call, "latency": open_loop_latency}
+                     "coalescing": coalescing, "cpu": cpu_per_call, "latency": open_loop_latency,
+                     "python": python_versions}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

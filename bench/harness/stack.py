@@ -31,6 +31,7 @@ import json
 import logging
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,6 +86,8 @@ class StackSpec:
     # Off unless a scenario is about it: every other scenario sends the same app and window
     # on every call, and sharing those calls would compare unequal work with the baselines.
     coalesce: bool = False      # fanout.coalesce
+    # Another CPython for the server alone (bench.harness.pythons); "" = this interpreter.
+    python: str = ""
 
     def __post_init__(self) -> None:
         for name, value, choices in (("server", self.server, SERVERS),
@@ -97,8 +100,8 @@ class StackSpec:
                              "pool_size >= 2")
         if self.admission not in ("adaptive", "one"):
             raise ValueError(f"StackSpec.admission: adaptive or one, got {self.admission!r}")
-        if self.server != "fanout" and (self.workers != 1 or self.tracing != "off"):
-            raise ValueError("StackSpec: workers and tracing apply to the fanout server only")
+        if self.server != "fanout" and (self.workers != 1 or self.tracing != "off" or self.python):
+            raise ValueError("StackSpec: workers, tracing and python apply to the fanout server only")
 
 
 def sample_call() -> tuple[str, int, int]:
@@ -213,13 +216,14 @@ def start_stack(spec: StackSpec, timeout_s: float = 60.0) -> Stack:
     Raises :class:`StackError` (with the failing process's log tail) when a process
     exits or is not ready within ``timeout_s``; whatever had started is stopped first.
     """
+    interpreter = _server_interpreter(spec)   # first: making its environment may take minutes
     started = time.monotonic()
     deadline = started + timeout_s
     raise_nofile_limit()   # for the load generator in this process; children raise their own
     stack = Stack(spec, Path(tempfile.mkdtemp(prefix=f"fanout-bench-{spec.server}-")))
     try:
         _start_backends(stack, deadline)
-        _start_server(stack, deadline)
+        _start_server(stack, interpreter, deadline)
     except BaseException as exc:
         stack.close()
         if isinstance(exc, ProcessStartError):
@@ -228,6 +232,17 @@ def start_stack(spec: StackSpec, timeout_s: float = 60.0) -> Stack:
     stack.startup_s = time.monotonic() - started
     _check_nofile_limit(stack)
     return stack
+
+
+def _server_interpreter(spec: StackSpec) -> str:
+    if not spec.python:
+        return sys.executable
+    from bench.harness.pythons import server_interpreter
+
+    try:
+        return server_interpreter(spec.python)
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        raise StackError(f"no environment for {spec.python}: {exc}") from None
 
 
 def _python_module(*args: str) -> list[str]:
@@ -252,13 +267,14 @@ def _start_backends(stack: Stack, deadline: float) -> None:
         stack.processes[role].wait_ready(deadline)
 
 
-def _start_server(stack: Stack, deadline: float) -> None:
+def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
     facts = {role: process.facts for role, process in stack.processes.items()}
     config = stack.workdir / "bench.toml"
     config.write_text(stack_config(stack.spec, facts["mongo"]["uri"], facts["http"]["alerts_url"],
                                    facts["http"]["metrics_url"],
                                    facts.get("otlp", {}).get("endpoint")))
     argv = _python_module(*_SERVER_MODULES[stack.spec.server], "--config", str(config))
+    argv[0] = interpreter
     server = stack.processes["server"] = _process(stack, "server", argv).spawn()
     ready = server.wait_ready(deadline)
     stack.address = (ready["host"], int(ready["port"]))
