@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import panel_names
+from service.config import usable_cores
 from bench.harness.scenarios import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
                                      _cpu_ms_per_reply, _per_rep, _per_rep_frame, _slowest_panel)
 
@@ -30,6 +31,11 @@ def cpu_per_call(scale: Scale) -> Scenario:
     singles = len(panel_names())
     configs.append(_config(name, "fanout", "stats_each_panel", singles, label="single-lookups",
                            interval_s=SINGLE_INTERVAL_S))
+    # What `server.workers = "auto"` starts here: the threaded server cannot pass one core.
+    cores = usable_cores()
+    if cores > 1:
+        configs.append(_config(name, "fanout", "stats", 50, label="fanout-workers-auto",
+                               workers=cores))
 
     def goals(results: Results) -> list[Goal]:
         out = [_p50_over_slowest_lookup(name, results.get(f"{name}/fanout/c1"),
@@ -48,6 +54,12 @@ def cpu_per_call(scale: Scale) -> Scenario:
                               _per_rep(results.get(f"{name}/fanout/c50"), "rps"),
                               _per_rep(results.get(f"{name}/threaded/c50"), "rps"),
                               limit=1.5, at_most=False))
+        if cores > 1:
+            out.append(ratio_goal(name, f"calls/s fanout with workers = auto ({cores}) / threaded "
+                                        "at 50 connections",
+                                  _per_rep(results.get(f"{name}/fanout-workers-auto/c50"), "rps"),
+                                  _per_rep(results.get(f"{name}/threaded/c50"), "rps"),
+                                  limit=1.5, at_most=False))
         out.append(ratio_goal(name, "p50 fanout / hand-written at 1 connection",
                               _per_rep(results.get(f"{name}/fanout/c1"), "p50_ms"),
                               _per_rep(results.get(f"{name}/handwritten/c1"), "p50_ms"),
