@@ -54,13 +54,11 @@ class ConfigError(ValueError):
     """Raised at start-up when a setting is unknown, mistyped or out of range."""
 
 
-def usable_cores() -> int:
-    """The CPUs this process may run on (its affinity, as a container's cpuset limits it), 1..64."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 64))
+def _usable_cores() -> int:
+    # Imported when called: service.workers imports this module.
+    from service.workers.process import usable_cores
+
+    return usable_cores()
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ class ServerSettings:
         "worker_heartbeat_timeout_ms": (0, None),
         "max_string_bytes": (16, None)})
     #: Integer keys that also take "auto", and what it means.
-    AUTO_INTS: ClassVar[Mapping[str, Callable[[], int]]] = MappingProxyType({"workers": usable_cores})
+    AUTO_INTS: ClassVar[Mapping[str, Callable[[], int]]] = MappingProxyType({"workers": _usable_cores})
 
     def __post_init__(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -133,13 +135,21 @@ def test_zero_turns_the_hub_monitor_and_drain_wait_off() -> None:
     assert settings.server.hub_block_threshold_ms == 0 and settings.server.drain_timeout_ms == 0
 
 
+@pytest.mark.parametrize(("quota", "period", "cores"), [
+    ("200000", "100000", 2), ("150000", "100000", 2), ("50000", "100000", 1),
+    ("max", "100000", None), ("-1", "100000", None), ("100000", "0", None), ("", "", None)])
+def test_a_cgroup_cpu_quota_is_counted_in_whole_cores(quota: str, period: str,
+                                                      cores: Optional[int]) -> None:
+    from service.workers.process import quota_cores
+
+    assert quota_cores(quota, period) == cores
+
+
 def test_workers_auto_is_one_per_usable_core(tmp_path) -> None:
-    import os
+    from service.workers.process import usable_cores
 
-    from service.config import usable_cores
-
-    cores = len(os.sched_getaffinity(0))
-    assert usable_cores() == min(cores, 64)
+    cores = usable_cores()
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
     path = tmp_path / "fanout.toml"
     path.write_text('[server]\nworkers = "auto"\n')
     assert load_settings(path, env={}).server.workers == cores

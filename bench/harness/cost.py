@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import panel_names
-from service.config import usable_cores
+from service.workers.process import usable_cores
 from bench.harness.scenarios import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
                                      _cpu_ms_per_reply, _per_rep, _per_rep_frame, _slowest_panel)
 
