@@ -24,6 +24,7 @@ see the connection close (a transport error, safe to retry elsewhere).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import socket
@@ -38,17 +39,19 @@ from service.config import Settings, as_config_error
 from tracing.metrics import configure_metrics
 from tracing.setup import Tracing, configure_tracing
 
-__all__ = ["run_server", "STOP_SIGNALS"]
+__all__ = ["run_server", "tune_collector", "STOP_SIGNALS", "GC_YOUNG_THRESHOLD"]
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: Tracked objects allocated (net) before a young collection; Python's default is 700.
+GC_YOUNG_THRESHOLD = 10_000
 
 
 def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
                on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
                install_signals: bool = True, stop: Optional[Event] = None,
-               worker_index: int = 0) -> int:
+               worker_index: int = 0, tune_gc: bool = False) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
     Configures tracing and metrics (``settings.tracing``, ``settings.metrics``; a
@@ -57,7 +60,10 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
     share), calls ``on_ready(address)`` once listening, and blocks. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
     already bounded. With ``install_signals`` false no handler is installed and
-    only ``stop`` ends the wait. Returns 0 after the drain in the module doc.
+    only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
+    collector is tuned by :func:`tune_collector`: for a process that exists to serve
+    (``fanout serve``, a worker), not one that embeds the server. Returns 0 after the
+    drain in the module doc.
 
     Raises OSError if it cannot listen, :class:`~service.config.ConfigError`
     (:class:`~service.wire.tls.TlsConfigError` for unusable TLS files) for settings it
@@ -75,6 +81,8 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         service = FanOutService(settings, listener=listener)
         cleanup.callback(_close, service)
         service.start()
+        if tune_gc:
+            tune_collector()
         cleanup.callback(service.drain)
         signals = _StopSignals(stop) if install_signals else None
         if signals is not None:
@@ -91,6 +99,22 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         log.info("drain: %s received; draining for up to %d ms", received,
                  settings.server.drain_timeout_ms)
     return 0
+
+
+def tune_collector() -> None:
+    """Freeze what start-up built and make young collections rarer, for a serving process.
+
+    Measured under a closed loop at 50 connections (gc callbacks, CPU of the collector
+    over the measured windows): with Python's defaults the collector took about 1.5 s of
+    CPU in 10 s of load, a full collection of 85-96 ms about every 1.2 s among them
+    (the hub monitor's "event loop blocked" lines); after ``gc.freeze()`` (the modules,
+    clients and settings are never scanned again) and a young threshold of
+    :data:`GC_YOUNG_THRESHOLD`, 0.6 s, with young collections of 16-29 ms about twice a
+    second and no full one. Reference cycles are still collected.
+    """
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _close(service: FanOutService) -> None:

@@ -7,10 +7,13 @@ waiting at the backend) when it sends the signal, without guessing at timings.
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from typing import Any, Iterator
 
@@ -28,7 +31,7 @@ from service.client import AppStatsClient
 from service.config import load_settings
 from tracing.settings import TracingSettings
 from service.idl import appstats
-from service.lifecycle import run_server
+from service.lifecycle import GC_YOUNG_THRESHOLD, run_server
 from tests.support.samples import backend_overrides
 from tests.support.sockets import wait_for
 from tracing.setup import configure_tracing
@@ -204,6 +207,35 @@ def test_run_server_in_process_on_a_given_listener(mongo_server, http_services) 
     finally:
         running.kill()
         listener.close()
+
+
+_TUNED_GC_PROBE = r"""
+from gevent import monkey; monkey.patch_all()
+import gc, gevent.event, json, sys
+from service.config import load_settings
+from service.lifecycle import GC_YOUNG_THRESHOLD, run_server
+stop = gevent.event.Event()
+before = (gc.get_threshold()[0], gc.get_freeze_count())
+def ready(address):
+    print(json.dumps({"before": before, "after": (gc.get_threshold()[0], gc.get_freeze_count())}))
+    stop.set()
+settings = load_settings(env={}, overrides={"server.port": 0, "tracing.enabled": False})
+sys.exit(run_server(settings, on_ready=ready, install_signals=False, stop=stop,
+                    tune_gc=sys.argv[1] == "tune"))
+"""
+
+
+@pytest.mark.parametrize("mode", ["tune", "embed"])
+def test_a_serving_process_tunes_its_collector_and_an_embedding_one_is_left_alone(mode: str) -> None:
+    shown = subprocess.run([sys.executable, "-c", _TUNED_GC_PROBE, mode],
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    figures = json.loads(shown.stdout.strip().splitlines()[-1])
+    assert figures["before"] == [700, 0]
+    if mode == "tune":
+        assert figures["after"][0] == GC_YOUNG_THRESHOLD and figures["after"][1] > 1000
+    else:
+        assert figures["after"] == figures["before"]
 
 
 def test_run_server_needs_a_way_to_stop() -> None:

@@ -180,7 +180,8 @@ class _Master:
             assert self._listener is not None
             log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot.index, self._count)
             self._heartbeats.start_beating(slot.index)
-            code = run_server(self._settings, listener=self._listener, worker_index=slot.index)
+            code = run_server(self._settings, listener=self._listener, worker_index=slot.index,
+                              tune_gc=True)
         except Exception as exc:
             log.exception("worker %d failed", os.getpid())
             code = _CONFIG_ERROR_STATUS if isinstance(exc, ConfigError) else 1
