@@ -109,7 +109,7 @@ def tune_collector() -> None:
     CPU in 10 s of load, a full collection of 85-96 ms about every 1.2 s among them
     (the hub monitor's "event loop blocked" lines); after ``gc.freeze()`` (the modules,
     clients and settings are never scanned again) and a young threshold of
-    :data:`GC_YOUNG_THRESHOLD`, 0.6 s, with young collections of 16-29 ms about twice a
+    :data:`GC_YOUNG_THRESHOLD`, 0.5-0.6 s, with young collections of 16-29 ms about twice a
     second and no full one. Reference cycles are still collected.
     """
     gc.freeze()
