@@ -173,6 +173,9 @@ def _own_rss_kib() -> int:
 
 def measure_idle_connections(n: int, warmup: int = 50) -> dict:
     """Start ``fanout serve`` (tracing off), hold ``n`` idle connections, return the server's RSS per connection."""
+    # Imported here: this module's probes patch the standard library before it loads.
+    from service.samples.mongo_server import stop_process
+
     _raise_fd_limit(n + warmup + 200)
     env = {**_quiet_env(), "FANOUT_SERVER_MAX_CONNECTIONS": str(n + warmup + 100),
            "FANOUT_SERVER_IDLE_TIMEOUT_MS": "600000", "FANOUT_MONGO_URI": "mongodb://127.0.0.1:9"}
@@ -192,7 +195,7 @@ def measure_idle_connections(n: int, warmup: int = 50) -> dict:
     finally:
         for sock in held:
             sock.close()
-        _stop(server)
+        stop_process(server, timeout_s=15, kill_wait_s=10)
     return {"mean": round((during - before) / n, 3), "n": n, "rss_before_kib": before,
             "rss_during_kib": during}
 
@@ -242,16 +245,6 @@ def _read_exactly(sock: socket.socket, count: int) -> bytes:
 def _rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/statm") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

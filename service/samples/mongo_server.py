@@ -18,7 +18,7 @@ from typing import IO, Optional
 import pymongo
 from pymongo.errors import PyMongoError
 
-__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port"]
+__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port", "stop_process"]
 
 _EXECUTABLE = "nx-27017"
 _START_ATTEMPTS = 3          # a free port can be taken by someone else before we bind it
@@ -50,6 +50,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+def stop_process(process: Optional[subprocess.Popen], timeout_s: float,
+                 kill_wait_s: Optional[float] = None) -> None:
+    """SIGTERM ``process``, wait up to ``timeout_s``, then SIGKILL it and wait up to
+    ``kill_wait_s`` (default ``timeout_s``) to reap it. Nothing for None or one that ended."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=timeout_s if kill_wait_s is None else kill_wait_s)
 
 
 class MongoWireServer:
@@ -158,14 +172,7 @@ class MongoWireServer:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate, wait up to ``timeout_s``, then kill; remove the files. Idempotent."""
         process, self._process = self._process, None
-        if process is not None:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(timeout=timeout_s)
+        stop_process(process, timeout_s)
         self._close_console()
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)

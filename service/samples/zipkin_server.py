@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
-from service.samples.mongo_server import free_port
+from service.samples.mongo_server import free_port, stop_process
 
 __all__ = ["ZIPKIN_VERSION", "ZipkinServer", "ZipkinUnavailable", "zipkin_jar", "java_major_version"]
 
@@ -132,13 +132,7 @@ class ZipkinServer:
     def stop(self) -> None:
         """Stop the process (SIGTERM, then SIGKILL after 10 s); idempotent."""
         process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
+        stop_process(process, timeout_s=10)
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
 
