@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import panel_names
-from service.workers.process import usable_cores
 from bench.harness.scenarios import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
-                                     _cpu_ms_per_reply, _per_rep, _per_rep_frame, _slowest_panel)
+                                     _cpu_ms_per_reply, _per_rep, over_slowest_lookup)
+from service.workers.process import usable_cores
 
 __all__ = ["cpu_per_call", "open_loop_latency", "coalescing"]
 
@@ -38,8 +38,9 @@ def cpu_per_call(scale: Scale) -> Scenario:
                                workers=cores))
 
     def goals(results: Results) -> list[Goal]:
-        out = [_p50_over_slowest_lookup(name, results.get(f"{name}/fanout/c1"),
-                                        results.get(f"{name}/single-lookups/c{singles}"))]
+        out = [over_slowest_lookup(name, "p50 fanout at 1 connection / slowest lookup alone (p50)",
+                                   results.get(f"{name}/fanout/c1"), "p50",
+                                   results.get(f"{name}/single-lookups/c{singles}"), limit=1.15)]
         for c in levels:
             fan = _cpu_ms_per_reply(results.get(f"{name}/fanout/c{c}"))
             out.append(ratio_goal(name, f"server CPU per call fanout / hand-written gevent, "
@@ -74,15 +75,6 @@ def cpu_per_call(scale: Scale) -> Scenario:
              "gevent.spawn per lookup, plain pymongo aggregate and requests get, the same "
              "queries and parsing; threaded = TThreadedServer and a ThreadPoolExecutor."]
     return Scenario(name, "CPU per call", configs, goals, notes)
-
-
-def _p50_over_slowest_lookup(name: str, calls: Optional[dict[str, Any]],
-                             single: Optional[dict[str, Any]]) -> Goal:
-    slowest = _slowest_panel(single)
-    return ratio_goal(name, "p50 fanout at 1 connection / slowest lookup alone (p50)",
-                      _per_rep(calls, "p50_ms"), _per_rep_frame(single, slowest, "p50_ms"),
-                      limit=1.15, at_most=True,
-                      note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}")
 
 
 # ---- latency under an open loop ------------------------------------------------------------------

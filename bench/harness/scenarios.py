@@ -75,17 +75,13 @@ def fanout_efficiency(scale: Scale) -> Scenario:
 
     def goals(results: Results) -> list[Goal]:
         single = results.get(f"{name}/single-lookups/c{len(panel_names())}")
-        slowest = _slowest_panel(single)
         out = []
         for server in servers:
             calls = results.get(f"{name}/{server}/c{EFFICIENCY_CALLERS}")
             for pct, limit in (("p50", 1.10), ("p99", 1.25)):
-                is_goal = server == "fanout"
-                out.append(ratio_goal(
-                    name, f"{server} request {pct} / slowest lookup alone (p50)",
-                    _per_rep(calls, f"{pct}_ms"), _per_rep_frame(single, slowest, "p50_ms"),
-                    limit=limit if is_goal else None, at_most=True,
-                    note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}"))
+                out.append(over_slowest_lookup(
+                    name, f"{server} request {pct} / slowest lookup alone (p50)", calls, pct,
+                    single, limit=limit if server == "fanout" else None))
         return out
 
     notes = [f"{EFFICIENCY_CALLERS} callers, each calling get_app_stats (7 lookups, 20 ms "
@@ -97,6 +93,16 @@ def fanout_efficiency(scale: Scale) -> Scenario:
              "the 20 ms delay is its lower bound. The server's own per-panel times "
              "(sampled replies) are in results.json (server_side)."]
     return Scenario(name, "Fan-out efficiency", configs, goals, notes)
+
+
+def over_slowest_lookup(scenario: str, text: str, calls: Optional[dict[str, Any]], pct: str,
+                        single: Optional[dict[str, Any]], limit: Optional[float]) -> Goal:
+    """``pct`` latency of ``calls`` over the p50 of the slowest panel asked for alone
+    (``single``: a "stats_each_panel" result), with its interval."""
+    slowest = _slowest_panel(single)
+    return ratio_goal(scenario, text, _per_rep(calls, f"{pct}_ms"),
+                      _per_rep_frame(single, slowest, "p50_ms"), limit=limit, at_most=True,
+                      note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}")
 
 
 def _slowest_panel(single: Optional[dict[str, Any]]) -> Optional[int]:

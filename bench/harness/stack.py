@@ -273,8 +273,7 @@ def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
     config.write_text(stack_config(stack.spec, facts["mongo"]["uri"], facts["http"]["alerts_url"],
                                    facts["http"]["metrics_url"],
                                    facts.get("otlp", {}).get("endpoint")))
-    argv = _python_module(*_SERVER_MODULES[stack.spec.server], "--config", str(config))
-    argv[0] = interpreter
+    argv = [interpreter, "-m", *_SERVER_MODULES[stack.spec.server], "--config", str(config)]
     server = stack.processes["server"] = _process(stack, "server", argv).spawn()
     ready = server.wait_ready(deadline)
     stack.address = (ready["host"], int(ready["port"]))
