@@ -72,23 +72,15 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
     call.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: now)")
     call.add_argument("--panels", help="comma-separated panel names (default: all)")
-    call.add_argument("--deadline-ms", type=int, default=2000,
-                      help="the call's budget in milliseconds (default 2000)")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
-    call.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
-    call.add_argument("--tls-server-name", metavar="NAME",
-                      help="the name the server's certificate must hold (default: --host)")
+    _client_flags(call)
     call.set_defaults(run=_call)
 
     pools = commands.add_parser("pools", help="ask a running server how full its pools are "
                                                "and what size they should be")
     _server_flags(pools, with_config=False)
     pools.add_argument("--json", action="store_true", help="print the report as JSON")
-    pools.add_argument("--deadline-ms", type=int, default=2000,
-                       help="the call's budget in milliseconds (default 2000)")
-    pools.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
-    pools.add_argument("--tls-server-name", metavar="NAME",
-                       help="the name the server's certificate must hold (default: --host)")
+    _client_flags(pools)
     pools.set_defaults(run=_call, method="pool_stats")
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
@@ -130,6 +122,15 @@ def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
                         help="Thrift transport; must match the server's (default framed)")
     parser.add_argument("--protocol", choices=["binary", "compact"],
                         help="Thrift protocol; must match the server's (default binary)")
+
+
+def _client_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of a command that calls a running server: its budget and TLS."""
+    parser.add_argument("--deadline-ms", type=int, default=2000,
+                        help="the call's budget in milliseconds (default 2000)")
+    parser.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
+    parser.add_argument("--tls-server-name", metavar="NAME",
+                        help="the name the server's certificate must hold (default: --host)")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
