@@ -139,11 +139,8 @@ def _misbehaving_app(environ: dict[str, Any], start_response: Callable[..., Any]
 
 @pytest.fixture(scope="module")
 def misbehaving_url() -> Iterator[str]:
-    server = serve_wsgi(_misbehaving_app)
-    try:
+    with serve_wsgi(_misbehaving_app) as server:   # stops it (1 s timeout) on leaving
         yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.stop(timeout=1)
 
 
 @pytest.fixture
@@ -297,11 +294,8 @@ def recording_url() -> Iterator[tuple[str, list[str]]]:
         start_response("200 OK", [("Content-Type", "application/json")])
         return [json.dumps({"alerts": [], "points": []}).encode()]
 
-    server = serve_wsgi(app)
-    try:
+    with serve_wsgi(app) as server:
         yield f"http://127.0.0.1:{server.server_port}/base", seen
-    finally:
-        server.stop(timeout=1)
 
 
 @pytest.mark.parametrize(("app", "segment"), [
@@ -337,11 +331,8 @@ def cookie_setting_url() -> Iterator[tuple[str, list[dict[str, str]]]]:
                                   ("Set-Cookie", f"visit{len(seen)}=1; Path=/")])
         return [json.dumps({"alerts": [], "points": []}).encode()]
 
-    server = serve_wsgi(app)
-    try:
+    with serve_wsgi(app) as server:
         yield f"http://127.0.0.1:{server.server_port}", seen
-    finally:
-        server.stop(timeout=1)
 
 
 def test_requests_carry_the_window_and_headers_and_no_cookies_are_sent_or_kept(
