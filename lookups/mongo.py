@@ -124,7 +124,7 @@ class MongoLookup(Lookup, abc.ABC):
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
         documents = self._guard.call(self.name, lambda left_s: run_bounded(
-            self.name, self._db.client, self._slots, left_s,
+            self.name, self._db, self._slots, left_s,
             lambda: aggregate_one_batch(self._db, self.collection, pipeline)), timeout_s)
         return self.build(documents)
 

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import pymongo
 from bson.errors import BSONError
 from gevent import monkey
+from pymongo.database import Database
 from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, PyMongoError,
                             ServerSelectionTimeoutError)
 
@@ -42,14 +43,16 @@ T = TypeVar("T")
 _SELECTION_STEP_S = 0.5
 
 
-def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_s: float,
+def run_bounded(lookup: str, db: Database, slots: Slots, timeout_s: float,
                 operation: Callable[[], T]) -> T:
-    """``operation()`` (pymongo calls) with one of ``slots`` held, under ``pymongo.timeout``.
+    """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
 
     Ends within ``timeout_s``: the slot wait is bounded by it, and when pymongo already
-    knows that no server is usable (each has a recorded error) the budget given to pymongo
-    is rounded down to whole selection steps, so that waiting for a server ends in time
-    (with less than one step left, the error is raised at once).
+    knows that no server is usable (each has a recorded error), a server is first
+    selected for ``db``'s read preference (with a ``ping``) within whole selection steps,
+    so that waiting for a server ends in time; with less than one step left, the error is
+    raised at once. The operation itself then gets all the budget that is left: a server
+    that came back within the first step (a restart) leaves the query most of its budget.
 
     pymongo cannot be interrupted safely: an exception thrown into it while it waits on
     one of its locks or conditions corrupts them (``RuntimeError: Semaphore released too
@@ -65,12 +68,7 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
         raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
                              backend_fault=False)
     waited_s = time.monotonic() - began
-    try:
-        budget_s = _pymongo_budget(lookup, client, ends - time.monotonic())
-    except BaseException:
-        slots.release()
-        raise
-    call = functools.partial(_run_releasing, lookup, client, slots, budget_s, operation)
+    call = functools.partial(_run_releasing, lookup, db, slots, ends, operation)
     if monkey.is_module_patched("threading"):
         succeeded, result = spawn_in_context(call).get()
     else:
@@ -82,26 +80,49 @@ def run_bounded(lookup: str, client: pymongo.MongoClient, slots: Slots, timeout_
     return result
 
 
-def _pymongo_budget(lookup: str, client: pymongo.MongoClient, left_s: float) -> float:
-    if _no_server_usable(client):
-        left_s = math.floor(left_s / _SELECTION_STEP_S) * _SELECTION_STEP_S
-        if left_s <= 0:
-            raise _selection_failed(lookup, client)
-    if left_s <= 0:
-        raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
-    return left_s
-
-
-def _run_releasing(lookup: str, client: pymongo.MongoClient, slots: Slots, budget_s: float,
+def _run_releasing(lookup: str, db: Database, slots: Slots, ends: float,
                    operation: Callable[[], T]) -> tuple[bool, Any]:
     """(True, value) or (False, the exception): a failure is the caller's to raise, not the hub's."""
     try:
-        with translated_errors(lookup, client), pymongo.timeout(budget_s):
-            return True, operation()
+        with translated_errors(lookup, db.client):
+            _await_usable_server(lookup, db, ends)
+            with pymongo.timeout(_time_left(lookup, ends)):
+                return True, operation()
     except Exception as exc:  # handed to the caller, which raises it
         return False, exc
     finally:
         slots.release()
+
+
+def _await_usable_server(lookup: str, db: Database, ends: float) -> None:
+    """When every server has a recorded error, select one within whole selection steps.
+
+    pymongo's server selection looks at its budget only between waits of up to a step, so
+    a budget of whole steps keeps it from running on past ``ends``. A selection also
+    asks the monitors to check now; pymongo does not after an operation's network error
+    (the SDAM spec forbids it), so merely watching the topology could wait a whole
+    heartbeat interval.
+    """
+    if not _no_server_usable(db.client):
+        return
+    steps_s = math.floor((ends - time.monotonic()) / _SELECTION_STEP_S) * _SELECTION_STEP_S
+    if steps_s <= 0:
+        raise _selection_failed(lookup, db.client)
+    try:
+        with pymongo.timeout(steps_s):
+            db.command("ping", read_preference=db.read_preference)
+    except PyMongoError as exc:
+        if not exc.timeout or _no_server_usable(db.client):
+            raise
+        # A server was selected but its answer was slow (queued behind other work):
+        # the operation still has the rest of the budget.
+
+
+def _time_left(lookup: str, ends: float) -> float:
+    left_s = ends - time.monotonic()
+    if left_s <= 0:
+        raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
+    return left_s
 
 
 @contextlib.contextmanager

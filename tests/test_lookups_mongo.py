@@ -245,6 +245,48 @@ def test_mongo_killed_mid_session_is_unavailable() -> None:
             assert backends.connections_in_use()["mongo"] == 0
 
 
+class _AggregateBudgets(pymongo.monitoring.CommandListener):
+    """When each ``aggregate`` went out, and the ``maxTimeMS`` it carried."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, int]] = []
+
+    def started(self, event: Any) -> None:
+        if event.command_name == "aggregate":
+            self.sent.append((time.monotonic(), int(event.command.get("maxTimeMS", 0))))
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+
+def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_server: Any) -> None:
+    """A restart marks the server unusable; once selected again, the query gets all that
+    is left of the task's budget, not the budget rounded down to whole selection steps."""
+    from service.samples.faults import TcpFaultProxy
+    from tests.support.samples import SAMPLE_DATABASE
+
+    budgets = _AggregateBudgets()
+    with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
+        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+                                     event_listeners=[budgets])
+        try:
+            lookup = ErrorsLookup(client[SAMPLE_DATABASE])
+            lookup.fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=5.0)
+            proxy.reset_all()
+            began = time.monotonic()
+            lookup.fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=1.9)
+        finally:
+            client.close()
+    sent_at, max_time_ms = budgets.sent[-1]
+    assert len(budgets.sent) >= 3           # the first call, the reset one, the retry
+    # The retry's query may run until the task's budget ends (less a round trip), past
+    # the 1.5 s that whole steps would leave it.
+    assert sent_at + max_time_ms / 1000 - began > 1.7
+
+
 def test_spent_budget_is_a_timeout(backends: BackendClients) -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for budget in (0.0, -1.0, 1e-6):
