@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 import subprocess
 import sys
 import time
@@ -185,17 +184,23 @@ def status_of(response: Any, panel: str) -> Any:
 def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
         start_service: Any, sample_data: SampleData) -> None:
     with FaultyHttpService(sample_data) as hole:
-        # Without coalescing, so the six concurrent callers' calls each reach the hole.
-        service, client = start_service(**{"http.alerts_url": hole.url, "fanout.coalesce": False})
+        # Without coalescing, so the six concurrent callers' calls each reach the hole. The
+        # MongoDB panels get budgets that 24 aggregations queued on the embedded (serial)
+        # server fit in on a loaded machine: the test is about the hole's circuit alone.
+        service, client = start_service(**{"http.alerts_url": hole.url, "fanout.coalesce": False,
+                                           **{f"lookups.{p}.timeout_ms": 5000 for p in PANELS[:4]}})
         hole.set_mode("hang")
         gevent.joinall([gevent.spawn(call_all, client) for _ in range(6)], timeout=30)
 
-        timed = [call_all(client) for _ in range(5)]
-        assert statistics.median(elapsed for _, elapsed in timed) < 0.3
-        alerts = status_of(timed[-1][0], "alerts")
-        assert alerts.status == appstats.TaskStatus.ERROR and alerts.error_type == "CircuitOpen"
-        assert alerts.retryable
-        assert all(status_of(timed[-1][0], p).status == appstats.TaskStatus.OK
+        seen = hole.requests_seen
+        alerts = [status_of(call_all(client)[0], "alerts") for _ in range(5)]
+        # Failing fast: a call the open circuit refused sent the hole nothing. Only a probe
+        # (one at most every breaker_open_ms) reaches it, and waits out its budget.
+        refused = [a for a in alerts if a.error_type == "CircuitOpen"]
+        assert len(refused) >= 3 and all(a.retryable for a in refused)
+        assert hole.requests_seen - seen == len(alerts) - len(refused)
+        response = call_all(client)[0]
+        assert all(status_of(response, p).status == appstats.TaskStatus.OK
                    for p in PANELS if p != "alerts")
         circuits = {b.name: b.circuit for b in client.health().backends}
         assert circuits["alerts"] in ("open", "half_open") and circuits["mongo"] == "closed"
