@@ -24,9 +24,11 @@ from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, Que
                            normalise_query)
 from lookups.panels import TopList, Window
 from service.samples import MongoWireServer, SampleData
+from service.samples.faults import TcpFaultProxy
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
 from tracing.greenlets import spawn_in_context
+from tests.support.samples import SAMPLE_DATABASE
 
 HOUR_MS = 3_600_000
 FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
@@ -265,19 +267,17 @@ class _AggregateBudgets(pymongo.monitoring.CommandListener):
 def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_server: Any) -> None:
     """A restart marks the server unusable; once selected again, the query gets all that
     is left of the task's budget, not the budget rounded down to whole selection steps."""
-    from service.samples.faults import TcpFaultProxy
-    from tests.support.samples import SAMPLE_DATABASE
-
+    window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     budgets = _AggregateBudgets()
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
         client = pymongo.MongoClient(f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
                                      event_listeners=[budgets])
         try:
             lookup = ErrorsLookup(client[SAMPLE_DATABASE])
-            lookup.fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=5.0)
+            lookup.fetch(window, timeout_s=5.0)
             proxy.reset_all()
             began = time.monotonic()
-            lookup.fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=1.9)
+            lookup.fetch(window, timeout_s=1.9)
         finally:
             client.close()
     sent_at, max_time_ms = budgets.sent[-1]
