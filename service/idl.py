@@ -1,15 +1,36 @@
-"""The Thrift contract, loaded once from ``thrift/appstats.thrift``."""
+"""The Thrift contract, loaded once.
+
+An installed Fanout reads the IDL that its wheel carries as package data
+(``service/appstats.thrift``, copied there from ``thrift/`` by ``setup.py``);
+a source checkout reads ``thrift/appstats.thrift``, the only copy in the tree.
+"""
 
 from __future__ import annotations
 
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import thriftpy2
 
-__all__ = ["IDL_PATH", "appstats"]
+__all__ = ["IDL_NAME", "appstats", "idl_file"]
 
-IDL_PATH = Path(__file__).resolve().parent.parent / "thrift" / "appstats.thrift"
+IDL_NAME = "appstats.thrift"
 
-# module_name must end in "_thrift" for thriftpy2's pickling support; loading once
-# keeps the generated classes identical everywhere (isinstance checks depend on it).
-appstats = thriftpy2.load(str(IDL_PATH), module_name="appstats_thrift")
+
+def idl_file() -> Traversable:
+    """Where the IDL is: the installed package's data, else the checkout's ``thrift/``."""
+    packaged = resources.files(__package__) / IDL_NAME
+    if packaged.is_file():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "thrift" / IDL_NAME
+
+
+def _load() -> object:
+    with resources.as_file(idl_file()) as path:
+        # module_name must end in "_thrift" for thriftpy2's pickling support; loading
+        # once keeps the generated classes identical everywhere (isinstance checks).
+        return thriftpy2.load(str(path), module_name="appstats_thrift")
+
+
+appstats = _load()
