@@ -48,14 +48,28 @@ def _version() -> str:
         return "unknown"
 
 
+_LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    """Flags every command takes after its name too (``fanout serve --log-level info``).
+
+    SUPPRESS: a command's parser sets nothing it was not given, so the same flag
+    before the command's name is not overwritten by a default.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LOG_LEVELS,
+                        help="the lowest level logged to stderr (default: warning)")
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fanout", description=_DESCRIPTION,
                                      epilog="'fanout <command> --help' describes each command.")
     parser.add_argument("--version", action="version", version=f"fanout {_version()}")
-    parser.add_argument("--log-level", default="warning",
-                        choices=["debug", "info", "warning", "error"],
+    parser.add_argument("--log-level", default="warning", choices=_LOG_LEVELS,
                         help="the lowest level logged to stderr (default: warning)")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = _Commands(parser.add_subparsers(dest="command", required=True), _common_flags())
 
     serve = commands.add_parser("serve", help="run the Thrift server")
     _server_flags(serve, with_config=True)
@@ -101,6 +115,17 @@ def _parser() -> argparse.ArgumentParser:
                           help="stop Zipkin at once instead of waiting for Ctrl-C")
     trace_ui.set_defaults(run=_trace_ui)
     return parser
+
+
+class _Commands:
+    """``add_subparsers()`` whose every command also takes the common flags."""
+
+    def __init__(self, commands: Any, common: argparse.ArgumentParser) -> None:
+        self._commands = commands
+        self._common = common
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return self._commands.add_parser(name, parents=[self._common], **kwargs)
 
 
 def _trace_ui(args: argparse.Namespace) -> int:
