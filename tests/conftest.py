@@ -8,5 +8,17 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import pytest  # noqa: E402
+
+from tests.support import toolchains  # noqa: E402
+
 pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples",
-                             "tests.support.processes"]
+                             "tests.support.processes", "tests.support.dist"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    toolchains.check_required()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return toolchains.header_lines()
