@@ -145,3 +145,23 @@ def test_every_command_and_flag_has_plain_help() -> None:
         assert "``" not in text and ":class:" not in text, f"{name}: reST markup in its help"
     helped = {choice.dest: choice.help for choice in commands._choices_actions}
     assert set(helped) == set(commands.choices) and all(helped.values()), helped
+
+
+@pytest.mark.parametrize("argv, level", [
+    (["serve"], "warning"),
+    (["--log-level", "debug", "serve"], "debug"),
+    (["serve", "--log-level", "info"], "info"),  # as the Deployment runs it
+    (["--log-level", "error", "pools", "--log-level", "info"], "info"),
+])
+def test_log_level_is_taken_before_or_after_the_command(argv: list[str], level: str) -> None:
+    from service.cli.main import _parser
+
+    assert _parser().parse_args(argv).log_level == level
+
+
+def test_an_unknown_log_level_after_the_command_is_refused(capsys: pytest.CaptureFixture) -> None:
+    from service.cli.main import _parser
+
+    with pytest.raises(SystemExit) as exited:
+        _parser().parse_args(["serve", "--log-level", "loud"])
+    assert exited.value.code == 2 and "--log-level" in capsys.readouterr().err

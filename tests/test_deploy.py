@@ -64,3 +64,14 @@ def test_the_service_is_headless_and_selects_the_pods() -> None:
     _, deployment = next((n, d) for n, d in documents() if d["kind"] == "Deployment")
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"] == deployment["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_deployment_runs_the_image_make_image_tags() -> None:
+    """``make image`` tags ``fanout:<version>``; the Deployment must name that image."""
+    import tomllib
+
+    version = tomllib.loads((MANIFESTS.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    _, pod, fanout = container()
+    assert fanout["image"] == f"fanout:{version}"
+    assert fanout["command"] == ["fanout", "serve"]  # the image has no ENTRYPOINT
+    assert pod["securityContext"]["runAsNonRoot"] is True

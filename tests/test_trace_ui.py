@@ -15,7 +15,10 @@ import pytest
 
 from service.cli.trace_ui import TraceUiRun
 from service.samples.zipkin_server import ZipkinServer
+from tests.support.toolchains import needs
 from tracing.zipkin import remote_endpoint
+
+pytestmark = needs("zipkin")
 
 
 @pytest.fixture(scope="module")

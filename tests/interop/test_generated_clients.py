@@ -23,6 +23,9 @@ from service.app import FanOutService
 from service.config import load_settings
 from tests.interop.builds import build_go, build_java, build_node
 from tests.support.samples import backend_overrides
+from tests.support.toolchains import needs
+
+pytestmark = needs("interop")
 
 LANGUAGES = {"go": build_go, "java": build_java, "node": build_node}
 COMBINATIONS = [("framed", "binary"), ("framed", "compact"), ("buffered", "binary"),

@@ -36,12 +36,12 @@ class Toolchain:
 TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
     Toolchain("interop", ("thrift", "go", "javac", "java", "mvn", "node", "npm"),
               "the generated Go, Java and Node clients (tests/interop)",
-              "the Apache Thrift compiler (apt-get install thrift-compiler), Go, Java 17 with "
-              "Maven, Node with npm"),
+              "the Apache Thrift compiler (thrift-compiler; `make toolchains` as root installs "
+              "it), Go, Java 17 with Maven, Node with npm"),
     Toolchain("zipkin", ("java",), "the Zipkin trace view (tests/test_trace_ui.py)", "Java 17"),
     Toolchain("image", ("podman", "mmdebstrap", "runc"),
               "the container image (tests/test_image.py)",
-              "apt-get install podman mmdebstrap runc (as make image does when run as root)"),
+              "podman, mmdebstrap and runc (`make toolchains` as root installs them)"),
 )}
 
 
