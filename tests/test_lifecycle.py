@@ -101,6 +101,8 @@ def refused_within(port: int, timeout_s: float = 10) -> bool:
             socket.create_connection(("127.0.0.1", port), timeout=2).close()
         except ConnectionRefusedError:
             return True
+        except ConnectionResetError:
+            pass  # the listener closed with this connect in its queue; the next one is refused
         gevent.sleep(0.02)
     return False
 
