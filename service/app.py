@@ -19,9 +19,10 @@ from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
 from service.engine.fanout import FanOut
 from service.handler import AppStatsHandler
-from service.health import HealthChecker, ProbeServer
+from service.health import HealthChecker
 from service.hub_monitor import HubMonitor
 from service.idl import appstats
+from service.probes import ProbeServer
 from service.server import DrainReport, ThriftServer
 
 __all__ = ["FanOutService"]

@@ -16,40 +16,33 @@ backends at most one round of checks per second. The checks are not traced.
 message, which may quote a URI with credentials): for example
 ``"no answer within 300 ms (ServerSelectionTimeoutError)"`` or ``"HTTP 503"``.
 
-HTTP probes for orchestrators (:class:`ProbeServer`, on ``server.probe_port``; off
-by default, 0 picks a free port, logged): a probe speaking Thrift would exec
-``fanout call health``, a process start per probe. These answer over plain HTTP
-from the server's own hub:
-
-* ``GET /healthz``: 200 while the event loop answers at all.
-* ``GET /readyz``: 200 when the server is serving (not draining, lame duck
-  included) and every backend answered its last check; 503 otherwise. Both
-  carry a JSON body saying why; anything else is 404. Nothing is traced or
-  logged per probe.
+The HTTP probes that report it are in :mod:`service.probes`; the last round of
+checks is also the ``fanout.backend.up`` gauge (1 up, 0 down, per backend).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from dataclasses import dataclass
+import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import gevent
 import gevent.lock
 import pymongo
 import requests
+from opentelemetry import metrics
 from opentelemetry.instrumentation.utils import suppress_instrumentation
+from opentelemetry.metrics import CallbackOptions, Observation
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
-from gevent.pywsgi import WSGIServer
 from requests.adapters import HTTPAdapter
 
 from lookups.clients import BackendClients
 from tracing.greenlets import spawn_in_context
 
-__all__ = ["BackendStatus", "HealthChecker", "ProbeServer", "DEFAULT_CHECK_TIMEOUT_MS",
+__all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
            "DEFAULT_CACHE_MS"]
 
 log = logging.getLogger(__name__)
@@ -97,6 +90,7 @@ class HealthChecker:
             ("metrics", lambda: self._get(http.metrics_url)),
         )
         guards = backends.guards
+        _checkers.add(self)
         self._breakers = (guards.mongo.breaker, guards.for_url(http.alerts_url).breaker,
                           guards.for_url(http.metrics_url).breaker)
 
@@ -116,6 +110,10 @@ class HealthChecker:
                 self._answer = (cached, states, tuple(
                     dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
             return self._answer[2]
+
+    def last(self) -> tuple[BackendStatus, ...]:
+        """The last round of checks without starting one (empty before the first)."""
+        return self._cached or ()
 
     def close(self) -> None:
         """Close the probe session (the shared clients belong to :class:`BackendClients`)."""
@@ -196,53 +194,14 @@ def _describe(exc: Exception, timeout_s: float) -> str:
     return f"check failed ({kind})"
 
 
-class ProbeServer:
-    """The probe endpoint of one server; :meth:`start` and :meth:`stop`."""
-
-    def __init__(self, host: str, port: int, health: HealthChecker,
-                 draining: Callable[[], bool]) -> None:
-        self._health = health
-        self._draining = draining
-        self._server = WSGIServer((host, port), self._app, log=None, error_log=None)
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self._server.address[:2]
-        return host, port
-
-    def start(self) -> "ProbeServer":
-        self._server.start()
-        log.info("probes: http://%s:%d/healthz and /readyz", *self.address)
-        return self
-
-    def stop(self) -> None:
-        self._server.stop(timeout=1.0)
-
-    def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path = environ.get("PATH_INFO", "")
-        if path == "/healthz":
-            return _answer(start_response, 200, {"status": "ok"})
-        if path == "/readyz":
-            return self._ready(start_response)
-        return _answer(start_response, 404, {"status": "not found"})
-
-    def _ready(self, start_response: Callable[..., Any]) -> Iterable[bytes]:
-        draining = self._draining()
-        statuses = self._health.check()
-        down = [s.name for s in statuses if not s.up]
-        body: dict[str, Optional[Any]] = {
-            "status": "draining" if draining else ("backends down" if down else "ready"),
-            "backends": {s.name: {"up": s.up, "circuit": s.circuit, "detail": s.detail}
-                         for s in statuses}}
-        return _answer(start_response, 503 if draining or down else 200, body)
+_checkers: "weakref.WeakSet[HealthChecker]" = weakref.WeakSet()
 
 
-_REASONS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}
+def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(int(status.up), {"fanout.backend": status.name})
+            for checker in list(_checkers) for status in checker.last()]
 
 
-def _answer(start_response: Callable[..., Any], status: int, body: dict[str, Any]) -> list[bytes]:
-    payload = json.dumps(body).encode()
-    start_response(_REASONS[status], [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(payload))),
-                                      ("Cache-Control", "no-store")])
-    return [payload]
+metrics.get_meter("fanout").create_observable_gauge(
+    "fanout.backend.up", [_observe_up], unit="1",
+    description="The backend answered its last health check: 1 up, 0 down")

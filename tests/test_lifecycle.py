@@ -290,7 +290,7 @@ def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
     base = found.group(1)
     live = requests.get(f"{base}/healthz", timeout=5)
     ready = requests.get(f"{base}/readyz", timeout=5)
-    assert live.status_code == 200 and live.json() == {"status": "ok"}
+    assert live.status_code == 200 and live.json()["status"] == "ok"
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert set(ready.json()["backends"]) == {"mongo", "alerts", "metrics"}
     assert requests.get(f"{base}/nope", timeout=5).status_code == 404
@@ -304,10 +304,23 @@ def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
     assert server.wait(timeout_s=20) == 0
 
 
-def test_readyz_says_not_ready_while_a_backend_is_down(serve, http_services: SampleHttpServices) -> None:
-    server = serve(http_services, **{"server.probe_port": 0, "mongo.uri": "mongodb://127.0.0.1:1"})
+def test_a_backend_down_is_reported_but_readiness_stays(serve, http_services: SampleHttpServices) -> None:
+    """One backend down: /readyz stays 200 (every replica shares the backend), and the
+    backend shows as down in /readyz's and /healthz's bodies and the fanout.backend.up gauge."""
+    server = serve(http_services, **{"server.probe_port": 0, "mongo.uri": "mongodb://127.0.0.1:1",
+                                     "metrics.exporter": "prometheus", "metrics.port": 0})
     found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
                      "the probe address in the log")
     ready = requests.get(f"{found.group(1)}/readyz", timeout=5)
-    assert ready.status_code == 503 and ready.json()["status"] == "backends down"
+    assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
     assert ready.json()["backends"]["mongo"]["up"] is False
+    assert ready.json()["backends"]["alerts"]["up"] is True
+    live = requests.get(f"{found.group(1)}/healthz", timeout=5).json()
+    assert live["status"] == "ok" and live["backends"]["mongo"]["up"] is False
+    scrape_url = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                          10, "the scrape address in the log").group(1)
+    scrape = requests.get(scrape_url, timeout=5).text
+    assert re.search(r'^fanout_backend_up(_ratio)?\{fanout_backend="mongo".*\} 0\.0$', scrape, re.M), scrape
+    assert re.search(r'^fanout_backend_up(_ratio)?\{fanout_backend="alerts".*\} 1\.0$', scrape, re.M)
+
+
