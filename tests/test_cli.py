@@ -9,12 +9,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import gevent
 import pytest
 
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples.mongo_server import free_port
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 # The processes must not try to reach a trace collector that is not there.
@@ -51,22 +52,28 @@ def processes() -> Iterator[list[subprocess.Popen]]:
             process.wait(timeout=10)
 
 
-def spawn(processes: list[subprocess.Popen], *args: str) -> subprocess.Popen:
+def spawn(processes: list[subprocess.Popen], *args: str,
+          env: Optional[dict[str, str]] = None) -> subprocess.Popen:
     process = subprocess.Popen([*FANOUT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=ENV)
+                               text=True, env=env or ENV)
     processes.append(process)
     return process
 
 
 def test_backends_serve_and_call_work_together(tmp_path: Path,
                                                processes: list[subprocess.Popen]) -> None:
-    backends = spawn(processes, "backends")
+    ports = {name: free_port() for name in ("mongo", "alerts", "metrics")}
+    backends = spawn(processes, "backends", *(f"--{name}-port={port}" for name, port in ports.items()))
     printed = read_until(backends, "Press Ctrl-C")
     snippet = "\n".join(printed[printed.index("[mongo]"):-1])
+    assert f"127.0.0.1:{ports['mongo']}" in snippet and f"127.0.0.1:{ports['metrics']}" in snippet
     config = tmp_path / "fanout.toml"
     config.write_text(snippet)
 
-    server = spawn(processes, "serve", "--config", str(config), "--port", "0")
+    # The snippet alone must keep the server from exporting spans to a collector not there.
+    without_exporter = {k: v for k, v in ENV.items() if not k.startswith("OTEL_")}
+    server = spawn(processes, "serve", "--config", str(config), "--port", "0",
+                   "--log-level", "info", env=without_exporter)
     (line,) = read_until(server, "serving on")[-1:]
     port = line.rsplit(":", 1)[1]
 
@@ -84,7 +91,15 @@ def test_backends_serve_and_call_work_together(tmp_path: Path,
     assert bad.returncode == 1 and "InvalidRequest" in bad.stderr and "app" in bad.stderr
 
     assert stop(server) == 0
+    logged = server.stderr.read()
+    assert "spans flushed" in logged and "export" not in logged.lower(), logged
     assert stop(backends) == 0
+
+
+def test_backends_refuse_a_port_that_is_not_one() -> None:
+    done = subprocess.run([*FANOUT, "backends", "--mongo-port", "70000"], capture_output=True,
+                          text=True, env=ENV, timeout=60)
+    assert done.returncode == 2 and "--mongo-port" in done.stderr and "65535" in done.stderr
 
 
 def test_demo_exits_zero_and_prints_panels_outcomes_and_trace() -> None:

@@ -98,6 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     pools.set_defaults(run=_call, method="pool_stats")
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
+    for name in ("mongo", "alerts", "metrics"):
+        backends.add_argument(f"--{name}-port", type=_port, default=0, metavar="PORT",
+                              help=f"the {name} backend's port (default: 0, a free port)")
     backends.set_defaults(run=_backends)
 
     demo = commands.add_parser("demo", help="start backends and server, call once, print, stop")
@@ -136,6 +139,17 @@ def _trace_ui(args: argparse.Namespace) -> int:
     screenshots = Path(args.screenshots) if args.screenshots else None
     return run_trace_ui(sys.stdout, zipkin_url=args.zipkin, screenshots=screenshots,
                         keep=not args.exit)
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number, 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
 
 
 def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
@@ -281,7 +295,8 @@ def _format_health(health: Any) -> str:
 def _backends(args: argparse.Namespace) -> int:
     from service.samples import DemoBackends
 
-    with DemoBackends() as backends:
+    with DemoBackends(mongo_port=args.mongo_port, alerts_port=args.alerts_port,
+                      metrics_port=args.metrics_port) as backends:
         print("Sample backends are running (seeded, deterministic):")
         for key, value in backends.settings_overrides().items():
             print(f"  {key:<18} {value}")

@@ -28,12 +28,14 @@ class DemoBackends:
     """
 
     def __init__(self, *, seed: int = DEFAULT_SEED, database: str = "apm",
-                 alerts_delay_ms: int = 0, metrics_delay_ms: int = 0) -> None:
+                 alerts_delay_ms: int = 0, metrics_delay_ms: int = 0, mongo_port: int = 0,
+                 alerts_port: int = 0, metrics_port: int = 0) -> None:
         self.data: SampleData = generate_sample_data(seed)
         self.database = database
-        self.mongo = MongoWireServer()
+        self.mongo = MongoWireServer(port=mongo_port)
         self.http = SampleHttpServices(self.data, alerts_delay_ms=alerts_delay_ms,
-                                       metrics_delay_ms=metrics_delay_ms)
+                                       metrics_delay_ms=metrics_delay_ms, alerts_port=alerts_port,
+                                       metrics_port=metrics_port)
         self._started = False
 
     def start(self) -> "DemoBackends":
@@ -61,12 +63,17 @@ class DemoBackends:
                 "http.alerts_url": self.http.alerts_url, "http.metrics_url": self.http.metrics_url}
 
     def config_snippet(self) -> str:
-        """The same as TOML, for ``fanout serve --config FILE``."""
+        """The same as TOML, for ``fanout serve --config FILE``.
+
+        Spans go nowhere (``exporter = "none"``): with no collector beside the sample
+        backends, the default OTLP exporter would log a warning at every export.
+        """
         # A JSON string is a valid TOML basic string.
         quoted = {key: json.dumps(value) for key, value in self.settings_overrides().items()}
         return (f"[mongo]\nuri = {quoted['mongo.uri']}\ndatabase = {quoted['mongo.database']}\n\n"
                 f"[http]\nalerts_url = {quoted['http.alerts_url']}\n"
-                f"metrics_url = {quoted['http.metrics_url']}\n")
+                f"metrics_url = {quoted['http.metrics_url']}\n\n"
+                '[tracing]\nexporter = "none"   # or "otlp" / "zipkin" with a collector\n')
 
     def __enter__(self) -> "DemoBackends":
         return self.start()

@@ -44,9 +44,9 @@ class RawPathHandler(WSGIHandler):
         return environ
 
 
-def serve_wsgi(app: WsgiApp, host: str = "127.0.0.1") -> WSGIServer:
-    """Start ``app`` on a free port of ``host``; it accepts once this returns."""
-    server = WSGIServer((host, 0), app, log=None, handler_class=RawPathHandler)
+def serve_wsgi(app: WsgiApp, host: str = "127.0.0.1", port: int = 0) -> WSGIServer:
+    """Start ``app`` on ``port`` of ``host`` (0: a free one); it accepts once this returns."""
+    server = WSGIServer((host, port), app, log=None, handler_class=RawPathHandler)
     server.start()
     return server
 
@@ -175,8 +175,9 @@ class SampleHttpServices:
     """
 
     def __init__(self, data: SampleData, *, host: str = "127.0.0.1", alerts_delay_ms: int = 0,
-                 metrics_delay_ms: int = 0) -> None:
+                 metrics_delay_ms: int = 0, alerts_port: int = 0, metrics_port: int = 0) -> None:
         self.host = host
+        self._ports = (alerts_port, metrics_port)   # 0: a free port
         self.alerts = AlertsService(data, alerts_delay_ms)
         self.metrics = MetricsService(data, metrics_delay_ms)
         self._servers: Optional[tuple[WSGIServer, WSGIServer]] = None
@@ -184,9 +185,9 @@ class SampleHttpServices:
     def start(self) -> "SampleHttpServices":
         """Start both servers; idempotent. They accept connections once this returns."""
         if self._servers is None:
-            alerts = serve_wsgi(self.alerts, self.host)
+            alerts = serve_wsgi(self.alerts, self.host, self._ports[0])
             try:
-                self._servers = (alerts, serve_wsgi(self.metrics, self.host))
+                self._servers = (alerts, serve_wsgi(self.metrics, self.host, self._ports[1]))
             except Exception:
                 alerts.stop(timeout=1)
                 raise

@@ -74,8 +74,9 @@ class MongoWireServer:
     """
 
     def __init__(self, host: str = "127.0.0.1", ready_timeout_s: float = 15.0,
-                 executable: Optional[str] = None) -> None:
+                 executable: Optional[str] = None, port: int = 0) -> None:
         self._host = host
+        self._fixed_port = port   # 0: a free port
         self._ready_timeout_s = ready_timeout_s
         self._executable = executable
         self._port: Optional[int] = None
@@ -110,8 +111,9 @@ class MongoWireServer:
         executable = self._executable or find_executable()
         self._workdir = Path(tempfile.mkdtemp(prefix="fanout-mongo-"))
         deadline = time.monotonic() + self._ready_timeout_s
-        for _ in range(_START_ATTEMPTS):
-            self._spawn(executable, free_port(self._host))
+        # A fixed port gets one try: another process holding it will not let go.
+        for _ in range(1 if self._fixed_port else _START_ATTEMPTS):
+            self._spawn(executable, self._fixed_port or free_port(self._host))
             if self._wait_ready(deadline):
                 return self
             if self._process is not None and self._process.poll() is None:
