@@ -28,7 +28,7 @@ from service.engine.summary import FailureSummary
 from service.rpc_metrics import call_ended
 from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
 from service.wire.errors import (
-    LimitExceeded, MalformedMessage, MessageTooSlow, ReplyNotTaken, WireError,
+    LimitExceeded, MessageTooSlow, ReplyNotTaken, WireError,
 )
 from service.wire.scan import WireLimits
 from tracing.spans import set_call_endpoints
@@ -118,6 +118,9 @@ class MessageLoop:
         self._stopping = stopping
         self._make_protocol = protocol_for(settings.protocol)
         self._declared = FailureSummary(log, "declared exceptions answered")
+        # A port scanner or a web client sends hundreds of bad connections a second:
+        # one line per interval, by kind, with an example, never one per connection.
+        self._rejected = FailureSummary(log, "connections closed for what they sent")
 
     def open(self, sock: socket.socket) -> Connection:
         """A :class:`Connection` over ``sock``, with this loop's wire settings."""
@@ -128,8 +131,9 @@ class MessageLoop:
         return bool(max_age_ms) and (time.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
 
     def flush(self) -> None:
-        """Log the pending summary of declared exceptions answered (at shutdown)."""
+        """Log the pending summaries of declared exceptions and rejected connections (at shutdown)."""
         self._declared.flush()
+        self._rejected.flush()
 
     def serve(self, connection: Connection, peer: Any) -> None:
         """Serve calls until the peer closes, idles out, errs or the server stops; never raises."""
@@ -139,21 +143,8 @@ class MessageLoop:
             while (not self._stopping() and not self._too_old(connection)
                    and connection.channel.next_message()):
                 self._serve_one(connection)
-        except LimitExceeded as exc:
-            self._stats.frames_rejected += 1
-            self._stats.limits_exceeded += 1
-            log.warning("closing connection from %s: %s", peer, exc)
-        except (MalformedMessage, _MalformedMessage) as exc:
-            self._stats.frames_rejected += 1
-            self._stats.malformed_messages += 1
-            log.warning("closing connection from %s: malformed message (%s)", peer, exc)
-        except MessageTooSlow as exc:
-            self._stats.frames_rejected += 1
-            self._stats.slow_messages += 1
-            log.warning("closing connection from %s: %s", peer, exc)
-        except ReplyNotTaken as exc:
-            self._stats.slow_readers += 1
-            log.warning("closing connection from %s: %s", peer, exc)
+        except (WireError, _MalformedMessage) as exc:
+            self._rejected.count(self._book_rejection(exc), f"{peer}: {exc}")
         except TimeoutError:
             log.debug("connection from %s idle for %d ms; closing", peer,
                       self._settings.idle_timeout_ms)
@@ -162,6 +153,22 @@ class MessageLoop:
         except Exception:
             self._stats.internal_errors += 1
             log.exception("connection from %s failed", peer)
+
+    def _book_rejection(self, exc: Exception) -> str:
+        """Count a closing for what the peer sent in :class:`ServerStats`; its kind for the log."""
+        if isinstance(exc, ReplyNotTaken):
+            self._stats.slow_readers += 1
+            return "reply not taken in time"
+        self._stats.frames_rejected += 1
+        if isinstance(exc, LimitExceeded):
+            self._stats.limits_exceeded += 1
+            looks_like = getattr(exc, "looks_like", "")
+            return f"{looks_like} sent to the Thrift port" if looks_like else "limit exceeded"
+        if isinstance(exc, MessageTooSlow):
+            self._stats.slow_messages += 1
+            return "message too slow"
+        self._stats.malformed_messages += 1
+        return "malformed message"
 
     def _serve_one(self, connection: Connection) -> None:
         api, seqid, reply, call = self._read_call(connection.iprot)

@@ -265,12 +265,30 @@ def test_reply_never_read_is_dropped_at_frame_timeout(start_server, handler):
     assert server.stats.frames_rejected == 0
 
 
+def _summaries(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and "closed for what they sent" in r.getMessage()]
+
+
 def test_rejections_are_logged_at_warning(start_server, caplog):
     server = start_server(max_string_bytes=100)
-    with caplog.at_level(logging.WARNING, logger="service.server"):
+    with caplog.at_level(logging.WARNING):
         send_and_expect_closed(server, on_the_wire(stats_call("binary", app="a" * 200), "framed"))
         wait_for(lambda: server.stats.limits_exceeded == 1)
-    assert any("server.max_string_bytes" in record.getMessage() for record in caplog.records)
+        wait_for(lambda: _summaries(caplog), timeout_s=10)  # the summary's interval is 5 s
+    (line,) = _summaries(caplog)
+    assert "limit exceeded x1" in line and "server.max_string_bytes" in line, line
+
+
+def test_http_sent_to_the_thrift_port_is_summarised_once_not_per_connection(start_server, caplog):
+    server = start_server()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(40):
+            send_and_expect_closed(server, b"GET /metrics HTTP/1.1\r\nHost: fanout\r\n\r\n")
+        wait_for(lambda: server.stats.limits_exceeded == 40)
+        wait_for(lambda: _summaries(caplog), timeout_s=10)
+    (line,) = _summaries(caplog)
+    assert "HTTP sent to the Thrift port x40" in line and "looked like HTTP" in line, line
 
 
 # --- The scanner and the decoder's input, directly -------------------------------------------
@@ -384,3 +402,13 @@ def test_decoder_input_ends_hard_even_without_the_scan(protocol):
         processor.process_in(decode(cut))
     assert caught.value.type == TTransportException.END_OF_FILE
 
+
+
+@pytest.mark.parametrize("head, looks_like", [(b"POST", "HTTP"), (b"PRI ", "HTTP"),
+                                              (b"\x16\x03\x01\x02", "TLS"), (b"\x7f\x00\x00\x00", "")])
+def test_a_rejected_frame_length_says_what_its_bytes_looked_like(head, looks_like):
+    from service.wire.errors import FrameRejected
+
+    rejected = FrameRejected(int.from_bytes(head, "big", signed=True), 16 * 1024 * 1024)
+    assert rejected.looks_like == looks_like
+    assert ("looked like" in str(rejected)) == bool(looks_like)

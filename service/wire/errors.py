@@ -40,12 +40,33 @@ class FrameRejected(LimitExceeded):
     """
 
     def __init__(self, length: Optional[int], limit: int) -> None:
-        if length is None:
-            super().__init__(f"message longer than the {limit}-byte limit")
-        else:
-            super().__init__(f"frame length {length} outside 0..{limit} bytes")
         self.length = length
         self.limit = limit
+        self.looks_like = _foreign_protocol(length)
+        if length is None:
+            super().__init__(f"message longer than the {limit}-byte limit")
+        elif self.looks_like:
+            super().__init__(f"frame length {length} outside 0..{limit} bytes: the bytes "
+                             f"looked like {self.looks_like}, not framed Thrift")
+        else:
+            super().__init__(f"frame length {length} outside 0..{limit} bytes")
+
+
+#: The first bytes of what is often sent to a Thrift port by mistake.
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN",
+                 b"TRAC", b"PRI ")
+
+
+def _foreign_protocol(length: Optional[int]) -> str:
+    """``"HTTP"`` or ``"TLS"`` when a frame length's four bytes start such a request."""
+    if length is None:
+        return ""
+    head = (length & 0xFFFFFFFF).to_bytes(4, "big")
+    if head in _HTTP_METHODS:
+        return "HTTP"
+    if head[0] == 0x16 and head[1] == 0x03:  # a TLS handshake record
+        return "TLS"
+    return ""
 
 
 class MalformedMessage(MessageRejected):
