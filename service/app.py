@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Optional
+from typing import Iterable, Optional
 
 from thriftpy2.thrift import TProcessor
 
+from lookups.base import Lookup
 from lookups.clients import BackendClients
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
@@ -25,7 +26,7 @@ from service.idl import appstats
 from service.probes import ProbeServer
 from service.server import DrainReport, ThriftServer
 
-__all__ = ["FanOutService"]
+__all__ = ["FanOutService", "read_timeout_warnings"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,10 @@ class FanOutService:
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout, settings.admission)
         self.health = HealthChecker(self.clients)
-        self.handler = AppStatsHandler(settings, registry.build(self.clients), self.fanout,
+        lookups = registry.build(self.clients)
+        for warning in read_timeout_warnings(settings, lookups.values()):
+            log.warning("configuration: %s", warning)
+        self.handler = AppStatsHandler(settings, lookups, self.fanout,
                                        health=self.health, draining=lambda: self.server.draining,
                                        backend_pools=self.clients.pool_meters)
         self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
@@ -119,3 +123,13 @@ def _with_plugins(registry: Optional[LookupRegistry], settings: Settings) -> Loo
         add_configured(registry, {name: policy.factory for name, policy in settings.lookups.items()
                                   if policy.factory})
     return registry
+
+
+def read_timeout_warnings(settings: Settings, lookups: Iterable[Lookup]) -> list[str]:
+    """HTTP panels whose budget is longer than ``http.read_timeout_ms``, which caps each
+    attempt's wait for the service's answer (the rest of the budget goes to retries)."""
+    read_ms = settings.http.read_timeout_ms
+    return [f"lookups.{lookup.name}.timeout_ms ({budget_ms}) > http.read_timeout_ms ({read_ms}): "
+            f"each attempt of the {lookup.name} panel waits at most {read_ms} ms for an answer"
+            for lookup in lookups if lookup.source == "http"
+            and (budget_ms := settings.task_timeout_ms(lookup.name)) > read_ms]

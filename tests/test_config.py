@@ -160,3 +160,20 @@ def test_workers_auto_is_one_per_usable_core(tmp_path) -> None:
         load_settings(env={}, overrides={"server.workers": "many"})
     with pytest.raises(ConfigError, match="fanout.pool_size: must be an integer"):
         load_settings(env={"FANOUT_FANOUT_POOL_SIZE": "auto"})   # only where "auto" means something
+
+
+def test_an_http_panel_budget_over_the_read_timeout_is_warned() -> None:
+    from lookups.clients import BackendClients
+    from lookups.registry import default_registry
+    from service.app import read_timeout_warnings
+
+    settings = load_settings(overrides={"lookups.alerts.timeout_ms": 1500,
+                                        "lookups.errors.timeout_ms": 1500})
+    clients = BackendClients(settings.mongo, settings.http, settings.lookups)
+    try:
+        lookups = default_registry().build(clients).values()
+        assert read_timeout_warnings(load_settings(), lookups) == []
+        (warning,) = read_timeout_warnings(settings, lookups)  # errors is a MongoDB panel
+    finally:
+        clients.close()
+    assert warning.startswith("lookups.alerts.timeout_ms (1500) > http.read_timeout_ms (1000)")
