@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any, Iterator
 
 import gevent
@@ -240,6 +241,22 @@ def test_exception_event_carries_type_message_and_a_stack_trace_of_frames(spans)
         f"{__name__}.LookupBroke: panel lookup broke")
     assert f'File "{__file__}"' in stack and "in fail_with_a_cause" in stack
     assert '{}["missing"]' not in stack    # no source lines: formatting them is what costs
+
+
+def test_the_requests_instrumentations_exception_event_has_no_source_lines(spans) -> None:
+    """An error escaping the official instrumentation's span is recorded without source lines."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}/alerts"  # bound, not listening: refused
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url, timeout=2)
+    (client,) = [span for span in spans.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
+    (event,) = [event for event in client.events if event.name == "exception"]
+    stack = event.attributes["exception.stacktrace"]
+    assert event.attributes["exception.type"] == "requests.exceptions.ConnectionError"
+    assert 'File "' in stack and ", in send" in stack
+    # Source lines follow their frame's line, indented by four spaces, in format_exception.
+    assert not any(line.startswith("    ") for line in stack.splitlines()), stack[:1500]
 
 
 def test_trace_id_hex() -> None:

@@ -50,6 +50,7 @@ from pymongo import monitoring
 
 from tracing.batching import batch_processor
 from tracing.clients import MongoConnectionEvents, pymongo_request_hook, requests_request_hook
+from tracing.exceptions import ExceptionEventsWithoutSource
 from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
@@ -169,6 +170,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     exporters = build_exporters(settings, environment)
     provider = TracerProvider(resource=_build_resource(settings, environment),
                               sampler=_build_sampler(settings, environment))
+    provider.add_span_processor(ExceptionEventsWithoutSource())  # first: before any span records
     for exporter in exporters:
         provider.add_span_processor(batch_processor(exporter, environment))
     for processor in extra_processors:

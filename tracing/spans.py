@@ -12,10 +12,7 @@ itself, with :func:`tracing.propagation.inject_headers`: the requests
 instrumentation no longer does it for such a request.
 
 Failures are recorded as the standard ``exception`` event, with a stack trace of
-file, line and function only. (``Span.record_exception`` formats the source line
-of every frame, and on Python 3.11+ parses each one to place carets: about a
-millisecond per failure, spent exactly when a failing backend makes every
-request fail.)
+file, line and function only (see :mod:`tracing.exceptions`).
 
 Spans an operator sees (attributes by the semantic conventions the installed
 OpenTelemetry packages define)::
@@ -36,7 +33,6 @@ the abandoned task still does shows as its client spans running on past it.
 
 from __future__ import annotations
 
-import traceback
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterator, Mapping, Optional
@@ -47,6 +43,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace_id
 
+from tracing.exceptions import exception_attributes
 from tracing.propagation import extract_context
 
 __all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
@@ -57,8 +54,6 @@ RPC_SERVICE = "AppStats"
 #: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
 RPC_SYSTEM = "apache_thrift"
 _MAX_STATUS_DESCRIPTION = 200
-_MAX_STACK_FRAMES = 40     # the innermost ones, per exception
-_MAX_CHAINED = 3           # exceptions of a __cause__ / __context__ chain in one stack trace
 
 # A proxy: it follows the global provider even if that is installed after import.
 _tracer = trace.get_tracer("fanout")
@@ -226,45 +221,10 @@ def _record_error(span: Span, error: BaseException) -> None:
     if not span.is_recording():
         return
     try:
-        span.add_event("exception", {
-            "exception.type": _type_name(error),
-            "exception.message": str(error),
-            "exception.stacktrace": _stacktrace(error),
-            "exception.escaped": "False",
-        })
+        span.add_event("exception", exception_attributes(error))
         span.set_status(Status(StatusCode.ERROR, _describe(error)))
     except Exception:  # noqa: BLE001 - tracing must never fail the call it describes
         span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-
-
-def _stacktrace(error: BaseException) -> str:
-    """Like ``traceback.format_exception``, without source lines: file, line and function per frame."""
-    chain = [error]
-    while len(chain) < _MAX_CHAINED:
-        cause = chain[-1].__cause__ or (None if chain[-1].__suppress_context__ else chain[-1].__context__)
-        if cause is None or cause in chain:
-            break
-        chain.append(cause)
-    parts: list[str] = []
-    for position, exc in enumerate(reversed(chain)):
-        if position:
-            parts.append("\nThe above exception was the direct cause of the following exception:\n\n"
-                         if exc.__cause__ is not None else
-                         "\nDuring handling of the above exception, another exception occurred:\n\n")
-        frames = list(traceback.walk_tb(exc.__traceback__))[-_MAX_STACK_FRAMES:]
-        if frames:
-            parts.append("Traceback (most recent call last):\n")
-            parts.extend(f'  File "{frame.f_code.co_filename}", line {lineno}, in {frame.f_code.co_name}\n'
-                         for frame, lineno in frames)
-        message = str(exc)
-        parts.append(f"{_type_name(exc)}: {message}\n" if message else f"{_type_name(exc)}\n")
-    return "".join(parts)
-
-
-def _type_name(error: BaseException) -> str:
-    kind = type(error)
-    module = kind.__module__
-    return kind.__qualname__ if module in ("builtins", "__main__", None) else f"{module}.{kind.__qualname__}"
 
 
 def _describe(error: BaseException) -> str:
