@@ -12,6 +12,11 @@ Every line logged inside a call carries the call's ``trace_id`` and the current
 current span when the record is made) and its ``request_id`` (the caller's
 ``meta.request_id``, else the one the server made up). Outside a call they are
 ``"0"`` and empty. Text stays the default; its lines are unchanged.
+
+Under ``server.workers`` every line says which process wrote it: ``"worker":
+"0"`` (the worker's slot; a restarted worker keeps its slot's number) or
+``"master"`` in JSON, and ``worker 0: `` or ``master: `` before the logger's name
+in text. A single-process server leaves it empty.
 """
 
 from __future__ import annotations
@@ -23,10 +28,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Mapping, Optional, TextIO
 
-__all__ = ["LoggingSettings", "configure_logging", "set_request_id", "TEXT_FORMAT"]
+__all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT"]
 
-TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-_JSON_FIELDS = "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s %(request_id)s"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
+_JSON_FIELDS = ("%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s "
+                "%(request_id)s %(worker)s")
+
+# The process's part in a pre-forked server: "master", a worker's slot, or "" alone.
+_worker = ""
 
 # Set by the handler for the call it serves; each call runs in a context of its own,
 # and its tasks in copies of it, so the id reaches every line logged for the call.
@@ -50,13 +59,22 @@ def set_request_id(request_id: str) -> None:
     _request_id.set(request_id)
 
 
+def set_worker(worker: str) -> None:
+    """Name this process in every line it logs from now on: ``"master"`` or a worker's slot."""
+    global _worker
+    _worker = worker
+
+
 class _CallIds(logging.Filter):
-    """Adds ``trace_id``, ``span_id`` and ``request_id`` to every record."""
+    """Adds ``trace_id``, ``span_id``, ``request_id`` and the worker to every record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.trace_id = getattr(record, "otelTraceID", "0")
         record.span_id = getattr(record, "otelSpanID", "0")
         record.request_id = _request_id.get()
+        record.worker = _worker
+        record.worker_tag = "" if not _worker else (
+            "master: " if _worker == "master" else f"worker {_worker}: ")
         return True
 
 

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from service.client import AppStatsClient
-from service.logs import LoggingSettings, configure_logging, set_request_id
+from service.logs import LoggingSettings, configure_logging, set_request_id, set_worker
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.sockets import dead_port
 
@@ -57,6 +57,24 @@ def test_text_stays_the_default_format(root_logging: None) -> None:
     logging.getLogger("service.test").info("plain")
     line = stream.getvalue().strip()
     assert line.endswith("INFO service.test: plain") and not line.startswith("{")
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_workers_lines_name_the_worker(root_logging: None, log_format: str) -> None:
+    stream = io.StringIO()
+    configure_logging(LoggingSettings(format=log_format), "info", stream=stream)
+    try:
+        logging.getLogger("service.test").info("alone")
+        set_worker("1")
+        logging.getLogger("service.test").info("in a worker")
+    finally:
+        set_worker("")
+    alone, worker = stream.getvalue().splitlines()
+    if log_format == "json":
+        assert json.loads(alone)["worker"] == "" and json.loads(worker)["worker"] == "1"
+    else:
+        assert alone.endswith("INFO service.test: alone")
+        assert worker.endswith("INFO worker 1: service.test: in a worker")
 
 
 def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(serve: Any, http_services: Any) -> None:

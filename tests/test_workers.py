@@ -130,6 +130,9 @@ def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(serve: Callable
 
     assert server.stop() == 0
     wait_for(lambda: not any(psutil.pid_exists(pid) for pid in replaced), 5, "workers gone")
+    # Every line says which process wrote it (here the master's warning about the kill).
+    logged = server.process.stderr.read()
+    assert re.search(r"WARNING master: service\.workers\.master: .*killed by SIGKILL", logged), logged
 
 
 def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -> None:

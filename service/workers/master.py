@@ -36,6 +36,7 @@ import gevent.os
 from gevent.queue import Empty, Queue
 
 from service.config import ConfigError, Settings
+from service.logs import set_worker
 from service.workers.heartbeat import Heartbeats
 from service.workers.process import bind_listener, end_with_master, signal_name
 
@@ -102,6 +103,7 @@ class _Master:
 
     def run(self, on_ready: Optional[Callable[[tuple[str, int], int], None]]) -> int:
         server = self._settings.server
+        set_worker("master")
         self._listener = bind_listener(server.host, server.port)
         host, port = self._listener.getsockname()[:2]
         # Imported before the fork, so every worker shares these pages instead of loading its own.
@@ -174,6 +176,7 @@ class _Master:
         try:
             # The master's handlers were copied by fork; the worker installs its own.
             self._cancel_signal_handlers()
+            set_worker(str(slot.index))
             end_with_master(self._master_pid)
             from service.lifecycle import run_server
 
