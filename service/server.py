@@ -36,6 +36,7 @@ from thriftpy2.thrift import TProcessor
 
 from service.config import ServerSettings
 from service.connection import Connection, MessageLoop, ServerStats
+from service.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
 from service.wire.channel import TRANSPORTS
 from service.wire.tls import handshake, server_context
@@ -122,7 +123,10 @@ class ThriftServer:
         settings = self._settings
         bind_to = self._listener if self._listener is not None else (settings.host, settings.port)
         server = ResilientStreamServer(bind_to, self._serve_connection, spawn=Pool(settings.max_connections))
-        server.start()
+        try:
+            server.start()
+        except OSError as exc:
+            raise cannot_listen(settings.host, settings.port, exc) from exc
         self._server = server
         host, port = self.address
         log.info("listening on %s:%d (%s transport, %s protocol%s, max %d connections)",

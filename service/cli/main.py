@@ -192,9 +192,8 @@ def _serve(args: argparse.Namespace) -> int:
             return run_workers(settings, on_ready=_print_serving_workers,
                                reload=lambda: _settings(args))
         return run_server(settings, on_ready=_print_serving, tune_gc=True)
-    except OSError as exc:
-        print(f"fanout: cannot listen on {settings.server.host}:{settings.server.port}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+    except OSError as exc:  # a port that cannot be bound (the text names it): exit, no restarts
+        print(f"fanout: {exc.strerror or exc}", file=sys.stderr)
         return 1
 
 

@@ -1,19 +1,16 @@
 """What the master and its workers need of the operating system: how many cores there
-are, the shared listener, dying with the master, and signal names for the log."""
+are, dying with the master, and signal names for the log."""
 
 from __future__ import annotations
 
 import math
 import os
 import signal
-import socket
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["LISTEN_BACKLOG", "usable_cores", "quota_cores", "bind_listener", "end_with_master",
-           "signal_name"]
+__all__ = ["usable_cores", "quota_cores", "end_with_master", "signal_name"]
 
-LISTEN_BACKLOG = 4096
 _PR_SET_PDEATHSIG = 1
 _MAX_CORES = 64
 _CGROUP = Path("/sys/fs/cgroup")
@@ -58,24 +55,6 @@ def _cgroup_quota() -> Optional[int]:
         except OSError:
             continue
     return None
-
-
-def bind_listener(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> socket.socket:
-    """A TCP socket bound to ``(host, port)`` and listening; raises OSError if it cannot be.
-
-    ``host`` is used as given (an IPv6 literal if it contains ``:``), so no
-    resolver thread starts in the master.
-    """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(backlog)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def end_with_master(master_pid: int) -> None:
