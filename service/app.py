@@ -73,8 +73,10 @@ class FanOutService:
     def start(self) -> "FanOutService":
         self.server.start()
         if self.settings.server.probe_port >= 0:
-            self.probes = ProbeServer(self.settings.server.host, self.settings.server.probe_port,
-                                      self.health, lambda: self.server.draining).start()
+            server = self.settings.server
+            self.probes = ProbeServer(server.host, server.probe_port, self.health,
+                                      lambda: self.server.draining,
+                                      stale_after_s=server.worker_heartbeat_timeout_ms / 1000.0).start()
         self.hub_monitor.start()
         host, port = self.address
         log.info("serving AppStats on %s:%d (%s transport, %s protocol)", host, port,

@@ -36,6 +36,7 @@ from gevent.event import Event
 
 from service.app import FanOutService
 from service.config import Settings, as_config_error
+from service.metrics_endpoint import MetricsEndpoint
 from tracing.metrics import configure_metrics
 from tracing.setup import Tracing, configure_tracing
 
@@ -51,13 +52,15 @@ GC_YOUNG_THRESHOLD = 10_000
 def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
                on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
                install_signals: bool = True, stop: Optional[Event] = None,
-               worker_index: int = 0, tune_gc: bool = False) -> int:
+               on_metrics: Optional[Callable[[tuple[str, int]], None]] = None,
+               tune_gc: bool = False) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
-    Configures tracing and metrics (``settings.tracing``, ``settings.metrics``; a
-    pre-forked worker's Prometheus port is shifted by ``worker_index``), starts :class:`FanOutService`
-    (on ``listener`` if given: a bound, listening socket, as pre-forked workers
-    share), calls ``on_ready(address)`` once listening, and blocks. A signal
+    Configures tracing and metrics (``settings.tracing``, ``settings.metrics``;
+    a Prometheus exporter's scrape endpoint starts, and ``on_metrics(address)``
+    is told where), starts :class:`FanOutService` (on ``listener`` if given: a
+    bound, listening socket, as pre-forked workers share), calls
+    ``on_ready(address)`` once listening, and blocks. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
     already bounded. With ``install_signals`` false no handler is installed and
     only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
@@ -76,8 +79,13 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         with as_config_error():
             tracing = configure_tracing(settings.tracing)
             cleanup.callback(_flush_spans, tracing, settings.tracing.flush_timeout_ms)
-            meters = configure_metrics(settings.metrics, port_offset=worker_index)
+            meters = configure_metrics(settings.metrics)
             cleanup.callback(meters.shutdown)
+        if meters.registry is not None and meters.scrape_at is not None:
+            endpoint = MetricsEndpoint(meters.registry, *meters.scrape_at).start()
+            cleanup.callback(endpoint.stop)
+            if on_metrics is not None:
+                on_metrics(endpoint.address)
         service = FanOutService(settings, listener=listener)
         cleanup.callback(_close, service)
         service.start()

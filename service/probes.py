@@ -4,10 +4,17 @@ free port, logged).
 A probe speaking Thrift would exec ``fanout call health``, a process start per
 probe; these answer plain HTTP with a JSON body saying why:
 
-* ``GET /healthz`` (liveness): 200 while the server's event loop answers at all.
-  The body carries the last round of backend checks, without starting one.
+* ``GET /healthz`` (liveness): 200 while the server's event loop runs: it has
+  beaten within ``server.worker_heartbeat_timeout_ms`` (a busy loop beats late,
+  a stuck one not at all); 503 otherwise, and 0 turns the check off.
 * ``GET /readyz`` (readiness): 200 while the server is serving; 503 while it is
   draining (the lame duck included), so load balancers move away first.
+
+Both are served from a native thread (:mod:`service.native_http`), so they
+answer while the event loop that runs calls is saturated; the loop only writes
+what they read (its beat, the draining flag, the last backend checks, which a
+greenlet of the loop refreshes every ``REFRESH_S``). Both bodies carry those
+checks.
 
 Readiness means what Kubernetes gives it: send this pod traffic. A backend
 down is not a reason to stop: every replica shares the backends, so making
@@ -25,50 +32,75 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Callable, Iterable
+import time
+from typing import Any, Callable, Iterable, Optional
 
-from gevent.pywsgi import WSGIServer
+import gevent
 
 from service.health import BackendStatus, HealthChecker
+from service.native_http import NativeHttpServer
+from tracing.greenlets import spawn_in_context
 
-__all__ = ["ProbeServer"]
+__all__ = ["ProbeServer", "REFRESH_S", "json_answer"]
 
 log = logging.getLogger(__name__)
 
+#: How often the loop refreshes the backend checks the probes report, and beats.
+REFRESH_S = 2.0
+
 
 class ProbeServer:
-    """The probe endpoint of one server; :meth:`start` and :meth:`stop`."""
+    """The probe endpoint of one server; :meth:`start` and :meth:`stop`.
+
+    ``stale_after_s``: how long the loop may go without beating before /healthz
+    says 503 (0: never).
+    """
 
     def __init__(self, host: str, port: int, health: HealthChecker,
-                 draining: Callable[[], bool]) -> None:
+                 draining: Callable[[], bool], stale_after_s: float = 30.0) -> None:
         self._health = health
         self._draining = draining
-        self._server = WSGIServer((host, port), self._app, log=None, error_log=None)
+        self._stale_after_s = stale_after_s
+        self._beat = time.monotonic()
+        self._refresher: Optional[gevent.Greenlet] = None
+        self._server = NativeHttpServer(host, port, self._app, "probes")
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.address[:2]
-        return host, port
+        return self._server.address
 
     def start(self) -> "ProbeServer":
         self._server.start()
+        self._refresher = spawn_in_context(self._refresh)
         log.info("probes: http://%s:%d/healthz and /readyz", *self.address)
         return self
 
     def stop(self) -> None:
-        self._server.stop(timeout=1.0)
+        if self._refresher is not None:
+            self._refresher.kill(block=False)  # it only sleeps or checks on its own session
+        self._server.stop(timeout_s=1.0)
+
+    def _refresh(self) -> None:
+        while True:
+            self._beat = time.monotonic()
+            self._health.check()
+            self._beat = time.monotonic()
+            gevent.sleep(REFRESH_S)
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
+        backends = _backends(self._health.last())
         if path == "/healthz":
-            return _answer(start_response, 200,
-                           {"status": "ok", "backends": _backends(self._health.last())})
+            silent_s = time.monotonic() - self._beat
+            if self._stale_after_s and silent_s > self._stale_after_s + REFRESH_S:
+                return json_answer(start_response, 503, {"status": f"event loop silent for {silent_s:.0f} s",
+                                                     "backends": backends})
+            return json_answer(start_response, 200, {"status": "ok", "backends": backends})
         if path == "/readyz":
             draining = self._draining()
-            body = {"status": "draining" if draining else "ready",
-                    "backends": _backends(self._health.check())}
-            return _answer(start_response, 503 if draining else 200, body)
-        return _answer(start_response, 404, {"status": "not found"})
+            body = {"status": "draining" if draining else "ready", "backends": backends}
+            return json_answer(start_response, 503 if draining else 200, body)
+        return json_answer(start_response, 404, {"status": "not found"})
 
 
 def _backends(statuses: Iterable[BackendStatus]) -> dict[str, Any]:
@@ -78,7 +110,8 @@ def _backends(statuses: Iterable[BackendStatus]) -> dict[str, Any]:
 _REASONS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}
 
 
-def _answer(start_response: Callable[..., Any], status: int, body: dict[str, Any]) -> list[bytes]:
+def json_answer(start_response: Callable[..., Any], status: int, body: dict[str, Any]) -> list[bytes]:
+    """Answer a WSGI request with ``body`` as JSON, never cached."""
     payload = json.dumps(body).encode()
     start_response(_REASONS[status], [("Content-Type", "application/json"),
                                       ("Content-Length", str(len(payload))),

@@ -288,8 +288,10 @@ def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
     found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
                      "the probe address in the log")
     base = found.group(1)
+    # The loop's first round of backend checks reaches the probes' bodies shortly after start.
+    ready = wait_for(lambda: (r := requests.get(f"{base}/readyz", timeout=5)).json()["backends"] and r,
+                     5, "the first backend checks in /readyz")
     live = requests.get(f"{base}/healthz", timeout=5)
-    ready = requests.get(f"{base}/readyz", timeout=5)
     assert live.status_code == 200 and live.json()["status"] == "ok"
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     assert set(ready.json()["backends"]) == {"mongo", "alerts", "metrics"}
@@ -311,7 +313,8 @@ def test_a_backend_down_is_reported_but_readiness_stays(serve, http_services: Sa
                                      "metrics.exporter": "prometheus", "metrics.port": 0})
     found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
                      "the probe address in the log")
-    ready = requests.get(f"{found.group(1)}/readyz", timeout=5)
+    ready = wait_for(lambda: (r := requests.get(f"{found.group(1)}/readyz", timeout=5)).json()["backends"]
+                     and r, 5, "the first backend checks in /readyz")
     assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
     assert ready.json()["backends"]["mongo"]["up"] is False
     assert ready.json()["backends"]["alerts"]["up"] is True

@@ -5,8 +5,9 @@
 (``OTEL_METRICS_EXPORTER``; ``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``;
 ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``/``OTEL_EXPORTER_OTLP_ENDPOINT``):
 
-* ``prometheus``: opentelemetry-exporter-prometheus's reader, served by
-  prometheus_client's HTTP server at ``http://host:port/metrics``;
+* ``prometheus``: opentelemetry-exporter-prometheus's reader on a registry of
+  its own; :attr:`Metrics.registry` and :attr:`Metrics.scrape_at` say what to
+  serve where (``service.metrics_endpoint`` serves it, off the event loop);
 * ``otlp``: a periodic reader pushing OTLP over HTTP;
 * ``none`` (the default): no provider; every instrument is the API's no-op.
 
@@ -34,7 +35,7 @@ from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, V
 from tracing.pools import PoolReport, live_meters
 from tracing.settings import METRIC_EXPORTERS, MetricsSettings
 
-__all__ = ["Metrics", "configure_metrics", "SECONDS_BUCKETS"]
+__all__ = ["Metrics", "configure_metrics", "exporter_name", "scrape_address", "SECONDS_BUCKETS"]
 
 log = logging.getLogger(__name__)
 
@@ -46,49 +47,35 @@ _REPORT_REUSE_S = 0.5   # one collection reads all pool gauges well within this
 class Metrics:
     """The handle on a configured meter provider; :meth:`shutdown` at exit."""
 
-    def __init__(self, provider: Optional[MeterProvider], exporter: str,
-                 http_server: Any = None) -> None:
+    def __init__(self, provider: Optional[MeterProvider], exporter: str, registry: Any = None,
+                 scrape_at: Optional[tuple[str, int]] = None) -> None:
         self.provider = provider
         self.exporter = exporter
-        self._http_server = http_server
-
-    @property
-    def scrape_address(self) -> Optional[tuple[str, int]]:
-        """Where Prometheus scrapes (``/metrics``), or ``None`` without that exporter."""
-        if self._http_server is None:
-            return None
-        host, port = self._http_server.server_address[:2]
-        return host, port
+        #: The Prometheus registry to serve, and where (host, port; 0 any); None otherwise.
+        self.registry = registry
+        self.scrape_at = scrape_at
 
     def shutdown(self, timeout_ms: int = 2000) -> None:
-        """Stop the scrape server and flush the readers; idempotent."""
-        server, self._http_server = self._http_server, None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+        """Flush and stop the readers; idempotent."""
         provider, self.provider = self.provider, None
         if provider is not None:
             provider.shutdown(timeout_millis=timeout_ms)
 
 
-def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, str]] = None,
-                      port_offset: int = 0) -> Metrics:
+def configure_metrics(settings: MetricsSettings, *,
+                      env: Optional[Mapping[str, str]] = None) -> Metrics:
     """Install the global meter provider ``settings`` describes, if any.
 
-    ``port_offset`` shifts the Prometheus port (worker *i* of a pre-forked server
-    passes *i*). Raises :class:`ValueError` naming the variable for an unknown
-    exporter, OSError when the scrape port cannot be bound.
+    Raises :class:`ValueError` naming the variable for an unknown exporter or a
+    Prometheus port that is not a number.
     """
     environment = os.environ if env is None else env
-    name = settings.exporter or environment.get("OTEL_METRICS_EXPORTER", "").strip().lower() or "none"
-    if name not in METRIC_EXPORTERS:
-        raise ValueError(f"OTEL_METRICS_EXPORTER: unsupported exporter {name!r}; "
-                         f"expected one of {', '.join(METRIC_EXPORTERS)}")
+    name = exporter_name(settings, environment)
     if name == "none":
         return Metrics(None, name)
-    server = None
+    registry, scrape_at = None, None
     if name == "prometheus":
-        reader, server = _prometheus_reader(settings, environment, port_offset)
+        reader, registry, scrape_at = _prometheus_reader(settings, environment)
     else:
         reader = _otlp_reader(settings)
     views = [View(instrument_name="*duration*",
@@ -97,32 +84,46 @@ def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, s
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
         log.warning("a meter provider was already installed; metrics go to that one")
-    if server is not None:
-        host, port = server.server_address[:2]
-        log.info("metrics: Prometheus scrape at http://%s:%d/metrics", host, port)
-    return Metrics(provider, name, server)
+    return Metrics(provider, name, registry, scrape_at)
 
 
-def _prometheus_reader(settings: MetricsSettings, env: Mapping[str, str],
-                       port_offset: int) -> tuple[MetricReader, Any]:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from prometheus_client import CollectorRegistry, start_http_server
+def exporter_name(settings: MetricsSettings, env: Optional[Mapping[str, str]] = None) -> str:
+    """The metric exporter ``settings`` and ``OTEL_METRICS_EXPORTER`` choose; ValueError if unknown."""
+    environment = os.environ if env is None else env
+    name = settings.exporter or environment.get("OTEL_METRICS_EXPORTER", "").strip().lower() or "none"
+    if name not in METRIC_EXPORTERS:
+        raise ValueError(f"OTEL_METRICS_EXPORTER: unsupported exporter {name!r}; "
+                         f"expected one of {', '.join(METRIC_EXPORTERS)}")
+    return name
 
-    host = settings.host or env.get("OTEL_EXPORTER_PROMETHEUS_HOST", "").strip() or _DEFAULT_HOST
+
+def scrape_address(settings: MetricsSettings,
+                   env: Optional[Mapping[str, str]] = None) -> Optional[tuple[str, int]]:
+    """Where Prometheus scrapes (host, port; 0 any free port), or None without that exporter."""
+    environment = os.environ if env is None else env
+    if exporter_name(settings, environment) != "prometheus":
+        return None
+    host = settings.host or environment.get("OTEL_EXPORTER_PROMETHEUS_HOST", "").strip() or _DEFAULT_HOST
     port = settings.port
     if port < 0:
-        raw = env.get("OTEL_EXPORTER_PROMETHEUS_PORT", "").strip()
+        raw = environment.get("OTEL_EXPORTER_PROMETHEUS_PORT", "").strip()
         try:
             port = int(raw) if raw else _DEFAULT_PORT
         except ValueError:
             raise ValueError(f"OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got {raw!r}") from None
-    if port:
-        port += port_offset
+    return host, port
+
+
+def _prometheus_reader(settings: MetricsSettings,
+                       env: Mapping[str, str]) -> tuple[MetricReader, Any, tuple[str, int]]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from prometheus_client import CollectorRegistry
+
+    scrape_at = scrape_address(settings, env)
+    assert scrape_at is not None
     # A registry of its own: a second provider in one process (tests) does not collide.
     registry = CollectorRegistry(auto_describe=True)
-    reader = PrometheusMetricReader(registry=registry)
-    server, _ = start_http_server(port, addr=host, registry=registry)
-    return reader, server
+    return PrometheusMetricReader(registry=registry), registry, scrape_at
 
 
 def _otlp_reader(settings: MetricsSettings) -> MetricReader:
