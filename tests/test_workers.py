@@ -7,88 +7,16 @@ import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-import gevent
 import psutil
-import pytest
 
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
-from service.client import AppStatsClient
 from service.config import load_settings
 from service.workers import _Master
-from tests.support.samples import backend_overrides
 from tests.support.sockets import wait_for
-
-FANOUT = [sys.executable, "-m", "service.cli"]
-ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
-ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
-
-
-
-class Server:
-    """A ``fanout serve`` process: its address, its workers, and a way to stop it."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.process = process
-        with gevent.Timeout(30, AssertionError("fanout serve did not print its address")):
-            self.line = process.stdout.readline().strip()
-        found = re.search(r"serving on (\S+):(\d+)", self.line)
-        assert found, self.line
-        self.address = (found.group(1), int(found.group(2)))
-
-    def workers(self) -> list[int]:
-        return sorted(child.pid for child in psutil.Process(self.process.pid).children())
-
-    def stop(self, timeout_s: float = 30) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=timeout_s)
-
-
-@pytest.fixture
-def serve(tmp_path: Path, mongo_server: Any, http_services: SampleHttpServices) -> Iterator[Callable[..., Server]]:
-    """Start ``fanout serve --port 0 ARGS`` over the session's backends; killed after the test."""
-    started: list[Server] = []
-    config = tmp_path / "fanout.toml"
-    overrides = backend_overrides(mongo_server, http_services)
-    config.write_text("\n".join([
-        "[server]", "drain_timeout_ms = 3000",
-        "[mongo]", f'uri = "{overrides["mongo.uri"]}"', f'database = "{overrides["mongo.database"]}"',
-        "[http]", f'alerts_url = "{overrides["http.alerts_url"]}"',
-        f'metrics_url = "{overrides["http.metrics_url"]}"', ""]))
-
-    def start(*args: str) -> Server:
-        process = subprocess.Popen([*FANOUT, "serve", "--config", str(config), "--port", "0", *args],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        try:
-            server = Server(process)
-        except BaseException:
-            process.kill()
-            raise
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        pids = server.workers() if server.process.poll() is None else []
-        if server.process.poll() is None:
-            server.process.kill()
-            server.process.wait(timeout=10)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def gather_all_panels(address: tuple[str, int]) -> None:
-    with AppStatsClient(*address, timeout_ms=10_000) as client:
-        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
-    assert {o.name: o.status for o in response.outcomes} == {name: 0 for name in ALL_PANELS}
+from tests.support.workers import Server, gather_all_panels, serve, set_server_keys  # noqa: F401
 
 
 def open_idle_connection(address: tuple[str, int]) -> socket.socket:
@@ -157,15 +85,6 @@ def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     other = master._slots[1]
     other.pid = 200
     assert master._on_exit(200, 2 << 8) == 2                          # a configuration error: stop
-
-
-def set_server_keys(config: Path, **keys: Any) -> None:
-    """Rewrite ``config``'s [server] table with ``keys`` set (the file the server reloads)."""
-    kept = [line for line in config.read_text().splitlines()
-            if line.split(" = ")[0] not in keys]   # a key set again replaces the old line
-    lines = [f"{key} = {value}" for key, value in keys.items()]
-    at = kept.index("[server]") + 1
-    config.write_text("\n".join(kept[:at] + lines + kept[at:]) + "\n")
 
 
 def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
-"""Pre-forked workers: the master (``master.py``), the workers' heartbeats (``heartbeat.py``),
-and what both need of the operating system (``process.py``)."""
+"""Pre-forked workers: the master (``master.py``), the group's probe and metrics
+endpoints it serves (``group.py``), the workers' heartbeats and announcements
+(``heartbeat.py``), and what both need of the operating system (``process.py``)."""
 
 from service.workers.master import _Master, run_workers
-from service.workers.process import LISTEN_BACKLOG, bind_listener
 
-__all__ = ["run_workers", "bind_listener", "LISTEN_BACKLOG", "_Master"]
+__all__ = ["run_workers", "_Master"]

@@ -12,6 +12,8 @@
 * SIGHUP reloads the configuration (as at start) and replaces every worker,
   the old ones draining; SIGTTIN / SIGTTOU add / retire one worker.
   ``server.host`` and ``server.port`` cannot change on a reload.
+* The master serves the group's one probe endpoint and one Prometheus scrape
+  (``group.py``); workers serve neither on those ports.
 * SIGTERM or SIGINT: forwarded to every worker, which drains; those still
   running after the lame-duck, drain, grace and flush budgets plus a margin are
   killed. The master exits 0.
@@ -21,6 +23,7 @@ Every decision (start, exit, restart, kill, reload) is logged with the pid.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -37,8 +40,11 @@ from gevent.queue import Empty, Queue
 
 from service.config import ConfigError, Settings
 from service.logs import set_worker
+from service.workers.group import GroupEndpoints, WorkerState
 from service.workers.heartbeat import Heartbeats
-from service.workers.process import bind_listener, end_with_master, signal_name
+from tracing.metrics import scrape_address
+from service.ports import bind_listener
+from service.workers.process import end_with_master, signal_name
 
 __all__ = ["run_workers"]
 
@@ -98,6 +104,8 @@ class _Master:
         self._storm_limit = max(10, 3 * self._count)
         self._master_pid = os.getpid()
         self._listener: Optional[socket.socket] = None
+        self._group: Optional[GroupEndpoints] = None
+        self._stopping = False
         self._signal_handlers: list = []
 
 
@@ -106,6 +114,13 @@ class _Master:
         set_worker("master")
         self._listener = bind_listener(server.host, server.port)
         host, port = self._listener.getsockname()[:2]
+        try:
+            self._group = GroupEndpoints(server.host, server.probe_port,
+                                         scrape_address(self._settings.metrics),
+                                         self._worker_states, lambda: self._stopping).start()
+        except OSError:
+            self._listener.close()
+            raise
         # Imported before the fork, so every worker shares these pages instead of loading its own.
         from service.lifecycle import run_server  # noqa: F401
         # Objects alive now are never collected again: the workers' collectors leave
@@ -128,6 +143,7 @@ class _Master:
         finally:
             self._cancel_signal_handlers()
             self._listener.close()
+            self._group.stop()
             self._heartbeats.remove()
 
     def _supervise(self) -> int:
@@ -144,6 +160,7 @@ class _Master:
             elif event[0] == "signal":
                 log.info("master: %s received; stopping %d workers",
                          signal.Signals(event[1]).name, len(self._live()))
+                self._stopping = True
                 return self._stop_all(exit_code=0)
             else:
                 verdict = self._on_exit(event[1], event[2])
@@ -178,13 +195,17 @@ class _Master:
             self._cancel_signal_handlers()
             set_worker(str(slot.index))
             end_with_master(self._master_pid)
+            assert self._listener is not None and self._group is not None
+            self._group.close_in_worker()
             from service.lifecycle import run_server
 
-            assert self._listener is not None
             log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot.index, self._count)
             self._heartbeats.start_beating(slot.index)
-            code = run_server(self._settings, listener=self._listener, worker_index=slot.index,
-                              tune_gc=True)
+            facts: dict[str, str] = {}
+            code = run_server(
+                _worker_settings(self._settings), listener=self._listener, tune_gc=True,
+                on_metrics=lambda at: facts.update(metrics=f"http://{at[0]}:{at[1]}/metrics"),
+                on_ready=lambda _: self._heartbeats.announce(slot.index, **facts))
         except Exception as exc:
             log.exception("worker %d failed", os.getpid())
             code = _CONFIG_ERROR_STATUS if isinstance(exc, ConfigError) else 1
@@ -222,6 +243,16 @@ class _Master:
         log.warning("master: worker %d %s; restarting slot %d in %.1f s", pid, how, slot.index,
                     delay)
         return None
+
+    def _worker_states(self) -> list[WorkerState]:
+        states = []
+        for slot in self._slots:
+            announced = self._heartbeats.announcement(slot.index) if slot.pid else None
+            if announced is not None and announced.get("pid") == slot.pid:
+                states.append((slot.index, "serving", announced.get("metrics")))
+            else:
+                states.append((slot.index, "starting" if slot.pid else "restarting", None))
+        return states
 
     def _next_wake_in(self) -> float:
         """Until the next restart is due, and at least every heartbeat check."""
@@ -279,10 +310,12 @@ class _Master:
         except ConfigError as exc:
             log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
             return None
-        old = self._settings.server
-        if (settings.server.host, settings.server.port) != (old.host, old.port):
-            log.warning("master: SIGHUP: server.host and server.port cannot change on a reload; "
-                        "keeping %s:%d", old.host, old.port)
+        old = self._settings
+        if (settings.server.host, settings.server.port, settings.server.probe_port,
+                settings.metrics) != (old.server.host, old.server.port, old.server.probe_port,
+                                      old.metrics):
+            log.warning("master: SIGHUP: the listening address, server.probe_port and [metrics] "
+                        "cannot change on a reload; the group keeps its ports")
         return settings
 
     def _retire(self, pids: list[int]) -> None:
@@ -352,3 +385,11 @@ class _Master:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
+
+
+def _worker_settings(settings: Settings) -> Settings:
+    """A worker's settings: the master serves the probe port and the Prometheus port, so a
+    worker serves no probes and its metrics on a free loopback port (which it announces)."""
+    return dataclasses.replace(
+        settings, server=dataclasses.replace(settings.server, probe_port=-1),
+        metrics=dataclasses.replace(settings.metrics, host="127.0.0.1", port=0))

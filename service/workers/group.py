@@ -1,0 +1,146 @@
+"""The probe and metrics endpoints of a pre-forked server: one of each for the group.
+
+With ``server.workers`` > 1 the master, not the workers, owns
+``server.probe_port`` and the Prometheus port. It binds them at start, before
+any worker exists, so a port that cannot be bound fails ``fanout serve`` at
+once with the address in the error, and keeps them across reloads and
+restarts, so no two processes ever want the same port. The master's event loop
+runs no calls, so it answers under any load on the workers.
+
+* ``GET /healthz``: 200 while the master runs; the body gives each worker slot's
+  state (``serving``, ``starting``, ``restarting``). A stuck worker is the
+  master's to kill and replace (heartbeats), not the kubelet's.
+* ``GET /readyz``: 200 while at least one worker serves; 503 ``starting`` before
+  the first does, and 503 ``draining`` from SIGTERM on.
+* ``GET /metrics`` (on the Prometheus port): every serving worker's scrape,
+  fetched in parallel from the port it announced (127.0.0.1, a free port each,
+  served off its event loop: ``service.metrics_endpoint``), merged into one
+  exposition with a ``worker`` label (the slot) on every sample, plus
+  ``fanout_worker_scraped{worker}`` (1, or 0 for a worker that did not answer
+  within :data:`WORKER_SCRAPE_TIMEOUT_S`). One target per pod; a replaced
+  worker's counters restart from 0 under the same label, which ``rate()``
+  reads as a counter reset.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from typing import Any, Callable, Iterable, Optional
+
+import gevent
+from gevent.pywsgi import WSGIServer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.ports import cannot_listen
+from service.probes import json_answer
+
+__all__ = ["GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIMEOUT_S"]
+
+log = logging.getLogger(__name__)
+
+#: How long the master waits for a worker's scrape (each worker answers within 0.7 s).
+WORKER_SCRAPE_TIMEOUT_S = 0.85
+
+#: (slot, state, where its metrics are scraped or None); state: serving, starting, restarting.
+WorkerState = tuple[int, str, Optional[str]]
+
+
+class GroupEndpoints:
+    """Serve the group's probes and metrics from the master; :meth:`start` binds both.
+
+    ``workers`` says each slot's state now; ``stopping`` whether SIGTERM arrived.
+    """
+
+    def __init__(self, host: str, probe_port: int, scrape_at: Optional[tuple[str, int]],
+                 workers: Callable[[], list[WorkerState]], stopping: Callable[[], bool]) -> None:
+        self._workers = workers
+        self._stopping = stopping
+        self._servers: list[WSGIServer] = []
+        if probe_port >= 0:
+            self._servers.append(WSGIServer((host, probe_port), self._probes, log=None,
+                                            error_log=None))
+        if scrape_at is not None:
+            self._servers.append(WSGIServer(scrape_at, self._metrics, log=None, error_log=None))
+
+    def start(self) -> "GroupEndpoints":
+        """Bind and serve; raises OSError naming the address that cannot be bound."""
+        for server in self._servers:
+            try:
+                server.start()
+            except OSError as exc:
+                self.stop()
+                raise cannot_listen(*server.address[:2], exc) from exc
+            log.info("master: group %s on http://%s:%d", "metrics" if server.application ==
+                     self._metrics else "probes", *server.address[:2])
+        return self
+
+    def close_in_worker(self) -> None:
+        """In a forked worker: drop the inherited copies, so only the master answers."""
+        for server in self._servers:
+            server.close()
+
+    def stop(self) -> None:
+        for server in self._servers:
+            if server.started:
+                server.stop(timeout=1.0)
+
+    def _probes(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        workers = {str(slot): state for slot, state, _ in self._workers()}
+        if path == "/healthz":
+            return json_answer(start_response, 200, {"status": "ok", "workers": workers})
+        if path == "/readyz":
+            if self._stopping():
+                return json_answer(start_response, 503, {"status": "draining", "workers": workers})
+            serving = "serving" in workers.values()
+            return json_answer(start_response, 200 if serving else 503,
+                         {"status": "ready" if serving else "starting", "workers": workers})
+        return json_answer(start_response, 404, {"status": "not found"})
+
+    def _metrics(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: the scrape path is /metrics\n"]
+        serving = [(str(slot), url) for slot, state, url in self._workers()
+                   if state == "serving" and url]
+        fetches = [gevent.spawn(_fetch, url) for _, url in serving]
+        gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
+        scrapes = {slot: fetch.value if fetch.successful() else None
+                   for (slot, _), fetch in zip(serving, fetches)}
+        for fetch in fetches:
+            fetch.kill(block=False)  # urllib in the master: no pool to corrupt
+        body = merge_scrapes(scrapes)
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
+                                  ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def _fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=WORKER_SCRAPE_TIMEOUT_S) as answer:
+        return answer.read().decode()
+
+
+class _Families:
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Metric]:
+        return self._families
+
+
+def merge_scrapes(scrapes: dict[str, Optional[str]]) -> bytes:
+    """One exposition from each worker's (``None``: no answer), labelled ``worker``."""
+    families: dict[str, Metric] = {}
+    scraped = Metric("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no",
+                     "gauge")
+    for worker, text in scrapes.items():
+        scraped.add_sample("fanout_worker_scraped", {"worker": worker}, 0.0 if text is None else 1.0)
+        for family in text_string_to_metric_families(text or ""):
+            merged = families.setdefault(family.name, Metric(family.name, family.documentation,
+                                                             family.type, family.unit))
+            merged.samples.extend(sample._replace(labels={**sample.labels, "worker": worker})
+                                  for sample in family.samples)
+    return generate_latest(_Families([scraped, *families.values()]))  # type: ignore[arg-type]

@@ -1,0 +1,102 @@
+"""``fanout serve`` as a process, for the tests of pre-forked workers.
+
+    from tests.support.workers import serve  # the fixture
+
+    def test_something(serve):
+        server = serve("--workers", "2", env={"FANOUT_SERVER_PROBE_PORT": "8086"})
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import gevent
+import psutil
+import pytest
+
+from service.client import AppStatsClient
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
+from tests.support.samples import backend_overrides
+
+__all__ = ["FANOUT", "ENV", "ALL_PANELS", "Server", "serve", "gather_all_panels", "set_server_keys"]
+
+FANOUT = [sys.executable, "-m", "service.cli"]
+ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+
+
+class Server:
+    """A ``fanout serve`` process: its address, its workers, and a way to stop it."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        with gevent.Timeout(30, AssertionError("fanout serve did not print its address")):
+            self.line = process.stdout.readline().strip()
+        found = re.search(r"serving on (\S+):(\d+)", self.line)
+        assert found, self.line
+        self.address = (found.group(1), int(found.group(2)))
+
+    def workers(self) -> list[int]:
+        return sorted(child.pid for child in psutil.Process(self.process.pid).children())
+
+    def stop(self, timeout_s: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout_s)
+
+
+@pytest.fixture
+def serve(tmp_path: Path, mongo_server: Any, http_services: SampleHttpServices) -> Iterator[Callable[..., Server]]:
+    """Start ``fanout serve --port 0 ARGS`` over the session's backends; killed after the test."""
+    started: list[Server] = []
+    config = tmp_path / "fanout.toml"
+    overrides = backend_overrides(mongo_server, http_services)
+    config.write_text("\n".join([
+        "[server]", "drain_timeout_ms = 3000",
+        "[mongo]", f'uri = "{overrides["mongo.uri"]}"', f'database = "{overrides["mongo.database"]}"',
+        "[http]", f'alerts_url = "{overrides["http.alerts_url"]}"',
+        f'metrics_url = "{overrides["http.metrics_url"]}"', ""]))
+
+    def start(*args: str, env: Optional[dict[str, str]] = None) -> Server:
+        process = subprocess.Popen([*FANOUT, "serve", "--config", str(config), "--port", "0", *args],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**ENV, **(env or {})})
+        try:
+            server = Server(process)
+        except BaseException:
+            process.kill()
+            raise
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        pids = server.workers() if server.process.poll() is None else []
+        if server.process.poll() is None:
+            server.process.kill()
+            server.process.wait(timeout=10)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def gather_all_panels(address: tuple[str, int]) -> None:
+    with AppStatsClient(*address, timeout_ms=10_000) as client:
+        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert {o.name: o.status for o in response.outcomes} == {name: 0 for name in ALL_PANELS}
+
+
+def set_server_keys(config: Path, **keys: Any) -> None:
+    """Rewrite ``config``'s [server] table with ``keys`` set (the file the server reloads)."""
+    kept = [line for line in config.read_text().splitlines()
+            if line.split(" = ")[0] not in keys]   # a key set again replaces the old line
+    lines = [f"{key} = {value}" for key, value in keys.items()]
+    at = kept.index("[server]") + 1
+    config.write_text("\n".join(kept[:at] + lines + kept[at:]) + "\n")

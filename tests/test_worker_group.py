@@ -1,0 +1,118 @@
+"""Pre-forked workers with probes and Prometheus metrics on: one endpoint of each for the
+group, served by the master; reloads that never collide on a port; a taken port is a
+start-up error. Real ``fanout serve`` processes, real scrapes, real signals."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import subprocess
+from typing import Callable
+
+import gevent
+import pytest
+import requests
+
+from service.client import AppStatsClient
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples.mongo_server import free_port
+from tests.support.sockets import wait_for
+from tests.support.workers import ALL_PANELS, ENV, FANOUT, Server, serve  # noqa: F401
+
+
+@pytest.fixture
+def group_ports() -> dict[str, int]:
+    return {"probes": free_port(), "metrics": free_port()}
+
+
+def group_env(ports: dict[str, int]) -> dict[str, str]:
+    return {"FANOUT_SERVER_PROBE_PORT": str(ports["probes"]), "FANOUT_METRICS_EXPORTER": "prometheus",
+            "FANOUT_METRICS_PORT": str(ports["metrics"])}
+
+
+def probe(ports: dict[str, int], path: str) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{ports['probes']}{path}", timeout=5)
+
+
+def all_serving(ports: dict[str, int], count: int) -> bool:
+    try:
+        workers = probe(ports, "/healthz").json()["workers"]
+    except requests.RequestException:
+        return False
+    return len(workers) == count and set(workers.values()) == {"serving"}
+
+
+def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
+        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    server = serve("--workers", "2", env=group_env(group_ports))
+    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    ready = probe(group_ports, "/readyz")
+    assert ready.status_code == 200 and ready.json() == {
+        "status": "ready", "workers": {"0": "serving", "1": "serving"}}
+    for _ in range(8):  # new connections: the kernel spreads them over both workers
+        with AppStatsClient(*server.address, timeout_ms=10_000) as client:
+            client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+
+    scrape = requests.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text
+    for worker in ("0", "1"):
+        assert re.search(rf'^fanout_worker_scraped\{{worker="{worker}"\}} 1\.0$', scrape, re.M), scrape
+        assert re.search(rf'^fanout_admission_limit\S*\{{.*worker="{worker}".*\}} ', scrape, re.M)
+    calls = [float(value) for value in re.findall(
+        r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} (\S+)$',
+        scrape, re.M)]
+    assert sum(calls) == 8, scrape
+    assert scrape.count("# TYPE rpc_server_call_duration_seconds histogram") == 1  # one family
+    assert server.stop() == 0
+
+
+def _caller(address: tuple[str, int], outcomes: list[str]) -> None:
+    with AppStatsClient(*address, timeout_ms=5_000) as client:
+        while True:
+            try:
+                response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
+                                                deadline_ms=3_000)
+                statuses = {o.name: o.status for o in response.outcomes}
+                outcomes.append("ok" if statuses == {name: 0 for name in ALL_PANELS} else "partial")
+            except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
+                outcomes.append(type(exc).__name__)
+            gevent.sleep(0.02)
+
+
+def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
+        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    server = serve("--workers", "2", env=group_env(group_ports))
+    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    outcomes: list[str] = []
+    callers = [gevent.spawn(_caller, server.address, outcomes) for _ in range(4)]
+    try:
+        for _ in range(3):
+            before = set(server.workers())
+            server.process.send_signal(signal.SIGHUP)
+            wait_for(lambda: not before & set(server.workers()) and all_serving(group_ports, 2), 30,
+                     "two new workers serving, the old ones gone")
+            assert requests.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics",
+                                timeout=5).status_code == 200
+        calls_after = len(outcomes) + 20
+        wait_for(lambda: len(outcomes) >= calls_after, 20, "calls after the last reload")
+    finally:
+        gevent.killall(callers)
+    assert set(outcomes) == {"ok"}, {kind: outcomes.count(kind) for kind in set(outcomes)}
+    assert server.stop() == 0
+    logged = server.process.stderr.read()
+    assert "Traceback" not in logged and "Address already in use" not in logged, logged[-3000:]
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.parametrize("taken", ["probes", "metrics"])
+def test_a_taken_port_fails_the_start_naming_it(workers: str, taken: str,
+                                                group_ports: dict[str, int]) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", group_ports[taken]))
+        holder.listen(1)
+        done = subprocess.run([*FANOUT, "serve", "--port", "0", "--workers", workers],
+                              env={**ENV, **group_env(group_ports)}, capture_output=True, text=True,
+                              timeout=60)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert f"fanout: cannot listen on 127.0.0.1:{group_ports[taken]}" in done.stderr
+    assert "Traceback" not in done.stderr and "restarting" not in done.stderr, done.stderr[-3000:]
