@@ -19,8 +19,13 @@ What a call raises::
 Several instances: pass ``addresses=[(host, port), ...]``, or ``resolve=True``
 to use every address ``host`` resolves to (re-resolved every
 ``resolve_interval_ms``); calls go to the less busy of two instances picked at
-random, and an instance that refuses or resets new connections is left out for
-a while (:mod:`service.client.instances`).
+random; an instance that refuses or resets new connections, or is too slow
+three times in a row, is left out for a while, and comes back once it answers a
+``ping`` (:mod:`service.client.instances`). With several instances a
+``get_app_stats`` whose first attempt is slower than the 99th percentile of
+recent calls sends a backup attempt to another instance, within 5% of calls,
+and takes whichever answers first (:mod:`service.client.hedging`): a hung
+instance costs no call.
 
 A connection whose call ended in a transport error or timeout is closed, never
 reused: a late reply must not be read as the answer to the next call. A pooled
@@ -45,6 +50,7 @@ verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
 from __future__ import annotations
 
 import random
+import time
 from types import TracebackType
 from typing import Any, Callable, Optional, Sequence
 
@@ -55,10 +61,12 @@ from thriftpy2.transport import TTransportException
 
 from lookups.resilience.budget import RetryBudget
 from service.client.connections import PROTOCOLS, TRANSPORTS, Connection, ConnectionPool, Connector
+from service.client.hedging import BackupRequests
 from service.client.instances import Instance, Instances
 from service.engine.deadline import Deadline
 from service.idl import appstats
 from service.wire.tls import client_context
+from tracing.greenlets import spawn_in_context
 from tracing.propagation import inject_headers
 from tracing.spans import rpc_attributes
 
@@ -92,7 +100,8 @@ class AppStatsClient:
                  overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000,
                  addresses: Optional[Sequence[tuple[str, int]]] = None, resolve: bool = False,
                  resolve_interval_ms: int = 30_000, eject_ms: int = 5_000,
-                 peer_service: str = "fanout") -> None:
+                 peer_service: str = "fanout", backup_percentile: float = 0.99,
+                 backup_ratio: float = 0.05) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         if protocol not in PROTOCOLS:
@@ -109,7 +118,11 @@ class AppStatsClient:
                                   tls_server_hostname=tls_server_hostname or host)
             return ConnectionPool(connector, pool_size, max_idle_ms / 1000.0)
 
-        options = {"resolve_interval_s": resolve_interval_ms / 1000.0, "eject_s": eject_ms / 1000.0}
+        options: dict[str, Any] = {"resolve_interval_s": resolve_interval_ms / 1000.0,
+                                   "eject_s": eject_ms / 1000.0, "prober": self._answers_ping}
+        #: Backup requests for get_app_stats (``backup_ratio`` 0: none).
+        self.backups = BackupRequests(backup_percentile, backup_ratio)
+        self._probe_timeout_ms = connect_timeout_ms + REPLY_MARGIN_MS
         self.instances = (Instances.from_name(host, port, make_pool, **options) if resolve
                           else Instances(addresses or [(host, port)], make_pool, **options))
         self.retry_budget = RetryBudget(overload_retry_ratio)   # 0: no retries at all
@@ -155,9 +168,11 @@ class AppStatsClient:
 
         deadline = Deadline.after_ms(self._timeout_ms if deadline_ms is None else deadline_ms)
         self.retry_budget.record_call()
+        self.backups.budget.record_call()
         for attempt in range(1, MAX_OVERLOAD_ATTEMPTS + 1):
             try:
-                return self._call("get_app_stats", int(deadline.remaining_ms()), build_args)
+                return self._call("get_app_stats", int(deadline.remaining_ms()), build_args,
+                                  hedged=True)
             except appstats.Overloaded as overloaded:
                 if attempt == MAX_OVERLOAD_ATTEMPTS or not self._back_off(overloaded, deadline):
                     raise
@@ -184,10 +199,22 @@ class AppStatsClient:
                  traceback: Optional[TracebackType]) -> None:
         self.close()
 
-    def _call(self, method: str, deadline_ms: int,
-              build_args: Callable[[int], tuple[Any, ...]]) -> Any:
+    def _call(self, method: str, deadline_ms: int, build_args: Callable[[int], tuple[Any, ...]],
+              hedged: bool = False) -> Any:
         deadline = Deadline.after_ms(deadline_ms)
-        instance = self.instances.pick()
+        delay_s = self.backups.delay_s() if hedged and len(self.instances.all) > 1 else None
+        if delay_s is None or delay_s * 1000.0 >= deadline.remaining_ms():
+            return self._call_retrying(self.instances.pick(), method, deadline, deadline_ms,
+                                       build_args)
+        return self._call_with_backup(method, deadline, deadline_ms, build_args, delay_s)
+
+    def _call_retrying(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
+                       build_args: Callable[[int], tuple[Any, ...]],
+                       tried: Optional[list[Instance]] = None) -> Any:
+        """The call on ``instance``, tried once more on another after a transport failure;
+        ``tried`` gets each instance used."""
+        tried = [] if tried is None else tried
+        tried.append(instance)
         try:
             return self._call_on(instance, method, deadline, deadline_ms, build_args, fresh=False)
         except TTransportException as failure:
@@ -195,8 +222,60 @@ class AppStatsClient:
             # new connection. A pooled connection the server just closed fails like this too.
             if failure.type == TTransportException.TIMED_OUT or deadline.remaining_ms() < 1:
                 raise
-            other = self.instances.pick(exclude=[instance])
+            other = self.instances.pick(exclude=tried)
+            tried.append(other)
             return self._call_on(other, method, deadline, deadline_ms, build_args, fresh=True)
+
+    def _call_with_backup(self, method: str, deadline: Deadline, deadline_ms: int,
+                          build_args: Callable[[int], tuple[Any, ...]], delay_s: float) -> Any:
+        """The first attempt, and after ``delay_s`` without an answer a backup on another
+        instance if the budget allows; the first answer wins, the other attempt is stopped."""
+        tried: list[Instance] = []
+
+        def attempt(instance: Instance) -> tuple[bool, Any]:
+            # Returns what happened: a greenlet that raised would be reported by the hub.
+            try:
+                return True, self._call_retrying(instance, method, deadline, deadline_ms,
+                                                 build_args, tried)
+            except Exception as raised:  # noqa: BLE001 - handed to the caller below
+                return False, raised
+
+        first = self.instances.pick()
+        attempts = {spawn_in_context(attempt, first): first}
+        if not gevent.wait(list(attempts), timeout=delay_s, count=1) and self.backups.allow():
+            second = self.instances.pick(exclude=tried)  # the first attempt's retry included
+            if second not in tried:
+                self.backups.sent += 1
+                attempts[spawn_in_context(attempt, second)] = second
+        pending = list(attempts)
+        failure: Optional[BaseException] = None
+        try:
+            while pending:
+                for done in gevent.wait(pending, count=1):
+                    pending.remove(done)
+                    answered, outcome = done.value
+                    if answered or not isinstance(outcome, TTransportException):
+                        if attempts[done] is not first:  # the backup answered first
+                            self.backups.won += 1
+                            self.instances.slow(first)
+                        if answered:
+                            return outcome
+                        raise outcome  # a declared exception is an answer too
+                    failure = outcome
+            assert failure is not None
+            raise failure
+        finally:
+            # Our own connections: a stopped attempt's connection is closed, never reused.
+            gevent.killall(pending, block=True, timeout=1.0)
+
+    def _answers_ping(self, instance: Instance) -> bool:
+        """For :class:`Instances`: does ``instance`` answer a ping on a new connection?"""
+        deadline = Deadline.after_ms(self._probe_timeout_ms)
+        try:
+            return self._call_on(instance, "ping", deadline, self._probe_timeout_ms,
+                                 lambda remaining_ms: (), fresh=True) == "pong"
+        except Exception:  # noqa: BLE001 - any failure means "not yet"
+            return False
 
     def _call_on(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
                  build_args: Callable[[int], tuple[Any, ...]], fresh: bool) -> Any:
@@ -204,17 +283,23 @@ class AppStatsClient:
                       "server.address": instance.host, "server.port": instance.port}
         instance.inflight += 1
         instance.calls += 1
-        reused = False
+        reused = exchanging = False
+        started = time.monotonic()
         try:
             with self._tracer.start_as_current_span(f"AppStats/{method}", kind=SpanKind.CLIENT,
                                                     attributes=attributes):
                 with instance.pool.connection(deadline, fresh) as connection:
-                    reused = connection.reused
+                    reused, exchanging = connection.reused, True
                     value = self._exchange(connection, method, deadline, deadline_ms, build_args)
             instance.succeeded()
+            if method == "get_app_stats":
+                self.backups.record(time.monotonic() - started)
             return value
         except TTransportException as failure:
-            if not reused and failure.type != TTransportException.TIMED_OUT:
+            if failure.type == TTransportException.TIMED_OUT:
+                if exchanging:  # no reply in time (not: no free pooled connection here)
+                    self.instances.slow(instance)
+            elif not reused:
                 self.instances.eject(instance)   # a new connection failed: the instance is away
             raise
         finally:

@@ -8,10 +8,17 @@
   eligible ones, the one with fewer calls in flight.
 * **Ejection.** An instance whose *new* connection failed (refused, reset: it
   is down or going away) is left out for ``eject_s``, doubling while it keeps
-  failing (up to 30 s); when that passes, the next call it gets is its probe,
-  and a success takes it back in full. A failure on a *reused* pooled
+  failing (up to 30 s). So is an instance that was too slow
+  :data:`SLOW_EJECT_AFTER` times in a row (a call timed out on it, or a backup
+  request on another instance answered first): it accepts connections but does
+  not answer, as a hung process does. A failure on a *reused* pooled
   connection ejects nothing: the server may simply have closed an idle one.
-  With every instance ejected, the one due back first is used anyway.
+* **Rejoining.** When its ejection ends, an instance gets no call until it has
+  answered a ``ping`` on a new connection (the client's ``prober``, run in a
+  greenlet of its own): a restarting process that listens before it can serve
+  costs no call. A failed ping ejects it again. Instances that a name newly
+  resolves to are checked the same way before their first call.
+* With every instance out, the one due back first is used anyway.
 """
 
 from __future__ import annotations
@@ -22,12 +29,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
+import gevent
+
 from service.client.connections import ConnectionPool
 
-__all__ = ["Instance", "Instances", "MAX_EJECT_S"]
+__all__ = ["Instance", "Instances", "MAX_EJECT_S", "SLOW_EJECT_AFTER"]
 
 #: The longest an instance stays ejected, however often it failed.
 MAX_EJECT_S = 30.0
+#: Too slow this many times in a row (timeouts, lost backup races): ejected.
+SLOW_EJECT_AFTER = 3
 
 
 @dataclass(eq=False)
@@ -41,6 +52,10 @@ class Instance:
     calls: int = 0
     failures: int = 0
     ejected_until: float = 0.0
+    slow_in_a_row: int = 0
+    #: Must answer a ping before its next call: after an ejection, or when newly found.
+    unproven: bool = False
+    probing: bool = False
     _eject_s: float = field(default=0.0, repr=False)
 
     @property
@@ -48,13 +63,16 @@ class Instance:
         return self.host, self.port
 
     def eligible(self, now: float) -> bool:
-        return now >= self.ejected_until
+        return now >= self.ejected_until and not self.unproven
 
     def succeeded(self) -> None:
         self._eject_s = 0.0
+        self.slow_in_a_row = 0
 
     def eject(self, base_s: float) -> None:
         self.failures += 1
+        self.slow_in_a_row = 0
+        self.unproven = True
         self._eject_s = min(MAX_EJECT_S, self._eject_s * 2 if self._eject_s else base_s)
         self.ejected_until = time.monotonic() + self._eject_s
 
@@ -64,14 +82,17 @@ class Instances:
 
     def __init__(self, addresses: Iterable[tuple[str, int]], make_pool: Callable[[str, int], ConnectionPool],
                  *, resolve: Optional[str] = None, resolve_interval_s: float = 30.0,
-                 eject_s: float = 5.0) -> None:
+                 eject_s: float = 5.0, prober: Optional[Callable[[Instance], bool]] = None) -> None:
         self._make_pool = make_pool
+        self._prober = prober
         self._resolve_name, self._resolve_port = (resolve, 0)
         self._resolve_interval_s = resolve_interval_s
         self._eject_s = eject_s
         self._resolved_at = time.monotonic()
         self._by_address: dict[tuple[str, int], Instance] = {}
         self._update(list(addresses))
+        for instance in self._by_address.values():
+            instance.unproven = False  # the ones given at the start are called at once
 
     @classmethod
     def from_name(cls, host: str, port: int, make_pool: Callable[[str, int], ConnectionPool],
@@ -89,6 +110,7 @@ class Instances:
         """Power of two choices among the eligible instances, ``exclude`` left out if possible."""
         self._maybe_resolve()
         now, excluded = time.monotonic(), set(map(id, exclude))
+        self._probe_due(now)
         candidates = [i for i in self._by_address.values() if id(i) not in excluded] or self.all
         eligible = [i for i in candidates if i.eligible(now)]
         if not eligible:
@@ -100,6 +122,34 @@ class Instances:
 
     def eject(self, instance: Instance) -> None:
         instance.eject(self._eject_s)
+
+    def slow(self, instance: Instance) -> None:
+        """``instance`` was too slow for a call: ejected after :data:`SLOW_EJECT_AFTER` in a row."""
+        instance.slow_in_a_row += 1
+        if instance.slow_in_a_row >= SLOW_EJECT_AFTER:
+            self.eject(instance)
+
+    def _probe_due(self, now: float) -> None:
+        if self._prober is None:
+            for instance in self._by_address.values():
+                instance.unproven = False  # no way to check: its next call is the check
+            return
+        for instance in self._by_address.values():
+            if instance.unproven and not instance.probing and now >= instance.ejected_until:
+                instance.probing = True
+                # A plain spawn: the check is no part of the caller's trace (an empty context).
+                gevent.spawn(self._probe, instance)
+
+    def _probe(self, instance: Instance) -> None:
+        assert self._prober is not None
+        try:
+            if self._prober(instance):
+                instance.unproven = False
+                instance.succeeded()
+            elif instance.ejected_until <= time.monotonic():
+                self.eject(instance)
+        finally:
+            instance.probing = False
 
     def close(self) -> None:
         for instance in self._by_address.values():
@@ -121,7 +171,8 @@ class Instances:
         fresh = {}
         for host, port in addresses:
             known = self._by_address.get((host, port))
-            fresh[(host, port)] = known or Instance(host, port, self._make_pool(host, port))
+            fresh[(host, port)] = known or Instance(host, port, self._make_pool(host, port),
+                                                    unproven=True)
         for address, gone in self._by_address.items():
             if address not in fresh:
                 gone.pool.close()
