@@ -75,3 +75,12 @@ def test_the_deployment_runs_the_image_make_image_tags() -> None:
     assert fanout["image"] == f"fanout:{version}"
     assert fanout["command"] == ["fanout", "serve"]  # the image has no ENTRYPOINT
     assert pod["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_deployment_gives_each_worker_a_cpu_and_its_memory() -> None:
+    """One worker per CPU; about 100 MiB per worker (65-95 MiB measured) plus the master."""
+    _, _, fanout = container()
+    workers = int(next(e["value"] for e in fanout["env"] if e["name"] == "FANOUT_SERVER_WORKERS"))
+    requests = fanout["resources"]["requests"]
+    assert int(requests["cpu"]) == workers
+    assert int(requests["memory"].removesuffix("Mi")) >= 95 * workers + 40
