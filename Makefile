@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench clean trace-ui interop toolchains dist image image-smoke
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke
 
 setup: $(STAMP)
 
@@ -86,6 +86,10 @@ $(BENCH_STAMP): $(STAMP) pyproject.toml
 # The side-by-side benchmark (BENCH_ARGS=--quick for a short run); never part of `make test`.
 bench: $(BENCH_STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
+
+# Probes and scrapes at 1,000 connections of overload, and reloads under load (about a minute).
+bench-operate: $(BENCH_STAMP)
+	$(PY) -m bench.operate $(OPERATE_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

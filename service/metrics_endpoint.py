@@ -26,7 +26,7 @@ __all__ = ["MetricsEndpoint", "COLLECT_TIMEOUT_S"]
 log = logging.getLogger(__name__)
 
 #: How long a scrape waits for the event loop to collect before it gets the last collection.
-COLLECT_TIMEOUT_S = 0.7
+COLLECT_TIMEOUT_S = 0.5
 
 
 class MetricsEndpoint:

@@ -41,8 +41,8 @@ __all__ = ["GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIME
 
 log = logging.getLogger(__name__)
 
-#: How long the master waits for a worker's scrape (each worker answers within 0.7 s).
-WORKER_SCRAPE_TIMEOUT_S = 0.85
+#: How long the master waits for a worker's scrape (each worker answers within about 0.5 s).
+WORKER_SCRAPE_TIMEOUT_S = 0.75
 
 #: (slot, state, where its metrics are scraped or None); state: serving, starting, restarting.
 WorkerState = tuple[int, str, Optional[str]]
