@@ -1,6 +1,7 @@
-"""Pre-forked workers: the master (``master.py``), the group's probe and metrics
-endpoints it serves (``group.py``), the workers' heartbeats and announcements
-(``heartbeat.py``), and what both need of the operating system (``process.py``)."""
+"""Pre-forked workers: the master (``master.py``), a worker's side of the fork
+(``worker.py``), the group's probe and metrics endpoints the master serves
+(``group.py``), the workers' heartbeats and announcements (``heartbeat.py``), and
+what both need of the operating system (``process.py``)."""
 
 from service.workers.master import _Master, run_workers
 

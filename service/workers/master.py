@@ -23,7 +23,6 @@ Every decision (start, exit, restart, kill, reload) is logged with the pid.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -42,9 +41,10 @@ from service.config import ConfigError, Settings
 from service.logs import set_worker
 from service.workers.group import GroupEndpoints, WorkerState
 from service.workers.heartbeat import Heartbeats
+from service.workers.worker import CONFIG_ERROR_STATUS, WorkerStart, serve_as_worker
 from tracing.metrics import scrape_address
 from service.ports import bind_listener
-from service.workers.process import end_with_master, signal_name
+from service.workers.process import signal_name
 
 __all__ = ["run_workers"]
 
@@ -57,7 +57,6 @@ _STABLE_AFTER_S = 10.0           # a worker that lived this long resets its slot
 _STORM_WINDOW_S = 60.0
 _STOP_MARGIN_S = 3.0             # beyond the drain, grace and flush budgets, before SIGKILL
 _KILL_WAIT_S = 5.0
-_CONFIG_ERROR_STATUS = 2         # what ``fanout serve`` exits with for a configuration error
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _RESIZE_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 _HEARTBEAT_CHECK_S = 1.0
@@ -188,30 +187,13 @@ class _Master:
         self._events.put(("exit", watcher.pid, watcher.rstatus))  # type: ignore[attr-defined]
 
     def _become_worker(self, slot: _Slot) -> None:
-        """The child side of :meth:`_fork`: serve on the inherited socket, then exit."""
-        code = 1
-        try:
-            # The master's handlers were copied by fork; the worker installs its own.
-            self._cancel_signal_handlers()
-            set_worker(str(slot.index))
-            end_with_master(self._master_pid)
-            assert self._listener is not None and self._group is not None
-            self._group.close_in_worker()
-            from service.lifecycle import run_server
-
-            log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot.index, self._count)
-            self._heartbeats.start_beating(slot.index)
-            facts: dict[str, str] = {}
-            code = run_server(
-                _worker_settings(self._settings), listener=self._listener, tune_gc=True,
-                on_metrics=lambda at: facts.update(metrics=f"http://{at[0]}:{at[1]}/metrics"),
-                on_ready=lambda _: self._heartbeats.announce(slot.index, **facts))
-        except Exception as exc:
-            log.exception("worker %d failed", os.getpid())
-            code = _CONFIG_ERROR_STATUS if isinstance(exc, ConfigError) else 1
-        finally:
-            logging.shutdown()
-            os._exit(code)  # never unwind into the master's code in the child
+        """The child side of :meth:`_fork`: drop the master's handlers and ports, serve, exit."""
+        # The master's handlers were copied by fork; the worker installs its own.
+        self._cancel_signal_handlers()
+        assert self._listener is not None and self._group is not None
+        self._group.close_in_worker()
+        serve_as_worker(WorkerStart(self._settings, slot.index, self._count, self._master_pid,
+                                    self._listener, self._heartbeats))
 
     def _on_exit(self, pid: int, status: int) -> Optional[int]:
         """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
@@ -226,9 +208,9 @@ class _Master:
         slot.pid = 0
         code = os.waitstatus_to_exitcode(status)
         how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
-        if code == _CONFIG_ERROR_STATUS:
+        if code == CONFIG_ERROR_STATUS:
             log.error("master: worker %d %s (a configuration error); stopping", pid, how)
-            return _CONFIG_ERROR_STATUS
+            return CONFIG_ERROR_STATUS
         now = time.monotonic()
         slot.quick_deaths = slot.quick_deaths + 1 if now - slot.started_at < _STABLE_AFTER_S else 1
         self._restarts.append(now)
@@ -385,11 +367,3 @@ class _Master:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
-
-
-def _worker_settings(settings: Settings) -> Settings:
-    """A worker's settings: the master serves the probe port and the Prometheus port, so a
-    worker serves no probes and its metrics on a free loopback port (which it announces)."""
-    return dataclasses.replace(
-        settings, server=dataclasses.replace(settings.server, probe_port=-1),
-        metrics=dataclasses.replace(settings.metrics, host="127.0.0.1", port=0))
