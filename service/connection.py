@@ -175,9 +175,15 @@ class MessageLoop:
         started = time.perf_counter()
         if call is not None:
             reply = self._invoke(api, call, reply, connection.endpoints)
-        if isinstance(reply, TApplicationException) or not reply.oneway:
-            self._write_reply(connection, api, seqid, reply)
-        call_ended(api, _error_type(reply), time.perf_counter() - started)
+        error_type = _error_type(reply)
+        try:
+            if isinstance(reply, TApplicationException) or not reply.oneway:
+                self._write_reply(connection, api, seqid, reply)
+        except Exception as unwritten:
+            error_type = type(unwritten).__name__
+            raise
+        finally:  # every call read is recorded once, its reply written or not
+            call_ended(api, error_type, time.perf_counter() - started)
 
     def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
         """Receive and decode one call. The single place where input is decoded."""

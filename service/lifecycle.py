@@ -38,7 +38,7 @@ from service.app import FanOutService
 from service.config import Settings, as_config_error
 from service.metrics_endpoint import MetricsEndpoint
 from tracing.metrics import configure_metrics
-from tracing.setup import Tracing, configure_tracing
+from tracing.setup import Tracing, build_resource, configure_tracing
 
 __all__ = ["run_server", "tune_collector", "STOP_SIGNALS", "GC_YOUNG_THRESHOLD"]
 
@@ -79,7 +79,7 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         with as_config_error():
             tracing = configure_tracing(settings.tracing)
             cleanup.callback(_flush_spans, tracing, settings.tracing.flush_timeout_ms)
-            meters = configure_metrics(settings.metrics)
+            meters = configure_metrics(settings.metrics, resource=build_resource(settings.tracing))
             cleanup.callback(meters.shutdown)
         if meters.registry is not None and meters.scrape_at is not None:
             endpoint = MetricsEndpoint(meters.registry, *meters.scrape_at).start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import subprocess
 import time
 from typing import Any, Callable
@@ -13,6 +14,7 @@ from gevent.lock import BoundedSemaphore
 import pytest
 import requests
 
+from bench.load.frames import encode_call
 from service.client import AppStatsClient
 from service.engine import FanOut, FanOutOverloaded, FanOutSettings, RequestContext, Task
 from service.engine.settings import AdmissionSettings
@@ -181,6 +183,23 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     assert re.search(r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M)
     assert re.search(r"^fanout_admission_limit(_ratio)?(\{[^}]*\})? 100\.0$", text, re.M), text
     assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
+    # The metrics' resource names the service as the traces do (it was unknown_service:python).
+    assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
+
+
+def test_calls_to_undeclared_methods_are_one_series_named_other(serve: Any, http_services: Any) -> None:
+    """Names a caller makes up must not make series: they are recorded as rpc.method _OTHER."""
+    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0})
+    for name in ("no_such_method", "drop_tables", "x" * 40):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(encode_call(name, appstats.AppStats.ping_args()))
+            assert sock.recv(4096)  # TApplicationException(UNKNOWN_METHOD)
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    text = requests.get(found.group(1), timeout=5).text
+    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="_OTHER".*\} 3\.0$',
+                     text, re.M), text
+    assert "no_such_method" not in text and "drop_tables" not in text
 
 
 def test_the_client_backs_off_on_overloaded_and_stays_within_its_retry_budget(

@@ -31,6 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
 
 from tracing.pools import PoolReport, live_meters
 from tracing.settings import METRIC_EXPORTERS, MetricsSettings
@@ -62,9 +63,10 @@ class Metrics:
             provider.shutdown(timeout_millis=timeout_ms)
 
 
-def configure_metrics(settings: MetricsSettings, *,
-                      env: Optional[Mapping[str, str]] = None) -> Metrics:
-    """Install the global meter provider ``settings`` describes, if any.
+def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, str]] = None,
+                      resource: Optional[Resource] = None) -> Metrics:
+    """Install the global meter provider ``settings`` describes, if any, with ``resource``
+    (the traces' own, so both name the same ``service.name``).
 
     Raises :class:`ValueError` naming the variable for an unknown exporter or a
     Prometheus port that is not a number.
@@ -80,7 +82,8 @@ def configure_metrics(settings: MetricsSettings, *,
         reader = _otlp_reader(settings)
     views = [View(instrument_name="*duration*",
                   aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS))]
-    provider = MeterProvider(metric_readers=[reader], views=views)
+    provider = MeterProvider(metric_readers=[reader], views=views,
+                             **({"resource": resource} if resource is not None else {}))
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
         log.warning("a meter provider was already installed; metrics go to that one")

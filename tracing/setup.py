@@ -55,7 +55,8 @@ from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
 
-__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "configure_tracing"]
+__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "build_resource",
+           "configure_tracing"]
 
 DEFAULT_SERVICE_NAME = "fanout"
 _RATIO_SAMPLERS = {
@@ -168,7 +169,7 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
             "a global tracer provider is already installed in this process; "
             "use set_global=False for a standalone provider")
     exporters = build_exporters(settings, environment)
-    provider = TracerProvider(resource=_build_resource(settings, environment),
+    provider = TracerProvider(resource=build_resource(settings, environment),
                               sampler=_build_sampler(settings, environment))
     provider.add_span_processor(ExceptionEventsWithoutSource())  # first: before any span records
     for exporter in exporters:
@@ -187,8 +188,12 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     return Tracing(provider, exporters, _instrument(provider))
 
 
-def _build_resource(settings: TracingSettings, env: Mapping[str, str]) -> Resource:
-    name = settings.service_name or env.get("OTEL_SERVICE_NAME", "").strip() or DEFAULT_SERVICE_NAME
+def build_resource(settings: TracingSettings, env: Optional[Mapping[str, str]] = None) -> Resource:
+    """The process's resource: ``service.name`` from ``tracing.service_name``,
+    ``OTEL_SERVICE_NAME`` or ``fanout``; the metrics carry the same one."""
+    environment = os.environ if env is None else env
+    name = (settings.service_name or environment.get("OTEL_SERVICE_NAME", "").strip()
+            or DEFAULT_SERVICE_NAME)
     return Resource.create({SERVICE_NAME: name})
 
 
