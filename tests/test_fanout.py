@@ -110,6 +110,8 @@ def test_no_task_can_start_raises_overloaded() -> None:
     assert caught.value.retry_after_ms > 0
     assert hog.get(timeout=2).outcomes[0].ok
     assert fan.inflight == 0
+    # The refused call counts once, as overloaded; its tasks reached no caller.
+    assert (fan.stats.overloaded, fan.stats.rejected) == (1, 0)
 
 
 def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) -> None:

@@ -194,18 +194,21 @@ class FanOut:
         result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
                               (time.monotonic() - started) * 1000.0)
         if run.failed_required is not None:
+            self.stats.rejected += _rejected(result)
             raise RequiredTaskFailed(run.failed_required, result)
         if tasks and all(o.status is TaskStatus.REJECTED for o in result.outcomes):
+            # A refused call counts once, as overloaded: its tasks reach no caller.
             self.stats.overloaded += 1
             raise FanOutOverloaded("no task could start: the fan-out pools are full",
                                    retry_after_ms=self.admission.retry_after_ms())
+        # Counted once the outcomes are final, so a refused call's tasks never count.
+        self.stats.rejected += _rejected(result)
         return result
 
     def _start_all(self, run: _Run) -> None:
         if run.tasks and self._inflight.locked():
             # Fail fast: with the process-wide budget exhausted, queueing for it only makes
             # the caller wait for what is most likely an Overloaded anyway.
-            self.stats.rejected += len(run.tasks)
             self.stats.overloaded += 1
             raise FanOutOverloaded("no task could start: the process-wide task budget is exhausted",
                                    retry_after_ms=self.admission.retry_after_ms())
@@ -218,7 +221,6 @@ class FanOut:
             if run.failed_required is not None:
                 return  # the rest are settled CANCELLED by run()
             if not self._acquire(pool, queue_until):
-                self.stats.rejected += 1
                 wait_ms = (time.monotonic() - queued_at) * 1000.0
                 run.settle(index, TaskOutcome(
                     task.name, task.source, TaskStatus.REJECTED, wait_ms, error_type="REJECTED",
@@ -323,3 +325,7 @@ def _kill_task(run: _Run, index: int, runner: RawGreenlet) -> None:
     """
     if run.running.get(index) is runner:
         runner.throw(GreenletExit)
+
+
+def _rejected(result: FanOutResult) -> int:
+    return sum(1 for outcome in result.outcomes if outcome.status is TaskStatus.REJECTED)
