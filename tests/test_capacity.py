@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import gevent
@@ -185,6 +186,33 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
     # The metrics' resource names the service as the traces do (it was unknown_service:python).
     assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
+
+
+def test_the_task_metric_counts_exactly_the_outcomes_callers_got(serve: Any, http_services: Any) -> None:
+    """OK, REJECTED (no slot in time) and TIMEOUT (cut while running): each outcome a
+    caller received is counted once, with its status; the abandoned task's end is not."""
+    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0,
+                                     "fanout.pool_size": 5, "fanout.queue_timeout_ms": 1,
+                                     "lookups.alerts.timeout_ms": 100})
+    received: Counter[tuple[str, str]] = Counter()
+    http_services.alerts.delay_ms = 400
+    try:
+        with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
+            for _ in range(4):
+                response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+                received.update((o.name, appstats.TaskStatus._VALUES_TO_NAMES[o.status])
+                                for o in response.outcomes)
+        gevent.sleep(0.6)  # the abandoned alerts tasks end meanwhile
+    finally:
+        http_services.alerts.delay_ms = 0
+    assert {status for _, status in received} >= {"OK", "REJECTED", "TIMEOUT"}, received
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    text = requests.get(found.group(1), timeout=5).text
+    counted = Counter({(name, status): int(float(count)) for name, status, count in re.findall(
+        r'^fanout_task_duration_seconds_count\{.*?fanout_task_name="(\w+)".*?'
+        r'fanout_task_status="(\w+)".*\} (\S+)$', text, re.M)})
+    assert counted == received
 
 
 def test_calls_to_undeclared_methods_are_one_series_named_other(serve: Any, http_services: Any) -> None:

@@ -19,8 +19,8 @@ a call refused there, or finding the process-wide budget exhausted, raises
 :class:`FanOutOverloaded` at once, having cost almost nothing.
 
 Failures are counted, and logged as a summary every few seconds at most
-(:mod:`service.engine.summary`), never a line per task. Task durations go to the
-``fanout.task.duration`` histogram (see :mod:`service.engine.metrics`).
+(:mod:`service.engine.summary`), never a line per task. Each outcome a caller gets goes to the
+``fanout.task.duration`` histogram once, with its status (see :mod:`service.engine.metrics`).
 
 This module knows nothing of Thrift, MongoDB or HTTP.
 """
@@ -193,10 +193,16 @@ class FanOut:
             run.settle_rest(TaskStatus.TIMEOUT, "request deadline passed")
         result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
                               (time.monotonic() - started) * 1000.0)
+        refused = bool(tasks) and all(o.status is TaskStatus.REJECTED for o in result.outcomes)
+        if not refused:
+            # Once per outcome a caller gets, whatever became of its task: rejected, cut
+            # before it ran, still running, or done (counted when it ended, some went missing).
+            for task, outcome in zip(run.tasks, result.outcomes):
+                metrics.task_ended(task, outcome)
         if run.failed_required is not None:
             self.stats.rejected += _rejected(result)
             raise RequiredTaskFailed(run.failed_required, result)
-        if tasks and all(o.status is TaskStatus.REJECTED for o in result.outcomes):
+        if refused:
             # A refused call counts once, as overloaded: its tasks reach no caller.
             self.stats.overloaded += 1
             raise FanOutOverloaded("no task could start: the fan-out pools are full",
@@ -252,7 +258,6 @@ class FanOut:
                 final = run.settle(index, outcome)
                 # A late finisher reports what the caller was told, not what it did.
                 mark_task_outcome(span, final.status.value, error if final is outcome else None)
-            metrics.task_ended(task, final)
         finally:
             run.spans.pop(index, None)
             pool.release()

@@ -2,7 +2,7 @@
 
 Series (OpenTelemetry instruments; names as Prometheus shows them in brackets)::
 
-    fanout.task.duration      histogram, s   one per task, by fanout.task.name, .source, .status
+    fanout.task.duration      histogram, s   one per outcome a caller got, by fanout.task.name, .source, .status
                                              [fanout_task_duration_seconds_*]
     fanout.admission.limit    gauge          the adaptive limit on calls in flight
     fanout.admission.inflight gauge          calls admitted and running
