@@ -122,11 +122,14 @@ class Settings:
 
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
-        return self.lookups.get(name, LookupSettings())
+        return self.lookups.get(name, _DEFAULT_LOOKUP)
 
     def task_timeout_ms(self, name: str) -> int:
         return self.lookup(name).timeout_ms or self.fanout.task_timeout_ms
 
+
+#: Built once: Settings.lookup runs for every panel of every call.
+_DEFAULT_LOOKUP = LookupSettings()
 
 _SECTIONS: dict[str, type] = {
     "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,

@@ -24,6 +24,7 @@ from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
 from service.config import ServerSettings
 from service.engine.context import new_request_id
+from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
 from service.rpc_metrics import call_ended
 from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
@@ -70,7 +71,7 @@ class _MalformedMessage(Exception):
 class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
-    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at", "endpoints")
+    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at", "endpoints", "caller")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
@@ -85,6 +86,8 @@ class Connection:
         self.oprot = make_protocol(self.output)
         # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
         self.endpoints = _endpoints(sock)
+        # One caller per connection: its refusals are paced (service.engine.pacing).
+        self.caller = CallerPacing()
 
     def close_if_idle(self) -> bool:
         """End the connection if it is waiting for a new message, so none is lost.
@@ -174,7 +177,7 @@ class MessageLoop:
         api, seqid, reply, call = self._read_call(connection.iprot)
         started = time.perf_counter()
         if call is not None:
-            reply = self._invoke(api, call, reply, connection.endpoints)
+            reply = self._invoke(api, call, reply, connection)
         error_type = _error_type(reply)
         try:
             if isinstance(reply, TApplicationException) or not reply.oneway:
@@ -195,11 +198,12 @@ class MessageLoop:
             raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
 
     def _invoke(self, api: str, call: Callable[[], Any], result: TPayload,
-                endpoints: Mapping[str, Any]) -> _Reply:
+                connection: Connection) -> _Reply:
         try:
             # A fresh context per call: nothing one call sets can leak into the next.
             context = contextvars.Context()
-            context.run(set_call_endpoints, endpoints)
+            context.run(set_call_endpoints, connection.endpoints)
+            context.run(current_caller.set, connection.caller)
             result.success = context.run(call)
         except TApplicationException as exc:
             return exc
@@ -208,7 +212,7 @@ class MessageLoop:
                 return self._internal_error(api, exc)
             # Declared: the caller has it typed. Counted, summarised every few seconds.
             self._stats.declared_errors += 1
-            self._declared.count(f"{api} {type(exc).__name__}", str(exc))
+            self._declared.count(f"{api} {type(exc).__name__}", exc)
         return result
 
     def _write_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> None:

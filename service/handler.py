@@ -17,6 +17,7 @@ from service.config import Settings
 from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext, new_request_id
 from service.engine.fanout import FanOut
+from service.engine.pacing import current_caller
 from service.health import HealthChecker
 from service.idl import appstats
 from service.logs import set_request_id
@@ -116,7 +117,8 @@ class AppStatsHandler:
             if valid.request_id and span.is_recording():
                 span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
-                                           valid.request_id or request_id, valid.headers)
+                                           valid.request_id or request_id, valid.headers,
+                                           caller=current_caller.get())
             set_request_id(context.request_id)
             outcomes = self._gather(valid, context)
             return appstats.StatsResponse(
@@ -127,9 +129,14 @@ class AppStatsHandler:
                 elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
-        tasks, skipped = self._plan(valid)
+        skipped: list[TaskOutcome] = []
+
+        def plan() -> list[Task]:  # once admitted: a refused call costs no planning
+            tasks, disabled = self._plan(valid)
+            skipped.extend(disabled)
+            return tasks
         try:
-            result = self._fanout.run(tasks, context)
+            result = self._fanout.run(plan, context)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None

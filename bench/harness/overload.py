@@ -7,7 +7,9 @@
   operations a call, about 80 calls/s).
 
 Callers are closed-loop and honour ``retry_after_ms`` (jittered), as
-``AppStatsClient`` does; a caller refused keeps its connection open. Goodput is
+``AppStatsClient`` does; a caller refused keeps its connection open. Fanout is
+also run with callers that ignore it and try again 50 ms after an ``Overloaded``,
+at 50 and at the top level, in both regimes. Goodput is
 complete replies (all seven panels OK) per second. One more configuration pins
 admission to a single call in flight and lets 50 callers hammer without backing
 off: nearly every answer is then ``Overloaded``, and the server's CPU per answer is
@@ -31,10 +33,13 @@ NAME = "overload"
 REGIMES = {"cpu": (20, 200), "pool": (200, 64)}
 BASE = 50
 WARMUP_S = 5.0
+IMPOLITE = "ignoring"
+#: How long a caller that ignores retry_after_ms waits after an Overloaded.
+IMPOLITE_PAUSE_S = 0.05
 
 
-def _key(server: str, regime: str, connections: int) -> str:
-    return f"{NAME}/{server}-{regime}/c{connections}"
+def _key(server: str, regime: str, connections: int, callers: str = "") -> str:
+    return f"{NAME}/{server}-{regime}{'-' + callers if callers else ''}/c{connections}"
 
 
 def _configs(scale: Scale) -> tuple[list[Config], tuple[int, ...], tuple[str, ...]]:
@@ -44,6 +49,11 @@ def _configs(scale: Scale) -> tuple[list[Config], tuple[int, ...], tuple[str, ..
                        pool_size=pool, honour_retry_after=True, warmup_s=WARMUP_S,
                        window_scale=2.0)
                for regime, (delay, pool) in REGIMES.items() for server in servers for c in levels]
+    # Callers that ignore retry_after_ms: a retry loop in a web tier, or users pressing reload.
+    configs += [_config(NAME, "fanout", "stats", c, label=f"fanout-{regime}-{IMPOLITE}",
+                        delay_ms=delay, pool_size=pool, overloaded_pause_s=IMPOLITE_PAUSE_S,
+                        warmup_s=WARMUP_S, window_scale=2.0)
+                for regime, (delay, pool) in REGIMES.items() for c in (BASE, levels[-1])]
     configs.append(_config(NAME, "fanout", "stats", BASE, label="fanout-refusals", delay_ms=200,
                            admission="one", window_scale=2.0))
     return configs, levels, servers
@@ -99,21 +109,63 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
                 for c in levels:
                     out.append(info_row(NAME, f"answers {server} {regime} c{c}",
                                         _answer_mix(results.get(_key(server, regime, c)))))
+        refusal_ms = _cpu_per_answer_ms(results.get(f"{NAME}/fanout-refusals/c{BASE}"),
+                                        ("overloaded",))
         out.append(ratio_goal(
-            NAME, "server CPU of one Overloaded / of one admitted call",
-            _cpu_per_answer_ms(results.get(f"{NAME}/fanout-refusals/c{BASE}"), ("overloaded",)),
+            NAME, "server CPU of one Overloaded / of one admitted call", refusal_ms,
             _cpu_per_answer_ms(results.get(_key("fanout", "cpu", BASE)), ("ok", "degraded")),
             limit=0.05, at_most=True))
+        out += _impolite_goals(results, top, refusal_ms)
         return out
     return goals
 
 
+def _impolite_goals(results: Results, top: int, refusal_ms: list[float]) -> list[Goal]:
+    """Callers that ignore retry_after_ms: goodput held, nothing late, refusing stays cheap."""
+    out: list[Goal] = []
+    for regime in REGIMES:
+        high = results.get(_key("fanout", regime, top, IMPOLITE))
+        out.append(ratio_goal(
+            NAME, f"fanout goodput at {top} / at {BASE} connections ignoring retry_after_ms "
+                  f"({regime}-bound)",
+            _per_rep(high, "rps"), _per_rep(results.get(_key("fanout", regime, BASE, IMPOLITE)),
+                                            "rps"),
+            limit=0.9, at_most=False))
+        out.append(failures_goal(
+            NAME, f"fanout late or failed answers besides Overloaded, {top} conns ignoring "
+                  f"retry_after_ms ({regime})", high, ignore=("overloaded",)))
+        out.append(ratio_goal(
+            NAME, f"share of the server's CPU spent refusing, {top} conns ignoring "
+                  f"retry_after_ms ({regime})",
+            _refusing_ms_per_s(high, refusal_ms), _busy_ms_per_s(high), limit=0.05, at_most=True,
+            note="refusals/s x the CPU of one refusal (the refusals configuration)"))
+        for c in (BASE, top):
+            out.append(info_row(NAME, f"answers fanout {regime} c{c} ignoring retry_after_ms",
+                                _answer_mix(results.get(_key("fanout", regime, c, IMPOLITE)))))
+    return out
+
+
+def _refusing_ms_per_s(result: Optional[dict[str, Any]], refusal_ms: list[float]) -> list[float]:
+    """Per repetition: Overloaded answers per second x the mean CPU ms of one refusal."""
+    if not refusal_ms:
+        return []
+    per_refusal = sum(refusal_ms) / len(refusal_ms)
+    return [rate * per_refusal for rate in _answers_per_rep(result, ("overloaded",))]
+
+
+def _busy_ms_per_s(result: Optional[dict[str, Any]]) -> list[float]:
+    """Per repetition: the server's CPU milliseconds per second."""
+    if not result or "reps" not in result:
+        return []
+    return [10.0 * rep["cpu_pct"].get("server", math.nan) for rep in result["reps"]]
 def overload(scale: Scale) -> Scenario:
     configs, levels, servers = _configs(scale)
     notes = [f"Closed loop at {', '.join(map(str, levels))} connections ({BASE} is about "
              "capacity), meta.deadline_ms 2000; callers wait retry_after_ms x U(0.5, 1.5) after "
              f"an Overloaded. {WARMUP_S:g} s warm-up lets the admission limit settle.",
              "cpu: 20 ms backends, pools of 200; pool: 200 ms backends, MongoDB and HTTP pools "
-             "of 64. refusals: admission pinned to one call, 50 callers not backing off: the "
-             "server CPU per Overloaded answer."]
+             "of 64. refusals: admission pinned to one call, refusals not held, 50 callers not "
+             "backing off: the server CPU per Overloaded answer.",
+             f"ignoring retry_after_ms: callers wait a fixed {IMPOLITE_PAUSE_S * 1000:g} ms after "
+             "an Overloaded, whatever it asked for (a retry loop in a web tier)."]
     return Scenario(NAME, "Overload", configs, _goals(levels, servers), notes)

@@ -62,6 +62,7 @@ class Config:
     window_scale: float = 1.0          # this configuration's windows are this much longer
     processes: int = 0                 # 0: loadgen_processes(connections)
     honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
+    overloaded_pause_s: float = 0.0    # ...or else this long, whatever the reply asked for
     open_loop: bool = False            # with interval_s: keep the schedule (no coordinated omission)
     # > 0: interval_s is set when the run reaches this configuration, so that all connections
     # together offer this fraction of the complete calls/s measured by ``capacity_of``.
@@ -129,7 +130,8 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
                     warmup_s=timing.warmup_s, window_s=timing.window_s, reps=timing.reps,
                     interval_s=config.interval_s, expect_ok=expect_ok,
                     decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
-                    honour_retry_after=config.honour_retry_after, open_loop=config.open_loop)
+                    honour_retry_after=config.honour_retry_after, open_loop=config.open_loop,
+                    overloaded_pause_s=config.overloaded_pause_s)
 
 
 #: Dashboards of the Zipf scenario, and the exponent of their popularity.

@@ -123,7 +123,9 @@ def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: 
              "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
              f"pool_maxsize = {spec.pool_size}", ""]
     if spec.admission == "one":
-        lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1", ""]
+        # Every call refused at once: what one refusal costs, unpaced.
+        lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1",
+                  "hold_refusals = false", ""]
     lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")

@@ -47,7 +47,8 @@ class LoadPlan:
     ``decode_every`` n > 0 fully decodes about one successful reply in n (samples).
     ``honour_retry_after``: after an ``Overloaded`` reply a connection waits its
     ``retry_after_ms`` x uniform(0.5, 1.5) before calling again, as
-    ``service.client.AppStatsClient`` does; otherwise it calls again at once.
+    ``service.client.AppStatsClient`` does; otherwise it calls again after
+    ``overloaded_pause_s`` (0: at once), whatever the reply asked for.
     ``open_loop`` (with ``interval_s`` > 0): calls keep to their schedule, as wrk2 does;
     a call that could not start on time (its connection was still waiting for the
     previous reply) starts at once, and its latency counts from when it should have
@@ -66,6 +67,7 @@ class LoadPlan:
     expect_ok: int = 0
     decode_every: int = 0
     honour_retry_after: bool = False
+    overloaded_pause_s: float = 0.0
     open_loop: bool = False
     call_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
@@ -157,6 +159,7 @@ def _plans(plan: LoadPlan) -> list[dict[str, Any]]:
             "interval_s": plan.interval_s, "expect_ok": plan.expect_ok,
             "decode_every": plan.decode_every, "call_timeout_s": plan.call_timeout_s,
             "honour_retry_after": plan.honour_retry_after, "open_loop": plan.open_loop,
+            "overloaded_pause_s": plan.overloaded_pause_s,
             "connect_timeout_s": plan.connect_timeout_s,
             "connect_concurrency": plan.connect_concurrency}
     shares, offset = [], 0

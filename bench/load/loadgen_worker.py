@@ -188,8 +188,12 @@ class _Caller:
                 self._maybe_sample(w, body)
             return
         recorder.fail(time.monotonic(), kind)
-        if kind == "overloaded" and self.plan["honour_retry_after"]:
+        if kind != "overloaded":
+            return
+        if self.plan["honour_retry_after"]:
             self.resume_at = time.monotonic() + _retry_after_s(self.plan["method"], body)
+        elif self.plan["overloaded_pause_s"] > 0:  # a retry loop that ignores retry_after_ms
+            self.resume_at = time.monotonic() + self.plan["overloaded_pause_s"]
 
     def _maybe_sample(self, window: int, body: bytes) -> None:
         every = self.plan["decode_every"]

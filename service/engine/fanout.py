@@ -16,7 +16,9 @@ kills them. No task outlives its request by more than that grace.
 
 Before any of that, the call must be admitted (:mod:`service.engine.admission`):
 a call refused there, or finding the process-wide budget exhausted, raises
-:class:`FanOutOverloaded` at once, having cost almost nothing.
+:class:`FanOutOverloaded` at once, having cost almost nothing; unless its caller
+came back before the ``retry_after_ms`` it was told, when the refusal is held
+first (:mod:`service.engine.pacing`).
 
 Failures are counted, and logged as a summary every few seconds at most
 (:mod:`service.engine.summary`), never a line per task. Each outcome a caller gets goes to the
@@ -30,7 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import gevent
 from gevent import Greenlet, GreenletExit
@@ -72,6 +74,7 @@ class FanOutStats:
     abandoned: int = 0   # still running when their request answered
     killed: int = 0      # abandoned and still running after the grace period
     overloaded: int = 0  # calls answered FanOutOverloaded (refused, or no task could start)
+    held: int = 0        # ...of which held first: the caller ignored retry_after_ms (pacing)
 
 
 class _Run:
@@ -158,23 +161,45 @@ class FanOut:
         """The engine's pools: per request (``fanout.pool_size``) and process-wide."""
         return (self.request_pool, self._inflight.meter)
 
-    def run(self, tasks: Sequence[Task], request: RequestContext) -> FanOutResult:
+    def run(self, tasks: Sequence[Task] | Callable[[], Sequence[Task]],
+            request: RequestContext) -> FanOutResult:
         """Run ``tasks`` for ``request`` in parallel; one outcome per task, in order.
 
-        Every task ends by ``request.deadline``.
+        ``tasks`` may be a function that plans them: it is called only once the
+        call is admitted, so a refused call costs no planning. Every task ends by
+        ``request.deadline``.
 
         Raises :class:`FanOutOverloaded` when the call is not admitted or no task
         could get a slot, and :class:`RequiredTaskFailed` when a required task
         did not finish OK. Every other failure is an outcome, never an exception.
         """
+        caller = request.caller if self.admission.settings.hold_refusals else None
+        if caller is None:
+            return self._admit_and_run(tasks, request.deadline)
+        caller.arrived()
         try:
-            self.admission.admit(request.deadline)
+            result = self._admit_and_run(tasks, request.deadline)
+        except FanOutOverloaded as overloaded:
+            # After admission's slot is given back: a held refusal holds nothing but a timer.
+            if caller.refused(overloaded.retry_after_ms, request.deadline) > 0:
+                self.stats.held += 1
+            raise
+        except RequiredTaskFailed:
+            caller.answered()
+            raise
+        caller.answered()
+        return result
+
+    def _admit_and_run(self, tasks: Sequence[Task] | Callable[[], Sequence[Task]],
+                       deadline: Deadline) -> FanOutResult:
+        try:
+            self.admission.admit(deadline)
         except Refused as refused:
             self.stats.overloaded += 1
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
         started = time.monotonic()
         try:
-            return self._run_admitted(tasks, request.deadline, started)
+            return self._run_admitted(tasks() if callable(tasks) else tasks, deadline, started)
         finally:
             self.admission.done(time.monotonic() - started)
 

@@ -8,6 +8,7 @@ Series (OpenTelemetry instruments; names as Prometheus shows them in brackets)::
     fanout.admission.inflight gauge          calls admitted and running
     fanout.admission.queued   gauge          calls waiting for admission
     fanout.calls.overloaded   counter        calls answered Overloaded (refused or no task started)
+    fanout.calls.held         counter        ...of which held first: the caller ignored retry_after_ms
     fanout.tasks.started / .rejected / .abandoned / .killed   counters
 
 Gauges and counters are read from the engines' own counters when a reader
@@ -59,6 +60,8 @@ _meter.create_observable_gauge("fanout.admission.queued", [_read(lambda e: e.adm
                                unit="{call}", description="Calls waiting for admission")
 for _name, _field, _unit, _description in (
         ("fanout.calls.overloaded", "overloaded", "{call}", "Calls answered Overloaded"),
+        ("fanout.calls.held", "held", "{call}",
+         "Overloaded answers held because the caller ignored retry_after_ms"),
         ("fanout.tasks.started", "started", "{task}", "Tasks started"),
         ("fanout.tasks.rejected", "rejected", "{task}", "Tasks that got no slot in time"),
         ("fanout.tasks.abandoned", "abandoned", "{task}", "Tasks still running when their call answered"),

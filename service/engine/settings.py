@@ -44,6 +44,7 @@ class AdmissionSettings:
     max_latency_fraction: float = 0.25  # ...and never past this share of fanout.request_deadline_ms
     queue_interval_ms: int = 100       # CoDel: longest wait while the queue drains now and then
     queue_target_ms: int = 5           # ...and the wait once the queue stands longer than that
+    hold_refusals: bool = True         # a caller ignoring retry_after_ms gets its Overloaded late
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(

@@ -39,9 +39,10 @@ class FailureSummary:
         self._timer: Optional[Any] = None
         self.total = 0
 
-    def count(self, kind: str, detail: Optional[str] = None,
+    def count(self, kind: str, detail: Optional[object] = None,
               error: Optional[BaseException] = None) -> None:
-        """One failure of ``kind``. ``detail`` (one example) is kept for the next line.
+        """One failure of ``kind``. ``detail`` (one example) is kept for the next line;
+        it is formatted with ``str`` only then, not on every call.
 
         ``error``, for failures nobody declared (bugs), is logged at ERROR with its
         stack trace the first time its kind occurs in an interval.
@@ -52,7 +53,7 @@ class FailureSummary:
         self._counts[kind] += 1
         self.total += 1
         if detail is not None and kind not in self._examples:
-            self._examples[kind] = detail[:200]
+            self._examples[kind] = str(detail)[:200]
         if time.monotonic() - self._since >= self._interval_s:
             self.flush()
         elif self._timer is None:

@@ -1,0 +1,95 @@
+"""Pacing: a caller that ignores ``retry_after_ms`` gets its next ``Overloaded`` late.
+
+A refusal costs the process a read, a decode and a reply, about a fiftieth of an
+admitted call. A caller that honours ``retry_after_ms`` is refused a few times
+a second; a caller that tries again at once (a retry loop in a web tier, users
+pressing reload) is refused as fast as the process can refuse, and a thousand
+such callers take the whole CPU from the calls that were admitted.
+
+A Thrift connection is strictly request-reply: until it has its answer, a
+caller sends nothing more on it. So a caller that came back before the pause it
+was told gets its next refusal *held*: the connection's greenlet sleeps until
+``retry_after_ms`` has passed, or until shortly before the call's deadline,
+whichever is first, then answers ``Overloaded`` as before. The caller is never
+answered late, and every caller is throttled to about one refusal per
+``retry_after_ms`` (or per deadline) whatever it does, at the cost of a timer.
+
+Weighed against the alternatives:
+
+* *Not reading a refused connection until its pause has passed* throttles as
+  well, but the next call then waits unread while its caller's clock runs: it
+  would be answered late, or be refused on arrival with its budget gone.
+* *Pausing all reads at the limit* holds back the polite callers and the
+  admitted calls' successors together, and the kernel's buffers fill with calls
+  whose deadlines run out unseen.
+* *Per-connection fairness* does not help: each of these callers has one call
+  in flight, and there are simply too many callers.
+* *Adaptive LIFO* (:mod:`~service.engine.admission`) decides which waiting
+  call goes first; it does not make refusing cheaper.
+
+Callers that honour ``retry_after_ms`` (with the usual x0.5 to x1.5 jitter) are
+never held, so they, and the web-tier client trying another instance, are
+refused at once exactly as before. This module knows nothing of Thrift: one
+:class:`CallerPacing` stands for one connection.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from contextvars import ContextVar
+from typing import Optional
+
+import gevent
+
+from service.engine.deadline import Deadline
+
+__all__ = ["CallerPacing", "current_caller"]
+
+#: A caller who comes back before this share of the pause it was told has ignored it
+#: (callers jitter their pause by x0.5 to x1.5; the rest is slack for the network).
+_EARLY_SHARE = 0.4
+#: A held refusal is answered this share of the remaining deadline early...
+_DEADLINE_SHARE = 0.9
+#: ...and at least this much early, so that the reply reaches the caller in time.
+_REPLY_MARGIN_S = 0.05
+#: A hold lasts between this share of its longest and the whole of it.
+_JITTER = 0.8
+
+#: The caller (connection) of the call being served; set by the server per call.
+current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller", default=None)
+
+
+class CallerPacing:
+    """One connection's refusals: when it was told to come back, and whether it did."""
+
+    __slots__ = ("_back_at", "_early")
+
+    def __init__(self) -> None:
+        self._back_at = 0.0
+        self._early = False
+
+    def arrived(self) -> None:
+        """A call from this caller arrived now (before its admission is decided)."""
+        self._early = time.monotonic() < self._back_at
+
+    def answered(self) -> None:
+        """The call was admitted and answered: nothing to pace."""
+        self._back_at = 0.0
+
+    def refused(self, retry_after_ms: int, deadline: Deadline) -> float:
+        """The call is refused; hold it first if its caller came back too early.
+
+        Returns the seconds held (0 for a caller that honours ``retry_after_ms``).
+        """
+        held_s = 0.0
+        if self._early:
+            # Jittered: callers refused together would otherwise come back together, for ever.
+            held_s = random.uniform(_JITTER, 1.0) * min(
+                retry_after_ms / 1000.0, deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S)
+            if held_s > 0:
+                gevent.sleep(held_s)
+            else:
+                held_s = 0.0
+        self._back_at = time.monotonic() + _EARLY_SHARE * retry_after_ms / 1000.0
+        return held_s

@@ -1,0 +1,140 @@
+"""Pacing: callers that ignore retry_after_ms are refused a bounded number of times."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import gevent
+import pytest
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TClient
+from thriftpy2.transport import TSocket
+from thriftpy2.transport.framed import TCyFramedTransport
+
+from service.client import AppStatsClient
+from service.engine.deadline import Deadline
+from service.engine.pacing import CallerPacing
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples.faults import FaultyHttpService
+
+_CALLERS = 16
+_DEADLINE_MS = 1000
+#: The caller's own timeout: the deadline plus the web-tier client's reply margin.
+_CALLER_TIMEOUT_S = _DEADLINE_MS / 1000.0 + 0.25
+
+
+def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not() -> None:
+    pacing = CallerPacing()
+    pacing.arrived()
+    assert pacing.refused(10_000, Deadline.after_ms(300)) == 0.0  # nothing known yet
+
+    pacing.arrived()  # straight back, told to wait 10 s
+    held_s = pacing.refused(10_000, Deadline.after_ms(300))
+    assert 0.8 * (0.9 * 0.3 - 0.05) - 0.01 <= held_s <= 0.9 * 0.3 - 0.05
+
+    pacing.arrived()
+    assert pacing.refused(40, Deadline.after_ms(2000)) <= 0.040  # never past retry_after_ms
+    gevent.sleep(0.040 * 0.6)  # a caller honouring x0.6 of the 40 ms it was told
+    pacing.arrived()
+    assert pacing.refused(40, Deadline.after_ms(2000)) == 0.0
+
+    pacing.answered()
+    pacing.arrived()
+    assert pacing.refused(10_000, Deadline.after_ms(2000)) == 0.0  # answered since: a new start
+
+
+@pytest.fixture
+def slow_alerts(sample_data: SampleData) -> Iterator[FaultyHttpService]:
+    service = FaultyHttpService(sample_data).start()
+    service.set_mode("slow", delay_ms=300)
+    yield service
+    service.stop()
+
+
+def _one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService,
+                        hold: bool) -> Any:
+    """A server admitting one call at a time, each taking at least 300 ms."""
+    service, _ = start_service(**{
+        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 1,
+        "admission.min_limit": 1, "admission.max_limit": 1,
+        "admission.hold_refusals": str(hold).lower()})
+    return service
+
+
+def _impatient_caller(address: tuple[str, int], seconds: float) -> Counter[str]:
+    """A plain Thrift client on one connection calling again at once after an Overloaded."""
+    sock = socket.create_connection(address, timeout=_CALLER_TIMEOUT_S)
+    client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(TSocket(sock=sock))))
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=_DEADLINE_MS))
+    kinds: Counter[str] = Counter()
+    ends = time.monotonic() + seconds
+    try:
+        while time.monotonic() < ends:
+            began = time.monotonic()
+            try:
+                client.get_app_stats(request)
+                kinds["answered"] += 1
+            except appstats.Overloaded:
+                kinds["overloaded"] += 1
+            # The caller's socket timeout would have failed the call: answered in time.
+            assert time.monotonic() - began < _CALLER_TIMEOUT_S
+    finally:
+        sock.close()
+    return kinds
+
+
+def _hammer(address: tuple[str, int], seconds: float) -> list[Counter[str]]:
+    callers = [gevent.spawn(_impatient_caller, address, seconds) for _ in range(_CALLERS)]
+    gevent.joinall(callers, timeout=seconds + 10)
+    assert all(c.ready() for c in callers), "a caller hung"
+    return [c.get() for c in callers]  # re-raises a transport error or a late answer
+
+
+def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
+        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    unpaced = _one_call_at_a_time(start_service, slow_alerts, hold=False)
+    unpaced_kinds = _hammer(unpaced.address, 2.0)
+    assert unpaced.fanout.stats.held == 0
+
+    paced = _one_call_at_a_time(start_service, slow_alerts, hold=True)
+    paced_kinds = _hammer(paced.address, 2.0)
+
+    refused = sum(k["overloaded"] for k in paced_kinds)
+    answered = sum(k["answered"] for k in paced_kinds)
+    assert answered >= 1 and refused >= _CALLERS
+    # Every refusal is held but a connection's first, and the first after each answer.
+    assert paced.fanout.stats.held >= refused - _CALLERS - answered
+    assert paced.fanout.stats.overloaded == refused
+    # Refusing at once, the same callers are refused many times as often.
+    assert sum(k["overloaded"] for k in unpaced_kinds) >= 5 * refused
+
+
+def test_callers_honouring_retry_after_are_never_held(
+        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
+
+    def polite() -> Counter[str]:
+        kinds: Counter[str] = Counter()
+        # A client that sleeps retry_after_ms x U(0.5, 1.5), within its deadline and budget.
+        with AppStatsClient(*service.address, pool_size=1, timeout_ms=3000,
+                            overload_retry_ratio=1.0) as client:
+            ends = time.monotonic() + 2.0
+            while time.monotonic() < ends:
+                try:
+                    client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+                    kinds["answered"] += 1
+                except appstats.Overloaded as overloaded:
+                    kinds["overloaded"] += 1
+                    gevent.sleep(overloaded.retry_after_ms / 1000.0)
+        return kinds
+
+    callers = [gevent.spawn(polite) for _ in range(8)]
+    gevent.joinall(callers, timeout=20)
+    kinds = sum((c.get() for c in callers), Counter())
+    assert service.fanout.stats.overloaded >= 8 and kinds["answered"] >= 1
+    assert service.fanout.stats.held == 0
