@@ -184,6 +184,13 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     assert re.search(r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M)
     assert re.search(r"^fanout_admission_limit(_ratio)?(\{[^}]*\})? 100\.0$", text, re.M), text
     assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
+    # The requests instrumentation's current convention, in seconds (not http.client.duration, ms).
+    assert re.search(r'^http_client_request_duration_seconds_count\{.*server_address="127\.0\.0\.1"'
+                     r'.*\} [1-9]', text, re.M), text
+    assert "http_client_duration" not in text
+    # Durations in seconds, every instrument with a unit (promtool flags *_milliseconds).
+    assert re.search(r'^fanout_pool_wait_p99_seconds\{.*fanout_pool_name="mongo".*\} ', text, re.M)
+    assert "_milliseconds" not in text
     # The metrics' resource names the service as the traces do (it was unknown_service:python).
     assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
 

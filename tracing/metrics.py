@@ -148,9 +148,9 @@ def _pool_reports() -> list[PoolReport]:
     return _reports[1]
 
 
-def _observe_pools(field: str) -> Any:
+def _observe_pools(field: str, scale: float = 1.0) -> Any:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(getattr(report, field), {"fanout.pool.name": report.name})
+        return [Observation(getattr(report, field) * scale, {"fanout.pool.name": report.name})
                 for report in _pool_reports()]
     return callback
 
@@ -163,7 +163,8 @@ _meter.create_observable_gauge("fanout.pool.in_use", [_observe_pools("in_use")],
 _meter.create_observable_gauge("fanout.pool.in_use_p99", [_observe_pools("in_use_p99")],
                                unit="{slot}",
                                description="99th percentile of slots taken, seen by arrivals (rolling window)")
-_meter.create_observable_gauge("fanout.pool.wait_p99", [_observe_pools("wait_p99_ms")], unit="ms",
+_meter.create_observable_gauge("fanout.pool.wait_p99", [_observe_pools("wait_p99_ms", 0.001)],
+                               unit="s",
                                description="99th percentile of the wait for a slot (rolling window)")
 _meter.create_observable_gauge("fanout.pool.recommended", [_observe_pools("recommended")],
                                unit="{slot}",

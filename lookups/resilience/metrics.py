@@ -34,11 +34,15 @@ def _per_guard(value: Callable[[BackendGuard], Any]) -> Callable[[CallbackOption
 _meter = metrics.get_meter("fanout.lookups")
 _meter.create_observable_gauge("fanout.circuit.state",
                                [_per_guard(lambda g: _STATE_VALUE[g.breaker.state])],
+                               unit="{state}",
                                description="Circuit breaker: 0 closed, 1 half open, 2 open")
-for _name, _read, _description in (
-        ("fanout.circuit.opened", lambda g: g.breaker.opened, "Times the circuit opened"),
-        ("fanout.backend.attempts", lambda g: g.attempts, "Attempts made, retries and hedges included"),
-        ("fanout.backend.retries", lambda g: g.budget.retries, "Retries and hedges the budget allowed"),
-        ("fanout.backend.retries_refused", lambda g: g.budget.refused, "Retries the budget refused"),
-        ("fanout.backend.hedges", lambda g: g.hedges, "Hedged second attempts sent")):
-    _meter.create_observable_counter(_name, [_per_guard(_read)], description=_description)
+for _name, _read, _unit, _description in (
+        ("fanout.circuit.opened", lambda g: g.breaker.opened, "{opening}", "Times the circuit opened"),
+        ("fanout.backend.attempts", lambda g: g.attempts, "{attempt}",
+         "Attempts made, retries and hedges included"),
+        ("fanout.backend.retries", lambda g: g.budget.retries, "{attempt}",
+         "Retries and hedges the budget allowed"),
+        ("fanout.backend.retries_refused", lambda g: g.budget.refused, "{attempt}",
+         "Retries the budget refused"),
+        ("fanout.backend.hedges", lambda g: g.hedges, "{attempt}", "Hedged second attempts sent")):
+    _meter.create_observable_counter(_name, [_per_guard(_read)], unit=_unit, description=_description)
