@@ -1,4 +1,4 @@
-"""Capacity: adaptive admission, cheap shedding, metrics, pool sizing, the client's back-off."""
+"""Capacity: adaptive admission, cheap shedding, metrics, `fanout pools`, the client's back-off."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from collections import Counter
 from typing import Any, Callable
 
 import gevent
-from gevent.lock import BoundedSemaphore
 import pytest
 import requests
 
@@ -22,7 +21,6 @@ from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
-from tracing.pools import MeteredSlots, PoolMeter
 from tests.support.processes import FANOUT
 from tests.support.sockets import wait_for
 
@@ -154,7 +152,8 @@ def test_fanout_pools_recommends_a_bigger_mongo_pool_when_it_is_saturated(
         shown = subprocess.run([*FANOUT, "pools", "--host", host, "--port", str(port)],
                                capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, shown.stderr
-    mongo = re.search(r"^mongo size=(\d+) in_use_p99=(\d+) wait_p99_ms=([\d.]+) recommended=(\d+)$",
+    mongo = re.search(r"^mongo size=(\d+) in_use_p99=(\d+) wait_p99_ms=([\d.]+) recommended=(\d+) "
+                      r"limited_by=slots$",
                       shown.stdout, re.M)
     assert mongo, shown.stdout
     size, in_use_p99, wait_ms, recommended = (float(g) for g in mongo.groups())
@@ -256,41 +255,3 @@ def test_the_client_backs_off_on_overloaded_and_stays_within_its_retry_budget(
     assert retries == budget.retries
     assert retries <= 0.1 * 100 + 3, retries  # ratio x calls + reserve
     assert budget.refused > 0
-
-
-def hold_slots(slots: MeteredSlots, takers: int, hold_s: float, timeout_s: float) -> list[bool]:
-    """``takers`` greenlets at once, each holding a slot for ``hold_s`` if it gets one in time."""
-    def take() -> bool:
-        if not slots.acquire(timeout=timeout_s):
-            return False
-        gevent.sleep(hold_s)
-        slots.release()
-        return True
-    return [g.get() for g in [gevent.spawn(take) for _ in range(takers)]]
-
-
-def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger() -> None:
-    # Holds alone would understate the need: two slots busy for half the window.
-    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2))
-    gevent.sleep(0.3)
-    assert all(hold_slots(slots, takers=8, hold_s=0.05, timeout_s=5))
-    report = slots.meter.report()
-    assert report.wait_p99_ms > 0 and report.timeouts == 0
-    assert report.recommended > report.size, report
-
-
-def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
-    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1))
-    got = hold_slots(slots, takers=4, hold_s=0.2, timeout_s=0.05)
-    report = slots.meter.report()
-    assert got.count(True) == 1 and report.timeouts == 3
-    assert report.recommended >= 2, report
-
-
-def test_a_pool_that_never_waits_is_recommended_about_what_it_uses() -> None:
-    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10))
-    for _ in range(5):
-        assert all(hold_slots(slots, takers=2, hold_s=0.03, timeout_s=1))
-    report = slots.meter.report()
-    assert report.wait_p99_ms < 1 and report.in_use_p99 <= 2
-    assert 1 <= report.recommended <= 3, report

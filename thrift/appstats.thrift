@@ -187,6 +187,10 @@ struct PoolStats {
   8: i64 timeouts
   9: i32 recommended
   10: double window_s
+  /** What is short, when takers waited: "slots" (recommended is bigger than size), or "cpu"
+      (the process saturated its core, so more slots would not help; recommended stays at size).
+      Empty when nothing is short. Optional addition. */
+  11: optional string limited_by
 }
 
 /** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */

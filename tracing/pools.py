@@ -39,6 +39,9 @@ WINDOW_S = 60.0
 BUCKETS = 6
 #: Spare capacity the recommendation adds above the measured need.
 HEADROOM = 1.25
+#: The process used at least this share of a core over the window: its event loop was
+#: saturated, and waits for slots came from the CPU, not from too few slots.
+CPU_SATURATED = 0.9
 # Wait times are counted in power-of-two buckets of microseconds: 1 us .. ~1.1 h.
 _WAIT_BUCKETS = 32
 _DEMANDS_KEPT = 4096
@@ -66,14 +69,16 @@ class PoolReport:
     timeouts: int
     recommended: int
     window_s: float
+    limited_by: str = ""   # "slots": too few; "cpu": waits came from a saturated CPU; "" neither
 
 
 class _Bucket:
-    __slots__ = ("started", "attempts", "acquired", "timeouts", "busy_s", "wanted_s",
-                 "in_use_counts", "wait_counts")
+    __slots__ = ("started", "cpu_started", "attempts", "acquired", "timeouts", "busy_s",
+                 "wanted_s", "in_use_counts", "wait_counts")
 
     def __init__(self, started: float, size: int) -> None:
         self.started = started
+        self.cpu_started = time.process_time()
         self.attempts = self.acquired = self.timeouts = 0
         self.busy_s = self.wanted_s = 0.0
         self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
@@ -81,24 +86,30 @@ class _Bucket:
 
 
 class PoolMeter:
-    """The rolling statistics of one named pool of ``size`` slots."""
+    """The rolling statistics of one named pool of ``size`` slots, over the last
+    ``window_s`` seconds (:data:`WINDOW_S`)."""
 
-    def __init__(self, name: str, size: int) -> None:
+    def __init__(self, name: str, size: int, window_s: float = WINDOW_S) -> None:
         self.name = name
         self.size = size
+        self.window_s = window_s
         self.in_use = 0
         self.waiting = 0
-        self._changed_at = time.monotonic()
+        self._changed_at = self._created_at = time.monotonic()
         self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
         _meters.add(self)
 
     def _current(self, now: float) -> _Bucket:
         bucket = self._buckets[-1]
-        if now - bucket.started < WINDOW_S / BUCKETS:
+        if now - bucket.started < self.window_s / BUCKETS:
             return bucket
         bucket = _Bucket(now, self.size)
         self._buckets.append(bucket)
-        del self._buckets[:-BUCKETS]
+        # A true rolling window: a bucket that ended before it is gone, however long
+        # ago the last event was (a bucket takes events for one width after it starts).
+        width = self.window_s / BUCKETS
+        while len(self._buckets) > 1 and self._buckets[0].started + width <= now - self.window_s:
+            del self._buckets[0]
         return bucket
 
     def _integrate(self, now: float, bucket: _Bucket) -> None:
@@ -146,20 +157,42 @@ class PoolMeter:
         now = time.monotonic()
         self._integrate(now, self._current(now))
         buckets = self._buckets
-        window_s = max(now - buckets[0].started, 1e-3)
+        # The whole window (idle time without buckets counts as idle), or since the
+        # oldest bucket began when it straddles the window's start.
+        window_s = max(now - buckets[0].started, min(now - self._created_at, self.window_s), 1e-3)
         attempts = sum(b.attempts for b in buckets)
         acquired = sum(b.acquired for b in buckets)
         busy_s = sum(b.busy_s for b in buckets)
         offered = attempts / window_s
         hold_s = busy_s / acquired if acquired else 0.0
         wanted = sum(b.wanted_s for b in buckets) / window_s
-        recommended = max(1, math.ceil(wanted * HEADROOM)) if attempts else self.size
-        in_use_p99 = _p99_index(_sum_columns(b.in_use_counts for b in buckets))
+        in_use_p99 = min(_p99_index(_sum_columns(b.in_use_counts for b in buckets)), self.size)
         wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
         wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)
-        return PoolReport(self.name, self.size, self.in_use, min(in_use_p99, self.size),
+        timeouts = sum(b.timeouts for b in buckets)
+        cpu_share = (time.process_time() - buckets[0].cpu_started) / max(now - buckets[0].started,
+                                                                         1e-3)
+        recommended, limited_by = self._advice(attempts, wanted, in_use_p99,
+                                               waited=wait_p99_ms > 0 or timeouts > 0,
+                                               cpu_saturated=cpu_share >= CPU_SATURATED)
+        return PoolReport(self.name, self.size, self.in_use, in_use_p99,
                           wait_p99_ms, round(offered, 2), round(hold_s * 1000.0, 3),
-                          sum(b.timeouts for b in buckets), recommended, round(window_s, 1))
+                          timeouts, recommended, round(window_s, 1), limited_by)
+
+    def _advice(self, attempts: int, wanted: float, in_use_p99: int, waited: bool,
+                cpu_saturated: bool) -> tuple[int, str]:
+        """The recommended size and what is short ("slots", "cpu" or nothing)."""
+        if not attempts:
+            return self.size, ""  # nothing measured: nothing to change
+        # Never below what the pool had in use at p99: that much was needed.
+        need = max(1, math.ceil(wanted * HEADROOM), in_use_p99)
+        if need <= self.size or not waited:
+            return need, ""
+        if cpu_saturated:
+            # Takers waited because the loop had no CPU to finish the holders' work:
+            # more slots would only queue more work for the same core.
+            return self.size, "cpu"
+        return need, "slots"
 
 
 class DemandMeter(PoolMeter):
@@ -184,7 +217,8 @@ class DemandMeter(PoolMeter):
         want_p99 = demands[min(len(demands) - 1, math.ceil(len(demands) * 0.99) - 1)] if demands else 0
         return PoolReport(base.name, self.size, base.in_use, min(want_p99, self.size),
                           base.wait_p99_ms, base.offered_per_s, base.hold_ms, base.timeouts,
-                          max(1, want_p99), base.window_s)
+                          max(1, want_p99), base.window_s,
+                          "slots" if want_p99 > self.size else "")
 
 
 def _wait_bucket(seconds: float) -> int:

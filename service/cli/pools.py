@@ -2,7 +2,7 @@
 
 One line per pool::
 
-    mongo size=31 in_use_p99=31 wait_p99_ms=128.0 recommended=52
+    mongo size=31 in_use_p99=31 wait_p99_ms=128.0 recommended=52 limited_by=slots
 
 ``recommended`` is Little's law over the server's rolling window: the mean number
 of takers holding or waiting for a slot (attempts per second x (mean wait + mean
@@ -35,9 +35,20 @@ def format_pools(report: Any, as_json: bool = False) -> str:
         return json.dumps(pools_to_json(report), indent=2)
     lines = [f"{pool.name} size={pool.size} in_use_p99={pool.in_use_p99} "
              f"wait_p99_ms={pool.wait_p99_ms:.1f} recommended={pool.recommended}"
-             for pool in report.pools]
+             + _short(pool) for pool in report.pools]
     lines.append(f"admission limit={report.admission_limit} in_flight={report.calls_in_flight} "
                  f"queued={report.calls_queued} (adaptive)")
     if report.tasks_started is not None:
         lines.append(f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}")
     return "\n".join(lines)
+
+
+def _short(pool: Any) -> str:
+    """What the advice rests on, when it is not plain Little's law."""
+    if pool.limited_by == "cpu":
+        return " limited_by=cpu (takers waited on a saturated CPU: more slots would not help)"
+    if pool.limited_by == "slots":
+        return " limited_by=slots"
+    if not pool.offered_per_s:
+        return " (idle: nothing measured in the window)"
+    return ""

@@ -1,0 +1,105 @@
+"""Pool advice an operator can trust: a true rolling window, never below what is in use,
+and a pool starved of CPU is not told to grow."""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+from gevent.lock import BoundedSemaphore
+
+from tracing.pools import MeteredSlots, PoolMeter
+
+
+def hold_slots(slots: MeteredSlots, takers: int, hold_s: float, timeout_s: float) -> list[bool]:
+    """``takers`` greenlets at once, each holding a slot for ``hold_s`` if it gets one in time."""
+    def take() -> bool:
+        if not slots.acquire(timeout=timeout_s):
+            return False
+        gevent.sleep(hold_s)
+        slots.release()
+        return True
+    return [g.get() for g in [gevent.spawn(take) for _ in range(takers)]]
+
+
+def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger() -> None:
+    # Holds alone would understate the need: two slots busy for half the window.
+    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2))
+    gevent.sleep(0.3)
+    assert all(hold_slots(slots, takers=8, hold_s=0.05, timeout_s=5))
+    report = slots.meter.report()
+    assert report.wait_p99_ms > 0 and report.timeouts == 0
+    assert report.recommended > report.size, report
+
+
+def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
+    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1))
+    got = hold_slots(slots, takers=4, hold_s=0.2, timeout_s=0.05)
+    report = slots.meter.report()
+    assert got.count(True) == 1 and report.timeouts == 3
+    assert report.recommended >= 2, report
+
+
+def test_a_pool_that_never_waits_is_recommended_about_what_it_uses() -> None:
+    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10))
+    for _ in range(5):
+        assert all(hold_slots(slots, takers=2, hold_s=0.03, timeout_s=1))
+    report = slots.meter.report()
+    assert report.wait_p99_ms < 1 and report.in_use_p99 <= 2
+    assert 1 <= report.recommended <= 3, report
+
+
+def keep_taking(slots: MeteredSlots, takers: int, hold_s: float, seconds: float) -> None:
+    """``takers`` greenlets taking a slot for ``hold_s`` again and again, for ``seconds``."""
+    ends = time.monotonic() + seconds
+
+    def loop() -> None:
+        while time.monotonic() < ends:
+            assert slots.acquire(timeout=5)
+            gevent.sleep(hold_s)
+            slots.release()
+    gevent.joinall([gevent.spawn(loop) for _ in range(takers)], raise_error=True)
+
+
+def test_idle_time_counts_as_idle_and_a_burst_after_it_is_recommended_what_it_used() -> None:
+    slots = MeteredSlots(BoundedSemaphore(4), PoolMeter("idle-then-burst", 4, window_s=1.2))
+    assert all(hold_slots(slots, takers=4, hold_s=0.05, timeout_s=1))
+    gevent.sleep(1.5)  # longer than the window: the first burst has left it
+    idle = slots.meter.report()
+    assert idle.offered_per_s == 0 and idle.window_s <= 1.2 + 0.2, idle
+
+    keep_taking(slots, takers=8, hold_s=0.05, seconds=1.2)  # under load for a window
+    report = slots.meter.report()
+    # The window is the last 1.2 s, not stretched back to the first burst.
+    assert 1.2 - 0.01 <= report.window_s <= 1.2 + 0.2 + 0.01, report
+    assert report.in_use_p99 == 4 and report.wait_p99_ms > 0
+    assert report.recommended >= report.in_use_p99 and report.recommended > report.size, report
+    assert report.limited_by == "slots"
+
+
+def test_advice_is_never_below_what_was_in_use_at_p99() -> None:
+    # Ten slots in use for an instant, once, in a long window: Little's law alone says 1.
+    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("spike", 10, window_s=2.0))
+    assert all(hold_slots(slots, takers=10, hold_s=0.01, timeout_s=1))
+    gevent.sleep(0.5)
+    report = slots.meter.report()
+    assert report.in_use_p99 >= 9 and report.recommended >= report.in_use_p99, report
+    assert report.limited_by == ""
+
+
+def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow() -> None:
+    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0))
+    stop = time.monotonic() + 1.0
+
+    def burn() -> None:  # the event loop's work: no idle moment while it runs
+        while time.monotonic() < stop:
+            sum(range(20_000))
+            gevent.sleep(0)
+
+    burner = gevent.spawn(burn)
+    assert all(hold_slots(slots, takers=12, hold_s=0.05, timeout_s=10))
+    burner.join()
+    report = slots.meter.report()
+    assert report.wait_p99_ms > 0
+    assert report.limited_by == "cpu", report
+    assert report.recommended == report.size, report
