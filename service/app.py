@@ -25,6 +25,7 @@ from service.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.probes import ProbeServer
 from service.server import DrainReport, ThriftServer
+from service.shedding import UnreadRefusals
 
 __all__ = ["FanOutService", "read_timeout_warnings"]
 
@@ -61,8 +62,11 @@ class FanOutService:
         self.handler = AppStatsHandler(settings, lookups, self.fanout,
                                        health=self.health, draining=lambda: self.server.draining,
                                        backend_pools=self.clients.pool_meters)
-        self.server = ThriftServer(TProcessor(appstats.AppStats, self.handler), settings.server,
-                                   listener=listener)
+        admission = settings.admission
+        self.server = ThriftServer(
+            TProcessor(appstats.AppStats, self.handler), settings.server, listener=listener,
+            refuse_unread=(UnreadRefusals(self.fanout, settings.server.protocol)
+                           if admission.enabled and admission.hold_refusals else None))
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         self.probes: Optional[ProbeServer] = None
 

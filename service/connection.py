@@ -39,6 +39,9 @@ __all__ = ["Connection", "MessageLoop", "ServerStats"]
 log = logging.getLogger(__name__)
 
 _Reply = TPayload | TApplicationException
+#: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
+#: without reading it further, or None (:class:`service.shedding.UnreadRefusals`).
+RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]]
 
 
 @dataclass
@@ -71,7 +74,7 @@ class _MalformedMessage(Exception):
 class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
-    __slots__ = ("sock", "channel", "iprot", "output", "oprot", "opened_at", "endpoints", "caller")
+    __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
@@ -79,8 +82,6 @@ class Connection:
         self.opened_at = time.monotonic()
         self.channel: Channel = open_channel(settings.transport, sock,
                                              WireLimits.from_settings(settings), settings.protocol)
-        # No per-connection input: MessageLoop asks the channel for each message's protocol.
-        self.iprot = self.channel
         # The hub's reply buffer: MessageLoop fills and empties it without a switch.
         self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)
@@ -114,8 +115,9 @@ class MessageLoop:
     """
 
     def __init__(self, processor: TProcessor, settings: ServerSettings, stats: ServerStats,
-                 stopping: Callable[[], bool]) -> None:
+                 stopping: Callable[[], bool], refuse_unread: Optional[RefuseUnread] = None) -> None:
         self._processor = processor
+        self._refuse_unread = refuse_unread
         self._settings = settings
         self._stats = stats
         self._stopping = stopping
@@ -174,8 +176,17 @@ class MessageLoop:
         return "malformed message"
 
     def _serve_one(self, connection: Connection) -> None:
-        api, seqid, reply, call = self._read_call(connection.iprot)
+        message = connection.channel.receive()
         started = time.perf_counter()
+        refused = (self._refuse_unread(connection.caller, message)
+                   if self._refuse_unread is not None else None)
+        if refused is not None:
+            api, seqid, reply = refused
+            call = None
+            self._stats.declared_errors += 1
+            self._declared.count(f"{api} Overloaded", "refused unread")
+        else:
+            api, seqid, reply, call = self._decode_call(connection.channel, message)
         if call is not None:
             reply = self._invoke(api, call, reply, connection)
         error_type = _error_type(reply)
@@ -188,10 +199,11 @@ class MessageLoop:
         finally:  # every call read is recorded once, its reply written or not
             call_ended(api, error_type, time.perf_counter() - started)
 
-    def _read_call(self, channel: Channel) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
-        """Receive and decode one call. The single place where input is decoded."""
+    def _decode_call(self, channel: Channel,
+                     message: Any) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
+        """Decode one call received whole. The single place where input is decoded."""
         try:
-            return self._processor.process_in(channel.read_message())
+            return self._processor.process_in(channel.decode(message))
         except (OSError, WireError):
             raise
         except Exception as exc:

@@ -35,7 +35,7 @@ from gevent.server import StreamServer
 from thriftpy2.thrift import TProcessor
 
 from service.config import ServerSettings
-from service.connection import Connection, MessageLoop, ServerStats
+from service.connection import Connection, MessageLoop, RefuseUnread, ServerStats
 from service.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
 from service.wire.channel import TRANSPORTS
@@ -72,13 +72,15 @@ class ThriftServer:
     """
 
     def __init__(self, processor: TProcessor, settings: ServerSettings,
-                 listener: Optional[socket.socket] = None) -> None:
+                 listener: Optional[socket.socket] = None,
+                 refuse_unread: Optional[RefuseUnread] = None) -> None:
         if settings.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {settings.transport!r}")
         self._settings = settings
         self._stats = ServerStats()
         self._connections: set[Connection] = set()
-        self._loop = MessageLoop(processor, settings, self._stats, lambda: self._stopping)
+        self._loop = MessageLoop(processor, settings, self._stats, lambda: self._stopping,
+                                 refuse_unread)
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener

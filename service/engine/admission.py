@@ -68,6 +68,7 @@ class AdmissionStats:
     refused: int = 0            # every refusal, whatever the reason
     refused_deadline: int = 0   # ...of which: the deadline could not be met
     refused_queue: int = 0      # ...of which: the queue was full or the wait ran out
+    refused_unread: int = 0     # ...of which: a caller back too early, refused before reading
 
 
 class _Waiter:
@@ -126,6 +127,18 @@ class AdmissionControl:
         self.inflight -= 1
         self._sample(latency_s)
         self._hand_over()
+
+    @property
+    def saturated(self) -> bool:
+        """True while a call arriving now would have to queue: the limit is reached."""
+        return self.settings.enabled and (self.inflight >= int(self.limit) or bool(self._waiters))
+
+    def refuse_unread(self) -> int:
+        """Count a refusal decided before the call was read (a caller back too early while
+        :attr:`saturated`, :mod:`service.shedding`); the ``retry_after_ms`` to answer."""
+        self.stats.refused_unread += 1
+        self._count_refusal()
+        return self.retry_after_ms()
 
     def retry_after_ms(self) -> int:
         """When a refused caller should try again, in milliseconds (the caller adds jitter)."""
@@ -210,10 +223,13 @@ class AdmissionControl:
         self._roll_window()
 
     def _refuse(self, reason: str) -> Refused:
+        self._count_refusal()
+        return Refused(reason, self.retry_after_ms())
+
+    def _count_refusal(self) -> None:
         self.stats.refused += 1
         self._window_refused += 1
         self._roll_window()
-        return Refused(reason, self.retry_after_ms())
 
     def _roll_window(self) -> None:
         now = time.monotonic()

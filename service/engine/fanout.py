@@ -176,7 +176,7 @@ class FanOut:
         caller = request.caller if self.admission.settings.hold_refusals else None
         if caller is None:
             return self._admit_and_run(tasks, request.deadline)
-        caller.arrived()
+        caller.arrived(request.deadline)
         try:
             result = self._admit_and_run(tasks, request.deadline)
         except FanOutOverloaded as overloaded:

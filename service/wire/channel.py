@@ -69,6 +69,10 @@ class Channel(Protocol):
 
     def read_message(self) -> TProtocolBase: ...
 
+    def receive(self) -> Any: ...
+
+    def decode(self, message: Any) -> TProtocolBase: ...
+
     def send(self, payload: bytes) -> None: ...
 
 
@@ -144,6 +148,15 @@ class _SocketChannel:
         :class:`PeerClosed`.
         """
         return self._decode(self._receive())
+
+    def receive(self) -> Any:
+        """Receive the rest of the message and check it; its bytes, valid until the next
+        :meth:`next_message`. :meth:`decode` turns them into a protocol."""
+        return self._receive()
+
+    def decode(self, message: Any) -> TProtocolBase:
+        """A protocol positioned at ``message`` (from :meth:`receive`); decode it at once."""
+        return self._decode(message)
 
     @property
     def input(self) -> TCyBufferedTransport:
