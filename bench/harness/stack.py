@@ -82,7 +82,8 @@ class StackSpec:
     tracing: str = "off"        # "off" | "ratio10" | "full"; fanout only
     max_connections: int = 12_000
     pool_size: int = 200        # mongo.max_pool_size and http.pool_maxsize
-    admission: str = "adaptive"  # "adaptive" (the defaults) | "one" (a limit of one call)
+    # "adaptive" (the defaults) | "one" (a limit of one call, refusals not held) | "one-held"
+    admission: str = "adaptive"
     # Off unless a scenario is about it: every other scenario sends the same app and window
     # on every call, and sharing those calls would compare unequal work with the baselines.
     coalesce: bool = False      # fanout.coalesce
@@ -98,8 +99,8 @@ class StackSpec:
         if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1 or self.pool_size < 2:
             raise ValueError("StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, "
                              "pool_size >= 2")
-        if self.admission not in ("adaptive", "one"):
-            raise ValueError(f"StackSpec.admission: adaptive or one, got {self.admission!r}")
+        if self.admission not in ("adaptive", "one", "one-held"):
+            raise ValueError(f"StackSpec.admission: adaptive, one or one-held, got {self.admission!r}")
         if self.server != "fanout" and (self.workers != 1 or self.tracing != "off" or self.python):
             raise ValueError("StackSpec: workers, tracing and python apply to the fanout server only")
 
@@ -122,10 +123,11 @@ def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: 
              f"max_pool_size = {spec.pool_size}",
              "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
              f"pool_maxsize = {spec.pool_size}", ""]
-    if spec.admission == "one":
-        # Every call refused at once: what one refusal costs, unpaced.
+    if spec.admission != "adaptive":
+        # Nearly every call refused: what one refusal costs, read in full and answered at
+        # once ("one"), or as callers ignoring retry_after_ms get it ("one-held").
         lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1",
-                  "hold_refusals = false", ""]
+                  f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}", ""]
     lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")
