@@ -90,9 +90,12 @@ class HealthChecker:
             ("metrics", lambda: self._get(http.metrics_url)),
         )
         guards = backends.guards
+        checked = (guards.mongo, guards.for_url(http.alerts_url), guards.for_url(http.metrics_url))
+        self._breakers = tuple(guard.breaker for guard in checked)
+        #: Each check's backend as every metric names it (``fanout.backend``: "mongo",
+        #: "http <host:port>"), in the order of :meth:`check`.
+        self.backend_names = tuple(guard.name for guard in checked)
         _checkers.add(self)
-        self._breakers = (guards.mongo.breaker, guards.for_url(http.alerts_url).breaker,
-                          guards.for_url(http.metrics_url).breaker)
 
     def check(self) -> tuple[BackendStatus, ...]:
         """Each backend's status, in the order mongo, alerts, metrics; at most ``cache_ms`` old.
@@ -198,10 +201,12 @@ _checkers: "weakref.WeakSet[HealthChecker]" = weakref.WeakSet()
 
 
 def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(int(status.up), {"fanout.backend": status.name})
-            for checker in list(_checkers) for status in checker.last()]
+    # fanout.backend as in every other metric; fanout.check names the check (health()'s name).
+    return [Observation(int(status.up), {"fanout.backend": backend, "fanout.check": status.name})
+            for checker in list(_checkers)
+            for status, backend in zip(checker.last(), checker.backend_names)]
 
 
 metrics.get_meter("fanout").create_observable_gauge(
-    "fanout.backend.up", [_observe_up], unit="1",
+    "fanout.backend.up", [_observe_up], unit="{backend}",
     description="The backend answered its last health check: 1 up, 0 down")

@@ -82,7 +82,10 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
     """Send the root logger's records at ``level`` and above to ``stream``, as ``settings`` says."""
     from opentelemetry.instrumentation.logging import LoggingInstrumentor
 
+    from tracing.conventions import prefer_stable_conventions
+
     instrumentor = LoggingInstrumentor()
+    prefer_stable_conventions()  # this is the process's first instrumentor: it fixes them
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(inject_trace_context=True, set_logging_format=False)
     handler = logging.StreamHandler(stream)

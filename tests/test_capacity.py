@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import time
+from pathlib import Path
 from collections import Counter
 from typing import Any, Callable
 
@@ -23,6 +24,8 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
 from tests.support.processes import FANOUT
 from tests.support.sockets import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_loops(fan: FanOut, loops: int, seconds: float, delay_s: Callable[[], float]) -> list[str]:
@@ -170,6 +173,7 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0})
     with AppStatsClient("127.0.0.1", server.port) as client:
         client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+        client.health()
     found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
                      10, "the scrape address in the log")
     scrape = requests.get(found.group(1), timeout=5)
@@ -190,6 +194,16 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     # Durations in seconds, every instrument with a unit (promtool flags *_milliseconds).
     assert re.search(r'^fanout_pool_wait_p99_seconds\{.*fanout_pool_name="mongo".*\} ', text, re.M)
     assert "_milliseconds" not in text
+    # Every series the README's dashboard queries name is in the scrape.
+    readme = (ROOT / "README.md").read_text()
+    queries = re.search(r"```promql\n(.*?)```", readme, re.S)
+    assert queries, "no promql block in the README"
+    # Series, not label names (those are followed by a matcher, a comma or a parenthesis).
+    named = set(re.findall(r"\b((?:fanout|rpc|http)_[a-z0-9_]+)\b(?!\s*[!=~,)])",
+                           queries.group(1)))
+    assert len(named) >= 10, named
+    missing = {name for name in named if not re.search(rf"^{name}[{{ ]", text, re.M)}
+    assert not missing, missing
     # The metrics' resource names the service as the traces do (it was unknown_service:python).
     assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
 

@@ -50,6 +50,7 @@ from pymongo import monitoring
 
 from tracing.batching import batch_processor
 from tracing.clients import MongoConnectionEvents, pymongo_request_hook, requests_request_hook
+from tracing.conventions import prefer_stable_conventions
 from tracing.exceptions import ExceptionEventsWithoutSource
 from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
@@ -70,7 +71,6 @@ _FIXED_SAMPLERS: dict[str, Sampler] = {
     "parentbased_always_off": ParentBased(ALWAYS_OFF),
 }
 
-SEMCONV_OPT_IN = "OTEL_SEMCONV_STABILITY_OPT_IN"
 _mongo_events_registered = False
 
 _log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
     and their spans get readable names and ``peer.service`` (:mod:`tracing.clients`).
     """
     global _mongo_events_registered
-    os.environ.setdefault(SEMCONV_OPT_IN, "http,database")
+    prefer_stable_conventions()
     if not _mongo_events_registered:
         # Global, like the instrumentation's own listener: every client made after this sees it.
         monitoring.register(MongoConnectionEvents())
