@@ -187,3 +187,26 @@ def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqi
     assert "without being read" not in answers[0][1].overloaded.message
     assert "without being read" in answers[2][1].overloaded.message
     assert service.fanout.admission.stats.refused_unread >= 1
+
+
+def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held(
+        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    """Many calls through one pooled client: a connection answered Overloaded is not lent
+    again before its retry_after_ms, so no call of this client is held by pacing."""
+    service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
+    kinds: Counter[str] = Counter()
+    with AppStatsClient(*service.address, pool_size=4, timeout_ms=3000,
+                        overload_retry_ratio=1.0) as client:
+        def web_requests() -> None:
+            ends = time.monotonic() + 2.0
+            while time.monotonic() < ends:
+                try:
+                    client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+                    kinds["answered"] += 1
+                except appstats.Overloaded:
+                    kinds["overloaded"] += 1  # a web request that renders an error, then the next
+
+        callers = [gevent.spawn(web_requests) for _ in range(8)]
+        gevent.joinall(callers, timeout=20, raise_error=True)
+    assert service.fanout.stats.overloaded >= 8 and kinds["answered"] >= 1, kinds
+    assert service.fanout.stats.held == 0

@@ -3,7 +3,10 @@
 A connection whose call ended in a transport error or timeout is closed, never
 reused: a late reply must not be read as the answer to the next call. A pooled
 connection idle for ``max_idle_s`` is closed instead of reused (the server may
-be closing it right now).
+be closing it right now). A connection answered ``Overloaded`` rests until its
+``retry_after_ms`` has passed: the server paces each connection, and holds the
+next refusal of one that comes back sooner (:mod:`service.engine.pacing`), so
+another call takes another connection, or a new one, meanwhile.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ _REPLY_ERRORS = (TApplicationException, appstats.InvalidRequest, appstats.Overlo
 class Connection:
     """One open socket and the thriftpy2 client speaking over it."""
 
-    __slots__ = ("socket", "client", "idle_since", "reused")
+    __slots__ = ("socket", "client", "idle_since", "reused", "rest_until")
 
     def __init__(self, socket: TSocket, client: TClient) -> None:
         self.socket = socket
         self.client = client
         self.idle_since = time.monotonic()
         self.reused = False   # lent from the pool's idle ones, not opened for this call
+        self.rest_until = 0.0  # answered Overloaded: not lent again before this moment
 
     def set_timeout_ms(self, timeout_ms: float) -> None:
         self.socket.set_timeout(max(1.0, timeout_ms))
@@ -85,6 +89,7 @@ class ConnectionPool:
     def __init__(self, connect: Callable[[Deadline], Connection], size: int,
                  max_idle_s: float) -> None:
         self._connect = connect
+        self._size = size
         self._max_idle_s = max_idle_s
         self._slots = gevent.lock.BoundedSemaphore(size)
         self._idle: list[Connection] = []
@@ -110,25 +115,40 @@ class ConnectionPool:
                 connection = self._connect(deadline)
             yield connection
             in_step = True
+        except appstats.Overloaded as overloaded:
+            in_step = True
+            if connection is not None:
+                connection.rest_until = time.monotonic() + (overloaded.retry_after_ms or 0) / 1000.0
+            raise
         except _REPLY_ERRORS:
             in_step = True
             raise
         finally:
             if connection is not None:
                 if in_step and not self._closed:
-                    connection.idle_since = time.monotonic()
-                    self._idle.append(connection)
+                    self._give_back(connection)
                 else:
                     connection.close()
             self._slots.release()
 
+    def _give_back(self, connection: Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self._idle.append(connection)
+        if len(self._idle) > self._size:  # resting ones made room for new ones: keep size
+            self._idle.pop(0).close()
+
     def _reusable(self) -> Optional[Connection]:
-        """The most recently used idle connection that is not too old; older ones are closed."""
-        while self._idle:
-            connection = self._idle.pop()
-            if time.monotonic() - connection.idle_since < self._max_idle_s:
+        """The most recently used idle connection that is not too old nor resting after an
+        ``Overloaded``; older ones are closed."""
+        now = time.monotonic()
+        for index in range(len(self._idle) - 1, -1, -1):
+            connection = self._idle[index]
+            if now - connection.idle_since >= self._max_idle_s:
+                del self._idle[index]
+                connection.close()  # the server may be closing it right now: do not race it
+            elif connection.rest_until <= now:
+                del self._idle[index]
                 return connection
-            connection.close()  # the server may be closing it right now: do not race it
         return None
 
     def close(self) -> None:
