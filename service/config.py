@@ -80,11 +80,14 @@ class ServerSettings:
     drain_timeout_ms: int = 10_000     # on SIGTERM/SIGINT: how long calls in flight may finish
     tls_cert_file: str = ""            # both set: the Thrift listener speaks TLS
     tls_key_file: str = ""
+    tls_client_ca_file: str = ""       # set: clients must present a certificate signed by these CAs
+    tls_client_names: tuple[str, ...] = ()  # set: ...naming one of these (DNS or URI SAN)
     workers: int = 1                   # > 1: pre-forked worker processes sharing the port; "auto": one per core
     hub_block_threshold_ms: int = 100  # report event-loop iterations longer than this; 0 = off
     lame_duck_ms: int = 0              # on SIGTERM: report DRAINING, still serving, this long first
     max_connection_age_ms: int = 0     # > 0: close a connection after a call once it is this old
     probe_port: int = -1               # >= 0: HTTP /healthz and /readyz here (0: any free port)
+    probe_host: str = ""               # where the probes listen; empty: server.host
     worker_heartbeat_timeout_ms: int = 30_000  # a worker silent this long is killed; 0 = never
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
@@ -98,9 +101,20 @@ class ServerSettings:
     #: Integer keys that also take "auto", and what it means.
     AUTO_INTS: ClassVar[Mapping[str, Callable[[], int]]] = MappingProxyType({"workers": _usable_cores})
 
+    @property
+    def probe_bind_host(self) -> str:
+        """Where the probes listen: ``probe_host``, else ``host``."""
+        return self.probe_host or self.host
+
     def __post_init__(self) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file: set both or neither")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise ValueError("tls_client_ca_file: needs tls_cert_file and tls_key_file "
+                             "(mutual TLS is TLS first)")
+        if self.tls_client_names and not self.tls_client_ca_file:
+            raise ValueError("tls_client_names: needs tls_client_ca_file (names are checked "
+                             "on verified client certificates only)")
         if self.max_string_bytes > self.max_frame_bytes:
             raise ValueError(f"max_string_bytes: must be at most server.max_frame_bytes "
                              f"({self.max_frame_bytes}), got {self.max_string_bytes}")
@@ -260,6 +274,8 @@ def _coerce(label: str, cls: type, key: str, kind: type, value: Any) -> Any:
         return _to_int(label, value, cls.INT_BOUNDS.get(key, (1, None)))
     if kind is float:
         return _to_float(label, value)
+    if kind is tuple:
+        return _to_names(label, value)
     if not isinstance(value, str):
         raise ConfigError(f"{label}: must be a string, got {value!r}")
     result = value.strip()
@@ -292,6 +308,17 @@ def _to_int(label: str, value: Any, bounds: tuple[int, Optional[int]]) -> int:
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise ConfigError(f"{label}: must be an integer {bound}, got {value!r}")
     return number
+
+
+def _to_names(label: str, value: Any) -> tuple[str, ...]:
+    """A list of non-empty strings: a TOML array, or one string separated by commas (env)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(f"{label}: must be a list of strings, got {value!r}")
+    names = tuple(item.strip() for item in items if item.strip())
+    if isinstance(value, list) and len(names) != len(value):
+        raise ConfigError(f"{label}: must not hold empty strings, got {value!r}")
+    return names
 
 
 def _to_float(label: str, value: Any) -> float:

@@ -53,7 +53,9 @@ class ServerStats:
     container or nesting depth), malformed or undecodable (``malformed_messages``),
     or not complete within ``server.frame_timeout_ms`` (``slow_messages``).
     ``slow_readers`` counts connections closed because the peer did not take
-    its reply within ``server.frame_timeout_ms``.
+    its reply within ``server.frame_timeout_ms``. ``tls_refused`` counts
+    connections closed in or right after their TLS handshake (failed, stalled,
+    no or an untrusted client certificate, or a client name not allowed).
     """
 
     connections_open: int = 0
@@ -65,6 +67,7 @@ class ServerStats:
     slow_readers: int = 0
     internal_errors: int = 0
     declared_errors: int = 0    # calls answered with an exception the IDL declares
+    tls_refused: int = 0
 
 
 class _MalformedMessage(Exception):

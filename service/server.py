@@ -10,7 +10,13 @@ Each connection's calls are served by :class:`service.connection.MessageLoop`.
 
 With ``server.tls_cert_file`` and ``server.tls_key_file`` set, every accepted
 connection first completes a TLS handshake (TLS 1.2 or later) within
-``server.frame_timeout_ms``; a peer that fails or stalls it is closed.
+``server.frame_timeout_ms``; a peer that fails or stalls it is closed. With
+``server.tls_client_ca_file`` it must present a certificate signed by one of
+those CAs and, with ``server.tls_client_names``, naming one of them. Each
+refused handshake closes that connection only; it is counted
+(``fanout.tls.handshakes.refused`` by ``fanout.tls.reason``) and summed up in
+one log line every few seconds, never one per connection. New connections get
+the certificate files as they are on disk (:mod:`service.wire.certificates`).
 
 Stopping (:meth:`ThriftServer.stop`) drains: the listener closes at once (new
 connections are refused), idle connections close at once, each busy connection
@@ -32,18 +38,25 @@ from typing import Any, Optional
 import gevent.event
 from gevent.pool import Pool
 from gevent.server import StreamServer
+from opentelemetry import metrics
 from thriftpy2.thrift import TProcessor
 
 from service.config import ServerSettings
 from service.connection import Connection, MessageLoop, RefuseUnread, ServerStats
+from service.engine.summary import FailureSummary
 from service.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
+from service.wire.certificates import RotatingContext
 from service.wire.channel import TRANSPORTS
-from service.wire.tls import handshake, server_context
+from service.wire.tls import handshake, peer_names, refusal_reason, server_context
 
 __all__ = ["ThriftServer", "ServerStats", "DrainReport"]
 
 log = logging.getLogger(__name__)
+
+_refused_handshakes = metrics.get_meter("fanout.server").create_counter(
+    "fanout.tls.handshakes.refused", unit="{connection}",
+    description="TLS handshakes refused, by fanout.tls.reason")
 
 
 @dataclass(frozen=True)
@@ -84,7 +97,13 @@ class ThriftServer:
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
-        self._tls: Optional[ssl.SSLContext] = server_context(settings)
+        self._tls: Optional[RotatingContext] = None
+        if settings.tls_cert_file:
+            self._tls = RotatingContext(lambda: _built(server_context(settings)), [
+                path for path in (settings.tls_cert_file, settings.tls_key_file,
+                                  settings.tls_client_ca_file) if path])
+        self._allowed_names = frozenset(settings.tls_client_names)
+        self._refusals = FailureSummary(log, "TLS handshakes refused")
         self._stopping = False
         self._lame_duck = False
         self._stopped = gevent.event.Event()
@@ -182,6 +201,7 @@ class ThriftServer:
                              finished=max(busy - killed, 0), killed=killed,
                              elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
         self._loop.flush()
+        self._refusals.flush()
         if killed:
             log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "
                         "still busy were killed", timeout_s * 1000.0, report.finished, killed)
@@ -212,16 +232,30 @@ class ThriftServer:
             (stream or sock).close()
 
     def _secure(self, sock: socket.socket, peer: Any) -> Optional[socket.socket]:
-        """The TLS-wrapped socket, or None (logged) if the handshake failed."""
+        """The TLS-wrapped socket, or None (counted) if the handshake was refused."""
         assert self._tls is not None
         try:
-            return handshake(self._tls, sock, self._settings.frame_timeout_ms / 1000.0)
-        except TimeoutError:
-            log.info("TLS handshake with %s: no handshake within %d ms; closing", peer,
-                     self._settings.frame_timeout_ms)
-        except ssl.SSLError as exc:
-            log.info("TLS handshake with %s failed: %s", peer, exc.reason or exc)
+            secured = handshake(self._tls.current(), sock, self._settings.frame_timeout_ms / 1000.0)
+        except (TimeoutError, ssl.SSLError) as exc:
+            self._refuse(refusal_reason(exc), peer, getattr(exc, "reason", None) or exc)
+            return None
         except OSError as exc:
             log.debug("TLS handshake with %s: connection ended: %s", peer, exc)
-        return None
+            return None
+        if self._allowed_names:
+            names = peer_names(secured)
+            if self._allowed_names.isdisjoint(names):
+                secured.close()
+                self._refuse("name_not_allowed", peer, ", ".join(names) or "no DNS or URI name")
+                return None
+        return secured
 
+    def _refuse(self, reason: str, peer: Any, detail: object) -> None:
+        self._stats.tls_refused += 1
+        _refused_handshakes.add(1, {"fanout.tls.reason": reason})
+        self._refusals.count(reason, f"{peer[0] if isinstance(peer, tuple) else peer}: {detail}")
+
+
+def _built(context: Optional[ssl.SSLContext]) -> ssl.SSLContext:
+    assert context is not None  # built only when server.tls_cert_file is set
+    return context

@@ -1,8 +1,9 @@
 """Security defaults over real sockets: TLS on the Thrift listener, loopback by default,
 no stack trace ever reaching a caller.
 
-Certificates are made in the test with ``trustme``: a CA, and a server certificate
-for ``localhost`` and ``127.0.0.1`` signed by it.
+Certificates are made in the test with ``trustme`` (:mod:`tests.support.pki`): a CA,
+and a server certificate for ``localhost`` and ``127.0.0.1`` signed by it. Mutual TLS
+and rotation: ``test_mutual_tls.py``; TLS to the backends: ``test_backend_tls.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import ssl
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-import trustme
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.Thrift import TMessageType
 from thrift.transport.TSSLSocket import TSSLSocket
@@ -38,28 +37,11 @@ from service.config import ServerSettings, Settings, load_settings
 from service.idl import appstats
 from service.server import ThriftServer
 from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
+from tests.support.pki import Pki, make_pki
 from tests.support.samples import backend_overrides
 from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
 
 FANOUT = [sys.executable, "-m", "service.cli"]
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca_file: str
-    cert_file: str
-    key_file: str
-
-
-def make_pki(directory: Path) -> Pki:
-    ca = trustme.CA()
-    leaf = ca.issue_cert("localhost", "127.0.0.1")
-    paths = Pki(str(directory / "ca.pem"), str(directory / "server.pem"), str(directory / "server.key"))
-    ca.cert_pem.write_to_path(paths.ca_file)
-    for index, blob in enumerate(leaf.cert_chain_pems):
-        blob.write_to_path(paths.cert_file, append=index > 0)
-    leaf.private_key_pem.write_to_path(paths.key_file)
-    return paths
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +96,16 @@ def test_apache_thrift_client_over_tls(tls_server, pki: Pki) -> None:
 
 def test_plain_tcp_client_fails_cleanly_and_others_are_served(tls_server, pki: Pki, caplog) -> None:
     server = tls_server()
-    with caplog.at_level(logging.INFO, logger="service.server"):
-        with AppStatsClient(*server.address, timeout_ms=5000) as plain:  # no TLS
-            with pytest.raises(TTransportException):
-                plain.ping()
-    assert any("TLS handshake" in record.getMessage() for record in caplog.records)
+    with AppStatsClient(*server.address, timeout_ms=5000) as plain:  # no TLS
+        with pytest.raises(TTransportException):
+            plain.ping()
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
-    assert server.stats.internal_errors == 0
+    with caplog.at_level(logging.WARNING, logger="service.server"):
+        server.stop(timeout_s=5.0)
+    assert server.stats.internal_errors == 0 and server.stats.tls_refused >= 1
+    assert any("TLS handshakes refused" in record.getMessage() and "handshake_failed" in
+               record.getMessage() for record in caplog.records)
 
 
 def test_client_that_does_not_trust_the_ca_fails(tls_server, tmp_path: Path) -> None:

@@ -170,6 +170,10 @@ def _client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
     parser.add_argument("--tls-server-name", metavar="NAME",
                         help="the name the server's certificate must hold (default: --host)")
+    parser.add_argument("--tls-cert", metavar="FILE",
+                        help="mutual TLS: present this client certificate (PEM; with --tls-ca)")
+    parser.add_argument("--tls-key", metavar="FILE",
+                        help="the key of --tls-cert, if not in the same file")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -254,10 +258,13 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
     from service.client import AppStatsClient
     from service.idl import appstats
 
+    if (args.tls_cert or args.tls_key) and not args.tls_ca:
+        raise ConfigError("--tls-cert and --tls-key need --tls-ca (mutual TLS is TLS first)")
     with AppStatsClient(settings.server.host, settings.server.port,
                         transport=settings.server.transport, protocol=settings.server.protocol,
                         timeout_ms=args.deadline_ms, tls_ca_file=args.tls_ca,
-                        tls_server_hostname=args.tls_server_name) as client:
+                        tls_server_hostname=args.tls_server_name, tls_cert_file=args.tls_cert,
+                        tls_key_file=args.tls_key) as client:
         if args.method != "get_app_stats":
             return getattr(client, args.method)()
         now_ms = int(time.time() * 1000)

@@ -45,6 +45,10 @@ small reserve, so overload never turns into a retry storm. Otherwise, or after
 TLS: pass ``tls_ca_file`` (PEM CAs to trust) and, when the certificate does not
 name the host you connect to, ``tls_server_hostname``. The server is always
 verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
+For a server that requires client certificates (mutual TLS), pass
+``tls_cert_file`` and ``tls_key_file`` too (the key may be in the certificate
+file). A server that refuses the certificate closes the connection: the call
+raises TTransportException.
 """
 
 from __future__ import annotations
@@ -97,6 +101,7 @@ class AppStatsClient:
                  tracer_provider: Optional[TracerProvider] = None,
                  tls_ca_file: Optional[str] = None,
                  tls_server_hostname: Optional[str] = None,
+                 tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
                  overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000,
                  addresses: Optional[Sequence[tuple[str, int]]] = None, resolve: bool = False,
                  resolve_interval_ms: int = 30_000, eject_ms: int = 5_000,
@@ -109,7 +114,9 @@ class AppStatsClient:
         if min(pool_size, connect_timeout_ms, timeout_ms) < 1:
             raise ValueError("pool_size, connect_timeout_ms and timeout_ms must be at least 1")
         self._timeout_ms = timeout_ms
-        tls = client_context(tls_ca_file) if tls_ca_file else None
+        if (tls_cert_file or tls_key_file) and not tls_ca_file:
+            raise ValueError("tls_cert_file and tls_key_file need tls_ca_file (TLS first)")
+        tls = client_context(tls_ca_file, tls_cert_file, tls_key_file) if tls_ca_file else None
 
         def make_pool(address_host: str, address_port: int) -> ConnectionPool:
             connector = Connector(address_host, address_port, transport=transport,

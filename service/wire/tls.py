@@ -1,8 +1,14 @@
-"""TLS for the Thrift listener and its clients: TLS 1.2 or later, contexts built once.
+"""TLS for the Thrift listener and its clients: TLS 1.2 or later, mutual when asked.
 
 The server's context comes from ``server.tls_cert_file`` and ``server.tls_key_file``
-(PEM; the certificate file may hold the chain). Clients verify the server against
-a CA file and a host name; there is no option to skip verification.
+(PEM; the certificate file may hold the chain). With ``server.tls_client_ca_file``
+it requires a client certificate signed by a CA in that file, and with
+``server.tls_client_names`` the certificate must also name one of those
+identities (:func:`peer_names`: its DNS and URI subject alternative names, so a
+SPIFFE ID works). Clients verify the server against a CA file and a host name;
+there is no option to skip verification. They may present a certificate of
+their own. :mod:`service.wire.certificates` rebuilds the server's context when
+its files change.
 
 The server performs the handshake itself, on the accepted socket, under a timeout
 (see :func:`handshake`), so a peer that connects and sends nothing holds its
@@ -19,7 +25,8 @@ import gevent.ssl
 
 from service.config import ConfigError, ServerSettings
 
-__all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "MINIMUM_VERSION"]
+__all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
+           "refusal_reason", "MINIMUM_VERSION"]
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
@@ -38,28 +45,68 @@ def server_context(settings: ServerSettings) -> Optional[ssl.SSLContext]:
     # gevent's context wraps gevent sockets cooperatively whether or not ssl is patched.
     context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = MINIMUM_VERSION
-    try:
-        context.load_cert_chain(settings.tls_cert_file, settings.tls_key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise TlsConfigError(f"server.tls_cert_file / server.tls_key_file: cannot load "
-                             f"{settings.tls_cert_file} with {settings.tls_key_file}: "
-                             f"{_reason(exc)}") from None
+    _load_chain(context, "server.tls_cert_file / server.tls_key_file",
+                settings.tls_cert_file, settings.tls_key_file)
+    if settings.tls_client_ca_file:
+        context.verify_mode = ssl.CERT_REQUIRED
+        _load_cas(context, "server.tls_client_ca_file", settings.tls_client_ca_file)
     return context
 
 
-def client_context(ca_file: str) -> ssl.SSLContext:
-    """A verifying client context trusting the CAs in ``ca_file`` (PEM).
+def client_context(ca_file: str, cert_file: Optional[str] = None,
+                   key_file: Optional[str] = None) -> ssl.SSLContext:
+    """A verifying client context trusting the CAs in ``ca_file`` (PEM), presenting the
+    certificate in ``cert_file`` (and ``key_file``; the key may be in ``cert_file``) when given.
 
-    Raises :class:`TlsConfigError` when the file cannot be loaded.
+    Raises :class:`TlsConfigError` when a file cannot be loaded.
     """
     # Looked up at call time so a gevent-patched process gets gevent's context.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = MINIMUM_VERSION
+    _load_cas(context, "CA file", ca_file)
+    if cert_file:
+        _load_chain(context, "client certificate", cert_file, key_file or None)
+    elif key_file:
+        raise TlsConfigError("a client key without a client certificate")
+    return context
+
+
+def peer_names(sock: ssl.SSLSocket) -> tuple[str, ...]:
+    """The DNS and URI subject alternative names of the verified peer certificate."""
+    certificate = sock.getpeercert() or {}
+    return tuple(value for kind, value in certificate.get("subjectAltName", ())
+                 if kind in ("DNS", "URI"))
+
+
+def refusal_reason(exc: BaseException) -> str:
+    """What a failed server-side handshake says of the peer, as a metric label."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    reason = getattr(exc, "reason", None) or ""
+    if reason in _NO_CERTIFICATE:
+        return "no_certificate"
+    if reason == "CERTIFICATE_VERIFY_FAILED":
+        return "untrusted_certificate"
+    return "handshake_failed"  # not TLS, no common version or cipher, a bad alert
+
+
+_NO_CERTIFICATE = frozenset({"PEER_DID_NOT_RETURN_A_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"})
+
+
+def _load_chain(context: ssl.SSLContext, what: str, cert_file: str, key_file: Optional[str]) -> None:
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise TlsConfigError(f"{what}: cannot load {cert_file}"
+                             + (f" with {key_file}" if key_file else "")
+                             + f": {_reason(exc)}") from None
+
+
+def _load_cas(context: ssl.SSLContext, what: str, ca_file: str) -> None:
     try:
         context.load_verify_locations(cafile=ca_file)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsConfigError(f"cannot load CA file {ca_file}: {_reason(exc)}") from None
-    return context
+        raise TlsConfigError(f"{what}: cannot load CA file {ca_file}: {_reason(exc)}") from None
 
 
 def handshake(context: ssl.SSLContext, sock: socket.socket, timeout_s: float) -> ssl.SSLSocket:
