@@ -27,6 +27,7 @@ from lookups.redact import redact_uri
 from tracing.pools import MeteredSlots, PoolMeter
 from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings, bearer_header
+from lookups.tls import use_https_settings
 
 __all__ = ["BackendClients", "BackendGuards", "CheckedOutCounter", "HttpSlots", "Slots",
            "new_slots"]
@@ -162,8 +163,11 @@ class BackendClients:
 
     With ``http.auth_token`` set, every HTTP lookup sends ``Authorization: Bearer <token>``.
 
-    Raises :class:`ValueError` naming ``mongo.uri`` when it is not a valid MongoDB URI;
-    the message does not repeat it, as it may hold credentials.
+    With ``http.ca_file`` or a client certificate set, HTTPS uses them (:mod:`lookups.tls`).
+
+    Raises :class:`ValueError` naming ``mongo.uri`` when it is not a valid MongoDB URI
+    (the message does not repeat it, as it may hold credentials), or the HTTPS file
+    that does not load.
     """
 
     def __init__(self, mongo: MongoSettings, http: HttpSettings,
@@ -184,6 +188,7 @@ class BackendClients:
             self._session.headers["Authorization"] = authorization
         self._session.mount("http://", self._adapter)
         self._session.mount("https://", self._adapter)
+        use_https_settings(self._session, http)
         self._http_slots = HttpSlots(http.pool_maxsize)
         # One connection is left over for the health check's ping, which takes no slot.
         self._mongo_slots = new_slots(max(1, mongo.max_pool_size - 1), "mongo")

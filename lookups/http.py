@@ -285,6 +285,10 @@ def _raise_transport_error(lookup: str, exc: requests.RequestException, *,
                              retry_safe=True) from exc
     if isinstance(exc, requests.Timeout):
         raise BackendTimeout(f"{lookup}: service too slow ({kind})") from exc
+    if isinstance(exc, requests.exceptions.SSLError):
+        # An untrusted certificate stays untrusted: no retry within the task.
+        raise BackendUnavailable(f"{lookup}: TLS with the service failed; does http.ca_file "
+                                 f"hold its CA? ({kind})") from exc
     if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
         safe = before_response and isinstance(exc, requests.ConnectionError)
         raise BackendUnavailable(f"{lookup}: cannot reach the service ({kind})",

@@ -52,6 +52,9 @@ class HttpSettings:
     connect_timeout_ms: int = 250      # short: a retry sends a fresh SYN sooner than the kernel's 1 s
     read_timeout_ms: int = 1000
     auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
+    ca_file: str = ""                  # HTTPS: trust these CAs (PEM) instead of the system's
+    client_cert_file: str = ""         # HTTPS: present this client certificate (PEM)...
+    client_key_file: str = ""          # ...with this key, if not in the same file
     retry_budget_ratio: float = 0.2    # per service, as for [mongo]
     breaker_failures: int = 5
     breaker_failure_rate: float = 0.5
@@ -69,6 +72,8 @@ class HttpSettings:
             # Never quoted: the value is a secret, and requests would quote it in its error.
             raise ValueError("auth_token: must be a bearer token (letters, digits and "
                              "-._~+/, optionally ending in =)")
+        if self.client_key_file and not self.client_cert_file:
+            raise ValueError("client_key_file: needs client_cert_file")
         _check_resilience(self)
 
 

@@ -40,6 +40,8 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from requests.adapters import HTTPAdapter
 
 from lookups.clients import BackendClients
+from lookups.settings import HttpSettings
+from lookups.tls import use_https_settings
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
@@ -78,7 +80,7 @@ class HealthChecker:
         self._timeout_s = timeout_ms / 1000.0
         self._cache_s = cache_ms / 1000.0
         self._clock = clock
-        self._session = _probe_session()
+        self._session = _probe_session(backends.http_settings)
         self._lock = gevent.lock.Semaphore()
         self._cached: Optional[tuple[BackendStatus, ...]] = None
         self._answer: Optional[tuple[Any, tuple[str, ...], tuple[BackendStatus, ...]]] = None
@@ -173,12 +175,13 @@ class _HttpStatus(Exception):
         super().__init__(f"HTTP {status}")
 
 
-def _probe_session() -> requests.Session:
+def _probe_session(settings: HttpSettings) -> requests.Session:
     session = requests.Session()
     session.trust_env = False  # as the lookups: no proxies or netrc from the environment
     adapter = HTTPAdapter(pool_connections=2, pool_maxsize=2, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
+    use_https_settings(session, settings)  # the lookups' CA and client certificate
     return session
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import struct
 import time
 from typing import Any, Optional
@@ -40,11 +41,16 @@ class TcpFaultProxy:
     A connection whose server cannot be reached is reset. When either side of a proxied
     connection closes, the other side is closed too (reset, if the first side was reset).
     :meth:`start` raises :class:`OSError` when the port cannot be bound.
+
+    With ``ssl_context`` (a server context) clients speak TLS to the proxy, which
+    speaks plain TCP to ``target``: a TLS-fronted server, as a sidecar would make one.
     """
 
     def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
-                 connect_timeout_s: float = 2.0) -> None:
+                 connect_timeout_s: float = 2.0,
+                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
         self._target = target
+        self._ssl_context = ssl_context
         self._host, self._port = host, port
         self._connect_timeout_s = connect_timeout_s
         self._delay_ms = 0
@@ -95,7 +101,8 @@ class TcpFaultProxy:
     def start(self) -> "TcpFaultProxy":
         if self._server is None:
             self._pool = Pool()
-            server = StreamServer((self._host, self._port), self._serve, spawn=self._pool)
+            tls: dict[str, Any] = {"ssl_context": self._ssl_context} if self._ssl_context else {}
+            server = StreamServer((self._host, self._port), self._serve, spawn=self._pool, **tls)
             server.start()
             self._server, self._port = server, server.server_port
         return self

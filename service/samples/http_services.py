@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import ssl
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Optional
 from urllib.parse import parse_qs, quote, unquote
@@ -44,9 +45,12 @@ class RawPathHandler(WSGIHandler):
         return environ
 
 
-def serve_wsgi(app: WsgiApp, host: str = "127.0.0.1", port: int = 0) -> WSGIServer:
-    """Start ``app`` on ``port`` of ``host`` (0: a free one); it accepts once this returns."""
-    server = WSGIServer((host, port), app, log=None, handler_class=RawPathHandler)
+def serve_wsgi(app: WsgiApp, host: str = "127.0.0.1", port: int = 0,
+               ssl_context: Optional[ssl.SSLContext] = None) -> WSGIServer:
+    """Start ``app`` on ``port`` of ``host`` (0: a free one), over HTTPS with ``ssl_context``;
+    it accepts once this returns."""
+    tls: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    server = WSGIServer((host, port), app, log=None, handler_class=RawPathHandler, **tls)
     server.start()
     return server
 
@@ -171,12 +175,14 @@ class SampleHttpServices:
     """The alerts and metrics services, each on its own free port of ``host``.
 
     ``alerts`` and ``metrics`` are the WSGI apps; their ``delay_ms`` may be changed
-    while running.
+    while running. With ``ssl_context`` (a server context) both speak HTTPS.
     """
 
     def __init__(self, data: SampleData, *, host: str = "127.0.0.1", alerts_delay_ms: int = 0,
-                 metrics_delay_ms: int = 0, alerts_port: int = 0, metrics_port: int = 0) -> None:
+                 metrics_delay_ms: int = 0, alerts_port: int = 0, metrics_port: int = 0,
+                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
         self.host = host
+        self._ssl_context = ssl_context
         self._ports = (alerts_port, metrics_port)   # 0: a free port
         self.alerts = AlertsService(data, alerts_delay_ms)
         self.metrics = MetricsService(data, metrics_delay_ms)
@@ -185,9 +191,10 @@ class SampleHttpServices:
     def start(self) -> "SampleHttpServices":
         """Start both servers; idempotent. They accept connections once this returns."""
         if self._servers is None:
-            alerts = serve_wsgi(self.alerts, self.host, self._ports[0])
+            alerts = serve_wsgi(self.alerts, self.host, self._ports[0], self._ssl_context)
             try:
-                self._servers = (alerts, serve_wsgi(self.metrics, self.host, self._ports[1]))
+                self._servers = (alerts, serve_wsgi(self.metrics, self.host, self._ports[1],
+                                                    self._ssl_context))
             except Exception:
                 alerts.stop(timeout=1)
                 raise
@@ -204,7 +211,8 @@ class SampleHttpServices:
     def _url(self, which: int) -> str:
         if self._servers is None:
             raise RuntimeError("the sample HTTP services are not started")
-        return f"http://{self.host}:{self._servers[which].server_port}"
+        scheme = "https" if self._ssl_context is not None else "http"
+        return f"{scheme}://{self.host}:{self._servers[which].server_port}"
 
     def stop(self, timeout_s: float = 1.0) -> None:
         """Stop both servers, ending requests still running after ``timeout_s``; idempotent."""

@@ -1,0 +1,109 @@
+"""TLS to the backends: HTTPS services behind a private CA (``http.ca_file``, a client
+certificate) and MongoDB over TLS (``tls=true&tlsCAFile=`` in ``mongo.uri``).
+
+Real servers: the sample HTTP services over HTTPS, and nx-27017 fronted by a TLS proxy
+(:class:`~service.samples.fault_proxy.TcpFaultProxy` with a server context), as a
+sidecar would front it. Certificates from ``trustme`` (:mod:`tests.support.pki`).
+"""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from service.config import ConfigError
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
+from service.samples.fault_proxy import TcpFaultProxy
+from tests.support.pki import Pki, make_pki, write_leaf
+
+HTTP_PANELS = ["alerts", "latency", "volume"]
+MONGO_PANELS = ["errors", "queries", "urls", "controllers"]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("backend-pki"))
+
+
+def _server_context(pki: Pki, client_ca: str = "") -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki.cert_file, pki.key_file)
+    if client_ca:
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cafile=client_ca)
+    return context
+
+
+@pytest.fixture(scope="module")
+def https_services(sample_data: Any, pki: Pki) -> Iterator[SampleHttpServices]:
+    with SampleHttpServices(sample_data, ssl_context=_server_context(pki)) as services:
+        yield services
+
+
+def _statuses(client: Any, panels: list[str]) -> dict[str, Any]:
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, panels)
+    return {o.name: o for o in response.outcomes}
+
+
+def test_https_services_behind_a_private_ca_work_with_http_ca_file(
+        start_service: Any, https_services: SampleHttpServices, pki: Pki) -> None:
+    assert https_services.alerts_url.startswith("https://")
+    service, client = start_service(http=https_services, http__ca_file=pki.ca_file)
+    outcomes = _statuses(client, HTTP_PANELS)
+    assert {name: o.status for name, o in outcomes.items()} == {
+        name: appstats.TaskStatus.OK for name in HTTP_PANELS}, outcomes
+    health = {b.name: b.up for b in client.health().backends}
+    assert health["alerts"] and health["metrics"], health
+
+
+def test_without_http_ca_file_they_fail_typed(start_service: Any, https_services: SampleHttpServices) -> None:
+    service, client = start_service(http=https_services)
+    outcomes = _statuses(client, HTTP_PANELS)
+    for name in HTTP_PANELS:
+        outcome = outcomes[name]
+        assert (outcome.status, outcome.error_type) == (appstats.TaskStatus.ERROR, "BackendUnavailable")
+        assert "TLS with the service failed" in outcome.message and "http.ca_file" in outcome.message
+    assert not {b.name: b.up for b in client.health().backends}["alerts"]
+
+
+def test_a_service_that_asks_for_a_client_certificate_gets_http_client_cert_file(
+        start_service: Any, sample_data: Any, pki: Pki, tmp_path: Path) -> None:
+    cert_file, key_file = write_leaf(pki.ca, tmp_path, "fanout-client", "fanout.internal")
+    with SampleHttpServices(sample_data, ssl_context=_server_context(pki, client_ca=pki.ca_file)) as strict:
+        _, without = start_service(http=strict, http__ca_file=pki.ca_file)
+        assert _statuses(without, ["alerts"])["alerts"].status == appstats.TaskStatus.ERROR
+        _, client = start_service(http=strict, http__ca_file=pki.ca_file,
+                                  http__client_cert_file=cert_file, http__client_key_file=key_file)
+        assert _statuses(client, HTTP_PANELS)["alerts"].status == appstats.TaskStatus.OK
+
+
+def test_unreadable_https_files_are_config_errors_naming_the_key(
+        start_service: Any, https_services: SampleHttpServices, tmp_path: Path) -> None:
+    missing = str(tmp_path / "missing.pem")
+    with pytest.raises(ConfigError, match="http.ca_file: cannot load"):
+        start_service(http=https_services, http__ca_file=missing)
+    with pytest.raises(ConfigError, match="http.client_cert_file: cannot load"):
+        start_service(http=https_services, http__client_cert_file=missing)
+    with pytest.raises(ConfigError, match="http.client_key_file: needs client_cert_file"):
+        start_service(http=https_services, http__client_key_file=missing)
+
+
+def test_mongodb_over_tls_with_the_ca_in_the_uri(start_service: Any, mongo_server: Any, pki: Pki) -> None:
+    with TcpFaultProxy(("127.0.0.1", mongo_server.port), ssl_context=_server_context(pki)) as fronted:
+        host, port = fronted.address
+        uri = f"mongodb://{host}:{port}/?tls=true&tlsCAFile={pki.ca_file}&directConnection=true"
+        _, client = start_service(mongo__uri=uri)
+        outcomes = _statuses(client, MONGO_PANELS)
+        assert {name: o.status for name, o in outcomes.items()} == {
+            name: appstats.TaskStatus.OK for name in MONGO_PANELS}, outcomes
+        assert {b.name: b.up for b in client.health().backends}["mongo"]
+
+        untrusted = f"mongodb://{host}:{port}/?tls=true&directConnection=true"  # the system's CAs
+        _, refused = start_service(mongo__uri=untrusted, mongo__server_selection_timeout_ms=300)
+        errors = _statuses(refused, ["errors"])["errors"]
+        assert errors.status != appstats.TaskStatus.OK and errors.error_type in (
+            "BackendUnavailable", "BackendTimeout"), errors
