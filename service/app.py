@@ -78,7 +78,7 @@ class FanOutService:
         self.server.start()
         if self.settings.server.probe_port >= 0:
             server = self.settings.server
-            self.probes = ProbeServer(server.host, server.probe_port, self.health,
+            self.probes = ProbeServer(server.probe_bind_host, server.probe_port, self.health,
                                       lambda: self.server.draining,
                                       stale_after_s=server.worker_heartbeat_timeout_ms / 1000.0).start()
         self.hub_monitor.start()

@@ -333,3 +333,26 @@ def test_a_backend_down_is_reported_but_readiness_stays(serve, http_services: Sa
     assert re.search(rf'^fanout_circuit_state\{{fanout_backend="{alerts}".*\}} ', scrape, re.M), scrape
 
 
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_probes_and_metrics_listen_on_hosts_of_their_own(serve, http_services: SampleHttpServices,
+                                                          workers: int) -> None:
+    """Thrift on 127.0.0.1, probes on 127.0.0.2, metrics on 127.0.0.3 (all loopback): each
+    answers on its own host only, in one process and with the master serving a group's."""
+    server = serve(http_services, **{"server.workers": workers, "server.probe_port": 0,
+                                     "server.probe_host": "127.0.0.2", "metrics.exporter": "prometheus",
+                                     "metrics.host": "127.0.0.3", "metrics.port": 0})
+    probes = wait_for(lambda: re.search(r"(?:probes: |group probes on )http://([\d.]+):(\d+)",
+                                        server.log()), 10, "the probe address in the log")
+    scrape = wait_for(lambda: re.search(r"(?:Prometheus scrape at |group metrics on )http://([\d.]+):(\d+)",
+                                        server.log()), 10, "the scrape address in the log")
+    assert (probes.group(1), scrape.group(1)) == ("127.0.0.2", "127.0.0.3"), server.log()
+    probe_port, scrape_port = int(probes.group(2)), int(scrape.group(2))
+    assert requests.get(f"http://127.0.0.2:{probe_port}/healthz", timeout=5).status_code == 200
+    assert "fanout_" in requests.get(f"http://127.0.0.3:{scrape_port}/metrics", timeout=5).text
+    for host, port in (("127.0.0.1", probe_port), ("127.0.0.1", scrape_port)):
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://{host}:{port}/", timeout=5)
+    with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
+        assert client.ping() == "pong"

@@ -114,7 +114,7 @@ class _Master:
         self._listener = bind_listener(server.host, server.port)
         host, port = self._listener.getsockname()[:2]
         try:
-            self._group = GroupEndpoints(server.host, server.probe_port,
+            self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
                                          scrape_address(self._settings.metrics),
                                          self._worker_states, lambda: self._stopping).start()
         except OSError:
@@ -293,10 +293,8 @@ class _Master:
             log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
             return None
         old = self._settings
-        if (settings.server.host, settings.server.port, settings.server.probe_port,
-                settings.metrics) != (old.server.host, old.server.port, old.server.probe_port,
-                                      old.metrics):
-            log.warning("master: SIGHUP: the listening address, server.probe_port and [metrics] "
+        if _ports(settings) != _ports(old):
+            log.warning("master: SIGHUP: the listening address, the probes' and [metrics] "
                         "cannot change on a reload; the group keeps its ports")
         return settings
 
@@ -367,3 +365,9 @@ class _Master:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
+
+
+def _ports(settings: Settings) -> tuple[object, ...]:
+    """What a reload cannot change: the group binds these once."""
+    server = settings.server
+    return server.host, server.port, server.probe_bind_host, server.probe_port, settings.metrics

@@ -41,7 +41,7 @@ class Server:
         with gevent.Timeout(30, AssertionError("server did not start")):
             line = self.process.stdout.readline()
         assert "serving on" in line, line + self.log()
-        self.port = int(line.rsplit(":", 1)[1])
+        self.port = int(line.rsplit(":", 1)[1].split()[0])  # "...:9090" or "...:9090 (2 workers)"
 
     def signal(self, signum: int) -> float:
         self.process.send_signal(signum)
