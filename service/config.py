@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.logs import LoggingSettings
 from tracing.settings import MetricsSettings, TracingSettings
@@ -48,10 +49,6 @@ __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_w
 ENV_PREFIX = "FANOUT_"
 
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """Raised at start-up when a setting is unknown, mistyped or out of range."""
 
 
 def _usable_cores() -> int:

@@ -49,3 +49,31 @@ def test_lookups_import_no_thrift_types() -> None:
 def test_the_wire_knows_nothing_of_the_handler_or_the_engine() -> None:
     forbidden = ("service.handler", "service.engine", "lookups")
     assert offending("service/wire", forbidden) == []
+
+
+#: What ``import service.client`` may load of ours: the client, the IDL, the deadline and
+#: retry budget it shares with the server, its TLS context, and the span helpers.
+CLIENT_MODULES = {
+    "service", "service.client", "service.client.connections", "service.client.hedging",
+    "service.client.instances", "service.idl", "service.errors", "service.wire",
+    "service.wire.tls", "service.engine", "service.engine.deadline", "lookups",
+    "lookups.resilience", "lookups.resilience.budget", "tracing", "tracing.exceptions",
+    "tracing.greenlets", "tracing.propagation", "tracing.spans",
+}
+
+
+def test_the_web_tier_client_stands_alone() -> None:
+    """A web tier that imports the client loads none of the server: no engine, no server
+    configuration, no backends' clients, and no server metrics that would read 0 there."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, service.client; print(sorted(m for m in sys.modules "
+             "if m.split('.')[0] in ('service', 'lookups', 'tracing'))); "
+             "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in "
+             "('pymongo', 'requests', 'bson')))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=ROOT, timeout=60, check=True)
+    ours, libraries = (ast.literal_eval(line) for line in result.stdout.splitlines())
+    assert set(ours) == CLIENT_MODULES
+    assert libraries == []

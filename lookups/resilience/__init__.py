@@ -7,10 +7,23 @@
     metrics.py   the circuit states and retry counters, as OpenTelemetry metrics
 """
 
-from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker, CircuitState
-from lookups.resilience.budget import RetryBudget
-from lookups.resilience.guard import BackendGuard, RetryPolicy, live_guards
-from lookups.resilience import metrics as _metrics  # noqa: F401  (registers the instruments)
+from __future__ import annotations
 
-__all__ = ["RetryBudget", "BreakerPolicy", "CircuitBreaker", "CircuitState", "BackendGuard",
-           "RetryPolicy", "live_guards"]
+import importlib
+from typing import Any
+
+# Loaded on first use, not on import: the web-tier client imports budget.py alone.
+_EXPORTS = {
+    "RetryBudget": "budget", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
+    "CircuitState": "breaker", "BackendGuard": "guard", "RetryPolicy": "guard",
+    "live_guards": "guard",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -199,3 +199,8 @@ def _annotate(span: trace.Span, attempts: int, failure: Optional[LookupFailed]) 
 def live_guards() -> list[BackendGuard]:
     """Every backend guard alive in this process, by name."""
     return sorted(_guards, key=lambda guard: guard.name)
+
+
+# The guards' instruments are registered with the first guard class: metrics.py reads this
+# module's live_guards, so it is imported last, when everything it needs is defined.
+from lookups.resilience import metrics as _metrics  # noqa: E402,F401

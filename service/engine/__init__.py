@@ -10,13 +10,25 @@
 It knows nothing of Thrift, MongoDB or HTTP: a task is a callable taking its budget.
 """
 
-from service.engine.context import RequestContext
-from service.engine.deadline import Deadline
-from service.engine.fanout import FanOut, FanOutStats
-from service.engine.outcomes import (FanOutError, FanOutOverloaded, FanOutResult,
-                                     RequiredTaskFailed, Task, TaskOutcome, TaskStatus)
-from service.engine.settings import FanOutSettings
+from __future__ import annotations
 
-__all__ = ["FanOut", "FanOutStats", "FanOutSettings", "RequestContext", "Deadline", "Task",
-           "TaskOutcome", "TaskStatus", "FanOutResult", "FanOutError", "FanOutOverloaded",
-           "RequiredTaskFailed"]
+import importlib
+from typing import Any
+
+# Loaded on first use, not on import: the web-tier client imports service.engine.deadline
+# alone, and must not register the engine's admission gauges in its own process.
+_EXPORTS = {
+    "FanOut": "fanout", "FanOutStats": "fanout", "FanOutSettings": "settings",
+    "RequestContext": "context", "Deadline": "deadline", "Task": "outcomes",
+    "TaskOutcome": "outcomes", "TaskStatus": "outcomes", "FanOutResult": "outcomes",
+    "FanOutError": "outcomes", "FanOutOverloaded": "outcomes", "RequiredTaskFailed": "outcomes",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import gevent.ssl
 
-from service.config import ConfigError, ServerSettings
+from service.errors import ConfigError
+
+if TYPE_CHECKING:  # the web-tier client imports this module; it loads no server settings
+    from service.config import ServerSettings
 
 __all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
            "refusal_reason", "MINIMUM_VERSION"]
@@ -35,7 +38,7 @@ class TlsConfigError(ConfigError):
     """The certificate, key or CA file cannot be read or does not fit; raised at start-up."""
 
 
-def server_context(settings: ServerSettings) -> Optional[ssl.SSLContext]:
+def server_context(settings: "ServerSettings") -> Optional[ssl.SSLContext]:
     """The listener's context, or ``None`` when ``server.tls_cert_file`` is empty.
 
     Raises :class:`TlsConfigError` naming the key when a file cannot be loaded.
