@@ -35,6 +35,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from gevent.event import Event
 
@@ -72,23 +73,26 @@ class AdmissionStats:
 
 
 class _Waiter:
-    __slots__ = ("event", "admitted", "since")
+    __slots__ = ("event", "admitted")
 
     def __init__(self) -> None:
         self.event = Event()
         self.admitted = False
-        self.since = time.monotonic()
 
 
 class AdmissionControl:
     """The adaptive limit on calls in flight, its queue, and ``retry_after_ms``.
 
     Use ``admit(deadline)`` before the work and ``done(latency_s)`` after it,
-    exactly once per admitted call (``FanOut.run`` does both).
+    exactly once per admitted call (``FanOut.run`` does both). ``clock`` (monotonic
+    seconds) decides whether the queue stands and when ``retry_after_ms`` is steered;
+    tests pass their own. Waiting itself, and deadlines, keep real time.
     """
 
-    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
+    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self._clock = clock
         self.stats = AdmissionStats()
         self.limit = float(settings.initial_limit)
         self.inflight = 0
@@ -96,9 +100,9 @@ class AdmissionControl:
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
         self._waiters: deque[_Waiter] = deque()
-        self._queue_empty_at = time.monotonic()
+        self._queue_empty_at = clock()
         self._retry_after_s = 0.1
-        self._window_started = time.monotonic()
+        self._window_started = clock()
         self._window_admitted = self._window_refused = 0
 
     @property
@@ -150,7 +154,7 @@ class AdmissionControl:
         waiter = _Waiter()
         self._waiters.append(waiter)
         self.stats.queued += 1
-        standing = time.monotonic() - self._queue_empty_at > self.settings.queue_interval_ms / 1000.0
+        standing = self._clock() - self._queue_empty_at > self.settings.queue_interval_ms / 1000.0
         wait_ms = self.settings.queue_target_ms if standing else self.settings.queue_interval_ms
         wait_s = min(wait_ms / 1000.0, max(0.0, deadline.remaining_s() - self._short_s))
         try:
@@ -168,16 +172,16 @@ class AdmissionControl:
         except ValueError:
             pass
         if not self._waiters:
-            self._queue_empty_at = time.monotonic()
+            self._queue_empty_at = self._clock()
 
     def _hand_over(self) -> None:
         while self._waiters and self.inflight < int(self.limit):
-            standing = (time.monotonic() - self._queue_empty_at
+            standing = (self._clock() - self._queue_empty_at
                         > self.settings.queue_interval_ms / 1000.0)
             # Adaptive LIFO: under a standing queue the newest waiter has the best chance.
             waiter = self._waiters.pop() if standing else self._waiters.popleft()
             if not self._waiters:
-                self._queue_empty_at = time.monotonic()
+                self._queue_empty_at = self._clock()
             waiter.admitted = True
             self._admitted()
             waiter.event.set()
@@ -232,7 +236,7 @@ class AdmissionControl:
         self._roll_window()
 
     def _roll_window(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         elapsed = now - self._window_started
         if elapsed < _RETRY_WINDOW_S:
             return

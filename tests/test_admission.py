@@ -1,0 +1,187 @@
+"""Unit tests of :mod:`service.engine.admission` on a clock the test moves: the queue's
+adaptive LIFO and CoDel, refusals, the limit, and ``retry_after_ms`` steering.
+
+No sleeps: waiters are greenlets that block on the queue, ``gevent.sleep(0)`` lets them
+reach it, and the test's clock says whether the queue has stood. The load behaviour of
+the whole (goodput, latency under overload) is in ``test_overload.py`` and ``make bench``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gevent
+import pytest
+
+from service.engine.admission import AdmissionControl, Refused
+from service.engine.deadline import Deadline
+from service.engine.settings import AdmissionSettings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def control(clock: Clock, **settings: Any) -> AdmissionControl:
+    options: dict[str, Any] = {"initial_limit": 2, "min_limit": 1, "max_limit": 100,
+                               "queue_interval_ms": 60_000, "queue_target_ms": 60_000, **settings}
+    return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000, clock=clock)
+
+
+def far() -> Deadline:
+    return Deadline.after_ms(60_000)
+
+
+def queue(admission: AdmissionControl, names: list[str], order: list[str]) -> list[gevent.Greenlet]:
+    """One waiter per name, queued in that order; each appends its name once admitted."""
+    def wait(name: str) -> None:
+        admission.admit(far())
+        order.append(name)
+
+    waiters = []
+    for name in names:
+        waiters.append(gevent.spawn(wait, name))
+        gevent.sleep(0)  # it reaches the queue before the next one is spawned
+    return waiters
+
+
+def release(admission: AdmissionControl, count: int) -> None:
+    for _ in range(count):
+        admission.done(0.01)
+        gevent.sleep(0)
+
+
+def test_a_queue_that_drained_recently_is_served_first_in_first_out() -> None:
+    clock = Clock()
+    admission = control(clock, initial_limit=3)  # the queue holds as many
+    for _ in range(3):
+        admission.admit(far())
+    assert admission.saturated
+    order: list[str] = []
+    waiters = queue(admission, ["a", "b", "c"], order)
+    assert admission.queued == 3
+    release(admission, 3)
+    gevent.joinall(waiters, raise_error=True)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_standing_queue_serves_the_newest_first() -> None:
+    clock = Clock()
+    admission = control(clock, queue_interval_ms=100, initial_limit=3)
+    for _ in range(3):
+        admission.admit(far())
+    order: list[str] = []
+    waiters = queue(admission, ["a", "b", "c"], order)
+    clock.now += 0.2  # the queue has not been empty for longer than queue_interval_ms
+    release(admission, 3)
+    gevent.joinall(waiters, raise_error=True)
+    assert order == ["c", "b", "a"]
+
+
+def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
+    """Arriving at a standing queue, a waiter waits queue_target_ms (here 0: refused at once
+    when nothing finishes) instead of queue_interval_ms."""
+    clock = Clock()
+    admission = control(clock, queue_interval_ms=100, queue_target_ms=0)
+    admission.admit(far())
+    admission.admit(far())
+    order: list[str] = []
+    patient = queue(admission, ["patient"], order)   # the queue has just formed: a long wait
+    clock.now += 0.2                                 # ...and now it has stood too long
+    with pytest.raises(Refused, match="no call finished while this one waited"):
+        admission.admit(far())
+    assert admission.stats.refused_queue == 1
+    release(admission, 1)
+    gevent.joinall(patient, raise_error=True)
+    assert order == ["patient"]
+
+
+def test_a_full_queue_refuses_at_once() -> None:
+    clock = Clock()
+    admission = control(clock)
+    admission.admit(far())
+    admission.admit(far())
+    order: list[str] = []
+    waiters = queue(admission, ["a", "b"], order)  # the queue holds as many as the limit
+    with pytest.raises(Refused, match="queue is full") as refused:
+        admission.admit(far())
+    assert refused.value.retry_after_ms > 0
+    assert (admission.stats.refused, admission.stats.refused_queue) == (1, 1)
+    release(admission, 2)
+    gevent.joinall(waiters, raise_error=True)
+
+
+def test_a_call_that_cannot_finish_in_time_is_refused_without_queueing() -> None:
+    clock = Clock()
+    admission = control(clock)
+    for _ in range(2):
+        admission.admit(far())
+    for _ in range(8):  # calls take 0.5 s now
+        admission.done(0.5)
+        admission.admit(far())
+    with pytest.raises(Refused, match="cannot finish within its deadline"):
+        admission.admit(Deadline.after_ms(100))
+    assert admission.stats.refused_deadline == 1 and admission.queued == 0
+
+
+def _window(admission: AdmissionControl, clock: Clock, admitted: int, refused: int) -> int:
+    """One second of traffic with this many admissions and refusals; retry_after_ms after it."""
+    for _ in range(admitted):
+        admission._admitted()
+        admission.inflight -= 1
+    for _ in range(refused):
+        admission.refuse_unread()
+    clock.now += 1.0
+    admission.refuse_unread()  # the next event rolls the window
+    return admission.retry_after_ms()
+
+
+def test_retry_after_grows_while_refusals_outnumber_a_quarter_of_admissions() -> None:
+    clock = Clock()
+    admission = control(clock)
+    start = admission.retry_after_ms()
+    grown = _window(admission, clock, admitted=100, refused=2500)  # 25 refusals aimed at
+    assert grown == pytest.approx(start * 10, rel=0.05)  # sqrt(2500 / 25)
+    assert _window(admission, clock, admitted=100, refused=100_000) == 10_000  # the cap
+
+
+def test_retry_after_halves_without_refusals_down_to_its_floor() -> None:
+    clock = Clock()
+    admission = control(clock)
+    values = []
+    for _ in range(8):
+        for _ in range(50):
+            admission._admitted()
+            admission.inflight -= 1
+        clock.now += 1.0
+        admission._admitted()
+        admission.inflight -= 1
+        values.append(admission.retry_after_ms())
+    assert values[:2] == [50, 25] and values[-1] == 20  # halves, floored at 20 ms
+
+
+def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
+    clock = Clock()
+    admission = control(clock, initial_limit=20)
+    for _ in range(20):
+        admission.admit(far())
+    for _ in range(200):  # steady latency, 20 in flight
+        admission.done(0.02)
+        admission.admit(far())
+    steady = admission.limit
+    assert steady > 20
+    for _ in range(40):   # latency ten times as high
+        admission.done(0.2)
+        admission.admit(far()) if admission.inflight < admission.limit else None
+    assert admission.limit < steady * 0.6  # it never more than halves at once
+
+
+def test_a_disabled_control_admits_everything() -> None:
+    admission = control(Clock(), enabled=False, initial_limit=1)
+    for _ in range(50):
+        admission.admit(Deadline.after_ms(1))
+    assert admission.inflight == 50 and not admission.saturated
