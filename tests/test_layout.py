@@ -77,3 +77,26 @@ def test_the_web_tier_client_stands_alone() -> None:
     ours, libraries = (ast.literal_eval(line) for line in result.stdout.splitlines())
     assert set(ours) == CLIENT_MODULES
     assert libraries == []
+
+
+def test_every_module_has_a_row_in_the_tests_index() -> None:
+    """tests/README.md says where each module's tests are; a new module needs its row."""
+    index = (ROOT / "tests" / "README.md").read_text()
+    rows = [line for line in index.splitlines() if line.startswith("| `")]
+    listed = set()
+    for row in rows:
+        cell = row.split("|")[1]
+        names = [name.strip("` ") for name in cell.split(",")]
+        folder = names[0].rsplit("/", 1)[0] if "/" in names[0] else ""
+        listed.update(name if "/" in name else f"{folder}/{name}" for name in names)
+    missing = []
+    for path in sorted(p for package in ("service", "lookups", "tracing")
+                       for p in (ROOT / package).rglob("*.py")
+                       if p.name not in ("__init__.py", "__main__.py")):
+        relative = str(path.relative_to(ROOT))
+        if relative not in listed and f"{relative.rsplit('/', 1)[0]}/*.py" not in listed:
+            missing.append(relative)
+    assert missing == []
+    named = {word.strip("`,") for row in rows for word in row.split("|")[2].split()}
+    assert {name for name in named if name.startswith("test_")} <= {
+        p.name for p in (ROOT / "tests").glob("test_*.py")}

@@ -25,6 +25,7 @@ from service.samples import SampleData, SampleHttpServices
 from service.samples.http_services import path_segments, serve_wsgi
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
+from tests.support.sockets import dead_port
 from tracing.greenlets import spawn_in_context
 
 HOUR_MS = 3_600_000
@@ -204,14 +205,8 @@ def test_slow_servers_time_out_within_budget(open_backends: Callable[..., Backen
     assert backends.connections_in_use()["http"] == 0
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_connection_refused_is_unavailable(open_backends: Callable[..., BackendClients]) -> None:
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{dead_port()}"
     backends = open_backends(alerts_url=url, metrics_url=url)
     started = time.monotonic()
     for lookup_class in (AlertsLookup, LatencyLookup):

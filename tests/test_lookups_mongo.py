@@ -29,6 +29,7 @@ from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
 from tracing.greenlets import spawn_in_context
 from tests.support.samples import SAMPLE_DATABASE
+from tests.support.sockets import dead_port
 
 HOUR_MS = 3_600_000
 FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
@@ -188,14 +189,8 @@ def test_a_result_past_one_batch_comes_back_whole(malformed_db: Any) -> None:
     assert [d["n"] for d in one_batch] == [0, 1, 2]
 
 
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_unreachable_mongo_is_unavailable_within_budget() -> None:
-    uri = f"mongodb://fanout:s3cret@127.0.0.1:{_closed_port()}/?authSource=admin"
+    uri = f"mongodb://fanout:s3cret@127.0.0.1:{dead_port()}/?authSource=admin"
     settings = MongoSettings(uri=uri, server_selection_timeout_ms=10_000)
     with BackendClients(settings, HttpSettings()) as backends:
         started = time.monotonic()

@@ -11,15 +11,10 @@ from typing import Any
 
 import gevent
 import pytest
-from thriftpy2.protocol.binary import TBinaryProtocol
-from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
-from thriftpy2.rpc import make_client
 from thriftpy2.thrift import TApplicationException, TClient, TMessageType, TProcessor
 from thriftpy2.transport import TSocket
-from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.framed import TCyFramedTransport
-from thriftpy2.transport.memory import TMemoryBuffer
 
 from service.client import AppStatsClient
 from service.config import ServerSettings
@@ -29,46 +24,10 @@ from service.wire.channel import BufferedChannel, FramedChannel, FrameRejected, 
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
                                   sample_response)
 from tests.support.sockets import raw_connection, wait_for
-
-_TRANSPORT_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
-_PROTOCOL_FACTORIES = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
-
-
-class _Factory:
-    def __init__(self, build: Any) -> None:
-        self._build = build
-
-    def get_transport(self, trans: Any) -> Any:
-        return self._build(trans)
-
-    def get_protocol(self, trans: Any) -> Any:
-        return self._build(trans)
-
-
-def thrift_client(server: ThriftServer, transport: str = "framed", protocol: str = "binary") -> Any:
-    """A plain thriftpy2 client, so these tests do not depend on our own client."""
-    host, port = server.address
-    return make_client(appstats.AppStats, host, port, timeout=5000,
-                       proto_factory=_Factory(_PROTOCOL_FACTORIES[protocol]),
-                       trans_factory=_Factory(_TRANSPORT_FACTORIES[transport]))
-
+from tests.support.thrift_calls import encode_call, frame, thrift_client
 
 def request(app: str) -> Any:
     return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000, panels=["errors", "urls"])
-
-
-def encode_call(method: str, args: Any, protocol: str = "binary") -> bytes:
-    """One CALL message, unframed, encoded by thriftpy2's pure-Python protocols."""
-    buffer = TMemoryBuffer()
-    proto = TBinaryProtocol(buffer) if protocol == "binary" else TCompactProtocol(buffer)
-    proto.write_message_begin(method, TMessageType.CALL, 7)
-    args.write(proto)
-    proto.write_message_end()
-    return buffer.getvalue()
-
-
-def frame(payload: bytes) -> bytes:
-    return struct.pack("!i", len(payload)) + payload
 
 
 def truncated_call(protocol: str) -> bytes:

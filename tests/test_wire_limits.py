@@ -15,15 +15,8 @@ from typing import Any, Iterator
 
 import gevent
 import pytest
-from thriftpy2.protocol.binary import TBinaryProtocol
-from thriftpy2.protocol.compact import TCompactProtocol
-from thriftpy2.protocol.cybin import TCyBinaryProtocol
-from thriftpy2.rpc import make_client
-from thriftpy2.thrift import TMessageType, TProcessor
+from thriftpy2.thrift import TProcessor
 from thriftpy2.transport import TTransportException
-from thriftpy2.transport.buffered import TCyBufferedTransport
-from thriftpy2.transport.framed import TCyFramedTransport
-from thriftpy2.transport.memory import TMemoryBuffer
 
 from service.idl import appstats
 from service.server import ThriftServer
@@ -34,35 +27,11 @@ from service.wire.scan import MessageScan, WireLimits, check_frame
 from tests.support.server import (COMBINATIONS, RecordingHandler, read_until_closed,
                                   sample_response)
 from tests.support.sockets import raw_connection, wait_for
+from tests.support.thrift_calls import encode_call, thrift_client
 
 PROTOCOLS = ["binary", "compact"]
-_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport,
-              "binary": TCyBinaryProtocol, "compact": TCompactProtocol}
-
-
-class _Factory:
-    def __init__(self, build: Any) -> None:
-        self.get_transport = self.get_protocol = build
-
-
-def thrift_client(server: ThriftServer, transport: str = "framed", protocol: str = "binary") -> Any:
-    return make_client(appstats.AppStats, *server.address, timeout=5000,
-                       proto_factory=_Factory(_FACTORIES[protocol]),
-                       trans_factory=_Factory(_FACTORIES[transport]))
-
-
 def request(app: str, panels: tuple[str, ...] = ("errors", "urls")) -> Any:
     return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000, panels=list(panels))
-
-
-def encode_call(method: str, args: Any, protocol: str) -> bytes:
-    """One CALL message (seqid 7), encoded by thriftpy2's pure-Python protocols."""
-    buffer = TMemoryBuffer()
-    proto = TBinaryProtocol(buffer) if protocol == "binary" else TCompactProtocol(buffer)
-    proto.write_message_begin(method, TMessageType.CALL, 7)
-    args.write(proto)
-    proto.write_message_end()
-    return buffer.getvalue()
 
 
 def stats_call(protocol: str, app: str = "shop", panels: tuple[str, ...] = ("errors", "urls")) -> bytes:
