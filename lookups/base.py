@@ -18,16 +18,20 @@ class Lookup(abc.ABC):
     request's context, so the request's span is current inside it. Its only view of
     the request is its arguments: the window, and the budget it must push into its I/O.
     A greenlet it starts itself must start through :func:`tracing.greenlets.spawn_in_context`.
+
+    A lookup that calls a backend takes it as its constructor's argument and calls it
+    through :meth:`lookups.backends.base.Backend.call` (or ``MongoBackend.run``,
+    ``HttpBackend.get_json``), which bring the backend's slots, retries and breaker.
     """
 
     name: ClassVar[str]
     source: ClassVar[str]
 
     @abc.abstractmethod
-    def fetch(self, window: Window, timeout_s: float) -> PanelValue:
-        """Return the panel for ``window``, giving up after ``timeout_s`` seconds.
+    def fetch(self, window: Window, budget_s: float) -> PanelValue:
+        """Return the panel for ``window``, giving up after ``budget_s`` seconds.
 
-        ``timeout_s`` is already ``min(task timeout, time left in the request)``;
+        ``budget_s`` is already ``min(task timeout, time left in the request)``;
         push it into the library call (pymongo ``timeout()``, requests ``timeout=``)
         so the library gives up cleanly instead of being killed.
 

@@ -4,7 +4,8 @@ Each lookup runs one aggregation over one collection, filtered to the window's a
 ``start <= ts < end``, and does its grouping, sorting and limiting on the server. The
 task budget is pushed into the operation with :func:`pymongo.timeout` (client-side
 operation timeout, which also sends ``maxTimeMS``), so pymongo gives up cleanly; see
-:mod:`lookups.mongo_errors` for how the budget is kept and what each failure is reported as.
+:mod:`lookups.backends.mongo_executor` for how the budget is kept and what each failure
+is reported as. Each lookup runs on the backend it names (``backend_name``, ``mongo``).
 
 Collections (database ``mongo.database``)::
 
@@ -19,7 +20,7 @@ import abc
 import contextlib
 import functools
 import re
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, ClassVar, Sequence
 
 import pymongo
 import pymongo.errors
@@ -27,18 +28,16 @@ from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from pymongo.database import Database
 
+from lookups.backends.mongo import MongoBackend
 from lookups.base import Lookup
-from lookups.clients import Slots, new_slots
 from lookups.errors import BackendTimeout, BadBackendResponse
-from lookups.mongo_errors import run_bounded, translated_errors
-from lookups.resilience import BackendGuard
 from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList,
                             Window)
 
 __all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
            "aggregate_one_batch",
            "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
-           "QueriesLookup", "translated_errors"]
+           "QueriesLookup"]
 
 COLLECTIONS = ("errors", "requests", "queries")
 
@@ -109,23 +108,19 @@ class MongoLookup(Lookup, abc.ABC):
     """
 
     source: ClassVar[str] = "mongo"
+    backend_name: ClassVar[str] = "mongo"
     collection: ClassVar[str]
 
-    def __init__(self, db: Database, slots: Optional[Slots] = None,
-                 guard: Optional[BackendGuard] = None) -> None:
-        """``slots`` bounds operations in flight, ``guard`` retries and breaks the circuit;
-        share the clients' (``BackendClients.mongo_slots``, ``.guards.mongo``)."""
-        self._db = db
-        self._slots = slots or new_slots(db.client.options.pool_options.max_pool_size, "mongo")
-        self._guard = guard or BackendGuard("mongo")
+    def __init__(self, backend: MongoBackend) -> None:
+        """``backend`` runs the aggregation: its slots, guard and client (``Backends.mongo()``)."""
+        self.backend = backend
 
-    def fetch(self, window: Window, timeout_s: float) -> PanelValue:
-        if timeout_s <= 0:
+    def fetch(self, window: Window, budget_s: float) -> PanelValue:
+        if budget_s <= 0:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        documents = self._guard.call(self.name, lambda left_s: run_bounded(
-            self.name, self._db, self._slots, left_s,
-            lambda: aggregate_one_batch(self._db, self.collection, pipeline)), timeout_s)
+        documents = self.backend.run(
+            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), budget_s)
         return self.build(documents)
 
     @abc.abstractmethod

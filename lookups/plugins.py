@@ -13,8 +13,10 @@ A team adds a panel without editing Fanout, in either of two ways:
       [lookups.slow_queries]
       factory = "acme_panels:build_slow_queries"
 
-A factory takes the shared :class:`~lookups.clients.BackendClients` and returns a
-:class:`~lookups.base.Lookup` whose ``name`` is the panel's. Panels from entry
+A factory takes the process's :class:`~lookups.backends.collection.Backends` and
+returns a :class:`~lookups.base.Lookup` whose ``name`` is the panel's, built on the
+backend it calls: a ``[backends.<name>]`` table of its own gives it a pool, a
+breaker, a health check and a pool report (``backends.http("slow_jobs")``). Panels from entry
 points follow the built-in ones in name order, then those from config. A panel
 name may be registered once; a factory that cannot be imported or is not
 callable stops start-up with a :class:`PluginError` naming it.

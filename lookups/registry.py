@@ -1,10 +1,11 @@
-"""The lookup registry: panel names mapped to factories that build lookups from the clients.
+"""The lookup registry: panel names mapped to factories that build lookups on the backends.
 
-A new panel is one :meth:`LookupRegistry.register` call with a factory; the fan-out
-engine and the handler need no change::
+A new panel is one :meth:`LookupRegistry.register` call with a factory taking the
+:class:`~lookups.backends.collection.Backends`; the fan-out engine and the handler need
+no change. Its backend is a ``[backends.<name>]`` table of the configuration::
 
     registry = default_registry()
-    registry.register("slow_jobs", lambda backends: SlowJobsLookup(backends.db))
+    registry.register("slow_jobs", lambda backends: SlowJobsLookup(backends.http("slow_jobs")))
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from __future__ import annotations
 from typing import Callable
 
 from lookups.base import Lookup
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup
 from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
 
 __all__ = ["LookupFactory", "LookupRegistry", "default_registry"]
 
-LookupFactory = Callable[[BackendClients], Lookup]
+LookupFactory = Callable[[Backends], Lookup]
 
 
 class LookupRegistry:
@@ -39,15 +40,19 @@ class LookupRegistry:
         """Registered panel names, in registration order."""
         return tuple(self._factories)
 
-    def build(self, backends: BackendClients) -> dict[str, Lookup]:
+    def build(self, backends: Backends) -> dict[str, Lookup]:
         """One lookup per registered name, in registration order, sharing ``backends``.
 
         Raises :class:`ValueError` if a factory returns a lookup whose ``name`` differs
-        from the name it was registered under (the panel would be reported twice).
+        from the name it was registered under (the panel would be reported twice), or asks
+        for a backend that is not configured.
         """
         lookups: dict[str, Lookup] = {}
         for name, factory in self._factories.items():
-            lookup = factory(backends)
+            try:
+                lookup = factory(backends)
+            except KeyError as exc:
+                raise ValueError(f"lookup {name!r}: {exc.args[0] if exc.args else exc}") from None
             if lookup.name != name:
                 raise ValueError(f"factory for {name!r} built a lookup named {lookup.name!r}")
             lookups[name] = lookup
@@ -63,12 +68,8 @@ class LookupRegistry:
 def default_registry() -> LookupRegistry:
     """The seven dashboard panels: errors, urls, controllers, queries, alerts, latency, volume."""
     registry = LookupRegistry()
-    registry.register("errors", lambda b: ErrorsLookup(b.db, b.mongo_slots, b.guards.mongo))
-    registry.register("urls", lambda b: UrlsLookup(b.db, b.mongo_slots, b.guards.mongo))
-    registry.register("controllers", lambda b: ControllersLookup(b.db, b.mongo_slots, b.guards.mongo))
-    registry.register("queries", lambda b: QueriesLookup(b.db, b.mongo_slots, b.guards.mongo))
-    for name, lookup in (("alerts", AlertsLookup), ("latency", LatencyLookup),
-                         ("volume", VolumeLookup)):
-        registry.register(name, lambda b, lookup=lookup: lookup(b.session, b.http_settings,
-                                                                b.http_slots, b.guards))
+    for mongo in (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup):
+        registry.register(mongo.name, lambda b, cls=mongo: cls(b.mongo(cls.backend_name)))
+    for http in (AlertsLookup, LatencyLookup, VolumeLookup):
+        registry.register(http.name, lambda b, cls=http: cls(b.http(cls.backend_name)))
     return registry

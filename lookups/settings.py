@@ -1,4 +1,6 @@
-"""The lookups' settings sections: ``[mongo]``, ``[http]`` and ``[lookups.<name>]``.
+"""The lookups' settings sections: ``[lookups.<name>]``, and the older ``[mongo]`` and
+``[http]``, kept as aliases of ``[backends.mongo]``, ``[backends.alerts]`` and
+``[backends.metrics]`` for one release (:mod:`lookups.backends.settings`).
 
 Each section is a frozen value that can only be made valid: ``__post_init__``
 raises :class:`ValueError` naming the key. ``CHOICES`` and ``INT_BOUNDS`` are the
@@ -13,17 +15,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Mapping, Optional
 
-__all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "bearer_header"]
+__all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "BEARER_TOKEN"]
 
 # RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
-_BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 _NO_RULES: Mapping = MappingProxyType({})
 
 
 @dataclass(frozen=True)
 class MongoSettings:
-    """The MongoDB client: where, which database, pool size and connection timeouts."""
+    """``[mongo]``, the alias of ``[backends.mongo]``: where, which database, pool size, timeouts."""
 
     uri: str = "mongodb://127.0.0.1:27017"
     database: str = "apm"
@@ -44,7 +46,8 @@ class MongoSettings:
 
 @dataclass(frozen=True)
 class HttpSettings:
-    """The HTTP services' base URLs, the shared session's pool and timeouts, the bearer token."""
+    """``[http]``, the alias of ``[backends.alerts]`` and ``[backends.metrics]``: their base
+    URLs, and the pool, timeouts, bearer token and TLS files both share."""
 
     alerts_url: str = "http://127.0.0.1:8081"
     metrics_url: str = "http://127.0.0.1:8082"
@@ -68,7 +71,7 @@ class HttpSettings:
             url = getattr(self, key)
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"{key}: must be an http:// or https:// URL, got {url!r}")
-        if self.auth_token and not _BEARER_TOKEN.fullmatch(self.auth_token):
+        if self.auth_token and not BEARER_TOKEN.fullmatch(self.auth_token):
             # Never quoted: the value is a secret, and requests would quote it in its error.
             raise ValueError("auth_token: must be a bearer token (letters, digits and "
                              "-._~+/, optionally ending in =)")
@@ -82,11 +85,6 @@ def _check_resilience(settings: "MongoSettings | HttpSettings") -> None:
         raise ValueError(f"retry_budget_ratio: must be within 0..1, got {settings.retry_budget_ratio}")
     if not 0.0 < settings.breaker_failure_rate <= 1.0:
         raise ValueError(f"breaker_failure_rate: must be in (0, 1], got {settings.breaker_failure_rate}")
-
-
-def bearer_header(settings: HttpSettings) -> Optional[str]:
-    """The ``Authorization`` header value for ``http.auth_token``, or ``None`` when unset."""
-    return f"Bearer {settings.auth_token}" if settings.auth_token else None
 
 
 @dataclass(frozen=True)

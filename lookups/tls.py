@@ -1,9 +1,9 @@
 """HTTPS to the HTTP services: a private CA to trust, a client certificate to present.
 
-``http.ca_file`` replaces the system's trusted CAs for the lookups' session and
-the health checks' (a service behind a private CA); ``http.client_cert_file``
-and ``http.client_key_file`` are presented to services that ask for a client
-certificate. Verification is never turned off. MongoDB's TLS is set in
+An HTTP backend's ``ca_file`` (``http.ca_file`` for the built-in ones) replaces
+the system's trusted CAs for its lookups' session and its health check's (a
+service behind a private CA); its ``client_cert_file`` and ``client_key_file`` are
+presented to a service that asks for a client certificate. Verification is never turned off. MongoDB's TLS is set in
 ``mongo.uri`` (``tls=true&tlsCAFile=...``), where pymongo reads it.
 
 The files are loaded once here, at start-up, so a missing or mismatched file is a
@@ -17,12 +17,12 @@ import ssl
 
 import requests
 
-from lookups.settings import HttpSettings
+from lookups.backends.settings import HttpBackendSettings
 
 __all__ = ["use_https_settings"]
 
 
-def use_https_settings(session: requests.Session, settings: HttpSettings) -> None:
+def use_https_settings(session: requests.Session, settings: HttpBackendSettings) -> None:
     """Make ``session`` trust ``http.ca_file`` and present the client certificate, when set.
 
     Raises :class:`ValueError` naming the key when a file does not load.

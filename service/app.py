@@ -1,4 +1,4 @@
-"""The assembled service: backend clients, lookups, engine, handler and Thrift server.
+"""The assembled service: backends, lookups, engine, handler and Thrift server.
 
 This is the composition root: the one place that turns :class:`Settings` into
 running parts. ``fanout serve``, ``fanout demo`` and the integration tests all
@@ -14,7 +14,7 @@ from typing import Iterable, Optional
 from thriftpy2.thrift import TProcessor
 
 from lookups.base import Lookup
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
@@ -49,19 +49,20 @@ class FanOutService:
             log.warning("configuration: %s", warning)
         registry = _with_plugins(registry, settings)
         with as_config_error():
-            self.clients = BackendClients(settings.mongo, settings.http, settings.lookups)
+            self.backends = Backends(settings.backends, settings.lookups)
         unknown = sorted(set(settings.lookups) - set(registry.names()))
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout, settings.admission)
-        self.health = HealthChecker(self.clients)
-        lookups = registry.build(self.clients)
+        self.health = HealthChecker(self.backends)
+        with as_config_error():
+            lookups = registry.build(self.backends)
         for warning in read_timeout_warnings(settings, lookups.values()):
             log.warning("configuration: %s", warning)
         self.handler = AppStatsHandler(settings, lookups, self.fanout,
                                        health=self.health, draining=lambda: self.server.draining,
-                                       backend_pools=self.clients.pool_meters)
+                                       backend_pools=lambda: [b.meter for b in self.backends])
         admission = settings.admission
         self.server = ThriftServer(
             TProcessor(appstats.AppStats, self.handler), settings.server, listener=listener,
@@ -97,13 +98,12 @@ class FanOutService:
         return report
 
     def close(self) -> None:
-        """Close the MongoDB client and the HTTP sessions, stop the hub monitor; idempotent."""
+        """Close the backends' clients, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
         if self.probes is not None:
             self.probes.stop()
         self.fanout.failures.flush()
-        self.health.close()
-        self.clients.close()
+        self.backends.close()
 
     def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
         """:meth:`drain`, then :meth:`close`."""
@@ -132,10 +132,15 @@ def _with_plugins(registry: Optional[LookupRegistry], settings: Settings) -> Loo
 
 
 def read_timeout_warnings(settings: Settings, lookups: Iterable[Lookup]) -> list[str]:
-    """HTTP panels whose budget is longer than ``http.read_timeout_ms``, which caps each
-    attempt's wait for the service's answer (the rest of the budget goes to retries)."""
-    read_ms = settings.http.read_timeout_ms
-    return [f"lookups.{lookup.name}.timeout_ms ({budget_ms}) > http.read_timeout_ms ({read_ms}): "
-            f"each attempt of the {lookup.name} panel waits at most {read_ms} ms for an answer"
-            for lookup in lookups if lookup.source == "http"
-            and (budget_ms := settings.task_timeout_ms(lookup.name)) > read_ms]
+    """HTTP panels whose budget is longer than their backend's ``read_timeout_ms``, which caps
+    each attempt's wait for the service's answer (the rest of the budget goes to retries)."""
+    warnings = []
+    for lookup in lookups:
+        backend = getattr(lookup, "backend", None)
+        read_ms = getattr(getattr(backend, "settings", None), "read_timeout_ms", None)
+        budget_ms = settings.task_timeout_ms(lookup.name)
+        if read_ms is not None and budget_ms > read_ms:
+            warnings.append(f"lookups.{lookup.name}.timeout_ms ({budget_ms}) > read_timeout_ms of "
+                            f"backend {backend.name} ({read_ms}): each attempt of the "
+                            f"{lookup.name} panel waits at most {read_ms} ms for an answer")
+    return warnings

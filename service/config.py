@@ -28,8 +28,10 @@ This module loads, merges, coerces and composes them into :class:`Settings`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import re
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 
+from lookups.backends.settings import BACKEND_KINDS, BackendSettings, backends_from_aliases
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
 from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
@@ -130,6 +133,16 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
+    #: The ``[backends.<name>]`` tables as written; :attr:`backends` adds the aliases.
+    backend_tables: Mapping[str, BackendSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+    @functools.cached_property
+    def backends(self) -> Mapping[str, BackendSettings]:
+        """Every backend by name: ``mongo``, ``alerts`` and ``metrics`` from ``[mongo]`` and
+        ``[http]`` unless a ``[backends.<name>]`` table defines them, then the other tables."""
+        merged: dict[str, BackendSettings] = dict(backends_from_aliases(self.mongo, self.http))
+        merged.update(self.backend_tables)
+        return MappingProxyType(merged)
 
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
@@ -138,6 +151,10 @@ class Settings:
     def task_timeout_ms(self, name: str) -> int:
         return self.lookup(name).timeout_ms or self.fanout.task_timeout_ms
 
+
+_BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_BACKEND_KEYS = sorted({f.name for kind in BACKEND_KINDS.values() for f in dataclasses.fields(kind)},
+                       key=len, reverse=True)
 
 #: Built once: Settings.lookup runs for every panel of every call.
 _DEFAULT_LOOKUP = LookupSettings()
@@ -215,6 +232,14 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
+        if rest.startswith("backends_"):
+            body = rest[len("backends_"):]
+            key = next((k for k in _BACKEND_KEYS if body.endswith("_" + k)), None)
+            if key is None:
+                raise ConfigError(f"{name}: expected FANOUT_BACKENDS_<NAME>_<KEY>, "
+                                  f"KEY one of {', '.join(sorted(_BACKEND_KEYS))}")
+            _merge(raw, _nest(["backends", body[: -len(key) - 1]], key, value))
+            continue
         if rest.startswith("lookups_"):
             body = rest[len("lookups_"):]
             key = next((k for k in lookup_keys if body.endswith("_" + k)), None)
@@ -234,7 +259,7 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _build(raw: Mapping[str, Any]) -> Settings:
-    unknown = set(raw) - set(_SECTIONS) - {"lookups"}
+    unknown = set(raw) - set(_SECTIONS) - {"lookups", "backends"}
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
     parts = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
@@ -243,7 +268,24 @@ def _build(raw: Mapping[str, Any]) -> Settings:
         raise ConfigError("lookups: must be a table of [lookups.<name>] sections")
     lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body)
                for name, body in lookups_raw.items()}
-    return Settings(**parts, lookups=MappingProxyType(lookups))
+    return Settings(**parts, lookups=MappingProxyType(lookups),
+                    backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))))
+
+
+def _build_backends(raw: Any) -> dict[str, BackendSettings]:
+    """``[backends.<name>]`` tables, each validated as its ``kind`` says."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("backends: must be a table of [backends.<name>] sections")
+    built = {}
+    for name, body in raw.items():
+        if not _BACKEND_NAME.fullmatch(name):
+            raise ConfigError(f"backends.{name}: a backend name is letters, digits and _")
+        kind = body.get("kind") if isinstance(body, Mapping) else None
+        if kind not in BACKEND_KINDS:
+            raise ConfigError(f"backends.{name}.kind: must be one of "
+                              f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}")
+        built[name] = _build_section(f"backends.{name}", BACKEND_KINDS[kind], body)
+    return built
 
 
 def _build_section(label: str, cls: type, body: Any) -> Any:
@@ -331,12 +373,13 @@ def pool_warnings(settings: Settings) -> list[str]:
     """Mismatched pool sizes that will queue or drop work, as human-readable warnings."""
     fan = settings.fanout
     warnings = []
-    if settings.http.pool_maxsize < fan.pool_size:
-        warnings.append(f"http.pool_maxsize ({settings.http.pool_maxsize}) < fanout.pool_size "
-                        f"({fan.pool_size}): parallel HTTP lookups will wait for a connection")
-    if settings.mongo.max_pool_size < fan.pool_size:
-        warnings.append(f"mongo.max_pool_size ({settings.mongo.max_pool_size}) < fanout.pool_size "
-                        f"({fan.pool_size}): parallel Mongo lookups will wait for a connection")
+    short: dict[str, tuple[int, list[str]]] = {}  # key -> (size, backends): [http] is two
+    for name, backend in settings.backends.items():
+        if backend.pool_size < fan.pool_size:
+            short.setdefault(_pool_key(settings, name), (backend.pool_size, []))[1].append(name)
+    for key, (size, names) in short.items():
+        warnings.append(f"{key} ({size}) < fanout.pool_size ({fan.pool_size}): parallel lookups "
+                        f"of {' and '.join(names)} will wait for a connection")
     if fan.max_inflight_tasks < fan.pool_size:
         warnings.append(f"fanout.max_inflight_tasks ({fan.max_inflight_tasks}) < fanout.pool_size "
                         f"({fan.pool_size}): a single request can never use its whole pool")
@@ -349,3 +392,10 @@ def pool_warnings(settings: Settings) -> list[str]:
                         f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
                         "queued tasks would time out before they are rejected")
     return warnings
+
+
+def _pool_key(settings: Settings, name: str) -> str:
+    """The key a user wrote for backend ``name``'s pool: its table's, or its alias's."""
+    if name in settings.backend_tables:
+        return f"backends.{name}.pool_size"
+    return "mongo.max_pool_size" if name == "mongo" else "http.pool_maxsize"

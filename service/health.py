@@ -1,12 +1,12 @@
 """Backend health for load balancers: can this server reach each backend right now?
 
-Three checks, run in parallel, each bounded by its own short timeout
-(``timeout_ms``, 300 ms by default):
+One check per backend (:meth:`lookups.backends.base.Backend.check`), run in
+parallel, each bounded by its own short timeout (``timeout_ms``, 300 ms by default):
 
-* ``mongo``: a ``ping`` command through the shared MongoDB client;
-* ``alerts`` and ``metrics``: a ``GET`` of the service's base URL on a small
-  session of its own (so a full lookup pool cannot delay the check). Any HTTP
-  answer below 500 means the service is up, whatever its body.
+* a MongoDB backend (``mongo``): a ``ping`` command through its client;
+* an HTTP backend (``alerts``, ``metrics``, a plugin's): a ``GET`` of its base URL on
+  a small session of its own (so a full lookup pool cannot delay the check). Any
+  HTTP answer below 500 means the service is up, whatever its body.
 
 The answer is cached for ``cache_ms`` (1 s by default), and concurrent callers
 share one refresh, so a load balancer polling many times a second costs the
@@ -23,6 +23,7 @@ checks is also the ``fanout.backend.up`` gauge (1 up, 0 down, per backend).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -31,17 +32,14 @@ from typing import Any, Callable, Iterable, Optional
 
 import gevent
 import gevent.lock
-import pymongo
 import requests
 from opentelemetry import metrics
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.metrics import CallbackOptions, Observation
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
-from requests.adapters import HTTPAdapter
 
-from lookups.clients import BackendClients
-from lookups.settings import HttpSettings
-from lookups.tls import use_https_settings
+from lookups.backends.collection import Backends
+from lookups.backends.http import HttpStatusError
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
@@ -67,40 +65,31 @@ class BackendStatus:
 
 
 class HealthChecker:
-    """Checks the backends of one :class:`~lookups.clients.BackendClients`, cached briefly.
+    """Checks every backend of one :class:`~lookups.backends.collection.Backends`, cached briefly.
 
     :meth:`check` never raises for a backend failure: that backend is reported
     down. ``clock`` (seconds, monotonic) is replaceable for unit tests.
     """
 
-    def __init__(self, backends: BackendClients, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
+    def __init__(self, backends: Backends, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
                  cache_ms: int = DEFAULT_CACHE_MS,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._backends = backends
         self._timeout_s = timeout_ms / 1000.0
         self._cache_s = cache_ms / 1000.0
         self._clock = clock
-        self._session = _probe_session(backends.http_settings)
         self._lock = gevent.lock.Semaphore()
         self._cached: Optional[tuple[BackendStatus, ...]] = None
         self._answer: Optional[tuple[Any, tuple[str, ...], tuple[BackendStatus, ...]]] = None
         self._checked_at = 0.0
-        http = backends.http_settings
-        self._probes: tuple[tuple[str, Callable[[], None]], ...] = (
-            ("mongo", self._ping_mongo),
-            ("alerts", lambda: self._get(http.alerts_url)),
-            ("metrics", lambda: self._get(http.metrics_url)),
-        )
-        guards = backends.guards
-        checked = (guards.mongo, guards.for_url(http.alerts_url), guards.for_url(http.metrics_url))
-        self._breakers = tuple(guard.breaker for guard in checked)
-        #: Each check's backend as every metric names it (``fanout.backend``: "mongo",
-        #: "http <host:port>"), in the order of :meth:`check`.
-        self.backend_names = tuple(guard.name for guard in checked)
+        self._probes: tuple[tuple[str, Callable[[], None]], ...] = tuple(
+            (backend.name, functools.partial(backend.check, self._timeout_s)) for backend in backends)
+        self._breakers = tuple(backend.guard.breaker for backend in backends)
+        #: Each check's backend, as every metric names it (``fanout.backend``), in order.
+        self.backend_names = tuple(backend.name for backend in backends)
         _checkers.add(self)
 
     def check(self) -> tuple[BackendStatus, ...]:
-        """Each backend's status, in the order mongo, alerts, metrics; at most ``cache_ms`` old.
+        """Each backend's status, in configuration order; at most ``cache_ms`` old.
 
         The circuit states are read now, not cached.
         """
@@ -119,10 +108,6 @@ class HealthChecker:
     def last(self) -> tuple[BackendStatus, ...]:
         """The last round of checks without starting one (empty before the first)."""
         return self._cached or ()
-
-    def close(self) -> None:
-        """Close the probe session (the shared clients belong to :class:`BackendClients`)."""
-        self._session.close()
 
     def _refresh(self) -> tuple[BackendStatus, ...]:
         checks = [spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
@@ -144,53 +129,13 @@ class HealthChecker:
         latency_ms = round((time.monotonic() - started) * 1000.0, 3)
         return BackendStatus(name, not detail, latency_ms, detail)
 
-    def _ping_mongo(self) -> None:
-        with pymongo.timeout(self._timeout_s):
-            self._backends.mongo_client.admin.command("ping")
-
-    def _get(self, url: str) -> None:
-        # requests' timeouts are per read; the timer bounds the whole exchange.
-        timer = gevent.Timeout(self._timeout_s)
-        timer.start()
-        try:
-            response = self._session.get(url, timeout=(self._timeout_s, self._timeout_s),
-                                         allow_redirects=False, stream=True)
-            response.close()  # the status line is all we need
-        except gevent.Timeout as fired:
-            if fired is not timer:
-                raise
-            raise _ProbeTimeout() from None
-        finally:
-            timer.close()
-        if response.status_code >= 500:
-            raise _HttpStatus(response.status_code)
-
-
-class _ProbeTimeout(Exception):
-    """The whole HTTP exchange took longer than the check's timeout."""
-
-
-class _HttpStatus(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(f"HTTP {status}")
-
-
-def _probe_session(settings: HttpSettings) -> requests.Session:
-    session = requests.Session()
-    session.trust_env = False  # as the lookups: no proxies or netrc from the environment
-    adapter = HTTPAdapter(pool_connections=2, pool_maxsize=2, max_retries=0)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    use_https_settings(session, settings)  # the lookups' CA and client certificate
-    return session
-
 
 def _describe(exc: Exception, timeout_s: float) -> str:
     """Why a check failed, from the exception's kind only (messages may quote credentials)."""
     kind = type(exc).__name__
-    if isinstance(exc, _HttpStatus):
+    if isinstance(exc, HttpStatusError):
         return str(exc)
-    if isinstance(exc, (_ProbeTimeout, requests.Timeout, TimeoutError)) or \
+    if isinstance(exc, (requests.Timeout, TimeoutError)) or \
             (isinstance(exc, PyMongoError) and exc.timeout):
         return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
     if isinstance(exc, (requests.ConnectionError, ConnectionFailure)):
@@ -204,10 +149,9 @@ _checkers: "weakref.WeakSet[HealthChecker]" = weakref.WeakSet()
 
 
 def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
-    # fanout.backend as in every other metric; fanout.check names the check (health()'s name).
-    return [Observation(int(status.up), {"fanout.backend": backend, "fanout.check": status.name})
-            for checker in list(_checkers)
-            for status, backend in zip(checker.last(), checker.backend_names)]
+    # fanout.backend names the backend as every other metric does, and as health() does.
+    return [Observation(int(status.up), {"fanout.backend": status.name})
+            for checker in list(_checkers) for status in checker.last()]
 
 
 metrics.get_meter("fanout").create_observable_gauge(

@@ -21,7 +21,7 @@ import gevent
 import pytest
 from greenlet import greenlet
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.errors import LookupFailed
 from lookups.http import AlertsLookup
 from lookups.mongo import UrlsLookup
@@ -175,7 +175,7 @@ def assert_nothing_leaked(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None
     assert service is not None
     assert service.fanout.wait_reapers(timeout_s=SETTLE_S)
     assert service.fanout.inflight == 0
-    wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}, SETTLE_S,
+    wait_for(lambda: not any(service.backends.connections_in_use().values()), SETTLE_S,
              "every backend connection back in its pool")
     wait_for(lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind")
 
@@ -317,16 +317,15 @@ def test_bearer_token_is_sent_to_both_services(rig: Rig, sample_data: SampleData
 def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: SampleData) -> None:
     """Many more calls than connections, most cut by their budgets while waiting for one.
 
-    (Before lookups waited on ``BackendClients.http_slots``, their timers fired inside urllib3's
+    (Before lookups waited on their backend's slots, their timers fired inside urllib3's
     pool wait and corrupted it: urllib3 then raised ``FullPoolError``.)
     """
     with FaultyHttpService(sample_data) as http:
         http.set_mode("slow", delay_ms=150)
         settings = load_settings(env={}, overrides={"http.alerts_url": http.url,
                                                     "http.pool_maxsize": 2, **NO_BREAKERS})
-        with BackendClients(settings.mongo, settings.http) as backends:
-            lookup = AlertsLookup(backends.session, backends.http_settings, backends.http_slots,
-                                  backends.guards)
+        with Backends(settings.backends) as backends:
+            lookup = AlertsLookup(backends.http("alerts"))
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 
             def fetch(budget_s: float) -> str:
@@ -341,7 +340,7 @@ def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: S
                 gevent.joinall(burst, timeout=10, raise_error=True)
                 assert {g.value for g in burst} <= {"ok", "BackendTimeout"}
                 assert "BackendTimeout" in {g.value for g in burst}
-            assert wait_for(lambda: backends.connections_in_use()["http"] == 0)
+            assert wait_for(lambda: backends.connections_in_use()["alerts"] == 0)
             http.set_mode("ok")
             assert [fetch(5.0) for _ in range(4)] == ["ok"] * 4
 
@@ -357,8 +356,8 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
         settings = load_settings(env={}, overrides={
             "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}", "mongo.database": SAMPLE_DATABASE,
             "mongo.max_pool_size": 3})
-        with BackendClients(settings.mongo, settings.http) as backends:
-            lookup = UrlsLookup(backends.db, backends.mongo_slots, backends.guards.mongo)
+        with Backends(settings.backends) as backends:
+            lookup = UrlsLookup(backends.mongo())
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             for pause_s in (0.05, 0.15, 0.25, 0.35):
                 tasks = [gevent.spawn(lookup.fetch, window, 3.0) for _ in range(12)]

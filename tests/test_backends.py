@@ -15,7 +15,8 @@ import requests
 from pymongo.errors import PyMongoError
 
 from lookups.base import Lookup
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
+from lookups.backends.settings import backends_from_aliases
 from lookups.http import AlertsLookup
 from lookups.mongo import ErrorsLookup
 from lookups.panels import AlertList, Window
@@ -148,8 +149,8 @@ def test_services_answer_get_only(http_services: SampleHttpServices) -> None:
 def test_delayed_services_serve_calls_in_parallel(sample_data: SampleData) -> None:
     with SampleHttpServices(sample_data, alerts_delay_ms=400) as services:
         http = HttpSettings(alerts_url=services.alerts_url, metrics_url=services.metrics_url)
-        with BackendClients(MongoSettings(), http) as backends:
-            lookup = AlertsLookup(backends.session, backends.http_settings)
+        with Backends(backends_from_aliases(MongoSettings(), http)) as backends:
+            lookup = AlertsLookup(backends.http("alerts"))
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             started = time.monotonic()
             workers = [spawn_in_context(lookup.fetch, window, 5.0) for _ in range(6)]
@@ -179,46 +180,62 @@ def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
         assert tomllib.loads(demo.config_snippet())["mongo"]["uri"] == overrides["mongo.uri"]
         assert (settings.mongo.uri, settings.http.alerts_url) == (overrides["mongo.uri"],
                                                                   overrides["http.alerts_url"])
-        with BackendClients(settings.mongo, settings.http) as backends:
-            summary = ErrorsLookup(backends.db).fetch(
-                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=5.0)
+        with Backends(settings.backends) as backends:
+            summary = ErrorsLookup(backends.mongo()).fetch(
+                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=5.0)
         assert summary.total == sum(1 for e in demo.data.errors if e.app == "shop")
     assert all(_refuses(overrides[key]) for key in ("mongo.uri", "http.alerts_url", "http.metrics_url"))
 
 
-# --- shared clients ----------------------------------------------------------------------
+# --- the backends ------------------------------------------------------------------------
 
 def test_backends_open_without_blocking_when_mongo_is_down() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     started = time.monotonic()
-    backends = BackendClients(MongoSettings(uri=f"mongodb://127.0.0.1:{port}",
-                                      server_selection_timeout_ms=5000), HttpSettings())
+    backends = Backends(backends_from_aliases(MongoSettings(uri=f"mongodb://127.0.0.1:{port}",
+                                                            server_selection_timeout_ms=5000),
+                                              HttpSettings()))
     assert time.monotonic() - started < 1.0
-    assert backends.connections_in_use() == {"mongo": 0, "http": 0}
+    assert backends.connections_in_use() == {"mongo": 0, "alerts": 0, "metrics": 0}
     backends.close()
     backends.close()
 
 
 def test_invalid_mongo_uri_is_refused_without_echoing_it() -> None:
     with pytest.raises(ValueError) as caught:
-        BackendClients(MongoSettings(uri="mongodb://admin:hunter2@/nohost"), HttpSettings())
+        Backends(backends_from_aliases(MongoSettings(uri="mongodb://admin:hunter2@/nohost"),
+                                       HttpSettings()))
     assert "hunter2" not in str(caught.value) and "mongo.uri" in str(caught.value)
 
 
-def test_backends_use_the_settings(backend_settings: Settings, backends: BackendClients) -> None:
-    assert backends.db.name == backend_settings.mongo.database
-    options = backends.mongo_client.options
+def test_backends_use_the_settings(backend_settings: Settings, backends: Backends) -> None:
+    assert backends.names() == ("mongo", "alerts", "metrics")
+    assert backends.mongo().db.name == backend_settings.mongo.database
+    options = backends.mongo().client.options
     assert options.pool_options.max_pool_size == backend_settings.mongo.max_pool_size
-    adapter = backends.session.get_adapter(backend_settings.http.alerts_url)
-    assert adapter._pool_maxsize == backend_settings.http.pool_maxsize   # noqa: SLF001
-    assert adapter._pool_block is True                                    # noqa: SLF001
+    assert backends.mongo().meter.size == backend_settings.mongo.max_pool_size - 1  # one for health
+    for name, url in (("alerts", backend_settings.http.alerts_url),
+                      ("metrics", backend_settings.http.metrics_url)):
+        http = backends.http(name)
+        assert (http.settings.url, http.meter.size) == (url, backend_settings.http.pool_maxsize)
+        adapter = http.session.get_adapter(url)
+        assert adapter._pool_maxsize == backend_settings.http.pool_maxsize   # noqa: SLF001
+        assert adapter._pool_block is True                                    # noqa: SLF001
+        assert http.guard.name == name
+
+
+def test_a_backend_of_the_wrong_kind_or_missing_is_named(backends: Backends) -> None:
+    with pytest.raises(KeyError, match="backend 'alerts' is http, not mongo"):
+        backends.mongo("alerts")
+    with pytest.raises(KeyError, match=r"no backend 'jobs'.*\[backends.jobs\]"):
+        backends.http("jobs")
 
 
 # --- the registry ------------------------------------------------------------------------
 
-def test_default_registry_has_the_seven_panels_in_order(backends: BackendClients) -> None:
+def test_default_registry_has_the_seven_panels_in_order(backends: Backends) -> None:
     registry = default_registry()
     assert registry.names() == SEVEN_PANELS
     built = registry.build(backends)
@@ -233,20 +250,20 @@ class _ConstantAlerts(Lookup):
     name = "constant"
     source = "memory"
 
-    def fetch(self, window: Window, timeout_s: float) -> AlertList:
+    def fetch(self, window: Window, budget_s: float) -> AlertList:
         return AlertList(())
 
 
-def test_registering_a_lookup(backends: BackendClients) -> None:
+def test_registering_a_lookup(backends: Backends) -> None:
     registry = default_registry()
     registry.register("constant", lambda _: _ConstantAlerts())
     assert registry.names()[-1] == "constant"
     assert registry.build(backends)["constant"].fetch(Window("a", 0, 1), 1.0) == AlertList(())
     with pytest.raises(ValueError, match="already registered"):
-        registry.register("errors", lambda b: ErrorsLookup(b.db))
+        registry.register("errors", lambda b: ErrorsLookup(b.mongo()))
 
 
-def test_a_factory_must_build_the_lookup_it_names(backends: BackendClients) -> None:
+def test_a_factory_must_build_the_lookup_it_names(backends: Backends) -> None:
     registry = LookupRegistry()
     registry.register("other", lambda _: _ConstantAlerts())
     with pytest.raises(ValueError, match="named 'constant'"):

@@ -21,7 +21,7 @@ from bench.servers.http_backend import BenchHttpBackends
 from bench.servers.mongo_answers import RecordedAnswers
 from bench.servers.mongo_responder import MongoResponder
 from bench.harness.stack import StackSpec, sample_call, start_stack
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.errors import BackendTimeout
 from lookups.panels import Window
 from lookups.registry import default_registry
@@ -40,7 +40,7 @@ def answers() -> RecordedAnswers:
 
 def _fetch_all(settings: Settings, source: str, budget_s: float = 5.0) -> dict[str, Any]:
     """Every ``source`` lookup of the default registry, fetched for the sample call."""
-    with BackendClients(settings.mongo, settings.http) as backends:
+    with Backends(settings.backends) as backends:
         return {name: lookup.fetch(WINDOW, budget_s)
                 for name, lookup in default_registry().build(backends).items()
                 if lookup.source == source}
@@ -63,7 +63,7 @@ def test_the_responder_gives_the_lookups_what_nx_27017_gives(backend_settings, a
 
 def test_the_responder_waits_its_delay_before_each_aggregation(answers):
     with MongoResponder(answers, delay_ms=DELAY_MS) as responder:
-        with BackendClients(_mongo_settings(responder).mongo, _mongo_settings(responder).http) as backends:
+        with Backends(_mongo_settings(responder).backends) as backends:
             lookup = default_registry().build(backends)["urls"]
             for _ in range(2):
                 started = time.monotonic()
@@ -75,7 +75,7 @@ def test_the_responder_waits_its_delay_before_each_aggregation(answers):
 
 def test_a_budget_shorter_than_the_delay_times_out_as_with_mongodb(answers):
     with MongoResponder(answers, delay_ms=3000) as responder:
-        with BackendClients(_mongo_settings(responder).mongo, _mongo_settings(responder).http) as backends:
+        with Backends(_mongo_settings(responder).backends) as backends:
             lookup = default_registry().build(backends)["errors"]
             started = time.monotonic()
             with pytest.raises(BackendTimeout):
@@ -111,7 +111,7 @@ def test_the_lean_http_backend_waits_its_delay():
     with BenchHttpBackends(delay_ms=DELAY_MS) as lean:
         settings = load_settings(env={}, overrides={"http.alerts_url": lean.alerts.url,
                                                     "http.metrics_url": lean.metrics.url})
-        with BackendClients(settings.mongo, settings.http) as backends:
+        with Backends(settings.backends) as backends:
             lookup = default_registry().build(backends)["alerts"]
             started = time.monotonic()
             lookup.fetch(WINDOW, 5.0)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -100,8 +101,12 @@ def test_pool_warnings_name_the_mismatch() -> None:
     assert pool_warnings(Settings()) == []
     settings = load_settings(env={"FANOUT_HTTP_POOL_MAXSIZE": "4", "FANOUT_MONGO_MAX_POOL_SIZE": "2"})
     warnings = pool_warnings(settings)
-    assert any(w.startswith("http.pool_maxsize (4) < fanout.pool_size (16)") for w in warnings)
+    assert any(w.startswith("http.pool_maxsize (4) < fanout.pool_size (16): parallel lookups of "
+                            "alerts and metrics") for w in warnings), warnings
     assert any(w.startswith("mongo.max_pool_size (2) < fanout.pool_size (16)") for w in warnings)
+    assert len(warnings) == 2  # [http] is one warning for its two backends
+    tables = load_settings(env={"FANOUT_BACKENDS_JOBS_KIND": "http", "FANOUT_BACKENDS_JOBS_POOL_SIZE": "3"})
+    assert [w for w in pool_warnings(tables) if w.startswith("backends.jobs.pool_size (3)")]
 
 
 def test_hardening_defaults_are_bounded_and_safe() -> None:
@@ -163,17 +168,49 @@ def test_workers_auto_is_one_per_usable_core(tmp_path) -> None:
 
 
 def test_an_http_panel_budget_over_the_read_timeout_is_warned() -> None:
-    from lookups.clients import BackendClients
+    from lookups.backends.collection import Backends
     from lookups.registry import default_registry
     from service.app import read_timeout_warnings
 
     settings = load_settings(overrides={"lookups.alerts.timeout_ms": 1500,
                                         "lookups.errors.timeout_ms": 1500})
-    clients = BackendClients(settings.mongo, settings.http, settings.lookups)
+    clients = Backends(settings.backends, settings.lookups)
     try:
         lookups = default_registry().build(clients).values()
         assert read_timeout_warnings(load_settings(), lookups) == []
         (warning,) = read_timeout_warnings(settings, lookups)  # errors is a MongoDB panel
     finally:
         clients.close()
-    assert warning.startswith("lookups.alerts.timeout_ms (1500) > http.read_timeout_ms (1000)")
+    assert warning.startswith("lookups.alerts.timeout_ms (1500) > read_timeout_ms of backend alerts (1000)")
+
+
+# --- [backends.<name>] -----------------------------------------------------------------------
+
+def test_backend_tables_by_kind_and_the_aliases_they_replace(tmp_path: Path) -> None:
+    from lookups.backends.settings import HttpBackendSettings, MongoBackendSettings
+
+    config = tmp_path / "fanout.toml"
+    config.write_text('[mongo]\nuri = "mongodb://old:27017"\n'
+                      '[http]\nmetrics_url = "http://metrics.old:8082"\npool_maxsize = 20\n'
+                      '[backends.mongo]\nkind = "mongo"\nuri = "mongodb://new:27017"\npool_size = 12\n'
+                      '[backends.jobs]\nkind = "http"\nurl = "https://jobs.internal"\n')
+    backends = load_settings(config, env={}).backends
+    assert list(backends) == ["mongo", "alerts", "metrics", "jobs"]
+    assert backends["mongo"] == MongoBackendSettings(uri="mongodb://new:27017", pool_size=12)  # the table wins
+    assert backends["metrics"] == HttpBackendSettings(url="http://metrics.old:8082", pool_size=20)  # alias
+    assert backends["alerts"].url == "http://127.0.0.1:8081" and backends["alerts"].pool_size == 20
+    assert backends["jobs"] == HttpBackendSettings(url="https://jobs.internal")
+    env = {"FANOUT_BACKENDS_JOBS_READ_TIMEOUT_MS": "250", "FANOUT_BACKENDS_JOBS_KIND": "http"}
+    assert load_settings(env=env).backends["jobs"].read_timeout_ms == 250
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"url": "http://x"}, "backends.jobs.kind: must be one of 'mongo', 'http', got None"),
+    ({"kind": "redis"}, "backends.jobs.kind: must be one of 'mongo', 'http', got 'redis'"),
+    ({"kind": "http", "uri": "mongodb://x"}, "backends.jobs.uri: unknown key"),
+    ({"kind": "http", "url": "ftp://x"}, "backends.jobs.url: must be an http:// or https:// URL"),
+    ({"kind": "mongo", "pool_size": 0}, "backends.jobs.pool_size: must be an integer >= 1"),
+])
+def test_a_bad_backend_table_is_an_error_naming_the_key(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_settings(env={}, overrides={f"backends.jobs.{key}": value for key, value in body.items()})

@@ -19,7 +19,7 @@ from thriftpy2.thrift import TClient, TMessageType
 from thriftpy2.transport.framed import TCyFramedTransport
 from thriftpy2.transport.memory import TMemoryBuffer
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
 from service.samples.http_services import serve_wsgi
@@ -116,7 +116,7 @@ def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead
     now = [0.0]
     with MongoWireServer() as mongo:
         settings = settings_for(mongo.uri, failing_http, f"http://127.0.0.1:{dead_port}")
-        with BackendClients(settings.mongo, settings.http) as backends:
+        with Backends(settings.backends) as backends:
             checker = HealthChecker(backends, clock=lambda: now[0])
             first = {s.name: s for s in checker.check()}
             assert first["mongo"].up
@@ -127,7 +127,7 @@ def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead
             assert {s.name: s for s in checker.check()} == first  # cached: no new round of checks
             now[0] += 1.0
             after = {s.name: s for s in checker.check()}
-            checker.close()
+
     assert not after["mongo"].up and after["mongo"].detail
 
 
@@ -135,12 +135,12 @@ def test_checks_run_in_parallel_each_with_its_own_timeout(backend_settings, sile
     """Three backends that accept connections and never answer: about one timeout, not three."""
     silent = f"http://127.0.0.1:{silent_port}"
     settings = settings_for(f"mongodb://127.0.0.1:{silent_port}", silent, silent)
-    with BackendClients(settings.mongo, settings.http) as backends:
+    with Backends(settings.backends) as backends:
         checker = HealthChecker(backends, timeout_ms=1000)
         started = time.monotonic()
         statuses = checker.check()
         elapsed = time.monotonic() - started
-        checker.close()
+
     assert [s.up for s in statuses] == [False, False, False]
     assert all("no answer within 1000 ms" in s.detail for s in statuses), statuses
     assert elapsed < 2.5  # in sequence they would take at least 3 s
@@ -149,7 +149,6 @@ def test_checks_run_in_parallel_each_with_its_own_timeout(backend_settings, sile
 def test_concurrent_callers_share_one_round_of_checks(backends) -> None:
     checker = HealthChecker(backends)
     results = [g.get(timeout=10) for g in [gevent.spawn(checker.check) for _ in range(20)]]
-    checker.close()
     assert all(result is results[0] for result in results)
     assert all(status.up for status in results[0])
 
@@ -157,7 +156,6 @@ def test_concurrent_callers_share_one_round_of_checks(backends) -> None:
 def test_checks_are_not_traced(backends, spans) -> None:
     checker = HealthChecker(backends)
     assert all(status.up for status in checker.check())
-    checker.close()
     assert spans.get_finished_spans() == ()
 
 

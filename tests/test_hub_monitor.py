@@ -38,7 +38,7 @@ class BusyLookup(Lookup):
     name = "busy"
     source = "cpu"
 
-    def fetch(self, window: Window, timeout_s: float) -> AlertList:
+    def fetch(self, window: Window, budget_s: float) -> AlertList:
         spin(_BUSY_S)
         return AlertList(alerts=())
 

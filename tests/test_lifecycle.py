@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from urllib.parse import urlsplit
 import signal
 import socket
 import struct
@@ -324,13 +323,11 @@ def test_a_backend_down_is_reported_but_readiness_stays(serve, http_services: Sa
     scrape_url = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
                           10, "the scrape address in the log").group(1)
     scrape = requests.get(scrape_url, timeout=5).text
-    # fanout_backend names a backend as every metric does; fanout_check names the check.
-    alerts = f"http {urlsplit(http_services.alerts_url).netloc}"
-    assert re.search(r'^fanout_backend_up\{fanout_backend="mongo",fanout_check="mongo".*\} 0\.0$',
-                     scrape, re.M), scrape
-    assert re.search(rf'^fanout_backend_up\{{fanout_backend="{alerts}",fanout_check="alerts".*\}} 1\.0$',
-                     scrape, re.M), scrape
-    assert re.search(rf'^fanout_circuit_state\{{fanout_backend="{alerts}".*\}} ', scrape, re.M), scrape
+    # fanout_backend names a backend as every metric, pool and health() does.
+    assert re.search(r'^fanout_backend_up\{fanout_backend="mongo".*\} 0\.0$', scrape, re.M), scrape
+    assert re.search(r'^fanout_backend_up\{fanout_backend="alerts".*\} 1\.0$', scrape, re.M), scrape
+    assert re.search(r'^fanout_circuit_state\{fanout_backend="alerts".*\} ', scrape, re.M), scrape
+    assert re.search(r'^fanout_pool_size\{fanout_pool_name="alerts".*\} 32\.0$', scrape, re.M), scrape
 
 
 

@@ -17,7 +17,8 @@ from gevent.server import StreamServer
 import pytest
 import requests
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
+from lookups.backends.settings import backends_from_aliases
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup, step_ms_for
 from lookups.panels import Window
@@ -61,17 +62,17 @@ def _expected_series(data: SampleData, window: Window, metric: str) -> list[tupl
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", list(WINDOWS))
-def test_alerts_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_alerts_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
     window = Window(app, *WINDOWS[window_name])
     expected = sorted(((a.triggered_ms, a.id, a.severity, a.title) for a in sample_data.alerts
                        if a.app == app and window.start_ms <= a.triggered_ms < window.end_ms))
-    alerts = AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
     assert [(a.triggered_ms, a.id, a.severity, a.title) for a in alerts.alerts] == expected
 
 
-def test_alerts_at_the_same_instant_are_ordered_by_id(backends: BackendClients, sample_data: SampleData) -> None:
+def test_alerts_at_the_same_instant_are_ordered_by_id(backends: Backends, sample_data: SampleData) -> None:
     window = Window("shop", *WINDOWS["day"])
-    alerts = AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0).alerts
+    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0).alerts
     stamps = [a.triggered_ms for a in alerts]
     tied = [a.id for a in alerts if stamps.count(a.triggered_ms) > 1]
     assert len(tied) >= 2 and tied == sorted(tied)
@@ -80,10 +81,10 @@ def test_alerts_at_the_same_instant_are_ordered_by_id(backends: BackendClients, 
 @pytest.mark.parametrize("lookup_class", [LatencyLookup, VolumeLookup])
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", list(WINDOWS))
-def test_series_panels(backends: BackendClients, sample_data: SampleData, lookup_class: type[HttpLookup],
+def test_series_panels(backends: Backends, sample_data: SampleData, lookup_class: type[HttpLookup],
                        app: str, window_name: str) -> None:
     window = Window(app, *WINDOWS[window_name])
-    series = lookup_class(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+    series = lookup_class(backends.http(lookup_class.backend_name)).fetch(window, budget_s=5.0)
     expected = _expected_series(sample_data, window, lookup_class.name)
     assert series.step_ms == _expected_step(window)
     assert len(series.points) <= 120
@@ -91,17 +92,17 @@ def test_series_panels(backends: BackendClients, sample_data: SampleData, lookup
     assert [p.value for p in series.points] == pytest.approx([v for _, v in expected], rel=1e-9)
 
 
-def test_whole_day_series_has_120_twelve_minute_points(backends: BackendClients) -> None:
-    series = LatencyLookup(backends.session, backends.http_settings).fetch(
-        Window("shop", *WINDOWS["day"]), timeout_s=5.0)
+def test_whole_day_series_has_120_twelve_minute_points(backends: Backends) -> None:
+    series = LatencyLookup(backends.http(LatencyLookup.backend_name)).fetch(
+        Window("shop", *WINDOWS["day"]), budget_s=5.0)
     assert series.step_ms == 12 * MINUTE_MS and len(series.points) == 120
 
 
-def test_unknown_app_is_a_bad_response(backends: BackendClients) -> None:
+def test_unknown_app_is_a_bad_response(backends: Backends) -> None:
     for lookup_class in (AlertsLookup, LatencyLookup):
         with pytest.raises(BadBackendResponse) as caught:
-            lookup_class(backends.session, backends.http_settings).fetch(
-                Window("no-such-app", *WINDOWS["day"]), timeout_s=5.0)
+            lookup_class(backends.http(lookup_class.backend_name)).fetch(
+                Window("no-such-app", *WINDOWS["day"]), budget_s=5.0)
         assert caught.value.retryable is False and "404" in str(caught.value)
 
 
@@ -145,12 +146,12 @@ def misbehaving_url() -> Iterator[str]:
 
 
 @pytest.fixture
-def open_backends() -> Iterator[Callable[..., BackendClients]]:
-    """Builds BackendClients on given HTTP settings and closes them all after the test."""
-    opened: list[BackendClients] = []
+def open_backends() -> Iterator[Callable[..., Backends]]:
+    """Builds Backends on given HTTP settings and closes them all after the test."""
+    opened: list[Backends] = []
 
-    def open_with(**http: Any) -> BackendClients:
-        opened.append(BackendClients(MongoSettings(), HttpSettings(**http)))
+    def open_with(**http: Any) -> Backends:
+        opened.append(Backends(backends_from_aliases(MongoSettings(), HttpSettings(**http))))
         return opened[-1]
 
     yield open_with
@@ -158,9 +159,9 @@ def open_backends() -> Iterator[Callable[..., BackendClients]]:
         backends.close()
 
 
-def _fetch(backends: BackendClients, lookup_class: type[HttpLookup], budget_s: float = 5.0) -> Any:
-    return lookup_class(backends.session, backends.http_settings).fetch(
-        Window("shop", *WINDOWS["day"]), timeout_s=budget_s)
+def _fetch(backends: Backends, lookup_class: type[HttpLookup], budget_s: float = 5.0) -> Any:
+    return lookup_class(backends.http(lookup_class.backend_name)).fetch(
+        Window("shop", *WINDOWS["day"]), budget_s=budget_s)
 
 
 @pytest.mark.parametrize(("mode", "error", "retryable"), [
@@ -177,7 +178,7 @@ def _fetch(backends: BackendClients, lookup_class: type[HttpLookup], budget_s: f
     ("big", BadBackendResponse, False),
 ])
 @pytest.mark.parametrize("lookup_class", [AlertsLookup, VolumeLookup])
-def test_bad_answers_are_typed_errors(open_backends: Callable[..., BackendClients], misbehaving_url: str,
+def test_bad_answers_are_typed_errors(open_backends: Callable[..., Backends], misbehaving_url: str,
                                       mode: str, error: type[LookupFailed], retryable: bool,
                                       lookup_class: type[HttpLookup]) -> None:
     url = f"{misbehaving_url}/{mode}"
@@ -185,7 +186,7 @@ def test_bad_answers_are_typed_errors(open_backends: Callable[..., BackendClient
     with pytest.raises(error) as caught:
         _fetch(backends, lookup_class)
     assert type(caught.value) is error and caught.value.retryable is retryable
-    assert backends.connections_in_use()["http"] == 0
+    assert backends.connections_in_use()["alerts"] + backends.connections_in_use()["metrics"] == 0
 
 
 @pytest.mark.parametrize(("mode", "http_settings"), [
@@ -193,7 +194,7 @@ def test_bad_answers_are_typed_errors(open_backends: Callable[..., BackendClient
     ("hang", {"read_timeout_ms": 200}),        # http.read_timeout_ms cuts it first
     ("drip", {"read_timeout_ms": 10_000}),     # each byte is in time; the total is not
 ])
-def test_slow_servers_time_out_within_budget(open_backends: Callable[..., BackendClients], misbehaving_url: str,
+def test_slow_servers_time_out_within_budget(open_backends: Callable[..., Backends], misbehaving_url: str,
                                              mode: str, http_settings: dict[str, int]) -> None:
     url = f"{misbehaving_url}/{mode}"
     backends = open_backends(alerts_url=url, metrics_url=url, **http_settings)
@@ -202,10 +203,10 @@ def test_slow_servers_time_out_within_budget(open_backends: Callable[..., Backen
         _fetch(backends, LatencyLookup, budget_s=0.5)
     assert time.monotonic() - started < 0.5 + 1.5
     assert caught.value.retryable is True
-    assert backends.connections_in_use()["http"] == 0
+    assert backends.connections_in_use()["alerts"] + backends.connections_in_use()["metrics"] == 0
 
 
-def test_connection_refused_is_unavailable(open_backends: Callable[..., BackendClients]) -> None:
+def test_connection_refused_is_unavailable(open_backends: Callable[..., Backends]) -> None:
     url = f"http://127.0.0.1:{dead_port()}"
     backends = open_backends(alerts_url=url, metrics_url=url)
     started = time.monotonic()
@@ -231,22 +232,22 @@ def hang_up_url() -> Iterator[str]:
         server.stop(timeout=1)
 
 
-def test_connection_closed_without_answer_is_unavailable(open_backends: Callable[..., BackendClients],
+def test_connection_closed_without_answer_is_unavailable(open_backends: Callable[..., Backends],
                                                          hang_up_url: str) -> None:
     backends = open_backends(alerts_url=hang_up_url, metrics_url=hang_up_url)
     for lookup_class in (AlertsLookup, VolumeLookup):
         with pytest.raises(BackendUnavailable):
             _fetch(backends, lookup_class)
-    assert backends.connections_in_use()["http"] == 0
+    assert backends.connections_in_use()["alerts"] + backends.connections_in_use()["metrics"] == 0
 
 
-def test_spent_budget_is_a_timeout(backends: BackendClients) -> None:
+def test_spent_budget_is_a_timeout(backends: Backends) -> None:
     for budget in (0.0, -0.5):
         with pytest.raises(BackendTimeout):
             _fetch(backends, AlertsLookup, budget_s=budget)
 
 
-def test_connections_are_returned_after_a_burst(open_backends: Callable[..., BackendClients],
+def test_connections_are_returned_after_a_burst(open_backends: Callable[..., Backends],
                                                  misbehaving_url: str,
                                                  http_services: SampleHttpServices) -> None:
     slow = open_backends(alerts_url=http_services.alerts_url, metrics_url=f"{misbehaving_url}/hang",
@@ -264,17 +265,17 @@ def test_connections_are_returned_after_a_burst(open_backends: Callable[..., Bac
     workers = [spawn_in_context(run, index) for index in range(12)]
     gevent.joinall(workers, timeout=30, raise_error=True)
     assert "ok" in outcomes and "BackendTimeout" in outcomes and len(outcomes) == 12
-    assert slow.connections_in_use()["http"] == 0
+    assert slow.connections_in_use()["alerts"] + slow.connections_in_use()["metrics"] == 0
 
 
-def test_the_counter_sees_a_held_connection(backends: BackendClients, http_services: SampleHttpServices) -> None:
-    response = backends.session.get(f"{http_services.alerts_url}/apps/shop/alerts",
+def test_the_counter_sees_a_held_connection(backends: Backends, http_services: SampleHttpServices) -> None:
+    response = backends.http("alerts").session.get(f"{http_services.alerts_url}/apps/shop/alerts",
                                     params={"start_ms": 0, "end_ms": 1}, stream=True, timeout=5)
     try:
-        assert backends.connections_in_use()["http"] == 1
+        assert backends.connections_in_use()["alerts"] + backends.connections_in_use()["metrics"] == 1
     finally:
         response.close()
-    assert backends.connections_in_use()["http"] == 0
+    assert backends.connections_in_use()["alerts"] + backends.connections_in_use()["metrics"] == 0
 
 
 # --- app names in the URL path -----------------------------------------------------------
@@ -300,14 +301,14 @@ def recording_url() -> Iterator[tuple[str, list[str]]]:
     ("x?y=1#z", "x%3Fy%3D1%23z"),
     ("café 100%", "caf%C3%A9%20100%25"),
 ])
-def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., BackendClients],
+def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., Backends],
                                            recording_url: tuple[str, list[str]], app: str,
                                            segment: str) -> None:
     base, seen = recording_url
     backends = open_backends(alerts_url=base, metrics_url=base + "/")
     window = Window(app, *WINDOWS["day"])
-    AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
-    VolumeLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+    AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
+    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, budget_s=5.0)
     paths = [raw.split("?", 1)[0] for raw in seen]
     assert paths == [f"/base/apps/{segment}/alerts", f"/base/apps/{segment}/series/volume"]
     assert all(requests.utils.unquote(p.split("/")[3]) == app for p in paths)
@@ -331,31 +332,31 @@ def cookie_setting_url() -> Iterator[tuple[str, list[dict[str, str]]]]:
 
 
 def test_requests_carry_the_window_and_headers_and_no_cookies_are_sent_or_kept(
-        open_backends: Callable[..., BackendClients],
+        open_backends: Callable[..., Backends],
         cookie_setting_url: tuple[str, list[dict[str, str]]]) -> None:
     base, seen = cookie_setting_url
     backends = open_backends(alerts_url=base, metrics_url=base, auth_token="s3cret")
     window = Window("shop", *WINDOWS["day"])
     for _ in range(3):
-        AlertsLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
-    VolumeLookup(backends.session, backends.http_settings).fetch(window, timeout_s=5.0)
+        AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
+    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, budget_s=5.0)
     start_ms, end_ms = WINDOWS["day"]
     assert [r["query"] for r in seen] == [f"start_ms={start_ms}&end_ms={end_ms}"] * 3 + [
         f"start_ms={start_ms}&end_ms={end_ms}&step_ms={step_ms_for(window)}"]
     assert {r["accept"] for r in seen} == {"application/json"}
     assert {r["authorization"] for r in seen} == {"Bearer s3cret"}
     assert [r["cookie"] for r in seen] == [""] * 4
-    assert len(backends.session.cookies) == 0
+    assert all(len(backends.http(name).session.cookies) == 0 for name in ("alerts", "metrics"))
 
 
 @pytest.mark.parametrize("app", ["", ".", ".."])
-def test_dot_segment_app_names_are_refused(open_backends: Callable[..., BackendClients],
+def test_dot_segment_app_names_are_refused(open_backends: Callable[..., Backends],
                                            recording_url: tuple[str, list[str]], app: str) -> None:
     base, seen = recording_url
     backends = open_backends(alerts_url=base, metrics_url=base)
     for lookup_class in (AlertsLookup, LatencyLookup):
         with pytest.raises(LookupFailed) as caught:
-            lookup_class(backends.session, backends.http_settings).fetch(
-                Window(app, *WINDOWS["day"]), timeout_s=5.0)
+            lookup_class(backends.http(lookup_class.backend_name)).fetch(
+                Window(app, *WINDOWS["day"]), budget_s=5.0)
         assert caught.value.retryable is False
     assert seen == []

@@ -17,7 +17,9 @@ from gevent.server import StreamServer
 import pymongo
 import pytest
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
+from lookups.backends.mongo import MongoBackend
+from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse
 from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
                            aggregate_one_batch,
@@ -83,13 +85,13 @@ def test_narrow_window_bounds_fall_on_records(sample_data: SampleData) -> None:
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_errors_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     records = _in_window(sample_data.errors, window)
     counts = Counter(r.message for r in records)
     expected_top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:10]
 
-    summary = ErrorsLookup(backends.db).fetch(window, timeout_s=5.0)
+    summary = ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0)
 
     assert summary.total == len(records)
     assert [(m.message, m.count) for m in summary.top] == expected_top
@@ -97,45 +99,45 @@ def test_errors_panel(backends: BackendClients, sample_data: SampleData, app: st
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_urls_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
-    _assert_top_list(UrlsLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+    _assert_top_list(UrlsLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_controllers_panel(backends: BackendClients, sample_data: SampleData, app: str,
+def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str,
                            window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
-    _assert_top_list(ControllersLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+    _assert_top_list(ControllersLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_queries_panel(backends: BackendClients, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     totals: dict[str, list[float]] = defaultdict(list)
     for record in _in_window(sample_data.queries, window):
         totals[record.shape].append(record.duration_ms)
     expected = sorted(((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
                       key=lambda row: (-row[3], row[0]))[:10]
-    _assert_top_list(QueriesLookup(backends.db).fetch(window, timeout_s=5.0), expected)
+    _assert_top_list(QueriesLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
 
 
-def test_a_wide_window(backends: BackendClients, sample_data: SampleData) -> None:
+def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
     window = Window("search", 0, 4_102_444_800_000)   # 1970 to 2100
-    summary = ErrorsLookup(backends.db).fetch(window, timeout_s=5.0)
+    summary = ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0)
     assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
 
 
-def test_whole_day_panels_are_full(backends: BackendClients, sample_data: SampleData) -> None:
+def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) -> None:
     """The seeded data is rich enough that every top list is cut at ten."""
     window = _window(sample_data, "shop", "day")
-    for lookup in (UrlsLookup(backends.db), QueriesLookup(backends.db)):
-        assert len(lookup.fetch(window, timeout_s=5.0).entries) == 10
-    assert len(ErrorsLookup(backends.db).fetch(window, timeout_s=5.0).top) == 10
+    for lookup in (UrlsLookup(backends.mongo()), QueriesLookup(backends.mongo())):
+        assert len(lookup.fetch(window, budget_s=5.0).entries) == 10
+    assert len(ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0).top) == 10
 
 
 @pytest.mark.parametrize(("raw", "shape"), [
@@ -153,30 +155,32 @@ def test_normalise_query(raw: str, shape: str) -> None:
 
 
 @pytest.fixture
-def malformed_db(mongo_server: MongoWireServer) -> Iterator[Any]:
-    """A scratch database on the session's server, dropped afterwards."""
-    client: pymongo.MongoClient = pymongo.MongoClient(mongo_server.uri, serverSelectionTimeoutMS=5000)
-    name = "malformed_test"
+def scratch(mongo_server: MongoWireServer) -> Iterator[MongoBackend]:
+    """A backend on a scratch database of the session's server, dropped afterwards."""
+    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database="malformed_test",
+                                                         server_selection_timeout_ms=5000))
     try:
-        yield client[name]
+        yield backend
     finally:
-        client.drop_database(name)
-        client.close()
+        backend.client.drop_database("malformed_test")
+        backend.close()
 
 
-def test_malformed_documents_are_a_bad_response(malformed_db: Any) -> None:
+def test_malformed_documents_are_a_bad_response(scratch: MongoBackend) -> None:
+    malformed_db = scratch.db
     ts = datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
     malformed_db.requests.insert_one({"app": "shop", "ts": ts, "url": 404, "controller": None,
                                       "duration_ms": 5.0})
     malformed_db.errors.insert_one({"app": "shop", "ts": ts, "code": 1})   # no message
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
-    for lookup in (UrlsLookup(malformed_db), ControllersLookup(malformed_db), ErrorsLookup(malformed_db)):
+    for lookup in (UrlsLookup(scratch), ControllersLookup(scratch), ErrorsLookup(scratch)):
         with pytest.raises(BadBackendResponse) as caught:
-            lookup.fetch(window, timeout_s=5.0)
+            lookup.fetch(window, budget_s=5.0)
         assert caught.value.retryable is False
 
 
-def test_a_result_past_one_batch_comes_back_whole(malformed_db: Any) -> None:
+def test_a_result_past_one_batch_comes_back_whole(scratch: MongoBackend) -> None:
+    malformed_db = scratch.db
     # The lookups' pipelines end in a $limit that one batch holds; a result that needs
     # a second batch still comes back whole (through Collection.aggregate).
     malformed_db.many.insert_many([{"n": n} for n in range(QUERY_GROUP_CAP + 500)])
@@ -192,10 +196,10 @@ def test_a_result_past_one_batch_comes_back_whole(malformed_db: Any) -> None:
 def test_unreachable_mongo_is_unavailable_within_budget() -> None:
     uri = f"mongodb://fanout:s3cret@127.0.0.1:{dead_port()}/?authSource=admin"
     settings = MongoSettings(uri=uri, server_selection_timeout_ms=10_000)
-    with BackendClients(settings, HttpSettings()) as backends:
+    with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
-            ErrorsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
+            ErrorsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=0.5)
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -221,10 +225,10 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
     """A server that accepts but never answers is slow, not known to be down."""
     settings = MongoSettings(uri=f"mongodb://127.0.0.1:{silent_server}", connect_timeout_ms=10_000,
                              server_selection_timeout_ms=10_000)
-    with BackendClients(settings, HttpSettings()) as backends:
+    with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendTimeout) as caught:
-            UrlsLookup(backends.db).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), timeout_s=0.5)
+            UrlsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=0.5)
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -233,12 +237,12 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
 def test_mongo_killed_mid_session_is_unavailable() -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     with MongoWireServer() as server:
-        with BackendClients(MongoSettings(uri=server.uri), HttpSettings()) as backends:
-            assert UrlsLookup(backends.db).fetch(window, timeout_s=5.0) == TopList(())
+        with Backends(backends_from_aliases(MongoSettings(uri=server.uri), HttpSettings())) as backends:
+            assert UrlsLookup(backends.mongo()).fetch(window, budget_s=5.0) == TopList(())
             server.kill()
             for _ in range(2):   # first on the pooled connection, then on selection
                 with pytest.raises(BackendUnavailable):
-                    UrlsLookup(backends.db).fetch(window, timeout_s=0.5)
+                    UrlsLookup(backends.mongo()).fetch(window, budget_s=0.5)
             assert backends.connections_in_use()["mongo"] == 0
 
 
@@ -265,16 +269,17 @@ def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_s
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     budgets = _AggregateBudgets()
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
-        client = pymongo.MongoClient(f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
-                                     event_listeners=[budgets])
+        backend = MongoBackend("mongo", MongoBackendSettings(
+            uri=f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+            database=SAMPLE_DATABASE), event_listeners=[budgets])
         try:
-            lookup = ErrorsLookup(client[SAMPLE_DATABASE])
-            lookup.fetch(window, timeout_s=5.0)
+            lookup = ErrorsLookup(backend)
+            lookup.fetch(window, budget_s=5.0)
             proxy.reset_all()
             began = time.monotonic()
-            lookup.fetch(window, timeout_s=1.9)
+            lookup.fetch(window, budget_s=1.9)
         finally:
-            client.close()
+            backend.close()
     sent_at, max_time_ms = budgets.sent[-1]
     assert len(budgets.sent) >= 3           # the first call, the reset one, the retry
     # The retry's query may run until the task's budget ends (less a round trip), past
@@ -282,24 +287,24 @@ def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_s
     assert sent_at + max_time_ms / 1000 - began > 1.7
 
 
-def test_spent_budget_is_a_timeout(backends: BackendClients) -> None:
+def test_spent_budget_is_a_timeout(backends: Backends) -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for budget in (0.0, -1.0, 1e-6):
         with pytest.raises(BackendTimeout) as caught:
-            QueriesLookup(backends.db).fetch(window, timeout_s=budget)
+            QueriesLookup(backends.mongo()).fetch(window, budget_s=budget)
         assert caught.value.retryable is True and isinstance(caught.value, TimeoutError)
 
 
-def test_connections_are_returned_after_a_burst(backends: BackendClients, sample_data: SampleData) -> None:
+def test_connections_are_returned_after_a_burst(backends: Backends, sample_data: SampleData) -> None:
     window = _window(sample_data, "shop", "day")
-    lookups = [ErrorsLookup(backends.db), UrlsLookup(backends.db), ControllersLookup(backends.db),
-               QueriesLookup(backends.db)]
+    lookups = [ErrorsLookup(backends.mongo()), UrlsLookup(backends.mongo()), ControllersLookup(backends.mongo()),
+               QueriesLookup(backends.mongo())]
     most_in_use = 0
 
     def run(index: int) -> None:
         budget = 1e-6 if index % 3 == 0 else 5.0    # every third one times out
         try:
-            lookups[index % len(lookups)].fetch(window, timeout_s=budget)
+            lookups[index % len(lookups)].fetch(window, budget_s=budget)
         except BackendTimeout:
             pass
 
@@ -327,13 +332,15 @@ def test_normalise_query_long_statements_bypass_the_cache_with_the_same_result()
 _UNPATCHED_THREADS_SCRIPT = """
 import json, sys
 from concurrent.futures import ThreadPoolExecutor
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
+from lookups.backends.mongo import MongoBackend
+from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.config import load_settings
 settings = load_settings(env={}, overrides=json.loads(sys.argv[1]))
 window = Window(*json.loads(sys.argv[2]))
-backends = BackendClients(settings.mongo, settings.http)
+backends = Backends(settings.backends)
 lookups = default_registry().build(backends)
 with ThreadPoolExecutor(4) as pool:
     futures = {name: pool.submit(lookups[name].fetch, window, 2.0)
@@ -344,7 +351,7 @@ backends.close()
 
 
 def test_mongo_lookups_from_plain_threads_give_the_same_panels(
-        backends: BackendClients, mongo_server, http_services) -> None:
+        backends: Backends, mongo_server, http_services) -> None:
     import json
     import subprocess
     import sys

@@ -18,7 +18,7 @@ from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from service.config import load_settings
 from service.health import HealthChecker
 from service.metrics_endpoint import COLLECT_TIMEOUT_S, MetricsEndpoint
@@ -73,10 +73,9 @@ def answered_while_the_loop_is_blocked(port: int, path: str) -> tuple[int, str]:
 @pytest.fixture
 def health(mongo_server: MongoWireServer, http_services: SampleHttpServices) -> Iterator[HealthChecker]:
     settings = load_settings(env={}, overrides=backend_overrides(mongo_server, http_services))
-    clients = BackendClients(settings.mongo, settings.http, settings.lookups)
+    clients = Backends(settings.backends, settings.lookups)
     checker = HealthChecker(clients)
     yield checker
-    checker.close()
     clients.close()
 
 

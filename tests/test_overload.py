@@ -172,7 +172,7 @@ def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
 
         assert service.fanout.wait_reapers(timeout_s=5)
         assert service.fanout.inflight == 0
-        assert service.clients.connections_in_use() == {"mongo": 0, "http": 0}
+        assert service.backends.connections_in_use() == {"mongo": 0, "alerts": 0, "metrics": 0}
         with AppStatsClient(*service.address, timeout_ms=_DEADLINE_MS) as after:
             again = after.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
         assert {o.status for o in again.outcomes} == {appstats.TaskStatus.OK}

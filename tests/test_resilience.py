@@ -7,17 +7,17 @@ import sys
 import time
 from typing import Any, Iterator
 
+from contextlib import contextmanager
+
 import gevent
 import pytest
-import requests
-from requests.adapters import HTTPAdapter
 
-from lookups.clients import BackendGuards, HttpSlots
+from lookups.backends.http import HttpBackend
+from lookups.backends.settings import HttpBackendSettings
 from lookups.errors import CircuitOpen
 from lookups.http import AlertsLookup
 from lookups.panels import Window
-from lookups.resilience import BreakerPolicy, CircuitBreaker, CircuitState
-from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from lookups.resilience import BreakerPolicy, CircuitBreaker, CircuitState, RetryPolicy
 from service.client import AppStatsClient
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
@@ -29,17 +29,15 @@ WINDOW = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 
 
-def pooled_session(size: int = 32) -> requests.Session:
-    """A session whose pool holds ``size`` connections per host, as BackendClients' does."""
-    session = requests.Session()
-    session.mount("http://", HTTPAdapter(pool_maxsize=size, pool_block=True, max_retries=0))
-    return session
-
-
-def alerts_lookup(url: str, session: requests.Session, **http: Any) -> AlertsLookup:
-    settings = HttpSettings(alerts_url=url, metrics_url=url, **http)
-    return AlertsLookup(session, settings, HttpSlots(settings.pool_maxsize),
-                        BackendGuards(MongoSettings(), settings, {}))
+@contextmanager
+def alerts_lookup(url: str, hedge: bool = False, **settings: Any) -> Iterator[AlertsLookup]:
+    """The alerts panel on a backend of its own at ``url``, closed afterwards."""
+    backend = HttpBackend("alerts", HttpBackendSettings(url=url, **settings),
+                          {"alerts": RetryPolicy(hedge=hedge)})
+    try:
+        yield AlertsLookup(backend)
+    finally:
+        backend.close()
 
 
 def fetch_many(lookup: AlertsLookup, callers: int, each: int, budget_s: float,
@@ -98,20 +96,19 @@ def backlog5() -> Iterator[str]:
 
 
 def test_a_backlog_of_five_under_twenty_callers_loses_no_panel(backlog5: str) -> None:
-    with pooled_session() as session:
-        lookup = alerts_lookup(backlog5, session)
+    with alerts_lookup(backlog5) as lookup:
         results = fetch_many(lookup, callers=20, each=14, budget_s=8.0)
     failures = [r for r in results if isinstance(r, Exception)]
     assert len(results) == 280 and failures == [], failures[:3]
-    guard = lookup._guards.for_url(backlog5)
+    guard = lookup.backend.guard
     assert guard.budget.retries <= 0.2 * 280 + guard.budget.min_per_s * 60 + guard.budget.max_tokens
 
 
 def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: SampleData) -> None:
-    with FaultyHttpService(sample_data) as flaky, pooled_session() as session:
+    with FaultyHttpService(sample_data) as flaky:
         flaky.set_mode("flaky503")
-        lookup = alerts_lookup(flaky.url, session)
-        results = fetch_many(lookup, callers=10, each=20, budget_s=2.0, pause_s=0.1)
+        with alerts_lookup(flaky.url) as lookup:
+            results = fetch_many(lookup, callers=10, each=20, budget_s=2.0, pause_s=0.1)
         requests_made = flaky.requests_seen
     ok = [r for r in results if not isinstance(r, Exception)]
     assert len(ok) / len(results) >= 0.95, [r for r in results if isinstance(r, Exception)][:3]
@@ -119,8 +116,7 @@ def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: 
 
 
 def test_healthy_backends_get_no_extra_requests(sample_data: SampleData) -> None:
-    with FaultyHttpService(sample_data) as healthy, pooled_session() as session:
-        lookup = alerts_lookup(healthy.url, session)
+    with FaultyHttpService(sample_data) as healthy, alerts_lookup(healthy.url) as lookup:
         results = fetch_many(lookup, callers=5, each=10, budget_s=2.0)
         assert healthy.requests_seen == len(results) == 50
     assert not any(isinstance(r, Exception) for r in results)
@@ -128,12 +124,11 @@ def test_healthy_backends_get_no_extra_requests(sample_data: SampleData) -> None
 
 def test_retries_never_exceed_the_retry_budget() -> None:
     refused = f"http://127.0.0.1:{dead_port()}"  # every connect refused: always retry-safe
-    with pooled_session() as session:
-        lookup = alerts_lookup(refused, session, breaker_failures=10_000, breaker_failure_rate=1.0)
+    with alerts_lookup(refused, breaker_failures=10_000, breaker_failure_rate=1.0) as lookup:
         began = time.monotonic()
         results = fetch_many(lookup, callers=4, each=50, budget_s=1.0)
         elapsed_s = time.monotonic() - began
-    guard = lookup._guards.for_url(refused)
+    guard = lookup.backend.guard
     assert all(isinstance(r, Exception) for r in results) and len(results) == 200
     retries = guard.attempts - 200
     assert retries == guard.budget.retries > 0
@@ -212,7 +207,7 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
                           "all seven panels OK after the service healed", poll_s=0.5)
         assert healed
         assert service.fanout.wait_reapers(timeout_s=5) and service.fanout.inflight == 0
-        wait_for(lambda: service.clients.connections_in_use() == {"mongo": 0, "http": 0}, 5,
+        wait_for(lambda: not any(service.backends.connections_in_use().values()), 5,
                  "every connection back in its pool")
 
 
@@ -225,7 +220,7 @@ def test_a_restarted_mongo_costs_no_panel(start_service: Any, mongo_server: Any)
         proxy.reset_all()       # every pooled connection dies, as when the server restarts
         response, _ = call_all(client)
         assert all(o.status == appstats.TaskStatus.OK for o in response.outcomes), response.outcomes
-        wait_for(lambda: service.clients.connections_in_use()["mongo"] == 0, 5, "mongo pool idle")
+        wait_for(lambda: service.backends.connections_in_use()["mongo"] == 0, 5, "mongo pool idle")
 
 
 @pytest.fixture
@@ -249,11 +244,7 @@ def sometimes_slow() -> Iterator[tuple[str, dict[str, int]]]:
 
 def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: tuple[str, dict[str, int]]) -> None:
     url, seen = sometimes_slow
-    settings = HttpSettings(alerts_url=url, metrics_url=url)
-    slots = HttpSlots(settings.pool_maxsize)
-    guards = BackendGuards(MongoSettings(), settings, {"alerts": LookupSettings(hedge=True)})
-    with pooled_session() as session:
-        lookup = AlertsLookup(session, settings, slots, guards)
+    with alerts_lookup(url, hedge=True) as lookup:
         for _ in range(40):                      # learn the p95 (about 2 ms)
             lookup.fetch(WINDOW, 2.0)
         slowest = 0.0
@@ -261,10 +252,9 @@ def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: tuple[str, 
             began = time.monotonic()
             lookup.fetch(WINDOW, 2.0)
             slowest = max(slowest, time.monotonic() - began)
-    guard = guards.for_url(url)
-    assert guard.hedges >= 1
+    assert lookup.backend.guard.hedges >= 1
     assert slowest < 0.3, slowest                # the 600 ms answers lost to their hedges
-    wait_for(lambda: slots.for_url(url).meter.in_use == 0, 2, "every HTTP slot given back")
+    wait_for(lambda: lookup.backend.meter.in_use == 0, 2, "every HTTP slot given back")
 
 
 def test_the_client_expires_idle_connections_before_the_server_does(start_server: Any) -> None:
@@ -281,9 +271,8 @@ def test_the_client_expires_idle_connections_before_the_server_does(start_server
 def test_each_attempt_shows_in_the_task_span(sample_data: SampleData, spans: Any) -> None:
     from opentelemetry import trace
 
-    with FaultyHttpService(sample_data) as flaky, pooled_session() as session:
+    with FaultyHttpService(sample_data) as flaky, alerts_lookup(flaky.url) as lookup:
         flaky.set_mode("flaky503")               # the first request is a 503, the next is fine
-        lookup = alerts_lookup(flaky.url, session)
         with trace.get_tracer("test").start_as_current_span("fanout.task alerts"):
             lookup.fetch(WINDOW, 2.0)
         assert flaky.requests_seen == 2
@@ -308,5 +297,5 @@ def test_a_saturated_pool_of_our_own_does_not_open_the_backends_circuit(
         timed_out = [o for c in calls for o in c.value[0].outcomes
                      if o.source == "mongo" and o.status == appstats.TaskStatus.TIMEOUT]
         assert len(timed_out) >= 4                # most of them waited for one of two slots
-        assert service.clients.guards.mongo.breaker.state is CircuitState.CLOSED
+        assert service.backends.mongo().guard.breaker.state is CircuitState.CLOSED
         assert {b.name: b.circuit for b in client.health().backends}["mongo"] == "closed"

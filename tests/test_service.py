@@ -107,7 +107,7 @@ def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
     # The budget was pushed into requests, so the stragglers end by themselves.
     assert service.fanout.wait_reapers(timeout_s=5)
     assert service.fanout.inflight == 0
-    assert service.clients.connections_in_use() == {"mongo": 0, "http": 0}
+    assert service.backends.connections_in_use() == {"mongo": 0, "alerts": 0, "metrics": 0}
     with client:
         again = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, MONGO_PANELS)
     assert set(statuses(again).values()) == {Status.OK}

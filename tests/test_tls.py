@@ -214,7 +214,7 @@ class _BrokenLookup(Lookup):
     name: ClassVar[str] = "broken"
     source: ClassVar[str] = "mongo"
 
-    def fetch(self, window: Window, timeout_s: float) -> Any:
+    def fetch(self, window: Window, budget_s: float) -> Any:
         raise KeyError("internal state")
 
 
@@ -224,7 +224,7 @@ class _MisdeclaredLookup(Lookup):
     name: ClassVar[str] = "misdeclared"
     source: ClassVar[Any] = object()
 
-    def fetch(self, window: Window, timeout_s: float) -> Any:
+    def fetch(self, window: Window, budget_s: float) -> Any:
         raise KeyError("never reached by the caller")
 
 

@@ -301,7 +301,8 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
 
     from lookups.http import AlertsLookup
     from lookups.panels import Window
-    from lookups.settings import HttpSettings
+    from lookups.backends.http import HttpBackend
+    from lookups.backends.settings import HttpBackendSettings
 
     seen: list[str] = []
 
@@ -312,7 +313,7 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
 
     server = WSGIServer(("127.0.0.1", 0), alerts_service, log=None, error_log=None)
     server.start()
-    lookup = AlertsLookup(requests.Session(), HttpSettings(alerts_url=f"http://127.0.0.1:{server.server_port}"))
+    lookup = AlertsLookup(HttpBackend("alerts", HttpBackendSettings(url=f"http://127.0.0.1:{server.server_port}")))
 
     def fetch() -> Any:
         with task_span("alerts", "http", 0):

@@ -171,7 +171,7 @@ struct Health {
  * recommended = offered_per_s x hold_ms x headroom (Little's law). Optional addition.
  */
 struct PoolStats {
-  /** "fanout.request", "fanout.tasks", "mongo", "http <host:port>". */
+  /** "fanout.request", "fanout.tasks", then each backend by name: "mongo", "alerts", "metrics", ... */
   1: string name
   2: i32 size
   3: i32 in_use

@@ -1,7 +1,7 @@
 """What the sequential and threaded baselines share with Fanout: settings, lookups, validation, mapping.
 
 Both baselines read the same TOML settings file as ``fanout serve``, build the same
-lookups (:func:`lookups.registry.default_registry` over :class:`lookups.clients.BackendClients`),
+lookups (:func:`lookups.registry.default_registry` over :class:`lookups.backends.collection.Backends`),
 validate requests with :func:`service.validation.validate_stats_request`, map panel
 values with :mod:`service.mapping`, and answer the same ``StatsResponse``. Only the
 scheduling of the lookups differs, which is what the benchmark compares.

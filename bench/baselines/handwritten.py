@@ -33,7 +33,7 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 from bench.baselines.bare import serve_until_stopped  # noqa: E402
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv, timeout_outcome)
-from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup  # noqa: E402
+from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup, app_path_segment  # noqa: E402
 from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # noqa: E402
                            UrlsLookup, window_filter)
 from lookups.panels import Window  # noqa: E402
@@ -48,10 +48,13 @@ def _plain_mongo(base: type) -> type:
     class Plain(base):  # type: ignore[misc, valid-type]
         """The lookup's pipeline and parsing, run as one plain ``aggregate`` call."""
 
-        def fetch(self, window: Window, timeout_s: float) -> Any:
+        def __init__(self, db: Any) -> None:  # no backend: a plain pymongo database
+            self._db = db
+
+        def fetch(self, window: Window, budget_s: float) -> Any:
             pipeline = [{"$match": window_filter(window)}, *self.stages()]
             documents = list(self._db[self.collection].aggregate(
-                pipeline, maxTimeMS=max(1, int(timeout_s * 1000))))
+                pipeline, maxTimeMS=max(1, int(budget_s * 1000))))
             return self.build(documents)
     return Plain
 
@@ -60,10 +63,13 @@ def _plain_http(base: type) -> type:
     class Plain(base):  # type: ignore[misc, valid-type]
         """The lookup's URL and parsing, fetched with one plain ``session.get``."""
 
-        def _get_json(self, base_url: str, path: str, params: dict[str, int],
-                      timeout_s: float) -> Any:
-            response = self._session.get(base_url.rstrip("/") + path, params=params,
-                                         timeout=timeout_s)
+        def __init__(self, session: requests.Session, base_url: str) -> None:  # no backend
+            self._session = session
+            self._base_url = base_url.rstrip("/")
+
+        def _get_json(self, window: Window, params: dict[str, int], budget_s: float) -> Any:
+            path = self.route.format(app=app_path_segment(window.app))
+            response = self._session.get(self._base_url + path, params=params, timeout=budget_s)
             response.raise_for_status()
             return response.json()
     return Plain
@@ -97,7 +103,7 @@ def _lookups(settings: Any) -> dict[str, Any]:
     for lookup in (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup):
         lookups[lookup.name] = _plain_mongo(lookup)(db)
     for lookup in (AlertsLookup, LatencyLookup, VolumeLookup):
-        lookups[lookup.name] = _plain_http(lookup)(session, settings.http)
+        lookups[lookup.name] = _plain_http(lookup)(session, settings.backends[lookup.backend_name].url)
     return lookups
 
 

@@ -22,7 +22,7 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv)
 from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from lookups.clients import BackendClients  # noqa: E402
+from lookups.backends.collection import Backends  # noqa: E402
 from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
 from service.engine.deadline import Deadline  # noqa: E402
@@ -44,7 +44,7 @@ class SequentialHandler(BaselineHandler):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.sequential", argv)
-    with BackendClients(settings.mongo, settings.http) as backends:
+    with Backends(settings.backends) as backends:
         handler = SequentialHandler(settings, default_registry().build(backends))
         server = ThriftServer(TProcessor(appstats.AppStats, handler), settings.server)
         server.start()

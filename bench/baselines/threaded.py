@@ -35,7 +35,7 @@ from thriftpy2.transport import TCyFramedTransportFactory, TServerSocket, TSocke
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,
                                     settings_from_argv, timeout_outcome)
 from bench.harness.ready import announce_ready
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.engine.deadline import Deadline
@@ -108,7 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.threaded", rest)
     EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_workers,
                                                      thread_name_prefix="lookup")
-    backends = BackendClients(settings.mongo, settings.http)
+    backends = Backends(settings.backends)
     handler = ThreadedHandler(settings, default_registry().build(backends))
     listener = _BoundServerSocket(settings.server.host, settings.server.port,
                                   settings.server.idle_timeout_ms)

@@ -22,7 +22,7 @@ from typing import Any, Optional
 from pymongo import monitoring
 
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
@@ -75,7 +75,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
         seed_mongo_at(server.uri, _DATABASE, generate_sample_data(seed))
         settings = load_settings(env={}, overrides={"mongo.uri": server.uri,
                                                     "mongo.database": _DATABASE})
-        with BackendClients(settings.mongo, settings.http) as backends:
+        with Backends(settings.backends) as backends:
             for name, lookup in default_registry().build(backends).items():
                 if lookup.source != "mongo":
                     continue

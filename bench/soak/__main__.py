@@ -131,7 +131,7 @@ def _report(args: argparse.Namespace, rig: _Rig, stats: LoadStats, chaos: Counte
              *stats.summary(),
              f"fan-out: started {fan.started}, rejected {fan.rejected}, abandoned {fan.abandoned}, "
              f"killed {fan.killed}; in flight at end {rig.service.fanout.inflight}; "
-             f"connections in use at end {rig.service.clients.connections_in_use()}",
+             f"connections in use at end {rig.service.backends.connections_in_use()}",
              "backend faults injected: " + _counts(chaos),
              "garbage connections: " + _counts(garbage),
              "server log lines: " + (_counts(logs.levels) or "none"),
@@ -186,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             alive = rig.healthy_call()
             live, parked = _settle(rig, before["greenlets"])
             after = {"rss": rss_kib(), "greenlets": live, "parked": parked}
-            leaked = service.fanout.inflight != 0 or any(service.clients.connections_in_use().values())
+            leaked = service.fanout.inflight != 0 or any(service.backends.connections_in_use().values())
             lines = _report(args, rig, stats, chaos, garbage, logs, before, after, alive)
         finally:
             service.stop()

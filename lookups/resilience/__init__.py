@@ -3,7 +3,7 @@
     budget.py    RetryBudget: retries at most a share of calls (a token bucket)
     breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
     guard.py     BackendGuard: retries within the task's budget, the breaker, hedged requests;
-                 one per backend (MongoDB, each HTTP origin), shared by its lookups
+                 one per backend (lookups.backends), shared by its lookups
     metrics.py   the circuit states and retry counters, as OpenTelemetry metrics
 """
 

@@ -49,7 +49,7 @@ class BreakerPolicy:
 
 
 class CircuitBreaker:
-    """The breaker of one backend (``name``: ``mongo``, ``http 127.0.0.1:8081``)."""
+    """The breaker of one backend (``name``: the backend's, ``mongo``, ``alerts``, ...)."""
 
     def __init__(self, name: str, policy: BreakerPolicy = BreakerPolicy()) -> None:
         self.name = name

@@ -26,7 +26,7 @@ class RetryBudget:
     A ``ratio`` of 0 allows no retry at all: the reserve and ``min_per_s`` are then ignored.
     """
 
-    def __init__(self, ratio: float = 0.1, reserve: float = 3.0, max_tokens: float = 10.0,
+    def __init__(self, ratio: float, reserve: float = 3.0, max_tokens: float = 10.0,
                  min_per_s: float = 0.0) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"ratio: must be within 0..1, got {ratio}")

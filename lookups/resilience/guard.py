@@ -80,9 +80,10 @@ def _is_backend_fault(error: BaseException, budget_s: float) -> bool:
 class BackendGuard:
     """Retries, retry budget, breaker and hedging for the backend ``name``."""
 
-    def __init__(self, name: str, breaker: BreakerPolicy = BreakerPolicy(),
-                 retry_budget_ratio: float = 0.1,
+    def __init__(self, name: str, breaker: BreakerPolicy, retry_budget_ratio: float,
                  policies: Optional[Mapping[str, RetryPolicy]] = None) -> None:
+        """``breaker`` and ``retry_budget_ratio`` are the backend's settings (no default here,
+        so that there is one: ``[backends.<name>]``'s)."""
         self.name = name
         self.breaker = CircuitBreaker(name, breaker)
         # A few retries a second on top of the ratio, as Finagle's default budget allows.
@@ -117,51 +118,50 @@ class BackendGuard:
             self.breaker.record(failed, probe)
 
     def _attempts(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
-        policy, ends = self.policy(lookup), time.monotonic() + budget_s
+        policy, deadline = self.policy(lookup), time.monotonic() + budget_s
         self.budget.record_call()
         span = trace.get_current_span()
         for number in range(1, policy.attempts + 1):
-            left_s = ends - time.monotonic()
             try:
-                value = self._once(attempt, left_s, policy.hedge)
+                value = self._once(attempt, deadline - time.monotonic(), policy.hedge)
                 _annotate(span, number, None)
                 return value
             except LookupFailed as failure:
                 _annotate(span, number, failure)
-                if not self._may_retry(failure, number, policy, ends):
+                if not self._may_retry(failure, number, policy, deadline):
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _may_retry(self, failure: LookupFailed, number: int, policy: RetryPolicy,
-                   ends: float) -> bool:
+                   deadline: float) -> bool:
         if not failure.retry_safe or number >= policy.attempts:
             return False
         backoff_ms = random.uniform(0, min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * 2 ** (number - 1)))
-        if (ends - time.monotonic()) * 1000.0 < backoff_ms + MIN_ATTEMPT_MS:
+        if (deadline - time.monotonic()) * 1000.0 < backoff_ms + MIN_ATTEMPT_MS:
             return False
         if not self.budget.try_retry():
             return False
         time.sleep(backoff_ms / 1000.0)  # gevent's under patching; a thread's otherwise
         return True
 
-    def _once(self, attempt: Callable[[float], T], left_s: float, hedge: bool) -> T:
+    def _once(self, attempt: Callable[[float], T], budget_s: float, hedge: bool) -> T:
         self.attempts += 1
         began = time.monotonic()
-        value = self._hedged(attempt, left_s) if hedge else attempt(left_s)
+        value = self._hedged(attempt, budget_s) if hedge else attempt(budget_s)
         if self._hedging:
             self._observe(time.monotonic() - began)
         return value
 
-    def _hedged(self, attempt: Callable[[float], T], left_s: float) -> T:
+    def _hedged(self, attempt: Callable[[float], T], budget_s: float) -> T:
         delay_s = self._p95_s
-        if delay_s is None or delay_s >= left_s:
-            return attempt(left_s)
-        first = spawn_in_context(attempt, left_s)
+        if delay_s is None or delay_s >= budget_s:
+            return attempt(budget_s)
+        first = spawn_in_context(attempt, budget_s)
         first.join(timeout=delay_s)
         if first.ready() or not self.budget.try_retry():
             return first.get()
         self.hedges += 1
-        second = spawn_in_context(attempt, left_s - delay_s)
+        second = spawn_in_context(attempt, budget_s - delay_s)
         racing = [first, second]
         try:
             while racing:

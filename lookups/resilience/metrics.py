@@ -1,4 +1,4 @@
-"""The resilience metrics, per backend (``fanout.backend`` = ``mongo``, ``http <host:port>``)::
+"""The resilience metrics, per backend (``fanout.backend`` = the backend's name: ``mongo``, ``alerts``, ...)::
 
     fanout.circuit.state       gauge    0 closed, 1 half open, 2 open
     fanout.circuit.opened      counter  times the circuit opened

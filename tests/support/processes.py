@@ -38,10 +38,14 @@ class Server:
         self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", str(port),
                                          *args],
                                         stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
-        with gevent.Timeout(30, AssertionError("server did not start")):
-            line = self.process.stdout.readline()
-        assert "serving on" in line, line + self.log()
-        self.port = int(line.rsplit(":", 1)[1].split()[0])  # "...:9090" or "...:9090 (2 workers)"
+        try:
+            with gevent.Timeout(30, AssertionError("server did not start")):
+                line = self.process.stdout.readline()
+            assert "serving on" in line, line + self.log()
+            self.port = int(line.rsplit(":", 1)[1].split()[0])  # "...:9090" or "...:9090 (2 workers)"
+        except BaseException:
+            self.kill()  # never left running when the test could not even start it
+            raise
 
     def signal(self, signum: int) -> float:
         self.process.send_signal(signum)

@@ -2,7 +2,7 @@
 
 Session-scoped: ``sample_data``, ``mongo_server`` (one in-memory MongoDB-wire server,
 seeded) and ``http_services`` (the alerts and metrics services). Function-scoped:
-``backends`` (a :class:`lookups.clients.BackendClients` on them, closed after the test),
+``backends`` (the :class:`lookups.backends.collection.Backends` on them, closed after the test),
 ``backend_settings`` (a full :class:`service.config.Settings` pointing at them) and
 ``start_service`` (a whole Fanout server on port 0 over them, with a client).
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from lookups.clients import BackendClients
+from lookups.backends.collection import Backends
 from lookups.registry import LookupRegistry
 from service.app import FanOutService
 from service.samples import (MongoWireServer, SampleData, SampleHttpServices,
@@ -58,8 +58,8 @@ def backend_settings(mongo_server: MongoWireServer, http_services: SampleHttpSer
 
 
 @pytest.fixture
-def backends(backend_settings: Settings) -> Iterator[BackendClients]:
-    with BackendClients(backend_settings.mongo, backend_settings.http) as opened:
+def backends(backend_settings: Settings) -> Iterator[Backends]:
+    with Backends(backend_settings.backends) as opened:
         yield opened
 
 

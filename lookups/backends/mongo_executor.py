@@ -1,4 +1,5 @@
-"""One MongoDB operation, bounded by its budget, with pymongo's errors made typed.
+"""The MongoDB executor: one operation, holding a slot, ended within its budget, in a
+greenlet nothing kills, with pymongo's errors made typed.
 
 What a MongoDB lookup reports, and why::
 
@@ -28,7 +29,7 @@ from pymongo.database import Database
 from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, PyMongoError,
                             ServerSelectionTimeoutError)
 
-from lookups.clients import Slots
+from lookups.backends.base import Slots
 from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
                             blame_own_wait)
 from tracing.greenlets import spawn_in_context
@@ -43,11 +44,11 @@ T = TypeVar("T")
 _SELECTION_STEP_S = 0.5
 
 
-def run_bounded(lookup: str, db: Database, slots: Slots, timeout_s: float,
+def run_bounded(lookup: str, db: Database, slots: Slots, budget_s: float,
                 operation: Callable[[], T]) -> T:
     """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
 
-    Ends within ``timeout_s``: the slot wait is bounded by it, and when pymongo already
+    Ends within ``budget_s``: the slot wait is bounded by it, and when pymongo already
     knows that no server is usable (each has a recorded error), a server is first
     selected for ``db``'s read preference (with a ``ping``) within whole selection steps,
     so that waiting for a server ends in time; with less than one step left, the error is
@@ -63,30 +64,30 @@ def run_bounded(lookup: str, db: Database, slots: Slots, timeout_s: float,
     and :class:`BackendTimeout` when no slot frees up in time.
     """
     began = time.monotonic()
-    ends = began + timeout_s
-    if not slots.acquire(timeout=timeout_s):
+    deadline = began + budget_s
+    if not slots.acquire(timeout=budget_s):
         raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
                              backend_fault=False)
     waited_s = time.monotonic() - began
-    call = functools.partial(_run_releasing, lookup, db, slots, ends, operation)
+    call = functools.partial(_run_releasing, lookup, db, slots, deadline, operation)
     if monkey.is_module_patched("threading"):
         succeeded, result = spawn_in_context(call).get()
     else:
         succeeded, result = call()  # plain threads: nothing throws into them
     if not succeeded:
         if isinstance(result, BackendTimeout):
-            blame_own_wait(result, waited_s, timeout_s)
+            blame_own_wait(result, waited_s, budget_s)
         raise result
     return result
 
 
-def _run_releasing(lookup: str, db: Database, slots: Slots, ends: float,
+def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: float,
                    operation: Callable[[], T]) -> tuple[bool, Any]:
     """(True, value) or (False, the exception): a failure is the caller's to raise, not the hub's."""
     try:
         with translated_errors(lookup, db.client):
-            _await_usable_server(lookup, db, ends)
-            with pymongo.timeout(_time_left(lookup, ends)):
+            _await_usable_server(lookup, db, deadline)
+            with pymongo.timeout(_budget_left(lookup, deadline)):
                 return True, operation()
     except Exception as exc:  # handed to the caller, which raises it
         return False, exc
@@ -94,18 +95,18 @@ def _run_releasing(lookup: str, db: Database, slots: Slots, ends: float,
         slots.release()
 
 
-def _await_usable_server(lookup: str, db: Database, ends: float) -> None:
+def _await_usable_server(lookup: str, db: Database, deadline: float) -> None:
     """When every server has a recorded error, select one within whole selection steps.
 
     pymongo's server selection looks at its budget only between waits of up to a step, so
-    a budget of whole steps keeps it from running on past ``ends``. A selection also
+    a budget of whole steps keeps it from running on past ``deadline``. A selection also
     asks the monitors to check now; pymongo does not after an operation's network error
     (the SDAM spec forbids it), so merely watching the topology could wait a whole
     heartbeat interval.
     """
     if not _no_server_usable(db.client):
         return
-    steps_s = math.floor((ends - time.monotonic()) / _SELECTION_STEP_S) * _SELECTION_STEP_S
+    steps_s = math.floor((deadline - time.monotonic()) / _SELECTION_STEP_S) * _SELECTION_STEP_S
     if steps_s <= 0:
         raise _selection_failed(lookup, db.client)
     try:
@@ -118,11 +119,11 @@ def _await_usable_server(lookup: str, db: Database, ends: float) -> None:
         # the operation still has the rest of the budget.
 
 
-def _time_left(lookup: str, ends: float) -> float:
-    left_s = ends - time.monotonic()
-    if left_s <= 0:
+def _budget_left(lookup: str, deadline: float) -> float:
+    budget_s = deadline - time.monotonic()
+    if budget_s <= 0:
         raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
-    return left_s
+    return budget_s
 
 
 @contextlib.contextmanager

@@ -1,0 +1,100 @@
+"""What every backend is: a name, slots that bound its calls, a guard, a health check.
+
+:meth:`Backend.call` is the one place where a lookup's call meets its backend:
+the guard (circuit breaker, retries within the budget, hedging) runs attempts,
+and each attempt holds one of the backend's slots while it runs::
+
+    guard.call -> attempt: slot, then the library call, then the slot back
+
+The slots are gevent semaphores of our own, as big as the library's pool, so the
+library's pool always has a connection ready and never makes a caller wait: its
+waits are ``threading.Condition`` waits, which a ``gevent.Timeout`` or a kill
+arriving mid-wait leaves corrupted (pymongo then raises ``RuntimeError: Semaphore
+released too many times`` in other tasks; urllib3 ``FullPoolError``). Waiting on a
+gevent semaphore instead is safe to interrupt. Subclasses say how one attempt holds
+its slot (:meth:`Backend.attempt`) and how the backend is checked (:meth:`Backend.check`).
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from typing import Any, Callable, ClassVar, Mapping, TypeVar, Union
+
+import gevent.lock
+from gevent import monkey
+
+from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
+from tracing.pools import MeteredSlots, PoolMeter
+
+__all__ = ["Backend", "Slots", "new_slots"]
+
+T = TypeVar("T")
+
+Slots = Union[MeteredSlots, gevent.lock.BoundedSemaphore, threading.BoundedSemaphore]
+
+
+def new_slots(size: int, name: str) -> MeteredSlots:
+    """A bounded semaphore of ``size`` for the running concurrency model, metered as ``name``.
+
+    Under gevent's patching (the server), a gevent semaphore: waiting on it is safe to
+    interrupt. Without patching (code driving lookups from OS threads), a thread one.
+    Either way its use shows in ``fanout pools`` and the ``fanout.pool.*`` metrics.
+    """
+    if monkey.is_module_patched("threading"):
+        return MeteredSlots(gevent.lock.BoundedSemaphore(size), PoolMeter(name, size))
+    return MeteredSlots(threading.BoundedSemaphore(size), PoolMeter(name, size))
+
+
+class Backend(abc.ABC):
+    """One backend: its ``name`` (what metrics, health and pool reports call it), its
+    ``slots``, its ``guard``, and its clients.
+
+    ``settings`` is its ``[backends.<name>]`` table; ``policies`` each lookup's attempts
+    and hedging (``[lookups.<name>]``).
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self, name: str, settings: Any, slot_count: int,
+                 policies: Mapping[str, RetryPolicy]) -> None:
+        self.name = name
+        self.settings = settings
+        self.slots = new_slots(slot_count, name)
+        self.guard = BackendGuard(name, BreakerPolicy(
+            consecutive_failures=settings.breaker_failures,
+            failure_rate=settings.breaker_failure_rate, open_ms=settings.breaker_open_ms),
+            settings.retry_budget_ratio, policies)
+
+    def call(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
+        """``attempt(budget_s)`` for ``lookup`` through the guard, each try holding a slot.
+
+        Raises :class:`~lookups.errors.LookupFailed` (typed) when every try failed, or
+        :class:`~lookups.errors.CircuitOpen` at once while the circuit is open.
+        """
+        return self.guard.call(lookup, lambda attempt_budget_s: self.attempt(
+            lookup, attempt, attempt_budget_s), budget_s)
+
+    @abc.abstractmethod
+    def attempt(self, lookup: str, operation: Callable[[float], T], budget_s: float) -> T:
+        """One try of ``operation(budget_s)`` holding a slot, ended within ``budget_s``."""
+
+    @abc.abstractmethod
+    def check(self, timeout_s: float) -> None:
+        """Raise if the backend does not answer its health check within ``timeout_s``."""
+
+    @abc.abstractmethod
+    def connections_in_use(self) -> int:
+        """Connections checked out of the library's pool right now."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the backend's clients; idempotent."""
+
+    @property
+    def meter(self) -> PoolMeter:
+        """The slots' meter: ``fanout pools`` and the ``fanout.pool.*`` metrics."""
+        return self.slots.meter
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"

@@ -1,0 +1,130 @@
+"""The ``[backends.<name>]`` tables: one per backend, MongoDB or HTTP, and the aliases.
+
+Each table names its ``kind`` and holds everything of that backend: where it is,
+its pool, its timeouts, TLS, its retry budget and circuit breaker::
+
+    [backends.mongo]
+    kind = "mongo"
+    uri = "mongodb://db-0.db:27017/?replicaSet=rs0"
+    database = "apm"
+    pool_size = 32
+
+    [backends.slow_jobs]             # a plugin's service: its own pool, breaker and probe
+    kind = "http"
+    url = "http://jobs.internal:8080"
+    pool_size = 8
+
+The built-in panels use the backends ``mongo``, ``alerts`` and ``metrics``. For one
+release, the older sections still define them when no table of that name does:
+``[mongo]`` is ``[backends.mongo]``, and ``[http]`` with ``alerts_url`` and
+``metrics_url`` is ``[backends.alerts]`` and ``[backends.metrics]`` sharing its other keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import ClassVar, Mapping, Optional, Union
+
+from lookups.settings import BEARER_TOKEN, HttpSettings, MongoSettings
+
+__all__ = ["MongoBackendSettings", "HttpBackendSettings", "BackendSettings", "BACKEND_KINDS",
+           "backends_from_aliases"]
+
+_NO_RULES: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class _Resilience:
+    """What every backend has: a retry budget and a circuit breaker."""
+
+    retry_budget_ratio: float = 0.2    # retries at most this share of calls (plus 10/s and a reserve)
+    breaker_failures: int = 5          # consecutive failures that open the circuit
+    breaker_failure_rate: float = 0.5  # ...or more than this share of at least 20 calls in 10 s
+    breaker_open_ms: int = 2000        # how long it stays open before a probe
+
+    def _check_resilience(self) -> None:
+        if not 0.0 <= self.retry_budget_ratio <= 1.0:
+            raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
+        if not 0.0 < self.breaker_failure_rate <= 1.0:
+            raise ValueError(f"breaker_failure_rate: must be in (0, 1], got {self.breaker_failure_rate}")
+
+
+@dataclass(frozen=True)
+class MongoBackendSettings(_Resilience):
+    """A MongoDB backend: its URI (TLS options included), database, pool and timeouts."""
+
+    kind: str = "mongo"
+    uri: str = "mongodb://127.0.0.1:27017"
+    database: str = "apm"
+    pool_size: int = 32
+    connect_timeout_ms: int = 1000
+    server_selection_timeout_ms: int = 1000
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({"kind": ("mongo",)})
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+
+    def __post_init__(self) -> None:
+        self._check_resilience()
+
+
+@dataclass(frozen=True)
+class HttpBackendSettings(_Resilience):
+    """An HTTP service: its base URL, pool, timeouts, bearer token and TLS files."""
+
+    kind: str = "http"
+    url: str = "http://127.0.0.1:8081"
+    pool_size: int = 32
+    connect_timeout_ms: int = 250      # short: a retry sends a fresh SYN sooner than the kernel's 1 s
+    read_timeout_ms: int = 1000
+    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
+    ca_file: str = ""                  # HTTPS: trust these CAs (PEM) instead of the system's
+    client_cert_file: str = ""         # HTTPS: present this client certificate (PEM)...
+    client_key_file: str = ""          # ...with this key, if not in the same file
+
+    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({"kind": ("http",)})
+    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url: must be an http:// or https:// URL, got {self.url!r}")
+        if self.auth_token and not BEARER_TOKEN.fullmatch(self.auth_token):
+            # Never quoted: the value is a secret, and requests would quote it in its error.
+            raise ValueError("auth_token: must be a bearer token (letters, digits and "
+                             "-._~+/, optionally ending in =)")
+        if self.client_key_file and not self.client_cert_file:
+            raise ValueError("client_key_file: needs client_cert_file")
+        self._check_resilience()
+
+    @property
+    def authorization(self) -> Optional[str]:
+        """The ``Authorization`` header value for ``auth_token``, or ``None`` when unset."""
+        return f"Bearer {self.auth_token}" if self.auth_token else None
+
+
+BackendSettings = Union[MongoBackendSettings, HttpBackendSettings]
+
+#: ``kind`` -> the settings class of a ``[backends.<name>]`` table.
+BACKEND_KINDS: Mapping[str, type] = MappingProxyType(
+    {"mongo": MongoBackendSettings, "http": HttpBackendSettings})
+
+
+def backends_from_aliases(mongo: MongoSettings, http: HttpSettings) -> dict[str, BackendSettings]:
+    """The backends ``mongo``, ``alerts`` and ``metrics`` as ``[mongo]`` and ``[http]`` define them."""
+    shared = dict(pool_size=http.pool_maxsize, connect_timeout_ms=http.connect_timeout_ms,
+                  read_timeout_ms=http.read_timeout_ms, auth_token=http.auth_token,
+                  ca_file=http.ca_file, client_cert_file=http.client_cert_file,
+                  client_key_file=http.client_key_file, retry_budget_ratio=http.retry_budget_ratio,
+                  breaker_failures=http.breaker_failures,
+                  breaker_failure_rate=http.breaker_failure_rate,
+                  breaker_open_ms=http.breaker_open_ms)
+    return {
+        "mongo": MongoBackendSettings(
+            uri=mongo.uri, database=mongo.database, pool_size=mongo.max_pool_size,
+            connect_timeout_ms=mongo.connect_timeout_ms,
+            server_selection_timeout_ms=mongo.server_selection_timeout_ms,
+            retry_budget_ratio=mongo.retry_budget_ratio, breaker_failures=mongo.breaker_failures,
+            breaker_failure_rate=mongo.breaker_failure_rate, breaker_open_ms=mongo.breaker_open_ms),
+        "alerts": HttpBackendSettings(url=http.alerts_url, **shared),
+        "metrics": HttpBackendSettings(url=http.metrics_url, **shared),
+    }
