@@ -185,3 +185,19 @@ def test_a_disabled_control_admits_everything() -> None:
     for _ in range(50):
         admission.admit(Deadline.after_ms(1))
     assert admission.inflight == 50 and not admission.saturated
+
+
+def test_refusals_without_a_queue_still_let_a_small_limit_grow() -> None:
+    """Callers back too early are refused unread (pacing), never queued. At the smallest
+    limit the refusals are the only sign of demand; without counting them the limit stayed
+    at 2 with the process nearly idle (seen under 1,000 callers ignoring retry_after_ms)."""
+    clock = Clock()
+    admission = control(clock, initial_limit=2, min_limit=2)
+    for _ in range(2):
+        admission.admit(far())
+    for _ in range(200):            # steady latency; each slot freed is taken at once
+        for _ in range(5):
+            admission.refuse_unread()
+        admission.done(0.2)
+        admission.admit(far())
+    assert admission.limit > 10 and admission.queued == 0

@@ -10,7 +10,8 @@ limit falls within a few calls. Because the long-term average slowly follows
 the short one, latency is also held under an absolute ceiling,
 ``max_latency_fraction`` of ``fanout.request_deadline_ms``: beyond it, the
 limit is cut in proportion whatever the gradient says. While fewer calls are
-in flight than half the limit, the limit does not grow (nothing measured it).
+in flight or waiting than half the limit, and none was refused since the last
+update, the limit does not grow (nothing measured it).
 
 A call finding the limit reached waits in a bounded queue, with Facebook's
 adaptive LIFO and CoDel: while the queue has drained within the last
@@ -104,6 +105,7 @@ class AdmissionControl:
         self._retry_after_s = 0.1
         self._window_started = clock()
         self._window_admitted = self._window_refused = 0
+        self._refused_since_update = 0
 
     @property
     def queued(self) -> int:
@@ -213,8 +215,14 @@ class AdmissionControl:
         if short_s > self._ceiling_s:
             gradient = min(gradient, max(0.5, self._ceiling_s / short_s))
         target = self.limit * gradient
-        if gradient >= 1.0 and self.inflight + len(self._waiters) >= self.limit / 2:
+        # Demand reached the limit: calls in flight (the one that just ended included), or
+        # waiting, or refused since the last update. Refusals count because callers that come
+        # back too early are refused without queueing (pacing): at a small limit they would
+        # otherwise never show, and the limit would stay small with the process idle.
+        in_use = self.inflight + 1 + len(self._waiters)
+        if gradient >= 1.0 and (in_use >= self.limit / 2 or self._refused_since_update):
             target += math.sqrt(self.limit)
+        self._refused_since_update = 0
         new = self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING
         self.limit = min(float(settings.max_limit), max(float(settings.min_limit), new))
 
@@ -232,6 +240,7 @@ class AdmissionControl:
 
     def _count_refusal(self) -> None:
         self.stats.refused += 1
+        self._refused_since_update += 1
         self._window_refused += 1
         self._roll_window()
 
