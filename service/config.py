@@ -153,8 +153,10 @@ class Settings:
 
 
 _BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# Longest first: "read_timeout_ms" must not be read as "timeout_ms" of a table "x_read".
 _BACKEND_KEYS = sorted({f.name for kind in BACKEND_KINDS.values() for f in dataclasses.fields(kind)},
                        key=len, reverse=True)
+_LOOKUP_KEYS = sorted((f.name for f in dataclasses.fields(LookupSettings)), key=len, reverse=True)
 
 #: Built once: Settings.lookup runs for every panel of every call.
 _DEFAULT_LOOKUP = LookupSettings()
@@ -225,28 +227,22 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    """Parse ``FANOUT_SECTION_KEY`` variables; values stay strings until validation."""
+    """Parse ``FANOUT_SECTION_KEY`` and ``FANOUT_<TABLES>_<NAME>_<KEY>`` variables; values
+    stay strings until validation."""
     raw: dict[str, Any] = {}
-    lookup_keys = sorted((f.name for f in dataclasses.fields(LookupSettings)), key=len, reverse=True)
+    tables = {"backends": _BACKEND_KEYS, "lookups": _LOOKUP_KEYS}
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
-        if rest.startswith("backends_"):
-            body = rest[len("backends_"):]
-            key = next((k for k in _BACKEND_KEYS if body.endswith("_" + k)), None)
+        table = next((t for t in tables if rest.startswith(t + "_")), None)
+        if table is not None:
+            body = rest[len(table) + 1:]
+            key = next((k for k in tables[table] if body.endswith("_" + k)), None)
             if key is None:
-                raise ConfigError(f"{name}: expected FANOUT_BACKENDS_<NAME>_<KEY>, "
-                                  f"KEY one of {', '.join(sorted(_BACKEND_KEYS))}")
-            _merge(raw, _nest(["backends", body[: -len(key) - 1]], key, value))
-            continue
-        if rest.startswith("lookups_"):
-            body = rest[len("lookups_"):]
-            key = next((k for k in lookup_keys if body.endswith("_" + k)), None)
-            if key is None:
-                raise ConfigError(f"{name}: expected FANOUT_LOOKUPS_<NAME>_<KEY>, "
-                                  f"KEY one of {', '.join(sorted(lookup_keys))}")
-            _merge(raw, _nest(["lookups", body[: -len(key) - 1]], key, value))
+                raise ConfigError(f"{name}: expected FANOUT_{table.upper()}_<NAME>_<KEY>, "
+                                  f"KEY one of {', '.join(sorted(tables[table]))}")
+            _merge(raw, _nest([table, body[: -len(key) - 1]], key, value))
             continue
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
         if section is None:

@@ -20,10 +20,7 @@ import gevent
 import pytest
 import requests
 import trustme
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
-from thrift.Thrift import TMessageType
 from thrift.transport.TSSLSocket import TSSLSocket
-from thrift.transport.TTransport import TFramedTransport
 from thriftpy2.transport import TTransportException
 
 from service.client import AppStatsClient
@@ -33,6 +30,7 @@ from service.wire.certificates import RotatingContext
 from service.wire.tls import TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki, swap_secret, write_leaf, write_uri_leaf
 from tests.support.processes import FANOUT
+from tests.support.thrift_calls import apache_thrift_ping
 from tests.support.sockets import wait_for
 
 WEB_TIER = "web.internal"
@@ -125,25 +123,8 @@ def test_any_certificate_of_the_ca_gets_in_without_an_allow_list(mtls_server, pk
 def test_apache_thrift_client_with_a_client_certificate(mtls_server, pki: Pki, clients) -> None:
     server = mtls_server(tls_client_names=(WEB_TIER,))
     cert_file, key_file = clients["web"]
-    sock = TSSLSocket(*server.address, ca_certs=pki.ca_file, server_hostname="localhost",
-                      certfile=cert_file, keyfile=key_file)
-    sock.setTimeout(5000)
-    transport = TFramedTransport(sock)
-    proto = TBinaryProtocol(transport)
-    transport.open()
-    try:
-        proto.writeMessageBegin("ping", TMessageType.CALL, 7)
-        proto.writeStructBegin("ping_args")
-        proto.writeFieldStop()
-        proto.writeStructEnd()
-        proto.writeMessageEnd()
-        transport.flush()
-        assert proto.readMessageBegin() == ("ping", TMessageType.REPLY, 7)
-        proto.readStructBegin()
-        _, _, field_id = proto.readFieldBegin()
-        assert (field_id, proto.readString()) == (0, "pong")
-    finally:
-        transport.close()
+    apache_thrift_ping(TSSLSocket(*server.address, ca_certs=pki.ca_file, server_hostname="localhost",
+                                  certfile=cert_file, keyfile=key_file), seqid=7)
 
 
 # --- rotation ----------------------------------------------------------------------------------

@@ -20,10 +20,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from thrift.protocol.TBinaryProtocol import TBinaryProtocol
-from thrift.Thrift import TMessageType
 from thrift.transport.TSSLSocket import TSSLSocket
-from thrift.transport.TTransport import TFramedTransport
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TTransportException
 
@@ -38,6 +35,7 @@ from service.idl import appstats
 from service.server import ThriftServer
 from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki
+from tests.support.thrift_calls import apache_thrift_ping
 from tests.support.samples import backend_overrides
 from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
 
@@ -74,24 +72,7 @@ def test_our_client_over_tls(tls_server, pki: Pki) -> None:
 def test_apache_thrift_client_over_tls(tls_server, pki: Pki) -> None:
     server = tls_server()
     host, port = server.address
-    sock = TSSLSocket(host, port, ca_certs=pki.ca_file, server_hostname="localhost")
-    sock.setTimeout(5000)
-    transport = TFramedTransport(sock)
-    proto = TBinaryProtocol(transport)
-    transport.open()
-    try:
-        proto.writeMessageBegin("ping", TMessageType.CALL, 3)
-        proto.writeStructBegin("ping_args")
-        proto.writeFieldStop()
-        proto.writeStructEnd()
-        proto.writeMessageEnd()
-        transport.flush()
-        assert proto.readMessageBegin() == ("ping", TMessageType.REPLY, 3)
-        proto.readStructBegin()
-        _, _, field_id = proto.readFieldBegin()
-        assert (field_id, proto.readString()) == (0, "pong")
-    finally:
-        transport.close()
+    apache_thrift_ping(TSSLSocket(host, port, ca_certs=pki.ca_file, server_hostname="localhost"))
 
 
 def test_plain_tcp_client_fails_cleanly_and_others_are_served(tls_server, pki: Pki, caplog) -> None:

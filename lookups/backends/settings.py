@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Mapping, Optional, Union
 
-from lookups.settings import BEARER_TOKEN, HttpSettings, MongoSettings
+from lookups.settings import HttpOptions, HttpSettings, MongoSettings, Resilience, check_url
 
 __all__ = ["MongoBackendSettings", "HttpBackendSettings", "BackendSettings", "BACKEND_KINDS",
            "backends_from_aliases"]
@@ -35,23 +35,7 @@ _NO_RULES: Mapping = MappingProxyType({})
 
 
 @dataclass(frozen=True)
-class _Resilience:
-    """What every backend has: a retry budget and a circuit breaker."""
-
-    retry_budget_ratio: float = 0.2    # retries at most this share of calls (plus 10/s and a reserve)
-    breaker_failures: int = 5          # consecutive failures that open the circuit
-    breaker_failure_rate: float = 0.5  # ...or more than this share of at least 20 calls in 10 s
-    breaker_open_ms: int = 2000        # how long it stays open before a probe
-
-    def _check_resilience(self) -> None:
-        if not 0.0 <= self.retry_budget_ratio <= 1.0:
-            raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
-        if not 0.0 < self.breaker_failure_rate <= 1.0:
-            raise ValueError(f"breaker_failure_rate: must be in (0, 1], got {self.breaker_failure_rate}")
-
-
-@dataclass(frozen=True)
-class MongoBackendSettings(_Resilience):
+class MongoBackendSettings(Resilience):
     """A MongoDB backend: its URI (TLS options included), database, pool and timeouts."""
 
     kind: str = "mongo"
@@ -69,37 +53,20 @@ class MongoBackendSettings(_Resilience):
 
 
 @dataclass(frozen=True)
-class HttpBackendSettings(_Resilience):
-    """An HTTP service: its base URL, pool, timeouts, bearer token and TLS files."""
+class HttpBackendSettings(HttpOptions, Resilience):
+    """An HTTP service: its base URL and pool; timeouts, bearer token and TLS files."""
 
     kind: str = "http"
     url: str = "http://127.0.0.1:8081"
     pool_size: int = 32
-    connect_timeout_ms: int = 250      # short: a retry sends a fresh SYN sooner than the kernel's 1 s
-    read_timeout_ms: int = 1000
-    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
-    ca_file: str = ""                  # HTTPS: trust these CAs (PEM) instead of the system's
-    client_cert_file: str = ""         # HTTPS: present this client certificate (PEM)...
-    client_key_file: str = ""          # ...with this key, if not in the same file
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({"kind": ("http",)})
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url: must be an http:// or https:// URL, got {self.url!r}")
-        if self.auth_token and not BEARER_TOKEN.fullmatch(self.auth_token):
-            # Never quoted: the value is a secret, and requests would quote it in its error.
-            raise ValueError("auth_token: must be a bearer token (letters, digits and "
-                             "-._~+/, optionally ending in =)")
-        if self.client_key_file and not self.client_cert_file:
-            raise ValueError("client_key_file: needs client_cert_file")
+        check_url("url", self.url)
+        self._check_http_options()
         self._check_resilience()
-
-    @property
-    def authorization(self) -> Optional[str]:
-        """The ``Authorization`` header value for ``auth_token``, or ``None`` when unset."""
-        return f"Bearer {self.auth_token}" if self.auth_token else None
 
 
 BackendSettings = Union[MongoBackendSettings, HttpBackendSettings]

@@ -47,3 +47,29 @@ def encode_call(method: str, args: Any, protocol: str = "binary") -> bytes:
 def frame(payload: bytes) -> bytes:
     """``payload`` behind its four-byte length, as the framed transport sends it."""
     return struct.pack("!i", len(payload)) + payload
+
+
+def apache_thrift_ping(socket: Any, seqid: int = 3) -> None:
+    """Open ``socket`` (an Apache Thrift ``TSocket``/``TSSLSocket``) framed, and call ``ping``
+    written by hand with Apache Thrift's own binary protocol; asserts the ``pong``."""
+    from thrift.protocol.TBinaryProtocol import TBinaryProtocol as ApacheBinary
+    from thrift.Thrift import TMessageType as ApacheMessageType
+    from thrift.transport.TTransport import TFramedTransport
+
+    socket.setTimeout(5000)
+    transport = TFramedTransport(socket)
+    proto = ApacheBinary(transport)
+    transport.open()
+    try:
+        proto.writeMessageBegin("ping", ApacheMessageType.CALL, seqid)
+        proto.writeStructBegin("ping_args")
+        proto.writeFieldStop()
+        proto.writeStructEnd()
+        proto.writeMessageEnd()
+        transport.flush()
+        assert proto.readMessageBegin() == ("ping", ApacheMessageType.REPLY, seqid)
+        proto.readStructBegin()
+        _, _, field_id = proto.readFieldBegin()
+        assert (field_id, proto.readString()) == (0, "pong")
+    finally:
+        transport.close()
