@@ -3,9 +3,13 @@ and a pool starved of CPU is not told to grow."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import gevent
+import pytest
 from gevent.lock import BoundedSemaphore
 
 from tracing.pools import MeteredSlots, PoolMeter
@@ -87,7 +91,22 @@ def test_advice_is_never_below_what_was_in_use_at_p99() -> None:
     assert report.limited_by == ""
 
 
-def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow() -> None:
+@pytest.mark.parametrize("shared", [False, True], ids=["own-cores", "cores-shared"])
+def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow(shared: bool) -> None:
+    """Saturated whether the loop has a core to itself or shares the cores with busy
+    processes (then it runs part of the time and waits, ready, the rest)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\n"
+                              "while time.time() < end: pass"]) for _ in range(os.cpu_count() or 2)
+            ] if shared else []
+    try:
+        _cpu_starved_pool_is_told_cpu()
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _cpu_starved_pool_is_told_cpu() -> None:
     slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0))
     stop = time.monotonic() + 1.0
 

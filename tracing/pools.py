@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
 __all__ = ["WINDOW_S", "HEADROOM", "PoolMeter", "DemandMeter", "PoolReport", "MeteredSlots",
+           "cpu_demand_s",
            "live_meters"]
 
 #: The rolling window the report covers, in seconds, kept as BUCKETS buckets.
@@ -39,14 +40,32 @@ WINDOW_S = 60.0
 BUCKETS = 6
 #: Spare capacity the recommendation adds above the measured need.
 HEADROOM = 1.25
-#: The process used at least this share of a core over the window: its event loop was
-#: saturated, and waits for slots came from the CPU, not from too few slots.
+#: The event loop's thread wanted a core at least this share of the window (running on
+#: one, or ready and waiting for one): the loop was saturated, and waits for slots came
+#: from the CPU, not from too few slots.
 CPU_SATURATED = 0.9
+_SCHEDSTAT = "/proc/self/schedstat"
 # Wait times are counted in power-of-two buckets of microseconds: 1 us .. ~1.1 h.
 _WAIT_BUCKETS = 32
 _DEMANDS_KEPT = 4096
 
 _meters: "weakref.WeakSet[PoolMeter]" = weakref.WeakSet()
+
+
+def cpu_demand_s() -> float:
+    """Seconds the main thread (the event loop's) has run on a core or waited, ready, for one.
+
+    Linux's ``/proc/self/schedstat``: time on a CPU, then time on a run queue. The wait
+    counts because on a busy machine a saturated loop gets less than a core: with three
+    runnable processes on two cores it ran 0.67 of the time and was never idle, which
+    the CPU time alone (``time.process_time()``, the fallback elsewhere) called spare.
+    """
+    try:
+        with open(_SCHEDSTAT, "rb") as stats:
+            running_ns, waiting_ns = stats.read().split()[:2]
+        return (int(running_ns) + int(waiting_ns)) / 1e9
+    except (OSError, ValueError):
+        return time.process_time()
 
 
 class Semaphore(Protocol):
@@ -78,7 +97,7 @@ class _Bucket:
 
     def __init__(self, started: float, size: int) -> None:
         self.started = started
-        self.cpu_started = time.process_time()
+        self.cpu_started = cpu_demand_s()
         self.attempts = self.acquired = self.timeouts = 0
         self.busy_s = self.wanted_s = 0.0
         self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
@@ -170,8 +189,7 @@ class PoolMeter:
         wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
         wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)
         timeouts = sum(b.timeouts for b in buckets)
-        cpu_share = (time.process_time() - buckets[0].cpu_started) / max(now - buckets[0].started,
-                                                                         1e-3)
+        cpu_share = (cpu_demand_s() - buckets[0].cpu_started) / max(now - buckets[0].started, 1e-3)
         recommended, limited_by = self._advice(attempts, wanted, in_use_p99,
                                                waited=wait_p99_ms > 0 or timeouts > 0,
                                                cpu_saturated=cpu_share >= CPU_SATURATED)
