@@ -36,8 +36,9 @@ trace-ui: $(STAMP)
 # The whole suite. Tests needing a toolchain beyond Python (tests/support/toolchains.py:
 # Thrift compiler, Go, Java, Maven, Node, podman) are skipped when it is missing, one line
 # each in the header; FANOUT_REQUIRE_TOOLCHAINS=1 (as .ci/run sets) makes that an error.
+# Three pytest processes at once (TEST_JOBS), each under gevent's patching: tests/parallel.py.
 test: $(STAMP)
-	$(PYTEST) $(PYTEST_ARGS)
+	$(PY) tests/parallel.py $(PYTEST_ARGS)
 
 # Only the interop tests (about a minute on a clean machine, most of it downloads).
 interop: $(STAMP) toolchains

@@ -114,8 +114,10 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
     # few retries that took longer than 0.4 x a short retry_after_ms to arrive.
     assert paced.fanout.stats.held >= 0.8 * (refused - _CALLERS - answered)
     assert paced.fanout.stats.overloaded == refused
-    # Refusing at once, the same callers are refused many times as often.
-    assert sum(k["overloaded"] for k in unpaced_kinds) >= 5 * refused
+    # Refusing at once, the same callers are refused several times as often (about 10x on
+    # a quiet machine; under the load of a parallel test run the unpaced server refuses
+    # slower, and 3.5x was seen). Without pacing the two are alike.
+    assert sum(k["overloaded"] for k in unpaced_kinds) >= 2 * refused
 
 
 def test_callers_honouring_retry_after_are_never_held(

@@ -1,0 +1,98 @@
+"""``make test``: the suite in a few pytest processes at once, each under gevent's patching.
+
+Most tests wait (on servers, sockets, timers), so on this 2-core machine three
+processes finish in about a third of the time of one. Each process is a whole
+``python -m gevent.monkey --module pytest`` run over a share of the test files,
+with session fixtures of its own (a MongoDB-wire server, the sample services):
+nothing is shared between them but the machine. Files are dealt longest first
+to the least loaded process, by the seconds each took in a serial run
+(:data:`SECONDS`; a file not listed counts as :data:`DEFAULT_S`).
+
+Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
+thread; under gevent's patching (which the server's code needs) that thread is
+a greenlet blocking the whole process on its pipe. Whole processes need no such
+care.
+
+Usage: ``python tests/parallel.py [--jobs N] [pytest arguments]``; the arguments
+(``-k``, ``-x``, ...) go to every process. With a path among them, that path runs
+in one process, as plain pytest would. Exit status: the worst of the processes'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Seconds per file in a serial run on the reference machine (2 cores), the slow ones.
+SECONDS = {
+    "test_image.py": 30, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
+    "test_resilience.py": 20, "test_backend_faults.py": 16, "test_pacing.py": 13,
+    "test_wire_limits.py": 18, "test_lifecycle.py": 18, "test_mutual_tls.py": 11,
+    "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
+    "test_server.py": 12, "test_workers.py": 10, "test_worker_group.py": 8, "interop": 12,
+    "test_tracing_export.py": 8, "test_pool_advice.py": 6, "test_logs.py": 6, "test_fuzz.py": 6,
+    "test_lookups_http.py": 5, "test_lookups_mongo.py": 6, "test_tls.py": 6, "test_service.py": 5,
+}
+DEFAULT_S = 3
+
+
+def test_targets() -> list[str]:
+    """Every test file, and the interop folder as one target."""
+    targets = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
+    if (ROOT / "tests" / "interop").is_dir():
+        targets.append("tests/interop")
+    return targets
+
+
+def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
+    """``targets`` in ``jobs`` groups of about equal seconds, longest first (LPT)."""
+    groups: list[list[str]] = [[] for _ in range(jobs)]
+    loads = [0.0] * jobs
+    for target in sorted(targets, key=lambda t: -SECONDS.get(Path(t).name, DEFAULT_S)):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(target)
+        loads[lightest] += SECONDS.get(Path(target).name, DEFAULT_S)
+    return [group for group in groups if group]
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "3")))
+    args, pytest_args = parser.parse_known_args(argv)
+    if any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args):
+        groups = [[]]  # paths given: one ordinary run
+    else:
+        groups = deal(test_targets(), max(1, args.jobs))
+    sys.path.insert(0, str(ROOT))
+    from tests.support.toolchains import header_lines
+
+    for line in header_lines():  # one line per missing toolchain, at the top as pytest's header
+        print(line)
+    started = time.monotonic()
+    logs = [ROOT / ".pytest-logs" / f"group-{index}.log" for index in range(len(groups))]
+    logs[0].parent.mkdir(exist_ok=True)
+    runs = []
+    for group, log in zip(groups, logs):
+        command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest", "-p", "no:cacheprovider",
+                   *pytest_args, *group]
+        runs.append(subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT))
+    codes = [run.wait() for run in runs]
+    for index, (group, log, code) in enumerate(zip(groups, logs, codes)):
+        text = log.read_text()
+        tail = text if code not in (0, 5) else "\n".join(text.rstrip().splitlines()[-1:])
+        print(f"--- group {index} ({len(group) or 'all'} targets), exit {code}, log {log.relative_to(ROOT)}")
+        print(tail)
+    print(f"--- {len(groups)} processes, {time.monotonic() - started:.0f} s")
+    failing = [code for code in codes if code not in (0, 5)]  # 5: nothing collected (-k)
+    return max(failing) if failing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
