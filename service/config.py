@@ -42,6 +42,7 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
 from lookups.backends.settings import BACKEND_KINDS, BackendSettings, backends_from_aliases
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
 from service.errors import ConfigError
+from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.logs import LoggingSettings
 from tracing.settings import MetricsSettings, TracingSettings
@@ -91,7 +92,7 @@ class ServerSettings:
     worker_heartbeat_timeout_ms: int = 30_000  # a worker silent this long is killed; 0 = never
 
     CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-        {"transport": ("framed", "buffered"), "protocol": ("binary", "compact")})
+        {"transport": TRANSPORTS, "protocol": PROTOCOLS})
     INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType({
         "port": (0, 65535), "workers": (1, 64), "hub_block_threshold_ms": (0, None),
         "drain_timeout_ms": (0, None), "max_frame_bytes": (64, 64 * 1024 * 1024),

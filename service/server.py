@@ -47,7 +47,7 @@ from service.engine.summary import FailureSummary
 from service.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
 from service.wire.certificates import RotatingContext
-from service.wire.channel import TRANSPORTS
+from service.wire.formats import TRANSPORTS
 from service.wire.tls import handshake, peer_names, refusal_reason, server_context
 
 __all__ = ["ThriftServer", "ServerStats", "DrainReport"]

@@ -110,9 +110,10 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
     refused = sum(k["overloaded"] for k in paced_kinds)
     answered = sum(k["answered"] for k in paced_kinds)
     assert answered >= 1 and refused >= _CALLERS
-    # Held: all but a connection's first refusal and the first after each answer, less a
-    # few retries that took longer than 0.4 x a short retry_after_ms to arrive.
-    assert paced.fanout.stats.held >= 0.8 * (refused - _CALLERS - answered)
+    # Held: all but a connection's first refusal and the first after each answer, less the
+    # retries that took longer than 0.4 x retry_after_ms to arrive (a few on a quiet machine;
+    # under a parallel test run's load up to a third were seen). Without pacing: none.
+    assert paced.fanout.stats.held >= 0.5 * (refused - _CALLERS - answered)
     assert paced.fanout.stats.overloaded == refused
     # Refusing at once, the same callers are refused several times as often (about 10x on
     # a quiet machine; under the load of a parallel test run the unpaced server refuses

@@ -17,6 +17,7 @@ import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
 from service.config import ConfigError, Settings, load_settings  # noqa: E402
+from service.wire.formats import PROTOCOLS, TRANSPORTS  # noqa: E402
 
 __all__ = ["main"]
 
@@ -157,9 +158,9 @@ def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
         parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--host", help="server host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server port (default 9090)")
-    parser.add_argument("--transport", choices=["framed", "buffered"],
+    parser.add_argument("--transport", choices=TRANSPORTS,
                         help="Thrift transport; must match the server's (default framed)")
-    parser.add_argument("--protocol", choices=["binary", "compact"],
+    parser.add_argument("--protocol", choices=PROTOCOLS,
                         help="Thrift protocol; must match the server's (default binary)")
 
 

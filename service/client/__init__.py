@@ -64,11 +64,12 @@ from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.transport import TTransportException
 
 from lookups.resilience.budget import RetryBudget
-from service.client.connections import PROTOCOLS, TRANSPORTS, Connection, ConnectionPool, Connector
+from service.client.connections import Connection, ConnectionPool, Connector
 from service.client.hedging import BackupRequests
 from service.client.instances import Instance, Instances
 from service.engine.deadline import Deadline
 from service.idl import appstats
+from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context
 from tracing.greenlets import spawn_in_context
 from tracing.propagation import inject_headers

@@ -24,11 +24,12 @@ from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocke
 
 from service.engine.deadline import Deadline
 from service.idl import appstats
+from service.wire.formats import PROTOCOLS, TRANSPORTS
 
-__all__ = ["Connection", "ConnectionPool", "Connector", "TRANSPORTS", "PROTOCOLS"]
+__all__ = ["Connection", "ConnectionPool", "Connector"]
 
-TRANSPORTS = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport}
-PROTOCOLS = {"binary": TCyBinaryProtocol, "compact": TCompactProtocol}
+_TRANSPORT_CLASSES = dict(zip(TRANSPORTS, (TCyFramedTransport, TCyBufferedTransport)))
+_PROTOCOL_CLASSES = dict(zip(PROTOCOLS, (TCyBinaryProtocol, TCompactProtocol)))
 # Errors that arrive as a complete reply: the connection is still in step.
 _REPLY_ERRORS = (TApplicationException, appstats.InvalidRequest, appstats.Overloaded,
                  appstats.PanelFailed)
@@ -166,8 +167,8 @@ class Connector:
                  connect_timeout_ms: int, timeout_ms: int, tls: Optional[ssl.SSLContext],
                  tls_server_hostname: str) -> None:
         self._host, self._port = host, port
-        self._make_transport = TRANSPORTS[transport]
-        self._make_protocol = PROTOCOLS[protocol]
+        self._make_transport = _TRANSPORT_CLASSES[transport]
+        self._make_protocol = _PROTOCOL_CLASSES[protocol]
         self._connect_timeout_ms = connect_timeout_ms
         self._timeout_ms = timeout_ms
         self._tls = tls

@@ -1,7 +1,9 @@
 """Everything between bytes on a socket and a decoded call.
 
     accept.py    the accept loop that pauses, instead of failing, without file descriptors
+    formats.py   the transports and protocols, named once
     tls.py       the optional TLS listener and client contexts
+    certificates.py  the listener's context, rebuilt when its files change
     channel.py   one connection's framing: idle and frame timeouts, bounded reads and writes
     scan.py      every message checked against the size limits before any decoder runs,
                  with its per-protocol walkers binary.py and compact.py (shared: walk.py)

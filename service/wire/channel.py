@@ -35,6 +35,7 @@ from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.memory import TCyMemoryBuffer
 
+from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.codec import decoder_for, hub_codec
 from service.wire.errors import (FrameRejected, MessageRejected, MessageTooSlow,
                                  ReplyNotTaken)
@@ -46,8 +47,6 @@ __all__ = [
     "TRANSPORTS", "PROTOCOLS",
 ]
 
-TRANSPORTS = ("framed", "buffered")
-PROTOCOLS = ("binary", "compact")
 
 _FRAME_HEADER = struct.Struct("!i")
 # The most one receive asks for: a typical call (or a burst of pipelined ones) in one read.
