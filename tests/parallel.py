@@ -30,10 +30,9 @@ from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Seconds per file in a serial run on the reference machine (2 cores), the slow ones; the
-#: image and packaging tests as on a clean clone, where they build from nothing.
+#: Seconds per file in a serial run on the reference machine (2 cores), the slow ones.
 SECONDS = {
-    "test_image.py": 50, "test_packaging.py": 35, "test_capacity.py": 22, "test_instance_faults.py": 14,
+    "test_image.py": 30, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
     "test_resilience.py": 20, "test_backend_faults.py": 16, "test_pacing.py": 13,
     "test_wire_limits.py": 18, "test_lifecycle.py": 18, "test_mutual_tls.py": 11,
     "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
