@@ -15,6 +15,7 @@ from thriftpy2.thrift import TProcessor
 
 from lookups.base import Lookup
 from lookups.backends.collection import Backends
+from lookups.backends.http import HttpBackend
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
@@ -137,9 +138,10 @@ def read_timeout_warnings(settings: Settings, lookups: Iterable[Lookup]) -> list
     warnings = []
     for lookup in lookups:
         backend = getattr(lookup, "backend", None)
-        read_ms = getattr(getattr(backend, "settings", None), "read_timeout_ms", None)
-        budget_ms = settings.task_timeout_ms(lookup.name)
-        if read_ms is not None and budget_ms > read_ms:
+        if not isinstance(backend, HttpBackend):
+            continue
+        read_ms, budget_ms = backend.settings.read_timeout_ms, settings.task_timeout_ms(lookup.name)
+        if budget_ms > read_ms:
             warnings.append(f"lookups.{lookup.name}.timeout_ms ({budget_ms}) > read_timeout_ms of "
                             f"backend {backend.name} ({read_ms}): each attempt of the "
                             f"{lookup.name} panel waits at most {read_ms} ms for an answer")

@@ -84,8 +84,6 @@ class HealthChecker:
         self._probes: tuple[tuple[str, Callable[[], None]], ...] = tuple(
             (backend.name, functools.partial(backend.check, self._timeout_s)) for backend in backends)
         self._breakers = tuple(backend.guard.breaker for backend in backends)
-        #: Each check's backend, as every metric names it (``fanout.backend``), in order.
-        self.backend_names = tuple(backend.name for backend in backends)
         _checkers.add(self)
 
     def check(self) -> tuple[BackendStatus, ...]:
