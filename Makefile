@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke readme-tables
 
 setup: $(STAMP)
 
@@ -91,6 +91,10 @@ bench: $(BENCH_STAMP)
 # Probes and scrapes at 1,000 connections of overload, and reloads under load (about a minute).
 bench-operate: $(BENCH_STAMP)
 	$(PY) -m bench.operate $(OPERATE_ARGS)
+
+# Rewrite the README's tables of settings from the sections' declarations (a test compares them).
+readme-tables: $(STAMP)
+	$(PY) -m service.settings_table README.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -20,17 +20,26 @@ breaker, a health check and a pool report (``backends.http("slow_jobs")``). Pane
 points follow the built-in ones in name order, then those from config. A panel
 name may be registered once; a factory that cannot be imported or is not
 callable stops start-up with a :class:`PluginError` naming it.
+
+A plugin may add keys to its ``[lookups.<name>]`` table by declaring a settings
+section (a frozen dataclass, declared as ``service/declarations.py`` describes) with
+:func:`with_settings`; its factory then also receives the validated section::
+
+    @with_settings(SlowUrlsSettings)
+    def build(backends, settings):
+        return SlowUrlsLookup(backends.mongo("reports"), settings.min_count)
 """
 
 from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Optional
 
-from lookups.registry import LookupFactory, LookupRegistry
+from lookups.registry import LookupFactory, LookupRegistry, settings_of, with_settings
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginError", "add_entry_points", "add_configured", "load_factory"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginError", "add_entry_points", "add_configured", "load_factory",
+           "with_settings", "settings_of", "find_factory", "entry_point_factories"]
 
 ENTRY_POINT_GROUP = "fanout.lookups"
 
@@ -42,15 +51,30 @@ class PluginError(ValueError):
 def add_entry_points(registry: LookupRegistry) -> list[str]:
     """Register every ``fanout.lookups`` entry point installed; return their panel names."""
     added = []
+    for name, factory in entry_point_factories():
+        _register(registry, name, factory)
+        added.append(name)
+    return added
+
+
+def entry_point_factories(only: Optional[str] = None) -> Iterator[tuple[str, LookupFactory]]:
+    """The installed ``fanout.lookups`` factories (or the one named ``only``), loaded, by name."""
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
+        if only is not None and point.name != only:
+            continue
         try:
             factory = point.load()
         except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
             raise PluginError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): "
                               f"cannot load it: {type(exc).__name__}: {exc}") from exc
-        _register(registry, point.name, _callable(factory, f"entry point {point.name}"))
-        added.append(point.name)
-    return added
+        yield point.name, _callable(factory, f"entry point {point.name}")
+
+
+def find_factory(name: str, path: str = "") -> Optional[LookupFactory]:
+    """The factory of panel ``name``: the one ``path`` names, else its entry point, if any."""
+    if path:
+        return load_factory(path, f"lookups.{name}.factory")
+    return next((factory for _, factory in entry_point_factories(only=name)), None)
 
 
 def add_configured(registry: LookupRegistry, factories: Mapping[str, str]) -> None:

@@ -10,16 +10,35 @@ no change. Its backend is a ``[backends.<name>]`` table of the configuration::
 
 from __future__ import annotations
 
-from typing import Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 from lookups.base import Lookup
 from lookups.backends.collection import Backends
 from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup
 from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
 
-__all__ = ["LookupFactory", "LookupRegistry", "default_registry"]
+__all__ = ["LookupFactory", "LookupRegistry", "default_registry", "with_settings", "settings_of"]
 
-LookupFactory = Callable[[Backends], Lookup]
+#: Takes the backends, and the lookup's own settings if it declares them (:func:`with_settings`).
+LookupFactory = Callable[..., Lookup]
+
+
+def with_settings(section: type) -> Callable[[Any], Any]:
+    """Declare that a factory's lookup has settings of its own, in ``section`` (a frozen
+    dataclass declared as ``service/declarations.py`` says): keys of its
+    ``[lookups.<name>]`` table, validated like every other key and handed to the factory
+    as its second argument."""
+    def declare(factory: Any) -> Any:
+        factory.settings = section
+        return factory
+    return declare
+
+
+def settings_of(factory: Any) -> Optional[type]:
+    """The settings section ``factory`` declares with :func:`with_settings`, or ``None``."""
+    section = getattr(factory, "settings", None)
+    return section if isinstance(section, type) else None
 
 
 class LookupRegistry:
@@ -40,8 +59,12 @@ class LookupRegistry:
         """Registered panel names, in registration order."""
         return tuple(self._factories)
 
-    def build(self, backends: Backends) -> dict[str, Lookup]:
+    def build(self, backends: Backends,
+              plugin_settings: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Lookup]:
         """One lookup per registered name, in registration order, sharing ``backends``.
+
+        A factory that declares settings (:func:`with_settings`) also gets its lookup's,
+        from ``plugin_settings`` (validated by the configuration), else the section's defaults.
 
         Raises :class:`ValueError` if a factory returns a lookup whose ``name`` differs
         from the name it was registered under (the panel would be reported twice), or asks
@@ -50,7 +73,9 @@ class LookupRegistry:
         lookups: dict[str, Lookup] = {}
         for name, factory in self._factories.items():
             try:
-                lookup = factory(backends)
+                section = settings_of(factory)
+                lookup = (factory(backends) if section is None else
+                          factory(backends, plugin_settings.get(name) or section()))
             except KeyError as exc:
                 raise ValueError(f"lookup {name!r}: {exc.args[0] if exc.args else exc}") from None
             if lookup.name != name:

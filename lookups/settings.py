@@ -2,18 +2,16 @@
 ``[http]``, kept as aliases of ``[backends.mongo]``, ``[backends.alerts]`` and
 ``[backends.metrics]`` for one release (:mod:`lookups.backends.settings`).
 
-Each section is a frozen value that can only be made valid: ``__post_init__``
-raises :class:`ValueError` naming the key. ``CHOICES`` and ``INT_BOUNDS`` are the
-per-key rules the loader (``service/config.py``) applies while coercing; an
-integer key not in ``INT_BOUNDS`` must be at least 1.
+Each section is a frozen value. Each key is declared
+once, in its field's metadata (type, bounds, default, help: ``service/declarations.py``);
+``__post_init__`` checks what spans keys and raises :class:`ValueError` naming the key.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import ClassVar, Mapping, Optional
+from dataclasses import dataclass, field
+from typing import Optional
 
 __all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "Resilience", "HttpOptions",
            "BEARER_TOKEN", "check_url"]
@@ -21,22 +19,25 @@ __all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "Resilience", "Htt
 # RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
 BEARER_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
-_NO_RULES: Mapping = MappingProxyType({})
-
 
 @dataclass(frozen=True)
 class Resilience:
     """What every backend's settings hold: its retry budget and circuit breaker."""
 
-    retry_budget_ratio: float = 0.2    # retries at most this share of calls (plus 10/s and a reserve)
-    breaker_failures: int = 5          # consecutive failures that open the circuit
-    breaker_failure_rate: float = 0.5  # ...or more than this share of at least 20 calls in 10 s
-    breaker_open_ms: int = 2000        # how long it stays open before a probe
+    retry_budget_ratio: float = field(default=0.2, metadata={
+        "help": "retries at most this share of calls, plus 10 a second (see "
+                "[Retries](#retries-circuit-breakers-and-hedged-requests)); `0`: no retries",
+        "min": 0.0, "max": 1.0})
+    breaker_failures: int = field(default=5, metadata={
+        "help": "failures in a row that open the backend's circuit", "min": 1})
+    breaker_failure_rate: float = field(default=0.5, metadata={
+        "help": "or more than this share of at least 20 calls in 10 s (above 0; `1.0`: never "
+                "by rate)", "max": 1.0})
+    breaker_open_ms: int = field(default=2000, metadata={
+        "help": "how long a circuit stays open before one probe", "min": 1})
 
     def _check_resilience(self) -> None:
-        if not 0.0 <= self.retry_budget_ratio <= 1.0:
-            raise ValueError(f"retry_budget_ratio: must be within 0..1, got {self.retry_budget_ratio}")
-        if not 0.0 < self.breaker_failure_rate <= 1.0:
+        if not 0.0 < self.breaker_failure_rate:
             raise ValueError(f"breaker_failure_rate: must be in (0, 1], got {self.breaker_failure_rate}")
 
 
@@ -44,12 +45,21 @@ class Resilience:
 class HttpOptions:
     """What an HTTP backend's settings hold besides its URL and pool: timeouts, token, TLS."""
 
-    connect_timeout_ms: int = 250      # short: a retry sends a fresh SYN sooner than the kernel's 1 s
-    read_timeout_ms: int = 1000
-    auth_token: str = ""               # sent as "Authorization: Bearer ..."; never logged
-    ca_file: str = ""                  # HTTPS: trust these CAs (PEM) instead of the system's
-    client_cert_file: str = ""         # HTTPS: present this client certificate (PEM)...
-    client_key_file: str = ""          # ...with this key, if not in the same file
+    connect_timeout_ms: int = field(default=250, metadata={
+        "help": "TCP connect timeout (the task budget still caps it); short on purpose: a "
+                "retry's fresh SYN beats the kernel's 1 s retransmission", "min": 1})
+    read_timeout_ms: int = field(default=1000, metadata={
+        "help": "per-read timeout (the task budget still caps it); a panel whose budget is "
+                "longer is warned at start-up: each attempt waits at most this long, the rest "
+                "of the budget goes to retries", "min": 1})
+    auth_token: str = field(default="", metadata={
+        "help": "sent as `Authorization: Bearer …`; never logged"})
+    ca_file: str = field(default="", metadata={
+        "help": "HTTPS: trust the CAs in this PEM file instead of the system's (a private CA)"})
+    client_cert_file: str = field(default="", metadata={
+        "help": "HTTPS services that ask for a client certificate get this one (PEM)"})
+    client_key_file: str = field(default="", metadata={
+        "help": "the key of `client_cert_file`, if not in the same file"})
 
     @property
     def authorization(self) -> Optional[str]:
@@ -75,14 +85,15 @@ def check_url(key: str, url: str) -> None:
 class MongoSettings(Resilience):
     """``[mongo]``, the alias of ``[backends.mongo]``: where, which database, pool size, timeouts."""
 
-    uri: str = "mongodb://127.0.0.1:27017"
-    database: str = "apm"
-    max_pool_size: int = 32
-    connect_timeout_ms: int = 1000
-    server_selection_timeout_ms: int = 1000
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+    uri: str = field(default="mongodb://127.0.0.1:27017", metadata={
+        "help": "MongoDB connection string"})
+    database: str = field(default="apm", metadata={"help": "database holding the collections"})
+    max_pool_size: int = field(default=32, metadata={
+        "help": "MongoDB connection pool size", "min": 1})
+    connect_timeout_ms: int = field(default=1000, metadata={
+        "help": "TCP connect timeout", "min": 1})
+    server_selection_timeout_ms: int = field(default=1000, metadata={
+        "help": "how long to look for a usable server (the task budget still caps it)", "min": 1})
 
     def __post_init__(self) -> None:
         self._check_resilience()
@@ -93,12 +104,12 @@ class HttpSettings(HttpOptions, Resilience):
     """``[http]``, the alias of ``[backends.alerts]`` and ``[backends.metrics]``: their base
     URLs, and the pool, timeouts, bearer token and TLS files both share."""
 
-    alerts_url: str = "http://127.0.0.1:8081"
-    metrics_url: str = "http://127.0.0.1:8082"
-    pool_maxsize: int = 32
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+    alerts_url: str = field(default="http://127.0.0.1:8081", metadata={
+        "help": "alerts service base URL"})
+    metrics_url: str = field(default="http://127.0.0.1:8082", metadata={
+        "help": "metrics service base URL"})
+    pool_maxsize: int = field(default=32, metadata={
+        "help": "HTTP connections kept per service", "min": 1})
 
     def __post_init__(self) -> None:
         check_url("alerts_url", self.alerts_url)
@@ -109,19 +120,22 @@ class HttpSettings(HttpOptions, Resilience):
 
 @dataclass(frozen=True)
 class LookupSettings:
-    """Per-lookup policy. ``timeout_ms`` of 0 means ``fanout.task_timeout_ms``.
+    """Per-lookup policy, ``[lookups.<name>]``: the keys every panel has.
 
-    ``attempts`` bounds the tries of one task (retries of safe failures only, within
-    its budget); ``hedge`` sends a second attempt after the backend's p95 latency.
+    A plugin's panel may add keys of its own (``lookups.plugins.with_settings``).
     """
 
-    enabled: bool = True
-    timeout_ms: int = 0
-    required: bool = False
-    attempts: int = 3
-    hedge: bool = False
-    factory: str = ""   # "module:attribute": a lookup from outside this package (lookups.plugins)
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = _NO_RULES
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"timeout_ms": (0, None), "attempts": (1, 10)})
+    enabled: bool = field(default=True, metadata={
+        "help": "`false`: the panel is not offered, and is `SKIPPED` when asked for"})
+    timeout_ms: int = field(default=0, metadata={
+        "help": "this panel's budget; `0` means `fanout.task_timeout_ms`", "min": 0})
+    required: bool = field(default=False, metadata={
+        "help": "`true`: if this panel fails, its siblings are `CANCELLED` and the call raises "
+                "`PanelFailed`"})
+    attempts: int = field(default=3, metadata={
+        "help": "tries of one task, for failures safe to retry", "min": 1, "max": 10})
+    hedge: bool = field(default=False, metadata={
+        "help": "send a second attempt after the backend's p95 latency; first answer wins"})
+    factory: str = field(default="", metadata={
+        "help": "`module:attribute` of a lookup factory outside Fanout: a new panel (see "
+                "[Adding a lookup](#adding-a-lookup))"})

@@ -58,7 +58,7 @@ class FanOutService:
         self.fanout = FanOut(settings.fanout, settings.admission)
         self.health = HealthChecker(self.backends)
         with as_config_error():
-            lookups = registry.build(self.backends)
+            lookups = registry.build(self.backends, settings.plugin_settings)
         for warning in read_timeout_warnings(settings, lookups.values()):
             log.warning("configuration: %s", warning)
         self.handler = AppStatsHandler(settings, lookups, self.fanout,

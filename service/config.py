@@ -11,23 +11,26 @@ Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
 naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
 Nothing below the handler reads configuration: each part receives its section.
 
-Each section is defined by the part that owns it, with its per-key rules::
+Each section is declared once, by the part that owns it: every key with its type,
+bounds, choices, default and help (``service/declarations.py`` says how)::
 
-    [server]          ServerSettings    here: the listener is the service's own
+    [server]          ServerSettings    service/server_settings.py
     [fanout]          FanOutSettings    service/engine/settings.py
     [admission]       AdmissionSettings service/engine/settings.py
-    [mongo] [http]    MongoSettings, HttpSettings    lookups/settings.py
-    [lookups.<name>]  LookupSettings    lookups/settings.py
+    [backends.<name>] MongoBackendSettings, HttpBackendSettings  lookups/backends/settings.py
+    [mongo] [http]    MongoSettings, HttpSettings    lookups/settings.py (aliases)
+    [lookups.<name>]  LookupSettings    lookups/settings.py, plus the keys the
+                      panel's plugin declares (``lookups.plugins.with_settings``)
     [tracing]         TracingSettings   tracing/settings.py
     [metrics]         MetricsSettings   tracing/settings.py
     [logging]         LoggingSettings   service/logs.py
 
-This module loads, merges, coerces and composes them into :class:`Settings`.
+This module loads, merges and composes them into :class:`Settings`; the README's
+tables of keys are made from the same declarations (``service/settings_table.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import os
@@ -37,14 +40,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from lookups.backends.settings import BACKEND_KINDS, BackendSettings, backends_from_aliases
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from service.declarations import build_section, keys_of
 from service.errors import ConfigError
-from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.logs import LoggingSettings
+from service.server_settings import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_warnings",
@@ -53,72 +57,6 @@ __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_w
 ENV_PREFIX = "FANOUT_"
 
 log = logging.getLogger(__name__)
-
-
-def _usable_cores() -> int:
-    # Imported when called: service.workers imports this module.
-    from service.workers.process import usable_cores
-
-    return usable_cores()
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """The Thrift listener: address, wire format, connection and message limits, drain."""
-
-    host: str = "127.0.0.1"
-    port: int = 9090
-    transport: str = "framed"          # framed | buffered
-    protocol: str = "binary"           # binary | compact
-    strict_binary: bool = False        # true: refuse old-style binary messages (no version header)
-    max_connections: int = 1000
-    max_frame_bytes: int = 1024 * 1024
-    idle_timeout_ms: int = 60_000      # a connection idle between calls is closed
-    frame_timeout_ms: int = 5_000      # once a message has begun, all of it must arrive within this
-    max_string_bytes: int = 64 * 1024  # any one string or binary field inside a message
-    max_container_items: int = 10_000  # any one list, set or map inside a message
-    max_nesting_depth: int = 32        # structs and containers within each other
-    drain_timeout_ms: int = 10_000     # on SIGTERM/SIGINT: how long calls in flight may finish
-    tls_cert_file: str = ""            # both set: the Thrift listener speaks TLS
-    tls_key_file: str = ""
-    tls_client_ca_file: str = ""       # set: clients must present a certificate signed by these CAs
-    tls_client_names: tuple[str, ...] = ()  # set: ...naming one of these (DNS or URI SAN)
-    workers: int = 1                   # > 1: pre-forked worker processes sharing the port; "auto": one per core
-    hub_block_threshold_ms: int = 100  # report event-loop iterations longer than this; 0 = off
-    lame_duck_ms: int = 0              # on SIGTERM: report DRAINING, still serving, this long first
-    max_connection_age_ms: int = 0     # > 0: close a connection after a call once it is this old
-    probe_port: int = -1               # >= 0: HTTP /healthz and /readyz here (0: any free port)
-    probe_host: str = ""               # where the probes listen; empty: server.host
-    worker_heartbeat_timeout_ms: int = 30_000  # a worker silent this long is killed; 0 = never
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-        {"transport": TRANSPORTS, "protocol": PROTOCOLS})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType({
-        "port": (0, 65535), "workers": (1, 64), "hub_block_threshold_ms": (0, None),
-        "drain_timeout_ms": (0, None), "max_frame_bytes": (64, 64 * 1024 * 1024),
-        "lame_duck_ms": (0, None), "max_connection_age_ms": (0, None), "probe_port": (-1, 65535),
-        "worker_heartbeat_timeout_ms": (0, None),
-        "max_string_bytes": (16, None)})
-    #: Integer keys that also take "auto", and what it means.
-    AUTO_INTS: ClassVar[Mapping[str, Callable[[], int]]] = MappingProxyType({"workers": _usable_cores})
-
-    @property
-    def probe_bind_host(self) -> str:
-        """Where the probes listen: ``probe_host``, else ``host``."""
-        return self.probe_host or self.host
-
-    def __post_init__(self) -> None:
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("tls_cert_file and tls_key_file: set both or neither")
-        if self.tls_client_ca_file and not self.tls_cert_file:
-            raise ValueError("tls_client_ca_file: needs tls_cert_file and tls_key_file "
-                             "(mutual TLS is TLS first)")
-        if self.tls_client_names and not self.tls_client_ca_file:
-            raise ValueError("tls_client_names: needs tls_client_ca_file (names are checked "
-                             "on verified client certificates only)")
-        if self.max_string_bytes > self.max_frame_bytes:
-            raise ValueError(f"max_string_bytes: must be at most server.max_frame_bytes "
-                             f"({self.max_frame_bytes}), got {self.max_string_bytes}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +72,8 @@ class Settings:
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
     lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
+    #: Plugins' own settings sections, by panel: the keys their ``[lookups.<name>]`` adds.
+    plugin_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: The ``[backends.<name>]`` tables as written; :attr:`backends` adds the aliases.
     backend_tables: Mapping[str, BackendSettings] = field(default_factory=lambda: MappingProxyType({}))
 
@@ -154,10 +94,13 @@ class Settings:
 
 
 _BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
-# Longest first: "read_timeout_ms" must not be read as "timeout_ms" of a table "x_read".
-_BACKEND_KEYS = sorted({f.name for kind in BACKEND_KINDS.values() for f in dataclasses.fields(kind)},
-                       key=len, reverse=True)
-_LOOKUP_KEYS = sorted((f.name for f in dataclasses.fields(LookupSettings)), key=len, reverse=True)
+
+
+def _longest_first(sections: Iterable[type]) -> list[str]:
+    # Longest first: "read_timeout_ms" must not be read as "timeout_ms" of a table "x_read".
+    return sorted({key.name for section in sections for key in keys_of(section)},
+                  key=len, reverse=True)
+
 
 #: Built once: Settings.lookup runs for every panel of every call.
 _DEFAULT_LOOKUP = LookupSettings()
@@ -194,12 +137,13 @@ def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[st
     raw: dict[str, dict[str, Any]] = {}
     if path is not None:
         _merge(raw, _read_toml(Path(path)))
-    _merge(raw, _from_env(os.environ if env is None else env))
+    plugins = PluginSections(raw)
+    _merge_env(raw, os.environ if env is None else env, plugins)
     for dotted, value in (overrides or {}).items():
         if value is not None:
             section, _, key = dotted.rpartition(".")
             _merge(raw, _nest(section.split("."), key, value))
-    return _build(raw)
+    return _build(raw, plugins)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -227,23 +171,24 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
             into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    """Parse ``FANOUT_SECTION_KEY`` and ``FANOUT_<TABLES>_<NAME>_<KEY>`` variables; values
-    stay strings until validation."""
-    raw: dict[str, Any] = {}
-    tables = {"backends": _BACKEND_KEYS, "lookups": _LOOKUP_KEYS}
+def _merge_env(raw: dict[str, Any], env: Mapping[str, str], plugins: PluginSections) -> None:
+    """Merge ``FANOUT_SECTION_KEY`` and ``FANOUT_<TABLES>_<NAME>_<KEY>`` variables into
+    ``raw``; values stay strings until validation. A lookup's key that only its plugin
+    declares is read last, once every ``factory`` is known."""
+    plugin_keys = []
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
-        table = next((t for t in tables if rest.startswith(t + "_")), None)
+        table = next((t for t in ("backends", "lookups") if rest.startswith(t + "_")), None)
         if table is not None:
             body = rest[len(table) + 1:]
-            key = next((k for k in tables[table] if body.endswith("_" + k)), None)
-            if key is None:
-                raise ConfigError(f"{name}: expected FANOUT_{table.upper()}_<NAME>_<KEY>, "
-                                  f"KEY one of {', '.join(sorted(tables[table]))}")
-            _merge(raw, _nest([table, body[: -len(key) - 1]], key, value))
+            keys = _longest_first(BACKEND_KINDS.values() if table == "backends" else [LookupSettings])
+            nested = _table_variable(name, table, body, value, keys, required=table == "backends")
+            if nested is None:
+                plugin_keys.append((name, body, value))
+            else:
+                _merge(raw, nested)
             continue
         section = next((s for s in _SECTIONS if rest.startswith(s + "_")), None)
         if section is None:
@@ -252,21 +197,88 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
             log.debug("ignoring environment variable %s: names no settings section", name)
             continue
         _merge(raw, _nest([section], rest[len(section) + 1:], value))
-    return raw
+    if plugin_keys:
+        keys = _longest_first(plugins.all())
+        for name, body, value in plugin_keys:
+            _merge(raw, _table_variable(name, "lookups", body, value, keys, required=True))
 
 
-def _build(raw: Mapping[str, Any]) -> Settings:
+class PluginSections:
+    """The settings sections lookup plugins declare (``lookups.plugins.with_settings``),
+    found only when a key needs one: finding one imports the plugin."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self._raw = raw   # the file's tables, then the environment's, as they are merged
+
+    @property
+    def _plugins(self) -> Any:
+        # Imported when needed: the plugins module loads every lookup, and with them pymongo.
+        from lookups import plugins
+
+        return plugins
+
+    def section(self, name: str, factory_path: str) -> Optional[type]:
+        """The section of panel ``name``'s plugin (``factory_path``, else its entry point)."""
+        with as_config_error():
+            factory = self._plugins.find_factory(name, factory_path)
+        return self._plugins.settings_of(factory) if factory is not None else None
+
+    def all(self) -> list[type]:
+        """Every section declared by an installed entry point or a ``factory`` set so far."""
+        tables = self._raw.get("lookups", {})
+        paths = {name: body.get("factory", "") for name, body in tables.items()
+                 if isinstance(body, Mapping) and body.get("factory")}
+        with as_config_error():
+            factories = [self._plugins.find_factory(name, path) for name, path in paths.items()]
+            factories += [factory for _, factory in self._plugins.entry_point_factories()]
+        return [section for section in map(self._plugins.settings_of, factories)
+                if section is not None]
+
+
+def _table_variable(variable: str, table: str, body: str, value: str, keys: list[str],
+                    required: bool = False) -> Optional[dict[str, Any]]:
+    """``FANOUT_<TABLE>_<NAME>_<KEY>`` split on one of ``keys``; ``None`` if none fits,
+    unless ``required``: then :class:`ConfigError`."""
+    key = next((k for k in keys if body.endswith("_" + k)), None)
+    if key is not None:
+        return _nest([table, body[: -len(key) - 1]], key, value)
+    if required:
+        raise ConfigError(f"{variable}: expected FANOUT_{table.upper()}_<NAME>_<KEY>, "
+                          f"KEY one of {', '.join(sorted(keys))}")
+    return None
+
+
+def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
     unknown = set(raw) - set(_SECTIONS) - {"lookups", "backends"}
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
-    parts = {name: _build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
+    parts = {name: build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
     lookups_raw = raw.get("lookups", {})
     if not isinstance(lookups_raw, Mapping):
         raise ConfigError("lookups: must be a table of [lookups.<name>] sections")
-    lookups = {name: _build_section(f"lookups.{name}", LookupSettings, body)
-               for name, body in lookups_raw.items()}
+    lookups, options = {}, {}
+    for name, body in lookups_raw.items():
+        lookups[name], own = _lookup_table(name, body, plugins)
+        if own is not None:
+            options[name] = own
     return Settings(**parts, lookups=MappingProxyType(lookups),
+                    plugin_settings=MappingProxyType(options),
                     backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))))
+
+
+def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[LookupSettings, Any]:
+    """``[lookups.<name>]``: the keys every lookup has, and those its plugin declares."""
+    label = f"lookups.{name}"
+    if not isinstance(body, Mapping):
+        raise ConfigError(f"{label}: must be a table")
+    common = {key.name for key in keys_of(LookupSettings)}
+    own = {key: value for key, value in body.items() if key not in common}
+    policy = build_section(label, LookupSettings, {k: v for k, v in body.items() if k in common})
+    section = plugins.section(name, policy.factory) if own else None
+    if section is None:
+        # Reports the first unknown key against the keys every lookup has.
+        build_section(label, LookupSettings, body)
+    return policy, build_section(label, section, own) if section is not None else None
 
 
 def _build_backends(raw: Any) -> dict[str, BackendSettings]:
@@ -281,89 +293,8 @@ def _build_backends(raw: Any) -> dict[str, BackendSettings]:
         if kind not in BACKEND_KINDS:
             raise ConfigError(f"backends.{name}.kind: must be one of "
                               f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}")
-        built[name] = _build_section(f"backends.{name}", BACKEND_KINDS[kind], body)
+        built[name] = build_section(f"backends.{name}", BACKEND_KINDS[kind], body)
     return built
-
-
-def _build_section(label: str, cls: type, body: Any) -> Any:
-    if not isinstance(body, Mapping):
-        raise ConfigError(f"{label}: must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in body.items():
-        if key not in fields:
-            raise ConfigError(f"{label}.{key}: unknown key; expected one of {', '.join(fields)}")
-        values[key] = _coerce(f"{label}.{key}", cls, key, type(fields[key].default), value)
-    with as_config_error(label):
-        return cls(**values)
-
-
-def _coerce(label: str, cls: type, key: str, kind: type, value: Any) -> Any:
-    """``value`` as ``kind``, within the section's ``CHOICES``, ``INT_BOUNDS`` and
-    ``AUTO_INTS`` (integer keys that also take ``"auto"``) for ``key``."""
-    if kind is bool:
-        return _to_bool(label, value)
-    if kind is int:
-        auto = getattr(cls, "AUTO_INTS", {}).get(key)
-        if auto is not None and isinstance(value, str) and value.strip().lower() == "auto":
-            return auto()
-        return _to_int(label, value, cls.INT_BOUNDS.get(key, (1, None)))
-    if kind is float:
-        return _to_float(label, value)
-    if kind is tuple:
-        return _to_names(label, value)
-    if not isinstance(value, str):
-        raise ConfigError(f"{label}: must be a string, got {value!r}")
-    result = value.strip()
-    choices = cls.CHOICES.get(key)
-    if choices is not None and result not in choices:
-        listed = ", ".join(repr(c) for c in choices if c)
-        raise ConfigError(f"{label}: must be one of {listed}, got {value!r}")
-    return result
-
-
-def _to_bool(label: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "on"):
-        return True
-    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", "off"):
-        return False
-    raise ConfigError(f"{label}: must be true or false, got {value!r}")
-
-
-def _to_int(label: str, value: Any, bounds: tuple[int, Optional[int]]) -> int:
-    try:
-        if isinstance(value, bool) or isinstance(value, float):
-            raise ValueError
-        number = int(value, 10) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{label}: must be an integer, got {value!r}") from None
-    low, high = bounds
-    if number < low or (high is not None and number > high):
-        bound = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ConfigError(f"{label}: must be an integer {bound}, got {value!r}")
-    return number
-
-
-def _to_names(label: str, value: Any) -> tuple[str, ...]:
-    """A list of non-empty strings: a TOML array, or one string separated by commas (env)."""
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
-        raise ConfigError(f"{label}: must be a list of strings, got {value!r}")
-    names = tuple(item.strip() for item in items if item.strip())
-    if isinstance(value, list) and len(names) != len(value):
-        raise ConfigError(f"{label}: must not hold empty strings, got {value!r}")
-    return names
-
-
-def _to_float(label: str, value: Any) -> float:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{label}: must be a number, got {value!r}") from None
 
 
 def pool_warnings(settings: Settings) -> list[str]:

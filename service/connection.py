@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.engine.context import new_request_id
 from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary

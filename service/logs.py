@@ -24,9 +24,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import ClassVar, Mapping, Optional, TextIO
+from dataclasses import dataclass, field
+from typing import TextIO
 
 __all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT"]
 
@@ -47,11 +46,10 @@ _request_id: contextvars.ContextVar[str] = contextvars.ContextVar("fanout_log_re
 class LoggingSettings:
     """The ``[logging]`` section."""
 
-    format: str = "text"   # text | json
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-        {"format": ("text", "json")})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType({})
+    format: str = field(default="text", metadata={
+        "help": "`json`: one JSON object per line, with `time`, `level`, `logger`, `message`, "
+                "and for lines logged inside a call its `trace_id`, `span_id` and `request_id` "
+                "(see [Logs](#logs))", "choices": ("text", "json")})
 
 
 def set_request_id(request_id: str) -> None:

@@ -41,7 +41,7 @@ from gevent.server import StreamServer
 from opentelemetry import metrics
 from thriftpy2.thrift import TProcessor
 
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.connection import Connection, MessageLoop, RefuseUnread, ServerStats
 from service.engine.summary import FailureSummary
 from service.ports import cannot_listen

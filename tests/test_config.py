@@ -214,3 +214,78 @@ def test_backend_tables_by_kind_and_the_aliases_they_replace(tmp_path: Path) -> 
 def test_a_bad_backend_table_is_an_error_naming_the_key(body: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_settings(env={}, overrides={f"backends.jobs.{key}": value for key, value in body.items()})
+
+
+def test_the_readme_tables_are_the_declarations() -> None:
+    """Every settings table in the README is made from the sections' declarations."""
+    from service.settings_table import render, tables
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = re.findall(r"<!-- settings:(\w+) -->", readme)
+    assert sorted(blocks) == sorted(tables()), "each table appears once in the README"
+    assert render(readme) == readme, "README tables differ: run `make readme-tables`"
+    for section in ("server", "fanout", "admission", "lookups.<name>", "mongo", "http",
+                    "tracing", "metrics", "logging"):
+        assert f"| `{section}." in readme, section
+
+
+def test_every_section_declares_every_key_with_help_and_integer_bounds() -> None:
+    from lookups.backends.settings import BACKEND_KINDS
+    from service.config import _SECTIONS
+    from service.declarations import keys_of
+    from lookups.settings import LookupSettings
+
+    for section in [*_SECTIONS.values(), *BACKEND_KINDS.values(), LookupSettings]:
+        keys = keys_of(section)   # raises TypeError for an ill-declared key
+        assert keys and all(key.help for key in keys), section
+        assert all(key.min is not None for key in keys if key.kind == "int"), section
+
+
+def test_an_ill_declared_section_is_refused_when_first_read() -> None:
+    from dataclasses import dataclass, field
+
+    from service.declarations import keys_of
+
+    @dataclass(frozen=True)
+    class NoHelp:
+        size: int = field(default=1, metadata={"min": 1})
+
+    @dataclass(frozen=True)
+    class NoBound:
+        size: int = field(default=1, metadata={"help": "how many"})
+
+    @dataclass(frozen=True)
+    class Misspelt:
+        size: int = field(default=1, metadata={"help": "how many", "min": 1, "maxx": 3})
+
+    @dataclass(frozen=True)
+    class ChoicesOnAnInt:
+        size: int = field(default=1, metadata={"help": "how many", "min": 1, "choices": (1,)})
+
+    for section, message in ((NoHelp, "needs 'help'"), (NoBound, "declares its 'min'"),
+                             (Misspelt, "got \\['help', 'maxx', 'min'\\]"),
+                             (ChoicesOnAnInt, "'choices' is for a str")):
+        with pytest.raises(TypeError, match=f"{section.__name__}.size: .*{message}"):
+            keys_of(section)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"FANOUT_BACKENDS_JOBS_KIND": "http", "FANOUT_BACKENDS_JOBS_RETRY_BUDGET_RATIO": "1.5"},
+     "backends.jobs.retry_budget_ratio: must be a number between 0.0 and 1.0, got 1.5"),
+    ({"FANOUT_ADMISSION_TOLERANCE": "0.5"}, "admission.tolerance: must be a number >= 1.0"),
+    ({"FANOUT_ADMISSION_MAX_LATENCY_FRACTION": "0"}, "admission.max_latency_fraction: must be in"),
+    ({"FANOUT_LOOKUPS_ERRORS_ATTEMPTS": "11"},
+     "lookups.errors.attempts: must be an integer between 1 and 10, got 11"),
+    ({"FANOUT_METRICS_PORT": "-2"}, "metrics.port: must be an integer between -1 and 65535"),
+    ({"FANOUT_SERVER_WORKERS": "sixteen"}, "server.workers: must be an integer, got 'sixteen'"),
+])
+def test_declared_bounds_are_enforced_naming_the_key(env: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env=env)
+    assert str(caught.value).startswith(message), caught.value
+
+
+def test_auto_is_taken_only_where_declared() -> None:
+    assert load_settings(env={"FANOUT_SERVER_WORKERS": "auto"}).server.workers >= 1
+    with pytest.raises(ConfigError, match="fanout.pool_size: must be an integer, got 'auto'"):
+        load_settings(env={"FANOUT_FANOUT_POOL_SIZE": "auto"})

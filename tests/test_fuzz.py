@@ -33,7 +33,7 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType, TProcessor
 
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 
 from service.engine.settings import FanOutSettings
 from service.idl import appstats

@@ -42,7 +42,7 @@ import logging
 import gevent.socket
 from thriftpy2.thrift import TProcessor
 from service.wire.accept import ResilientStreamServer
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 

@@ -31,12 +31,13 @@ def readme_example() -> tuple[str, str]:
     return module, config
 
 
-def expected_slow_urls(data: SampleData, app: str) -> list[tuple[str, int]]:
+def expected_slow_urls(data: SampleData, app: str, min_count: int) -> list[tuple[str, int]]:
     durations: dict[str, list[float]] = defaultdict(list)
     for record in data.requests:
         if record.app == app and SAMPLE_START_MS <= record.ts_ms < SAMPLE_END_MS:
             durations[record.url].append(record.duration_ms)
-    ranked = sorted(durations.items(), key=lambda item: (-sum(item[1]) / len(item[1]), item[0]))
+    ranked = sorted(((url, values) for url, values in durations.items() if len(values) >= min_count),
+                    key=lambda item: (-sum(item[1]) / len(item[1]), item[0]))
     return [(url, len(values)) for url, values in ranked[:10]]
 
 
@@ -65,7 +66,11 @@ def test_the_readme_example_runs_through_fanout_serve_as_written(serve: Any, htt
     assert panels == [*BUILT_IN, "slow_urls"]
     assert [(o.name, o.status) for o in response.outcomes] == [("slow_urls", 0), ("errors", 0)]
     entries = response.panels["slow_urls"].top_list.entries
-    assert [(e.key, e.count) for e in entries] == expected_slow_urls(sample_data, "shop")
+    min_count = int(re.search(r"^min_count = (\d+)", config, re.M).group(1))
+    assert [(e.key, e.count) for e in entries] == expected_slow_urls(sample_data, "shop", min_count)
+    # The panel's own key took effect: without it, some of these URLs would rank.
+    assert expected_slow_urls(sample_data, "shop", 1) != expected_slow_urls(sample_data, "shop",
+                                                                            min_count)
     assert entries and all(e.mean_ms * e.count == pytest.approx(e.total_ms) for e in entries)
     # Its own backend: a health check and a pool report, without an edit to Fanout.
     with AppStatsClient("127.0.0.1", server.port, timeout_ms=10_000) as client:
@@ -119,3 +124,33 @@ def test_a_bad_factory_stops_serve_with_a_configuration_error(tmp_path: Path, fa
                                            "OTEL_TRACES_EXPORTER": "none"})
     assert done.returncode == 2, done.stdout + done.stderr
     assert "configuration error" in done.stderr and expected in done.stderr, done.stderr
+
+
+def test_a_plugins_own_keys_are_validated_like_fanouts(tmp_path: Path, monkeypatch: Any) -> None:
+    """The README's SlowUrlsSettings: its key from the file or env, bounds checked, typos named."""
+    from service.config import ConfigError, load_settings
+
+    module, config = readme_example()
+    (tmp_path / "slow_urls.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toml = tmp_path / "fanout.toml"
+    toml.write_text(config)
+    assert load_settings(toml, env={}).plugin_settings["slow_urls"].min_count == 50
+    factory = {"FANOUT_LOOKUPS_SLOW_URLS_FACTORY": "slow_urls:build"}
+    from_env = load_settings(env={**factory, "FANOUT_LOOKUPS_SLOW_URLS_MIN_COUNT": "7",
+                                  "FANOUT_LOOKUPS_SLOW_URLS_TIMEOUT_MS": "300"})
+    assert from_env.plugin_settings["slow_urls"].min_count == 7
+    assert from_env.lookup("slow_urls").timeout_ms == 300
+    with pytest.raises(ConfigError, match="^lookups.slow_urls.min_count: must be an integer >= 1"):
+        load_settings(env={**factory, "FANOUT_LOOKUPS_SLOW_URLS_MIN_COUNT": "0"})
+    toml.write_text(config.replace("min_count", "min_cout"))
+    with pytest.raises(ConfigError, match="^lookups.slow_urls.min_cout: unknown key; expected one "
+                                          "of min_count"):
+        load_settings(toml, env={})
+    # A built-in panel declares no keys of its own: one there is still an error naming it.
+    toml.write_text("[lookups.errors]\nmin_count = 3\n")
+    with pytest.raises(ConfigError, match="^lookups.errors.min_count: unknown key; expected one "
+                                          "of enabled, timeout_ms"):
+        load_settings(toml, env={})
+    with pytest.raises(ConfigError, match="^FANOUT_LOOKUPS_ERRORS_MIN_CONT: expected"):
+        load_settings(env={**factory, "FANOUT_LOOKUPS_ERRORS_MIN_CONT": "3"})

@@ -17,7 +17,7 @@ from thriftpy2.transport import TSocket
 from thriftpy2.transport.framed import TCyFramedTransport
 
 from service.client import AppStatsClient
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 from service.wire.channel import BufferedChannel, FramedChannel, FrameRejected, protocol_for

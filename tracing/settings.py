@@ -1,16 +1,13 @@
 """The ``[tracing]`` settings section.
 
 Empty strings and a negative ratio defer to the standard ``OTEL_*`` variables,
-then to the SDK's defaults. ``CHOICES`` and ``INT_BOUNDS`` are the per-key rules
-the service's loader applies; ``__post_init__`` raises :class:`ValueError`
-naming the key for anything else.
+then to the SDK's defaults. Each key is declared once, in its field's metadata
+(type, bounds, default, help), as ``service/declarations.py`` describes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import ClassVar, Mapping, Optional
+from dataclasses import dataclass, field
 
 __all__ = ["TracingSettings", "MetricsSettings", "EXPORTERS", "OTLP_PROTOCOLS", "METRIC_EXPORTERS"]
 
@@ -24,23 +21,32 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 class TracingSettings:
     """Tracing. Empty strings defer to the standard ``OTEL_*`` variables, then SDK defaults."""
 
-    enabled: bool = True
-    exporter: str = ""                 # otlp | zipkin | console | none  (OTEL_TRACES_EXPORTER)
-    otlp_protocol: str = ""            # grpc | http/protobuf   (OTEL_EXPORTER_OTLP_PROTOCOL)
-    endpoint: str = ""                 # OTEL_EXPORTER_OTLP_ENDPOINT
-    zipkin_endpoint: str = ""          # OTEL_EXPORTER_ZIPKIN_ENDPOINT, else localhost:9411
-    service_name: str = ""             # OTEL_SERVICE_NAME, else "fanout"
-    sample_ratio: float = -1.0         # < 0: OTEL_TRACES_SAMPLER(_ARG), else always on
-    flush_timeout_ms: int = 2_000      # at shutdown, how long to wait for spans to export
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-        {"exporter": ("", *EXPORTERS), "otlp_protocol": ("", *OTLP_PROTOCOLS)})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"flush_timeout_ms": (0, None)})
-
-    def __post_init__(self) -> None:
-        if self.sample_ratio > 1.0:
-            raise ValueError("sample_ratio: must be at most 1.0 (negative: use OTEL_TRACES_SAMPLER)")
+    enabled: bool = field(default=True, metadata={
+        "help": "`false`: no provider, spans are no-ops"})
+    exporter: str = field(default="", metadata={
+        "help": "`otlp`, `zipkin`, `console` or `none`; empty: `OTEL_TRACES_EXPORTER`, "
+                "else `otlp`", "choices": ("", *EXPORTERS)})
+    otlp_protocol: str = field(default="", metadata={
+        "help": "`http/protobuf` or `grpc`; empty: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then "
+                "`OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`",
+        "choices": ("", *OTLP_PROTOCOLS)})
+    endpoint: str = field(default="", metadata={
+        "help": "collector base URL, e.g. `http://collector:4318` (`/v1/traces` is appended "
+                "for HTTP) or `http://collector:4317` for gRPC; empty: "
+                "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is), then "
+                "`OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4318` / `:4317`"})
+    zipkin_endpoint: str = field(default="", metadata={
+        "help": "where `zipkin` posts spans (Zipkin v2 JSON); empty: "
+                "`OTEL_EXPORTER_ZIPKIN_ENDPOINT`, else `http://localhost:9411/api/v2/spans`"})
+    service_name: str = field(default="", metadata={
+        "help": "the `service.name` resource attribute; empty: `OTEL_SERVICE_NAME`, "
+                "else `fanout`"})
+    sample_ratio: float = field(default=-1.0, metadata={
+        "help": "`0..1`: parent-based trace-id-ratio sampling; below 0: `OTEL_TRACES_SAMPLER` "
+                "and `OTEL_TRACES_SAMPLER_ARG`, else parent-based always-on", "max": 1.0})
+    flush_timeout_ms: int = field(default=2_000, metadata={
+        "help": "at shutdown, how long to wait for pending spans to export; the rest are "
+                "dropped with a warning", "min": 0})
 
 
 #: Metric exporters, by their ``OTEL_METRICS_EXPORTER`` names.
@@ -52,18 +58,18 @@ class MetricsSettings:
     """The ``[metrics]`` section. Empty strings and -1 defer to the ``OTEL_*`` variables.
 
     ``exporter`` (``OTEL_METRICS_EXPORTER``) is ``none`` unless set: a scrape
-    port is opened only when asked for. ``host`` and ``port``
-    (``OTEL_EXPORTER_PROMETHEUS_HOST``/``_PORT``, else 127.0.0.1:9464) are where
-    Prometheus scrapes; port 0 picks a free one (logged). With ``server.workers``
-    > 1, worker *i* listens on ``port + i``.
+    port is opened only when asked for. With ``server.workers`` > 1 the master
+    serves the scrape port for the whole group.
     """
 
-    exporter: str = ""                 # prometheus | otlp | none
-    host: str = ""
-    port: int = -1
-    export_interval_ms: int = 10_000   # otlp: how often metrics are pushed
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType(
-        {"exporter": ("", *METRIC_EXPORTERS)})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"port": (-1, 65535)})
+    exporter: str = field(default="", metadata={
+        "help": "`prometheus`, `otlp` or `none`; empty: `OTEL_METRICS_EXPORTER`, else `none` "
+                "(see [Metrics](#metrics))", "choices": ("", *METRIC_EXPORTERS)})
+    host: str = field(default="", metadata={
+        "help": "where Prometheus scrapes; empty: `OTEL_EXPORTER_PROMETHEUS_HOST`, "
+                "else `127.0.0.1`"})
+    port: int = field(default=-1, metadata={
+        "help": "the scrape port (`0`: any free one, logged); `-1`: "
+                "`OTEL_EXPORTER_PROMETHEUS_PORT`, else `9464`", "min": -1, "max": 65535})
+    export_interval_ms: int = field(default=10_000, metadata={
+        "help": "`otlp`: how often metrics are pushed", "min": 1})

@@ -22,31 +22,35 @@ release, the older sections still define them when no table of that name does:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar, Mapping, Optional, Union
+from typing import Mapping, Union
 
 from lookups.settings import HttpOptions, HttpSettings, MongoSettings, Resilience, check_url
 
 __all__ = ["MongoBackendSettings", "HttpBackendSettings", "BackendSettings", "BACKEND_KINDS",
            "backends_from_aliases"]
 
-_NO_RULES: Mapping = MappingProxyType({})
+# Keys both kinds have, meaning the same.
+_KIND_HELP = "`mongo` or `http` (required)"
+_POOL_SIZE_HELP = ("calls in flight at most (MongoDB: one fewer, the health check's connection "
+                   "is the last)")
 
 
 @dataclass(frozen=True)
 class MongoBackendSettings(Resilience):
     """A MongoDB backend: its URI (TLS options included), database, pool and timeouts."""
 
-    kind: str = "mongo"
-    uri: str = "mongodb://127.0.0.1:27017"
-    database: str = "apm"
-    pool_size: int = 32
-    connect_timeout_ms: int = 1000
-    server_selection_timeout_ms: int = 1000
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({"kind": ("mongo",)})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+    kind: str = field(default="mongo", metadata={
+        "help": _KIND_HELP, "choices": ("mongo",)})
+    uri: str = field(default="mongodb://127.0.0.1:27017", metadata={
+        "help": "connection string (TLS and every pymongo option included)"})
+    database: str = field(default="apm", metadata={"help": "database holding the collections"})
+    pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
+    connect_timeout_ms: int = field(default=1000, metadata={
+        "help": "connect timeout (the task budget still caps it)", "min": 1})
+    server_selection_timeout_ms: int = field(default=1000, metadata={
+        "help": "how long to look for a usable server", "min": 1})
 
     def __post_init__(self) -> None:
         self._check_resilience()
@@ -56,12 +60,11 @@ class MongoBackendSettings(Resilience):
 class HttpBackendSettings(HttpOptions, Resilience):
     """An HTTP service: its base URL and pool; timeouts, bearer token and TLS files."""
 
-    kind: str = "http"
-    url: str = "http://127.0.0.1:8081"
-    pool_size: int = 32
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({"kind": ("http",)})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = _NO_RULES
+    kind: str = field(default="http", metadata={
+        "help": _KIND_HELP, "choices": ("http",)})
+    url: str = field(default="http://127.0.0.1:8081", metadata={
+        "help": "base URL; lookups call paths under it only"})
+    pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
 
     def __post_init__(self) -> None:
         check_url("url", self.url)

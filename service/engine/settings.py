@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import ClassVar, Mapping, Optional
+from dataclasses import dataclass, field
 
 __all__ = ["FanOutSettings", "AdmissionSettings"]
 
@@ -13,19 +11,25 @@ __all__ = ["FanOutSettings", "AdmissionSettings"]
 class FanOutSettings:
     """Pools, queueing and time budgets of the fan-out engine (all times in milliseconds)."""
 
-    pool_size: int = 16                # tasks of one request running at once
-    max_inflight_tasks: int = 1000     # tasks of all requests running at once: the hard cap
-    queue_timeout_ms: int = 100        # how long a task may wait for a slot
-    request_deadline_ms: int = 2000    # a call's deadline when the caller sends a longer one
-    task_timeout_ms: int = 1000        # a task's budget unless its lookup sets timeout_ms
-    abandon_grace_ms: int = 500        # how long an abandoned task may run on before it is killed
-    max_window_ms: int = 31 * 24 * 3600 * 1000  # the longest time window a request may ask for
-    coalesce: bool = True              # identical lookups in flight at once share one call
-
-    #: Per-key rules the loader applies (service/config.py); other integers must be >= 1.
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"queue_timeout_ms": (0, None), "abandon_grace_ms": (0, None)})
+    pool_size: int = field(default=16, metadata={
+        "help": "tasks of one request running at once", "min": 1})
+    max_inflight_tasks: int = field(default=1000, metadata={
+        "help": "tasks running at once in the whole process: the hard cap", "min": 1})
+    queue_timeout_ms: int = field(default=100, metadata={
+        "help": "how long a task may wait for a slot before it is `REJECTED`", "min": 0})
+    request_deadline_ms: int = field(default=2000, metadata={
+        "help": "a request's deadline; callers may ask for less with `meta.deadline_ms`",
+        "min": 1})
+    task_timeout_ms: int = field(default=1000, metadata={
+        "help": "default budget of one task", "min": 1})
+    abandon_grace_ms: int = field(default=500, metadata={
+        "help": "how long a task still running after its request answered may go on before "
+                "it is killed", "min": 0})
+    max_window_ms: int = field(default=31 * 24 * 3600 * 1000, metadata={
+        "help": "longest window a request may ask for (the default is 31 days)", "min": 1})
+    coalesce: bool = field(default=True, metadata={
+        "help": "identical lookups in flight at once (same panel, app and window) share one "
+                "backend call (see [Request coalescing](#request-coalescing))"})
 
 
 @dataclass(frozen=True)
@@ -36,25 +40,33 @@ class AdmissionSettings:
     measured latency between ``min_limit`` and ``max_limit``.
     """
 
-    enabled: bool = True
-    initial_limit: int = 100           # calls in flight before the first measurements
-    min_limit: int = 2
-    max_limit: int = 1000
-    tolerance: float = 2.0             # latency may rise to this multiple of its long-term average
-    max_latency_fraction: float = 0.25  # ...and never past this share of fanout.request_deadline_ms
-    queue_interval_ms: int = 100       # CoDel: longest wait while the queue drains now and then
-    queue_target_ms: int = 5           # ...and the wait once the queue stands longer than that
-    hold_refusals: bool = True         # a caller ignoring retry_after_ms gets its Overloaded late
-
-    CHOICES: ClassVar[Mapping[str, tuple[str, ...]]] = MappingProxyType({})
-    INT_BOUNDS: ClassVar[Mapping[str, tuple[int, Optional[int]]]] = MappingProxyType(
-        {"queue_interval_ms": (0, None), "queue_target_ms": (0, None)})
+    enabled: bool = field(default=True, metadata={
+        "help": "`false`: every call is admitted (only `fanout.max_inflight_tasks` bounds work)"})
+    initial_limit: int = field(default=100, metadata={
+        "help": "calls in flight allowed before any latency was measured", "min": 1})
+    min_limit: int = field(default=2, metadata={
+        "help": "least value of the adaptive limit on calls in flight", "min": 1})
+    max_limit: int = field(default=1000, metadata={
+        "help": "greatest value of the adaptive limit on calls in flight", "min": 1})
+    tolerance: float = field(default=2.0, metadata={
+        "help": "latency may rise to this multiple of its long-term average before the limit "
+                "falls", "min": 1.0})
+    max_latency_fraction: float = field(default=0.25, metadata={
+        "help": "and never above this share of `fanout.request_deadline_ms` (above 0)",
+        "max": 1.0})
+    queue_interval_ms: int = field(default=100, metadata={
+        "help": "longest wait in the admission queue while it drains now and then (CoDel "
+                "interval)", "min": 0})
+    queue_target_ms: int = field(default=5, metadata={
+        "help": "longest wait once the queue has stood longer than the interval (then served "
+                "newest first)", "min": 0})
+    hold_refusals: bool = field(default=True, metadata={
+        "help": "hold the `Overloaded` of a caller that came back before its `retry_after_ms` "
+                "(see [Capacity and overload](#capacity-and-overload))"})
 
     def __post_init__(self) -> None:
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(f"initial_limit: must be between min_limit ({self.min_limit}) and "
                              f"max_limit ({self.max_limit}), got {self.initial_limit}")
-        if self.tolerance < 1.0:
-            raise ValueError(f"tolerance: must be at least 1.0, got {self.tolerance}")
-        if not 0.0 < self.max_latency_fraction <= 1.0:
+        if not 0.0 < self.max_latency_fraction:
             raise ValueError(f"max_latency_fraction: must be in (0, 1], got {self.max_latency_fraction}")

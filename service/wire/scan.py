@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
 
 from service.wire import binary, compact
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.wire.errors import FrameRejected, LimitExceeded, MalformedMessage
 from service.wire.walk import CALL, STRUCT
 

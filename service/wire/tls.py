@@ -26,7 +26,7 @@ import gevent.ssl
 from service.errors import ConfigError
 
 if TYPE_CHECKING:  # the web-tier client imports this module; it loads no server settings
-    from service.config import ServerSettings
+    from service.server_settings import ServerSettings
 
 __all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
            "refusal_reason", "MINIMUM_VERSION"]

@@ -24,7 +24,7 @@ import gevent.event
 import pytest
 from thriftpy2.thrift import TProcessor
 
-from service.config import ServerSettings
+from service.server_settings import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
 

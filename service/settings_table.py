@@ -1,0 +1,132 @@
+"""The README's tables of settings, made from the sections' declarations.
+
+Each table sits in the README between ``<!-- settings:NAME -->`` and
+``<!-- /settings:NAME -->``; a test fails when one differs from what the
+declarations say. After changing a declaration, rewrite them::
+
+    python -m service.settings_table README.md        # make readme-tables
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from lookups.backends.settings import BACKEND_KINDS
+from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from service.declarations import Key, keys_of
+from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.logs import LoggingSettings
+from service.server_settings import ServerSettings
+from tracing.settings import MetricsSettings, TracingSettings
+
+__all__ = ["tables", "render", "main"]
+
+#: Which sections each table shows, under which key prefix.
+_TABLES: dict[str, Sequence[tuple[str, type]]] = {
+    "config": (("server", ServerSettings), ("fanout", FanOutSettings),
+               ("admission", AdmissionSettings), ("lookups.<name>", LookupSettings),
+               ("logging", LoggingSettings)),
+    "aliases": (("mongo", MongoSettings), ("http", HttpSettings)),
+    "tracing": (("tracing", TracingSettings),),
+    "metrics": (("metrics", MetricsSettings),),
+}
+
+_BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n).*?(<!-- /settings:\2 -->)", re.DOTALL)
+
+
+def tables() -> dict[str, str]:
+    """Every table, in Markdown, by block name."""
+    made = {name: _section_table(sections) for name, sections in _TABLES.items()}
+    made["backends"] = _backends_table()
+    return made
+
+
+def render(readme: str) -> str:
+    """``readme`` with every settings block rewritten from the declarations."""
+    made = tables()
+    return _BLOCK.sub(lambda m: m.group(1) + made[m.group(2)] + m.group(3), readme)
+
+
+def _section_table(sections: Iterable[tuple[str, type]]) -> str:
+    lines = ["| key | values | default | meaning |", "| --- | --- | --- | --- |"]
+    for prefix, section in sections:
+        for key in _own_keys_first(section):
+            lines.append(f"| `{prefix}.{key.name}` | {_values(key)} | {_default(key)} | "
+                         f"{key.help} |")
+    return "\n".join(lines) + "\n"
+
+
+def _backends_table() -> str:
+    """One row per key of a ``[backends.<name>]`` table, saying which kinds have it."""
+    rows: dict[str, list[tuple[str, Key]]] = {}
+    for kind, section in BACKEND_KINDS.items():
+        for key in _own_keys_first(section):
+            rows.setdefault(key.name, []).append((kind, key))
+    lines = ["| key | kinds | values | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for name, kinds in rows.items():
+        first = kinds[0][1]
+        if name == "kind":
+            values, default = ", ".join(f"`{k}`" for k in BACKEND_KINDS), "(required)"
+        else:
+            values = _values(first)
+            defaults = {_default(key) for _, key in kinds}
+            default = (_default(first) if len(defaults) == 1 else
+                       ", ".join(f"{_default(key)} {kind}" for kind, key in kinds))
+        which = "both" if len(kinds) == len(BACKEND_KINDS) else kinds[0][0]
+        lines.append(f"| `{name}` | {which} | {values} | {default} | {first.help} |")
+    return "\n".join(lines) + "\n"
+
+
+def _own_keys_first(section: type) -> list[Key]:
+    """The keys of ``section`` itself, then those of its bases (retries, breaker: last)."""
+    own = section.__dict__.get("__annotations__", {})
+    keys = keys_of(section)
+    return [k for k in keys if k.name in own] + [k for k in keys if k.name not in own]
+
+
+def _values(key: Key) -> str:
+    if key.kind == "bool":
+        return "`true`, `false`"
+    if key.kind == "names":
+        return "list of strings"
+    if key.kind == "str":
+        if key.choices is None:
+            return "string"
+        return ", ".join(f"`{c}`" if c else "empty" for c in key.choices)
+    what = "integer" if key.kind == "int" else "number"
+    if key.min is not None and key.max is not None:
+        bounds = f" {key.min} to {key.max}"
+    elif key.min is not None:
+        bounds = f" ≥ {key.min}"
+    elif key.max is not None:
+        bounds = f" ≤ {key.max}"
+    else:
+        bounds = ""
+    return what + bounds + (', or `"auto"`' if key.auto is not None else "")
+
+
+def _default(key: Key) -> str:
+    value: Any = key.default
+    if value in ("", ()):
+        return "empty"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`"
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    """Rewrite the settings blocks of the README named in ``argv`` (default ``README.md``)."""
+    path = Path(argv[0] if argv else "README.md")
+    text = path.read_text()
+    new = render(text)
+    if new != text:
+        path.write_text(new)
+        print(f"{path}: settings tables rewritten")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
