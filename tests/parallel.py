@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Seconds per file in a serial run on the reference machine (2 cores), the slow ones.
 SECONDS = {
-    "test_image.py": 30, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
+    "test_image.py": 45, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
     "test_resilience.py": 20, "test_backend_faults.py": 16, "test_pacing.py": 13,
     "test_wire_limits.py": 18, "test_lifecycle.py": 18, "test_mutual_tls.py": 11,
     "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
