@@ -77,7 +77,8 @@ class _MalformedMessage(Exception):
 class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
-    __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller")
+    __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller",
+                 "served_while_draining")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
@@ -92,13 +93,15 @@ class Connection:
         self.endpoints = _endpoints(sock)
         # One caller per connection: its refusals are paced (service.engine.pacing).
         self.caller = CallerPacing()
+        self.served_while_draining = False
 
     def close_if_idle(self) -> bool:
         """End the connection if it is waiting for a new message, so none is lost.
 
-        True if it was idle.
+        True if it was idle. A message that has arrived but is not read yet makes it busy:
+        its caller sent it while we were serving, and it is answered before the end.
         """
-        if not self.channel.idle:
+        if not self.channel.idle or self.channel.message_waiting():
             return False
         try:
             # The blocked read then sees end-of-stream and the loop ends normally. The
@@ -148,8 +151,7 @@ class MessageLoop:
         try:
             # One pass per message; ends when the peer closes, idles out, the connection
             # reaches server.max_connection_age_ms (so load rebalances) or we stop.
-            while (not self._stopping() and not self._too_old(connection)
-                   and connection.channel.next_message()):
+            while self._may_go_on(connection) and connection.channel.next_message():
                 self._serve_one(connection)
         except (WireError, _MalformedMessage) as exc:
             self._rejected.count(self._book_rejection(exc), f"{peer}: {exc}")
@@ -161,6 +163,19 @@ class MessageLoop:
         except Exception:
             self._stats.internal_errors += 1
             log.exception("connection from %s failed", peer)
+
+    def _may_go_on(self, connection: Connection) -> bool:
+        if self._too_old(connection):
+            return False
+        if not self._stopping():
+            return True
+        # Draining: a call that already arrived was sent while we were still accepting (a
+        # connection just accepted, or a pooled one): answer it rather than lose it. Only
+        # once, so a peer sending call after call cannot hold the drain open.
+        if connection.served_while_draining or not connection.channel.message_waiting():
+            return False
+        connection.served_while_draining = True
+        return True
 
     def _book_rejection(self, exc: Exception) -> str:
         """Count a closing for what the peer sent in :class:`ServerStats`; its kind for the log."""

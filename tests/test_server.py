@@ -345,6 +345,28 @@ def test_stop_returns_promptly_with_idle_connections(start_server):
     server.stop()  # idempotent
 
 
+def test_a_call_that_arrived_as_the_drain_began_is_answered_not_dropped(start_server):
+    """A pooled connection's next call, or a just-accepted connection's first, can reach the
+    server as it starts to drain; the connection looked idle, but the call is answered."""
+    server = start_server()
+    ping = frame(encode_call("ping", appstats.AppStats.ping_args()))
+    with raw_connection(server) as pooled, raw_connection(server) as fresh:
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(pooled))))
+        pooled.sendall(ping)
+        assert client._recv("ping") == "pong"   # now idle, waiting for its next call
+        gevent.sleep(0.05)                      # and the fresh one accepted, waiting for its first
+        # Sent, then the drain starts before any connection greenlet runs again.
+        pooled.sendall(ping)
+        fresh.sendall(ping)
+        report = server.stop(timeout_s=5.0)
+        assert client._recv("ping") == "pong"
+        fresh_client = TClient(appstats.AppStats,
+                               TCyBinaryProtocol(TCyFramedTransport(_Socket(fresh))))
+        assert fresh_client._recv("ping") == "pong"
+        assert read_until_closed(pooled) == b"" and read_until_closed(fresh) == b""
+    assert report.idle_closed == 0 and server.stats.connections_open == 0
+
+
 @pytest.mark.parametrize("transport", ["framed", "buffered"])
 def test_idle_connection_times_out(start_server, transport):
     server = start_server(transport=transport, idle_timeout_ms=100)
@@ -373,3 +395,18 @@ def test_connections_older_than_max_connection_age_are_closed_between_calls(star
         assert server.stats.connections_total == 2
     finally:
         client.close()
+
+
+def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
+    from service.wire.channel import open_channel
+    from service.wire.scan import WireLimits
+
+    ours, peer = socket.socketpair()
+    channel = open_channel("framed", ours, WireLimits.from_settings(ServerSettings()), "binary")
+    assert channel.message_waiting() is False
+    peer.sendall(frame(encode_call("ping", appstats.AppStats.ping_args())))
+    assert channel.message_waiting() is True
+    assert channel.message_waiting() is True     # polled, not read
+    ours.close()
+    peer.close()
+    assert channel.message_waiting() is False    # closed under it: no error, nothing waiting

@@ -75,7 +75,7 @@ def _caller(address: tuple[str, int], outcomes: list[str]) -> None:
                 statuses = {o.name: o.status for o in response.outcomes}
                 outcomes.append("ok" if statuses == {name: 0 for name in ALL_PANELS} else "partial")
             except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
-                outcomes.append(type(exc).__name__)
+                outcomes.append(f"{type(exc).__name__}: {exc}")
             gevent.sleep(0.02)
 
 

@@ -24,6 +24,7 @@ fails or the peer goes away.
 
 from __future__ import annotations
 
+import select
 import socket
 import struct
 import time
@@ -63,6 +64,8 @@ class Channel(Protocol):
     #: True while waiting for the first byte of the next message: closing the
     #: connection then loses no call.
     idle: bool
+
+    def message_waiting(self) -> bool: ...
 
     def next_message(self) -> bool: ...
 
@@ -120,6 +123,22 @@ class _SocketChannel:
         self._deadline = 0.0
         self._timeout: Optional[float] = None  # last timeout set on the socket
         self.idle = True
+
+    def message_waiting(self) -> bool:
+        """Has the peer sent something not yet read? Never waits.
+
+        Under TLS the bytes may still be encrypted; they are a message on its way all the same.
+        """
+        if self._start < len(self._buffer):
+            return True
+        try:
+            if getattr(self._sock, "pending", lambda: 0)():  # TLS: decrypted, not yet read
+                return True
+            # Zero timeout: the (patched) select only polls.
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):  # closed under us
+            return False
+        return bool(readable)
 
     def next_message(self) -> bool:
         """Wait for the next message to begin; False if the peer closed cleanly first.
