@@ -176,20 +176,23 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
 def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqid(
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
     service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
-    busy = gevent.spawn(_impatient_caller, service.address, 1.5)  # keeps the one slot taken
+    busy = gevent.spawn(_impatient_caller, service.address, 2.0)  # keeps the one slot taken
     gevent.sleep(0.2)
     with socket.create_connection(service.address, timeout=_CALLER_TIMEOUT_S) as sock:
         answers = []
-        for seqid in (41, 42, 43):  # the first is read and refused; the rest come back at once
+        for seqid in range(41, 47):  # back at once after each answer, as a retry loop would be
             sock.sendall(_call_frame(seqid))
             answers.append(_reply(sock))
     busy.get()
-    assert [seqid for seqid, _ in answers] == [41, 42, 43]
-    assert all(result.overloaded is not None and result.overloaded.retry_after_ms > 0
-               for _, result in answers), answers
-    assert "without being read" not in answers[0][1].overloaded.message
-    assert "without being read" in answers[2][1].overloaded.message
-    assert service.fanout.admission.stats.refused_unread >= 1
+    assert [seqid for seqid, _ in answers] == list(range(41, 47))
+    # The busy caller leaves the slot free now and then (more often on a loaded machine), so
+    # a call may be answered; every other answer is an Overloaded with a retry_after_ms.
+    refusals = [result.overloaded for _, result in answers if result.success is None]
+    assert all(r is not None and r.retry_after_ms > 0 for r in refusals), answers
+    unread = ["without being read" in r.message for r in refusals]
+    # A connection is refused unread only once it was refused after a read: it came back early.
+    assert True in unread and unread[0] is False, answers
+    assert service.fanout.admission.stats.refused_unread >= unread.count(True)
 
 
 def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held(
