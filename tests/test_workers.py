@@ -15,6 +15,7 @@ import psutil
 
 from service.config import load_settings
 from service.workers import _Master
+from service.workers.slots import Slots
 from tests.support.sockets import wait_for
 from tests.support.workers import Server, gather_all_panels, serve, set_server_keys  # noqa: F401
 
@@ -73,18 +74,28 @@ def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -
 
 def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     master = _Master(load_settings(env={}, overrides={"server.workers": 2}))
-    slot = master._slots[0]
+    slot, other = list(master._slots)
     delays = []
     for pid in range(100, 110):
-        slot.pid, slot.started_at = pid, time.monotonic()
+        master._slots.started(slot, pid)
         assert master._on_exit(pid, signal.SIGKILL) is None          # killed by a signal: restart
         delays.append(round(slot.restart_at - time.monotonic(), 1))
     assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
-    slot.pid = 110
+    assert master._slots.due() == []                                  # none due yet
+    master._slots.started(slot, 110)
     assert master._on_exit(110, 1 << 8) == 1                          # the 11th in a minute: give up
-    other = master._slots[1]
-    other.pid = 200
+    master._slots.started(other, 200)
     assert master._on_exit(200, 2 << 8) == 2                          # a configuration error: stop
+
+
+def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:
+    slots = Slots(2)
+    slots.started(slots.add(), 300)
+    assert [s.index for s in slots] == [0, 1, 2] and slots.pids() == [300]
+    assert slots.storm_limit == 10 and slots.holding(300) is not None
+    assert slots.remove_last().pid == 300 and len(slots) == 2
+    old = slots.replace(4)
+    assert len(old) == 2 and [s.pid for s in slots] == [0, 0, 0, 0] and slots.storm_limit == 12
 
 
 def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> None:

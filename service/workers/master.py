@@ -29,8 +29,6 @@ import os
 import signal
 import socket
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import gevent
@@ -39,27 +37,22 @@ from gevent.queue import Empty, Queue
 
 from service.config import ConfigError, Settings
 from service.logs import set_worker
-from service.workers.group import GroupEndpoints, WorkerState
+from service.workers.group import GroupEndpoints
+from service.ports import bind_listener
 from service.workers.heartbeat import Heartbeats
+from service.workers.process import signal_name
+from service.workers.slots import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Slot, Slots
 from service.workers.worker import CONFIG_ERROR_STATUS, WorkerStart, serve_as_worker
 from tracing.metrics import scrape_address
-from service.ports import bind_listener
-from service.workers.process import signal_name
 
 __all__ = ["run_workers"]
 
 log = logging.getLogger(__name__)
 
-#: Connections the kernel queues for the workers while none of them is accepting.
-_FIRST_RESTART_DELAY_S = 0.1
-_MAX_RESTART_DELAY_S = 10.0
-_STABLE_AFTER_S = 10.0           # a worker that lived this long resets its slot's backoff
-_STORM_WINDOW_S = 60.0
 _STOP_MARGIN_S = 3.0             # beyond the drain, grace and flush budgets, before SIGKILL
 _KILL_WAIT_S = 5.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _RESIZE_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
-_HEARTBEAT_CHECK_S = 1.0
 
 
 def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] = None,
@@ -77,17 +70,6 @@ def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] 
     return _Master(settings, reload).run(on_ready)
 
 
-@dataclass
-class _Slot:
-    """One of the N worker positions; a restarted worker takes its predecessor's slot."""
-
-    index: int
-    pid: int = 0
-    started_at: float = 0.0
-    quick_deaths: int = 0        # deaths in a row, each within _STABLE_AFTER_S of its start
-    restart_at: Optional[float] = None
-
-
 class _Master:
     """The supervising process. Every decision runs in its main greenlet, fork included."""
 
@@ -96,17 +78,13 @@ class _Master:
         self._reload = reload
         self._heartbeats = Heartbeats()
         self._retiring: set[int] = set()     # old workers draining after a reload or a TTOU
-        self._count = settings.server.workers
-        self._slots = [_Slot(index) for index in range(self._count)]
+        self._slots = Slots(settings.server.workers)
         self._events: Queue = Queue()        # ("exit", pid, wait status) | ("signal", signum)
-        self._restarts: deque[float] = deque()
-        self._storm_limit = max(10, 3 * self._count)
         self._master_pid = os.getpid()
         self._listener: Optional[socket.socket] = None
         self._group: Optional[GroupEndpoints] = None
         self._stopping = False
         self._signal_handlers: list = []
-
 
     def run(self, on_ready: Optional[Callable[[tuple[str, int], int], None]]) -> int:
         server = self._settings.server
@@ -116,7 +94,8 @@ class _Master:
         try:
             self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
                                          scrape_address(self._settings.metrics),
-                                         self._worker_states, lambda: self._stopping).start()
+                                         lambda: self._slots.states(self._heartbeats),
+                                         lambda: self._stopping).start()
         except OSError:
             self._listener.close()
             raise
@@ -130,10 +109,10 @@ class _Master:
         try:
             for slot in self._slots:
                 self._fork(slot)
-            log.info("master %d: %d workers serving on %s:%d", self._master_pid, self._count,
-                     host, port)
+            log.info("master %d: %d workers serving on %s:%d", self._master_pid,
+                     len(self._slots), host, port)
             if on_ready is not None:
-                on_ready((host, port), self._count)
+                on_ready((host, port), len(self._slots))
             return self._supervise()
         except Exception:
             log.exception("master: failed; stopping the workers")
@@ -148,11 +127,12 @@ class _Master:
     def _supervise(self) -> int:
         while True:
             try:
-                event = self._events.get(timeout=self._next_wake_in())
+                event = self._events.get(timeout=self._slots.next_wake_in())
             except Empty:
                 event = None
             if event is None:
-                self._restart_due()
+                for slot in self._slots.due():
+                    self._fork(slot)
                 self._kill_stuck()
             elif event[0] == "signal" and event[1] in _RESIZE_SIGNALS:
                 self._resize(event[1])
@@ -166,34 +146,33 @@ class _Master:
                 if verdict is not None:
                     return self._stop_all(exit_code=verdict)
 
-
-    def _fork(self, slot: _Slot) -> None:
+    def _fork(self, slot: Slot) -> None:
         try:
             # ref=True: a live worker keeps the master's event loop running.
             pid = gevent.os.fork_and_watch(callback=self._on_child_watcher, ref=True)
         except OSError as exc:  # out of processes or memory: try again later
-            slot.restart_at = time.monotonic() + _MAX_RESTART_DELAY_S
+            self._slots.fork_failed(slot)
             log.error("master: cannot start a worker for slot %d (%s); retrying in %.0f s",
-                      slot.index, exc, _MAX_RESTART_DELAY_S)
+                      slot.index, exc, MAX_RESTART_DELAY_S)
             return
         if pid == 0:
             self._become_worker(slot)  # never returns
         self._heartbeats.reset(slot.index)
-        slot.pid, slot.started_at, slot.restart_at = pid, time.monotonic(), None
+        self._slots.started(slot, pid)
         log.info("master: worker %d started (slot %d)", pid, slot.index)
 
     def _on_child_watcher(self, watcher: object) -> None:
         # Runs in the hub when a worker ends; the main greenlet does the rest.
         self._events.put(("exit", watcher.pid, watcher.rstatus))  # type: ignore[attr-defined]
 
-    def _become_worker(self, slot: _Slot) -> None:
+    def _become_worker(self, slot: Slot) -> None:
         """The child side of :meth:`_fork`: drop the master's handlers and ports, serve, exit."""
         # The master's handlers were copied by fork; the worker installs its own.
         self._cancel_signal_handlers()
         assert self._listener is not None and self._group is not None
         self._group.close_in_worker()
-        serve_as_worker(WorkerStart(self._settings, slot.index, self._count, self._master_pid,
-                                    self._listener, self._heartbeats))
+        serve_as_worker(WorkerStart(self._settings, slot.index, len(self._slots),
+                                    self._master_pid, self._listener, self._heartbeats))
 
     def _on_exit(self, pid: int, status: int) -> Optional[int]:
         """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
@@ -202,86 +181,53 @@ class _Master:
             log.info("master: retired worker %d stopped (exit code %d)", pid,
                      os.waitstatus_to_exitcode(status))
             return None
-        slot = next((s for s in self._slots if s.pid == pid), None)
+        slot = self._slots.holding(pid)
         if slot is None:
             return None
-        slot.pid = 0
         code = os.waitstatus_to_exitcode(status)
         how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == CONFIG_ERROR_STATUS:
+            slot.pid = 0
             log.error("master: worker %d %s (a configuration error); stopping", pid, how)
             return CONFIG_ERROR_STATUS
-        now = time.monotonic()
-        slot.quick_deaths = slot.quick_deaths + 1 if now - slot.started_at < _STABLE_AFTER_S else 1
-        self._restarts.append(now)
-        while self._restarts and self._restarts[0] < now - _STORM_WINDOW_S:
-            self._restarts.popleft()
-        if len(self._restarts) > self._storm_limit:
+        delay = self._slots.died(slot)
+        if delay is None:
             log.error("master: worker %d %s; %d restarts within %.0f s, giving up", pid, how,
-                      len(self._restarts), _STORM_WINDOW_S)
+                      self._slots.recent_restarts, STORM_WINDOW_S)
             return 1
-        delay = min(_FIRST_RESTART_DELAY_S * 2 ** (slot.quick_deaths - 1), _MAX_RESTART_DELAY_S)
-        slot.restart_at = now + delay
         log.warning("master: worker %d %s; restarting slot %d in %.1f s", pid, how, slot.index,
                     delay)
         return None
 
-    def _worker_states(self) -> list[WorkerState]:
-        states = []
-        for slot in self._slots:
-            announced = self._heartbeats.announcement(slot.index) if slot.pid else None
-            if announced is not None and announced.get("pid") == slot.pid:
-                states.append((slot.index, "serving", announced.get("metrics")))
-            else:
-                states.append((slot.index, "starting" if slot.pid else "restarting", None))
-        return states
-
-    def _next_wake_in(self) -> float:
-        """Until the next restart is due, and at least every heartbeat check."""
-        due = [s.restart_at for s in self._slots if s.restart_at is not None]
-        until_restart = min(due) - time.monotonic() if due else _HEARTBEAT_CHECK_S
-        return max(0.0, min(until_restart, _HEARTBEAT_CHECK_S))
-
     def _kill_stuck(self) -> None:
         """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
-        timeout_ms = self._settings.server.worker_heartbeat_timeout_ms
-        for slot in self._slots:
-            age_s = self._heartbeats.age_s(slot.index)
-            if timeout_ms and slot.pid and age_s * 1000.0 > timeout_ms:
-                log.warning("master: worker %d (slot %d) missed its heartbeat for %.1f s; killing it",
-                            slot.pid, slot.index, age_s)
-                try:
-                    os.kill(slot.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self._heartbeats.reset(slot.index)  # one kill per stale beat; its exit restarts it
-
-    def _restart_due(self) -> None:
-        now = time.monotonic()
-        for slot in self._slots:
-            if slot.restart_at is not None and slot.restart_at <= now:
-                self._fork(slot)
+        for slot in self._slots.stuck(self._heartbeats,
+                                      self._settings.server.worker_heartbeat_timeout_ms):
+            log.warning("master: worker %d (slot %d) missed its heartbeat for %.1f s; killing it",
+                        slot.pid, slot.index, self._heartbeats.age_s(slot.index))
+            try:
+                os.kill(slot.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._heartbeats.reset(slot.index)  # one kill per stale beat; its exit restarts it
 
     def _live(self) -> list[int]:
-        return [slot.pid for slot in self._slots if slot.pid] + sorted(self._retiring)
-
+        return self._slots.pids() + sorted(self._retiring)
 
     def _resize(self, signum: int) -> None:
         """SIGHUP: reload the settings and replace every worker (the old ones drain);
         SIGTTIN / SIGTTOU: one worker more / one fewer (never fewer than one)."""
         if signum == signal.SIGTTIN:
-            self._slots.append(_Slot(len(self._slots)))
-            self._fork(self._slots[-1])
+            self._fork(self._slots.add())
         elif signum == signal.SIGTTOU and len(self._slots) > 1:
-            self._retire([self._slots.pop().pid])
+            self._retire([self._slots.remove_last().pid])
         elif signum == signal.SIGHUP and (settings := self._reloaded()) is not None:
-            old, self._settings = self._slots, settings
-            self._slots = [_Slot(index) for index in range(settings.server.workers)]
+            self._settings = settings
+            old = self._slots.replace(settings.server.workers)
             for slot in self._slots:
                 self._fork(slot)
             self._retire([slot.pid for slot in old])
-        self._count, self._storm_limit = len(self._slots), max(10, 3 * len(self._slots))
-        log.info("master: %s: %d workers", signal.Signals(signum).name, self._count)
+        log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._slots))
 
     def _reloaded(self) -> Optional[Settings]:
         if self._reload is None:
@@ -306,13 +252,11 @@ class _Master:
             except ProcessLookupError:
                 pass
 
-
     def _stop_all(self, exit_code: int) -> int:
         assert self._listener is not None
         # The workers hold their own copies; once they close theirs, connects are refused.
         self._listener.close()
-        for slot in self._slots:
-            slot.restart_at = None
+        self._slots.cancel_restarts()
         self._signal_workers(signal.SIGTERM)
         if not self._wait_for_workers(self._drain_budget_s()):
             live = self._live()
@@ -355,11 +299,11 @@ class _Master:
 
     def _book_stopped(self, pid: int, status: int) -> None:
         self._retiring.discard(pid)
-        for slot in self._slots:
-            if slot.pid == pid:
-                slot.pid = 0
-                log.info("master: worker %d stopped (exit code %d)", pid,
-                         os.waitstatus_to_exitcode(status))
+        slot = self._slots.holding(pid)
+        if slot is not None:
+            slot.pid = 0
+            log.info("master: worker %d stopped (exit code %d)", pid,
+                     os.waitstatus_to_exitcode(status))
 
     def _cancel_signal_handlers(self) -> None:
         for handler in self._signal_handlers:
