@@ -1,6 +1,6 @@
 """HTTPS to the HTTP services: a private CA to trust, a client certificate to present.
 
-An HTTP backend's ``ca_file`` (``http.ca_file`` for the built-in ones) replaces
+An HTTP backend's ``ca_file`` (``[backends.<name>]``, or ``http.ca_file``) replaces
 the system's trusted CAs for its lookups' session and its health check's (a
 service behind a private CA); its ``client_cert_file`` and ``client_key_file`` are
 presented to a service that asks for a client certificate. Verification is never turned off. MongoDB's TLS is set in
@@ -14,34 +14,53 @@ requests then loads them again for each new connection.
 from __future__ import annotations
 
 import ssl
+from dataclasses import dataclass
+from typing import Union
 
 import requests
 
 from lookups.backends.settings import HttpBackendSettings
 
-__all__ = ["use_https_settings"]
+__all__ = ["HttpsFiles", "load_https_files"]
 
 
-def use_https_settings(session: requests.Session, settings: HttpBackendSettings) -> None:
-    """Make ``session`` trust ``http.ca_file`` and present the client certificate, when set.
+@dataclass(frozen=True)
+class HttpsFiles:
+    """What a ``requests.Session`` is given: ``verify`` (the CA file, or ``True`` for the
+    system's CAs) and ``cert`` (the client certificate and key, if any)."""
 
-    Raises :class:`ValueError` naming the key when a file does not load.
+    verify: Union[str, bool] = True
+    cert: Union[None, str, tuple[str, str]] = None
+
+    def apply(self, session: requests.Session) -> None:
+        session.verify = self.verify
+        session.cert = self.cert
+
+
+def load_https_files(settings: HttpBackendSettings) -> HttpsFiles:
+    """Check that the backend's ``ca_file`` and client certificate load; what sessions use.
+
+    Raises :class:`ValueError` naming the key (relative to the backend's table) when one
+    does not.
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    verify: Union[str, bool] = True
+    cert: Union[None, str, tuple[str, str]] = None
     if settings.ca_file:
         try:
             context.load_verify_locations(cafile=settings.ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"http.ca_file: cannot load {settings.ca_file}: {_reason(exc)}") from None
-        session.verify = settings.ca_file
+            raise ValueError(f"ca_file: cannot load {settings.ca_file}: {_reason(exc)}") from None
+        verify = settings.ca_file
     if settings.client_cert_file:
         try:
             context.load_cert_chain(settings.client_cert_file, settings.client_key_file or None)
         except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"http.client_cert_file: cannot load {settings.client_cert_file}: "
+            raise ValueError(f"client_cert_file: cannot load {settings.client_cert_file}: "
                              f"{_reason(exc)}") from None
-        session.cert = ((settings.client_cert_file, settings.client_key_file)
-                        if settings.client_key_file else settings.client_cert_file)
+        cert = ((settings.client_cert_file, settings.client_key_file)
+                if settings.client_key_file else settings.client_cert_file)
+    return HttpsFiles(verify, cert)
 
 
 def _reason(exc: BaseException) -> str:

@@ -50,7 +50,8 @@ class FanOutService:
             log.warning("configuration: %s", warning)
         registry = _with_plugins(registry, settings)
         with as_config_error():
-            self.backends = Backends(settings.backends, settings.lookups)
+            self.backends = Backends(settings.backends, settings.lookups,
+                                     {name: settings.backend_section(name) for name in settings.backends})
         unknown = sorted(set(settings.lookups) - set(registry.names()))
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",

@@ -85,6 +85,12 @@ class Settings:
         merged.update(self.backend_tables)
         return MappingProxyType(merged)
 
+    def backend_section(self, name: str) -> str:
+        """Where backend ``name``'s keys were written: its table, or ``[mongo]`` or ``[http]``."""
+        if name in self.backend_tables:
+            return f"backends.{name}"
+        return {"mongo": "mongo", "alerts": "http", "metrics": "http"}.get(name, f"backends.{name}")
+
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
         return self.lookups.get(name, _DEFAULT_LOOKUP)
@@ -324,6 +330,6 @@ def pool_warnings(settings: Settings) -> list[str]:
 
 def _pool_key(settings: Settings, name: str) -> str:
     """The key a user wrote for backend ``name``'s pool: its table's, or its alias's."""
-    if name in settings.backend_tables:
-        return f"backends.{name}.pool_size"
-    return "mongo.max_pool_size" if name == "mongo" else "http.pool_maxsize"
+    section = settings.backend_section(name)
+    return {"mongo": "mongo.max_pool_size", "http": "http.pool_maxsize"}.get(
+        section, f"{section}.pool_size")

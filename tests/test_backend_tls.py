@@ -107,3 +107,26 @@ def test_mongodb_over_tls_with_the_ca_in_the_uri(start_service: Any, mongo_serve
         errors = _statuses(refused, ["errors"])["errors"]
         assert errors.status != appstats.TaskStatus.OK and errors.error_type in (
             "BackendUnavailable", "BackendTimeout"), errors
+
+
+@pytest.mark.parametrize("env, key", [
+    ({"FANOUT_BACKENDS_JOBS_KIND": "http", "FANOUT_BACKENDS_JOBS_URL": "https://jobs.internal",
+      "FANOUT_BACKENDS_JOBS_CA_FILE": "{missing}"}, "backends.jobs.ca_file: cannot load"),
+    ({"FANOUT_BACKENDS_ALERTS_KIND": "http", "FANOUT_BACKENDS_ALERTS_CLIENT_CERT_FILE": "{missing}"},
+     "backends.alerts.client_cert_file: cannot load"),
+    ({"FANOUT_HTTP_CLIENT_CERT_FILE": "{missing}"}, "http.client_cert_file: cannot load"),
+    ({"FANOUT_MONGO_URI": "mongodb://db:port/"}, "mongo.uri: not a valid MongoDB URI"),
+    ({"FANOUT_BACKENDS_REPORTS_KIND": "mongo", "FANOUT_BACKENDS_REPORTS_URI": "mongodb://db:port/"},
+     "backends.reports.uri: not a valid MongoDB URI"),
+])
+def test_a_backend_that_cannot_start_names_the_key_as_the_user_wrote_it(
+        tmp_path: Path, env: dict[str, str], key: str) -> None:
+    """A [backends.<name>] table's key, or its [mongo] / [http] alias's, never another's."""
+    from service.app import FanOutService
+    from service.config import load_settings
+
+    settings = load_settings(env={name: value.format(missing=tmp_path / "missing.pem")
+                                  for name, value in env.items()})
+    with pytest.raises(ConfigError) as caught:
+        FanOutService(settings)
+    assert str(caught.value).startswith(key), caught.value

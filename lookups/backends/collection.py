@@ -32,17 +32,22 @@ class Backends:
     """The backends by name, in configuration order; a context manager that closes them.
 
     Raises :class:`ValueError` naming the key when a backend's settings cannot be used
-    (an invalid MongoDB URI, a TLS file that does not load).
+    (an invalid MongoDB URI, a TLS file that does not load): ``backends.<name>.<key>``,
+    or where ``sections`` says the backend's keys were written (``{"alerts": "http"}``).
     """
 
     def __init__(self, settings: Mapping[str, BackendSettings],
-                 lookups: Mapping[str, LookupSettings] = MappingProxyType({})) -> None:
+                 lookups: Mapping[str, LookupSettings] = MappingProxyType({}),
+                 sections: Mapping[str, str] = MappingProxyType({})) -> None:
         policies = {name: RetryPolicy(p.attempts, p.hedge) for name, p in lookups.items()}
         self._backends: dict[str, Backend] = {}
         try:
             for name, backend_settings in settings.items():
                 kind = HttpBackend if isinstance(backend_settings, HttpBackendSettings) else MongoBackend
-                self._backends[name] = kind(name, backend_settings, policies)  # type: ignore[arg-type]
+                try:
+                    self._backends[name] = kind(name, backend_settings, policies)  # type: ignore[arg-type]
+                except ValueError as exc:
+                    raise ValueError(f"{sections.get(name, f'backends.{name}')}.{exc}") from None
         except Exception:
             self.close()
             raise

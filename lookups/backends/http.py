@@ -40,7 +40,7 @@ from lookups.backends.settings import HttpBackendSettings
 from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
                             blame_own_wait)
 from lookups.resilience import RetryPolicy
-from lookups.tls import use_https_settings
+from lookups.tls import HttpsFiles, load_https_files
 from tracing.clients import remote_call
 from tracing.propagation import inject_headers
 
@@ -77,9 +77,10 @@ class HttpBackend(Backend):
     def __init__(self, name: str, settings: HttpBackendSettings,
                  policies: Mapping[str, RetryPolicy] = MappingProxyType({})) -> None:
         super().__init__(name, settings, settings.pool_size, policies)
-        self.session = _session(settings, settings.pool_size)
+        https = load_https_files(settings)
+        self.session = _session(settings, https, settings.pool_size)
         # The health check's own small session: a full lookup pool cannot delay it.
-        self._probe_session = _session(settings, 2)
+        self._probe_session = _session(settings, https, 2)
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
 
@@ -205,7 +206,7 @@ class HttpStatusError(Exception):
         super().__init__(f"HTTP {status}")
 
 
-def _session(settings: HttpBackendSettings, pool_size: int) -> requests.Session:
+def _session(settings: HttpBackendSettings, https: HttpsFiles, pool_size: int) -> requests.Session:
     session = requests.Session()
     session.trust_env = False  # configuration arrives only through the settings
     # Lookups send no cookies (see _prepare): keep none either, so that a backend
@@ -217,7 +218,7 @@ def _session(settings: HttpBackendSettings, pool_size: int) -> requests.Session:
                           max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
-    use_https_settings(session, settings)
+    https.apply(session)
     return session
 
 

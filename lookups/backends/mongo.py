@@ -46,7 +46,7 @@ class MongoBackend(Backend):
                  event_listeners: Sequence[Any] = ()) -> None:
         super().__init__(name, settings, max(1, settings.pool_size - 1), policies)
         self._checked_out = CheckedOutCounter()
-        self.client = _open_client(name, settings, [self._checked_out, *event_listeners])
+        self.client = _open_client(settings, [self._checked_out, *event_listeners])
         self._closed = False
 
     @property
@@ -74,8 +74,7 @@ class MongoBackend(Backend):
             self.client.close()
 
 
-def _open_client(name: str, settings: MongoBackendSettings,
-                 listeners: list[Any]) -> pymongo.MongoClient:
+def _open_client(settings: MongoBackendSettings, listeners: list[Any]) -> pymongo.MongoClient:
     try:
         return pymongo.MongoClient(
             settings.uri, connect=False, appname=_APP_NAME,
@@ -85,9 +84,9 @@ def _open_client(name: str, settings: MongoBackendSettings,
             connectTimeoutMS=settings.connect_timeout_ms,
             serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
             event_listeners=listeners)
-    except ConfigurationError as exc:
+    except (ConfigurationError, ValueError) as exc:  # pymongo raises both for a bad URI
         # The library's message may quote the URI, credentials included.
-        raise ValueError(f"backends.{name}.uri: not a valid MongoDB URI "
+        raise ValueError(f"uri: not a valid MongoDB URI "
                          f"({type(exc).__name__})") from None
 
 
