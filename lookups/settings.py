@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 __all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "Resilience", "HttpOptions",
+           "MongoOptions",
            "BEARER_TOKEN", "check_url"]
 
 # RFC 6750 b64token: what may follow "Bearer " in an Authorization header.
@@ -82,18 +83,24 @@ def check_url(key: str, url: str) -> None:
 
 
 @dataclass(frozen=True)
-class MongoSettings(Resilience):
-    """``[mongo]``, the alias of ``[backends.mongo]``: where, which database, pool size, timeouts."""
+class MongoOptions:
+    """What a MongoDB backend's settings hold besides its pool: where, which database, timeouts."""
 
     uri: str = field(default="mongodb://127.0.0.1:27017", metadata={
-        "help": "MongoDB connection string"})
+        "help": "MongoDB connection string (TLS and every pymongo option included)"})
     database: str = field(default="apm", metadata={"help": "database holding the collections"})
-    max_pool_size: int = field(default=32, metadata={
-        "help": "MongoDB connection pool size", "min": 1})
     connect_timeout_ms: int = field(default=1000, metadata={
-        "help": "TCP connect timeout", "min": 1})
+        "help": "TCP connect timeout (the task budget still caps it)", "min": 1})
     server_selection_timeout_ms: int = field(default=1000, metadata={
         "help": "how long to look for a usable server (the task budget still caps it)", "min": 1})
+
+
+@dataclass(frozen=True)
+class MongoSettings(MongoOptions, Resilience):
+    """``[mongo]``, the alias of ``[backends.mongo]``: where, which database, pool size, timeouts."""
+
+    max_pool_size: int = field(default=32, metadata={
+        "help": "MongoDB connection pool size", "min": 1})
 
     def __post_init__(self) -> None:
         self._check_resilience()

@@ -36,15 +36,15 @@ import logging
 import os
 import re
 import tomllib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
-from lookups.backends.settings import BACKEND_KINDS, BackendSettings, backends_from_aliases
+from lookups.backends.settings import (ALIAS_SECTIONS, BACKEND_KINDS, BackendSettings,
+                                       backends_from_aliases)
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.declarations import build_section, keys_of
+from service.declarations import as_config_error, build_section, keys_of
 from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.logs import LoggingSettings
@@ -87,9 +87,9 @@ class Settings:
 
     def backend_section(self, name: str) -> str:
         """Where backend ``name``'s keys were written: its table, or ``[mongo]`` or ``[http]``."""
-        if name in self.backend_tables:
+        if name in self.backend_tables or name not in ALIAS_SECTIONS:
             return f"backends.{name}"
-        return {"mongo": "mongo", "alerts": "http", "metrics": "http"}.get(name, f"backends.{name}")
+        return ALIAS_SECTIONS[name]
 
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
@@ -108,6 +108,10 @@ def _longest_first(sections: Iterable[type]) -> list[str]:
                   key=len, reverse=True)
 
 
+#: The keys an env variable of each table is split on, longest first.
+_TABLE_KEYS = {"backends": _longest_first(BACKEND_KINDS.values()),
+               "lookups": _longest_first([LookupSettings])}
+
 #: Built once: Settings.lookup runs for every panel of every call.
 _DEFAULT_LOOKUP = LookupSettings()
 
@@ -116,21 +120,6 @@ _SECTIONS: dict[str, type] = {
     "mongo": MongoSettings, "http": HttpSettings, "tracing": TracingSettings,
     "metrics": MetricsSettings, "logging": LoggingSettings,
 }
-
-
-@contextmanager
-def as_config_error(label: str = "") -> Iterator[None]:
-    """Turn an owner's :class:`ValueError` about its settings into :class:`ConfigError`.
-
-    Owners (a section's ``__post_init__``, the backend clients, tracing set-up) name
-    the key relative to ``label``, the section, if one is given.
-    """
-    try:
-        yield
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(f"{label}.{exc}" if label else str(exc)) from None
 
 
 def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[str, str]] = None,
@@ -186,11 +175,11 @@ def _merge_env(raw: dict[str, Any], env: Mapping[str, str], plugins: PluginSecti
         if not name.startswith(ENV_PREFIX):
             continue
         rest = name[len(ENV_PREFIX):].lower()
-        table = next((t for t in ("backends", "lookups") if rest.startswith(t + "_")), None)
+        table = next((t for t in _TABLE_KEYS if rest.startswith(t + "_")), None)
         if table is not None:
             body = rest[len(table) + 1:]
-            keys = _longest_first(BACKEND_KINDS.values() if table == "backends" else [LookupSettings])
-            nested = _table_variable(name, table, body, value, keys, required=table == "backends")
+            nested = _table_variable(name, table, body, value, _TABLE_KEYS[table],
+                                     required=table == "backends")
             if nested is None:
                 plugin_keys.append((name, body, value))
             else:
@@ -280,11 +269,13 @@ def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[Lookup
     common = {key.name for key in keys_of(LookupSettings)}
     own = {key: value for key, value in body.items() if key not in common}
     policy = build_section(label, LookupSettings, {k: v for k, v in body.items() if k in common})
-    section = plugins.section(name, policy.factory) if own else None
+    if not own:
+        return policy, None
+    section = plugins.section(name, policy.factory)
     if section is None:
-        # Reports the first unknown key against the keys every lookup has.
+        # No plugin declares them: the first unknown key, against the keys every lookup has.
         build_section(label, LookupSettings, body)
-    return policy, build_section(label, section, own) if section is not None else None
+    return policy, build_section(label, section, own)
 
 
 def _build_backends(raw: Any) -> dict[str, BackendSettings]:

@@ -33,11 +33,12 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from service.errors import ConfigError
 
-__all__ = ["Key", "keys_of", "build_section"]
+__all__ = ["Key", "keys_of", "build_section", "as_config_error"]
 
 _METADATA = frozenset({"help", "min", "max", "choices", "auto"})
 _TYPES = {bool: "bool", int: "int", float: "float", str: "str", tuple[str, ...]: "names"}
@@ -101,12 +102,23 @@ def build_section(label: str, section: type, body: Any) -> Any:
         if name not in keys:
             raise ConfigError(f"{label}.{name}: unknown key; expected one of {', '.join(keys)}")
         values[name] = coerce(f"{label}.{name}", keys[name], value)
-    try:
+    with as_config_error(label):
         return section(**values)
+
+
+@contextmanager
+def as_config_error(label: str = "") -> Iterator[None]:
+    """Turn an owner's :class:`ValueError` about its settings into :class:`ConfigError`.
+
+    Owners (a section's ``__post_init__``, the backend clients, tracing set-up) name
+    the key relative to ``label``, the section, if one is given.
+    """
+    try:
+        yield
     except ConfigError:
         raise
     except ValueError as exc:
-        raise ConfigError(f"{label}.{exc}") from None
+        raise ConfigError(f"{label}.{exc}" if label else str(exc)) from None
 
 
 def coerce(label: str, key: Key, value: Any) -> Any:

@@ -34,9 +34,9 @@ class MongoBackend(Backend):
 
     Its slots are one fewer than ``pool_size``: the connection left over is the health
     check's ``ping``, which takes no slot. ``event_listeners`` are pymongo's monitoring
-    listeners for this client, besides the one counting checked-out connections. Raises :class:`ValueError` naming
-    ``backends.<name>.uri`` when the URI is not valid (without quoting it: it may hold
-    credentials).
+    listeners for this client, besides the one counting checked-out connections. Raises
+    :class:`ValueError` naming ``uri`` when the URI is not valid (without quoting it: it may
+    hold credentials); :class:`~lookups.backends.collection.Backends` says whose.
     """
 
     kind: ClassVar[str] = "mongo"

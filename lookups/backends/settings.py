@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Union
 
-from lookups.settings import HttpOptions, HttpSettings, MongoSettings, Resilience, check_url
+from lookups.settings import (HttpOptions, HttpSettings, MongoOptions, MongoSettings, Resilience,
+                              check_url)
 
 __all__ = ["MongoBackendSettings", "HttpBackendSettings", "BackendSettings", "BACKEND_KINDS",
-           "backends_from_aliases"]
+           "ALIAS_SECTIONS", "backends_from_aliases"]
 
 # Keys both kinds have, meaning the same.
 _KIND_HELP = "`mongo` or `http` (required)"
@@ -38,19 +39,12 @@ _POOL_SIZE_HELP = ("calls in flight at most (MongoDB: one fewer, the health chec
 
 
 @dataclass(frozen=True)
-class MongoBackendSettings(Resilience):
+class MongoBackendSettings(MongoOptions, Resilience):
     """A MongoDB backend: its URI (TLS options included), database, pool and timeouts."""
 
     kind: str = field(default="mongo", metadata={
         "help": _KIND_HELP, "choices": ("mongo",)})
-    uri: str = field(default="mongodb://127.0.0.1:27017", metadata={
-        "help": "connection string (TLS and every pymongo option included)"})
-    database: str = field(default="apm", metadata={"help": "database holding the collections"})
     pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
-    connect_timeout_ms: int = field(default=1000, metadata={
-        "help": "connect timeout (the task budget still caps it)", "min": 1})
-    server_selection_timeout_ms: int = field(default=1000, metadata={
-        "help": "how long to look for a usable server", "min": 1})
 
     def __post_init__(self) -> None:
         self._check_resilience()
@@ -77,6 +71,11 @@ BackendSettings = Union[MongoBackendSettings, HttpBackendSettings]
 #: ``kind`` -> the settings class of a ``[backends.<name>]`` table.
 BACKEND_KINDS: Mapping[str, type] = MappingProxyType(
     {"mongo": MongoBackendSettings, "http": HttpBackendSettings})
+
+
+#: The backends :func:`backends_from_aliases` defines, and the older section each comes from.
+ALIAS_SECTIONS: Mapping[str, str] = MappingProxyType(
+    {"mongo": "mongo", "alerts": "http", "metrics": "http"})
 
 
 def backends_from_aliases(mongo: MongoSettings, http: HttpSettings) -> dict[str, BackendSettings]:
