@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke readme-tables
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke readme-tables compat compat-engine
 
 setup: $(STAMP)
 
@@ -43,6 +43,17 @@ test: $(STAMP)
 # Only the interop tests (about a minute on a clean machine, most of it downloads).
 interop: $(STAMP) toolchains
 	FANOUT_REQUIRE_TOOLCHAINS=1 $(PYTEST) tests/interop -p no:cacheprovider $(PYTEST_ARGS)
+
+# The MongoDB panels on FerretDB 2 over PostgreSQL 15 with DocumentDB (about a minute on a
+# fresh machine, 15 s once built): the engine is built and cached under build/compat (root:
+# Debian's PostgreSQL packages, the extensions installed into PostgreSQL), then the MongoDB
+# lookup tests and the end-to-end comparison with nx-27017 run on a throwaway cluster.
+compat-engine:
+	tests/compat/build-engine
+
+compat: $(STAMP) compat-engine
+	FANOUT_TEST_MONGO_ENGINE=ferretdb FANOUT_REQUIRE_TOOLCHAINS=compat \
+	  $(PYTEST) tests/test_lookups_mongo.py tests/test_compat.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The Debian packages behind the commands those tests run, installed when missing and we may
 # (root with apt-get); otherwise one line saying what is missing. Go, Java 17 with Maven and

@@ -60,10 +60,12 @@ def window_filter(window: Window) -> dict[str, Any]:
     """The ``$match`` document for ``window``: its app and ``start <= ts < end``.
 
     Written as an ``$and`` of single-operator conditions rather than the usual
-    ``{"ts": {"$gte": start, "$lt": end}}``. Both are valid MongoDB and mean the same
-    there, but some MongoDB-wire servers (the embedded one used for demos and tests)
-    match nothing for a two-operator range on one datetime field. (That server also
-    compares datetimes to the whole second, where MongoDB uses milliseconds.)
+    ``{"ts": {"$gte": start, "$lt": end}}``. Both are valid MongoDB, mean the same and
+    use the ``(app, ts)`` index alike; MongoDB and FerretDB 2 answer both the same. The
+    ``$and`` form is kept for nx-27017 (0.8.1), the demo's and the tests' server: in an
+    ``aggregate`` its ``$match`` finds nothing for a two-operator range on one field.
+    (nx-27017 also compares datetimes there to the whole second, where MongoDB uses
+    milliseconds; the sample data falls on whole seconds for that reason.)
     """
     # DatetimeMS is a BSON datetime from epoch milliseconds as they are: no float
     # rounding, and no OverflowError for instants Python's datetime cannot hold.
@@ -284,8 +286,8 @@ def _field(lookup: str, document: Any, key: str, kind: type) -> Any:
 
 def _duration(lookup: str, document: Any, key: str) -> float:
     value = document.get(key) if isinstance(document, dict) else None
-    # MongoDB answers 0 ($sum) or null ($avg) for a group without numeric durations;
-    # some wire-compatible servers answer null for both.
+    # MongoDB (and FerretDB 2) answer 0 for $sum and null for $avg over a group without
+    # numeric durations; nx-27017 answers 0.0 for both. Null is read as 0.0.
     if value is None:
         return 0.0
     if not isinstance(value, (int, float)) or isinstance(value, bool):

@@ -5,9 +5,10 @@ errors with repeated messages, requests over a dozen URLs and their controllers,
 queries with literals drawn from a few statement shapes, alerts, and per-minute latency
 and volume samples. The same seed always gives the same records.
 
-Record timestamps fall on whole seconds: the embedded MongoDB-wire server compares
-datetimes at second precision, and whole seconds make its answers match MongoDB's for
-any window whose bounds are whole seconds too.
+Record timestamps fall on whole seconds: nx-27017, the embedded MongoDB-wire server,
+compares datetimes in an aggregation's ``$match`` at second precision, and whole
+seconds make its answers match MongoDB's (and FerretDB's) for any window whose bounds
+are whole seconds too.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ import pytest
 from service.samples import SampleHttpServices
 from tests.support.samples import backend_overrides
 
-__all__ = ["FANOUT", "Server", "serve"]
+__all__ = ["FANOUT", "Server", "server_environment", "serve"]
 
 #: The ``fanout`` command, run from this checkout.
 FANOUT = [sys.executable, "-m", "service.cli"]
@@ -64,6 +64,19 @@ class Server:
         self._log.close()
 
 
+def server_environment(mongo: Any, http: SampleHttpServices, env: Any = None,
+                       **settings: Any) -> dict[str, str]:
+    """The environment of a ``fanout serve`` over ``mongo`` and ``http``: this process's,
+    with ``env`` and ``settings`` (dotted keys) as ``FANOUT_*`` variables, generous
+    timeouts and no span export."""
+    keys = {**backend_overrides(mongo, http), "fanout.task_timeout_ms": 30_000,
+            "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
+    # Not what this test process chose for itself: the server must choose as a user's would.
+    inherited = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}
+    return {**inherited, "OTEL_TRACES_EXPORTER": "none", **(env or {}),
+            **{"FANOUT_" + key.replace(".", "_").upper(): str(value) for key, value in keys.items()}}
+
+
 @pytest.fixture
 def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Start ``fanout serve`` processes; ``serve(http, **settings)``; killed after the test.
@@ -74,14 +87,8 @@ def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
 
     def start(http: SampleHttpServices, env: Any = None, port: int = 0, args: tuple[str, ...] = (),
               **settings: Any) -> Server:
-        keys = {**backend_overrides(mongo_server, http), "fanout.task_timeout_ms": 30_000,
-                "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000, **settings}
-        # Not what this test process chose for itself: the server must choose as a user's would.
-        inherited = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}
-        environment = {**inherited, "OTEL_TRACES_EXPORTER": "none", **(env or {}),
-                       **{"FANOUT_" + key.replace(".", "_").upper(): str(value)
-                          for key, value in keys.items()}}
-        server = Server(environment, tmp_path / f"server-{len(started)}.log", port, args)
+        server = Server(server_environment(mongo_server, http, env, **settings),
+                        tmp_path / f"server-{len(started)}.log", port, args)
         started.append(server)
         return server
 

@@ -1,7 +1,8 @@
 """Pytest plugin: the embedded sample backends, seeded, and clients built on them.
 
-Session-scoped: ``sample_data``, ``mongo_server`` (one in-memory MongoDB-wire server,
-seeded) and ``http_services`` (the alerts and metrics services). Function-scoped:
+Session-scoped: ``sample_data``, ``mongo_server`` (one MongoDB-wire server, seeded:
+nx-27017, or FerretDB under ``FANOUT_TEST_MONGO_ENGINE=ferretdb``) and ``http_services``
+(the alerts and metrics services). Function-scoped:
 ``backends`` (the :class:`lookups.backends.collection.Backends` on them, closed after the test),
 ``backend_settings`` (a full :class:`service.config.Settings` pointing at them) and
 ``start_service`` (a whole Fanout server on port 0 over them, with a client).
@@ -20,6 +21,7 @@ from service.samples import (MongoWireServer, SampleData, SampleHttpServices,
                               generate_sample_data, seed_mongo_at)
 from service.client import AppStatsClient
 from service.config import Settings, load_settings
+from tests.support.ferretdb import FerretDbServer, selected_engine
 
 __all__ = ["SAMPLE_DATABASE", "sample_data", "mongo_server", "http_services", "backends",
            "backend_settings", "backend_overrides", "StartService", "start_service"]
@@ -33,9 +35,14 @@ def sample_data() -> SampleData:
 
 
 @pytest.fixture(scope="session")
-def mongo_server(sample_data: SampleData) -> Iterator[MongoWireServer]:
-    """One MongoDB-wire server for the session, seeded with ``sample_data`` in ``apm``."""
-    with MongoWireServer() as server:
+def mongo_server(sample_data: SampleData) -> Iterator[MongoWireServer | FerretDbServer]:
+    """One MongoDB-wire server for the session, seeded with ``sample_data`` in ``apm``.
+
+    nx-27017 by default; FerretDB 2 on PostgreSQL with DocumentDB under
+    ``FANOUT_TEST_MONGO_ENGINE=ferretdb`` (``make compat``).
+    """
+    engine = selected_engine()
+    with (FerretDbServer() if engine == "ferretdb" else MongoWireServer()) as server:
         seed_mongo_at(server.uri, SAMPLE_DATABASE, sample_data)
         yield server
 
@@ -46,7 +53,7 @@ def http_services(sample_data: SampleData) -> Iterator[SampleHttpServices]:
         yield services
 
 
-def backend_overrides(mongo: MongoWireServer, http: SampleHttpServices) -> dict[str, str]:
+def backend_overrides(mongo: MongoWireServer | FerretDbServer, http: SampleHttpServices) -> dict[str, str]:
     """Dotted settings keys pointing at the running sample backends."""
     return {"mongo.uri": mongo.uri, "mongo.database": SAMPLE_DATABASE,
             "http.alerts_url": http.alerts_url, "http.metrics_url": http.metrics_url}

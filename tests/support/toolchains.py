@@ -5,7 +5,8 @@
 On a machine with only Python and ``make``, a test needing a missing toolchain
 is skipped, and the session's header says once per toolchain what is missing and
 how to install it. With ``FANOUT_REQUIRE_TOOLCHAINS=1`` (as ``.ci/run`` sets) a
-missing toolchain is an error before any test runs, so CI never skips them.
+missing toolchain is an error before any test runs, so CI never skips them;
+``FANOUT_REQUIRE_TOOLCHAINS=compat`` (a comma-separated list) requires only those.
 """
 
 from __future__ import annotations
@@ -13,14 +14,20 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-__all__ = ["REQUIRE_ENV", "Toolchain", "TOOLCHAINS", "missing", "needs", "header_lines",
-           "check_required"]
+__all__ = ["REQUIRE_ENV", "PG_BIN", "PG_EXTENSIONS", "FERRETDB", "Toolchain", "TOOLCHAINS", "missing", "needs", "header_lines",
+           "required", "check_required"]
 
 #: Set to 1 to make a missing toolchain an error (CI).
 REQUIRE_ENV = "FANOUT_REQUIRE_TOOLCHAINS"
+#: Debian's PostgreSQL 15, which ``make compat`` builds DocumentDB for.
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+PG_EXTENSIONS = Path("/usr/share/postgresql/15/extension")
+#: Where ``make compat`` leaves the FerretDB binary.
+FERRETDB = Path(__file__).resolve().parents[2] / "build" / "compat" / "bin" / "ferretdb"
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,8 @@ class Toolchain:
     commands: tuple[str, ...]
     tests: str
     install: str
+    #: Files that must exist besides the commands (what a make target builds).
+    files: tuple[Path, ...] = ()
 
 
 TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
@@ -42,17 +51,23 @@ TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
     Toolchain("image", ("podman", "mmdebstrap", "runc"),
               "the container image (tests/test_image.py)",
               "podman, mmdebstrap and runc (`make toolchains` as root installs them)"),
+    Toolchain("compat", ("runuser",) if os.geteuid() == 0 else (),
+              "FerretDB 2 on PostgreSQL with DocumentDB (tests/test_compat.py)",
+              "the engine with `make compat` (root, for Debian's PostgreSQL 15 packages)",
+              files=(PG_BIN / "postgres", PG_EXTENSIONS / "documentdb.control", FERRETDB)),
 )}
 
 
 def missing(name: str) -> list[str]:
-    """The commands of toolchain ``name`` that are not on PATH."""
-    return [command for command in TOOLCHAINS[name].commands if shutil.which(command) is None]
+    """The commands of toolchain ``name`` not on PATH, and its files that do not exist."""
+    toolchain = TOOLCHAINS[name]
+    return ([f"{command} not on PATH" for command in toolchain.commands if shutil.which(command) is None]
+            + [f"no {path}" for path in toolchain.files if not path.exists()])
 
 
 def _reason(name: str) -> str:
     toolchain = TOOLCHAINS[name]
-    return (f"toolchain '{name}' missing ({', '.join(missing(name))} not on PATH): "
+    return (f"toolchain '{name}' missing ({', '.join(missing(name))}): "
             f"skipping {toolchain.tests}; install {toolchain.install}")
 
 
@@ -66,7 +81,19 @@ def header_lines() -> list[str]:
     return [_reason(name) for name in TOOLCHAINS if missing(name)]
 
 
+def required() -> list[str]:
+    """The toolchains ``FANOUT_REQUIRE_TOOLCHAINS`` requires: ``1`` all, else those it names."""
+    value = os.environ.get(REQUIRE_ENV, "")
+    if value in ("", "0"):
+        return []
+    names = list(TOOLCHAINS) if value == "1" else [n.strip() for n in value.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in TOOLCHAINS]:
+        raise pytest.UsageError(f"{REQUIRE_ENV}={value}: unknown toolchain {', '.join(unknown)} "
+                                f"(known: 1, or any of {', '.join(TOOLCHAINS)})")
+    return names
+
+
 def check_required() -> None:
-    """Under ``FANOUT_REQUIRE_TOOLCHAINS=1``, refuse to run with a toolchain missing."""
-    if os.environ.get(REQUIRE_ENV) == "1" and (lines := header_lines()):
-        raise pytest.UsageError(f"{REQUIRE_ENV}=1 and " + "; ".join(lines))
+    """Refuse to run with a toolchain missing that ``FANOUT_REQUIRE_TOOLCHAINS`` requires."""
+    if lines := [_reason(name) for name in required() if missing(name)]:
+        raise pytest.UsageError(f"{REQUIRE_ENV}={os.environ[REQUIRE_ENV]} and " + "; ".join(lines))
