@@ -37,7 +37,7 @@ def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not
 
     pacing.arrived(Deadline.after_ms(300))  # straight back, told to wait 10 s
     held_s = pacing.refused(10_000, Deadline.after_ms(300))
-    assert 0.8 * (0.9 * 0.3 - 0.05) - 0.01 <= held_s <= 0.9 * 0.3 - 0.05
+    assert 0.9 * (0.95 * 0.3 - 0.05) - 0.01 <= held_s <= 0.95 * 0.3 - 0.05
 
     pacing.arrived(Deadline.after_ms(300))
     assert pacing.refused(40, Deadline.after_ms(2000)) <= 0.040  # never past retry_after_ms

@@ -49,12 +49,16 @@ __all__ = ["CallerPacing", "current_caller"]
 #: A caller who comes back before this share of the pause it was told has ignored it
 #: (callers jitter their pause by x0.5 to x1.5; the rest is slack for the network).
 _EARLY_SHARE = 0.4
-#: A held refusal is answered this share of the remaining deadline early...
-_DEADLINE_SHARE = 0.9
-#: ...and at least this much early, so that the reply reaches the caller in time.
+#: A held refusal is answered within this share of the remaining deadline...
+_DEADLINE_SHARE = 0.95
+#: ...and at least this much before it, so that the reply reaches the caller in time.
 _REPLY_MARGIN_S = 0.05
-#: A hold lasts between this share of its longest and the whole of it.
-_JITTER = 0.8
+#: A hold lasts between this share of its longest and the whole of it. Every caller is
+#: answered within its deadline, so callers/deadline answers a second is the floor that
+#: pacing can bring refusals down to: the longer the holds, the closer (0.8 and 0.9 share
+#: of the deadline: 1000 such callers with 2 s deadlines were refused 610/s; 0.9 and
+#: 0.95: 540/s).
+_JITTER = 0.9
 
 #: The caller (connection) of the call being served; set by the server per call.
 current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller", default=None)

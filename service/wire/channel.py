@@ -188,7 +188,11 @@ class _SocketChannel:
         within ``frame_timeout_ms``."""
         self._set_timeout(self._limits.frame_timeout_ms / 1000.0)
         try:
-            self._sock.sendall(payload)
+            # A reply fits the socket's buffer nearly always: one send() then, where
+            # gevent's sendall() costs a getsockopt() and its own bookkeeping besides.
+            sent = self._sock.send(payload)
+            if sent < len(payload):
+                self._sock.sendall(memoryview(payload)[sent:])
         except TimeoutError:
             raise ReplyNotTaken(f"reply of {len(payload)} bytes not taken within "
                                 f"{self._limits.frame_timeout_ms} ms") from None
