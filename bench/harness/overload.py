@@ -36,6 +36,7 @@ WARMUP_S = 5.0
 IMPOLITE = "ignoring"
 #: How long a caller that ignores retry_after_ms waits after an Overloaded.
 IMPOLITE_PAUSE_S = 0.05
+FLOOR = f"refusing-floor-{IMPOLITE}"
 
 
 def _key(server: str, regime: str, connections: int, callers: str = "") -> str:
@@ -59,6 +60,9 @@ def _configs(scale: Scale) -> tuple[list[Config], tuple[int, ...], tuple[str, ..
     configs.append(_config(NAME, "fanout", "stats", levels[-1], label=f"fanout-refusals-{IMPOLITE}",
                            delay_ms=200, admission="one-held", overloaded_pause_s=IMPOLITE_PAUSE_S,
                            warmup_s=WARMUP_S, window_scale=2.0))
+    # The floor: a gevent server that only holds and refuses, as pacing does (bench.baselines.refusing).
+    configs.append(_config(NAME, "refusing", "stats", levels[-1], label=FLOOR, delay_ms=200,
+                           overloaded_pause_s=IMPOLITE_PAUSE_S, warmup_s=WARMUP_S, window_scale=2.0))
     return configs, levels, servers
 
 
@@ -121,11 +125,16 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
         admitted_ms = _cpu_per_answer_ms(results.get(_key("fanout", "cpu", BASE)), ("ok", "degraded"))
         held_ms = _refusal_cpu_ms(results.get(f"{NAME}/fanout-refusals-{IMPOLITE}/c{top}"),
                                   admitted_ms)
+        floor_ms = _cpu_per_answer_ms(results.get(f"{NAME}/{FLOOR}/c{top}"), ("overloaded",))
         out.append(info_row(NAME, f"server CPU of one Overloaded to callers ignoring "
                                   f"retry_after_ms, {top} conns (ms)",
                             f"{_mean(held_ms):.3f} (read in full and answered at once: "
-                            f"{_mean(refusal_ms):.3f})"))
-        out += _impolite_goals(results, top, held_ms)
+                            f"{_mean(refusal_ms):.3f}; the floor, a gevent server that only "
+                            f"holds and refuses: {_mean(floor_ms):.3f})"))
+        out.append(ratio_goal(NAME, f"server CPU of one Overloaded to callers ignoring "
+                                    f"retry_after_ms, fanout / the floor", held_ms, floor_ms,
+                              limit=None, at_most=True))
+        out += _impolite_goals(results, top, held_ms, floor_ms)
         return out
     return goals
 
@@ -150,7 +159,8 @@ def _refusal_cpu_ms(result: Optional[dict[str, Any]], admitted_ms: list[float]) 
     return out
 
 
-def _impolite_goals(results: Results, top: int, refusal_ms: list[float]) -> list[Goal]:
+def _impolite_goals(results: Results, top: int, refusal_ms: list[float],
+                    floor_ms: list[float]) -> list[Goal]:
     """Callers that ignore retry_after_ms: goodput held, nothing late, refusing stays cheap."""
     out: list[Goal] = []
     for regime in REGIMES:
@@ -169,6 +179,11 @@ def _impolite_goals(results: Results, top: int, refusal_ms: list[float]) -> list
                   f"retry_after_ms ({regime})",
             _refusing_ms_per_s(high, refusal_ms), _busy_ms_per_s(high), limit=0.05, at_most=True,
             note=f"refusals/s x the CPU of one refusal to such callers (fanout-refusals-{IMPOLITE})"))
+        out.append(ratio_goal(
+            NAME, f"the least share any gevent server would spend refusing, {top} conns ignoring "
+                  f"retry_after_ms ({regime})",
+            _refusing_ms_per_s(high, floor_ms), _busy_ms_per_s(high), limit=None, at_most=True,
+            note=f"the same refusals/s x the floor's CPU per refusal ({FLOOR})"))
         for c in (BASE, top):
             out.append(info_row(NAME, f"answers fanout {regime} c{c} ignoring retry_after_ms",
                                 _answer_mix(results.get(_key("fanout", regime, c, IMPOLITE)))))
@@ -199,5 +214,8 @@ def overload(scale: Scale) -> Scenario:
              f"ignoring retry_after_ms: callers wait a fixed {IMPOLITE_PAUSE_S * 1000:g} ms after "
              "an Overloaded, whatever it asked for (a retry loop in a web tier). "
              f"refusals-{IMPOLITE}: admission pinned to one call, 1000 such callers: the CPU of "
-             "one refusal as they get it (held, mostly unread), less the admitted calls' CPU."]
+             "one refusal as they get it (held, mostly unread), less the admitted calls' CPU. "
+             f"{FLOOR}: the same callers against bench.baselines.refusing, a gevent server that "
+             "only holds each call as pacing does and answers a pre-encoded Overloaded: the "
+             "floor of a refusal's CPU."]
     return Scenario(NAME, "Overload", configs, _goals(levels, servers), notes)

@@ -18,7 +18,7 @@ http               ``python -m bench.servers.http_backend``: the sample alerts a
                    cached, after ``delay_ms`` per request
 otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio10" or "full" only)
 server "fanout"    ``python -m service.cli serve --config FILE``
-server "sequential", "threaded", "bare", "handwritten"   ``python -m bench.baselines.<name> --config FILE``
+server "sequential", "threaded", "bare", "handwritten", "refusing"   ``python -m bench.baselines.<name> --config FILE``
 =================  ==========================================================================
 
 All servers read the same generated TOML file (:func:`stack_config`). A stack is ready
@@ -53,13 +53,14 @@ __all__ = ["SERVERS", "MONGO_BACKENDS", "TRACING_MODES", "StackSpec", "Stack", "
 
 log = logging.getLogger(__name__)
 
-SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten")
+SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "refusing")
 MONGO_BACKENDS = ("responder", "nx")
 TRACING_MODES = ("off", "ratio10", "full")
 ROLES = ("server", "mongo", "http", "otlp")
 _SERVER_MODULES = {"fanout": ["service.cli", "serve"], "sequential": ["bench.baselines.sequential"],
                    "threaded": ["bench.baselines.threaded"], "bare": ["bench.baselines.bare"],
-                   "handwritten": ["bench.baselines.handwritten"]}
+                   "handwritten": ["bench.baselines.handwritten"],
+                   "refusing": ["bench.baselines.refusing"]}
 _REPO = Path(__file__).resolve().parents[2]
 _FD_HEADROOM = 1000        # descriptors beyond the connections: backends, logs, the listener
 _STOP_TIMEOUT_S = 15.0     # the server drains for up to 2 s (server.drain_timeout_ms)
@@ -75,7 +76,7 @@ class StackError(RuntimeError):
 class StackSpec:
     """What one benchmark configuration runs. Construction raises ``ValueError`` for bad values."""
 
-    server: str                 # "fanout" | "sequential" | "threaded" | "bare" | "handwritten"
+    server: str                 # "fanout" | "sequential" | "threaded" | "bare" | "handwritten" | "refusing"
     mongo: str = "responder"    # "responder" | "nx"
     delay_ms: int = 20          # added to every MongoDB-wire (responder only) and HTTP operation
     workers: int = 1            # fanout only
