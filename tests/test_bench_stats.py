@@ -190,3 +190,20 @@ def test_a_rate_relative_to_capacity_becomes_each_connections_interval() -> None
         at_capacity_fraction(config, [{"key": "latency/capacity/c50", "reps": [{"rps": 0.0}]}])
     closed = Config(key="k", scenario="s", label="l", spec=None, call="stats", connections=5)
     assert at_capacity_fraction(closed, []) is closed
+
+
+def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts() -> None:
+    """Callers held together come back together: a window with a dozen refusals must not
+    weigh as much as one with a thousand (the mean of per-window ratios would say 0.53 ms)."""
+    import bench.harness.scenarios  # noqa: F401  (the scenarios module loads overload's helpers)
+    from bench.harness.overload import _refusal_cpu_ms
+
+    def rep(refused: int, answered: int, cpu_pct: float) -> dict:
+        return {"ok": answered, "degraded": 0, "failures": {"overloaded": refused},
+                "cpu_pct": {"server": cpu_pct}}
+
+    result = {"window_s": 1.0, "reps": [rep(10, 0, 1.0), rep(1000, 2, 8.0)]}
+    # (10 ms + (80 ms - 2 admitted x 5 ms)) / 1010 refusals
+    assert _refusal_cpu_ms(result, admitted_ms=5.0) == pytest.approx(80.0 / 1010)
+    assert math.isnan(_refusal_cpu_ms({"window_s": 1.0, "reps": [rep(0, 1, 1.0)]}, 5.0))
+    assert math.isnan(_refusal_cpu_ms(None, 5.0))
