@@ -13,9 +13,10 @@ a connection whose caller came back before the pause it was told is answered
 pacing holds any such refusal, within the deadline that caller's last call
 carried, and counted as every refusal is (``fanout.calls.overloaded``,
 ``fanout.calls.held``, ``rpc.server.call.duration`` with ``error.type``
-``Overloaded``). It makes no span. The wire scan has already checked the message
-against the limits; a malformed call from such a caller is refused, not rejected,
-until it is read.
+``Overloaded``). It makes no span. Only the frame limit has bounded the message:
+its header is read with every length checked again, and the rest is never decoded,
+so the wire scan is left for the calls that are; a malformed call from such a caller
+is refused, not rejected, until it is read.
 
 Callers that honour ``retry_after_ms`` and every other method are read as usual.
 """

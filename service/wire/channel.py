@@ -165,22 +165,28 @@ class _SocketChannel:
         the next greenlet switch. Raises :class:`MessageRejected` subclasses,
         :class:`PeerClosed`.
         """
-        return self._decode(self._receive())
+        return self.decode(self._receive())
 
     def receive(self) -> Any:
-        """Receive the rest of the message and check it; its bytes, valid until the next
-        :meth:`next_message`. :meth:`decode` turns them into a protocol."""
+        """Receive the rest of the message, within the frame limit; its bytes, valid until
+        the next :meth:`next_message`. :meth:`decode` checks them and turns them into a
+        protocol; a message answered from its header alone needs no more than its length
+        bounded (:mod:`service.shedding`)."""
         return self._receive()
 
     def decode(self, message: Any) -> TProtocolBase:
-        """A protocol positioned at ``message`` (from :meth:`receive`); decode it at once."""
+        """A protocol positioned at ``message`` (from :meth:`receive`), once the wire scan
+        has checked it (:class:`MessageRejected` if it fails); decode it at once."""
+        self._check(message)
         return self._decode(message)
 
     @property
     def input(self) -> TCyBufferedTransport:
         """The message as a hard-ended thriftpy2 transport, for a protocol of the caller's
         choice (:meth:`read_message` receives and checks it first). Read it at once."""
-        self._codec.bind(self._receive())
+        message = self._receive()
+        self._check(message)
+        self._codec.bind(message)
         return self._codec.input
 
     def send(self, payload: bytes) -> None:
@@ -202,6 +208,9 @@ class _SocketChannel:
 
     def _receive(self) -> Any:
         raise NotImplementedError
+
+    def _check(self, message: Any) -> None:
+        """Raise :class:`MessageRejected` unless ``message`` passes the wire scan."""
 
     def _set_timeout(self, timeout_s: float) -> None:
         if timeout_s != self._timeout:
@@ -271,8 +280,10 @@ class FramedChannel(_SocketChannel):
                 frame += self._recv_more(min(_READ_BYTES, length - len(frame)))
         if self._start >= len(self._buffer):
             self._buffer, self._start = b"", 0  # hold nothing while idle
-        check_frame(frame, self._limits)
         return frame
+
+    def _check(self, message: Any) -> None:
+        check_frame(message, self._limits)
 
 
 class BufferedChannel(_SocketChannel):
@@ -282,6 +293,9 @@ class BufferedChannel(_SocketChannel):
     """
 
     __slots__ = ()
+
+    def _check(self, message: Any) -> None:
+        """Nothing more: :meth:`_receive` scanned the message to find where it ends."""
 
     def _receive(self) -> Any:
         buf, start = self._buffer, self._start

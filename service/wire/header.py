@@ -1,8 +1,9 @@
 """The header of a checked call message: its method name and seqid, without decoding it.
 
 For refusing a call unread (:mod:`service.shedding`): a few bytes read, where the
-decoder would build the whole argument struct. The message has passed the wire
-scan, so its lengths are within bounds; each is checked here again all the same.
+decoder would build the whole argument struct. The message is only bounded by the
+frame limit (the wire scan is for messages that are decoded), so every length read
+here is checked against the message's end.
 """
 
 from __future__ import annotations
