@@ -18,7 +18,8 @@ from typing import IO, Optional
 import pymongo
 from pymongo.errors import PyMongoError
 
-__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port", "stop_process"]
+__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port", "stop_process",
+           "wait_for_ping"]
 
 _EXECUTABLE = "nx-27017"
 _START_ATTEMPTS = 3          # a free port can be taken by someone else before we bind it
@@ -64,6 +65,29 @@ def stop_process(process: Optional[subprocess.Popen], timeout_s: float,
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=timeout_s if kill_wait_s is None else kill_wait_s)
+
+
+def wait_for_ping(uri: str, process: Optional[subprocess.Popen], deadline: float) -> bool:
+    """Ping the server at ``uri`` until it answers (True), ``process`` (the server's) exits,
+    or ``deadline`` (monotonic seconds) passes (False)."""
+    client: pymongo.MongoClient = pymongo.MongoClient(
+        uri, directConnection=True, serverSelectionTimeoutMS=_PING_TIMEOUT_MS,
+        connectTimeoutMS=_PING_TIMEOUT_MS, appname="fanout-readiness")
+    try:
+        while time.monotonic() < deadline:
+            if process is None or process.poll() is not None:
+                return False
+            try:
+                # Each failed ping waits up to the selection timeout: this polls
+                # readiness at that pace rather than sleeping.
+                with pymongo.timeout(_PING_TIMEOUT_MS / 1000):
+                    client.admin.command("ping")
+                return True
+            except PyMongoError:
+                continue
+        return False
+    finally:
+        client.close()
 
 
 class MongoWireServer:
@@ -138,24 +162,7 @@ class MongoWireServer:
 
     def _wait_ready(self, deadline: float) -> bool:
         """Ping until it answers (True), the process exits or the deadline passes (False)."""
-        client: pymongo.MongoClient = pymongo.MongoClient(
-            self.uri, directConnection=True, serverSelectionTimeoutMS=_PING_TIMEOUT_MS,
-            connectTimeoutMS=_PING_TIMEOUT_MS, appname="fanout-readiness")
-        try:
-            while time.monotonic() < deadline:
-                if self._process is None or self._process.poll() is not None:
-                    return False
-                try:
-                    # Each failed ping waits up to the selection timeout: this polls
-                    # readiness at that pace rather than sleeping.
-                    with pymongo.timeout(_PING_TIMEOUT_MS / 1000):
-                        client.admin.command("ping")
-                    return True
-                except PyMongoError:
-                    continue
-            return False
-        finally:
-            client.close()
+        return wait_for_ping(self.uri, self._process, deadline)
 
     def _log_tail(self) -> str:
         texts = []

@@ -19,10 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional
 
-import pymongo
-from pymongo.errors import PyMongoError
-
-from service.samples.mongo_server import free_port, stop_process
+from service.samples.mongo_server import free_port, stop_process, wait_for_ping
 from tests.support.toolchains import FERRETDB, PG_BIN, missing
 
 __all__ = ["ENGINE_ENV", "ENGINES", "FerretDbServer", "FerretDbError", "selected_engine"]
@@ -51,7 +48,6 @@ documentdb.enableBypassDocumentValidation = true
 documentdb.enableUserCrud = true
 documentdb.maxUserLimit = 100
 """
-_PING_TIMEOUT_MS = 250
 _LOG_TAIL_CHARS = 2000
 
 
@@ -151,25 +147,9 @@ class FerretDbServer:
              f"--listen-addr=127.0.0.1:{self._port}", "--no-auth", "--telemetry=disable",
              "--debug-addr=-", f"--state-dir={self._workdir}", "--log-level=WARN"],
             stdout=self._console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        while time.monotonic() < deadline:
-            if self._ferretdb.poll() is not None:
-                break
-            if self._answers_ping():
-                return
-            time.sleep(0.1)
-        raise FerretDbError(f"FerretDB did not answer ping on port {self._port}:\n"
-                            f"{_tail(self._workdir / 'ferretdb.log')}")
-
-    def _answers_ping(self) -> bool:
-        client: pymongo.MongoClient = pymongo.MongoClient(
-            self.uri, serverSelectionTimeoutMS=_PING_TIMEOUT_MS, connectTimeoutMS=_PING_TIMEOUT_MS)
-        try:
-            client.admin.command("ping")
-            return True
-        except PyMongoError:
-            return False
-        finally:
-            client.close()
+        if not wait_for_ping(self.uri, self._ferretdb, deadline):
+            raise FerretDbError(f"FerretDB did not answer ping on port {self._port}:\n"
+                                f"{_tail(self._workdir / 'ferretdb.log')}")
 
     def _postgres_command(self, name: str, *args: str, check: bool = True,
                           log: Optional[Path] = None) -> None:
