@@ -39,7 +39,8 @@ SECONDS = {
     "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
     "test_server.py": 12, "test_workers.py": 10, "test_worker_group.py": 8, "interop": 12,
     "test_tracing_export.py": 8, "test_pool_advice.py": 6, "test_logs.py": 6, "test_fuzz.py": 6,
-    "test_lookups_http.py": 5, "test_lookups_mongo.py": 6, "test_compat.py": 6, "test_tls.py": 6, "test_service.py": 5,
+    "test_lookups_http.py": 5, "test_lookups_mongo.py": 6, "test_compat.py": 6, "test_tls.py": 6,
+    "test_service.py": 5,
 }
 DEFAULT_S = 3
 

@@ -69,3 +69,9 @@ def test_the_floor_answers_with_the_seqid_of_the_call(floor) -> None:
     result = appstats.AppStats.get_app_stats_result()
     result.read(protocol)
     assert result.overloaded is not None and result.success is None
+
+
+def test_the_floor_closes_a_connection_whose_frame_claims_more_than_the_limit(floor) -> None:
+    with socket.create_connection(floor.address, timeout=5) as sock:
+        sock.sendall(struct.pack("!i", 2 * 1024 * 1024) + b"x" * 64)
+        assert sock.recv(65536) == b""   # closed, nothing answered, nothing gathered

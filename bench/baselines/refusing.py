@@ -1,10 +1,11 @@
 """Refusing baseline: the floor of what refusing a caller who ignores ``retry_after_ms`` costs.
 
 A gevent ``StreamServer`` that answers every framed, binary call but ``ping``
-``Overloaded`` (as ``get_app_stats`` would be), from its header alone, after the hold that pacing gives such a caller
-(:mod:`service.engine.pacing`, with the deadline the call's ``meta`` would carry:
-``fanout.request_deadline_ms``). The reply is encoded once; only its seqid changes. No
-admission, no frame check, no metrics, no logging: a read, a timer and a write per
+``Overloaded`` (as ``get_app_stats`` would be), from its header alone, after the hold
+that pacing gives such a caller (:mod:`service.engine.pacing`, with the deadline the
+call's ``meta`` would carry: ``fanout.request_deadline_ms``). The reply is encoded once;
+only its seqid changes. No admission, no wire scan (a frame is only bounded by
+``server.max_frame_bytes``), no metrics, no logging: a read, a timer and a write per
 refusal, which is what any gevent server must spend to answer each such caller within
 its deadline. The overload scenario sets its CPU per refusal beside Fanout's.
 
@@ -63,10 +64,13 @@ def _encoded(method: str, result: Any) -> tuple[bytes, int]:
     return _FRAME.pack(len(body)) + body, _FRAME.size + 8 + len(method)
 
 
-def _read_frame(sock: socket.socket) -> Optional[bytes]:
-    """One whole frame's body, or None at the end of the stream."""
+def _read_frame(sock: socket.socket, max_frame_bytes: int) -> Optional[bytes]:
+    """One whole frame's body, or None at the end of the stream or for a frame longer
+    than ``max_frame_bytes`` (the connection is then closed)."""
     data = b""
     while len(data) < _FRAME.size or len(data) < _FRAME.size + _FRAME.unpack_from(data)[0]:
+        if len(data) >= _FRAME.size and not 0 <= _FRAME.unpack_from(data)[0] <= max_frame_bytes:
+            return None
         more = sock.recv(_READ_BYTES)
         if not more:
             return None
@@ -74,7 +78,7 @@ def _read_frame(sock: socket.socket) -> Optional[bytes]:
     return data[_FRAME.size:]
 
 
-def serve_refusing(deadline_ms: int) -> Any:
+def serve_refusing(deadline_ms: int, max_frame_bytes: int = 1024 * 1024) -> Any:
     """A ``StreamServer`` handler answering ``ping``, and refusing every other call, paced."""
     replies = encoded_replies()
 
@@ -82,15 +86,16 @@ def serve_refusing(deadline_ms: int) -> Any:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         pacing = CallerPacing()
         try:
-            while (body := _read_frame(sock)) is not None:
+            while (body := _read_frame(sock, max_frame_bytes)) is not None:
                 header = call_header(body, "binary")
                 if header is None:
                     return
                 method, seqid = header
                 if method != "ping":
                     method = "get_app_stats"
-                    pacing.arrived(Deadline.after_ms(deadline_ms))
-                    pacing.refused(_RETRY_AFTER_MS, Deadline.after_ms(deadline_ms))
+                    deadline = Deadline.after_ms(deadline_ms)
+                    pacing.arrived(deadline)
+                    pacing.refused(_RETRY_AFTER_MS, deadline)
                 reply, seqid_at = replies[method]
                 sock.sendall(reply[:seqid_at] + _FRAME.pack(seqid) + reply[seqid_at + 4:])
         except OSError:
@@ -103,7 +108,8 @@ def serve_refusing(deadline_ms: int) -> Any:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.refusing", argv)
     server = StreamServer((settings.server.host, settings.server.port),
-                          serve_refusing(settings.fanout.request_deadline_ms),
+                          serve_refusing(settings.fanout.request_deadline_ms,
+                                         settings.server.max_frame_bytes),
                           spawn=Pool(settings.server.max_connections))
     server.start()
     host, port = server.address[:2]

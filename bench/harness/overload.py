@@ -36,6 +36,7 @@ WARMUP_S = 5.0
 IMPOLITE = "ignoring"
 #: How long a caller that ignores retry_after_ms waits after an Overloaded.
 IMPOLITE_PAUSE_S = 0.05
+#: The floor: the same callers against a server that only holds and refuses.
 FLOOR = f"refusing-floor-{IMPOLITE}"
 
 
@@ -130,7 +131,8 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
         out.append(info_row(NAME, f"server CPU of one Overloaded to callers ignoring "
                                   f"retry_after_ms, {top} conns (ms)",
                             f"{held_ms:.3f}; the floor, a gevent server that only holds and "
-                            f"refuses: {floor_ms:.3f} (fanout / floor {held_ms / floor_ms:.2f}x); "
+                            f"refuses: {floor_ms:.3f} (fanout / floor "
+                            f"{held_ms / floor_ms if floor_ms else math.nan:.2f}x); "
                             f"read in full and answered at once: {_mean(refusal_ms):.3f}"))
         out += _impolite_goals(results, top, held_ms, floor_ms)
         return out

@@ -18,7 +18,8 @@ http               ``python -m bench.servers.http_backend``: the sample alerts a
                    cached, after ``delay_ms`` per request
 otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio10" or "full" only)
 server "fanout"    ``python -m service.cli serve --config FILE``
-server "sequential", "threaded", "bare", "handwritten", "refusing"   ``python -m bench.baselines.<name> --config FILE``
+server "sequential", "threaded", "bare", "handwritten", "refusing"
+                   ``python -m bench.baselines.<name> --config FILE``
 =================  ==========================================================================
 
 All servers read the same generated TOML file (:func:`stack_config`). A stack is ready
@@ -76,7 +77,7 @@ class StackError(RuntimeError):
 class StackSpec:
     """What one benchmark configuration runs. Construction raises ``ValueError`` for bad values."""
 
-    server: str                 # "fanout" | "sequential" | "threaded" | "bare" | "handwritten" | "refusing"
+    server: str                 # one of SERVERS
     mongo: str = "responder"    # "responder" | "nx"
     delay_ms: int = 20          # added to every MongoDB-wire (responder only) and HTTP operation
     workers: int = 1            # fanout only

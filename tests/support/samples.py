@@ -53,7 +53,8 @@ def http_services(sample_data: SampleData) -> Iterator[SampleHttpServices]:
         yield services
 
 
-def backend_overrides(mongo: MongoWireServer | FerretDbServer, http: SampleHttpServices) -> dict[str, str]:
+def backend_overrides(mongo: MongoWireServer | FerretDbServer,
+                      http: SampleHttpServices) -> dict[str, str]:
     """Dotted settings keys pointing at the running sample backends."""
     return {"mongo.uri": mongo.uri, "mongo.database": SAMPLE_DATABASE,
             "http.alerts_url": http.alerts_url, "http.metrics_url": http.metrics_url}

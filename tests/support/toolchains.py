@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["REQUIRE_ENV", "PG_BIN", "PG_EXTENSIONS", "FERRETDB", "Toolchain", "TOOLCHAINS", "missing", "needs", "header_lines",
-           "required", "check_required"]
+__all__ = ["REQUIRE_ENV", "PG_BIN", "PG_EXTENSIONS", "FERRETDB", "Toolchain", "TOOLCHAINS",
+           "missing", "needs", "header_lines", "required", "check_required"]
 
 #: Set to 1 to make a missing toolchain an error (CI).
 REQUIRE_ENV = "FANOUT_REQUIRE_TOOLCHAINS"
@@ -61,7 +61,8 @@ TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
 def missing(name: str) -> list[str]:
     """The commands of toolchain ``name`` not on PATH, and its files that do not exist."""
     toolchain = TOOLCHAINS[name]
-    return ([f"{command} not on PATH" for command in toolchain.commands if shutil.which(command) is None]
+    return ([f"{command} not on PATH" for command in toolchain.commands
+             if shutil.which(command) is None]
             + [f"no {path}" for path in toolchain.files if not path.exists()])
 
 
