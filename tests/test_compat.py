@@ -9,6 +9,7 @@ on it (``FANOUT_TEST_MONGO_ENGINE=ferretdb``); without the engine this module is
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,12 +36,17 @@ FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
 
 
 @pytest.fixture(scope="module")
-def engines(sample_data: SampleData) -> Iterator[dict[str, Any]]:
-    """Both engines, running and seeded with the same data."""
-    with FerretDbServer() as ferretdb, MongoWireServer() as nx:
-        for server in (ferretdb, nx):
-            seed_mongo_at(server.uri, SAMPLE_DATABASE, sample_data)
-        yield {"ferretdb": ferretdb, "nx-27017": nx}
+def engines(sample_data: SampleData, mongo_server: Any) -> Iterator[dict[str, Any]]:
+    """Both engines, running and seeded with the same data: the session's server is one of
+    them (nx-27017, or FerretDB under ``make compat``), and the other is started here."""
+    with contextlib.ExitStack() as stack:
+        found = {"ferretdb": mongo_server} if isinstance(mongo_server, FerretDbServer) \
+            else {"nx-27017": mongo_server}
+        for name, kind in (("ferretdb", FerretDbServer), ("nx-27017", MongoWireServer)):
+            if name not in found:
+                found[name] = stack.enter_context(kind())
+                seed_mongo_at(found[name].uri, SAMPLE_DATABASE, sample_data)
+        yield found
 
 
 def test_the_engine_is_ferretdb_2_on_documentdb(engines: dict[str, Any]) -> None:
