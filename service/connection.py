@@ -6,7 +6,12 @@ reply. Exceptions the IDL declares go back typed; anything else the handler
 raises becomes ``TApplicationException(INTERNAL_ERROR, "internal error (request
 id ...)")``, with the stack trace logged under that id, and the connection stays
 usable. A malformed, oversized or too slow message closes only its own
-connection, counted by kind in :class:`ServerStats`.
+connection, counted by kind in :class:`~service.server_stats.ServerStats`.
+
+A reply that pacing holds (a refusal to a caller back before its
+``retry_after_ms``, :mod:`service.engine.pacing`) is written once the hold is
+over: by :mod:`service.held_connections`, off this greenlet, where the
+connection allows it, or else after a sleep here.
 """
 
 from __future__ import annotations
@@ -15,10 +20,9 @@ import contextvars
 import logging
 import socket
 import time
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
+import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
@@ -26,13 +30,13 @@ from service.server_settings import ServerSettings
 from service.engine.context import new_request_id
 from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
+from service.held_connections import HeldConnections, HeldReply
 from service.rpc_metrics import call_ended
+from service.server_stats import ServerStats
 from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
-from service.wire.errors import (
-    LimitExceeded, MessageTooSlow, ReplyNotTaken, WireError,
-)
+from service.wire.errors import WireError
 from service.wire.scan import WireLimits
-from tracing.spans import set_call_endpoints
+from tracing.spans import connection_endpoints, set_call_endpoints
 
 __all__ = ["Connection", "MessageLoop", "ServerStats"]
 
@@ -42,32 +46,6 @@ _Reply = TPayload | TApplicationException
 #: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
 #: without reading it further, or None (:class:`service.shedding.UnreadRefusals`).
 RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]]
-
-
-@dataclass
-class ServerStats:
-    """Counters since start.
-
-    ``frames_rejected`` counts every incoming message refused, each of which
-    closed its connection: over a limit (``limits_exceeded``: frame, string,
-    container or nesting depth), malformed or undecodable (``malformed_messages``),
-    or not complete within ``server.frame_timeout_ms`` (``slow_messages``).
-    ``slow_readers`` counts connections closed because the peer did not take
-    its reply within ``server.frame_timeout_ms``. ``tls_refused`` counts
-    connections closed in or right after their TLS handshake (failed, stalled,
-    no or an untrusted client certificate, or a client name not allowed).
-    """
-
-    connections_open: int = 0
-    connections_total: int = 0
-    frames_rejected: int = 0
-    limits_exceeded: int = 0
-    malformed_messages: int = 0
-    slow_messages: int = 0
-    slow_readers: int = 0
-    internal_errors: int = 0
-    declared_errors: int = 0    # calls answered with an exception the IDL declares
-    tls_refused: int = 0
 
 
 class _MalformedMessage(Exception):
@@ -90,7 +68,7 @@ class Connection:
         self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)
         # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
-        self.endpoints = _endpoints(sock)
+        self.endpoints = connection_endpoints(sock)
         # One caller per connection: its refusals are paced (service.engine.pacing).
         self.caller = CallerPacing()
         self.served_while_draining = False
@@ -132,10 +110,16 @@ class MessageLoop:
         # A port scanner or a web client sends hundreds of bad connections a second:
         # one line per interval, by kind, with an example, never one per connection.
         self._rejected = FailureSummary(log, "connections closed for what they sent")
+        self.held = HeldConnections(self._refuse_next, self._may_serve_more,
+                                    settings.max_frame_bytes)
 
     def open(self, sock: socket.socket) -> Connection:
         """A :class:`Connection` over ``sock``, with this loop's wire settings."""
         return Connection(sock, self._settings, self._make_protocol)
+
+    def _may_serve_more(self, connection: Connection) -> bool:
+        """Whether a held connection may go on being served where it is held."""
+        return not self._stopping() and not self._too_old(connection)
 
     def _too_old(self, connection: Connection) -> bool:
         max_age_ms = self._settings.max_connection_age_ms
@@ -154,7 +138,7 @@ class MessageLoop:
             while self._may_go_on(connection) and connection.channel.next_message():
                 self._serve_one(connection)
         except (WireError, _MalformedMessage) as exc:
-            self._rejected.count(self._book_rejection(exc), f"{peer}: {exc}")
+            self._rejected.count(self._stats.count_closing(exc), f"{peer}: {exc}")
         except TimeoutError:
             log.debug("connection from %s idle for %d ms; closing", peer,
                       self._settings.idle_timeout_ms)
@@ -177,45 +161,70 @@ class MessageLoop:
         connection.served_while_draining = True
         return True
 
-    def _book_rejection(self, exc: Exception) -> str:
-        """Count a closing for what the peer sent in :class:`ServerStats`; its kind for the log."""
-        if isinstance(exc, ReplyNotTaken):
-            self._stats.slow_readers += 1
-            return "reply not taken in time"
-        self._stats.frames_rejected += 1
-        if isinstance(exc, LimitExceeded):
-            self._stats.limits_exceeded += 1
-            looks_like = getattr(exc, "looks_like", "")
-            return f"{looks_like} sent to the Thrift port" if looks_like else "limit exceeded"
-        if isinstance(exc, MessageTooSlow):
-            self._stats.slow_messages += 1
-            return "message too slow"
-        self._stats.malformed_messages += 1
-        return "malformed message"
-
     def _serve_one(self, connection: Connection) -> None:
         message = connection.channel.receive()
         started = time.perf_counter()
+        api, seqid, reply = self._answer(connection, message)
+        hold_s = connection.caller.take_hold()
+        if not isinstance(reply, TApplicationException) and reply.oneway:
+            call_ended(api, _error_type(reply), time.perf_counter() - started)
+            return
+        held = HeldReply(api, _error_type(reply), started,
+                         connection.channel.framed(self._encoded(connection, api, seqid, reply)),
+                         hold_s)
+        payload = held.payload
+        if hold_s > 0 and self.held.can_hold(connection):
+            self._stats.replies_held += 1
+            unsent = self.held.hold(connection, held)  # written and recorded there...
+            if unsent is None:
+                return
+            held, payload, hold_s = unsent.reply, unsent.rest, 0.0  # ...but for this rest
+        self._send(connection, held, payload, hold_s)
+
+    def _answer(self, connection: Connection, message: Any) -> tuple[str, int, _Reply]:
+        """The call's method, seqid and reply: refused unread, or decoded and run."""
         refused = (self._refuse_unread(connection.caller, message)
                    if self._refuse_unread is not None else None)
         if refused is not None:
-            api, seqid, reply = refused
-            call = None
-            self._stats.declared_errors += 1
-            self._declared.count(f"{api} Overloaded", "refused unread")
-        else:
-            api, seqid, reply, call = self._decode_call(connection.channel, message)
+            self._count_unread(refused[0])
+            return refused
+        api, seqid, reply, call = self._decode_call(connection.channel, message)
         if call is not None:
             reply = self._invoke(api, call, reply, connection)
-        error_type = _error_type(reply)
+        return api, seqid, reply
+
+    def _refuse_next(self, connection: Connection, message: Any) -> Optional[HeldReply]:
+        """For a held connection (in a callback of the hub): the held reply to a call
+        refused unread, or None to serve it in the connection's greenlet."""
+        refused = (self._refuse_unread(connection.caller, message)
+                   if self._refuse_unread is not None else None)
+        if refused is None:
+            return None
+        started = time.perf_counter()
+        api, seqid, reply = refused
+        self._count_unread(api)
+        self._stats.replies_held += 1
+        self._stats.refused_while_held += 1
+        payload = connection.channel.framed(self._encoded(connection, api, seqid, reply))
+        return HeldReply(api, _error_type(reply), started, payload, connection.caller.take_hold())
+
+    def _count_unread(self, api: str) -> None:
+        self._stats.declared_errors += 1
+        self._declared.tally(f"{api} Overloaded", "refused unread")
+
+    def _send(self, connection: Connection, reply: HeldReply, payload: bytes,
+              hold_s: float) -> None:
+        """Write ``payload`` (all or the rest of ``reply``'s) after ``hold_s``; record the call."""
+        error_type = reply.error_type
         try:
-            if isinstance(reply, TApplicationException) or not reply.oneway:
-                self._write_reply(connection, api, seqid, reply)
-        except Exception as unwritten:
+            if hold_s > 0:
+                gevent.sleep(hold_s)
+            connection.channel.send_framed(payload)
+        except BaseException as unwritten:
             error_type = type(unwritten).__name__
             raise
         finally:  # every call read is recorded once, its reply written or not
-            call_ended(api, error_type, time.perf_counter() - started)
+            call_ended(reply.method, error_type, time.perf_counter() - reply.started)
 
     def _decode_call(self, channel: Channel,
                      message: Any) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
@@ -245,7 +254,9 @@ class MessageLoop:
             self._declared.count(f"{api} {type(exc).__name__}", exc)
         return result
 
-    def _write_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> None:
+    def _encoded(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> bytes:
+        """The reply's message, encoded (unframed). No switch between clean and getvalue:
+        the output buffer is the hub's."""
         output = connection.output
         output.clean()
         try:
@@ -256,7 +267,7 @@ class MessageLoop:
             output.clean()
             connection.oprot = self._make_protocol(output)  # drop any half-written state
             self._encode(connection.oprot, api, seqid, error)
-        connection.channel.send(output.getvalue())
+        return output.getvalue()
 
     def _encode(self, oprot: TProtocolBase, api: str, seqid: int, reply: _Reply) -> None:
         if isinstance(reply, TApplicationException):
@@ -270,21 +281,6 @@ class MessageLoop:
         log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
         return TApplicationException(TApplicationException.INTERNAL_ERROR,
                                      f"internal error (request id {request_id})")
-
-
-def _endpoints(sock: socket.socket) -> Mapping[str, Any]:
-    """The semantic conventions' network attributes of an accepted TCP connection."""
-    try:
-        local, peer = sock.getsockname(), sock.getpeername()
-    except OSError:  # already reset by the peer: its calls will fail on their own
-        return {}
-    if not (isinstance(local, tuple) and isinstance(peer, tuple)):
-        return {}
-    return MappingProxyType({
-        "server.address": local[0], "server.port": local[1],
-        "client.address": peer[0], "client.port": peer[1],
-        "network.peer.address": peer[0], "network.peer.port": peer[1],
-        "network.transport": "tcp"})
 
 
 def _error_type(reply: _Reply) -> str:

@@ -42,7 +42,8 @@ from opentelemetry import metrics
 from thriftpy2.thrift import TProcessor
 
 from service.server_settings import ServerSettings
-from service.connection import Connection, MessageLoop, RefuseUnread, ServerStats
+from service.connection import Connection, MessageLoop, RefuseUnread
+from service.server_stats import ServerStats
 from service.engine.summary import FailureSummary
 from service.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
@@ -185,6 +186,9 @@ class ThriftServer:
     def _drain(self, server: StreamServer, timeout_s: float) -> DrainReport:
         started = time.monotonic()
         server.close()
+        # Replies held for pacing are written now, and their connections go back to their
+        # greenlets, which see the drain (service.held_connections).
+        self._loop.held.release_all()
         open_connections = list(self._connections)
         idle = sum(connection.close_if_idle() for connection in open_connections)
         busy = len(open_connections) - idle

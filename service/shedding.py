@@ -11,7 +11,9 @@ a connection whose caller came back before the pause it was told is answered
 ``Overloaded`` from the message header alone: the method name and seqid are read
 (:func:`service.wire.header.call_header`), the rest is skipped. It is held as
 pacing holds any such refusal, within the deadline that caller's last call
-carried, and counted as every refusal is (``fanout.calls.overloaded``,
+carried (:mod:`service.held_connections` holds it where the connection allows, off
+its greenlet, and then reads that caller's next call there too), and counted as every
+refusal is (``fanout.calls.overloaded``,
 ``fanout.calls.held``, ``rpc.server.call.duration`` with ``error.type``
 ``Overloaded``). It makes no span. Only the frame limit has bounded the message:
 its header is read with every length checked again, and the rest is never decoded,
@@ -41,8 +43,9 @@ class UnreadRefusals:
     """Decides, from a checked message and its connection's caller, whether to refuse it unread.
 
     Call it with each message before decoding: it returns ``(method, seqid,
-    result)`` to answer with (after holding the caller), or None to serve the
-    message as usual.
+    result)`` to answer with, or None to serve the message as usual. How long to
+    hold the answer is the caller's :meth:`~service.engine.pacing.CallerPacing.take_hold`.
+    It never blocks, so the hub's callbacks may call it.
     """
 
     def __init__(self, fanout: FanOut, protocol: str) -> None:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from collections import Counter
-from typing import Any, Iterator
+from typing import Any
 
 import gevent
-import pytest
-from thriftpy2.protocol import TBinaryProtocol
-from thriftpy2.protocol.cybin import TCyBinaryProtocol
-from thriftpy2.thrift import TClient
-from thriftpy2.transport import TMemoryBuffer, TSocket
-from thriftpy2.transport.framed import TCyFramedTransport
 
-from bench.load.frames import encode_call
 from service.client import AppStatsClient
 from service.engine.deadline import Deadline
 from service.engine.pacing import CallerPacing
 from service.idl import appstats
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
-
-_CALLERS = 16
-_DEADLINE_MS = 1000
-#: The caller's own timeout: the deadline plus the web-tier client's reply margin.
-_CALLER_TIMEOUT_S = _DEADLINE_MS / 1000.0 + 0.25
+from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
+                                  impatient_caller, one_call_at_a_time, reply)
 
 
 def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not() -> None:
@@ -40,8 +29,11 @@ def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not
     assert 0.9 * (0.95 * 0.3 - 0.05) - 0.01 <= held_s <= 0.95 * 0.3 - 0.05
 
     pacing.arrived(Deadline.after_ms(300))
-    assert pacing.refused(40, Deadline.after_ms(2000)) <= 0.040  # never past retry_after_ms
-    gevent.sleep(0.040 * 0.6)  # a caller honouring x0.6 of the 40 ms it was told
+    held_s = pacing.refused(40, Deadline.after_ms(2000))
+    assert 0 < held_s <= 0.040  # never past retry_after_ms
+    assert pacing.take_hold() == held_s and pacing.take_hold() == 0.0  # the server holds it
+    # Answered when the hold ends, a caller honouring x0.6 of the 40 ms it was told.
+    gevent.sleep(held_s + 0.040 * 0.6)
     pacing.arrived(Deadline.after_ms(300))
     assert pacing.refused(40, Deadline.after_ms(2000)) == 0.0
 
@@ -50,70 +42,22 @@ def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not
     assert pacing.refused(10_000, Deadline.after_ms(2000)) == 0.0  # answered since: a new start
 
 
-@pytest.fixture
-def slow_alerts(sample_data: SampleData) -> Iterator[FaultyHttpService]:
-    service = FaultyHttpService(sample_data).start()
-    service.set_mode("slow", delay_ms=300)
-    yield service
-    service.stop()
-
-
-def _one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService,
-                        hold: bool) -> Any:
-    """A server admitting one call at a time, each taking at least 300 ms."""
-    service, _ = start_service(**{
-        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 1,
-        "admission.min_limit": 1, "admission.max_limit": 1,
-        "admission.hold_refusals": str(hold).lower()})
-    return service
-
-
-def _impatient_caller(address: tuple[str, int], seconds: float) -> Counter[str]:
-    """A plain Thrift client on one connection calling again at once after an Overloaded."""
-    sock = socket.create_connection(address, timeout=_CALLER_TIMEOUT_S)
-    client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(TSocket(sock=sock))))
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=_DEADLINE_MS))
-    kinds: Counter[str] = Counter()
-    ends = time.monotonic() + seconds
-    try:
-        while time.monotonic() < ends:
-            began = time.monotonic()
-            try:
-                client.get_app_stats(request)
-                kinds["answered"] += 1
-            except appstats.Overloaded:
-                kinds["overloaded"] += 1
-            # The caller's socket timeout would have failed the call: answered in time.
-            assert time.monotonic() - began < _CALLER_TIMEOUT_S
-    finally:
-        sock.close()
-    return kinds
-
-
-def _hammer(address: tuple[str, int], seconds: float) -> list[Counter[str]]:
-    callers = [gevent.spawn(_impatient_caller, address, seconds) for _ in range(_CALLERS)]
-    gevent.joinall(callers, timeout=seconds + 10)
-    assert all(c.ready() for c in callers), "a caller hung"
-    return [c.get() for c in callers]  # re-raises a transport error or a late answer
-
-
 def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
-    unpaced = _one_call_at_a_time(start_service, slow_alerts, hold=False)
-    unpaced_kinds = _hammer(unpaced.address, 2.0)
+    unpaced = one_call_at_a_time(start_service, slow_alerts, hold=False)
+    unpaced_kinds = hammer(unpaced.address, 2.0)
     assert unpaced.fanout.stats.held == 0
 
-    paced = _one_call_at_a_time(start_service, slow_alerts, hold=True)
-    paced_kinds = _hammer(paced.address, 2.0)
+    paced = one_call_at_a_time(start_service, slow_alerts, hold=True)
+    paced_kinds = hammer(paced.address, 2.0)
 
     refused = sum(k["overloaded"] for k in paced_kinds)
     answered = sum(k["answered"] for k in paced_kinds)
-    assert answered >= 1 and refused >= _CALLERS
+    assert answered >= 1 and refused >= CALLERS
     # Held: all but a connection's first refusal and the first after each answer, less the
     # retries that took longer than 0.4 x retry_after_ms to arrive (a few on a quiet machine;
     # under a parallel test run's load up to a third were seen). Without pacing: none.
-    assert paced.fanout.stats.held >= 0.5 * (refused - _CALLERS - answered)
+    assert paced.fanout.stats.held >= 0.5 * (refused - CALLERS - answered)
     assert paced.fanout.stats.overloaded == refused
     # Refusing at once, the same callers are refused several times as often (about 10x on
     # a quiet machine; under the load of a parallel test run the unpaced server refuses
@@ -123,7 +67,7 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
 
 def test_callers_honouring_retry_after_are_never_held(
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
-    service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
+    service = one_call_at_a_time(start_service, slow_alerts, hold=True)
 
     def polite() -> Counter[str]:
         kinds: Counter[str] = Counter()
@@ -147,42 +91,16 @@ def test_callers_honouring_retry_after_are_never_held(
     assert service.fanout.stats.held == 0
 
 
-def _call_frame(seqid: int) -> bytes:
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=_DEADLINE_MS))
-    return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request), seqid)
-
-
-def _reply(sock: socket.socket) -> tuple[int, Any]:
-    """The seqid and decoded result of one framed binary reply."""
-    (length,) = struct.unpack("!i", _recv_exactly(sock, 4))
-    body = _recv_exactly(sock, length)
-    protocol = TBinaryProtocol(TMemoryBuffer(body))
-    _, _, seqid = protocol.read_message_begin()
-    result = appstats.AppStats.get_app_stats_result()
-    result.read(protocol)
-    return seqid, result
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        more = sock.recv(size - len(data))
-        assert more, "connection closed"
-        data += more
-    return data
-
-
 def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqid(
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
-    service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
-    busy = gevent.spawn(_impatient_caller, service.address, 2.0)  # keeps the one slot taken
+    service = one_call_at_a_time(start_service, slow_alerts, hold=True)
+    busy = gevent.spawn(impatient_caller, service.address, 2.0)  # keeps the one slot taken
     gevent.sleep(0.2)
-    with socket.create_connection(service.address, timeout=_CALLER_TIMEOUT_S) as sock:
+    with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S) as sock:
         answers = []
         for seqid in range(41, 47):  # back at once after each answer, as a retry loop would be
-            sock.sendall(_call_frame(seqid))
-            answers.append(_reply(sock))
+            sock.sendall(call_frame(seqid))
+            answers.append(reply(sock))
     busy.get()
     assert [seqid for seqid, _ in answers] == list(range(41, 47))
     # The busy caller leaves the slot free now and then (more often on a loaded machine), so
@@ -199,7 +117,7 @@ def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
     """Many calls through one pooled client: a connection answered Overloaded is not lent
     again before its retry_after_ms, so no call of this client is held by pacing."""
-    service = _one_call_at_a_time(start_service, slow_alerts, hold=True)
+    service = one_call_at_a_time(start_service, slow_alerts, hold=True)
     kinds: Counter[str] = Counter()
     with AppStatsClient(*service.address, pool_size=4, timeout_ms=3000,
                         overload_retry_ratio=1.0) as client:

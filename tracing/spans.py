@@ -33,8 +33,10 @@ the abandoned task still does shows as its client spans running on past it.
 
 from __future__ import annotations
 
+import socket
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Optional
 
 import gevent
@@ -48,7 +50,7 @@ from tracing.propagation import extract_context
 
 __all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
            "mark_task_outcome", "cut_task_span", "mark_coalesced", "trace_id_hex", "follow_parent_sampling",
-           "set_call_endpoints"]
+           "set_call_endpoints", "connection_endpoints"]
 
 RPC_SERVICE = "AppStats"
 #: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
@@ -72,6 +74,21 @@ def set_call_endpoints(attributes: Mapping[str, Any]) -> None:
     """Declare, in the call's own context, the network attributes of its connection
     (``server.address``, ``client.address``, ...); :func:`request_span` adds them."""
     _call_endpoints.set(attributes)
+
+
+def connection_endpoints(sock: socket.socket) -> Mapping[str, Any]:
+    """The semantic conventions' network attributes of an accepted TCP connection."""
+    try:
+        local, peer = sock.getsockname(), sock.getpeername()
+    except OSError:  # already reset by the peer: its calls will fail on their own
+        return {}
+    if not (isinstance(local, tuple) and isinstance(peer, tuple)):
+        return {}
+    return MappingProxyType({
+        "server.address": local[0], "server.port": local[1],
+        "client.address": peer[0], "client.port": peer[1],
+        "network.peer.address": peer[0], "network.peer.port": peer[1],
+        "network.transport": "tcp"})
 
 
 def follow_parent_sampling(enabled: bool) -> None:

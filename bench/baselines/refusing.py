@@ -22,6 +22,7 @@ import socket  # noqa: E402
 import struct  # noqa: E402
 from typing import Any, Optional, Sequence  # noqa: E402
 
+import gevent  # noqa: E402
 from gevent.pool import Pool  # noqa: E402
 from gevent.server import StreamServer  # noqa: E402
 from thriftpy2.protocol import TCyBinaryProtocol  # noqa: E402
@@ -95,7 +96,7 @@ def serve_refusing(deadline_ms: int, max_frame_bytes: int = 1024 * 1024) -> Any:
                     method = "get_app_stats"
                     deadline = Deadline.after_ms(deadline_ms)
                     pacing.arrived(deadline)
-                    pacing.refused(_RETRY_AFTER_MS, deadline)
+                    gevent.sleep(pacing.refused(_RETRY_AFTER_MS, deadline))
                 reply, seqid_at = replies[method]
                 sock.sendall(reply[:seqid_at] + _FRAME.pack(seqid) + reply[seqid_at + 4:])
         except OSError:

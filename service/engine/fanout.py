@@ -16,9 +16,9 @@ kills them. No task outlives its request by more than that grace.
 
 Before any of that, the call must be admitted (:mod:`service.engine.admission`):
 a call refused there, or finding the process-wide budget exhausted, raises
-:class:`FanOutOverloaded` at once, having cost almost nothing; unless its caller
-came back before the ``retry_after_ms`` it was told, when the refusal is held
-first (:mod:`service.engine.pacing`).
+:class:`FanOutOverloaded` at once, having cost almost nothing. If its caller
+came back before the ``retry_after_ms`` it was told, pacing also decides how long
+the server holds that answer (:mod:`service.engine.pacing`).
 
 Failures are counted, and logged as a summary every few seconds at most
 (:mod:`service.engine.summary`), never a line per task. Each outcome a caller gets goes to the
@@ -180,7 +180,7 @@ class FanOut:
         try:
             result = self._admit_and_run(tasks, request.deadline)
         except FanOutOverloaded as overloaded:
-            # After admission's slot is given back: a held refusal holds nothing but a timer.
+            # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
             if caller.refused(overloaded.retry_after_ms, request.deadline) > 0:
                 self.stats.held += 1
             raise

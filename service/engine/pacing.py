@@ -8,11 +8,12 @@ such callers take the whole CPU from the calls that were admitted.
 
 A Thrift connection is strictly request-reply: until it has its answer, a
 caller sends nothing more on it. So a caller that came back before the pause it
-was told gets its next refusal *held*: the connection's greenlet sleeps until
-``retry_after_ms`` has passed, or until shortly before the call's deadline,
-whichever is first, then answers ``Overloaded`` as before. The caller is never
-answered late, and every caller is throttled to about one refusal per
-``retry_after_ms`` (or per deadline) whatever it does, at the cost of a timer.
+was told gets its next refusal *held*: answered ``Overloaded`` as before, but only
+once ``retry_after_ms`` has passed, or shortly before the call's deadline,
+whichever is first. The caller is never answered late, and every caller is
+throttled to about one refusal per ``retry_after_ms`` (or per deadline) whatever
+it does, at the cost of a timer. This module decides how long; the holding is
+the server's (:mod:`service.held_connections`, or a sleep in the call's greenlet).
 
 Weighed against the alternatives:
 
@@ -40,8 +41,6 @@ import time
 from contextvars import ContextVar
 from typing import Optional
 
-import gevent
-
 from service.engine.deadline import Deadline
 
 __all__ = ["CallerPacing", "current_caller"]
@@ -67,12 +66,13 @@ current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_early", "_budget_ms")
+    __slots__ = ("_back_at", "_early", "_budget_ms", "_hold_s")
 
     def __init__(self) -> None:
         self._back_at = 0.0
         self._early = False
         self._budget_ms = 0.0   # the deadline of this caller's last call read in full
+        self._hold_s = 0.0      # how long to hold the reply to the call being served
 
     def arrived(self, deadline: Deadline) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
@@ -82,6 +82,10 @@ class CallerPacing:
     def back_early(self) -> bool:
         """True if a call arriving now comes before the pause this caller was told."""
         return self._budget_ms > 0 and time.monotonic() < self._back_at
+
+    def early_for_s(self) -> float:
+        """Seconds from now until a call from this caller no longer counts as early (0 if none)."""
+        return max(0.0, self._back_at - time.monotonic()) if self._budget_ms > 0 else 0.0
 
     def refused_unread(self, retry_after_ms: int) -> float:
         """A call that came back early is refused without being read: held as in
@@ -94,18 +98,22 @@ class CallerPacing:
         self._back_at = 0.0
 
     def refused(self, retry_after_ms: int, deadline: Deadline) -> float:
-        """The call is refused; hold it first if its caller came back too early.
+        """The call is refused: how long to hold its answer, in seconds from now.
 
-        Returns the seconds held (0 for a caller that honours ``retry_after_ms``).
+        0 for a caller that honours ``retry_after_ms``. The pause this caller is told
+        counts from the end of the hold.
         """
         held_s = 0.0
         if self._early:
             # Jittered: callers refused together would otherwise come back together, for ever.
-            held_s = random.uniform(_JITTER, 1.0) * min(
-                retry_after_ms / 1000.0, deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S)
-            if held_s > 0:
-                gevent.sleep(held_s)
-            else:
-                held_s = 0.0
-        self._back_at = time.monotonic() + _EARLY_SHARE * retry_after_ms / 1000.0
+            held_s = max(0.0, random.uniform(_JITTER, 1.0) * min(
+                retry_after_ms / 1000.0, deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S))
+        self._back_at = time.monotonic() + held_s + _EARLY_SHARE * retry_after_ms / 1000.0
+        self._hold_s = held_s
+        return held_s
+
+    def take_hold(self) -> float:
+        """Seconds to hold the reply to the call just served (0 if it was not refused
+        :meth:`refused`), counted from now; asking again returns 0."""
+        held_s, self._hold_s = self._hold_s, 0.0
         return held_s

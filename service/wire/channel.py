@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import select
 import socket
+import ssl
 import struct
 import time
 from typing import Any, Callable, Optional, Protocol
 
+import gevent.ssl
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
@@ -50,6 +52,7 @@ __all__ = [
 
 
 _FRAME_HEADER = struct.Struct("!i")
+_TLS_SOCKETS = (ssl.SSLSocket, gevent.ssl.SSLSocket)
 # The most one receive asks for: a typical call (or a burst of pipelined ones) in one read.
 _READ_BYTES = 64 * 1024
 
@@ -76,6 +79,15 @@ class Channel(Protocol):
     def decode(self, message: Any) -> TProtocolBase: ...
 
     def send(self, payload: bytes) -> None: ...
+
+    @property
+    def holdable(self) -> bool: ...
+
+    def push_back(self, data: bytes) -> None: ...
+
+    def framed(self, payload: bytes) -> bytes: ...
+
+    def send_framed(self, payload: bytes) -> None: ...
 
 
 def open_channel(transport: str, sock: socket.socket, limits: WireLimits,
@@ -189,9 +201,30 @@ class _SocketChannel:
         self._codec.bind(message)
         return self._codec.input
 
+    @property
+    def holdable(self) -> bool:
+        """True if the connection can be served from the hub's callbacks for a while
+        (:mod:`service.held_connections`): framed, not TLS, and nothing buffered."""
+        return False
+
+    def push_back(self, data: bytes) -> None:
+        """Put ``data``, read from the socket by someone else, before anything unread:
+        the next :meth:`next_message` starts with it. Only while nothing is buffered."""
+        if self._start < len(self._buffer):
+            raise RuntimeError("push_back with bytes still buffered")
+        self._buffer, self._start = data, 0
+
+    def framed(self, payload: bytes) -> bytes:
+        """``payload`` as it goes on the wire (with its frame header where there are frames)."""
+        return payload
+
     def send(self, payload: bytes) -> None:
         """Send ``payload``; raises :class:`ReplyNotTaken` if the peer has not taken it
         within ``frame_timeout_ms``."""
+        self.send_framed(self.framed(payload))
+
+    def send_framed(self, payload: bytes) -> None:
+        """Send bytes already :meth:`framed` (or what is left of them), as :meth:`send`."""
         self._set_timeout(self._limits.frame_timeout_ms / 1000.0)
         try:
             # A reply fits the socket's buffer nearly always: one send() then, where
@@ -250,6 +283,13 @@ class FramedChannel(_SocketChannel):
 
     __slots__ = ("_length",)
 
+    @property
+    def holdable(self) -> bool:
+        return self._start >= len(self._buffer) and not isinstance(self._sock, _TLS_SOCKETS)
+
+    def framed(self, payload: bytes) -> bytes:
+        return _FRAME_HEADER.pack(len(payload)) + payload
+
     def _begin(self) -> None:
         """Read the frame header; raises :class:`FrameRejected` for a bad length."""
         while len(self._buffer) - self._start < _FRAME_HEADER.size:
@@ -261,9 +301,6 @@ class FramedChannel(_SocketChannel):
             raise FrameRejected(length, limit)
         self._start += _FRAME_HEADER.size
         self._length = length
-
-    def send(self, payload: bytes) -> None:
-        super().send(_FRAME_HEADER.pack(len(payload)) + payload)
 
     def _receive(self) -> Any:
         start, length = self._start, self._length

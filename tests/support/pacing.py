@@ -1,0 +1,112 @@
+"""Callers that ignore ``retry_after_ms``, and a server that is nearly always saturated.
+
+For the pacing tests (``test_pacing.py``, ``test_held_connections.py``): plain Thrift
+callers on raw sockets that call again at once after an ``Overloaded``, hand-encoded
+calls with their own seqids, and a server admitting one call at a time.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections import Counter
+from typing import Any, Iterator
+
+import gevent
+import pytest
+from thriftpy2.protocol import TBinaryProtocol
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TClient
+from thriftpy2.transport import TMemoryBuffer, TSocket
+from thriftpy2.transport.framed import TCyFramedTransport
+
+from bench.load.frames import encode_call
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
+from service.samples.faults import FaultyHttpService
+
+__all__ = ["CALLERS", "CALLER_TIMEOUT_S", "DEADLINE_MS", "slow_alerts", "one_call_at_a_time",
+           "impatient_caller", "hammer", "call_frame", "reply", "recv_exactly"]
+
+CALLERS = 16
+DEADLINE_MS = 1000
+#: The caller's own timeout: the deadline plus the web-tier client's reply margin.
+CALLER_TIMEOUT_S = DEADLINE_MS / 1000.0 + 0.25
+
+
+@pytest.fixture
+def slow_alerts(sample_data: SampleData) -> Iterator[FaultyHttpService]:
+    service = FaultyHttpService(sample_data).start()
+    service.set_mode("slow", delay_ms=300)
+    yield service
+    service.stop()
+
+
+def one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService, hold: bool,
+                       **overrides: Any) -> Any:
+    """A server admitting one call at a time, each taking at least 300 ms."""
+    service, _ = start_service(**{
+        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 1,
+        "admission.min_limit": 1, "admission.max_limit": 1,
+        "admission.hold_refusals": str(hold).lower(), **overrides})
+    return service
+
+
+def impatient_caller(address: tuple[str, int], seconds: float,
+                     transport: Any = TCyFramedTransport) -> Counter[str]:
+    """A plain Thrift client on one connection calling again at once after an Overloaded."""
+    sock = socket.create_connection(address, timeout=CALLER_TIMEOUT_S)
+    client = TClient(appstats.AppStats, TCyBinaryProtocol(transport(TSocket(sock=sock))))
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=DEADLINE_MS))
+    kinds: Counter[str] = Counter()
+    ends = time.monotonic() + seconds
+    try:
+        while time.monotonic() < ends:
+            began = time.monotonic()
+            try:
+                client.get_app_stats(request)
+                kinds["answered"] += 1
+            except appstats.Overloaded:
+                kinds["overloaded"] += 1
+            # The caller's socket timeout would have failed the call: answered in time.
+            assert time.monotonic() - began < CALLER_TIMEOUT_S
+    finally:
+        sock.close()
+    return kinds
+
+
+def hammer(address: tuple[str, int], seconds: float, **caller: Any) -> list[Counter[str]]:
+    """:data:`CALLERS` impatient callers for ``seconds``; what each was answered."""
+    callers = [gevent.spawn(impatient_caller, address, seconds, **caller) for _ in range(CALLERS)]
+    gevent.joinall(callers, timeout=seconds + 10)
+    assert all(c.ready() for c in callers), "a caller hung"
+    return [c.get() for c in callers]  # re-raises a transport error or a late answer
+
+
+def call_frame(seqid: int) -> bytes:
+    """A framed binary ``get_app_stats`` call with ``seqid``."""
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=DEADLINE_MS))
+    return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request), seqid)
+
+
+def reply(sock: socket.socket) -> tuple[int, Any]:
+    """The seqid and decoded result of one framed binary reply."""
+    (length,) = struct.unpack("!i", recv_exactly(sock, 4))
+    body = recv_exactly(sock, length)
+    protocol = TBinaryProtocol(TMemoryBuffer(body))
+    _, _, seqid = protocol.read_message_begin()
+    result = appstats.AppStats.get_app_stats_result()
+    result.read(protocol)
+    return seqid, result
+
+
+def recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = sock.recv(size - len(data))
+        assert more, "connection closed"
+        data += more
+    return data

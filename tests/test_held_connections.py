@@ -1,0 +1,170 @@
+"""Held connections: paced refusals served from the event loop, and handed back intact."""
+
+from __future__ import annotations
+
+import re
+import socket
+import struct
+from collections import Counter
+from typing import Any, Callable, Iterator
+
+import gevent
+import pytest
+import requests
+from thriftpy2.protocol.cybin import TCyBinaryProtocol
+from thriftpy2.thrift import TClient
+from thriftpy2.transport import TCyBufferedTransport, TSocket
+from thriftpy2.transport.framed import TCyFramedTransport
+
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples.faults import FaultyHttpService
+from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
+                                  one_call_at_a_time, reply)
+from tests.support.sockets import wait_for
+
+
+@pytest.fixture
+def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Callable[..., Any]]:
+    """``saturated(**overrides)``: a server admitting one call at a time, its one slot taken
+    by a call that hangs on the alerts service until the test ends; others are refused at
+    once (no queueing)."""
+    busy: list[Any] = []
+
+    def start(**overrides: Any) -> Any:
+        slow_alerts.set_mode("hang")
+        service = one_call_at_a_time(start_service, slow_alerts, hold=True, **{
+            "fanout.request_deadline_ms": 10_000, "fanout.task_timeout_ms": 10_000,
+            "http.read_timeout_ms": 10_000, "admission.queue_interval_ms": 0,
+            "admission.queue_target_ms": 0, **overrides})
+        busy.append(gevent.spawn(_long_call, service.address))
+        wait_for(lambda: service.fanout.admission.inflight >= 1, 5, "the slot taken")
+        return service
+
+    yield start
+    slow_alerts.set_mode("slow", delay_ms=0)  # ends the hung call
+    gevent.joinall(busy, timeout=5)
+
+
+def _long_call(address: tuple[str, int]) -> None:
+    client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(
+        TSocket(sock=socket.create_connection(address, timeout=15)))))
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=10_000))
+    try:
+        client.get_app_stats(request)
+    except Exception:  # cut by a drain: what matters is the slot it held meanwhile
+        pass
+
+
+def _held(service: Any, sock: socket.socket, seqid: int) -> int:
+    """Refused after a read (seqid), then at once called again (seqid + 1), which is held
+    while the slot stays taken; returns once it is, with the first refusal's retry_after_ms."""
+    held = service.server.stats.replies_held
+    sock.sendall(call_frame(seqid))
+    got, result = reply(sock)
+    assert got == seqid and result.overloaded is not None, result
+    sock.sendall(call_frame(seqid + 1))
+    wait_for(lambda: service.server.stats.replies_held > held, 5, "the call held")
+    return result.overloaded.retry_after_ms
+
+
+def test_callers_ignoring_retry_after_are_refused_from_the_loop_and_every_answer_is_theirs(
+        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    service = one_call_at_a_time(start_service, slow_alerts, hold=True)
+    kinds = hammer(service.address, 2.0)  # asserts each answer came within its deadline
+    refused = sum(k["overloaded"] for k in kinds)
+    stats = service.server.stats
+    # Refused again while held, without their greenlets: the callers kept coming back early.
+    assert stats.refused_while_held >= 1 and stats.replies_held >= stats.refused_while_held
+    assert service.fanout.stats.overloaded == refused
+    # Every held connection went back to its greenlet, which closed it with its caller.
+    wait_for(lambda: service.server.stats.connections_open == 0, 5, "connections closed")
+    assert len(service.server._loop.held) == 0
+
+
+def test_a_call_arriving_in_pieces_while_held_is_served_by_its_greenlet(
+        saturated: Callable[..., Any]) -> None:
+    service = saturated()
+    with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2) as sock:
+        _held(service, sock, 11)
+        assert reply(sock)[0] == 12
+        frame = call_frame(13)
+        sock.sendall(frame[:7])  # the held connection reads a piece: back to its greenlet
+        gevent.sleep(0.05)
+        sock.sendall(frame[7:])
+        seqid, result = reply(sock)
+        assert seqid == 13 and result.overloaded is not None
+
+
+def test_a_frame_over_the_limit_sent_while_held_closes_only_that_connection(
+        saturated: Callable[..., Any]) -> None:
+    service = saturated()
+    rejected = service.server.stats.limits_exceeded
+    with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2) as sock:
+        _held(service, sock, 21)
+        assert reply(sock)[0] == 22
+        sock.sendall(struct.pack("!i", 64 << 20) + b"\x80\x01\x00\x01")
+        assert sock.recv(100) == b""  # closed by the server
+    assert service.server.stats.limits_exceeded == rejected + 1
+    assert service.fanout.admission.inflight == 1  # the other caller's call goes on
+
+
+def test_a_caller_gone_while_held_frees_its_connection(saturated: Callable[..., Any]) -> None:
+    service = saturated()
+    sock = socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2)
+    _held(service, sock, 31)
+    assert len(service.server._loop.held) == 1
+    sock.close()  # before the held reply is written
+    wait_for(lambda: len(service.server._loop.held) == 0, 5, "the connection let go")
+    wait_for(lambda: service.server.stats.connections_open == 1, 5, "only the busy one left")
+
+
+def test_a_drain_answers_the_held_refusals_at_once_instead_of_killing_them(
+        saturated: Callable[..., Any]) -> None:
+    service = saturated()
+    socks = [socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2)
+             for _ in range(3)]
+    retry_after_ms = min(_held(service, sock, 100 * i) for i, sock in enumerate(socks))
+    # Each hold lasts at least 0.9 x retry_after_ms (the deadline allows more): a drain that
+    # waited for them would kill them all at a quarter of that.
+    report = service.server.stop(timeout_s=0.25 * 0.9 * retry_after_ms / 1000.0)
+    for i, sock in enumerate(socks):
+        seqid, result = reply(sock)  # answered, not cut off
+        assert seqid == 100 * i + 1 and result.overloaded is not None
+        assert sock.recv(100) == b""  # then closed
+        sock.close()
+    assert report.killed == 1 and report.finished == 3, report  # killed: the hung call
+
+
+def test_a_buffered_connection_is_paced_in_its_own_greenlet(
+        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    service = one_call_at_a_time(start_service, slow_alerts, hold=True,
+                                 **{"server.transport": "buffered"})
+    kinds = hammer(service.address, 2.0, transport=TCyBufferedTransport)
+    assert service.fanout.stats.held >= 1
+    assert service.server.stats.replies_held == 0
+    assert service.fanout.stats.overloaded == sum(k["overloaded"] for k in kinds)
+
+
+def test_every_held_call_is_recorded_once_in_the_rpc_metric(
+        serve: Any, http_services: Any) -> None:
+    """Read in full or refused unread, held or not: each call a caller got an answer to is
+    one count of rpc.server.call.duration, with Overloaded as its error.type when refused."""
+    server = serve(http_services, **{
+        "metrics.exporter": "prometheus", "metrics.port": 0, "admission.initial_limit": 1,
+        "admission.min_limit": 1, "admission.max_limit": 1})
+    http_services.alerts.delay_ms = 300
+    try:
+        kinds: Counter[str] = sum(hammer(("127.0.0.1", server.port), 2.0), Counter())
+    finally:
+        http_services.alerts.delay_ms = 0
+    assert kinds["overloaded"] > CALLERS, kinds  # more than one refusal per caller: held ones
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    text = requests.get(found.group(1), timeout=5).text
+    counts = {error: int(float(n)) for error, n in re.findall(
+        r'^rpc_server_call_duration_seconds_count\{(?=.*rpc_method="AppStats/get_app_stats")'
+        r'(?:.*error_type="(\w+)")?.*\} (\S+)$', text, re.M)}
+    assert counts.get("Overloaded") == kinds["overloaded"], (counts, kinds)
+    assert sum(counts.values()) == kinds["overloaded"] + kinds["answered"], (counts, kinds)
