@@ -166,6 +166,8 @@ class MessageLoop:
         started = time.perf_counter()
         api, seqid, reply = self._answer(connection, message)
         hold_s = connection.caller.take_hold()
+        if self._stopping():
+            hold_s = 0.0  # draining: a refusal goes out at once, the drain waits for no hold
         if not isinstance(reply, TApplicationException) and reply.oneway:
             call_ended(api, _error_type(reply), time.perf_counter() - started)
             return

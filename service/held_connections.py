@@ -195,7 +195,10 @@ class HeldConnections:
             return
         hold.io.stop()
         hold.connection.channel.idle = False
-        reply = self._refusal(hold.connection, data) if data else None
+        try:
+            reply = self._refusal(hold.connection, data) if data else None
+        except Exception:  # a bug must not strand the connection: its greenlet decides again,
+            reply = None    # and logs the failure there (no logging in a callback of the hub)
         if reply is None:
             if data:  # a call for the greenlet (or the end of the stream, which it sees too)
                 hold.connection.channel.push_back(data)
