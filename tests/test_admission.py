@@ -201,3 +201,39 @@ def test_refusals_without_a_queue_still_let_a_small_limit_grow() -> None:
         admission.done(0.2)
         admission.admit(far())
     assert admission.limit > 10 and admission.queued == 0
+
+
+class CpuDemand:
+    """The loop's demand for a core, in seconds so far, as the test's clock runs at ``busy``."""
+
+    def __init__(self, clock: Clock, busy: float) -> None:
+        self.clock, self.busy, self.started = clock, busy, clock.now
+
+    def __call__(self) -> float:
+        return (self.clock.now - self.started) * self.busy
+
+
+def limit_after_steady_load(busy: float, **settings: Any) -> tuple[float, float]:
+    """The limit before and after 2,000 calls of 50 ms each, every slot in use, 10 ms apart
+    on the test's clock, while the loop wants a core ``busy`` of the time."""
+    clock = Clock()
+    admission = AdmissionControl(
+        AdmissionSettings(**{"initial_limit": 40, "min_limit": 2, "max_limit": 200, **settings}),
+        request_deadline_ms=2000, clock=clock, cpu_demand=CpuDemand(clock, busy))
+    before = admission.limit
+    for _ in range(2000):
+        while not admission.saturated:
+            admission.admit(far())
+        clock.now += 0.01
+        admission.done(0.05)
+    return before, admission.limit
+
+
+def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_not() -> None:
+    before, saturated = limit_after_steady_load(busy=1.0)
+    assert saturated < 0.5 * before  # latency held still: only the CPU says too many
+    before, spare = limit_after_steady_load(busy=0.8)
+    assert spare > 1.5 * before
+    # Off: latency alone decides, and steady latency lets the limit grow.
+    before, ignored = limit_after_steady_load(busy=1.0, cpu_saturated=0.0)
+    assert ignored > 1.5 * before

@@ -54,6 +54,10 @@ class AdmissionSettings:
     max_latency_fraction: float = field(default=0.25, metadata={
         "help": "and never above this share of `fanout.request_deadline_ms` (above 0)",
         "max": 1.0})
+    cpu_saturated: float = field(default=0.97, metadata={
+        "help": "while the event loop wanted a core this share of the time (running or "
+                "waiting for one), the limit falls instead of growing; `0` turns this off",
+        "max": 1.0})
     queue_interval_ms: int = field(default=100, metadata={
         "help": "longest wait in the admission queue while it drains now and then (CoDel "
                 "interval)", "min": 0})
@@ -68,5 +72,7 @@ class AdmissionSettings:
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(f"initial_limit: must be between min_limit ({self.min_limit}) and "
                              f"max_limit ({self.max_limit}), got {self.initial_limit}")
+        if not 0.0 <= self.cpu_saturated <= 1.0:
+            raise ValueError(f"cpu_saturated: must be in [0, 1], got {self.cpu_saturated}")
         if not 0.0 < self.max_latency_fraction:
             raise ValueError(f"max_latency_fraction: must be in (0, 1], got {self.max_latency_fraction}")
