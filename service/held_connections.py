@@ -39,6 +39,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional
 
 import gevent
+from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
 from service.rpc_metrics import call_ended
@@ -142,18 +143,32 @@ class HeldConnections:
             waiter, self._recorder_waiting = self._recorder_waiting, None
             waiter.switch(None)
 
+    def close(self) -> None:
+        """End the recorder once it has recorded what finished (the server has drained)."""
+        self._record_pending()  # here, in case the recorder never started
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            gevent.kill(recorder)
+
     def _record_finished(self) -> None:
         """The recorder: records what has finished, then waits to be woken for more."""
-        while True:
-            while self._finished:
-                finished, self._finished = self._finished, []
-                for method, error_type, seconds in finished:
-                    try:
-                        call_ended(method, error_type, seconds)
-                    except Exception:  # a metrics bug must not stop the recording for good
-                        log.exception("recording a held call failed")
-            self._recorder_waiting = Waiter()
-            self._recorder_waiting.get()
+        try:
+            while True:
+                self._record_pending()
+                self._recorder_waiting = Waiter()
+                self._recorder_waiting.get()
+        except GreenletExit:
+            self._recorder_waiting = None
+            self._record_pending()
+
+    def _record_pending(self) -> None:
+        while self._finished:
+            finished, self._finished = self._finished, []
+            for method, error_type, seconds in finished:
+                try:
+                    call_ended(method, error_type, seconds)
+                except Exception:  # a metrics bug must not stop the recording for good
+                    log.exception("recording a held call failed")
 
     # --- callbacks of the hub's loop: none blocks --------------------------------------
 

@@ -205,6 +205,7 @@ class ThriftServer:
                              finished=max(busy - killed, 0), killed=killed,
                              elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
         self._loop.flush()
+        self._loop.held.close()
         self._refusals.flush()
         if killed:
             log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "

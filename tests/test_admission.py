@@ -213,16 +213,17 @@ class CpuDemand:
         return (self.clock.now - self.started) * self.busy
 
 
-def limit_after_steady_load(busy: float, **settings: Any) -> tuple[float, float]:
-    """The limit before and after 2,000 calls of 50 ms each, every slot in use, 10 ms apart
-    on the test's clock, while the loop wants a core ``busy`` of the time."""
+def limit_after_steady_load(busy: float, in_use: int = 0, **settings: Any) -> tuple[float, float]:
+    """The limit before and after 2,000 calls of 50 ms each, 10 ms apart on the test's
+    clock, with every slot in use (or ``in_use`` calls in flight), while the loop wants a
+    core ``busy`` of the time."""
     clock = Clock()
     admission = AdmissionControl(
         AdmissionSettings(**{"initial_limit": 40, "min_limit": 2, "max_limit": 200, **settings}),
         request_deadline_ms=2000, clock=clock, cpu_demand=CpuDemand(clock, busy))
     before = admission.limit
     for _ in range(2000):
-        while not admission.saturated:
+        while not admission.saturated and (not in_use or admission.inflight < in_use):
             admission.admit(far())
         clock.now += 0.01
         admission.done(0.05)
@@ -237,3 +238,6 @@ def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_n
     # Off: latency alone decides, and steady latency lets the limit grow.
     before, ignored = limit_after_steady_load(busy=1.0, cpu_saturated=0.0)
     assert ignored > 1.5 * before
+    # Saturated by something else, with the limit far from in use: it is left alone.
+    before, unused = limit_after_steady_load(busy=1.0, in_use=5)
+    assert unused == before
