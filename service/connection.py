@@ -38,7 +38,7 @@ from service.wire.errors import WireError
 from service.wire.scan import WireLimits
 from tracing.spans import connection_endpoints, set_call_endpoints
 
-__all__ = ["Connection", "MessageLoop", "ServerStats"]
+__all__ = ["Connection", "MessageLoop"]
 
 log = logging.getLogger(__name__)
 
