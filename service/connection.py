@@ -171,11 +171,9 @@ class MessageLoop:
         if not isinstance(reply, TApplicationException) and reply.oneway:
             call_ended(api, _error_type(reply), time.perf_counter() - started)
             return
-        held = HeldReply(api, _error_type(reply), started,
-                         connection.channel.framed(self._encoded(connection, api, seqid, reply)),
-                         hold_s)
+        held = self._held_reply(connection, api, seqid, reply, started, hold_s)
         payload = held.payload
-        if hold_s > 0 and self.held.can_hold(connection):
+        if hold_s > 0 and connection.channel.holdable:
             self._stats.replies_held += 1
             unsent = self.held.hold(connection, held)  # written and recorded there...
             if unsent is None:
@@ -185,10 +183,8 @@ class MessageLoop:
 
     def _answer(self, connection: Connection, message: Any) -> tuple[str, int, _Reply]:
         """The call's method, seqid and reply: refused unread, or decoded and run."""
-        refused = (self._refuse_unread(connection.caller, message)
-                   if self._refuse_unread is not None else None)
+        refused = self._unread_refusal(connection, message)
         if refused is not None:
-            self._count_unread(refused[0])
             return refused
         api, seqid, reply, call = self._decode_call(connection.channel, message)
         if call is not None:
@@ -198,21 +194,30 @@ class MessageLoop:
     def _refuse_next(self, connection: Connection, message: Any) -> Optional[HeldReply]:
         """For a held connection (in a callback of the hub): the held reply to a call
         refused unread, or None to serve it in the connection's greenlet."""
-        refused = (self._refuse_unread(connection.caller, message)
-                   if self._refuse_unread is not None else None)
+        started = time.perf_counter()
+        refused = self._unread_refusal(connection, message)
         if refused is None:
             return None
-        started = time.perf_counter()
-        api, seqid, reply = refused
-        self._count_unread(api)
         self._stats.replies_held += 1
         self._stats.refused_while_held += 1
-        payload = connection.channel.framed(self._encoded(connection, api, seqid, reply))
-        return HeldReply(api, _error_type(reply), started, payload, connection.caller.take_hold())
+        return self._held_reply(connection, *refused, started, connection.caller.take_hold())
 
-    def _count_unread(self, api: str) -> None:
-        self._stats.declared_errors += 1
-        self._declared.tally(f"{api} Overloaded", "refused unread")
+    def _unread_refusal(self, connection: Connection,
+                        message: Any) -> Optional[tuple[str, int, TPayload]]:
+        """``(method, seqid, reply)`` if the call is refused unread (counted), else None."""
+        if self._refuse_unread is None:
+            return None
+        refused = self._refuse_unread(connection.caller, message)
+        if refused is not None:
+            self._stats.declared_errors += 1
+            self._declared.tally(f"{refused[0]} Overloaded", "refused unread")
+        return refused
+
+    def _held_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply,
+                    started: float, hold_s: float) -> HeldReply:
+        """The reply, encoded and framed, to write once ``hold_s`` has passed."""
+        payload = connection.channel.framed(self._encoded(connection, api, seqid, reply))
+        return HeldReply(api, _error_type(reply), started, payload, hold_s)
 
     def _send(self, connection: Connection, reply: HeldReply, payload: bytes,
               hold_s: float) -> None:

@@ -98,14 +98,10 @@ class HeldConnections:
     def __len__(self) -> int:
         return len(self._holds)
 
-    @staticmethod
-    def can_hold(connection: Any) -> bool:
-        """True if ``connection`` can be held here (plain framed, nothing buffered)."""
-        return connection.channel.holdable
-
     def hold(self, connection: Any, reply: HeldReply) -> Optional[Unsent]:
         """Hold ``reply``, write it, and serve the connection's early calls, all off this
         greenlet, which waits until the connection is handed back (see the module's list).
+        Only for a connection whose channel is ``holdable`` (plain framed, nothing buffered).
 
         Returns a reply not taken whole, for this greenlet to finish sending, or None.
         Raises the ``OSError`` a read or write on the connection failed with.
@@ -232,23 +228,19 @@ class HeldConnections:
         return self._refuse_next(connection, memoryview(data)[_FRAME_HEADER.size:])
 
     def _release(self, hold: "_Hold") -> None:
-        if hold.handed_back:
-            return
-        if hold.reply is not None:
+        if hold.reply is not None and not hold.handed_back:
             self._due(hold)  # answered now; draining, so it is then handed back
-            if hold.handed_back:
-                return
-        hold.hand_back(None)
+        if not hold.handed_back:
+            hold.hand_back(None)
 
 
 class _Hold:
     """One held connection: its greenlet's waiter, its watchers and the reply held."""
 
-    __slots__ = ("held", "connection", "fd", "waiter", "io", "timer", "reply", "handed_back")
+    __slots__ = ("connection", "fd", "waiter", "io", "timer", "reply", "handed_back")
 
     def __init__(self, held: HeldConnections, connection: Any, reply: HeldReply) -> None:
         loop = get_hub().loop
-        self.held = held
         self.connection = connection
         self.fd = connection.sock.fileno()
         self.waiter = Waiter()

@@ -11,16 +11,11 @@ from typing import Any, Callable, Iterator
 import gevent
 import pytest
 import requests
-from thriftpy2.protocol.cybin import TCyBinaryProtocol
-from thriftpy2.thrift import TClient
-from thriftpy2.transport import TCyBufferedTransport, TSocket
-from thriftpy2.transport.framed import TCyFramedTransport
+from thriftpy2.transport import TCyBufferedTransport
 
-from service.idl import appstats
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
-                                  one_call_at_a_time, reply)
+                                  one_call_at_a_time, plain_client, reply, stats_request)
 from tests.support.sockets import wait_for
 
 
@@ -47,12 +42,9 @@ def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Ca
 
 
 def _long_call(address: tuple[str, int]) -> None:
-    client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(
-        TSocket(sock=socket.create_connection(address, timeout=15)))))
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=10_000))
+    client = plain_client(socket.create_connection(address, timeout=15))
     try:
-        client.get_app_stats(request)
+        client.get_app_stats(stats_request(deadline_ms=10_000))
     except Exception:  # cut by a drain: what matters is the slot it held meanwhile
         pass
 

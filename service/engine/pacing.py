@@ -113,7 +113,7 @@ class CallerPacing:
         return held_s
 
     def take_hold(self) -> float:
-        """Seconds to hold the reply to the call just served (0 if it was not refused
-        :meth:`refused`), counted from now; asking again returns 0."""
+        """Seconds to hold the reply to the call just served, counted from now (0 unless
+        :meth:`refused` decided a hold); asking again returns 0."""
         held_s, self._hold_s = self._hold_s, 0.0
         return held_s

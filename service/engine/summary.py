@@ -50,26 +50,21 @@ class FailureSummary:
         if error is not None and kind not in self._counts:
             self._log.error("%s: %s (later ones in the next %.0f s are counted)", self._what, kind,
                             self._interval_s, exc_info=error)
+        self.tally(kind, detail)
         if time.monotonic() - self._since >= self._interval_s:
-            self._tally(kind, detail)
             self.flush()
-        else:
-            self.tally(kind, detail)
 
     def tally(self, kind: str, detail: Optional[object] = None) -> None:
         """:meth:`count` without ever logging here: the line is left to the timer. Safe
         in a callback of the hub's loop, which must not block."""
-        self._tally(kind, detail)
-        if self._timer is None:
-            # Nothing may come after this failure: a timer writes the line all the same.
-            self._timer = get_hub().loop.timer(self._interval_s)
-            self._timer.start(spawn_in_context, self.flush)
-
-    def _tally(self, kind: str, detail: Optional[object]) -> None:
         self._counts[kind] += 1
         self.total += 1
         if detail is not None and kind not in self._examples:
             self._examples[kind] = str(detail)[:200]
+        if self._timer is None:
+            # Nothing may come after this failure: a timer writes the line all the same.
+            self._timer = get_hub().loop.timer(self._interval_s)
+            self._timer.start(spawn_in_context, self.flush)
 
     def flush(self) -> None:
         """Log what was counted since the last line, if anything."""

@@ -27,7 +27,8 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService
 
 __all__ = ["CALLERS", "CALLER_TIMEOUT_S", "DEADLINE_MS", "slow_alerts", "one_call_at_a_time",
-           "impatient_caller", "hammer", "call_frame", "reply", "recv_exactly"]
+           "stats_request", "plain_client", "impatient_caller", "hammer", "call_frame", "reply",
+           "recv_exactly"]
 
 CALLERS = 16
 DEADLINE_MS = 1000
@@ -53,13 +54,23 @@ def one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService, hold:
     return service
 
 
+def stats_request(deadline_ms: int = DEADLINE_MS) -> Any:
+    """A ``get_app_stats`` request for every panel of the sample day, with ``deadline_ms``."""
+    return appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                 meta=appstats.RequestMeta(deadline_ms=deadline_ms))
+
+
+def plain_client(sock: socket.socket, transport: Any = TCyFramedTransport) -> Any:
+    """A plain thriftpy2 binary client over a connected ``sock``."""
+    return TClient(appstats.AppStats, TCyBinaryProtocol(transport(TSocket(sock=sock))))
+
+
 def impatient_caller(address: tuple[str, int], seconds: float,
                      transport: Any = TCyFramedTransport) -> Counter[str]:
     """A plain Thrift client on one connection calling again at once after an Overloaded."""
     sock = socket.create_connection(address, timeout=CALLER_TIMEOUT_S)
-    client = TClient(appstats.AppStats, TCyBinaryProtocol(transport(TSocket(sock=sock))))
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=DEADLINE_MS))
+    client = plain_client(sock, transport)
+    request = stats_request()
     kinds: Counter[str] = Counter()
     ends = time.monotonic() + seconds
     try:
@@ -87,9 +98,8 @@ def hammer(address: tuple[str, int], seconds: float, **caller: Any) -> list[Coun
 
 def call_frame(seqid: int) -> bytes:
     """A framed binary ``get_app_stats`` call with ``seqid``."""
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=DEADLINE_MS))
-    return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request), seqid)
+    return encode_call("get_app_stats",
+                       appstats.AppStats.get_app_stats_args(request=stats_request()), seqid)
 
 
 def reply(sock: socket.socket) -> tuple[int, Any]:
