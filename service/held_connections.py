@@ -42,7 +42,9 @@ import gevent
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
+from service.engine.summary import FailureSummary
 from service.rpc_metrics import call_ended
+from tracing.greenlets import spawn_in_context
 
 __all__ = ["HeldConnections", "HeldReply", "Unsent"]
 
@@ -94,6 +96,8 @@ class HeldConnections:
         self._finished: list[tuple[str, str, float]] = []
         self._recorder: Optional[Any] = None
         self._recorder_waiting: Optional[Waiter] = None
+        # A failure per call would be a log line per call: one summary per interval instead.
+        self._unrecorded = FailureSummary(log, "held calls not recorded")
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -134,7 +138,7 @@ class HeldConnections:
         self._finished.append((reply.method, error_type, time.perf_counter() - reply.started))
         if self._recorder is None:
             # Once: a greenlet spawned per call costs a stack mapped and unmapped (8 us).
-            self._recorder = gevent.spawn_raw(self._record_finished)
+            self._recorder = spawn_in_context(self._record_finished)
         elif self._recorder_waiting is not None:
             waiter, self._recorder_waiting = self._recorder_waiting, None
             waiter.switch(None)
@@ -145,6 +149,7 @@ class HeldConnections:
         recorder, self._recorder = self._recorder, None
         if recorder is not None:
             gevent.kill(recorder)
+        self._unrecorded.flush()
 
     def _record_finished(self) -> None:
         """The recorder: records what has finished, then waits to be woken for more."""
@@ -163,8 +168,8 @@ class HeldConnections:
             for method, error_type, seconds in finished:
                 try:
                     call_ended(method, error_type, seconds)
-                except Exception:  # a metrics bug must not stop the recording for good
-                    log.exception("recording a held call failed")
+                except Exception as exc:  # a metrics bug must not stop the recording
+                    self._unrecorded.count(type(exc).__name__, error=exc)
 
     # --- callbacks of the hub's loop: none blocks --------------------------------------
 
