@@ -21,7 +21,8 @@ from lookups.registry import LookupRegistry, default_registry
 from service.config import Settings, as_config_error, pool_warnings
 from service.engine.fanout import FanOut
 from service.handler import AppStatsHandler
-from service.health import HealthChecker
+from service.handover import MoveSink
+from service.health import CHECK_INTERVAL_S, HealthChecker
 from service.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.probes import ProbeServer
@@ -72,6 +73,8 @@ class FanOutService:
                            if admission.enabled and admission.hold_refusals else None))
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         self.probes: Optional[ProbeServer] = None
+        #: Set (by a pre-forked group's worker) to move connections there on the drain.
+        self.drain_moves_to: Optional[MoveSink] = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -79,6 +82,7 @@ class FanOutService:
 
     def start(self) -> "FanOutService":
         self.server.start()
+        self.health.watch(CHECK_INTERVAL_S)
         if self.settings.server.probe_port >= 0:
             server = self.settings.server
             self.probes = ProbeServer(server.probe_bind_host, server.probe_port, self.health,
@@ -93,7 +97,7 @@ class FanOutService:
     def drain(self, timeout_s: Optional[float] = None) -> DrainReport:
         """Stop accepting, let calls in flight finish (up to ``timeout_s``, default
         ``server.drain_timeout_ms``), close every connection, end abandoned tasks."""
-        report = self.server.stop(timeout_s)
+        report = self.server.stop(timeout_s, move_to=self.drain_moves_to)
         grace_s = self.settings.fanout.abandon_grace_ms / 1000.0
         if not self.fanout.wait_reapers(timeout_s=grace_s + _REAPER_MARGIN_S):
             log.warning("drain: abandoned tasks still running after %.1f s", grace_s + _REAPER_MARGIN_S)
@@ -102,6 +106,7 @@ class FanOutService:
     def close(self) -> None:
         """Close the backends' clients, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
+        self.health.stop_watching()
         if self.probes is not None:
             self.probes.stop()
         self.fanout.failures.flush()

@@ -30,6 +30,7 @@ from service.server_settings import ServerSettings
 from service.engine.context import new_request_id
 from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
+from service.handover import MoveNow, MoveSink
 from service.held_connections import HeldConnections, HeldReply
 from service.rpc_metrics import call_ended
 from service.server_stats import ServerStats
@@ -56,7 +57,7 @@ class Connection:
     """One accepted socket with its reusable input and output protocols."""
 
     __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller",
-                 "served_while_draining")
+                 "served_while_draining", "greenlet", "moving")
 
     def __init__(self, sock: socket.socket, settings: ServerSettings,
                  make_protocol: Callable[[Any], TProtocolBase]) -> None:
@@ -72,6 +73,10 @@ class Connection:
         # One caller per connection: its refusals are paced (service.engine.pacing).
         self.caller = CallerPacing()
         self.served_while_draining = False
+        # The greenlet serving it, and where it moves at its next point between calls
+        # (service.handover), if it is to move.
+        self.greenlet: Optional[gevent.Greenlet] = None
+        self.moving: Optional[MoveSink] = None
 
     def close_if_idle(self) -> bool:
         """End the connection if it is waiting for a new message, so none is lost.
@@ -130,13 +135,19 @@ class MessageLoop:
         self._declared.flush()
         self._rejected.flush()
 
-    def serve(self, connection: Connection, peer: Any) -> None:
-        """Serve calls until the peer closes, idles out, errs or the server stops; never raises."""
+    def serve(self, connection: Connection, peer: Any) -> bool:
+        """Serve calls until the peer closes, idles out, errs, the server stops or the
+        connection moves (True: it is another process's now); never raises."""
         try:
             # One pass per message; ends when the peer closes, idles out, the connection
-            # reaches server.max_connection_age_ms (so load rebalances) or we stop.
-            while self._may_go_on(connection) and connection.channel.next_message():
+            # reaches server.max_connection_age_ms (so load rebalances), moves, or we stop.
+            while not connection.moving:
+                if not (self._may_go_on(connection) and connection.channel.next_message()):
+                    return False
                 self._serve_one(connection)
+            return self._move(connection)
+        except MoveNow:  # interrupted while waiting for a call, nothing of it read
+            return self._move(connection)
         except (WireError, _MalformedMessage) as exc:
             self._rejected.count(self._stats.count_closing(exc), f"{peer}: {exc}")
         except TimeoutError:
@@ -147,6 +158,14 @@ class MessageLoop:
         except Exception:
             self._stats.internal_errors += 1
             log.exception("connection from %s failed", peer)
+        return False
+
+    def _move(self, connection: Connection) -> bool:
+        assert connection.moving is not None
+        moved = connection.moving(connection.sock, connection.channel.unread())
+        if moved:
+            self._stats.connections_moved += 1
+        return moved
 
     def _may_go_on(self, connection: Connection) -> bool:
         if self._too_old(connection):

@@ -6,7 +6,6 @@ types and the engine; declared Thrift exceptions leave from here and nowhere els
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
@@ -22,6 +21,7 @@ from service.health import HealthChecker
 from service.idl import appstats
 from service.logs import set_request_id
 from service.mapping import to_panel_data, to_thrift_outcomes
+from service.pool_report import group_report, own_report, to_thrift
 from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
                               TaskStatus)
 from service.validation import ValidRequest, validate_stats_request
@@ -52,6 +52,9 @@ class AppStatsHandler:
         self._health = health
         self._draining = draining
         self._backend_pools = backend_pools
+        #: In a pre-forked group, the worker's line to the group (service.workers.member):
+        #: ``pool_stats()`` then answers for every worker.
+        self.group: Optional[Any] = None
 
     def ping(self) -> str:
         with _method_span("ping"):
@@ -75,14 +78,19 @@ class AppStatsHandler:
         with _method_span("pool_stats"):
             return self._pool_report()
 
+    @property
+    def fanout(self) -> FanOut:
+        return self._fanout
+
+    def pool_meters(self) -> list[PoolMeter]:
+        """The engine's pools, then each backend's."""
+        return [*self._fanout.pool_meters, *self._backend_pools()]
+
     def _pool_report(self) -> Any:
-        meters = [*self._fanout.pool_meters, *self._backend_pools()]
-        admission = self._fanout.admission
-        return appstats.PoolReport(
-            pools=[appstats.PoolStats(**dataclasses.asdict(meter.report())) for meter in meters],
-            admission_limit=int(admission.limit), calls_in_flight=admission.inflight,
-            calls_queued=admission.queued, tasks_started=self._fanout.stats.started,
-            tasks_coalesced=self._fanout.coalescer.stats.followers)
+        own = own_report(self)
+        if self.group is None:
+            return to_thrift(own)
+        return group_report(self.group.slot, {**self.group.pools(), self.group.slot: own})
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""

@@ -8,9 +8,12 @@ parallel, each bounded by its own short timeout (``timeout_ms``, 300 ms by defau
   a small session of its own (so a full lookup pool cannot delay the check). Any
   HTTP answer below 500 means the service is up, whatever its body.
 
-The answer is cached for ``cache_ms`` (1 s by default), and concurrent callers
-share one refresh, so a load balancer polling many times a second costs the
-backends at most one round of checks per second. The checks are not traced.
+A server checks every :data:`CHECK_INTERVAL_S` whatever its traffic
+(:meth:`HealthChecker.watch`). The answer is cached for ``cache_ms`` (1 s by
+default), and concurrent callers share one refresh, so a load balancer polling
+many times a second costs the backends at most one round of checks per second.
+The checks are not traced. In a pre-forked group the master checks, and every
+worker reports the master's rounds (:meth:`HealthChecker.follow`).
 
 ``detail`` is written here from the failure's kind (never from a library's
 message, which may quote a URI with credentials): for example
@@ -43,11 +46,13 @@ from lookups.backends.http import HttpStatusError
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
-           "DEFAULT_CACHE_MS"]
+           "DEFAULT_CACHE_MS", "CHECK_INTERVAL_S"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHECK_TIMEOUT_MS = 300
+#: How often a server checks its backends whatever the traffic (:meth:`HealthChecker.watch`).
+CHECK_INTERVAL_S = 2.0
 DEFAULT_CACHE_MS = 1000
 # How much longer than a check's own timeout the refresh waits for it.
 _JOIN_MARGIN_S = 0.2
@@ -84,28 +89,70 @@ class HealthChecker:
         self._probes: tuple[tuple[str, Callable[[], None]], ...] = tuple(
             (backend.name, functools.partial(backend.check, self._timeout_s)) for backend in backends)
         self._breakers = tuple(backend.guard.breaker for backend in backends)
+        self._following: Optional[tuple[BackendStatus, ...]] = None
+        self._watcher: Optional[gevent.Greenlet] = None
         _checkers.add(self)
 
     def check(self) -> tuple[BackendStatus, ...]:
         """Each backend's status, in configuration order; at most ``cache_ms`` old.
 
-        The circuit states are read now, not cached.
+        The circuit states are read now, not cached. A checker that follows
+        another's rounds (:meth:`follow`) checks nothing and answers what it was given.
         """
+        if self._following is not None:
+            return self._following
         with self._lock:  # one refresh at a time; the others then read its result
             if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
-                self._cached = self._refresh()
-                self._checked_at = self._clock()
-            cached = self._cached
-            states = tuple(breaker.state.value for breaker in self._breakers)
-            if self._answer is None or self._answer[0] is not cached or self._answer[1] != states:
-                # Callers in one round share one answer while the circuits stay as they were.
-                self._answer = (cached, states, tuple(
-                    dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
-            return self._answer[2]
+                fresh = self._refresh()
+                if self._following is not None:  # told to follow while it checked
+                    return self._following
+                self._cached, self._checked_at = fresh, self._clock()
+            return self.current()
 
-    def last(self) -> tuple[BackendStatus, ...]:
-        """The last round of checks without starting one (empty before the first)."""
-        return self._cached or ()
+    def current(self) -> tuple[BackendStatus, ...]:
+        """The last round of checks without starting one (empty before the first), with
+        the circuit states as they are now: what the probes, the gauge and ``health()`` say."""
+        if self._following is not None:
+            return self._following
+        cached = self._cached or ()
+        states = tuple(breaker.state.value for breaker in self._breakers)
+        if self._answer is None or self._answer[0] is not cached or self._answer[1] != states:
+            # Callers in one round share one answer while the circuits stay as they were.
+            self._answer = (cached, states, tuple(
+                dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
+        return self._answer[2]
+
+    last = current
+
+    def circuits(self) -> dict[str, str]:
+        """Each backend's circuit breaker as this process's lookups see it now, by name."""
+        return {name: breaker.state.value
+                for (name, _), breaker in zip(self._probes, self._breakers)}
+
+    def watch(self, interval_s: float) -> "HealthChecker":
+        """Check every ``interval_s`` from now on, whether or not anyone asks, so that a
+        backend going down shows in the probes and the gauge with no traffic at all."""
+        if self._watcher is None:
+            self._watcher = spawn_in_context(self._watch, interval_s)
+        return self
+
+    def _watch(self, interval_s: float) -> None:
+        while self._following is None:
+            self.check()
+            gevent.sleep(interval_s)
+
+    def stop_watching(self) -> None:
+        """End :meth:`watch` (at once when it sleeps, after its round when it checks)."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            # It sleeps or waits for its checks, each a greenlet of its own that ends on its
+            # own timeout: no library call is interrupted.
+            watcher.kill(block=False)
+
+    def follow(self, statuses: Iterable[BackendStatus]) -> None:
+        """From now on answer ``statuses`` (circuits included) instead of checking: a worker
+        of a pre-forked group reports the master's rounds, one truth for the group."""
+        self._following = tuple(statuses)
 
     def _refresh(self) -> tuple[BackendStatus, ...]:
         checks = [spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
@@ -149,7 +196,7 @@ _checkers: "weakref.WeakSet[HealthChecker]" = weakref.WeakSet()
 def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
     # fanout.backend names the backend as every other metric does, and as health() does.
     return [Observation(int(status.up), {"fanout.backend": status.name})
-            for checker in list(_checkers) for status in checker.last()]
+            for checker in list(_checkers) for status in checker.current()]
 
 
 metrics.get_meter("fanout").create_observable_gauge(

@@ -53,6 +53,7 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
                on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
                install_signals: bool = True, stop: Optional[Event] = None,
                on_metrics: Optional[Callable[[tuple[str, int]], None]] = None,
+               on_service: Optional[Callable[[FanOutService], None]] = None,
                tune_gc: bool = False) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
@@ -60,7 +61,7 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
     a Prometheus exporter's scrape endpoint starts, and ``on_metrics(address)``
     is told where), starts :class:`FanOutService` (on ``listener`` if given: a
     bound, listening socket, as pre-forked workers share), calls
-    ``on_ready(address)`` once listening, and blocks. A signal
+    ``on_service(service)`` and then ``on_ready(address)`` once listening, and blocks. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
     already bounded. With ``install_signals`` false no handler is installed and
     only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
@@ -95,11 +96,15 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         signals = _StopSignals(stop) if install_signals else None
         if signals is not None:
             cleanup.callback(signals.cancel)
+        if on_service is not None:
+            on_service(service)
         if on_ready is not None:
             on_ready(service.address)
         stop.wait()
         received = signals.received if signals and signals.received else "stop request"
-        if settings.server.lame_duck_ms:
+        if service.drain_moves_to is not None:
+            received = "retirement"  # its connections move: no lame duck needed
+        elif settings.server.lame_duck_ms:
             log.info("drain: %s received; lame duck for %d ms: reporting DRAINING, still serving",
                      received, settings.server.lame_duck_ms)
             service.server.enter_lame_duck()

@@ -12,9 +12,9 @@ probe; these answer plain HTTP with a JSON body saying why:
 
 Both are served from a native thread (:mod:`service.native_http`), so they
 answer while the event loop that runs calls is saturated; the loop only writes
-what they read (its beat, the draining flag, the last backend checks, which a
-greenlet of the loop refreshes every ``REFRESH_S``). Both bodies carry those
-checks.
+what they read (its beat, the draining flag, the last backend checks, which the
+service refreshes every few seconds whatever its traffic: :mod:`service.health`).
+Both bodies carry those checks, with the circuits as they are now, as ``health()`` does.
 
 Readiness means what Kubernetes gives it: send this pod traffic. A backend
 down is not a reason to stop: every replica shares the backends, so making
@@ -41,11 +41,11 @@ from service.health import BackendStatus, HealthChecker
 from service.native_http import NativeHttpServer
 from tracing.greenlets import spawn_in_context
 
-__all__ = ["ProbeServer", "REFRESH_S", "json_answer"]
+__all__ = ["ProbeServer", "REFRESH_S", "json_answer", "backend_bodies"]
 
 log = logging.getLogger(__name__)
 
-#: How often the loop refreshes the backend checks the probes report, and beats.
+#: How often the loop beats for /healthz.
 REFRESH_S = 2.0
 
 
@@ -83,13 +83,11 @@ class ProbeServer:
     def _refresh(self) -> None:
         while True:
             self._beat = time.monotonic()
-            self._health.check()
-            self._beat = time.monotonic()
             gevent.sleep(REFRESH_S)
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        backends = _backends(self._health.last())
+        backends = backend_bodies(self._health.current())
         if path == "/healthz":
             silent_s = time.monotonic() - self._beat
             if self._stale_after_s and silent_s > self._stale_after_s + REFRESH_S:
@@ -103,7 +101,8 @@ class ProbeServer:
         return json_answer(start_response, 404, {"status": "not found"})
 
 
-def _backends(statuses: Iterable[BackendStatus]) -> dict[str, Any]:
+def backend_bodies(statuses: Iterable[BackendStatus]) -> dict[str, Any]:
+    """The backends as the probe bodies give them."""
     return {s.name: {"up": s.up, "circuit": s.circuit, "detail": s.detail} for s in statuses}
 
 

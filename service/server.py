@@ -43,6 +43,7 @@ from thriftpy2.thrift import TProcessor
 
 from service.server_settings import ServerSettings
 from service.connection import Connection, MessageLoop, RefuseUnread
+from service.handover import MoveSink, request_move
 from service.server_stats import ServerStats
 from service.engine.summary import FailureSummary
 from service.ports import cannot_listen
@@ -106,6 +107,7 @@ class ThriftServer:
         self._allowed_names = frozenset(settings.tls_client_names)
         self._refusals = FailureSummary(log, "TLS handshakes refused")
         self._stopping = False
+        self._moving_all: Optional[MoveSink] = None   # set by stop(move_to=...)
         self._lame_duck = False
         self._stopped = gevent.event.Event()
         self._drain_report = DrainReport()
@@ -161,13 +163,53 @@ class ThriftServer:
             self.start()
         self._stopped.wait()
 
-    def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
+    @property
+    def movable(self) -> bool:
+        """Whether this server's connections can move to another process (not under TLS)."""
+        return self._tls is None
+
+    def connection_counts(self) -> tuple[int, int]:
+        """Connections open, and of those the ones not already moving."""
+        staying = sum(1 for connection in self._connections if connection.moving is None)
+        return len(self._connections), staying
+
+    def move_some(self, count: int, sink: MoveSink) -> int:
+        """Move up to ``count`` connections to ``sink``, each at its next point between
+        calls (:mod:`service.handover`), those waiting for a call first; how many will."""
+        if not self.movable or self._stopping:
+            return 0
+        staying = [c for c in self._connections if c.moving is None]
+        staying.sort(key=lambda connection: not connection.channel.waiting_idle)
+        for connection in staying[:count]:
+            request_move(connection, sink)
+        return min(count, len(staying))
+
+    def adopt(self, sock: socket.socket, unread: bytes) -> bool:
+        """Serve a connection another process handed over, ``unread`` (bytes it had read
+        of the next call) first. False, and ``sock`` closed, when this server cannot."""
+        server = self._server
+        if server is None or self._stopping or server.pool is None or server.pool.full():
+            sock.close()
+            return False
+        try:
+            peer = sock.getpeername()
+        except OSError:  # the peer went away while it moved
+            sock.close()
+            return False
+        self._stats.connections_adopted += 1
+        server.pool.spawn(self._serve_connection, sock, peer, unread)
+        return True
+
+    def stop(self, timeout_s: Optional[float] = None,
+             move_to: Optional[MoveSink] = None) -> DrainReport:
         """Drain: stop accepting, let calls in flight finish, close every connection.
 
         The listener closes first, so new connections are refused. Idle
         connections close at once; each busy one closes after its current call
         is answered; those still busy after ``timeout_s`` (default
-        ``server.drain_timeout_ms``) are killed. Safe to call more than once,
+        ``server.drain_timeout_ms``) are killed. With ``move_to``, every connection
+        that can move (:attr:`movable`) moves there instead of closing, idle ones
+        at once, busy ones after their call. Safe to call more than once,
         from any greenlet: later calls wait for the first one to finish.
         """
         if timeout_s is None:
@@ -175,6 +217,10 @@ class ThriftServer:
         if self._stopping:
             self._stopped.wait(timeout_s)
             return self._drain_report
+        if move_to is not None and self.movable:
+            self._moving_all = move_to
+            for connection in list(self._connections):
+                request_move(connection, move_to)
         self._stopping = True
         try:
             if self._server is not None:
@@ -189,11 +235,12 @@ class ThriftServer:
         # Replies held for pacing are written now, and their connections go back to their
         # greenlets, which see the drain (service.held_connections).
         self._loop.held.release_all()
-        open_connections = list(self._connections)
+        open_connections = [c for c in self._connections if c.moving is None]
         idle = sum(connection.close_if_idle() for connection in open_connections)
         busy = len(open_connections) - idle
-        log.info("drain: stopped accepting; %d calls in flight, %d idle connections closed",
-                 busy, idle)
+        log.info("drain: stopped accepting; %d calls in flight, %d idle connections closed%s",
+                 busy, idle, f", {len(self._connections) - len(open_connections)} moving"
+                 if self._moving_all else "")
         # Every connection greenlet, including any accepted but not yet serving: those
         # see the stop before reading anything and end at once.
         handlers = server.pool
@@ -215,7 +262,7 @@ class ThriftServer:
                      report.finished, report.elapsed_ms)
         return report
 
-    def _serve_connection(self, sock: socket.socket, peer: Any) -> None:
+    def _serve_connection(self, sock: socket.socket, peer: Any, unread: bytes = b"") -> None:
         self._stats.connections_open += 1
         self._stats.connections_total += 1
         connection: Optional[Connection] = None
@@ -228,6 +275,11 @@ class ThriftServer:
                     return
             stream.settimeout(self._settings.idle_timeout_ms / 1000.0)
             connection = self._loop.open(stream)
+            if unread:
+                connection.channel.push_back(unread)
+            connection.greenlet = gevent.getcurrent()
+            if self._moving_all is not None:  # accepted as the drain began: it moves too
+                connection.moving = self._moving_all
             self._connections.add(connection)
             self._loop.serve(connection, peer)
         finally:

@@ -85,7 +85,7 @@ class ServerSettings:
     probe_host: str = field(default="", metadata={
         "help": "where the probes listen; empty: `server.host` (see [TLS](#tls) for what the "
                 "probes and metrics expose)"})
-    worker_heartbeat_timeout_ms: int = field(default=30_000, metadata={
+    worker_heartbeat_timeout_ms: int = field(default=3_000, metadata={
         "help": "with `server.workers` > 1: a worker whose event loop has not beaten for this "
                 "long is killed and restarted; alone, `/healthz` answers 503 after this long "
                 "without a beat; `0` never", "min": 0})

@@ -38,6 +38,8 @@ class ServerStats:
     tls_refused: int = 0
     replies_held: int = 0
     refused_while_held: int = 0
+    connections_moved: int = 0      # handed to another worker between calls (service.handover)
+    connections_adopted: int = 0    # taken over from another worker
 
     def count_closing(self, exc: Exception) -> str:
         """Count a connection closed for what the peer sent (``exc``); its kind for the log."""

@@ -122,3 +122,35 @@ def _cpu_starved_pool_is_told_cpu() -> None:
     assert report.wait_p99_ms > 0
     assert report.limited_by == "cpu", report
     assert report.recommended == report.size, report
+
+
+def _pool(name: str, **values: object) -> dict:
+    base = {"name": name, "size": 10, "in_use": 0, "in_use_p99": 0, "wait_p99_ms": 0.0,
+            "offered_per_s": 0.0, "hold_ms": 0.0, "timeouts": 0, "recommended": 10,
+            "window_s": 60.0, "limited_by": ""}
+    return {**base, **values}
+
+
+def _report(pools: list, limit: int, in_flight: int) -> dict:
+    return {"pools": pools, "admission_limit": limit, "calls_in_flight": in_flight,
+            "calls_queued": 0, "tasks_started": 100, "tasks_coalesced": 5}
+
+
+def test_a_group_report_adds_the_workers_up_and_keeps_each_one_labelled() -> None:
+    from service.pool_report import group_report
+
+    reports = {
+        "1": _report([_pool("mongo", in_use=4, offered_per_s=30.0, hold_ms=20.0, wait_p99_ms=5.0,
+                            recommended=12, limited_by="slots")], 40, 3),
+        "0": _report([_pool("mongo", in_use=1, offered_per_s=10.0, hold_ms=60.0, wait_p99_ms=1.0),
+                      _pool("alerts", size=20, recommended=20)], 30, 1)}
+    group = group_report("1", reports)
+    assert group.worker == "1" and [w.worker for w in group.workers] == ["0", "1"]
+    assert (group.admission_limit, group.calls_in_flight, group.tasks_started) == (70, 4, 200)
+    mongo, alerts = group.pools
+    assert (mongo.name, mongo.size, mongo.in_use, mongo.recommended) == ("mongo", 20, 5, 22)
+    assert mongo.offered_per_s == 40.0 and mongo.wait_p99_ms == 5.0 and mongo.limited_by == "slots"
+    assert mongo.hold_ms == 30.0            # weighted by arrivals: (30 x 20 + 10 x 60) / 40
+    assert (alerts.name, alerts.size) == ("alerts", 20)
+    assert [p.name for p in group.workers[0].pools] == ["mongo", "alerts"]
+    assert group.workers[1].admission_limit == 40

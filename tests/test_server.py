@@ -410,3 +410,59 @@ def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
     ours.close()
     peer.close()
     assert channel.message_waiting() is False    # closed under it: no error, nothing waiting
+
+
+# --- connections that move to another server (service.handover) -----------------------------
+
+def _into(server: ThriftServer, moved: list[bytes]):
+    """A sink handing a connection to ``server`` as a worker's control line does: a copy of
+    the descriptor, and the bytes read of it."""
+    import os
+
+    def sink(sock: socket.socket, unread: bytes) -> bool:
+        moved.append(unread)
+        return server.adopt(socket.socket(fileno=os.dup(sock.fileno())), unread)
+    return sink
+
+
+def test_an_idle_connection_moves_at_once_and_goes_on_answering(start_server):
+    first, second = start_server(), start_server()
+    moved: list[bytes] = []
+    client = thrift_client(first)
+    assert client.ping() == "pong"
+    wait_for(lambda: first.connection_counts() == (1, 1), 5, "the connection open and idle")
+    assert first.move_some(5, _into(second, moved)) == 1
+    wait_for(lambda: first.stats.connections_moved == 1, 5, "the idle connection moved")
+    assert client.ping() == "pong" and client.panels() == ["alerts", "errors", "latency", "urls"]
+    assert moved == [b""] and second.stats.connections_adopted == 1
+    assert first.connection_counts() == (0, 0) and second.connection_counts() == (1, 1)
+
+
+def test_a_busy_connection_moves_after_its_reply_with_the_next_call_it_had_read(
+        start_server, handler):
+    first, second = start_server(), start_server()
+    moved: list[bytes] = []
+    calls = [encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("slow"))),
+             encode_call("ping", appstats.AppStats.ping_args())]
+    with raw_connection(first) as sock:
+        sock.sendall(b"".join(frame(call) for call in calls))   # read together, in one recv
+        assert handler.entered.wait(5)
+        assert first.move_some(1, _into(second, moved)) == 1
+        assert first.stats.connections_moved == 0                # not while its call runs
+        handler.released.set()
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
+        assert client._recv("get_app_stats") == sample_response("slow")
+        assert client._recv("ping") == "pong"                    # answered by the second server
+    assert moved == [frame(calls[1])]
+    assert first.stats.connections_moved == 1 and second.stats.connections_adopted == 1
+
+
+def test_stopping_with_a_destination_moves_every_connection_instead_of_closing_it(start_server):
+    first, second = start_server(), start_server()
+    moved: list[bytes] = []
+    clients = [thrift_client(first) for _ in range(3)]
+    assert [client.ping() for client in clients] == ["pong"] * 3
+    report = first.stop(timeout_s=5.0, move_to=_into(second, moved))
+    assert report.idle_closed == 0 and first.stats.connections_moved == 3
+    assert [client.ping() for client in clients] == ["pong"] * 3
+    assert second.connection_counts() == (3, 3)

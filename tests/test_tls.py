@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import socket
 import ssl
 import subprocess
@@ -119,6 +120,53 @@ def test_silent_client_is_closed_after_the_handshake_timeout(tls_server, pki: Pk
     assert time.monotonic() - started < 5.0  # the 300 ms handshake bound, not the idle timeout
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
+
+
+def _client_hello() -> bytes:
+    """A real TLS ClientHello, as the first flight of a client would send it."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    with pytest.raises(ssl.SSLWantReadError):
+        context.wrap_bio(incoming, outgoing, server_hostname="localhost").do_handshake()
+    return outgoing.read()
+
+
+def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
+        tls_server, pki: Pki) -> None:
+    # Each byte comes well within frame_timeout_ms of the last: only a deadline on the
+    # whole handshake ends it before the hello is complete.
+    server = tls_server(frame_timeout_ms=400, idle_timeout_ms=60_000)
+    hello = _client_hello()
+    sent, closed = 0, False
+    with socket.create_connection(server.address, timeout=10) as slow:
+        for byte in hello:
+            try:
+                slow.sendall(bytes([byte]))
+                sent += 1
+                time.sleep(0.1)
+                readable, _, _ = select.select([slow], [], [], 0)
+                closed = bool(readable) and slow.recv(1, socket.MSG_PEEK) == b""
+            except OSError:           # reset by the server
+                closed = True
+            if closed:
+                break
+    assert closed and 2 < sent < len(hello) // 2, (closed, sent, len(hello))
+    server.stop(timeout_s=5.0)
+    assert server.stats.tls_refused == 1
+
+
+def test_a_tcp_check_that_connects_and_closes_is_no_refused_handshake(
+        tls_server, pki: Pki, caplog) -> None:
+    server = tls_server()
+    for _ in range(3):
+        socket.create_connection(server.address, timeout=5).close()   # a tcpSocket probe
+    with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
+        assert client.ping() == "pong"
+    with caplog.at_level(logging.INFO, logger="service.server"):
+        server.stop(timeout_s=5.0)
+    assert server.stats.tls_refused == 0
+    assert not any("TLS handshakes refused" in record.getMessage() for record in caplog.records)
 
 
 def test_idle_tls_connections_close_at_once_on_stop(tls_server, pki: Pki, handler) -> None:

@@ -8,7 +8,7 @@ import re
 import signal
 import socket
 import subprocess
-from typing import Callable
+from typing import Any, Callable
 
 import gevent
 import pytest
@@ -49,7 +49,9 @@ def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
     ready = probe(group_ports, "/readyz")
     assert ready.status_code == 200 and ready.json() == {
-        "status": "ready", "workers": {"0": "serving", "1": "serving"}}
+        "status": "ready", "workers": {"0": "serving", "1": "serving"},
+        "backends": {name: {"up": True, "circuit": "closed", "detail": ""}
+                     for name in ("mongo", "alerts", "metrics")}}
     for _ in range(8):  # new connections: the kernel spreads them over both workers
         with AppStatsClient(*server.address, timeout_ms=10_000) as client:
             client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
@@ -116,3 +118,30 @@ def test_a_taken_port_fails_the_start_naming_it(workers: str, taken: str,
     assert done.returncode == 1, done.stderr[-3000:]
     assert f"fanout: cannot listen on 127.0.0.1:{group_ports[taken]}" in done.stderr
     assert "Traceback" not in done.stderr and "restarting" not in done.stderr, done.stderr[-3000:]
+
+
+def test_fanout_pools_describes_every_worker_of_the_group(
+        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    server = serve("--workers", "2", env=group_env(group_ports))
+    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+
+    def group_report() -> Any:
+        with AppStatsClient(*server.address, timeout_ms=5_000) as client:
+            client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+            report = client.pool_stats()
+        return report.workers and len(report.workers) == 2 and report
+
+    report = wait_for(group_report, 20, "a pool report with both workers")
+    assert [worker.worker for worker in report.workers] == ["0", "1"]
+    assert report.worker in ("0", "1")
+    for name in ("fanout.request", "mongo"):
+        group = next(pool for pool in report.pools if pool.name == name)
+        each = [next(pool for pool in worker.pools if pool.name == name) for worker in report.workers]
+        assert group.size == sum(pool.size for pool in each) > 0
+    shown = subprocess.run([*FANOUT, "pools", "--port", str(server.address[1])], env=ENV,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("group of 2 workers\n"), shown.stdout
+    assert re.search(r"^worker=0 mongo size=\d+", shown.stdout, re.M), shown.stdout
+    assert re.search(r"^worker=1 admission limit=", shown.stdout, re.M), shown.stdout
+    assert server.stop() == 0

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import psutil
 
 from service.config import load_settings
-from service.workers import _Master
+from service.workers.master import _Master
 from service.workers.slots import Slots
 from tests.support.sockets import wait_for
 from tests.support.workers import Server, gather_all_panels, serve, set_server_keys  # noqa: F401
@@ -77,20 +77,20 @@ def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     slot, other = list(master._slots)
     delays = []
     for pid in range(100, 110):
-        master._slots.started(slot, pid)
-        assert master._on_exit(pid, signal.SIGKILL) is None          # killed by a signal: restart
+        master._slots.started(slot, pid, pid)
+        assert master._on_exit(pid, -signal.SIGKILL) is None         # killed by a signal: restart
         delays.append(round(slot.restart_at - time.monotonic(), 1))
     assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
     assert master._slots.due() == []                                  # none due yet
-    master._slots.started(slot, 110)
-    assert master._on_exit(110, 1 << 8) == 1                          # the 11th in a minute: give up
-    master._slots.started(other, 200)
-    assert master._on_exit(200, 2 << 8) == 2                          # a configuration error: stop
+    master._slots.started(slot, 110, 110)
+    assert master._on_exit(110, 1) == 1                               # the 11th in a minute: give up
+    master._slots.started(other, 200, 200)
+    assert master._on_exit(200, 2) == 2                               # a configuration error: stop
 
 
 def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:
     slots = Slots(2)
-    slots.started(slots.add(), 300)
+    slots.started(slots.add(), 300, 1)
     assert [s.index for s in slots] == [0, 1, 2] and slots.pids() == [300]
     assert slots.storm_limit == 10 and slots.holding(300) is not None
     assert slots.remove_last().pid == 300 and len(slots) == 2
@@ -102,13 +102,21 @@ def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> No
     set_server_keys(tmp_path / "fanout.toml", worker_heartbeat_timeout_ms=1500)
     server = serve("--workers", "2")
     first = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    held = [open_idle_connection(server.address) for _ in range(16)]
+    wait_for(lambda: all(connections_of(pid, server.address[1]) for pid in first), 10,
+             "both workers serving")
     stuck = first[0]
     os.kill(stuck, signal.SIGSTOP)   # its event loop stops: no more heartbeats
     replaced = wait_for(lambda: stuck not in server.workers() and len(server.workers()) == 2
                         and server.workers(), 15, "the stuck worker replaced")
     assert first[1] in replaced
     gather_all_panels(server.address)
+    for sock in held:
+        sock.close()
     assert server.stop() == 0
+    logged = server.process.stderr.read()
+    assert "Traceback" not in logged, logged[-3000:]
+    assert f"master: worker {stuck} (slot 0) has not answered for" in logged, logged[-3000:]
 
 
 def test_sighup_reloads_the_configuration_and_replaces_every_worker(serve: Any, tmp_path: Path) -> None:

@@ -193,6 +193,17 @@ struct PoolStats {
   11: optional string limited_by
 }
 
+/** One worker's pools in a pre-forked group: the fields of PoolReport, and its slot. Optional addition. */
+struct WorkerPools {
+  1: string worker
+  2: list<PoolStats> pools
+  3: i32 admission_limit
+  4: i32 calls_in_flight
+  5: i32 calls_queued
+  6: optional i64 tasks_started
+  7: optional i64 tasks_coalesced
+}
+
 /** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */
 struct PoolReport {
   1: list<PoolStats> pools
@@ -204,6 +215,11 @@ struct PoolReport {
       identical lookup's call in flight instead of calling (request coalescing). Optional addition. */
   5: optional i64 tasks_started
   6: optional i64 tasks_coalesced
+  /** With pre-forked workers (server.workers > 1): the worker that answered, and each
+      serving worker's own report; the fields above are then the group's (sizes, use,
+      arrivals and recommendations added up; waits and percentiles the largest). Optional addition. */
+  7: optional string worker
+  8: optional list<WorkerPools> workers
 }
 
 service AppStats {

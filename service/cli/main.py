@@ -192,7 +192,7 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.logging, args.log_level)
     try:
         if settings.server.workers > 1:
-            from service.workers import run_workers
+            from service.workers.master import run_workers
 
             return run_workers(settings, on_ready=_print_serving_workers,
                                reload=lambda: _settings(args))

@@ -11,6 +11,10 @@ For ``fanout.request`` (a pool per call, ``fanout.pool_size``) it is the 99th
 percentile of the tasks one call wanted at once. The last line is the adaptive
 admission limit, which sizes itself; then the tasks started since start and those that
 shared an identical lookup's call (request coalescing).
+
+With pre-forked workers the first block is the group's (sizes, use, arrivals and
+recommendations added up), then one block per serving worker, each line led by
+``worker=N``; the last line names the worker that answered.
 """
 
 from __future__ import annotations
@@ -22,17 +26,33 @@ __all__ = ["format_pools", "pools_to_json"]
 
 
 def pools_to_json(report: Any) -> dict[str, Any]:
-    """A ``PoolReport`` as plain values."""
-    return {"pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
-            "admission": {"limit": report.admission_limit, "calls_in_flight": report.calls_in_flight,
-                          "calls_queued": report.calls_queued},
-            "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced}}
+    """A ``PoolReport`` (or one worker's ``WorkerPools``) as plain values."""
+    plain = {"pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
+             "admission": {"limit": report.admission_limit,
+                           "calls_in_flight": report.calls_in_flight,
+                           "calls_queued": report.calls_queued},
+             "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced}}
+    if getattr(report, "workers", None):
+        plain["answered_by"] = report.worker
+        plain["workers"] = {worker.worker: pools_to_json(worker) for worker in report.workers}
+    return plain
 
 
 def format_pools(report: Any, as_json: bool = False) -> str:
-    """One line per pool, then the admission line (or the JSON of :func:`pools_to_json`)."""
+    """One line per pool, then the admission line (or the JSON of :func:`pools_to_json`);
+    for a group, the group's block and then each worker's."""
     if as_json:
         return json.dumps(pools_to_json(report), indent=2)
+    if not getattr(report, "workers", None):
+        return "\n".join(_block(report))
+    lines = [f"group of {len(report.workers)} workers"] + _block(report)
+    for worker in report.workers:
+        lines.extend(f"worker={worker.worker} {line}" for line in _block(worker))
+    lines.append(f"(answered by worker {report.worker})")
+    return "\n".join(lines)
+
+
+def _block(report: Any) -> list[str]:
     lines = [f"{pool.name} size={pool.size} in_use_p99={pool.in_use_p99} "
              f"wait_p99_ms={pool.wait_p99_ms:.1f} recommended={pool.recommended}"
              + _short(pool) for pool in report.pools]
@@ -40,7 +60,7 @@ def format_pools(report: Any, as_json: bool = False) -> str:
                  f"queued={report.calls_queued} (adaptive)")
     if report.tasks_started is not None:
         lines.append(f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}")
-    return "\n".join(lines)
+    return lines
 
 
 def _short(pool: Any) -> str:

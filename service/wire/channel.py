@@ -85,6 +85,8 @@ class Channel(Protocol):
 
     def push_back(self, data: bytes) -> None: ...
 
+    def unread(self) -> bytes: ...
+
     def framed(self, payload: bytes) -> bytes: ...
 
     def send_framed(self, payload: bytes) -> None: ...
@@ -121,7 +123,7 @@ class _SocketChannel:
     """What both transports share: receiving under the idle and frame bounds, sending."""
 
     __slots__ = ("_sock", "_limits", "_codec", "_decode", "_buffer", "_start", "_deadline",
-                 "_timeout", "idle")
+                 "_timeout", "idle", "waiting_idle")
 
     def __init__(self, sock: socket.socket, limits: WireLimits | int,
                  protocol: str = "binary") -> None:
@@ -135,6 +137,9 @@ class _SocketChannel:
         self._deadline = 0.0
         self._timeout: Optional[float] = None  # last timeout set on the socket
         self.idle = True
+        # True only while blocked in the read of a new message's first bytes: nothing of
+        # it has been read, so the connection can move to another process then.
+        self.waiting_idle = False
 
     def message_waiting(self) -> bool:
         """Has the peer sent something not yet read? Never waits.
@@ -162,7 +167,11 @@ class _SocketChannel:
         if self._start >= len(self._buffer):
             self.idle = True
             self._set_timeout(self._limits.idle_timeout_ms / 1000.0)
-            self._buffer, self._start = self._sock.recv(_READ_BYTES), 0
+            self.waiting_idle = True
+            try:
+                self._buffer, self._start = self._sock.recv(_READ_BYTES), 0
+            finally:
+                self.waiting_idle = False
             if not self._buffer:
                 return False
         self.idle = False
@@ -213,6 +222,11 @@ class _SocketChannel:
         if self._start < len(self._buffer):
             raise RuntimeError("push_back with bytes still buffered")
         self._buffer, self._start = data, 0
+
+    def unread(self) -> bytes:
+        """Bytes received and not yet handed out: between messages, the start of the next
+        one (a pipelined call), which goes with the connection when it moves."""
+        return bytes(memoryview(self._buffer)[self._start:])
 
     def framed(self, payload: bytes) -> bytes:
         """``payload`` as it goes on the wire (with its frame header where there are frames)."""

@@ -10,9 +10,10 @@ there is no option to skip verification. They may present a certificate of
 their own. :mod:`service.wire.certificates` rebuilds the server's context when
 its files change.
 
-The server performs the handshake itself, on the accepted socket, under a timeout
-(see :func:`handshake`), so a peer that connects and sends nothing holds its
-connection slot for at most that long.
+The server performs the handshake itself, on the accepted socket, under one
+deadline for the whole handshake (see :func:`handshake`), so a peer that connects
+and sends nothing, or sends a byte at a time, holds its connection slot for at
+most that long.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 import ssl
 from typing import TYPE_CHECKING, Optional
 
+import gevent
 import gevent.ssl
 
 from service.errors import ConfigError
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # the web-tier client imports this module; it loads no server
     from service.server_settings import ServerSettings
 
 __all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
-           "refusal_reason", "MINIMUM_VERSION"]
+           "refusal_reason", "MINIMUM_VERSION", "ClosedBeforeHandshake"]
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
@@ -115,21 +117,37 @@ def _load_cas(context: ssl.SSLContext, what: str, ca_file: str) -> None:
 def handshake(context: ssl.SSLContext, sock: socket.socket, timeout_s: float) -> ssl.SSLSocket:
     """Wrap an accepted ``sock`` and complete the server side of the handshake.
 
-    Raises ``TimeoutError`` when the peer does not finish within ``timeout_s``,
-    ``ssl.SSLError`` when it does not speak TLS or fails the handshake, ``OSError``
-    when the connection breaks. ``sock`` is no longer usable afterwards either way
-    (the caller closes it).
+    The whole handshake, from the first byte, has ``timeout_s``, whatever the pace
+    of the peer's bytes (a socket timeout alone starts again at every byte, so a
+    peer sending one byte a second could hold its connection for as long as it
+    liked). Raises ``TimeoutError`` when the peer does not finish within it,
+    ``ssl.SSLError`` when it does not speak TLS or fails the handshake,
+    :class:`ClosedBeforeHandshake` when it closes without sending a byte (a TCP
+    health check), ``OSError`` when the connection breaks. ``sock`` is no longer
+    usable afterwards either way (the caller closes it).
     """
-    sock.settimeout(timeout_s)
-    wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    completed = False
+    deadline = gevent.Timeout(timeout_s, TimeoutError(
+        f"TLS handshake not complete within {timeout_s * 1000:.0f} ms"))
+    deadline.start()
     try:
-        wrapped.do_handshake()
-        completed = True
+        sock.settimeout(timeout_s)
+        if not sock.recv(1, socket.MSG_PEEK):
+            raise ClosedBeforeHandshake("the peer closed before the TLS handshake")
+        wrapped = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        completed = False
+        try:
+            wrapped.do_handshake()
+            completed = True
+        finally:
+            if not completed:
+                wrapped.close()
+        return wrapped
     finally:
-        if not completed:
-            wrapped.close()
-    return wrapped
+        deadline.close()
+
+
+class ClosedBeforeHandshake(ConnectionAbortedError):
+    """The peer connected and closed without a byte: a TCP check, not a refused handshake."""
 
 
 def _reason(exc: BaseException) -> str:

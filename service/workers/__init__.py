@@ -1,8 +1,10 @@
-"""Pre-forked workers: the master (``master.py``), a worker's side of the fork
-(``worker.py``), the group's probe and metrics endpoints the master serves
-(``group.py``), the workers' heartbeats and announcements (``heartbeat.py``), and
-what both need of the operating system (``process.py``)."""
+"""Pre-forked workers: the master (``master.py``) and the processes it starts
+(``worker.py``, each a program of its own, with ``member.py`` its side of the
+control line, ``control.py``), the group's probe and metrics endpoints the master
+serves (``group.py``), heartbeats (``heartbeat.py``), slots and their restarts
+(``slots.py``), spreading connections (``balance.py``), and what they need of the
+operating system (``process.py``).
 
-from service.workers.master import _Master, run_workers
-
-__all__ = ["run_workers", "_Master"]
+Nothing is imported here: ``python -m service.workers.worker`` loads this package
+first, and must patch the standard library before anything else loads.
+"""

@@ -8,25 +8,31 @@ restarts, so no two processes ever want the same port. The master's event loop
 runs no calls, so it answers under any load on the workers.
 
 * ``GET /healthz``: 200 while the master runs; the body gives each worker slot's
-  state (``serving``, ``starting``, ``restarting``). A stuck worker is the
+  state (``serving``; ``unresponsive`` while its event loop misses beats, until the
+  master kills it; ``starting``, ``restarting``) and the backends as the master
+  last checked them (:mod:`service.workers.group_state`). A stuck worker is the
   master's to kill and replace (heartbeats), not the kubelet's.
 * ``GET /readyz``: 200 while at least one worker serves; 503 ``starting`` before
-  the first does, and 503 ``draining`` from SIGTERM on.
+  the first does, and 503 ``draining`` from SIGTERM on; the same body.
 * ``GET /metrics`` (on the Prometheus port): every serving worker's scrape,
   fetched in parallel from the port it announced (127.0.0.1, a free port each,
   served off its event loop: ``service.metrics_endpoint``), merged into one
   exposition with a ``worker`` label (the slot) on every sample, plus
   ``fanout_worker_scraped{worker}`` (1, or 0 for a worker that did not answer
-  within :data:`WORKER_SCRAPE_TIMEOUT_S`). One target per pod; a replaced
-  worker's counters restart from 0 under the same label, which ``rate()``
-  reads as a counter reset.
+  within :data:`WORKER_SCRAPE_TIMEOUT_S`) and ``fanout_worker_connections{worker}``.
+  One target per pod; a replaced worker's counters restart from 0 under the same
+  label, which ``rate()`` reads as a counter reset.
+
+The master's ports are its own: workers are started as programs of their own and
+inherit none of its descriptors, so a keep-alive scrape or probe connection is
+only ever answered here.
 """
 
 from __future__ import annotations
 
 import logging
 import urllib.request
-from typing import Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import gevent
 from gevent.pywsgi import WSGIServer
@@ -35,7 +41,10 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.ports import cannot_listen
-from service.probes import json_answer
+from service.probes import backend_bodies, json_answer
+
+if TYPE_CHECKING:
+    from service.workers.group_state import GroupState
 
 __all__ = ["GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIMEOUT_S"]
 
@@ -44,7 +53,8 @@ log = logging.getLogger(__name__)
 #: How long the master waits for a worker's scrape (each worker answers within about 0.5 s).
 WORKER_SCRAPE_TIMEOUT_S = 0.75
 
-#: (slot, state, where its metrics are scraped or None); state: serving, starting, restarting.
+#: (slot, state, where its metrics are scraped or None); state: serving, unresponsive,
+#: starting, restarting.
 WorkerState = tuple[int, str, Optional[str]]
 
 
@@ -55,9 +65,11 @@ class GroupEndpoints:
     """
 
     def __init__(self, host: str, probe_port: int, scrape_at: Optional[tuple[str, int]],
-                 workers: Callable[[], list[WorkerState]], stopping: Callable[[], bool]) -> None:
+                 workers: Callable[[], list[WorkerState]], stopping: Callable[[], bool],
+                 state: "GroupState") -> None:
         self._workers = workers
         self._stopping = stopping
+        self._state = state
         self._servers: list[WSGIServer] = []
         if probe_port >= 0:
             self._servers.append(WSGIServer((host, probe_port), self._probes, log=None,
@@ -77,11 +89,6 @@ class GroupEndpoints:
                      self._metrics else "probes", *server.address[:2])
         return self
 
-    def close_in_worker(self) -> None:
-        """In a forked worker: drop the inherited copies, so only the master answers."""
-        for server in self._servers:
-            server.close()
-
     def stop(self) -> None:
         for server in self._servers:
             if server.started:
@@ -90,14 +97,15 @@ class GroupEndpoints:
     def _probes(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         workers = {str(slot): state for slot, state, _ in self._workers()}
+        body = {"workers": workers, "backends": backend_bodies(self._state.backends())}
         if path == "/healthz":
-            return json_answer(start_response, 200, {"status": "ok", "workers": workers})
+            return json_answer(start_response, 200, {"status": "ok", **body})
         if path == "/readyz":
             if self._stopping():
-                return json_answer(start_response, 503, {"status": "draining", "workers": workers})
+                return json_answer(start_response, 503, {"status": "draining", **body})
             serving = "serving" in workers.values()
             return json_answer(start_response, 200 if serving else 503,
-                         {"status": "ready" if serving else "starting", "workers": workers})
+                               {"status": "ready" if serving else "starting", **body})
         return json_answer(start_response, 404, {"status": "not found"})
 
     def _metrics(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -105,22 +113,26 @@ class GroupEndpoints:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: the scrape path is /metrics\n"]
         serving = [(str(slot), url) for slot, state, url in self._workers()
-                   if state == "serving" and url]
+                   if state in ("serving", "unresponsive") and url]
         fetches = [gevent.spawn(_fetch, url) for _, url in serving]
         gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
         scrapes = {slot: fetch.value if fetch.successful() else None
                    for (slot, _), fetch in zip(serving, fetches)}
         for fetch in fetches:
             fetch.kill(block=False)  # urllib in the master: no pool to corrupt
-        body = merge_scrapes(scrapes)
+        body = merge_scrapes(scrapes, self._state.connections())
         start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
                                   ("Content-Length", str(len(body)))])
         return [body]
 
 
-def _fetch(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=WORKER_SCRAPE_TIMEOUT_S) as answer:
-        return answer.read().decode()
+def _fetch(url: str) -> Optional[str]:
+    """A worker's scrape, or None when it does not answer (counted in fanout_worker_scraped)."""
+    try:
+        with urllib.request.urlopen(url, timeout=WORKER_SCRAPE_TIMEOUT_S) as answer:
+            return answer.read().decode()
+    except (OSError, ValueError):
+        return None
 
 
 class _Families:
@@ -131,11 +143,16 @@ class _Families:
         return self._families
 
 
-def merge_scrapes(scrapes: dict[str, Optional[str]]) -> bytes:
-    """One exposition from each worker's (``None``: no answer), labelled ``worker``."""
+def merge_scrapes(scrapes: dict[str, Optional[str]],
+                  connections: Optional[dict[str, int]] = None) -> bytes:
+    """One exposition from each worker's (``None``: no answer), labelled ``worker``, with
+    each worker's connections as the master counts them."""
     families: dict[str, Metric] = {}
     scraped = Metric("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no",
                      "gauge")
+    held = Metric("fanout_worker_connections", "Thrift connections the worker serves", "gauge")
+    for worker, count in sorted((connections or {}).items()):
+        held.add_sample("fanout_worker_connections", {"worker": worker}, float(count))
     for worker, text in scrapes.items():
         scraped.add_sample("fanout_worker_scraped", {"worker": worker}, 0.0 if text is None else 1.0)
         for family in text_string_to_metric_families(text or ""):
@@ -143,4 +160,4 @@ def merge_scrapes(scrapes: dict[str, Optional[str]]) -> bytes:
                                                              family.type, family.unit))
             merged.samples.extend(sample._replace(labels={**sample.labels, "worker": worker})
                                   for sample in family.samples)
-    return generate_latest(_Families([scraped, *families.values()]))  # type: ignore[arg-type]
+    return generate_latest(_Families([scraped, held, *families.values()]))  # type: ignore[arg-type]

@@ -1,11 +1,14 @@
 """Worker heartbeats: a stuck worker is found and replaced.
 
-Each worker touches a file of its own (in a directory the master made) every
-``BEAT_S`` from a greenlet of its event loop, as gunicorn's workers do. A
-worker whose loop is blocked (a computation that never yields, a call into
-something gevent did not patch, a deadlock) stops touching it; the master,
-checking every second, kills a worker whose file is older than
+Each worker touches a file of its own (in a directory the master made, named
+by the worker's serial number, which no other worker ever has) every ``BEAT_S``
+from a greenlet of its event loop, as gunicorn's workers do. A worker whose
+loop is blocked (a computation that never yields, a call into something gevent
+did not patch, a deadlock, a SIGSTOP) stops touching it; the master, checking
+twice a second, kills a worker whose file is older than
 ``server.worker_heartbeat_timeout_ms`` and restarts its slot as for any death.
+A new worker's file is dated :data:`START_GRACE_S` ahead, for the time it takes
+to load and start serving.
 
 A worker also announces itself there once it serves (:meth:`Heartbeats.announce`):
 its pid and where its metrics are scraped, which the master's group endpoints
@@ -28,50 +31,65 @@ from tracing.greenlets import spawn_in_context
 
 __all__ = ["Heartbeats", "BEAT_S"]
 
-BEAT_S = 1.0
+BEAT_S = 0.5
+#: How long a new worker may take to beat for the first time.
+START_GRACE_S = 15.0
 
 
 class Heartbeats:
-    """The master's directory of heartbeat files, one per worker slot."""
+    """The directory of heartbeat files, one per worker (``worker``: its serial number).
 
-    def __init__(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
+    The master makes it (``directory`` None); a worker opens the one it is given.
+    """
 
-    def path(self, slot: int) -> Path:
-        return self._dir / f"slot-{slot}"
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self._dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
 
-    def reset(self, slot: int) -> None:
-        """Before a worker starts in ``slot``: its clock starts now, its announcement is gone."""
-        self.path(slot).touch()
-        os.utime(self.path(slot))
-        self._announcement(slot).unlink(missing_ok=True)
+    @property
+    def directory(self) -> str:
+        return str(self._dir)
 
-    def _announcement(self, slot: int) -> Path:
-        return self._dir / f"slot-{slot}.json"
+    def path(self, worker: int) -> Path:
+        return self._dir / f"worker-{worker}"
 
-    def announce(self, slot: int, **facts: Any) -> None:
+    def reset(self, worker: int) -> None:
+        """Before ``worker`` starts: it has :data:`START_GRACE_S` to beat, nothing announced."""
+        self.path(worker).touch()
+        ahead = time.time() + START_GRACE_S
+        os.utime(self.path(worker), (ahead, ahead))
+        self._announcement(worker).unlink(missing_ok=True)
+
+    def forget(self, worker: int) -> None:
+        """Once ``worker`` has exited: its files go."""
+        self.path(worker).unlink(missing_ok=True)
+        self._announcement(worker).unlink(missing_ok=True)
+
+    def _announcement(self, worker: int) -> Path:
+        return self._dir / f"worker-{worker}.json"
+
+    def announce(self, worker: int, **facts: Any) -> None:
         """In the worker: say that it serves, with ``facts`` (its pid is added)."""
-        partial = self._dir / f".slot-{slot}.json.part"
+        partial = self._dir / f".worker-{worker}.json.part"
         partial.write_text(json.dumps({**facts, "pid": os.getpid()}))
-        partial.replace(self._announcement(slot))  # atomic: never read half-written
+        partial.replace(self._announcement(worker))  # atomic: never read half-written
 
-    def announcement(self, slot: int) -> Optional[dict[str, Any]]:
-        """What the worker in ``slot`` announced, or None before it serves."""
+    def announcement(self, worker: int) -> Optional[dict[str, Any]]:
+        """What ``worker`` announced, or None before it serves."""
         try:
-            return json.loads(self._announcement(slot).read_text())
+            return json.loads(self._announcement(worker).read_text())
         except (FileNotFoundError, ValueError):
             return None
 
-    def age_s(self, slot: int) -> float:
-        """Seconds since the worker in ``slot`` last beat (0 when there is no file)."""
+    def age_s(self, worker: int) -> float:
+        """Seconds since ``worker`` last beat (0 when there is no file, or in its start grace)."""
         try:
-            return max(0.0, time.time() - self.path(slot).stat().st_mtime)
+            return max(0.0, time.time() - self.path(worker).stat().st_mtime)
         except FileNotFoundError:
             return 0.0
 
-    def start_beating(self, slot: int) -> gevent.Greenlet:
-        """In the worker: touch ``slot``'s file every ``BEAT_S`` while the event loop runs."""
-        path = self.path(slot)
+    def start_beating(self, worker: int) -> gevent.Greenlet:
+        """In the worker: touch its file every ``BEAT_S`` while the event loop runs."""
+        path = self.path(worker)
 
         def beat() -> None:
             while True:

@@ -1,48 +1,50 @@
 """The pre-fork master: one listening socket, ``server.workers`` server processes.
 
-* The master binds once and forks; each worker is a whole server
-  (:func:`service.lifecycle.run_server` on the inherited socket). Nothing that
-  does not survive ``fork`` exists before it: no tracing, clients or threads.
+* The master binds once and starts each worker as a program of its own
+  (:mod:`service.workers.launch`), handing it the listener over its control
+  line; each worker is a whole server (:func:`service.lifecycle.run_server`).
 * A worker that exits is restarted after 0.1 s, doubling per quick death of its
   slot up to 10 s; more than ``max(10, 3 * N)`` restarts within 60 s stop
   everything (exit 1); a worker exiting 2 (a configuration error) stops
   everything with status 2.
 * A worker whose event loop stops beating (``heartbeat.py``) for
-  ``server.worker_heartbeat_timeout_ms`` is killed, then restarted.
-* SIGHUP reloads the configuration (as at start) and replaces every worker,
-  the old ones draining; SIGTTIN / SIGTTOU add / retire one worker.
+  ``server.worker_heartbeat_timeout_ms`` is killed, with one log line, then restarted.
+* SIGHUP reloads the configuration (as at start) and starts a new generation of
+  workers; once they serve, each old worker hands its connections over
+  (:mod:`service.handover`) and exits. SIGTTIN / SIGTTOU add / retire one worker.
   ``server.host`` and ``server.port`` cannot change on a reload.
+* Connections spread again when one worker holds too many (``balance.py``), as
+  after a worker was replaced: the fullest hand idle ones over, through the master.
 * The master serves the group's one probe endpoint and one Prometheus scrape
-  (``group.py``); workers serve neither on those ports.
+  (``group.py``), checks the backends for the whole group, and tells every worker
+  the result and every worker's pools (``group_state.py``).
 * SIGTERM or SIGINT: forwarded to every worker, which drains; those still
   running after the lame-duck, drain, grace and flush budgets plus a margin are
   killed. The master exits 0.
 
-Every decision (start, exit, restart, kill, reload) is logged with the pid.
+Every decision (start, exit, restart, kill, reload, moves) is logged with the pid.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
-import socket
 import time
 from typing import Callable, Optional
 
 import gevent
-import gevent.os
 from gevent.queue import Empty, Queue
 
 from service.config import ConfigError, Settings
 from service.logs import set_worker
-from service.workers.group import GroupEndpoints
 from service.ports import bind_listener
+from service.workers.group import GroupEndpoints
+from service.workers.group_state import GroupState
 from service.workers.heartbeat import Heartbeats
-from service.workers.process import signal_name
+from service.workers.launch import WorkerLink, launch_worker
+from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.slots import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Slot, Slots
-from service.workers.worker import CONFIG_ERROR_STATUS, WorkerStart, serve_as_worker
 from tracing.metrics import scrape_address
 
 __all__ = ["run_workers"]
@@ -51,68 +53,66 @@ log = logging.getLogger(__name__)
 
 _STOP_MARGIN_S = 3.0             # beyond the drain, grace and flush budgets, before SIGKILL
 _KILL_WAIT_S = 5.0
+_TICK_S = 0.5                    # restarts due, stuck workers, retirements, the group's state
+_NEW_GENERATION_WAIT_S = 60.0    # longest the old workers serve on while the new ones start
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _RESIZE_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
 
 def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] = None,
                 on_ready: Optional[Callable[[tuple[str, int], int], None]] = None) -> int:
-    """Serve ``settings`` with ``settings.server.workers`` pre-forked worker processes.
+    """Serve ``settings`` with ``settings.server.workers`` worker processes.
 
-    Binds the listening socket (raises OSError if it cannot), forks the workers,
-    calls ``on_ready(address, workers)`` once, then supervises until SIGTERM or
+    Binds the listening socket (raises OSError if it cannot), starts the workers,
+    calls ``on_ready(address, workers)`` once every worker serves, and supervises until SIGTERM or
     SIGINT. Returns the master's exit code: 0 after a stop, 1 after a restart
     storm, 2 when a worker reported a configuration error.
-
-    Call it from the main greenlet of a process that has started no threads,
-    tracing or backend clients: each worker starts its own after the fork.
     """
     return _Master(settings, reload).run(on_ready)
 
 
 class _Master:
-    """The supervising process. Every decision runs in its main greenlet, fork included."""
+    """The supervising process. Every decision runs in its main greenlet."""
 
     def __init__(self, settings: Settings, reload: Optional[Callable[[], Settings]] = None) -> None:
         self._settings = settings
         self._reload = reload
         self._heartbeats = Heartbeats()
-        self._retiring: set[int] = set()     # old workers draining after a reload or a TTOU
         self._slots = Slots(settings.server.workers)
-        self._events: Queue = Queue()        # ("exit", pid, wait status) | ("signal", signum)
+        self._links: dict[int, WorkerLink] = {}   # by pid: every worker running, old ones too
+        self._old_generation: list[WorkerLink] = []  # to retire once the new one serves
+        self._old_since = 0.0
+        self._serial = 0
+        self._events: Queue = Queue()   # ("exit", pid, code) | ("signal", signum) | ("control", ...)
         self._master_pid = os.getpid()
-        self._listener: Optional[socket.socket] = None
+        self._listener = None
         self._group: Optional[GroupEndpoints] = None
+        self._state: Optional[GroupState] = None
         self._stopping = False
         self._signal_handlers: list = []
+        self._on_ready: Optional[Callable[[], None]] = None   # once every worker first serves
 
     def run(self, on_ready: Optional[Callable[[tuple[str, int], int], None]]) -> int:
         server = self._settings.server
         set_worker("master")
         self._listener = bind_listener(server.host, server.port)
         host, port = self._listener.getsockname()[:2]
+        self._state = GroupState(self._settings, self._links, self._serving)
         try:
             self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
                                          scrape_address(self._settings.metrics),
                                          lambda: self._slots.states(self._heartbeats),
-                                         lambda: self._stopping).start()
+                                         lambda: self._stopping, self._state).start()
         except OSError:
             self._listener.close()
+            self._state.close()
             raise
-        # Imported before the fork, so every worker shares these pages instead of loading its own.
-        from service.lifecycle import run_server  # noqa: F401
-        # Objects alive now are never collected again: the workers' collectors leave
-        # their pages untouched, so copy-on-write keeps them shared.
-        gc.freeze()
         self._signal_handlers = [gevent.signal_handler(signum, self._events.put, ("signal", signum))
                                  for signum in (*_STOP_SIGNALS, *_RESIZE_SIGNALS)]
         try:
             for slot in self._slots:
-                self._fork(slot)
-            log.info("master %d: %d workers serving on %s:%d", self._master_pid,
-                     len(self._slots), host, port)
-            if on_ready is not None:
-                on_ready((host, port), len(self._slots))
+                self._start(slot)
+            self._on_ready = lambda: on_ready((host, port), len(self._slots)) if on_ready else None
             return self._supervise()
         except Exception:
             log.exception("master: failed; stopping the workers")
@@ -122,23 +122,28 @@ class _Master:
             self._cancel_signal_handlers()
             self._listener.close()
             self._group.stop()
+            self._state.close()
             self._heartbeats.remove()
 
     def _supervise(self) -> int:
+        ticked = time.monotonic()
         while True:
             try:
                 event = self._events.get(timeout=self._slots.next_wake_in())
             except Empty:
                 event = None
+            if time.monotonic() - ticked >= _TICK_S or event is None:
+                ticked = time.monotonic()
+                self._tick()
             if event is None:
-                for slot in self._slots.due():
-                    self._fork(slot)
-                self._kill_stuck()
+                continue
+            if event[0] == "control":
+                self._on_control(*event[1:])
             elif event[0] == "signal" and event[1] in _RESIZE_SIGNALS:
                 self._resize(event[1])
             elif event[0] == "signal":
                 log.info("master: %s received; stopping %d workers",
-                         signal.Signals(event[1]).name, len(self._live()))
+                         signal.Signals(event[1]).name, len(self._links))
                 self._stopping = True
                 return self._stop_all(exit_code=0)
             else:
@@ -146,45 +151,60 @@ class _Master:
                 if verdict is not None:
                     return self._stop_all(exit_code=verdict)
 
-    def _fork(self, slot: Slot) -> None:
+    def _tick(self) -> None:
+        for slot in self._slots.due():
+            self._start(slot)
+        self._kill_stuck()
+        self._retire_old_generation()
+        assert self._state is not None
+        self._state.tick()
+        if self._on_ready is not None and len(self._serving()) == len(self._slots):
+            on_ready, self._on_ready = self._on_ready, None
+            log.info("master %d: %d workers serving", self._master_pid, len(self._slots))
+            on_ready()
+
+    def _serving(self) -> list[WorkerLink]:
+        """The current generation's workers that serve and beat: where connections may go."""
+        states = {index: state for index, state, _ in self._slots.states(self._heartbeats)}
+        return [link for slot in self._slots if (link := self._links.get(slot.pid))
+                and states.get(slot.index) == "serving" and not link.retiring]
+
+    def _start(self, slot: Slot) -> None:
+        assert self._listener is not None
+        self._serial += 1
+        self._heartbeats.reset(self._serial)
         try:
-            # ref=True: a live worker keeps the master's event loop running.
-            pid = gevent.os.fork_and_watch(callback=self._on_child_watcher, ref=True)
+            link = launch_worker(self._settings, slot.index, self._serial, len(self._slots),
+                                 listener=self._listener, heartbeats=self._heartbeats.directory,
+                                 events=self._events)
         except OSError as exc:  # out of processes or memory: try again later
             self._slots.fork_failed(slot)
             log.error("master: cannot start a worker for slot %d (%s); retrying in %.0f s",
                       slot.index, exc, MAX_RESTART_DELAY_S)
             return
-        if pid == 0:
-            self._become_worker(slot)  # never returns
-        self._heartbeats.reset(slot.index)
-        self._slots.started(slot, pid)
-        log.info("master: worker %d started (slot %d)", pid, slot.index)
+        self._links[link.pid] = link
+        self._slots.started(slot, link.pid, self._serial)
+        log.info("master: worker %d started (slot %d)", link.pid, slot.index)
 
-    def _on_child_watcher(self, watcher: object) -> None:
-        # Runs in the hub when a worker ends; the main greenlet does the rest.
-        self._events.put(("exit", watcher.pid, watcher.rstatus))  # type: ignore[attr-defined]
+    def _on_control(self, pid: int, message: dict, fd: Optional[int]) -> None:
+        assert self._state is not None
+        link = self._links.get(pid)
+        if link is not None:
+            self._state.on_message(link, message, fd)
+        elif fd is not None:
+            os.close(fd)
 
-    def _become_worker(self, slot: Slot) -> None:
-        """The child side of :meth:`_fork`: drop the master's handlers and ports, serve, exit."""
-        # The master's handlers were copied by fork; the worker installs its own.
-        self._cancel_signal_handlers()
-        assert self._listener is not None and self._group is not None
-        self._group.close_in_worker()
-        serve_as_worker(WorkerStart(self._settings, slot.index, len(self._slots),
-                                    self._master_pid, self._listener, self._heartbeats))
-
-    def _on_exit(self, pid: int, status: int) -> Optional[int]:
+    def _on_exit(self, pid: int, code: int) -> Optional[int]:
         """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
-        if pid in self._retiring:
-            self._retiring.discard(pid)
-            log.info("master: retired worker %d stopped (exit code %d)", pid,
-                     os.waitstatus_to_exitcode(status))
-            return None
+        link = self._links.pop(pid, None)
         slot = self._slots.holding(pid)
+        if link is not None:
+            self._heartbeats.forget(link.serial)
+        if link is not None and link.retiring:
+            log.info("master: retired worker %d stopped (exit code %d)", pid, code)
+            return None
         if slot is None:
             return None
-        code = os.waitstatus_to_exitcode(status)
         how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == CONFIG_ERROR_STATUS:
             slot.pid = 0
@@ -203,31 +223,42 @@ class _Master:
         """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
         for slot in self._slots.stuck(self._heartbeats,
                                       self._settings.server.worker_heartbeat_timeout_ms):
-            log.warning("master: worker %d (slot %d) missed its heartbeat for %.1f s; killing it",
-                        slot.pid, slot.index, self._heartbeats.age_s(slot.index))
+            log.warning("master: worker %d (slot %d) has not answered for %.1f s (stopped or "
+                        "blocked); killing it", slot.pid, slot.index,
+                        self._heartbeats.age_s(slot.serial))
             try:
                 os.kill(slot.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self._heartbeats.reset(slot.index)  # one kill per stale beat; its exit restarts it
-
-    def _live(self) -> list[int]:
-        return self._slots.pids() + sorted(self._retiring)
+            self._heartbeats.reset(slot.serial)  # one kill per stale beat; its exit restarts it
 
     def _resize(self, signum: int) -> None:
-        """SIGHUP: reload the settings and replace every worker (the old ones drain);
-        SIGTTIN / SIGTTOU: one worker more / one fewer (never fewer than one)."""
+        """SIGHUP: reload the settings and replace every worker (the old ones hand their
+        connections over once the new ones serve); SIGTTIN / SIGTTOU: one worker more /
+        one fewer (never fewer than one)."""
         if signum == signal.SIGTTIN:
-            self._fork(self._slots.add())
+            self._start(self._slots.add())
         elif signum == signal.SIGTTOU and len(self._slots) > 1:
             self._retire([self._slots.remove_last().pid])
         elif signum == signal.SIGHUP and (settings := self._reloaded()) is not None:
             self._settings = settings
+            assert self._state is not None
+            self._state.reconfigure(settings)
             old = self._slots.replace(settings.server.workers)
+            self._old_generation += [self._links[slot.pid] for slot in old if slot.pid in self._links]
+            self._old_since = time.monotonic()
             for slot in self._slots:
-                self._fork(slot)
-            self._retire([slot.pid for slot in old])
+                self._start(slot)
         log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._slots))
+
+    def _retire_old_generation(self) -> None:
+        """Once every new worker serves (or too long has passed), retire the old ones."""
+        if not self._old_generation:
+            return
+        serving = len(self._serving()) == len(self._slots)
+        if serving or time.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
+            old, self._old_generation = self._old_generation, []
+            self._retire([link.pid for link in old])
 
     def _reloaded(self) -> Optional[Settings]:
         if self._reload is None:
@@ -238,19 +269,20 @@ class _Master:
         except ConfigError as exc:
             log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
             return None
-        old = self._settings
-        if _ports(settings) != _ports(old):
+        if _ports(settings) != _ports(self._settings):
             log.warning("master: SIGHUP: the listening address, the probes' and [metrics] "
                         "cannot change on a reload; the group keeps its ports")
         return settings
 
     def _retire(self, pids: list[int]) -> None:
+        """Have each worker hand its connections to the others and exit (SIGTERM: drain)."""
         for pid in filter(None, pids):
-            self._retiring.add(pid)
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            link = self._links.get(pid)
+            if link is None:
+                continue
+            link.retiring = True
+            if not (self._serving() and link.tell({"kind": "retire"})):
+                _kill(pid, signal.SIGTERM)
 
     def _stop_all(self, exit_code: int) -> int:
         assert self._listener is not None
@@ -259,7 +291,7 @@ class _Master:
         self._slots.cancel_restarts()
         self._signal_workers(signal.SIGTERM)
         if not self._wait_for_workers(self._drain_budget_s()):
-            live = self._live()
+            live = sorted(self._links)
             log.warning("master: %d worker(s) still running after %.1f s; killing %s", len(live),
                         self._drain_budget_s(), live)
             self._signal_workers(signal.SIGKILL)
@@ -273,16 +305,13 @@ class _Master:
                 + s.tracing.flush_timeout_ms) / 1000.0 + _STOP_MARGIN_S
 
     def _signal_workers(self, signum: int) -> None:
-        for pid in self._live():
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass  # already gone; its exit event is on the way
+        for pid in list(self._links):
+            _kill(pid, signum)
 
     def _wait_for_workers(self, timeout_s: float) -> bool:
         """Book worker exits until none is left or ``timeout_s`` passes; True if none is left."""
         deadline = time.monotonic() + timeout_s
-        while self._live():
+        while self._links:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -291,24 +320,26 @@ class _Master:
             except Empty:
                 return False
             if event[0] == "exit":
-                self._book_stopped(event[1], event[2])
-            else:
+                self._links.pop(event[1], None)
+                log.info("master: worker %d stopped (exit code %d)", event[1], event[2])
+            elif event[0] == "control" and event[3] is not None:
+                os.close(event[3])   # a connection handed over while stopping: it closes
+            elif event[0] == "signal":
                 log.info("master: %s received while stopping; still waiting for the workers",
                          signal.Signals(event[1]).name)
         return True
-
-    def _book_stopped(self, pid: int, status: int) -> None:
-        self._retiring.discard(pid)
-        slot = self._slots.holding(pid)
-        if slot is not None:
-            slot.pid = 0
-            log.info("master: worker %d stopped (exit code %d)", pid,
-                     os.waitstatus_to_exitcode(status))
 
     def _cancel_signal_handlers(self) -> None:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass  # already gone; its exit event is on the way
 
 
 def _ports(settings: Settings) -> tuple[object, ...]:

@@ -9,7 +9,10 @@ import signal
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["usable_cores", "quota_cores", "end_with_master", "signal_name"]
+__all__ = ["usable_cores", "quota_cores", "end_with_master", "signal_name", "CONFIG_ERROR_STATUS"]
+
+#: What ``fanout serve`` and a worker exit with for a configuration error.
+CONFIG_ERROR_STATUS = 2
 
 _PR_SET_PDEATHSIG = 1
 _MAX_CORES = 64

@@ -21,7 +21,9 @@ _FIRST_RESTART_DELAY_S = 0.1
 MAX_RESTART_DELAY_S = 10.0
 _STABLE_AFTER_S = 10.0           # a worker that lived this long resets its slot's backoff
 STORM_WINDOW_S = 60.0
-_HEARTBEAT_CHECK_S = 1.0
+#: A serving worker silent this long is reported ``unresponsive`` (beats every 0.5 s).
+UNRESPONSIVE_AFTER_S = 1.5
+_HEARTBEAT_CHECK_S = 0.5
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Slot:
 
     index: int
     pid: int = 0
+    serial: int = 0              # the worker's number, never reused (its heartbeat file)
     started_at: float = 0.0
     quick_deaths: int = 0        # deaths in a row, each within _STABLE_AFTER_S of its start
     restart_at: Optional[float] = None
@@ -70,8 +73,8 @@ class Slots:
     def pids(self) -> list[int]:
         return [slot.pid for slot in self._slots if slot.pid]
 
-    def started(self, slot: Slot, pid: int) -> None:
-        slot.pid, slot.started_at, slot.restart_at = pid, time.monotonic(), None
+    def started(self, slot: Slot, pid: int, serial: int) -> None:
+        slot.pid, slot.serial, slot.started_at, slot.restart_at = pid, serial, time.monotonic(), None
 
     def fork_failed(self, slot: Slot) -> None:
         slot.restart_at = time.monotonic() + MAX_RESTART_DELAY_S
@@ -112,15 +115,18 @@ class Slots:
     def stuck(self, heartbeats: Heartbeats, timeout_ms: int) -> list[Slot]:
         """Slots whose worker's heartbeat is older than ``timeout_ms`` (0: never)."""
         return [slot for slot in self._slots if timeout_ms and slot.pid
-                and heartbeats.age_s(slot.index) * 1000.0 > timeout_ms]
+                and heartbeats.age_s(slot.serial) * 1000.0 > timeout_ms]
 
     def states(self, heartbeats: Heartbeats) -> list[WorkerState]:
-        """Each slot's state for the group's probes and scrape."""
+        """Each slot's state for the group's probes and scrape: ``serving``, ``unresponsive``
+        (serving, but its event loop has missed beats), ``starting`` or ``restarting``."""
         states = []
         for slot in self._slots:
-            announced = heartbeats.announcement(slot.index) if slot.pid else None
+            announced = heartbeats.announcement(slot.serial) if slot.pid else None
             if announced is not None and announced.get("pid") == slot.pid:
-                states.append((slot.index, "serving", announced.get("metrics")))
+                silent = heartbeats.age_s(slot.serial) > UNRESPONSIVE_AFTER_S
+                states.append((slot.index, "unresponsive" if silent else "serving",
+                               announced.get("metrics")))
             else:
                 states.append((slot.index, "starting" if slot.pid else "restarting", None))
         return states

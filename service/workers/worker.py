@@ -1,67 +1,84 @@
-"""A worker's side of the fork: serve on the master's listener until told to stop, then exit.
+"""A worker process: ``python -m service.workers.worker FD``, started by the master.
+
+The master starts each worker as a new program (fork and exec), not as a fork of
+itself, so a worker holds no descriptor of the master's: not its probe or
+metrics listeners, not a connection one of them accepted, not its backend
+clients. Python opens every descriptor close-on-exec; only the control line
+(``FD``, :mod:`service.workers.control`) is passed on. Over it comes the
+``start`` message: the settings as the master loaded them, the slot, where the
+heartbeats go, and the shared Thrift listener as a descriptor.
 
 The worker names itself in the log (its slot), dies with the master, beats its
 heartbeat, and serves with :func:`service.lifecycle.run_server`, with settings
 that leave the probe and Prometheus ports to the master: its metrics go to a
 free loopback port, announced (with its pid) once it serves, for the master's
-merged scrape. It never returns into the master's code: it exits with
-``run_server``'s code, 2 for a configuration error, 1 for anything else.
+merged scrape. What the master says on the line (:class:`GroupMember`) moves
+connections in and out, and feeds it the group's backend checks and pools. It
+exits with ``run_server``'s code, 2 for a configuration error, 1 for anything else.
 """
 
-from __future__ import annotations
+from gevent import monkey
 
-import dataclasses
-import logging
-import os
-import socket
-from dataclasses import dataclass
+# The worker is a program of its own: patch before anything imports socket or ssl.
+monkey.patch_all()
 
-from service.config import ConfigError, Settings
-from service.logs import set_worker
-from service.workers.heartbeat import Heartbeats
-from service.workers.process import end_with_master
+import dataclasses  # noqa: E402
+import logging  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+from typing import Any, Optional  # noqa: E402
 
-__all__ = ["WorkerStart", "serve_as_worker", "worker_settings", "CONFIG_ERROR_STATUS"]
+from service.config import ConfigError, Settings  # noqa: E402
+from service.logs import configure_logging, set_worker  # noqa: E402
+from service.workers.control import ControlLine  # noqa: E402
+from service.workers.heartbeat import Heartbeats  # noqa: E402
+from service.workers.member import GroupMember  # noqa: E402
+from service.workers.process import CONFIG_ERROR_STATUS, end_with_master  # noqa: E402
 
-log = logging.getLogger(__name__)
+__all__ = ["main", "worker_settings"]
 
-#: What ``fanout serve`` and a worker exit with for a configuration error.
-CONFIG_ERROR_STATUS = 2
-
-
-@dataclass(frozen=True)
-class WorkerStart:
-    """What a newly forked worker is given."""
-
-    settings: Settings
-    slot: int
-    workers: int
-    master_pid: int
-    listener: socket.socket
-    heartbeats: Heartbeats
+log = logging.getLogger("service.workers.worker")  # run as __main__
 
 
-def serve_as_worker(start: WorkerStart) -> None:
-    """Serve as the worker in ``start.slot``, then exit the process; never returns."""
-    code = 1
+def main(argv: Optional[list[str]] = None) -> int:
+    """Receive the start message on the control line named by ``argv[0]``, then serve."""
+    line = ControlLine.from_fd(int((argv or sys.argv[1:])[0]))
+    received = line.receive()
+    if received is None or received[1] is None:
+        return 1  # the master went away before the worker could start
+    start, listener_fd = received
+    listener = socket.socket(fileno=listener_fd)
+    settings: Settings = start["settings"]
+    configure_logging(settings.logging, start["log_level"])
+    set_worker(str(start["slot"]))
+    return serve_as_worker(settings, start, listener, line)
+
+
+def serve_as_worker(settings: Settings, start: dict[str, Any], listener: socket.socket,
+                    line: ControlLine) -> int:
+    """Serve as the worker in ``start["slot"]`` until told to stop; the exit code."""
+    from service.lifecycle import run_server
+
+    slot = start["slot"]
     try:
-        set_worker(str(start.slot))
-        end_with_master(start.master_pid)
-        from service.lifecycle import run_server
-
-        log.info("worker %d: serving (slot %d of %d)", os.getpid(), start.slot, start.workers)
-        start.heartbeats.start_beating(start.slot)
+        end_with_master(start["master_pid"])
+        log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot, start["workers"])
+        heartbeats = Heartbeats(start["heartbeats"])
+        heartbeats.start_beating(start["serial"])
+        member = GroupMember(line, slot)
         facts: dict[str, str] = {}
-        code = run_server(
-            worker_settings(start.settings), listener=start.listener, tune_gc=True,
+        return run_server(
+            worker_settings(settings), listener=listener, tune_gc=True, stop=member.stop,
             on_metrics=lambda at: facts.update(metrics=f"http://{at[0]}:{at[1]}/metrics"),
-            on_ready=lambda _: start.heartbeats.announce(start.slot, **facts))
-    except Exception as exc:
+            on_service=member.attach,
+            on_ready=lambda _: heartbeats.announce(start["serial"], **facts))
+    except ConfigError:
+        log.exception("worker %d: configuration error", os.getpid())
+        return CONFIG_ERROR_STATUS
+    except Exception:
         log.exception("worker %d failed", os.getpid())
-        code = CONFIG_ERROR_STATUS if isinstance(exc, ConfigError) else 1
-    finally:
-        logging.shutdown()
-        os._exit(code)  # never unwind into the master's code in the child
+        return 1
 
 
 def worker_settings(settings: Settings) -> Settings:
@@ -70,3 +87,9 @@ def worker_settings(settings: Settings) -> Settings:
     return dataclasses.replace(
         settings, server=dataclasses.replace(settings.server, probe_port=-1),
         metrics=dataclasses.replace(settings.metrics, host="127.0.0.1", port=0))
+
+
+if __name__ == "__main__":
+    code = main()
+    logging.shutdown()
+    sys.exit(code)

@@ -1,0 +1,69 @@
+"""The answer of ``pool_stats()``: one server's pools, or a pre-forked group's.
+
+A server's report is its pools' meters over the rolling window and its admission
+state (:func:`own_report`, as plain values, which the workers of a group also send
+their master). In a group the worker that answers gives every serving worker's
+report, labelled by slot, and above them the group's: sizes, use, arrivals,
+timeouts and recommendations added up, waits and percentiles the largest, the mean
+hold weighted by arrivals (:func:`group_report`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable
+
+from service.idl import appstats
+
+__all__ = ["own_report", "to_thrift", "group_report"]
+
+_SUMMED = ("size", "in_use", "in_use_p99", "offered_per_s", "timeouts", "recommended")
+_LARGEST = ("wait_p99_ms", "window_s")
+_COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started", "tasks_coalesced")
+
+
+def own_report(handler: Any) -> dict[str, Any]:
+    """This server's pools and admission state, as plain values."""
+    fanout = handler.fanout
+    admission = fanout.admission
+    return {"pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
+            "admission_limit": int(admission.limit), "calls_in_flight": admission.inflight,
+            "calls_queued": admission.queued, "tasks_started": fanout.stats.started,
+            "tasks_coalesced": fanout.coalescer.stats.followers}
+
+
+def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
+    """A :func:`own_report` as the IDL's ``PoolReport`` (or ``struct``: ``WorkerPools``)."""
+    return (struct or appstats.PoolReport)(
+        pools=[appstats.PoolStats(**pool) for pool in report["pools"]],
+        **{key: report[key] for key in _COUNTS}, **extra)
+
+
+def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
+    """The group's ``PoolReport``: totals above each worker's own, ``answering`` the worker
+    that answered. ``reports`` is each serving worker's :func:`own_report`, by slot."""
+    slots = sorted(reports, key=int)
+    total = {key: sum(reports[slot][key] or 0 for slot in slots) for key in _COUNTS}
+    merged = [_merged(name, [pool for slot in slots for pool in reports[slot]["pools"]
+                             if pool["name"] == name])
+              for name in _names(reports[slot]["pools"] for slot in slots)]
+    return to_thrift({"pools": merged, **total}, worker=answering, workers=[
+        to_thrift(reports[slot], appstats.WorkerPools, worker=slot) for slot in slots])
+
+
+def _names(pool_lists: Iterable[list[dict[str, Any]]]) -> list[str]:
+    names: list[str] = []
+    for pools in pool_lists:
+        names.extend(pool["name"] for pool in pools if pool["name"] not in names)
+    return names
+
+
+def _merged(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
+    offered = sum(pool["offered_per_s"] for pool in pools)
+    merged = {key: sum(pool[key] for pool in pools) for key in _SUMMED}
+    merged.update({key: max(pool[key] for pool in pools) for key in _LARGEST})
+    merged["offered_per_s"] = round(offered, 3)
+    merged["hold_ms"] = round(sum(pool["hold_ms"] * pool["offered_per_s"] for pool in pools)
+                              / offered, 3) if offered else 0.0
+    merged["limited_by"] = next((pool["limited_by"] for pool in pools if pool.get("limited_by")), "")
+    return {"name": name, **merged}

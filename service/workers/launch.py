@@ -1,0 +1,93 @@
+"""Starting one worker process, and the master's handle on it.
+
+A worker is started as a program of its own (``python -P -m
+service.workers.worker``), not forked from the master, so that it inherits no
+descriptor but its control line (:mod:`service.workers.worker` says why). Its
+exit and everything it says on the line become events on the master's queue:
+``("exit", pid, exit code)`` and ``("control", pid, message, fd)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import gevent.subprocess
+from gevent.queue import Queue
+
+from service.config import Settings
+from service.workers.control import ControlLine, control_pair
+from tracing.greenlets import spawn_in_context
+
+__all__ = ["WorkerLink", "launch_worker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerLink:
+    """The master's handle on one running worker."""
+
+    pid: int
+    slot: int
+    serial: int
+    line: ControlLine
+    process: Any
+    #: Connections it serves and keeps (not moving): as it last reported, plus those given since.
+    connections: int = 0
+    pools: Optional[dict[str, Any]] = None
+    circuits: dict[str, str] = field(default_factory=dict)
+    retiring: bool = False
+
+    def tell(self, message: dict[str, Any], fd: Optional[int] = None) -> bool:
+        """Send ``message`` (and a copy of ``fd``); False if the worker has gone."""
+        try:
+            self.line.send(message, fd)
+        except OSError:
+            return False
+        return True
+
+
+def launch_worker(settings: Settings, slot: int, serial: int, workers: int, *,
+                  listener: socket.socket, heartbeats: str, events: Queue) -> WorkerLink:
+    """Start the worker for ``slot`` and send it its start; raises OSError if it cannot start."""
+    line, worker_end = control_pair()
+    try:
+        process = gevent.subprocess.Popen(
+            [sys.executable, "-P", "-m", "service.workers.worker", str(worker_end.fileno())],
+            pass_fds=[worker_end.fileno()])
+    except OSError:
+        line.close()
+        raise
+    finally:
+        worker_end.close()
+    link = WorkerLink(process.pid, slot, serial, line, process)
+    link.tell({"kind": "start", "settings": settings, "slot": slot, "serial": serial,
+               "workers": workers, "master_pid": os.getpid(), "heartbeats": heartbeats,
+               "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())},
+              listener.fileno())
+    spawn_in_context(_read, link, events)
+    spawn_in_context(_wait, link, events)
+    return link
+
+
+def _read(link: WorkerLink, events: Queue) -> None:
+    while True:
+        try:
+            received = link.line.receive()
+        except OSError:
+            received = None
+        if received is None:
+            return
+        events.put(("control", link.pid, *received))
+
+
+def _wait(link: WorkerLink, events: Queue) -> None:
+    code = link.process.wait()
+    link.line.close()
+    events.put(("exit", link.pid, code))
+

@@ -1,0 +1,108 @@
+"""A worker's side of the control line: what the master says, and what it is told back.
+
+From the master: the group's backend checks and every worker's pools
+(``group``), connections to serve (``adopt``), connections to hand over
+(``move``, ``retire``). To the master: this worker's ``state`` every
+:data:`REPORT_S` (connections, pools), and each connection it hands over (``moved``).
+The message kinds are listed in :mod:`service.workers.control`. A line that ends
+means the master has gone: the worker drains and exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import TYPE_CHECKING, Any, Optional
+
+import gevent
+from gevent.event import Event
+
+from service.pool_report import own_report
+from service.workers.control import ControlLine
+from tracing.greenlets import spawn_in_context
+
+if TYPE_CHECKING:
+    from service.app import FanOutService
+
+__all__ = ["GroupMember", "REPORT_S"]
+
+log = logging.getLogger(__name__)
+
+#: How often a worker tells the master its connections and pools.
+REPORT_S = 0.5
+
+
+class GroupMember:
+    """One worker in the group. ``stop`` is the event its server waits on."""
+
+    def __init__(self, line: ControlLine, slot: int) -> None:
+        self.stop = Event()
+        self.slot = str(slot)
+        self._line = line
+        self._service: Optional["FanOutService"] = None
+        self._pools: dict[str, dict[str, Any]] = {}
+        self._greenlets: list[gevent.Greenlet] = []
+
+    def attach(self, service: "FanOutService") -> None:
+        """Once ``service`` serves: follow the master's backend checks, answer for the group's
+        pools, and start reading the line and reporting."""
+        self._service = service
+        service.health.follow(())
+        service.handler.group = self
+        self._greenlets = [spawn_in_context(self._read), spawn_in_context(self._report)]
+
+    def pools(self) -> dict[str, dict[str, Any]]:
+        """Every serving worker's last pool report, by slot (this worker's included)."""
+        return self._pools
+
+    def _read(self) -> None:
+        while True:
+            try:
+                received = self._line.receive()
+            except OSError:
+                received = None
+            if received is None:
+                log.warning("the master has gone; draining")
+                self.stop.set()
+                return
+            message, fd = received
+            try:
+                self._on(message, fd)
+            except Exception:  # noqa: BLE001 - one bad message must not end the line
+                log.exception("control message %r failed", message.get("kind"))
+
+    def _on(self, message: dict[str, Any], fd: Optional[int]) -> None:
+        service = self._service
+        assert service is not None
+        kind = message["kind"]
+        if kind == "adopt" and fd is not None:
+            service.server.adopt(socket.socket(fileno=fd), message["unread"])
+        elif kind == "group":
+            service.health.follow(message["backends"])
+            self._pools = message["pools"]
+        elif kind == "move":
+            service.server.move_some(message["count"], self._hand_over)
+        elif kind == "retire":
+            service.drain_moves_to = self._hand_over
+            self.stop.set()
+
+    def _hand_over(self, sock: socket.socket, unread: bytes) -> bool:
+        """Send one connection to the master, which gives it to another worker."""
+        try:
+            self._line.send({"kind": "moved", "unread": unread}, fd=sock.fileno())
+        except OSError:
+            return False
+        return True
+
+    def _report(self) -> None:
+        service = self._service
+        assert service is not None
+        while True:
+            connections, staying = service.server.connection_counts()
+            try:
+                self._line.send({"kind": "state", "connections": connections,
+                                 "staying": staying, "pools": own_report(service.handler),
+                                 "circuits": service.health.circuits()})
+            except OSError:
+                return
+            gevent.sleep(REPORT_S)

@@ -1,0 +1,68 @@
+"""Connections that move instead of failing: a pre-forked group under persistent plain
+Thrift connections, through reloads and a killed worker. Real ``fanout serve`` processes,
+real thriftpy2 clients holding their connections, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Callable
+
+import gevent
+
+from tests.support.sockets import wait_for
+from tests.support.workers import (PersistentCallers, Server, serve,  # noqa: F401
+                                   worker_connections)
+
+
+def _new_generation_holds_everything(server: Server, old: set[int], connections: int) -> bool:
+    counts = worker_connections(server)
+    return (len(counts) == 2 and not old & set(counts)
+            and sum(counts.values()) == connections)
+
+
+def test_reloads_move_every_persistent_connection_and_fail_no_call(
+        serve: Callable[..., Server]) -> None:
+    server = serve("--workers", "2")
+    wait_for(lambda: len(server.workers()) == 2, 15, "two workers")
+    callers = PersistentCallers(server.address, 16)
+    try:
+        wait_for(lambda: sum(worker_connections(server).values()) == 16, 15, "16 connections")
+        for _ in range(3):
+            old = set(server.workers())
+            server.process.send_signal(signal.SIGHUP)
+            wait_for(lambda: _new_generation_holds_everything(server, old, 16), 30,
+                     "the new workers holding all 16 connections, the old ones gone")
+            calls = callers.calls
+            wait_for(lambda: callers.calls >= calls + 32, 15, "calls served by the new workers")
+    finally:
+        callers.stop()
+    assert callers.failures == []
+    assert server.stop() == 0
+    logged = server.process.stderr.read()
+    assert "Traceback" not in logged, logged[-3000:]
+
+
+def test_after_a_worker_is_killed_connections_spread_to_its_replacement(
+        serve: Callable[..., Server]) -> None:
+    server = serve("--workers", "2")
+    workers = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    callers = PersistentCallers(server.address, 32)
+    try:
+        before = wait_for(lambda: (c := worker_connections(server)) and sum(c.values()) == 32 and c,
+                          15, "32 connections")
+        victim = workers[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: victim not in server.workers() and len(server.workers()) == 2, 15,
+                 "a replacement worker")
+        spread = wait_for(lambda: (c := worker_connections(server)) and len(c) == 2
+                          and sum(c.values()) == 32 and min(c.values()) >= 10 and c,
+                          20, "the 32 connections spread over both workers again")
+        calls = callers.calls
+        wait_for(lambda: callers.calls >= calls + 64, 15, "calls after the spread")
+    finally:
+        callers.stop()
+    # Only the callers whose connection the killed worker held saw a failure, once each.
+    assert len(callers.failures) <= before[victim], callers.failures
+    assert all(count >= 10 for count in spread.values()), spread
+    assert server.stop() == 0
