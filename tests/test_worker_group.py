@@ -4,6 +4,7 @@ start-up error. Real ``fanout serve`` processes, real scrapes, real signals."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -11,11 +12,14 @@ import subprocess
 from typing import Any, Callable
 
 import gevent
+import psutil
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from service.samples.faults import TcpFaultProxy
 from service.samples.mongo_server import free_port
 from tests.support.sockets import wait_for
 from tests.support.workers import ALL_PANELS, ENV, FANOUT, Server, serve  # noqa: F401
@@ -144,4 +148,89 @@ def test_fanout_pools_describes_every_worker_of_the_group(
     assert shown.stdout.startswith("group of 2 workers\n"), shown.stdout
     assert re.search(r"^worker=0 mongo size=\d+", shown.stdout, re.M), shown.stdout
     assert re.search(r"^worker=1 admission limit=", shown.stdout, re.M), shown.stdout
+    assert server.stop() == 0
+
+
+def _workers_in(scrape: str) -> set[str]:
+    """The workers whose own series a merged scrape carries (it must parse)."""
+    return {sample.labels["worker"] for family in text_string_to_metric_families(scrape)
+            if family.name == "fanout_admission_limit" for sample in family.samples}
+
+
+def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_reloads_and_a_kill(
+        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    server = serve("--workers", "2", env=group_env(group_ports))
+    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    scrapes, readiness = requests.Session(), requests.Session()   # one connection each, kept
+    seen: list[set[str]] = []
+    ready: list[int] = []
+
+    def poll() -> None:
+        while True:
+            seen.append(_workers_in(scrapes.get(
+                f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text))
+            ready.append(readiness.get(f"http://127.0.0.1:{group_ports['probes']}/readyz",
+                                       timeout=5).status_code)
+            gevent.sleep(0.5)
+
+    poller = gevent.spawn(poll)
+    try:
+        for _ in range(2):
+            before = set(server.workers())
+            server.process.send_signal(signal.SIGHUP)
+            wait_for(lambda: not before & set(server.workers()) and all_serving(group_ports, 2), 30,
+                     "two new workers serving, the old ones gone")
+        victim = server.workers()[0]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: victim not in server.workers() and all_serving(group_ports, 2), 30,
+                 "the killed worker replaced")
+        polls = len(seen)
+        wait_for(lambda: len(seen) >= polls + 2, 10, "scrapes after the kill")
+    finally:
+        poller.kill()
+    assert poller.exception is None or isinstance(poller.exception, gevent.GreenletExit)
+    assert len(seen) >= 4 and all(workers == {"0", "1"} for workers in seen), seen
+    assert set(ready) == {200}, ready
+    ports = {group_ports["probes"], group_ports["metrics"]}
+    for pid in server.workers():   # no worker holds a socket of the master's ports
+        assert not [c for c in psutil.Process(pid).net_connections(kind="tcp")
+                    if c.laddr.port in ports or (c.raddr and c.raddr.port in ports)]
+    assert server.stop() == 0
+    assert "Traceback" not in server.process.stderr.read()
+
+
+def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:
+    """What the probes, the merged scrape and health() each say of backend ``name``."""
+    said = {"probe": probe(ports, "/healthz").json()["backends"][name]["up"]}
+    scrape = requests.get(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5).text
+    gauges = re.findall(rf'^fanout_backend_up\{{.*fanout_backend="{name}".*\}} (\S+)$', scrape, re.M)
+    said["metrics"] = bool(gauges) and all(float(value) == 1.0 for value in gauges)
+    said["metrics_down"] = len(gauges) == 2 and all(float(value) == 0.0 for value in gauges)
+    with AppStatsClient(*server.address, timeout_ms=5_000) as client:
+        said["health"] = next(b.up for b in client.health().backends if b.name == name)
+    return said
+
+
+def test_a_backend_going_down_with_no_calls_shows_everywhere_and_comes_back(
+        serve: Callable[..., Server], group_ports: dict[str, int], mongo_server: Any) -> None:
+    port = free_port()
+    target = ("127.0.0.1", mongo_server.port)
+    proxy = TcpFaultProxy(target, port=port).start()
+    env = {**group_env(group_ports), "FANOUT_MONGO_URI": f"mongodb://127.0.0.1:{port}"}
+    server = serve("--workers", "2", env=env)
+    try:
+        wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+        wait_for(lambda: _backend_up(group_ports, server, "mongo") == {
+            "probe": True, "metrics": True, "metrics_down": False, "health": True}, 15,
+            "mongo up in the probes, both workers' gauges and health()")
+        proxy.stop()   # the backend goes away; nobody calls get_app_stats
+        wait_for(lambda: _backend_up(group_ports, server, "mongo") == {
+            "probe": False, "metrics": False, "metrics_down": True, "health": False}, 20,
+            "mongo down in the probes, both workers' gauges and health()")
+        proxy = TcpFaultProxy(target, port=port).start()
+        wait_for(lambda: _backend_up(group_ports, server, "mongo")["probe"] is True
+                 and _backend_up(group_ports, server, "mongo")["metrics"] is True, 20,
+                 "mongo up again")
+    finally:
+        proxy.stop()
     assert server.stop() == 0

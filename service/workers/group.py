@@ -12,16 +12,19 @@ runs no calls, so it answers under any load on the workers.
   master kills it; ``starting``, ``restarting``) and the backends as the master
   last checked them (:mod:`service.workers.group_state`). A stuck worker is the
   master's to kill and replace (heartbeats), not the kubelet's.
-* ``GET /readyz``: 200 while at least one worker serves; 503 ``starting`` before
+* ``GET /readyz``: 200 while at least one worker serves (after a reload, an old one
+  until the new ones serve); 503 ``starting`` before
   the first does, and 503 ``draining`` from SIGTERM on; the same body.
 * ``GET /metrics`` (on the Prometheus port): every serving worker's scrape,
   fetched in parallel from the port it announced (127.0.0.1, a free port each,
   served off its event loop: ``service.metrics_endpoint``), merged into one
   exposition with a ``worker`` label (the slot) on every sample, plus
   ``fanout_worker_scraped{worker}`` (1, or 0 for a worker that did not answer
-  within :data:`WORKER_SCRAPE_TIMEOUT_S`) and ``fanout_worker_connections{worker}``.
-  One target per pod; a replaced worker's counters restart from 0 under the same
-  label, which ``rate()`` reads as a counter reset.
+  within :data:`WORKER_SCRAPE_TIMEOUT_S`, whose last answer is given again, so
+  that no series goes stale while a worker restarts or stalls) and
+  ``fanout_worker_connections{worker}``. One target per pod; a replaced worker's
+  counters restart from 0 under the same label, which ``rate()`` reads as a
+  counter reset.
 
 The master's ports are its own: workers are started as programs of their own and
 inherit none of its descriptors, so a keep-alive scrape or probe connection is
@@ -66,10 +69,12 @@ class GroupEndpoints:
 
     def __init__(self, host: str, probe_port: int, scrape_at: Optional[tuple[str, int]],
                  workers: Callable[[], list[WorkerState]], stopping: Callable[[], bool],
-                 state: "GroupState") -> None:
+                 state: "GroupState", old_serving: Callable[[], bool] = lambda: False) -> None:
         self._workers = workers
         self._stopping = stopping
         self._state = state
+        self._old_serving = old_serving
+        self._last_scrapes: dict[str, str] = {}   # each slot's last answer
         self._servers: list[WSGIServer] = []
         if probe_port >= 0:
             self._servers.append(WSGIServer((host, probe_port), self._probes, log=None,
@@ -103,7 +108,8 @@ class GroupEndpoints:
         if path == "/readyz":
             if self._stopping():
                 return json_answer(start_response, 503, {"status": "draining", **body})
-            serving = "serving" in workers.values()
+            # After a reload the old generation serves until the new one does.
+            serving = "serving" in workers.values() or self._old_serving()
             return json_answer(start_response, 200 if serving else 503,
                                {"status": "ready" if serving else "starting", **body})
         return json_answer(start_response, 404, {"status": "not found"})
@@ -112,14 +118,19 @@ class GroupEndpoints:
         if environ.get("PATH_INFO", "") != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: the scrape path is /metrics\n"]
-        serving = [(str(slot), url) for slot, state, url in self._workers()
+        workers = self._workers()
+        serving = [(str(slot), url) for slot, state, url in workers
                    if state in ("serving", "unresponsive") and url]
         fetches = [gevent.spawn(_fetch, url) for _, url in serving]
         gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
-        scrapes = {slot: fetch.value if fetch.successful() else None
-                   for (slot, _), fetch in zip(serving, fetches)}
+        fresh = {slot: fetch.value for (slot, _), fetch in zip(serving, fetches) if fetch.value}
         for fetch in fetches:
             fetch.kill(block=False)  # urllib in the master: no pool to corrupt
+        self._last_scrapes.update(fresh)
+        # A slot whose worker is restarting or silent keeps its last series, so that no
+        # series of the group's goes stale between two scrapes (fanout_worker_scraped says so).
+        scrapes = {str(slot): (self._last_scrapes.get(str(slot)), str(slot) in fresh)
+                   for slot, _, _ in workers}
         body = merge_scrapes(scrapes, self._state.connections())
         start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
                                   ("Content-Length", str(len(body)))])
@@ -143,18 +154,18 @@ class _Families:
         return self._families
 
 
-def merge_scrapes(scrapes: dict[str, Optional[str]],
+def merge_scrapes(scrapes: dict[str, tuple[Optional[str], bool]],
                   connections: Optional[dict[str, int]] = None) -> bytes:
-    """One exposition from each worker's (``None``: no answer), labelled ``worker``, with
-    each worker's connections as the master counts them."""
+    """One exposition from each worker's ``(text or None, answered now)``, labelled
+    ``worker``, with each worker's connections as the master counts them."""
     families: dict[str, Metric] = {}
     scraped = Metric("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no",
                      "gauge")
     held = Metric("fanout_worker_connections", "Thrift connections the worker serves", "gauge")
     for worker, count in sorted((connections or {}).items()):
         held.add_sample("fanout_worker_connections", {"worker": worker}, float(count))
-    for worker, text in scrapes.items():
-        scraped.add_sample("fanout_worker_scraped", {"worker": worker}, 0.0 if text is None else 1.0)
+    for worker, (text, answered) in scrapes.items():
+        scraped.add_sample("fanout_worker_scraped", {"worker": worker}, float(answered))
         for family in text_string_to_metric_families(text or ""):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation,
                                                              family.type, family.unit))

@@ -102,7 +102,8 @@ class _Master:
             self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
                                          scrape_address(self._settings.metrics),
                                          lambda: self._slots.states(self._heartbeats),
-                                         lambda: self._stopping, self._state).start()
+                                         lambda: self._stopping, self._state,
+                                         lambda: bool(self._old_generation)).start()
         except OSError:
             self._listener.close()
             self._state.close()
