@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke readme-tables compat compat-engine
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play readme-tables compat compat-engine
 
 setup: $(STAMP)
 
@@ -79,9 +79,16 @@ image: dist toolchains
 	deploy/image/build build/dist/fanout-$(VERSION)-py3-none-any.whl $(IMAGE_TAG)
 
 # The image run with exactly the Deployment's command, args, env and security context.
+# Requires only the image's toolchain (podman, mmdebstrap, runc), not every other one.
 image-smoke: image
-	FANOUT_REQUIRE_TOOLCHAINS=1 FANOUT_IMAGE=localhost/$(IMAGE_TAG) \
+	FANOUT_REQUIRE_TOOLCHAINS=image FANOUT_IMAGE=localhost/$(IMAGE_TAG) \
 	  $(PYTEST) tests/test_image.py -p no:cacheprovider $(PYTEST_ARGS)
+
+# deploy/kubernetes played by `podman kube play` with that image: the pod starts, its probes
+# answer, a call is answered, and it stops cleanly (the backends and ports substituted).
+kube-play: image
+	FANOUT_REQUIRE_TOOLCHAINS=image FANOUT_IMAGE=localhost/$(IMAGE_TAG) \
+	  $(PYTEST) tests/test_image.py -k kube_play -p no:cacheprovider $(PYTEST_ARGS)
 
 # The long fuzz run: the same properties as the suite's, many more examples.
 fuzz: $(STAMP)

@@ -90,6 +90,7 @@ class HealthChecker:
             (backend.name, functools.partial(backend.check, self._timeout_s)) for backend in backends)
         self._breakers = tuple(backend.guard.breaker for backend in backends)
         self._following: Optional[tuple[BackendStatus, ...]] = None
+        self._running: dict[str, gevent.Greenlet] = {}
         self._watcher: Optional[gevent.Greenlet] = None
         _checkers.add(self)
 
@@ -155,7 +156,11 @@ class HealthChecker:
         self._following = tuple(statuses)
 
     def _refresh(self) -> tuple[BackendStatus, ...]:
-        checks = [spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
+        # A check still running from an earlier round is not started again: a backend that
+        # hangs past its timeout holds one greenlet, never one more per round.
+        checks = [self._running[name] if name in self._running and not self._running[name].dead
+                  else spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
+        self._running = {name: check for (name, _), check in zip(self._probes, checks)}
         gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
         # A check still running is left to end on its own timeout, not killed.

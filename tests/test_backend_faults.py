@@ -103,11 +103,12 @@ class Rig:
         return self.client
 
     def service_greenlets(self) -> WeakSet[greenlet]:
-        """Live greenlets other than the fault servers' own (which serve the backends' side)."""
+        """Live greenlets other than the fault servers' own (which serve the backends' side)
+        and the backend checks the service runs every few seconds whatever its calls."""
         servers = [s for s in (self.http, self.proxy, *self.extra)
                    if isinstance(s, (FaultyHttpService, TcpFaultProxy))]
         theirs = set().union(*(s.greenlets for s in servers))
-        return WeakSet(g for g in live_greenlets() if g not in theirs)
+        return WeakSet(g for g in live_greenlets() if g not in theirs and not _checking(g))
 
     def call(self, deadline_ms: int = DEADLINE_MS) -> tuple[Any, float]:
         assert self.client is not None
@@ -163,6 +164,12 @@ def assert_failed(response: Any, panels: list[str], status: int, error_types: se
         assert outcome.message and outcome.retryable is retryable, (name, outcome)
         assert name not in response.panels
 
+
+
+def _checking(greenlet_: greenlet) -> bool:
+    """A backend check of the service's HealthChecker (service.health), run on a schedule."""
+    run = getattr(greenlet_, "args", ())
+    return any(getattr(arg, "__qualname__", "").startswith("HealthChecker.") for arg in run)
 
 
 def new_greenlets(rig: Rig, before: WeakSet[greenlet]) -> list[str]:

@@ -10,18 +10,23 @@ because the sample backends listen on loopback.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from pathlib import Path
 from typing import Iterator
 
 import pytest
+import yaml
 
+from service.client import AppStatsClient
 from service.samples import MongoWireServer, SampleHttpServices
 from service.samples.mongo_server import free_port
 from tests.support.deployment import (ContainerRun, check_drain, check_serving, container_run,
-                                      deployment, fanout_container)
+                                      deployment, fanout_container, http_get)
 from tests.support.podman import IMAGE_TOOLS, podman, run_options
 from tests.support.samples import backend_overrides
+from tests.support.sockets import wait_for
 from tests.support.toolchains import needs
 
 pytestmark = needs("image")
@@ -84,3 +89,66 @@ def test_the_image_holds_the_wheel_not_a_checkout(image: str) -> None:
                    "-c", "import service; print(service.__file__)"])
     where = done.stdout.strip()
     assert where.startswith("/opt/fanout/lib/") and "/site-packages/service/" in where, where
+
+
+def _played_manifest(image: str, pod_run: ContainerRun) -> str:
+    """deploy/kubernetes as ``podman kube play`` runs it here: the Deployment with one
+    replica of ``image`` on the host's network, with :func:`container_run`'s substitutions
+    (the backends, and the ports, since the host has one network namespace). On the host's
+    network podman maps no ports, so the container's port list goes and the probes name
+    their port by number."""
+    manifest = deployment()
+    manifest["spec"]["replicas"] = 1
+    pod = manifest["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    container = next(c for c in pod["containers"] if c["name"] == "fanout")
+    container["image"] = image
+    container["imagePullPolicy"] = "Never"
+    container["env"] = [{"name": name, "value": value} for name, value in pod_run.env.items()]
+    for probe in ("readinessProbe", "livenessProbe"):
+        container[probe]["httpGet"]["port"] = pod_run.ports[container[probe]["httpGet"]["port"]]
+    del container["ports"]
+    return yaml.safe_dump(manifest)
+
+
+def test_kube_play_runs_the_manifest_serves_and_stops_cleanly(
+        image: str, pod_run: ContainerRun, tmp_path: Path) -> None:
+    played = tmp_path / "deployment.yaml"
+    played.write_text(_played_manifest(image, pod_run))
+    podman(["kube", "play", str(played)], timeout_s=300)
+    pod = f"{deployment()['metadata']['name']}-pod-0"
+    try:
+        check_serving(pod_run.ports)
+        workers = json.loads(http_get(f"http://127.0.0.1:{pod_run.ports['probes']}/healthz")[1])
+        assert set(workers["workers"].values()) == {"serving"} and len(workers["workers"]) == 2
+        container = podman(["pod", "inspect", "--format", "{{range .Containers}}{{.Name}} {{end}}",
+                            pod]).stdout.split()
+        fanout = next(name for name in container if name.endswith("-fanout"))
+        grace_s = deployment()["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        podman(["pod", "stop", f"--time={grace_s}", pod], timeout_s=grace_s + 30)
+        state = podman(["inspect", "--format", "{{.State.ExitCode}}", fanout]).stdout.strip()
+        log = podman(["logs", fanout]).stderr
+        assert state == "0", log[-3000:]
+        assert "all workers stopped; exiting 0" in log and "Traceback" not in log, log[-3000:]
+    finally:
+        podman(["kube", "down", str(played)], check=False)
+
+
+def test_the_image_alone_answers_on_a_published_port(image: str) -> None:
+    # No environment at all: the image's own defaults, as `podman run -p` users run it.
+    port = free_port()
+    name = f"fanout-published-{os.getpid()}-{port}"
+    podman(["run", "--detach", "--pull=never", f"--name={name}", f"--publish=127.0.0.1:{port}:9090",
+            image])
+    try:
+        with AppStatsClient("127.0.0.1", port, timeout_ms=5_000) as client:
+            assert wait_for(lambda: _pings(client), 30, "ping through the published port")
+    finally:
+        podman(["rm", "--force", "--time=0", name], check=False)
+
+
+def _pings(client: AppStatsClient) -> bool:
+    try:
+        return client.ping() == "pong"
+    except Exception:  # noqa: BLE001 - not listening yet
+        return False

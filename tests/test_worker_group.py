@@ -162,6 +162,9 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
     server = serve("--workers", "2", env=group_env(group_ports))
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
     scrapes, readiness = requests.Session(), requests.Session()   # one connection each, kept
+    wait_for(lambda: _workers_in(scrapes.get(
+        f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text) == {"0", "1"}, 20,
+        "a first scrape carrying both workers' series")
     seen: list[set[str]] = []
     ready: list[int] = []
 
@@ -207,7 +210,7 @@ def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:
     said["metrics"] = bool(gauges) and all(float(value) == 1.0 for value in gauges)
     said["metrics_down"] = len(gauges) == 2 and all(float(value) == 0.0 for value in gauges)
     with AppStatsClient(*server.address, timeout_ms=5_000) as client:
-        said["health"] = next(b.up for b in client.health().backends if b.name == name)
+        said["health"] = next((b.up for b in client.health().backends if b.name == name), None)
     return said
 
 

@@ -91,9 +91,12 @@ class GroupState:
     def on_message(self, link: WorkerLink, message: dict[str, Any], fd: Optional[int]) -> None:
         kind = message.get("kind")
         if kind == "state":
+            first = link.pools is None
             link.connections = message["staying"]
             link.pools = message["pools"]
             link.circuits = message["circuits"]
+            if first:   # a new worker reports the group's backends from its first call on
+                link.tell(self._message(self._serving()))
         elif kind == "moved" and fd is not None:
             self.place(fd, message["unread"], link.pid)
         elif fd is not None:
@@ -128,10 +131,13 @@ class GroupState:
 
     def _push(self) -> None:
         serving = self._serving()
-        message = {"kind": "group", "backends": self.backends(),
-                   "pools": {str(link.slot): link.pools for link in serving if link.pools}}
+        message = self._message(serving)
         for link in serving:
             link.tell(message)
+
+    def _message(self, serving: list[WorkerLink]) -> dict[str, Any]:
+        return {"kind": "group", "backends": self.backends(),
+                "pools": {str(link.slot): link.pools for link in serving if link.pools}}
 
     def _balance(self, now: float) -> None:
         serving = {link.pid: link for link in self._serving()}
