@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play readme-tables compat compat-engine
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group readme-tables compat compat-engine
 
 setup: $(STAMP)
 
@@ -109,6 +109,11 @@ bench: $(BENCH_STAMP)
 # Probes and scrapes at 1,000 connections of overload, and reloads under load (about a minute).
 bench-operate: $(BENCH_STAMP)
 	$(PY) -m bench.operate $(OPERATE_ARGS)
+
+# Several workers as one service: reloads, a killed and a stopped worker, the group's scrape,
+# a backend going down, a slow TLS handshake (about two minutes; bench/group.py).
+bench-group: $(BENCH_STAMP)
+	$(PY) -m gevent.monkey --module bench.group $(GROUP_ARGS)
 
 # Rewrite the README's tables of settings from the sections' declarations (a test compares them).
 readme-tables: $(STAMP)

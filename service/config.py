@@ -76,6 +76,8 @@ class Settings:
     plugin_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: The ``[backends.<name>]`` tables as written; :attr:`backends` adds the aliases.
     backend_tables: Mapping[str, BackendSettings] = field(default_factory=lambda: MappingProxyType({}))
+    #: The older sections (``mongo``, ``http``) the configuration wrote keys in.
+    alias_sections: tuple[str, ...] = ()
 
     @functools.cached_property
     def backends(self) -> Mapping[str, BackendSettings]:
@@ -258,7 +260,9 @@ def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
             options[name] = own
     return Settings(**parts, lookups=MappingProxyType(lookups),
                     plugin_settings=MappingProxyType(options),
-                    backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))))
+                    backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))),
+                    alias_sections=tuple(name for name in dict.fromkeys(ALIAS_SECTIONS.values())
+                                         if raw.get(name)))
 
 
 def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[LookupSettings, Any]:
@@ -316,7 +320,16 @@ def pool_warnings(settings: Settings) -> list[str]:
         warnings.append(f"fanout.queue_timeout_ms ({fan.queue_timeout_ms}) >= "
                         f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
                         "queued tasks would time out before they are rejected")
-    return warnings
+    return warnings + alias_warnings(settings)
+
+
+def alias_warnings(settings: Settings) -> list[str]:
+    """One warning per older section the configuration still writes: they go after this release."""
+    tables = {"mongo": "[backends.mongo] (kind = \"mongo\")",
+              "http": "[backends.alerts] and [backends.metrics] (kind = \"http\", url = ...)"}
+    return [f"[{section}] (or FANOUT_{section.upper()}_*) is deprecated and goes after this "
+            f"release: write {tables[section]} instead (FANOUT_BACKENDS_<NAME>_<KEY>)"
+            for section in settings.alias_sections]
 
 
 def _pool_key(settings: Settings, name: str) -> str:

@@ -4,9 +4,10 @@ One check per backend (:meth:`lookups.backends.base.Backend.check`), run in
 parallel, each bounded by its own short timeout (``timeout_ms``, 300 ms by default):
 
 * a MongoDB backend (``mongo``): a ``ping`` command through its client;
-* an HTTP backend (``alerts``, ``metrics``, a plugin's): a ``GET`` of its base URL on
-  a small session of its own (so a full lookup pool cannot delay the check). Any
-  HTTP answer below 500 means the service is up, whatever its body.
+* an HTTP backend (``alerts``, ``metrics``, a plugin's): a ``GET`` of its base URL
+  (or ``health_path`` under it) on a small session of its own (so a full lookup pool
+  cannot delay the check). A ``2xx`` or ``3xx`` answer means the service is up,
+  whatever its body; a ``404`` means something else answers at that URL.
 
 A server checks every :data:`CHECK_INTERVAL_S` whatever its traffic
 (:meth:`HealthChecker.watch`). The answer is cached for ``cache_ms`` (1 s by

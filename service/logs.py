@@ -27,7 +27,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-__all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT"]
+__all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
+           "console_line"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
 _JSON_FIELDS = ("%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s "
@@ -35,6 +36,11 @@ _JSON_FIELDS = ("%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(s
 
 # The process's part in a pre-forked server: "master", a worker's slot, or "" alone.
 _worker = ""
+# The attributes OpenTelemetry's logging instrumentation and our text format add to a
+# record: JSON carries them once, as trace_id, span_id and worker, not twice.
+_NOT_IN_JSON = ("otelSpanID", "otelTraceID", "otelTraceSampled", "otelServiceName", "worker_tag")
+# The JSON formatter when logging.format is json: console_line() writes like the log.
+_json_handler: "logging.Handler | None" = None
 
 # Set by the handler for the call it serves; each call runs in a context of its own,
 # and its tasks in copies of it, so the id reaches every line logged for the call.
@@ -88,11 +94,16 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
         instrumentor.instrument(inject_trace_context=True, set_logging_format=False)
     handler = logging.StreamHandler(stream)
     handler.addFilter(_CallIds())
+    global _json_handler
+    _json_handler = None
     if settings.format == "json":
+        from pythonjsonlogger.core import RESERVED_ATTRS
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter(
-            _JSON_FIELDS, rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+            _JSON_FIELDS, rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            reserved_attrs=[*RESERVED_ATTRS, *_NOT_IN_JSON]))
+        _json_handler = handler
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
@@ -100,3 +111,14 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def console_line(message: str) -> str:
+    """What ``fanout serve`` prints on standard output (``fanout: MESSAGE``), or, when the
+    log is JSON, the same as one JSON line of the log, so a log platform reading both
+    streams gets JSON only."""
+    if _json_handler is None:
+        return f"fanout: {message}"
+    record = logging.LogRecord("fanout", logging.INFO, __file__, 0, message, None, None)
+    _json_handler.filter(record)
+    return _json_handler.format(record)

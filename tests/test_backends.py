@@ -173,18 +173,23 @@ def _refuses(url_or_uri: str) -> bool:
 def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
     with DemoBackends() as demo:
         overrides = demo.settings_overrides()
-        assert set(overrides) == {"mongo.uri", "mongo.database", "http.alerts_url", "http.metrics_url"}
+        assert set(overrides) == {f"backends.{name}.{key}" for name, keys in (
+            ("mongo", ("kind", "uri", "database")), ("alerts", ("kind", "url")),
+            ("metrics", ("kind", "url"))) for key in keys}
         config = tmp_path / "fanout.toml"
         config.write_text(demo.config_snippet())
         settings = load_settings(config, env={})
-        assert tomllib.loads(demo.config_snippet())["mongo"]["uri"] == overrides["mongo.uri"]
-        assert (settings.mongo.uri, settings.http.alerts_url) == (overrides["mongo.uri"],
-                                                                  overrides["http.alerts_url"])
+        tables = tomllib.loads(demo.config_snippet())["backends"]
+        assert tables["mongo"]["uri"] == overrides["backends.mongo.uri"]
+        assert settings.alias_sections == ()   # no deprecated section in what we hand out
+        assert (settings.backends["mongo"].uri, settings.backends["alerts"].url) == (
+            overrides["backends.mongo.uri"], overrides["backends.alerts.url"])
         with Backends(settings.backends) as backends:
             summary = ErrorsLookup(backends.mongo()).fetch(
                 Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=5.0)
         assert summary.total == sum(1 for e in demo.data.errors if e.app == "shop")
-    assert all(_refuses(overrides[key]) for key in ("mongo.uri", "http.alerts_url", "http.metrics_url"))
+    assert all(_refuses(overrides[key]) for key in (
+        "backends.mongo.uri", "backends.alerts.url", "backends.metrics.url"))
 
 
 # --- the backends ------------------------------------------------------------------------

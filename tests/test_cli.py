@@ -65,7 +65,8 @@ def test_backends_serve_and_call_work_together(tmp_path: Path,
     ports = {name: free_port() for name in ("mongo", "alerts", "metrics")}
     backends = spawn(processes, "backends", *(f"--{name}-port={port}" for name, port in ports.items()))
     printed = read_until(backends, "Press Ctrl-C")
-    snippet = "\n".join(printed[printed.index("[mongo]"):-1])
+    hint = next(line for line in printed if line.startswith("Their data is"))
+    snippet = "\n".join(printed[printed.index("[backends.mongo]"):printed.index(hint)])
     assert f"127.0.0.1:{ports['mongo']}" in snippet and f"127.0.0.1:{ports['metrics']}" in snippet
     config = tmp_path / "fanout.toml"
     config.write_text(snippet)
@@ -86,6 +87,13 @@ def test_backends_serve_and_call_work_together(tmp_path: Path,
         name: "OK" for name in ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]}
     assert response["panels"]["errors"]["error_summary"]["total"] > 0
 
+    # No window: the last hour, where the sample data has nothing; the hint says where it is.
+    last_hour = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop"],
+                               capture_output=True, text=True, env=ENV, timeout=60)
+    assert last_hour.returncode == 0 and "no panel holds data" in last_hour.stderr
+    window = f"--start-ms {SAMPLE_START_MS} --end-ms {SAMPLE_END_MS}"
+    assert window in last_hour.stderr and hint.endswith(f"--app shop {window}")
+
     bad = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "no/such"],
                          capture_output=True, text=True, env=ENV, timeout=60)
     assert bad.returncode == 1 and "InvalidRequest" in bad.stderr and "app" in bad.stderr
@@ -93,6 +101,7 @@ def test_backends_serve_and_call_work_together(tmp_path: Path,
     assert stop(server) == 0
     logged = server.stderr.read()
     assert "spans flushed" in logged and "export" not in logged.lower(), logged
+    assert "deprecated" not in logged   # what `fanout backends` prints is the current form
     assert stop(backends) == 0
 
 

@@ -104,9 +104,12 @@ def test_pool_warnings_name_the_mismatch() -> None:
     assert any(w.startswith("http.pool_maxsize (4) < fanout.pool_size (16): parallel lookups of "
                             "alerts and metrics") for w in warnings), warnings
     assert any(w.startswith("mongo.max_pool_size (2) < fanout.pool_size (16)") for w in warnings)
-    assert len(warnings) == 2  # [http] is one warning for its two backends
+    # [http] is one warning for its two backends; then one per deprecated section written.
+    assert len(warnings) == 4 and [w.split(" ")[0] for w in warnings[2:]] == ["[mongo]", "[http]"]
+    assert "write [backends.mongo] (kind = \"mongo\") instead" in warnings[2]
     tables = load_settings(env={"FANOUT_BACKENDS_JOBS_KIND": "http", "FANOUT_BACKENDS_JOBS_POOL_SIZE": "3"})
     assert [w for w in pool_warnings(tables) if w.startswith("backends.jobs.pool_size (3)")]
+    assert not [w for w in pool_warnings(tables) if "deprecated" in w]
 
 
 def test_hardening_defaults_are_bounded_and_safe() -> None:

@@ -229,3 +229,19 @@ def test_cli_call_health(start_with_settings) -> None:
     text = subprocess.run([*FANOUT, "call", "health", "--port", port],
                           capture_output=True, text=True, env=env, timeout=60)
     assert text.returncode == 0 and "SERVING" in text.stdout and "metrics" in text.stdout
+
+
+def test_an_http_backend_answering_404_at_its_url_is_down_and_health_path_is_checked(
+        http_services) -> None:
+    # The sample alerts service answers its base URL, and 404 for a path it does not have.
+    nothing_there = f"{http_services.alerts_url}/no/such/service"
+    settings = load_settings(env={}, overrides={
+        "backends.alerts.kind": "http", "backends.alerts.url": http_services.alerts_url,
+        "backends.wrong.kind": "http", "backends.wrong.url": nothing_there,
+        "backends.checked.kind": "http", "backends.checked.url": http_services.metrics_url,
+        "backends.checked.health_path": "/no/such/path"})
+    with Backends(settings.backends) as backends:
+        statuses = {s.name: s for s in HealthChecker(backends).check()}
+    assert statuses["alerts"].up
+    assert (statuses["wrong"].up, statuses["wrong"].detail) == (False, "HTTP 404")
+    assert (statuses["checked"].up, statuses["checked"].detail) == (False, "HTTP 404")

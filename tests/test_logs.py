@@ -87,7 +87,9 @@ def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(serve: Any, http_se
                                         request_id="web-42")
     assert response.outcomes[0].error_type == "BackendUnavailable"
     lines = json_lines(server.log())
-    assert lines and all({"time", "level", "logger", "message"} <= set(line) for line in lines)
+    fields = {"time", "level", "logger", "message", "trace_id", "span_id", "request_id", "worker"}
+    assert lines and all(set(line) == fields for line in lines), lines[:3]   # each field once
+    assert json.loads(server.first_line)["message"].startswith("serving on 127.0.0.1:")
     opened = [line for line in lines if "circuit mongo: closed -> open" in line["message"]]
     assert len(opened) == 1, lines
     assert opened[0]["trace_id"] == response.trace_id

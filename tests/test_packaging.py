@@ -111,7 +111,7 @@ def test_the_deployments_command_and_env_serve_and_drain(installed: Installed, d
                                                          tmp_path: Path) -> None:
     """What a pod runs, against the installed wheel: probes, a scrape, a call, SIGTERM."""
     assert deployment_run.substituted == {
-        "FANOUT_MONGO_URI", "FANOUT_HTTP_ALERTS_URL", "FANOUT_HTTP_METRICS_URL",
+        "FANOUT_BACKENDS_MONGO_URI", "FANOUT_BACKENDS_ALERTS_URL", "FANOUT_BACKENDS_METRICS_URL",
         "OTEL_EXPORTER_OTLP_ENDPOINT", "FANOUT_SERVER_PORT", "FANOUT_METRICS_PORT",
         "FANOUT_SERVER_PROBE_PORT"}
     log = (tmp_path / "pod.log").open("w")
@@ -127,6 +127,7 @@ def test_the_deployments_command_and_env_serve_and_drain(installed: Installed, d
         log.close()
     text = (tmp_path / "pod.log").read_text()
     assert "lame duck" in text and "Traceback" not in text, text[-3000:]
+    assert "deprecated" not in text, text[-3000:]   # the manifest writes the current settings
 
 
 def test_a_wrong_flag_in_the_deployments_command_fails(installed: Installed,

@@ -132,12 +132,16 @@ class HttpBackend(Backend):
                 self.slots.release()
 
     def check(self, timeout_s: float) -> None:
+        """GET ``url`` (or ``url`` + ``health_path``): up on a 2xx or 3xx answer. A 404 is
+        down: something answers, but not the service the lookups were pointed at."""
+        settings = self.settings
+        url = settings.url.rstrip("/") + settings.health_path if settings.health_path else settings.url
         # requests' timeouts are per read; the timer bounds the whole exchange.
         with gevent.Timeout(timeout_s, TimeoutError(f"no answer within {timeout_s:.3f}s")):
-            response = self._probe_session.get(self.settings.url, timeout=(timeout_s, timeout_s),
+            response = self._probe_session.get(url, timeout=(timeout_s, timeout_s),
                                                allow_redirects=False, stream=True)
             response.close()  # the status line is all a check needs
-        if response.status_code >= 500:
+        if not 200 <= response.status_code < 400:
             raise HttpStatusError(response.status_code)
 
     def connections_in_use(self) -> int:
@@ -200,7 +204,7 @@ class HttpBackend(Backend):
 
 
 class HttpStatusError(Exception):
-    """A health check answered 5xx."""
+    """A health check answered neither 2xx nor 3xx."""
 
     def __init__(self, status: int) -> None:
         super().__init__(f"HTTP {status}")

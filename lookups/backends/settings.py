@@ -59,9 +59,14 @@ class HttpBackendSettings(HttpOptions, Resilience):
     url: str = field(default="http://127.0.0.1:8081", metadata={
         "help": "base URL; lookups call paths under it only"})
     pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
+    health_path: str = field(default="", metadata={
+        "help": "the health check's path under `url` (empty: `url` itself); a `2xx` or `3xx` "
+                "answer there is up, anything else down (a `404`: nothing at that URL)"})
 
     def __post_init__(self) -> None:
         check_url("url", self.url)
+        if self.health_path and not self.health_path.startswith("/"):
+            raise ValueError(f"health_path: must start with /, got {self.health_path!r}")
         self._check_http_options()
         self._check_resilience()
 

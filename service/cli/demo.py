@@ -68,10 +68,10 @@ def _demo_settings(backend_overrides: Mapping[str, str], config_path: Optional[s
 def _print_setup(out: TextIO, backends: Mapping[str, str], host: str, port: int,
                  settings: Settings) -> None:
     out.write("Fanout demo\n")
-    out.write(f"  MongoDB-wire server  {backends['mongo.uri']} (nx-27017, seeded, database "
-              f"{backends['mongo.database']})\n")
-    out.write(f"  alerts service       {backends['http.alerts_url']}\n")
-    out.write(f"  metrics service      {backends['http.metrics_url']}\n")
+    out.write(f"  MongoDB-wire server  {backends['backends.mongo.uri']} (nx-27017, seeded, "
+              f"database {backends['backends.mongo.database']})\n")
+    out.write(f"  alerts service       {backends['backends.alerts.url']}\n")
+    out.write(f"  metrics service      {backends['backends.metrics.url']}\n")
     out.write(f"  Thrift server        {host}:{port} ({settings.server.transport} transport, "
               f"{settings.server.protocol} protocol)\n\n")
 

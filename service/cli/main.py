@@ -203,11 +203,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _print_serving(address: tuple[str, int]) -> None:
-    print(f"fanout: serving on {address[0]}:{address[1]}", flush=True)
+    from service.logs import console_line
+
+    print(console_line(f"serving on {address[0]}:{address[1]}"), flush=True)
 
 
 def _print_serving_workers(address: tuple[str, int], workers: int) -> None:
-    print(f"fanout: serving on {address[0]}:{address[1]} ({workers} workers)", flush=True)
+    from service.logs import console_line
+
+    print(console_line(f"serving on {address[0]}:{address[1]} ({workers} workers)"), flush=True)
 
 
 def _wait_for_signal() -> None:
@@ -245,6 +249,8 @@ def _call(args: argparse.Namespace) -> int:
         return 1
     if args.method == "get_app_stats":
         print(json.dumps(response_to_json(result), indent=2) if args.json else format_response(result))
+        if args.start_ms is None and args.end_ms is None and not _holds_data(result):
+            print(_EMPTY_DEFAULT_WINDOW, file=sys.stderr)
     elif args.method == "health":
         print(json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result))
     elif args.method == "pool_stats":
@@ -252,6 +258,29 @@ def _call(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(result) if args.json else result)
     return 0
+
+
+def _sample_window() -> str:
+    from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+
+    return f"--start-ms {SAMPLE_START_MS} --end-ms {SAMPLE_END_MS}"
+
+
+_EMPTY_DEFAULT_WINDOW = (
+    "fanout call: no panel holds data in the default window (the last hour); the embedded "
+    "sample backends (fanout demo, fanout backends) hold the day 2026-01-01 UTC: "
+    f"{_sample_window()}")
+
+
+def _holds_data(response: Any) -> bool:
+    """Whether any panel of ``response`` holds something to show."""
+    for panel in response.panels.values():
+        if ((panel.error_summary and panel.error_summary.total)
+                or (panel.top_list and panel.top_list.entries)
+                or (panel.series and panel.series.points)
+                or (panel.alert_list and panel.alert_list.alerts)):
+            return True
+    return False
 
 
 def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
@@ -306,9 +335,11 @@ def _backends(args: argparse.Namespace) -> int:
                       metrics_port=args.metrics_port) as backends:
         print("Sample backends are running (seeded, deterministic):")
         for key, value in backends.settings_overrides().items():
-            print(f"  {key:<18} {value}")
+            print(f"  {key:<24} {value}")
         print("\nPoint a server at them with this config (fanout serve --config FILE):\n")
-        print(backends.config_snippet(), flush=True)
+        print(backends.config_snippet())
+        print(f"Their data is the day 2026-01-01 UTC: fanout call get_app_stats --app shop "
+              f"{_sample_window()}\n", flush=True)
         print("Press Ctrl-C to stop.", flush=True)
         _wait_for_signal()
     return 0

@@ -58,9 +58,12 @@ class DemoBackends:
         self.mongo.stop()
 
     def settings_overrides(self) -> dict[str, str]:
-        """Dotted settings keys pointing a server at these backends (for ``load_settings``)."""
-        return {"mongo.uri": self.mongo.uri, "mongo.database": self.database,
-                "http.alerts_url": self.http.alerts_url, "http.metrics_url": self.http.metrics_url}
+        """Dotted settings keys pointing a server at these backends (for ``load_settings``):
+        one ``[backends.<name>]`` table each."""
+        return {"backends.mongo.kind": "mongo", "backends.mongo.uri": self.mongo.uri,
+                "backends.mongo.database": self.database,
+                "backends.alerts.kind": "http", "backends.alerts.url": self.http.alerts_url,
+                "backends.metrics.kind": "http", "backends.metrics.url": self.http.metrics_url}
 
     def config_snippet(self) -> str:
         """The same as TOML, for ``fanout serve --config FILE``.
@@ -68,12 +71,14 @@ class DemoBackends:
         Spans go nowhere (``exporter = "none"``): with no collector beside the sample
         backends, the default OTLP exporter would log a warning at every export.
         """
-        # A JSON string is a valid TOML basic string.
-        quoted = {key: json.dumps(value) for key, value in self.settings_overrides().items()}
-        return (f"[mongo]\nuri = {quoted['mongo.uri']}\ndatabase = {quoted['mongo.database']}\n\n"
-                f"[http]\nalerts_url = {quoted['http.alerts_url']}\n"
-                f"metrics_url = {quoted['http.metrics_url']}\n\n"
-                '[tracing]\nexporter = "none"   # or "otlp" / "zipkin" with a collector\n')
+        tables: dict[str, list[str]] = {}
+        for key, value in self.settings_overrides().items():
+            _, name, field = key.split(".")
+            # A JSON string is a valid TOML basic string.
+            tables.setdefault(name, []).append(f"{field} = {json.dumps(value)}")
+        return "".join(f"[backends.{name}]\n" + "\n".join(lines) + "\n\n"
+                       for name, lines in tables.items()) + (
+            '[tracing]\nexporter = "none"   # or "otlp" / "zipkin" with a collector\n')
 
     def __enter__(self) -> "DemoBackends":
         return self.start()

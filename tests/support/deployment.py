@@ -61,8 +61,18 @@ def fanout_container() -> dict[str, Any]:
     return next(c for c in containers if c["name"] == "fanout")
 
 
+#: A backend table's variable, and the key of the sample backends' overrides it takes.
+_BACKEND_KEYS = {"FANOUT_BACKENDS_MONGO_URI": "mongo.uri",
+                 "FANOUT_BACKENDS_MONGO_DATABASE": "mongo.database",
+                 "FANOUT_BACKENDS_ALERTS_URL": "http.alerts_url",
+                 "FANOUT_BACKENDS_METRICS_URL": "http.metrics_url"}
+
+
 def _setting_key(variable: str) -> str:
-    """``FANOUT_HTTP_ALERTS_URL`` -> ``http.alerts_url``."""
+    """``FANOUT_SERVER_PORT`` -> ``server.port``; a backend table's address variable -> the
+    sample backends' key for it (``FANOUT_BACKENDS_ALERTS_URL`` -> ``http.alerts_url``)."""
+    if variable in _BACKEND_KEYS:
+        return _BACKEND_KEYS[variable]
     section, _, key = variable.removeprefix("FANOUT_").lower().partition("_")
     return f"{section}.{key}"
 

@@ -10,6 +10,7 @@ Settings reach the process as ``FANOUT_*`` variables; its log (INFO) goes to a f
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -41,8 +42,10 @@ class Server:
         try:
             with gevent.Timeout(30, AssertionError("server did not start")):
                 line = self.process.stdout.readline()
-            assert "serving on" in line, line + self.log()
-            self.port = int(line.rsplit(":", 1)[1].split()[0])  # "...:9090" or "...:9090 (2 workers)"
+            found = re.search(r"serving on [^\s\"]+:(\d+)", line)   # plain, or a JSON line
+            assert found, line + self.log()
+            self.first_line = line
+            self.port = int(found.group(1))
         except BaseException:
             self.kill()  # never left running when the test could not even start it
             raise

@@ -1,0 +1,301 @@
+"""Several workers as one service: reloads, a killed worker, a stopped one, the group's
+scrape, a backend going down, and a TLS handshake in slow motion.
+
+    python -m bench.group [--only reloads,kill,stop,scrapes,backend,handshake]
+
+Each phase runs a real ``fanout serve --workers 2`` with probes and Prometheus on,
+over the sample backends (20 ms each), on loopback. The callers are plain thriftpy2
+clients, each holding one connection (``bench.group_callers``), as a web tier's
+Thrift pool does. It prints one JSON report; every phase stops by itself and
+stops every process it started.
+
+* ``reloads``: five SIGHUPs 3 s apart under 16, then 32 connections: failed calls.
+* ``kill``: 32 connections, ``kill -9`` of one worker: each worker's share of the
+  calls in the 5 s windows after its replacement serves, and the failed calls
+  against the connections the killed worker held.
+* ``stop``: 32 connections, SIGSTOP of one worker: the longest stall a caller saw,
+  and what the master logged.
+* ``scrapes``: one keep-alive connection scraping every 0.5 s through two reloads
+  and a kill: scrapes that parsed and carried both workers' series.
+* ``backend``: the MongoDB backend goes away with no calls arriving, then comes
+  back: seconds until the probes and every worker's gauge say so.
+* ``handshake``: a TLS ClientHello sent a byte every 0.5 s, ``frame_timeout_ms`` 2000:
+  seconds from its first byte until the server closes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import gevent
+import psutil
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.group_callers import Callers
+from service.samples import DemoBackends
+from service.samples.faults import TcpFaultProxy
+from service.samples.mongo_server import free_port
+
+PHASES = ("reloads", "kill", "stop", "scrapes", "backend", "handshake")
+
+
+class Group:
+    """A ``fanout serve --workers 2`` with probes and metrics on, its log in ``workdir``."""
+
+    def __init__(self, backends: DemoBackends, workdir: Path, name: str, **keys: Any) -> None:
+        self.ports = {"thrift": free_port(), "probes": free_port(), "metrics": free_port()}
+        settings = {**backends.settings_overrides(), "server.port": self.ports["thrift"],
+                    "server.workers": 2, "server.probe_port": self.ports["probes"],
+                    "metrics.exporter": "prometheus", "metrics.port": self.ports["metrics"],
+                    "tracing.exporter": "none", **keys}
+        env = {**os.environ, **{"FANOUT_" + k.replace(".", "_").upper(): str(v)
+                                for k, v in settings.items()}}
+        self.log = workdir / f"{name}.log"
+        self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], env=env,
+                                        stdout=subprocess.PIPE, stderr=self.log.open("w"),
+                                        text=True)
+        line = self.process.stdout.readline() if self.process.stdout else ""
+        assert "serving on" in line, self.log.read_text()[-2000:]
+
+    def workers(self) -> list[int]:
+        return sorted(child.pid for child in psutil.Process(self.process.pid).children())
+
+    def probe(self) -> dict[str, Any]:
+        return requests.get(f"http://127.0.0.1:{self.ports['probes']}/healthz", timeout=5).json()
+
+    def all_serving(self) -> bool:
+        try:
+            return set(self.probe()["workers"].values()) == {"serving"}
+        except (requests.RequestException, ValueError):
+            return False
+
+    def scrape(self, session: Optional[requests.Session] = None) -> str:
+        return (session or requests).get(f"http://127.0.0.1:{self.ports['metrics']}/metrics",
+                                         timeout=5).text
+
+    def reload_and_wait(self) -> None:
+        before = set(self.workers())
+        self.process.send_signal(signal.SIGHUP)
+        wait(lambda: not before & set(self.workers()) and self.all_serving(), 30, "a new generation")
+
+    def stop(self) -> dict[str, int]:
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=60)
+        text = self.log.read_text()
+        return {"tracebacks": text.count("Traceback"), "exit_code": self.process.returncode}
+
+
+def wait(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not within {timeout_s} s: {what}")
+        gevent.sleep(0.05)
+    return result
+
+
+def calls_by_worker(scrape: str) -> dict[str, float]:
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(scrape):
+        for sample in family.samples:
+            if (sample.name == "rpc_server_call_duration_seconds_count"
+                    and sample.labels.get("rpc_method") == "AppStats/get_app_stats"):
+                worker = sample.labels["worker"]
+                counts[worker] = counts.get(worker, 0.0) + sample.value
+    return counts
+
+
+def reloads(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    report = {}
+    for connections in (16, 32):
+        group = Group(backends, workdir, f"reloads-{connections}")
+        callers = Callers(group.ports["thrift"], connections)
+        gevent.sleep(2.0)
+        for _ in range(5):
+            group.process.send_signal(signal.SIGHUP)
+            gevent.sleep(3.0)
+        callers.stop()
+        report[f"{connections}_connections"] = {"calls_ok": callers.ok,
+                                                "failed": callers.failures, **group.stop()}
+    return report
+
+
+def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    group = Group(backends, workdir, "kill")
+    callers = Callers(group.ports["thrift"], 32)
+    gevent.sleep(3.0)
+    victim = group.workers()[0]
+    held = sum(1 for c in psutil.Process(victim).net_connections(kind="tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == group.ports["thrift"])
+    os.kill(victim, signal.SIGKILL)
+    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    shares, before = [], calls_by_worker(group.scrape())
+    for _ in range(3):
+        gevent.sleep(5.0)
+        after = calls_by_worker(group.scrape())
+        delta = {w: after.get(w, 0.0) - before.get(w, 0.0) for w in after}
+        total = sum(delta.values()) or 1.0
+        shares.append({w: round(v / total, 3) for w, v in sorted(delta.items())})
+        before = after
+    callers.stop()
+    return {"connections_on_the_killed_worker": held, "failed": callers.failures,
+            "calls_ok": callers.ok, "shares_per_5s_after_replacement": shares,
+            "memory": group_memory(group), **group.stop()}
+
+
+def group_memory(group: Group) -> dict[str, float]:
+    """RSS and PSS (shared pages split between processes) of the master and its workers, MiB."""
+    rss = pss = 0.0
+    for pid in [group.process.pid, *group.workers()]:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        rss += int(re.search(r"^Rss:\s+(\d+)", rollup, re.M).group(1)) / 1024
+        pss += int(re.search(r"^Pss:\s+(\d+)", rollup, re.M).group(1)) / 1024
+    return {"rss_mib": round(rss, 1), "pss_mib": round(pss, 1)}
+
+
+def stop(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    group = Group(backends, workdir, "stop")
+    callers = Callers(group.ports["thrift"], 32)
+    gevent.sleep(3.0)
+    victim = group.workers()[0]
+    stopped_at = time.monotonic()
+    os.kill(victim, signal.SIGSTOP)
+    states = []
+    while victim in group.workers() and time.monotonic() - stopped_at < 20:
+        states.append(sorted(group.probe()["workers"].values()))
+        gevent.sleep(0.5)
+    replaced_s = time.monotonic() - stopped_at
+    wait(group.all_serving, 30, "the replacement serving")
+    gevent.sleep(2.0)
+    callers.stop()
+    in_flight = [s for started, s, _ in callers.calls if started + s >= stopped_at]
+    text = group.log.read_text()
+    return {"killed_and_replaced_after_s": round(replaced_s, 2),
+            "longest_stall_s": round(max(in_flight, default=0.0), 2),
+            "failed": callers.failures, "calls_ok": callers.ok,
+            "probe_said_unresponsive": any("unresponsive" in s for s in states),
+            "master_lines_about_it": text.count("has not answered"), **group.stop()}
+
+
+def scrapes(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    group = Group(backends, workdir, "scrapes")
+    session, seen = requests.Session(), []
+    wait(lambda: _workers_in(group.scrape(session)) == {"0", "1"}, 20, "both workers scraped")
+
+    def poll() -> None:
+        while True:
+            try:
+                seen.append(_workers_in(group.scrape(session)))
+            except Exception as exc:  # noqa: BLE001 - a failed scrape is a result
+                seen.append({f"error: {type(exc).__name__}"})
+            gevent.sleep(0.5)
+
+    poller = gevent.spawn(poll)
+    for _ in range(2):
+        group.reload_and_wait()
+        gevent.sleep(1.0)
+    victim = group.workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    gevent.sleep(2.0)
+    poller.kill()
+    return {"scrapes": len(seen), "with_both_workers": sum(1 for s in seen if s == {"0", "1"}),
+            "other": [sorted(s) for s in seen if s != {"0", "1"}], **group.stop()}
+
+
+def _workers_in(scrape: str) -> set[str]:
+    return {s.labels["worker"] for family in text_string_to_metric_families(scrape)
+            if family.name == "fanout_admission_limit" for s in family.samples}
+
+
+def backend(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    port, target = free_port(), ("127.0.0.1", backends.mongo.port)
+    proxy = TcpFaultProxy(target, port=port).start()
+    group = Group(backends, workdir, "backend", **{"backends.mongo.uri": f"mongodb://127.0.0.1:{port}"})
+
+    def shown(up: bool) -> bool:
+        gauges = re.findall(r'^fanout_backend_up\{.*fanout_backend="mongo".*\} (\S+)$',
+                            group.scrape(), re.M)
+        return (group.probe()["backends"]["mongo"]["up"] is up and len(gauges) == 2
+                and all(float(g) == float(up) for g in gauges))
+
+    wait(lambda: shown(True), 20, "mongo up")
+    gevent.sleep(1.0)
+    went = time.monotonic()
+    proxy.stop()
+    wait(lambda: shown(False), 30, "mongo down everywhere")
+    down_s = time.monotonic() - went
+    came = time.monotonic()
+    proxy = TcpFaultProxy(target, port=port).start()
+    wait(lambda: shown(True), 30, "mongo up again everywhere")
+    up_s = time.monotonic() - came
+    proxy.stop()
+    return {"down_shown_after_s": round(down_s, 2), "up_shown_after_s": round(up_s, 2),
+            **group.stop()}
+
+
+def handshake(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    import trustme
+
+    authority = trustme.CA()
+    cert = authority.issue_cert("localhost", "127.0.0.1")
+    cert_file, key_file = workdir / "cert.pem", workdir / "key.pem"
+    cert.cert_chain_pems[0].write_to_path(cert_file)
+    cert.private_key_pem.write_to_path(key_file)
+    group = Group(backends, workdir, "handshake", **{
+        "server.tls_cert_file": cert_file, "server.tls_key_file": key_file,
+        "server.frame_timeout_ms": 2000})
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    try:
+        context.wrap_bio(incoming, outgoing, server_hostname="localhost").do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = outgoing.read()
+    closed_after = None
+    with socket.create_connection(("127.0.0.1", group.ports["thrift"]), timeout=0.5) as slow:
+        first = time.monotonic()   # each recv waits 0.5 s: the pace of the bytes
+        for byte in hello:
+            try:
+                slow.sendall(bytes([byte]))
+                if slow.recv(1) == b"":
+                    raise ConnectionResetError
+            except socket.timeout:
+                pass
+            except OSError:
+                closed_after = time.monotonic() - first
+                break
+    return {"hello_bytes": len(hello), "closed_after_s": closed_after and round(closed_after, 2),
+            "frame_timeout_ms": 2000, **group.stop()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default=",".join(PHASES))
+    phases = parser.parse_args().only.split(",")
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="fanout-group-") as workdir, \
+            DemoBackends(alerts_delay_ms=20, metrics_delay_ms=20) as backends:
+        for phase in phases:
+            report[phase] = globals()[phase](backends, Path(workdir))
+            print(f"{phase}: {json.dumps(report[phase])}", file=sys.stderr, flush=True)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Callers that keep their connections, as a web tier's Thrift pool does, for ``bench.group``.
+
+Each caller is a plain thriftpy2 client on one connection, calling ``get_app_stats``
+back to back. A failed call is counted by kind, and that caller connects again
+(as a pool replaces a broken connection). Every call's start and duration is kept,
+so the longest stall any caller saw can be read off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gevent
+from thriftpy2.rpc import make_client
+from thriftpy2.transport import TCyFramedTransportFactory
+
+from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+
+__all__ = ["Callers"]
+
+
+class Callers:
+    """``count`` persistent plain Thrift connections to ``port`` calling until :meth:`stop`."""
+
+    def __init__(self, port: int, count: int, timeout_ms: int = 10_000) -> None:
+        self.port, self.timeout_ms = port, timeout_ms
+        self.ok = 0
+        self.failures: dict[str, int] = {}
+        self.calls: list[tuple[float, float, bool]] = []   # (started, seconds, answered)
+        self._request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS,
+                                              end_ms=SAMPLE_END_MS)
+        self._greenlets = [gevent.spawn(self._call) for _ in range(count)]
+
+    def _connect(self) -> Any:
+        return make_client(appstats.AppStats, "127.0.0.1", self.port, timeout=self.timeout_ms,
+                           trans_factory=TCyFramedTransportFactory())
+
+    def _call(self) -> None:
+        client = self._connect()
+        while True:
+            started = time.monotonic()
+            try:
+                client.get_app_stats(self._request)
+                self.ok += 1
+                self.calls.append((started, time.monotonic() - started, True))
+            except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
+                self.calls.append((started, time.monotonic() - started, False))
+                kind = type(exc).__name__
+                self.failures[kind] = self.failures.get(kind, 0) + 1
+                client.close()
+                gevent.sleep(0.05)
+                client = self._reconnect()
+            gevent.sleep(0.002)
+
+    def _reconnect(self) -> Any:
+        while True:
+            try:
+                return self._connect()
+            except Exception:  # noqa: BLE001 - the server is restarting a worker
+                gevent.sleep(0.1)
+
+    def longest_stall_s(self, since: float = 0.0) -> float:
+        """The longest call (answered or failed) that started after ``since``."""
+        return max((seconds for started, seconds, _ in self.calls if started >= since), default=0.0)
+
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+    def stop(self) -> None:
+        gevent.killall(self._greenlets)
