@@ -121,6 +121,7 @@ def overload(backends: DemoBackends, args: argparse.Namespace, workdir: Path) ->
     try:
         poller.start()
         result = run_load(_plan(ports["thrift"], args.connections, args.seconds, backing_off=False))
+        memory = _memory(server.pid)
     finally:
         poller.stopped.set()
         poller.join()
@@ -128,7 +129,21 @@ def overload(backends: DemoBackends, args: argparse.Namespace, workdir: Path) ->
         server.wait(timeout=60)
     window = result.windows[0]
     return {"probes_and_scrapes": poller.report(), "replies_ok": sum(window.ok),
-            "failures": _failures(result), "connected": result.connected}
+            "failures": _failures(result), "connected": result.connected,
+            "memory_after_overload": memory}
+
+
+def _memory(master: int) -> dict[str, float]:
+    """RSS and PSS (shared pages split between the processes) of the master and its workers,
+    in MiB: what a pod's memory request must cover."""
+    import psutil
+
+    totals = {"rss_mib": 0.0, "pss_mib": 0.0}
+    for process in [psutil.Process(master), *psutil.Process(master).children()]:
+        full = process.memory_full_info()
+        totals["rss_mib"] += full.rss / 2**20
+        totals["pss_mib"] += full.pss / 2**20
+    return {key: round(value, 1) for key, value in totals.items()}
 
 
 def reloads(backends: DemoBackends, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
