@@ -47,6 +47,14 @@ def all_serving(ports: dict[str, int], count: int) -> bool:
     return len(workers) == count and set(workers.values()) == {"serving"}
 
 
+def reload_and_wait(server: Server, ports: dict[str, int]) -> None:
+    """SIGHUP, then wait until two new workers serve and the old ones are gone."""
+    before = set(server.workers())
+    server.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: not before & set(server.workers()) and all_serving(ports, 2), 30,
+             "two new workers serving, the old ones gone")
+
+
 def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
         serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
@@ -93,10 +101,7 @@ def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
     callers = [gevent.spawn(_caller, server.address, outcomes) for _ in range(4)]
     try:
         for _ in range(3):
-            before = set(server.workers())
-            server.process.send_signal(signal.SIGHUP)
-            wait_for(lambda: not before & set(server.workers()) and all_serving(group_ports, 2), 30,
-                     "two new workers serving, the old ones gone")
+            reload_and_wait(server, group_ports)
             assert requests.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics",
                                 timeout=5).status_code == 200
         calls_after = len(outcomes) + 20
@@ -179,10 +184,7 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
     poller = gevent.spawn(poll)
     try:
         for _ in range(2):
-            before = set(server.workers())
-            server.process.send_signal(signal.SIGHUP)
-            wait_for(lambda: not before & set(server.workers()) and all_serving(group_ports, 2), 30,
-                     "two new workers serving, the old ones gone")
+            reload_and_wait(server, group_ports)
         victim = server.workers()[0]
         os.kill(victim, signal.SIGKILL)
         wait_for(lambda: victim not in server.workers() and all_serving(group_ports, 2), 30,

@@ -143,3 +143,13 @@ def test_sigttin_and_sigttou_add_and_retire_a_worker(serve: Any) -> None:
     wait_for(lambda: len(server.workers()) == 2, 15, "two workers again")
     gather_all_panels(server.address)
     assert server.stop() == 0
+
+
+def test_connections_spread_only_on_a_clear_imbalance() -> None:
+    from service.workers.balance import excess
+
+    assert excess({1: 32, 2: 0}) == {1: 16}                  # a replaced worker takes half
+    assert excess({1: 20, 2: 6, 3: 6}) == {1: 9}             # down to the mean, rounded up
+    assert excess({1: 2, 2: 0}) == {1: 1}
+    assert excess({1: 17, 2: 15}) == {} and excess({1: 1, 2: 0}) == {}   # near enough: no churn
+    assert excess({1: 40}) == {}                              # one worker: nowhere to go

@@ -30,7 +30,7 @@ import os
 import pickle
 import socket
 from types import MappingProxyType
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 __all__ = ["ControlLine", "control_pair", "MAX_MESSAGE_BYTES"]
 
@@ -88,6 +88,17 @@ class ControlLine:
                 _close_fd(fd)
             return None
         return pickle.loads(data), (fds[0] if fds else None)
+
+    def messages(self) -> Iterator[tuple[dict[str, Any], Optional[int]]]:
+        """Each message as it comes, until the other end has gone (or this end is closed)."""
+        while True:
+            try:
+                received = self.receive()
+            except OSError:
+                return
+            if received is None:
+                return
+            yield received
 
     def close(self) -> None:
         self.sock.close()

@@ -76,14 +76,8 @@ def launch_worker(settings: Settings, slot: int, serial: int, workers: int, *,
 
 
 def _read(link: WorkerLink, events: Queue) -> None:
-    while True:
-        try:
-            received = link.line.receive()
-        except OSError:
-            received = None
-        if received is None:
-            return
-        events.put(("control", link.pid, *received))
+    for message, fd in link.line.messages():
+        events.put(("control", link.pid, message, fd))
 
 
 def _wait(link: WorkerLink, events: Queue) -> None:

@@ -56,20 +56,13 @@ class GroupMember:
         return self._pools
 
     def _read(self) -> None:
-        while True:
-            try:
-                received = self._line.receive()
-            except OSError:
-                received = None
-            if received is None:
-                log.warning("the master has gone; draining")
-                self.stop.set()
-                return
-            message, fd = received
+        for message, fd in self._line.messages():
             try:
                 self._on(message, fd)
             except Exception:  # noqa: BLE001 - one bad message must not end the line
                 log.exception("control message %r failed", message.get("kind"))
+        log.warning("the master has gone; draining")
+        self.stop.set()
 
     def _on(self, message: dict[str, Any], fd: Optional[int]) -> None:
         service = self._service
