@@ -27,14 +27,11 @@ every byte of every call through one more process and one more core.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Optional, Protocol
 
 import gevent
 
-if TYPE_CHECKING:  # the connection module imports this one
-    from service.connection import Connection
-
-__all__ = ["MoveNow", "MoveSink", "request_move"]
+__all__ = ["MoveNow", "MoveSink", "Movable", "request_move"]
 
 #: Takes the socket and the bytes read of it not yet served; returns True once the
 #: connection is in another process's hands (then this process only closes its copy).
@@ -45,7 +42,15 @@ class MoveNow(Exception):
     """Thrown into a connection's greenlet blocked waiting for a new call: move now."""
 
 
-def request_move(connection: "Connection", sink: MoveSink) -> None:
+class Movable(Protocol):
+    """What a connection offers to be moved (:class:`service.connection.Connection`)."""
+
+    moving: Optional[MoveSink]
+    greenlet: Optional[gevent.Greenlet]
+    channel: Any   # its waiting_idle says whether it is blocked waiting for a call
+
+
+def request_move(connection: Movable, sink: MoveSink) -> None:
     """Have ``connection`` move to ``sink`` at its next point between calls.
 
     If it is waiting for a call now, it is interrupted from the hub, and only if it
@@ -56,7 +61,7 @@ def request_move(connection: "Connection", sink: MoveSink) -> None:
         gevent.get_hub().loop.run_callback(_interrupt_if_waiting, connection)
 
 
-def _interrupt_if_waiting(connection: "Connection") -> None:
+def _interrupt_if_waiting(connection: Movable) -> None:
     # Runs in the hub. The flag is cleared in the greenlet as soon as its read returns,
     # before it can switch again: still set, nothing of the next call has been read.
     greenlet = connection.greenlet

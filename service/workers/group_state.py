@@ -95,8 +95,8 @@ class GroupState:
             link.connections = message["staying"]
             link.pools = message["pools"]
             link.circuits = message["circuits"]
-            if first:   # a new worker reports the group's backends from its first call on
-                link.tell(self._message(self._serving()))
+            if first:   # a new worker: it reports the group's backends from its first call
+                self._push()   # on, and the others count its pools at once
         elif kind == "moved" and fd is not None:
             self.place(fd, message["unread"], link.pid)
         elif fd is not None:
