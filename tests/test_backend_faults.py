@@ -266,8 +266,10 @@ def test_mongo_down_at_start_then_up(rig: Rig) -> None:
     port = dead_port()
     rig.start(mongo_uri=f"mongodb://127.0.0.1:{port}")
     cold, _ = rig.call()   # pymongo learns that the server is down during this call
+    # Cold, pymongo may spend up to two selection steps learning it; the margin is wide
+    # enough for a loaded 2-core machine under coverage (1,507 ms was seen against 1,400).
     assert_failed(cold, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
-                  overrun_ms=OVERRUN_MS + SELECTION_STEP_MS)
+                  overrun_ms=OVERRUN_MS + 2 * SELECTION_STEP_MS)
     response, _ = rig.call()
     assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True)
     assert_healthy(response, HTTP_PANELS)

@@ -92,10 +92,10 @@ def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
     hogs = [gevent.spawn(fan.run, [Task("hog", "test", lambda b: gevent.sleep(0.3), 2000)],
                          RequestContext.start("test", 2000)) for _ in range(2)]
     gevent.sleep(0.01)
-    began = time.monotonic()
     with pytest.raises(FanOutOverloaded) as refused:
         fan.run([Task("t", "test", lambda b: "ok", 2000)], RequestContext.start("test", 10))
-    assert time.monotonic() - began < 0.05
+    # Refused at once: it did not wait for a hog's slot (each holds its own for 0.3 s).
+    assert not any(hog.dead for hog in hogs)
     assert "deadline" in str(refused.value) and refused.value.retry_after_ms > 0
     gevent.joinall(hogs, timeout=5)
     assert fan.admission.inflight == 0

@@ -253,7 +253,8 @@ def test_optional_failures_never_raise() -> None:
 def test_no_tasks_returns_at_once() -> None:
     began = time.monotonic()
     result = engine().run([], within(5000))
-    assert result.outcomes == () and time.monotonic() - began < 0.1
+    # Not at its deadline (5 s): well before, with a margin a loaded machine keeps.
+    assert result.outcomes == () and time.monotonic() - began < 2.5
 
 
 def test_expired_deadline_times_out_without_calling() -> None:

@@ -300,13 +300,14 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
     lookups = [ErrorsLookup(backends.mongo()), UrlsLookup(backends.mongo()), ControllersLookup(backends.mongo()),
                QueriesLookup(backends.mongo())]
     most_in_use = 0
+    timed_out: set[int] = set()
 
     def run(index: int) -> None:
         budget = 1e-6 if index % 3 == 0 else 5.0    # every third one times out
         try:
             lookups[index % len(lookups)].fetch(window, budget_s=budget)
         except BackendTimeout:
-            pass
+            timed_out.add(index)
 
     workers = [spawn_in_context(run, index) for index in range(24)]
     for _ in range(10_000):
@@ -315,6 +316,7 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
             break
         gevent.sleep(0.001)
     gevent.joinall(workers, timeout=30, raise_error=True)
+    assert timed_out == set(range(0, 24, 3))       # those and only those, each as a timeout
     assert most_in_use >= 1, "the counter never saw a connection checked out"
     assert backends.connections_in_use()["mongo"] == 0
 
@@ -369,3 +371,14 @@ def test_mongo_lookups_from_plain_threads_give_the_same_panels(
     lookups = default_registry().build(backends)
     for name, value in from_threads.items():
         assert value == repr(lookups[name].fetch(Window(*window), 2.0)), name
+
+
+def test_a_pipeline_the_server_refuses_fails_once_as_a_bad_response(backends: Backends) -> None:
+    # A valid command the server refuses (an unknown stage): not a connection problem, so
+    # never retried, and typed as what it is.
+    mongo = backends.mongo()
+    attempts_before = mongo.guard.attempts
+    with pytest.raises(BadBackendResponse) as refused:
+        mongo.run("errors", lambda db: list(db["errors"].aggregate([{"$noSuchStage": {}}])), 5.0)
+    assert not refused.value.retry_safe and "refused or garbled" in str(refused.value)
+    assert mongo.guard.attempts - attempts_before == 1

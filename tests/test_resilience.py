@@ -14,7 +14,7 @@ import pytest
 
 from lookups.backends.http import HttpBackend
 from lookups.backends.settings import HttpBackendSettings
-from lookups.errors import CircuitOpen
+from lookups.errors import BackendUnavailable, CircuitOpen
 from lookups.http import AlertsLookup
 from lookups.panels import Window
 from lookups.resilience import BreakerPolicy, CircuitBreaker, CircuitState, RetryPolicy
@@ -113,6 +113,24 @@ def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: 
     ok = [r for r in results if not isinstance(r, Exception)]
     assert len(ok) / len(results) >= 0.95, [r for r in results if isinstance(r, Exception)][:3]
     assert requests_made / len(results) <= 1.6
+
+
+@pytest.mark.parametrize("mode, requests_made, fails", [("error500", 1, True), ("flaky503", 2, False)])
+def test_a_503_is_retried_and_a_500_is_not(sample_data: SampleData, mode: str, requests_made: int,
+                                           fails: bool) -> None:
+    # A 503 says the service did not take the request: another attempt is safe. A 500 may
+    # come after the service acted on it: the panel fails, retryable by the caller.
+    with FaultyHttpService(sample_data) as service, alerts_lookup(service.url) as lookup:
+        service.set_mode(mode)                     # flaky503: the first answer only is a 503
+        try:
+            lookup.fetch(WINDOW, 2.0)
+            failed = None
+        except BackendUnavailable as error:
+            failed = error
+        assert service.requests_seen == requests_made
+    assert (failed is not None) is fails
+    if failed is not None:
+        assert failed.retryable and not failed.retry_safe and "HTTP 500" in str(failed)
 
 
 def test_healthy_backends_get_no_extra_requests(sample_data: SampleData) -> None:

@@ -14,13 +14,15 @@ import pytest
 from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient, TMessageType, TProcessor
 from thriftpy2.transport import TSocket
+from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.framed import TCyFramedTransport
 
 from service.client import AppStatsClient
 from service.server_settings import ServerSettings
 from service.idl import appstats
 from service.server import ThriftServer
-from service.wire.channel import BufferedChannel, FramedChannel, FrameRejected, protocol_for
+from service.wire.channel import (BufferedChannel, FramedChannel, FrameRejected, MessageRejected,
+                                  protocol_for)
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
                                   sample_response)
 from tests.support.sockets import raw_connection, wait_for
@@ -173,7 +175,7 @@ def test_decoder_never_reads_past_the_frame(protocol, bad_call):
         processor = TProcessor(appstats.AppStats, RecordingHandler())
 
         assert channel.next_message()
-        with pytest.raises(Exception) as caught:
+        with pytest.raises(MessageRejected) as caught:   # the wire scan refuses it
             processor.process_in(protocol_for(protocol)(channel.input))
         assert not isinstance(caught.value, OSError)  # a decode failure, not a socket one
         # The following frame is intact, untouched by the failed decode.
@@ -203,6 +205,34 @@ def test_buffered_message_is_bounded_by_max_frame_bytes(start_server, handler):
     assert read_until_closed(sock) == b""
     assert handler.requests == []
     assert server.stats.frames_rejected == 1
+
+
+@pytest.mark.parametrize("transport", ["framed", "buffered"])
+def test_a_message_exactly_at_max_frame_bytes_is_served_and_one_byte_more_is_not(
+        start_server, handler, transport):
+    def app_of(size: int) -> str:
+        base = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("")))
+        return "A" * (size - len(base))
+
+    def call_of(size: int) -> bytes:
+        return encode_call("get_app_stats",
+                           appstats.AppStats.get_app_stats_args(request=request(app_of(size))))
+
+    limit = 2048
+    server = start_server(transport=transport, max_frame_bytes=limit, max_string_bytes=limit)
+    wire = frame if transport == "framed" else (lambda payload: payload)
+    exact, over = call_of(limit), call_of(limit + 1)
+    assert (len(exact), len(over)) == (limit, limit + 1)
+    with raw_connection(server) as sock:
+        sock.sendall(wire(exact))
+        client = TClient(appstats.AppStats, TCyBinaryProtocol(
+            (TCyFramedTransport if transport == "framed" else TCyBufferedTransport)(_Socket(sock))))
+        assert client._recv("get_app_stats") == sample_response(app_of(limit))
+    assert len(handler.requests) == 1 and server.stats.frames_rejected == 0
+    with raw_connection(server) as sock:
+        sock.sendall(wire(over))
+        assert read_until_closed(sock) == b""
+    assert len(handler.requests) == 1 and server.stats.frames_rejected == 1
 
 
 def test_buffered_channel_rejects_past_its_budget():
