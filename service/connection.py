@@ -64,7 +64,7 @@ class Connection:
         self.sock = sock
         self.opened_at = time.monotonic()
         self.channel: Channel = open_channel(settings.transport, sock,
-                                             WireLimits.from_settings(settings), settings.protocol)
+                                             settings.wire_limits(), settings.protocol)
         # The hub's reply buffer: MessageLoop fills and empties it without a switch.
         self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)

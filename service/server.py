@@ -101,7 +101,8 @@ class ThriftServer:
         self._listener = listener
         self._tls: Optional[RotatingContext] = None
         if settings.tls_cert_file:
-            self._tls = RotatingContext(lambda: _built(server_context(settings)), [
+            self._tls = RotatingContext(lambda: _built(server_context(
+                settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)), [
                 path for path in (settings.tls_cert_file, settings.tls_key_file,
                                   settings.tls_client_ca_file) if path])
         self._allowed_names = frozenset(settings.tls_client_names)

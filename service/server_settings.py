@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.wire.formats import PROTOCOLS, TRANSPORTS
+from service.wire.scan import WireLimits
 
 __all__ = ["ServerSettings"]
 
@@ -89,6 +90,12 @@ class ServerSettings:
         "help": "with `server.workers` > 1: a worker whose event loop has not beaten for this "
                 "long is killed and restarted; alone, `/healthz` answers 503 after this long "
                 "without a beat; `0` never", "min": 0})
+
+    def wire_limits(self) -> WireLimits:
+        """What the wire scanner enforces on this listener's messages."""
+        return WireLimits(self.max_frame_bytes, self.max_string_bytes, self.max_container_items,
+                          self.max_nesting_depth, self.idle_timeout_ms, self.frame_timeout_ms,
+                          self.strict_binary)
 
     @property
     def probe_bind_host(self) -> str:

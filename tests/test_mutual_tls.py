@@ -220,7 +220,7 @@ def test_rotating_context_looks_at_the_files_at_most_once_per_interval(pki: Pki,
     built: list[ssl.SSLContext] = []
 
     def build() -> ssl.SSLContext:
-        context = server_context(settings)
+        context = server_context(settings.tls_cert_file, settings.tls_key_file)
         assert context is not None
         built.append(context)
         return context
@@ -261,8 +261,7 @@ def test_client_names_without_a_client_ca_is_a_config_error(pki: Pki) -> None:
 
 def test_an_unreadable_client_ca_stops_start_up_naming_the_key(pki: Pki, tmp_path: Path) -> None:
     with pytest.raises(TlsConfigError, match="server.tls_client_ca_file"):
-        server_context(ServerSettings(tls_cert_file=pki.cert_file, tls_key_file=pki.key_file,
-                                      tls_client_ca_file=str(tmp_path / "missing.pem")))
+        server_context(pki.cert_file, pki.key_file, str(tmp_path / "missing.pem"))
 
 
 def test_fanout_serve_with_mutual_tls_counts_refusals_and_fanout_call_presents_a_certificate(

@@ -432,7 +432,7 @@ def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
     from service.wire.scan import WireLimits
 
     ours, peer = socket.socketpair()
-    channel = open_channel("framed", ours, WireLimits.from_settings(ServerSettings()), "binary")
+    channel = open_channel("framed", ours, ServerSettings().wire_limits(), "binary")
     assert channel.message_waiting() is False
     peer.sendall(frame(encode_call("ping", appstats.AppStats.ping_args())))
     assert channel.message_waiting() is True

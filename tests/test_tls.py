@@ -190,10 +190,10 @@ def test_unreadable_certificate_is_a_config_error_naming_the_key(tmp_path: Path)
 
 
 def test_server_requires_tls_1_2_or_later(pki: Pki) -> None:
-    context = server_context(ServerSettings(tls_cert_file=pki.cert_file, tls_key_file=pki.key_file))
+    context = server_context(pki.cert_file, pki.key_file)
     assert context is not None and context.minimum_version >= ssl.TLSVersion.TLSv1_2
     assert MINIMUM_VERSION == ssl.TLSVersion.TLSv1_2
-    assert server_context(ServerSettings()) is None
+    assert server_context(ServerSettings().tls_cert_file, ServerSettings().tls_key_file) is None
 
 
 def test_cli_call_over_tls(tls_server, pki: Pki, tmp_path: Path) -> None:

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, Optional
 
 from service.wire import binary, compact
-from service.server_settings import ServerSettings
 from service.wire.errors import FrameRejected, LimitExceeded, MalformedMessage
 from service.wire.walk import CALL, STRUCT
 
@@ -56,12 +55,6 @@ class WireLimits:
     idle_timeout_ms: int = 60_000    # between messages
     frame_timeout_ms: int = 5_000    # from a message's first byte to its last; also for a reply
     strict_binary: bool = False      # refuse old-style binary messages (no version header)
-
-    @classmethod
-    def from_settings(cls, settings: ServerSettings) -> "WireLimits":
-        return cls(settings.max_frame_bytes, settings.max_string_bytes,
-                   settings.max_container_items, settings.max_nesting_depth,
-                   settings.idle_timeout_ms, settings.frame_timeout_ms, settings.strict_binary)
 
 
 def check_frame(frame: Any, limits: WireLimits) -> None:

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import gevent
 import gevent.ssl
 
 from service.errors import ConfigError
-
-if TYPE_CHECKING:  # the web-tier client imports this module; it loads no server settings
-    from service.server_settings import ServerSettings
 
 __all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
            "refusal_reason", "MINIMUM_VERSION", "ClosedBeforeHandshake"]
@@ -40,21 +37,22 @@ class TlsConfigError(ConfigError):
     """The certificate, key or CA file cannot be read or does not fit; raised at start-up."""
 
 
-def server_context(settings: "ServerSettings") -> Optional[ssl.SSLContext]:
-    """The listener's context, or ``None`` when ``server.tls_cert_file`` is empty.
+def server_context(cert_file: str, key_file: str,
+                   client_ca_file: str = "") -> Optional[ssl.SSLContext]:
+    """The listener's context from ``server.tls_cert_file``, ``tls_key_file`` and
+    ``tls_client_ca_file`` (mutual TLS when set), or ``None`` when ``cert_file`` is empty.
 
     Raises :class:`TlsConfigError` naming the key when a file cannot be loaded.
     """
-    if not settings.tls_cert_file:
+    if not cert_file:
         return None
     # gevent's context wraps gevent sockets cooperatively whether or not ssl is patched.
     context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = MINIMUM_VERSION
-    _load_chain(context, "server.tls_cert_file / server.tls_key_file",
-                settings.tls_cert_file, settings.tls_key_file)
-    if settings.tls_client_ca_file:
+    _load_chain(context, "server.tls_cert_file / server.tls_key_file", cert_file, key_file)
+    if client_ca_file:
         context.verify_mode = ssl.CERT_REQUIRED
-        _load_cas(context, "server.tls_client_ca_file", settings.tls_client_ca_file)
+        _load_cas(context, "server.tls_client_ca_file", client_ca_file)
     return context
 
 
