@@ -117,7 +117,7 @@ bench-group: $(BENCH_STAMP)
 
 # Rewrite the README's tables of settings from the sections' declarations (a test compares them).
 readme-tables: $(STAMP)
-	$(PY) -m service.settings_table README.md
+	$(PY) -m service.cli.settings_table README.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

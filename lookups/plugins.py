@@ -22,7 +22,7 @@ name may be registered once; a factory that cannot be imported or is not
 callable stops start-up with a :class:`PluginError` naming it.
 
 A plugin may add keys to its ``[lookups.<name>]`` table by declaring a settings
-section (a frozen dataclass, declared as ``service/declarations.py`` describes) with
+section (a frozen dataclass, declared as ``service/settings/declarations.py`` describes) with
 :func:`with_settings`; its factory then also receives the validated section::
 
     @with_settings(SlowUrlsSettings)

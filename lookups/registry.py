@@ -26,7 +26,7 @@ LookupFactory = Callable[..., Lookup]
 
 def with_settings(section: type) -> Callable[[Any], Any]:
     """Declare that a factory's lookup has settings of its own, in ``section`` (a frozen
-    dataclass declared as ``service/declarations.py`` says): keys of its
+    dataclass declared as ``service/settings/declarations.py`` says): keys of its
     ``[lookups.<name>]`` table, validated like every other key and handed to the factory
     as its second argument."""
     def declare(factory: Any) -> Any:

@@ -3,7 +3,7 @@
 ``[backends.metrics]`` for one release (:mod:`lookups.backends.settings`).
 
 Each section is a frozen value. Each key is declared
-once, in its field's metadata (type, bounds, default, help: ``service/declarations.py``);
+once, in its field's metadata (type, bounds, default, help: ``service/settings/declarations.py``);
 ``__post_init__`` checks what spans keys and raises :class:`ValueError` naming the key.
 """
 

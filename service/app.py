@@ -18,16 +18,16 @@ from lookups.backends.collection import Backends
 from lookups.backends.http import HttpBackend
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
-from service.config import Settings, as_config_error, pool_warnings
+from service.settings.config import Settings, as_config_error, pool_warnings
 from service.engine.fanout import FanOut
-from service.handler import AppStatsHandler
-from service.handover import MoveSink
-from service.health import CHECK_INTERVAL_S, HealthChecker
-from service.hub_monitor import HubMonitor
+from service.rpc.handler import AppStatsHandler
+from service.listener.handover import MoveSink
+from service.operations.health import CHECK_INTERVAL_S, HealthChecker
+from service.operations.hub_monitor import HubMonitor
 from service.idl import appstats
-from service.probes import ProbeServer
-from service.server import DrainReport, ThriftServer
-from service.shedding import UnreadRefusals
+from service.operations.probes import ProbeServer
+from service.listener.server import DrainReport, ThriftServer
+from service.overload.shedding import UnreadRefusals
 
 __all__ = ["FanOutService", "read_timeout_warnings"]
 

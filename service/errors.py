@@ -4,7 +4,7 @@
      +-- TlsConfigError         a certificate, key or CA file cannot be read or does not fit
                                 (service.wire.tls)
 
-Kept apart from :mod:`service.config` so that the web-tier client, which raises
+Kept apart from :mod:`service.settings.config` so that the web-tier client, which raises
 ``TlsConfigError`` for its own files, loads no server settings.
 """
 

@@ -31,7 +31,7 @@ from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, Sa
                               seed_mongo_at)
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
 from service.client import AppStatsClient
-from service.config import load_settings
+from service.settings.config import load_settings
 from service.engine.runners import TaskRunners
 from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE
@@ -167,7 +167,7 @@ def assert_failed(response: Any, panels: list[str], status: int, error_types: se
 
 
 def _checking(greenlet_: greenlet) -> bool:
-    """A backend check of the service's HealthChecker (service.health), run on a schedule."""
+    """A backend check of the service's HealthChecker (service.operations.health), run on a schedule."""
     run = getattr(greenlet_, "args", ())
     return any(getattr(arg, "__qualname__", "").startswith("HealthChecker.") for arg in run)
 

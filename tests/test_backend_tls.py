@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from service.config import ConfigError
+from service.settings.config import ConfigError
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from service.samples.fault_proxy import TcpFaultProxy
@@ -123,7 +123,7 @@ def test_a_backend_that_cannot_start_names_the_key_as_the_user_wrote_it(
         tmp_path: Path, env: dict[str, str], key: str) -> None:
     """A [backends.<name>] table's key, or its [mongo] / [http] alias's, never another's."""
     from service.app import FanOutService
-    from service.config import load_settings
+    from service.settings.config import load_settings
 
     settings = load_settings(env={name: value.format(missing=tmp_path / "missing.pem")
                                   for name, value in env.items()})

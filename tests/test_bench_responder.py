@@ -26,7 +26,7 @@ from lookups.errors import BackendTimeout
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.client import AppStatsClient
-from service.config import Settings, load_settings
+from service.settings.config import Settings, load_settings
 from service.idl import appstats
 
 WINDOW = Window(*sample_call())

@@ -195,7 +195,6 @@ def test_a_rate_relative_to_capacity_becomes_each_connections_interval() -> None
 def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts() -> None:
     """Callers held together come back together: a window with a dozen refusals must not
     weigh as much as one with a thousand (the mean of per-window ratios would say 0.53 ms)."""
-    import bench.harness.scenarios  # noqa: F401  (the scenarios module loads overload's helpers)
     from bench.harness.overload import _refusal_cpu_ms
 
     def rep(refused: int, answered: int, cpu_pct: float) -> dict:

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import pytest
 
-from service.config import ConfigError, Settings, load_settings, pool_warnings
+from service.settings.config import ConfigError, Settings, load_settings, pool_warnings
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -148,13 +148,13 @@ def test_zero_turns_the_hub_monitor_and_drain_wait_off() -> None:
     ("max", "100000", None), ("-1", "100000", None), ("100000", "0", None), ("", "", None)])
 def test_a_cgroup_cpu_quota_is_counted_in_whole_cores(quota: str, period: str,
                                                       cores: Optional[int]) -> None:
-    from service.workers.process import quota_cores
+    from service.settings.cores import quota_cores
 
     assert quota_cores(quota, period) == cores
 
 
 def test_workers_auto_is_one_per_usable_core(tmp_path) -> None:
-    from service.workers.process import usable_cores
+    from service.settings.cores import usable_cores
 
     cores = usable_cores()
     assert 1 <= cores <= len(os.sched_getaffinity(0))
@@ -221,7 +221,7 @@ def test_a_bad_backend_table_is_an_error_naming_the_key(body: dict[str, Any], me
 
 def test_the_readme_tables_are_the_declarations() -> None:
     """Every settings table in the README is made from the sections' declarations."""
-    from service.settings_table import render, tables
+    from service.cli.settings_table import render, tables
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     blocks = re.findall(r"<!-- settings:(\w+) -->", readme)
@@ -234,8 +234,8 @@ def test_the_readme_tables_are_the_declarations() -> None:
 
 def test_every_section_declares_every_key_with_help_and_integer_bounds() -> None:
     from lookups.backends.settings import BACKEND_KINDS
-    from service.config import _SECTIONS
-    from service.declarations import keys_of
+    from service.settings.config import _SECTIONS
+    from service.settings.declarations import keys_of
     from lookups.settings import LookupSettings
 
     for section in [*_SECTIONS.values(), *BACKEND_KINDS.values(), LookupSettings]:
@@ -247,7 +247,7 @@ def test_every_section_declares_every_key_with_help_and_integer_bounds() -> None
 def test_an_ill_declared_section_is_refused_when_first_read() -> None:
     from dataclasses import dataclass, field
 
-    from service.declarations import keys_of
+    from service.settings.declarations import keys_of
 
     @dataclass(frozen=True)
     class NoHelp:

@@ -9,7 +9,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.config import load_settings
+from service.settings.config import load_settings
 
 MANIFESTS = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 

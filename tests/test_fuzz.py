@@ -33,12 +33,12 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType, TProcessor
 
-from service.server_settings import ServerSettings
+from service.settings.server import ServerSettings
 
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
-from service.server import ThriftServer
-from service.validation import validate_stats_request
+from service.listener.server import ThriftServer
+from service.rpc.validation import validate_stats_request
 from tests.support.server import COMBINATIONS, read_until_closed, sample_response
 from tests.test_wire_limits import (encode_call, on_the_wire, thrift_client, varint,
                                     with_list_count, with_string_length, with_unknown_field)

@@ -24,8 +24,8 @@ from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
 from service.samples.http_services import serve_wsgi
 from service.client import AppStatsClient
-from service.config import Settings, load_settings
-from service.health import HealthChecker
+from service.settings.config import Settings, load_settings
+from service.operations.health import HealthChecker
 from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE, backend_overrides
 

@@ -16,7 +16,7 @@ from lookups.registry import LookupRegistry
 from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.hub_monitor import BLOCKED_EVENT, HubMonitor
+from service.operations.hub_monitor import BLOCKED_EVENT, HubMonitor
 from service.idl import appstats
 from tests.support.samples import StartService
 from tests.support.sockets import wait_for
@@ -60,7 +60,7 @@ def start_busy(start_service: StartService) -> StartBusy:
 
 
 def blocked_lines(caplog: Any) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "service.hub_monitor" and "blocked" in r.message]
+    return [r for r in caplog.records if r.name == "service.operations.hub_monitor" and "blocked" in r.message]
 
 
 def blocked_events(spans: Any) -> list[tuple[str, Any]]:
@@ -71,7 +71,7 @@ def blocked_events(spans: Any) -> list[tuple[str, Any]]:
 
 def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBusy, caplog: Any,
                                                             spans: Any) -> None:
-    caplog.set_level(logging.INFO, logger="service.hub_monitor")
+    caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
     service, client = start_busy(_THRESHOLD_MS)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
     assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK]
@@ -93,7 +93,7 @@ def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBus
 
 
 def test_threshold_zero_reports_nothing(start_busy: StartBusy, caplog: Any, spans: Any) -> None:
-    caplog.set_level(logging.INFO, logger="service.hub_monitor")
+    caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
     service, client = start_busy(0)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
     assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK]

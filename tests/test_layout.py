@@ -38,7 +38,7 @@ def test_lookups_and_tracing_import_nothing_from_service(package: str) -> None:
 
 def test_the_engine_knows_nothing_of_thrift_mongo_http_or_the_server() -> None:
     forbidden = ("thriftpy2", "thrift", "pymongo", "requests", "urllib3", "service.idl",
-                 "service.handler", "service.server", "service.wire", "service.config")
+                 "service.rpc.handler", "service.listener.server", "service.wire", "service.settings.config")
     assert offending("service/engine", forbidden) == []
 
 
@@ -47,7 +47,7 @@ def test_lookups_import_no_thrift_types() -> None:
 
 
 def test_the_wire_knows_nothing_of_the_handler_or_the_engine() -> None:
-    forbidden = ("service.handler", "service.engine", "lookups")
+    forbidden = ("service.rpc.handler", "service.engine", "lookups")
     assert offending("service/wire", forbidden) == []
 
 

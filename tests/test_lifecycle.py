@@ -28,10 +28,10 @@ from thriftpy2.transport.memory import TMemoryBuffer
 
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.config import load_settings
+from service.settings.config import load_settings
 from tracing.settings import TracingSettings
 from service.idl import appstats
-from service.lifecycle import GC_YOUNG_THRESHOLD, run_server
+from service.workers.lifecycle import GC_YOUNG_THRESHOLD, run_server
 from tests.support.samples import backend_overrides
 from tests.support.sockets import wait_for
 from tracing.setup import configure_tracing
@@ -214,8 +214,8 @@ def test_run_server_in_process_on_a_given_listener(mongo_server, http_services) 
 _TUNED_GC_PROBE = r"""
 from gevent import monkey; monkey.patch_all()
 import gc, gevent.event, json, sys
-from service.config import load_settings
-from service.lifecycle import GC_YOUNG_THRESHOLD, run_server
+from service.settings.config import load_settings
+from service.workers.lifecycle import GC_YOUNG_THRESHOLD, run_server
 stop = gevent.event.Event()
 before = (gc.get_threshold()[0], gc.get_freeze_count())
 def ready(address):

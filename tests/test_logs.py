@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
 from service.client import AppStatsClient
-from service.logs import LoggingSettings, configure_logging, set_request_id, set_worker
+from service.operations.logs import LoggingSettings, configure_logging, set_request_id, set_worker
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.sockets import dead_port
 

@@ -339,7 +339,7 @@ from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
 from lookups.panels import Window
 from lookups.registry import default_registry
-from service.config import load_settings
+from service.settings.config import load_settings
 settings = load_settings(env={}, overrides=json.loads(sys.argv[1]))
 window = Window(*json.loads(sys.argv[2]))
 backends = Backends(settings.backends)

@@ -24,8 +24,8 @@ from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.transport import TTransportException
 
 from service.client import AppStatsClient
-from service.config import ConfigError, ServerSettings, load_settings
-from service.server import ThriftServer
+from service.settings.config import ConfigError, ServerSettings, load_settings
+from service.listener.server import ThriftServer
 from service.wire.certificates import RotatingContext
 from service.wire.tls import TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki, swap_secret, write_leaf, write_uri_leaf
@@ -70,7 +70,7 @@ def ping_as(server: ThriftServer, pki: Pki, certificate: Optional[tuple[str, str
 
 def refusals(server: ThriftServer, caplog: pytest.LogCaptureFixture) -> str:
     """The refusal summary the server logs, written at its stop."""
-    with caplog.at_level(logging.WARNING, logger="service.server"):
+    with caplog.at_level(logging.WARNING, logger="service.listener.server"):
         server.stop(timeout_s=5.0)
     lines = [r.getMessage() for r in caplog.records if "TLS handshakes refused" in r.getMessage()]
     assert len(lines) == 1, lines  # one summary, never a line per connection

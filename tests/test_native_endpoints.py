@@ -19,11 +19,11 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from lookups.backends.collection import Backends
-from service.config import load_settings
-from service.health import HealthChecker
-from service.metrics_endpoint import COLLECT_TIMEOUT_S, MetricsEndpoint
-from service.native_http import native_lock
-from service.probes import ProbeServer
+from service.settings.config import load_settings
+from service.operations.health import HealthChecker
+from service.operations.metrics_endpoint import COLLECT_TIMEOUT_S, MetricsEndpoint
+from service.operations.native_http import native_lock
+from service.operations.probes import ProbeServer
 from service.samples import MongoWireServer, SampleHttpServices
 from tests.support.samples import backend_overrides
 

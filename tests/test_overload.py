@@ -25,7 +25,7 @@ from service.wire.accept import fd_headroom_warning
 from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.config import load_settings
+from service.settings.config import load_settings
 from service.idl import appstats
 from tests.support.samples import backend_overrides
 
@@ -42,9 +42,9 @@ import logging
 import gevent.socket
 from thriftpy2.thrift import TProcessor
 from service.wire.accept import ResilientStreamServer
-from service.server_settings import ServerSettings
+from service.settings.server import ServerSettings
 from service.idl import appstats
-from service.server import ThriftServer
+from service.listener.server import ThriftServer
 
 class Pinger:
     def ping(self):

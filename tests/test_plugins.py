@@ -128,7 +128,7 @@ def test_a_bad_factory_stops_serve_with_a_configuration_error(tmp_path: Path, fa
 
 def test_a_plugins_own_keys_are_validated_like_fanouts(tmp_path: Path, monkeypatch: Any) -> None:
     """The README's SlowUrlsSettings: its key from the file or env, bounds checked, typos named."""
-    from service.config import ConfigError, load_settings
+    from service.settings.config import ConfigError, load_settings
 
     module, config = readme_example()
     (tmp_path / "slow_urls.py").write_text(module)

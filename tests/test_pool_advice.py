@@ -137,7 +137,7 @@ def _report(pools: list, limit: int, in_flight: int) -> dict:
 
 
 def test_a_group_report_adds_the_workers_up_and_keeps_each_one_labelled() -> None:
-    from service.pool_report import group_report
+    from service.rpc.pool_report import group_report
 
     reports = {
         "1": _report([_pool("mongo", in_use=4, offered_per_s=30.0, hold_ms=20.0, wait_p99_ms=5.0,

@@ -24,7 +24,7 @@ from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService
 from service.client import AppStatsClient
-from service.config import ConfigError, load_settings
+from service.settings.config import ConfigError, load_settings
 from service.idl import appstats
 from lookups.redact import redact_uri
 from tests.support.sockets import dead_port

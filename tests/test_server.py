@@ -18,9 +18,9 @@ from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.framed import TCyFramedTransport
 
 from service.client import AppStatsClient
-from service.server_settings import ServerSettings
+from service.settings.server import ServerSettings
 from service.idl import appstats
-from service.server import ThriftServer
+from service.listener.server import ThriftServer
 from service.wire.channel import (BufferedChannel, FramedChannel, FrameRejected, MessageRejected,
                                   protocol_for)
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
@@ -265,7 +265,7 @@ def test_undeclared_exception_becomes_internal_error(start_server, caplog, trans
     server = start_server(transport=transport, protocol=protocol)
     client = thrift_client(server, transport, protocol)
 
-    with caplog.at_level(logging.ERROR, logger="service.server"):
+    with caplog.at_level(logging.ERROR, logger="service.listener.server"):
         with pytest.raises(TApplicationException) as caught:
             client.get_app_stats(request("internal"))
 
@@ -429,7 +429,6 @@ def test_connections_older_than_max_connection_age_are_closed_between_calls(star
 
 def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
     from service.wire.channel import open_channel
-    from service.wire.scan import WireLimits
 
     ours, peer = socket.socketpair()
     channel = open_channel("framed", ours, ServerSettings().wire_limits(), "binary")
@@ -442,7 +441,7 @@ def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
     assert channel.message_waiting() is False    # closed under it: no error, nothing waiting
 
 
-# --- connections that move to another server (service.handover) -----------------------------
+# --- connections that move to another server (service.listener.handover) -----------------------------
 
 def _into(server: ThriftServer, moved: list[bytes]):
     """A sink handing a connection to ``server`` as a worker's control line does: a copy of

@@ -31,9 +31,9 @@ from lookups.registry import default_registry
 from service.app import FanOutService
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.config import ServerSettings, Settings, load_settings
+from service.settings.config import ServerSettings, Settings, load_settings
 from service.idl import appstats
-from service.server import ThriftServer
+from service.listener.server import ThriftServer
 from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki
 from tests.support.thrift_calls import apache_thrift_ping
@@ -83,7 +83,7 @@ def test_plain_tcp_client_fails_cleanly_and_others_are_served(tls_server, pki: P
             plain.ping()
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
-    with caplog.at_level(logging.WARNING, logger="service.server"):
+    with caplog.at_level(logging.WARNING, logger="service.listener.server"):
         server.stop(timeout_s=5.0)
     assert server.stats.internal_errors == 0 and server.stats.tls_refused >= 1
     assert any("TLS handshakes refused" in record.getMessage() and "handshake_failed" in
@@ -163,7 +163,7 @@ def test_a_tcp_check_that_connects_and_closes_is_no_refused_handshake(
         socket.create_connection(server.address, timeout=5).close()   # a tcpSocket probe
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
-    with caplog.at_level(logging.INFO, logger="service.server"):
+    with caplog.at_level(logging.INFO, logger="service.listener.server"):
         server.stop(timeout_s=5.0)
     assert server.stats.tls_refused == 0
     assert not any("TLS handshakes refused" in record.getMessage() for record in caplog.records)
@@ -289,7 +289,7 @@ def test_handler_bug_is_internal_error_with_a_request_id_in_the_logs(
     service = _service_with(_MisdeclaredLookup, mongo_server, http_services)
     try:
         with AppStatsClient(*service.address, timeout_ms=5000) as client, \
-                caplog.at_level(logging.ERROR, logger="service.server"):
+                caplog.at_level(logging.ERROR, logger="service.listener.server"):
             with pytest.raises(TApplicationException) as caught:
                 client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["misdeclared"])
             assert client.ping() == "pong"  # the same pooled connection still works

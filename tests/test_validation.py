@@ -14,10 +14,10 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TCyFramedTransport, TSocket
 
 from service.app import FanOutService
-from service.config import load_settings
+from service.settings.config import load_settings
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
-from service.validation import validate_stats_request
+from service.rpc.validation import validate_stats_request
 from tests.support.samples import backend_overrides
 from tracing.propagation import inject_headers
 

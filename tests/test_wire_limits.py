@@ -19,7 +19,7 @@ from thriftpy2.thrift import TProcessor
 from thriftpy2.transport import TTransportException
 
 from service.idl import appstats
-from service.server import ThriftServer
+from service.listener.server import ThriftServer
 from service.wire.channel import BufferedChannel
 from service.wire.codec import HubCodec, decoder_for
 from service.wire.errors import LimitExceeded, MalformedMessage

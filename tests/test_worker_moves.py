@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Callable
+from typing import Callable
 
-import gevent
 
 from tests.support.sockets import wait_for
 from tests.support.workers import (PersistentCallers, Server, serve,  # noqa: F401

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import psutil
 
-from service.config import load_settings
+from service.settings.config import load_settings
 from service.workers.master import _Master
 from service.workers.slots import Slots
 from tests.support.sockets import wait_for

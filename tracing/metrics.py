@@ -7,7 +7,7 @@
 
 * ``prometheus``: opentelemetry-exporter-prometheus's reader on a registry of
   its own; :attr:`Metrics.registry` and :attr:`Metrics.scrape_at` say what to
-  serve where (``service.metrics_endpoint`` serves it, off the event loop);
+  serve where (``service.operations.metrics_endpoint`` serves it, off the event loop);
 * ``otlp``: a periodic reader pushing OTLP over HTTP;
 * ``none`` (the default): no provider; every instrument is the API's no-op.
 

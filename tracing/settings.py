@@ -2,7 +2,7 @@
 
 Empty strings and a negative ratio defer to the standard ``OTEL_*`` variables,
 then to the SDK's defaults. Each key is declared once, in its field's metadata
-(type, bounds, default, help), as ``service/declarations.py`` describes.
+(type, bounds, default, help), as ``service/settings/declarations.py`` describes.
 """
 
 from __future__ import annotations

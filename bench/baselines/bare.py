@@ -25,7 +25,7 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 from thriftpy2.transport import TCyFramedTransport, TSocket, TTransportException  # noqa: E402
 
 from bench.baselines.common import settings_from_argv  # noqa: E402
-from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
 from service.idl import appstats  # noqa: E402
 

@@ -2,8 +2,8 @@
 
 Both baselines read the same TOML settings file as ``fanout serve``, build the same
 lookups (:func:`lookups.registry.default_registry` over :class:`lookups.backends.collection.Backends`),
-validate requests with :func:`service.validation.validate_stats_request`, map panel
-values with :mod:`service.mapping`, and answer the same ``StatsResponse``. Only the
+validate requests with :func:`service.rpc.validation.validate_stats_request`, map panel
+values with :mod:`service.rpc.mapping`, and answer the same ``StatsResponse``. Only the
 scheduling of the lookups differs, which is what the benchmark compares.
 
 Left out, because the benchmark does not exercise them: ``required`` panels
@@ -21,12 +21,12 @@ from typing import Any, Mapping, Optional, Sequence
 
 from lookups.base import Lookup
 from lookups.panels import Window
-from service.config import Settings, load_settings
+from service.settings.config import Settings, load_settings
 from service.engine.deadline import Deadline
 from service.idl import appstats
-from service.mapping import to_panel_data, to_thrift_outcomes
+from service.rpc.mapping import to_panel_data, to_thrift_outcomes
 from service.engine.outcomes import TaskOutcome, TaskStatus
-from service.validation import validate_stats_request
+from service.rpc.validation import validate_stats_request
 
 __all__ = ["PlannedLookup", "BaselineHandler", "lookup_outcome", "timeout_outcome",
            "settings_from_argv"]
@@ -40,7 +40,7 @@ PlannedLookup = tuple[Lookup, int]   # the lookup and its timeout_ms
 def settings_from_argv(prog: str, argv: Optional[Sequence[str]] = None) -> Settings:
     """``--config FILE`` (the same TOML as ``fanout serve``), loaded and validated.
 
-    Raises :class:`service.config.ConfigError` for a bad file.
+    Raises :class:`service.settings.config.ConfigError` for a bad file.
     """
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", help="TOML settings file, as for fanout serve")

@@ -34,7 +34,7 @@ from thriftpy2.thrift import TMessageType  # noqa: E402
 from thriftpy2.transport import TCyMemoryBuffer  # noqa: E402
 
 from bench.baselines.common import settings_from_argv  # noqa: E402
-from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from service.engine.deadline import Deadline  # noqa: E402
 from service.engine.pacing import CallerPacing  # noqa: E402
 from service.idl import appstats  # noqa: E402
@@ -71,7 +71,7 @@ def _encoded(method: str, result: Any) -> tuple[bytes, int]:
 
 class _RefusingConnection:
     """One connection, served from callbacks of the hub's loop: a read when the caller
-    sends, a timer for the hold, a write when it ends (as service.held_connections does)."""
+    sends, a timer for the hold, a write when it ends (as service.overload.held_connections does)."""
 
     def __init__(self, sock: socket.socket, replies: dict[str, tuple[bytes, int]],
                  deadline_ms: int, max_frame_bytes: int) -> None:

@@ -1,6 +1,6 @@
 """Sequential baseline: the same seven lookups called one after another in the handler.
 
-The "before" picture. Served by Fanout's own :class:`service.server.ThriftServer` under
+The "before" picture. Served by Fanout's own :class:`service.listener.server.ThriftServer` under
 gevent (monkey-patched, as ``fanout serve`` is), with the same settings, lookups and
 response mapping (:mod:`bench.baselines.common`), so only the fan-out differs: a call
 takes the sum of its lookups' times instead of the longest.
@@ -21,14 +21,14 @@ from thriftpy2.thrift import TProcessor  # noqa: E402
 
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
                                     settings_from_argv)
-from bench.harness.ready import announce_ready, wait_for_stop_signal  # noqa: E402
+from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.backends.collection import Backends  # noqa: E402
 from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
 from service.engine.deadline import Deadline  # noqa: E402
 from service.idl import appstats  # noqa: E402
 from service.engine.outcomes import TaskOutcome  # noqa: E402
-from service.server import ThriftServer  # noqa: E402
+from service.listener.server import ThriftServer  # noqa: E402
 
 __all__ = ["SequentialHandler", "main"]
 

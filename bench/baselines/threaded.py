@@ -34,7 +34,7 @@ from thriftpy2.transport import TCyFramedTransportFactory, TServerSocket, TSocke
 
 from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,
                                     settings_from_argv, timeout_outcome)
-from bench.harness.ready import announce_ready
+from bench.servers.ready import announce_ready
 from lookups.backends.collection import Backends
 from lookups.panels import Window
 from lookups.registry import default_registry

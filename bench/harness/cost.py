@@ -13,9 +13,9 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import panel_names
-from bench.harness.scenarios import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
+from bench.harness.scenario import (SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
                                      _cpu_ms_per_reply, _per_rep, over_slowest_lookup)
-from service.workers.process import usable_cores
+from service.settings.cores import usable_cores
 
 __all__ = ["cpu_per_call", "open_loop_latency", "coalescing"]
 

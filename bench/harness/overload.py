@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.runner import Config
-from bench.harness.scenarios import Results, Scale, Scenario, _config, _per_rep
+from bench.harness.scenario import Results, Scale, Scenario, _config, _per_rep
 
 __all__ = ["overload", "REGIMES"]
 

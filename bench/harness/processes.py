@@ -1,7 +1,7 @@
 """One benchmark process: started fresh, awaited until it announces itself, measured, torn down.
 
 Each process writes stdout and stderr to its own log file; :meth:`ManagedProcess.wait_ready`
-reads that file until the readiness line (:func:`bench.harness.ready.parse_ready`) appears, the
+reads that file until the readiness line (:func:`bench.servers.ready.parse_ready`) appears, the
 process exits, or the deadline passes. Reading a file, not a pipe, means a chatty
 process can never block on a full pipe nobody drains.
 
@@ -27,7 +27,7 @@ from typing import Any, Optional, Sequence
 
 import psutil
 
-from bench.harness.ready import parse_ready
+from bench.servers.ready import parse_ready
 
 __all__ = ["ProcessStartError", "ManagedProcess", "raise_nofile_limit", "child_environment"]
 

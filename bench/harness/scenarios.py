@@ -8,60 +8,22 @@ hits both sides; each ratio carries a bootstrap 95% interval over repetitions.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
-from bench.harness.runner import Config, panel_names
+from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency
+from bench.harness.overload import overload
+from bench.harness.pythons import python_versions
+from bench.harness.runner import panel_names
+from bench.harness.scenario import (SERVERS, SINGLE_INTERVAL_S, Results, Scale, Scenario, _config,
+                                    _cpu_ms_per_reply, _per_rep, over_slowest_lookup)
 
 __all__ = ["Scenario", "Scale", "all_scenarios", "SCENARIO_NAMES"]
-
-SERVERS = ("fanout", "sequential", "threaded")
-Results = dict[str, dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Full or quick: which levels run, and how long the paced scenarios are."""
-
-    quick: bool
-
-    def levels(self, full: tuple[int, ...], quick: tuple[int, ...]) -> tuple[int, ...]:
-        return quick if self.quick else full
-
-
-@dataclass
-class Scenario:
-    name: str
-    title: str
-    configs: list[Config]
-    goals: Callable[[Results], list[Goal]]
-    notes: list[str] = field(default_factory=list)
-
-
-def _spec(**kwargs: Any) -> Any:
-    from bench.harness.stack import StackSpec
-
-    return StackSpec(**kwargs)
-
-
-def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
-            **kwargs: Any) -> Config:
-    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce",
-                 "python"}
-    spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
-    rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
-    key = f"{scenario}/{label or server}/c{connections}"
-    return Config(key=key, scenario=scenario, label=label or server, spec=spec, call=call,
-                  connections=connections, **rest)
-
 
 # ---- fan-out efficiency -------------------------------------------------------------------------
 
 EFFICIENCY_CALLERS = 200
 EFFICIENCY_INTERVAL_S = 5.0
-SINGLE_INTERVAL_S = 0.1
 
 
 def fanout_efficiency(scale: Scale) -> Scenario:
@@ -93,45 +55,6 @@ def fanout_efficiency(scale: Scale) -> Scenario:
              "the 20 ms delay is its lower bound. The server's own per-panel times "
              "(sampled replies) are in results.json (server_side)."]
     return Scenario(name, "Fan-out efficiency", configs, goals, notes)
-
-
-def over_slowest_lookup(scenario: str, text: str, calls: Optional[dict[str, Any]], pct: str,
-                        single: Optional[dict[str, Any]], limit: Optional[float]) -> Goal:
-    """``pct`` latency of ``calls`` over the p50 of the slowest panel asked for alone
-    (``single``: a "stats_each_panel" result), with its interval."""
-    slowest = _slowest_panel(single)
-    return ratio_goal(scenario, text, _per_rep(calls, f"{pct}_ms"),
-                      _per_rep_frame(single, slowest, "p50_ms"), limit=limit, at_most=True,
-                      note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}")
-
-
-def _slowest_panel(single: Optional[dict[str, Any]]) -> Optional[int]:
-    if not single or "pooled" not in single:
-        return None
-    p50s = [f["p50_ms"] for f in single["pooled"]["frames"]]
-    valid = [(v, i) for i, v in enumerate(p50s) if not math.isnan(v)]
-    return max(valid)[1] if valid else None
-
-
-def _per_rep(result: Optional[dict[str, Any]], key: str) -> list[float]:
-    if not result or "reps" not in result:
-        return []
-    return [r[key] for r in result["reps"] if not math.isnan(r.get(key, math.nan))]
-
-
-def _cpu_ms_per_reply(result: Optional[dict[str, Any]]) -> list[float]:
-    """Per repetition, the server's CPU milliseconds per reply (complete or degraded)."""
-    if not result or "reps" not in result:
-        return []
-    return [10.0 * r["cpu_pct"]["server"] / r["replies_per_s"] for r in result["reps"]
-            if r.get("replies_per_s")]
-
-
-def _per_rep_frame(result: Optional[dict[str, Any]], frame: Optional[int], key: str) -> list[float]:
-    if frame is None or not result or "reps" not in result:
-        return []
-    values = [r["frames"][frame][key] for r in result["reps"]]
-    return [v for v in values if not math.isnan(v)]
 
 
 # ---- concurrency --------------------------------------------------------------------------------
@@ -307,9 +230,6 @@ def real_queries(scale: Scale) -> Scenario:
     return Scenario(name, "Real queries (nx-27017)", configs, goals, notes)
 
 
-from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency  # noqa: E402
-from bench.harness.overload import overload  # noqa: E402  (they build on the helpers above)
-from bench.harness.pythons import python_versions  # noqa: E402
 
 SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency,
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,

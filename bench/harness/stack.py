@@ -243,7 +243,7 @@ def start_stack(spec: StackSpec, timeout_s: float = 60.0) -> Stack:
 def _server_interpreter(spec: StackSpec) -> str:
     if not spec.python:
         return sys.executable
-    from bench.harness.pythons import server_interpreter
+    from bench.harness.interpreters import server_interpreter
 
     try:
         return server_interpreter(spec.python)

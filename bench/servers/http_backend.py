@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import gevent
 from gevent.server import StreamServer
 
-from bench.harness.ready import announce_ready, wait_for_stop_signal
+from bench.servers.ready import announce_ready, wait_for_stop_signal
 from service.samples.http_services import AlertsService, MetricsService
 from service.samples.seed import DEFAULT_SEED, generate_sample_data
 

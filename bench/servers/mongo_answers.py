@@ -1,6 +1,6 @@
 """Aggregation answers recorded from nx-27017, keyed by collection and pipeline shape.
 
-The file ``bench/fixtures/mongo_answers.json`` (written by ``python -m bench.servers.record_mongo``)
+The file ``bench/fixtures/mongo_answers.json`` (written by ``python -m bench.record_mongo``)
 holds, for each MongoDB lookup, the stages its pipeline has after the leading ``$match``
 and the documents nx-27017 answered for the benchmark's sample call. The key leaves out
 the ``$match``, so the app and the window do not matter: the benchmark always makes the

@@ -43,7 +43,7 @@ from bson.int64 import Int64
 from gevent.server import StreamServer
 
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswers, stages_after_match
-from bench.harness.ready import announce_ready, wait_for_stop_signal
+from bench.servers.ready import announce_ready, wait_for_stop_signal
 
 __all__ = ["OP_MSG", "MAX_WIRE_VERSION", "WireProtocolError", "MongoResponder",
            "decode_op_msg", "encode_op_msg", "main"]

@@ -15,7 +15,7 @@ import argparse
 import logging
 from typing import Optional
 
-from bench.harness.ready import announce_ready, wait_for_stop_signal
+from bench.servers.ready import announce_ready, wait_for_stop_signal
 from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
 
 __all__ = ["DATABASE", "main"]

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from gevent.pywsgi import WSGIServer
 
-from bench.harness.ready import announce_ready, wait_for_stop_signal
+from bench.servers.ready import announce_ready, wait_for_stop_signal
 
 __all__ = ["OtlpSink", "TRACES_PATH", "main"]
 

@@ -35,7 +35,7 @@ from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer,  #
                               generate_sample_data, seed_mongo_at)
 from service.samples.faults import FaultyHttpService, TcpFaultProxy  # noqa: E402
 from service.client import AppStatsClient  # noqa: E402
-from service.config import load_settings  # noqa: E402
+from service.settings.config import load_settings  # noqa: E402
 from tracing.settings import TracingSettings  # noqa: E402
 from tracing.setup import configure_tracing  # noqa: E402
 

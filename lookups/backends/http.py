@@ -8,7 +8,7 @@ budget), and at most MAX_RESPONSE_BYTES of body. Redirects are not followed:
 lookups only ever call the configured base URL. The session ignores proxy and
 netrc environment variables (``trust_env = False``), keeps and sends no cookies,
 sends ``Authorization: Bearer <auth_token>`` when set, and uses the backend's TLS
-files (:mod:`lookups.tls`).
+files (:mod:`lookups.backends.tls`).
 
 What a failure is reported as::
 
@@ -40,7 +40,7 @@ from lookups.backends.settings import HttpBackendSettings
 from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
                             blame_own_wait)
 from lookups.resilience import RetryPolicy
-from lookups.tls import HttpsFiles, load_https_files
+from lookups.backends.tls import HttpsFiles, load_https_files
 from tracing.clients import remote_call
 from tracing.propagation import inject_headers
 

@@ -16,7 +16,7 @@ from typing import Any
 _EXPORTS = {
     "RetryBudget": "budget", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
     "CircuitState": "breaker", "BackendGuard": "guard", "RetryPolicy": "guard",
-    "live_guards": "guard",
+    "live_guards": "metrics",
 }
 
 __all__ = list(_EXPORTS)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, TypeVar
@@ -36,9 +35,10 @@ from opentelemetry import trace
 from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
 from lookups.resilience.budget import RetryBudget
+from lookups.resilience.metrics import metered
 from tracing.greenlets import spawn_in_context
 
-__all__ = ["RetryPolicy", "BackendGuard", "live_guards", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
+__all__ = ["RetryPolicy", "BackendGuard", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
 
 T = TypeVar("T")
 
@@ -50,8 +50,6 @@ JUDGED_BUDGET_S = 0.5
 _LATENCIES_KEPT = 200
 _HEDGE_MIN_SAMPLES = 20
 _MIN_RETRIES_PER_S = 10.0
-
-_guards: "weakref.WeakSet[BackendGuard]" = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,7 @@ class BackendGuard:
         self._p95_s: Optional[float] = None
         self._since_p95 = 0
         self.attempts = self.hedges = 0
-        _guards.add(self)
+        metered(self)   # its circuit and counters in the resilience metrics
 
     def policy(self, lookup: str) -> RetryPolicy:
         return self._policies.get(lookup, RetryPolicy())
@@ -195,12 +193,3 @@ def _annotate(span: trace.Span, attempts: int, failure: Optional[LookupFailed]) 
         span.add_event("retry" if failure.retry_safe else "attempt failed",
                        {"attempt": attempts, "error": type(failure).__name__})
 
-
-def live_guards() -> list[BackendGuard]:
-    """Every backend guard alive in this process, by name."""
-    return sorted(_guards, key=lambda guard: guard.name)
-
-
-# The guards' instruments are registered with the first guard class: metrics.py reads this
-# module's live_guards, so it is imported last, when everything it needs is defined.
-from lookups.resilience import metrics as _metrics  # noqa: E402,F401

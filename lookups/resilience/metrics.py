@@ -12,20 +12,33 @@ Read from the guards when a reader collects; nothing on the hot path.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Iterable
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from lookups.resilience.breaker import CircuitState
-from lookups.resilience.guard import BackendGuard, live_guards
 
-__all__: list[str] = []
+__all__ = ["metered", "live_guards"]
+
+# Every BackendGuard alive (lookups.resilience.guard), which registers itself here.
+_guards: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
+def metered(guard: Any) -> None:
+    """Report ``guard`` (a BackendGuard) in these metrics while it is alive."""
+    _guards.add(guard)
+
+
+def live_guards() -> list[Any]:
+    """Every backend guard alive in this process, by name."""
+    return sorted(_guards, key=lambda guard: guard.name)
 
 _STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
 
 
-def _per_guard(value: Callable[[BackendGuard], Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _per_guard(value: Callable[[Any], Any]) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(value(guard), {"fanout.backend": guard.name}) for guard in live_guards()]
     return callback

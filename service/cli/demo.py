@@ -19,7 +19,7 @@ from service.app import FanOutService
 from service.samples import DemoBackends
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.config import Settings, as_config_error, load_settings
+from service.settings.config import Settings, as_config_error, load_settings
 from service.idl import appstats
 from service.cli.report import format_response, status_name
 from tracing.setup import configure_tracing

@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence  # noqa: E402
 import gevent  # noqa: E402
 from gevent.event import Event  # noqa: E402
 
-from service.config import ConfigError, Settings, load_settings  # noqa: E402
+from service.settings.config import ConfigError, Settings, load_settings  # noqa: E402
 from service.wire.formats import PROTOCOLS, TRANSPORTS  # noqa: E402
 
 __all__ = ["main"]
@@ -185,8 +185,8 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from service.lifecycle import run_server
-    from service.logs import configure_logging
+    from service.workers.lifecycle import run_server
+    from service.operations.logs import configure_logging
 
     settings = _settings(args)
     configure_logging(settings.logging, args.log_level)
@@ -203,13 +203,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _print_serving(address: tuple[str, int]) -> None:
-    from service.logs import console_line
+    from service.operations.logs import console_line
 
     print(console_line(f"serving on {address[0]}:{address[1]}"), flush=True)
 
 
 def _print_serving_workers(address: tuple[str, int], workers: int) -> None:
-    from service.logs import console_line
+    from service.operations.logs import console_line
 
     print(console_line(f"serving on {address[0]}:{address[1]} ({workers} workers)"), flush=True)
 

@@ -34,7 +34,7 @@ from opentelemetry.trace import TracerProvider
 
 from service.app import FanOutService
 from service.client import AppStatsClient
-from service.config import load_settings
+from service.settings.config import load_settings
 from service.samples import DemoBackends
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.zipkin_server import ZipkinServer, ZipkinUnavailable

@@ -13,7 +13,7 @@ once ``retry_after_ms`` has passed, or shortly before the call's deadline,
 whichever is first. The caller is never answered late, and every caller is
 throttled to about one refusal per ``retry_after_ms`` (or per deadline) whatever
 it does, at the cost of a timer. This module decides how long; the holding is
-the server's (:mod:`service.held_connections`, or a sleep in the call's greenlet).
+the server's (:mod:`service.overload.held_connections`, or a sleep in the call's greenlet).
 
 Weighed against the alternatives:
 

@@ -192,7 +192,7 @@ class _SocketChannel:
         """Receive the rest of the message, within the frame limit; its bytes, valid until
         the next :meth:`next_message`. :meth:`decode` checks them and turns them into a
         protocol; a message answered from its header alone needs no more than its length
-        bounded (:mod:`service.shedding`)."""
+        bounded (:mod:`service.overload.shedding`)."""
         return self._receive()
 
     def decode(self, message: Any) -> TProtocolBase:
@@ -213,7 +213,7 @@ class _SocketChannel:
     @property
     def holdable(self) -> bool:
         """True if the connection can be served from the hub's callbacks for a while
-        (:mod:`service.held_connections`): framed, not TLS, and nothing buffered."""
+        (:mod:`service.overload.held_connections`): framed, not TLS, and nothing buffered."""
         return False
 
     def push_back(self, data: bytes) -> None:

@@ -5,7 +5,7 @@ keeps it open, and a web tier's Thrift pool keeps it open for hours. After a
 worker is replaced, every connection sits on the survivors and the new worker
 serves nothing until callers reconnect, which pooled callers never do. So the
 master moves connections from the fullest workers to the emptiest
-(:mod:`service.handover`), between calls, with none lost.
+(:mod:`service.listener.handover`), between calls, with none lost.
 
 It acts only on a clear imbalance, so that it does not shuffle connections back
 and forth as callers come and go: when the fullest worker holds at least

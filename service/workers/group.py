@@ -17,7 +17,7 @@ runs no calls, so it answers under any load on the workers.
   the first does, and 503 ``draining`` from SIGTERM on; the same body.
 * ``GET /metrics`` (on the Prometheus port): every serving worker's scrape,
   fetched in parallel from the port it announced (127.0.0.1, a free port each,
-  served off its event loop: ``service.metrics_endpoint``), merged into one
+  served off its event loop: ``service.operations.metrics_endpoint``), merged into one
   exposition with a ``worker`` label (the slot) on every sample, plus
   ``fanout_worker_scraped{worker}`` (1, or 0 for a worker that did not answer
   within :data:`WORKER_SCRAPE_TIMEOUT_S`, whose last answer is given again, so
@@ -43,8 +43,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.ports import cannot_listen
-from service.probes import backend_bodies, json_answer
+from service.operations.ports import cannot_listen
+from service.operations.probes import backend_bodies, json_answer
 
 if TYPE_CHECKING:
     from service.workers.group_state import GroupState

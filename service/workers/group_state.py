@@ -1,7 +1,7 @@
 """What the master knows of the group and tells it: backend health, pools, connections.
 
 * **Backends.** The master checks every backend itself, every few seconds,
-  whatever the traffic (:class:`~service.health.HealthChecker` over its own
+  whatever the traffic (:class:`~service.operations.health.HealthChecker` over its own
   :class:`~lookups.backends.collection.Backends`, which make no other call). Its
   event loop runs no calls, so a busy worker cannot make a backend look slow.
   Each backend's circuit is the worst any serving worker reports (``open``, then
@@ -24,8 +24,8 @@ import time
 from typing import Any, Callable, Optional
 
 from lookups.backends.collection import Backends
-from service.config import Settings, as_config_error
-from service.health import CHECK_INTERVAL_S, BackendStatus, HealthChecker
+from service.settings.config import Settings, as_config_error
+from service.operations.health import CHECK_INTERVAL_S, BackendStatus, HealthChecker
 from service.workers.balance import excess
 from service.workers.launch import WorkerLink
 

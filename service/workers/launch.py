@@ -19,7 +19,7 @@ from typing import Any, Optional
 import gevent.subprocess
 from gevent.queue import Queue
 
-from service.config import Settings
+from service.settings.config import Settings
 from service.workers.control import ControlLine, control_pair
 from tracing.greenlets import spawn_in_context
 

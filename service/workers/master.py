@@ -2,7 +2,7 @@
 
 * The master binds once and starts each worker as a program of its own
   (:mod:`service.workers.launch`), handing it the listener over its control
-  line; each worker is a whole server (:func:`service.lifecycle.run_server`).
+  line; each worker is a whole server (:func:`service.workers.lifecycle.run_server`).
 * A worker that exits is restarted after 0.1 s, doubling per quick death of its
   slot up to 10 s; more than ``max(10, 3 * N)`` restarts within 60 s stop
   everything (exit 1); a worker exiting 2 (a configuration error) stops
@@ -11,7 +11,7 @@
   ``server.worker_heartbeat_timeout_ms`` is killed, with one log line, then restarted.
 * SIGHUP reloads the configuration (as at start) and starts a new generation of
   workers; once they serve, each old worker hands its connections over
-  (:mod:`service.handover`) and exits. SIGTTIN / SIGTTOU add / retire one worker.
+  (:mod:`service.listener.handover`) and exits. SIGTTIN / SIGTTOU add / retire one worker.
   ``server.host`` and ``server.port`` cannot change on a reload.
 * Connections spread again when one worker holds too many (``balance.py``), as
   after a worker was replaced: the fullest hand idle ones over, through the master.
@@ -36,9 +36,9 @@ from typing import Callable, Optional
 import gevent
 from gevent.queue import Empty, Queue
 
-from service.config import ConfigError, Settings
-from service.logs import set_worker
-from service.ports import bind_listener
+from service.settings.config import ConfigError, Settings
+from service.operations.logs import set_worker
+from service.operations.ports import bind_listener
 from service.workers.group import GroupEndpoints
 from service.workers.group_state import GroupState
 from service.workers.heartbeat import Heartbeats

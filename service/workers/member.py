@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import gevent
 from gevent.event import Event
 
-from service.pool_report import own_report
+from service.rpc.pool_report import own_report
 from service.workers.control import ControlLine
 from tracing.greenlets import spawn_in_context
 

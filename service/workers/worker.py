@@ -9,7 +9,7 @@ clients. Python opens every descriptor close-on-exec; only the control line
 heartbeats go, and the shared Thrift listener as a descriptor.
 
 The worker names itself in the log (its slot), dies with the master, beats its
-heartbeat, and serves with :func:`service.lifecycle.run_server`, with settings
+heartbeat, and serves with :func:`service.workers.lifecycle.run_server`, with settings
 that leave the probe and Prometheus ports to the master: its metrics go to a
 free loopback port, announced (with its pid) once it serves, for the master's
 merged scrape. What the master says on the line (:class:`GroupMember`) moves
@@ -29,8 +29,8 @@ import socket  # noqa: E402
 import sys  # noqa: E402
 from typing import Any, Optional  # noqa: E402
 
-from service.config import ConfigError, Settings  # noqa: E402
-from service.logs import configure_logging, set_worker  # noqa: E402
+from service.settings.config import ConfigError, Settings  # noqa: E402
+from service.operations.logs import configure_logging, set_worker  # noqa: E402
 from service.workers.control import ControlLine  # noqa: E402
 from service.workers.heartbeat import Heartbeats  # noqa: E402
 from service.workers.member import GroupMember  # noqa: E402
@@ -58,7 +58,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 def serve_as_worker(settings: Settings, start: dict[str, Any], listener: socket.socket,
                     line: ControlLine) -> int:
     """Serve as the worker in ``start["slot"]`` until told to stop; the exit code."""
-    from service.lifecycle import run_server
+    from service.workers.lifecycle import run_server
 
     slot = start["slot"]
     try:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from service.app import FanOutService
-from service.config import load_settings
+from service.settings.config import load_settings
 from tests.interop.builds import build_go, build_java, build_node
 from tests.support.samples import backend_overrides
 from tests.support.toolchains import needs

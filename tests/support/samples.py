@@ -4,7 +4,7 @@ Session-scoped: ``sample_data``, ``mongo_server`` (one MongoDB-wire server, seed
 nx-27017, or FerretDB under ``FANOUT_TEST_MONGO_ENGINE=ferretdb``) and ``http_services``
 (the alerts and metrics services). Function-scoped:
 ``backends`` (the :class:`lookups.backends.collection.Backends` on them, closed after the test),
-``backend_settings`` (a full :class:`service.config.Settings` pointing at them) and
+``backend_settings`` (a full :class:`service.settings.config.Settings` pointing at them) and
 ``start_service`` (a whole Fanout server on port 0 over them, with a client).
 """
 
@@ -20,7 +20,7 @@ from service.app import FanOutService
 from service.samples import (MongoWireServer, SampleData, SampleHttpServices,
                               generate_sample_data, seed_mongo_at)
 from service.client import AppStatsClient
-from service.config import Settings, load_settings
+from service.settings.config import Settings, load_settings
 from tests.support.ferretdb import FerretDbServer, selected_engine
 
 __all__ = ["SAMPLE_DATABASE", "sample_data", "mongo_server", "http_services", "backends",

@@ -24,9 +24,9 @@ import gevent.event
 import pytest
 from thriftpy2.thrift import TProcessor
 
-from service.server_settings import ServerSettings
+from service.settings.server import ServerSettings
 from service.idl import appstats
-from service.server import ThriftServer
+from service.listener.server import ThriftServer
 
 __all__ = ["COMBINATIONS", "SECRET", "RecordingHandler", "sample_response", "handler", "start_server",
            "read_until_closed"]

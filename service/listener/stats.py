@@ -22,7 +22,7 @@ class ServerStats:
     connections closed in or right after their TLS handshake (failed, stalled,
     no or an untrusted client certificate, or a client name not allowed).
     ``replies_held`` counts the replies held for pacing off their connection's
-    greenlet (:mod:`service.held_connections`), and ``refused_while_held`` the
+    greenlet (:mod:`service.overload.held_connections`), and ``refused_while_held`` the
     calls refused unread there, without waking that greenlet.
     """
 
@@ -38,7 +38,7 @@ class ServerStats:
     tls_refused: int = 0
     replies_held: int = 0
     refused_while_held: int = 0
-    connections_moved: int = 0      # handed to another worker between calls (service.handover)
+    connections_moved: int = 0      # handed to another worker between calls (service.listener.handover)
     connections_adopted: int = 0    # taken over from another worker
 
     def count_closing(self, exc: Exception) -> str:

@@ -6,11 +6,11 @@ reply. Exceptions the IDL declares go back typed; anything else the handler
 raises becomes ``TApplicationException(INTERNAL_ERROR, "internal error (request
 id ...)")``, with the stack trace logged under that id, and the connection stays
 usable. A malformed, oversized or too slow message closes only its own
-connection, counted by kind in :class:`~service.server_stats.ServerStats`.
+connection, counted by kind in :class:`~service.listener.stats.ServerStats`.
 
 A reply that pacing holds (a refusal to a caller back before its
 ``retry_after_ms``, :mod:`service.engine.pacing`) is written once the hold is
-over: by :mod:`service.held_connections`, off this greenlet, where the
+over: by :mod:`service.overload.held_connections`, off this greenlet, where the
 connection allows it, or else after a sleep here.
 """
 
@@ -26,17 +26,16 @@ import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.server_settings import ServerSettings
+from service.settings.server import ServerSettings
 from service.engine.context import new_request_id
 from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
-from service.handover import MoveNow, MoveSink
-from service.held_connections import HeldConnections, HeldReply
-from service.rpc_metrics import call_ended
-from service.server_stats import ServerStats
+from service.listener.handover import MoveNow, MoveSink
+from service.overload.held_connections import HeldConnections, HeldReply
+from service.operations.rpc_metrics import call_ended
+from service.listener.stats import ServerStats
 from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
 from service.wire.errors import WireError
-from service.wire.scan import WireLimits
 from tracing.spans import connection_endpoints, set_call_endpoints
 
 __all__ = ["Connection", "MessageLoop"]
@@ -45,7 +44,7 @@ log = logging.getLogger(__name__)
 
 _Reply = TPayload | TApplicationException
 #: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
-#: without reading it further, or None (:class:`service.shedding.UnreadRefusals`).
+#: without reading it further, or None (:class:`service.overload.shedding.UnreadRefusals`).
 RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]]
 
 
@@ -74,7 +73,7 @@ class Connection:
         self.caller = CallerPacing()
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls
-        # (service.handover), if it is to move.
+        # (service.listener.handover), if it is to move.
         self.greenlet: Optional[gevent.Greenlet] = None
         self.moving: Optional[MoveSink] = None
 

@@ -20,7 +20,7 @@ worker reports the master's rounds (:meth:`HealthChecker.follow`).
 message, which may quote a URI with credentials): for example
 ``"no answer within 300 ms (ServerSelectionTimeoutError)"`` or ``"HTTP 503"``.
 
-The HTTP probes that report it are in :mod:`service.probes`; the last round of
+The HTTP probes that report it are in :mod:`service.operations.probes`; the last round of
 checks is also the ``fanout.backend.up`` gauge (1 up, 0 down, per backend).
 """
 

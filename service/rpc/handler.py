@@ -12,19 +12,19 @@ from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from lookups.base import Lookup
 from lookups.panels import Window
-from service.config import Settings
+from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext, new_request_id
 from service.engine.fanout import FanOut
 from service.engine.pacing import current_caller
-from service.health import HealthChecker
+from service.operations.health import HealthChecker
 from service.idl import appstats
-from service.logs import set_request_id
-from service.mapping import to_panel_data, to_thrift_outcomes
-from service.pool_report import group_report, own_report, to_thrift
+from service.operations.logs import set_request_id
+from service.rpc.mapping import to_panel_data, to_thrift_outcomes
+from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
                               TaskStatus)
-from service.validation import ValidRequest, validate_stats_request
+from service.rpc.validation import ValidRequest, validate_stats_request
 from tracing.pools import PoolMeter
 from tracing.spans import mark_coalesced, request_span, trace_id_hex
 

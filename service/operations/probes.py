@@ -10,10 +10,10 @@ probe; these answer plain HTTP with a JSON body saying why:
 * ``GET /readyz`` (readiness): 200 while the server is serving; 503 while it is
   draining (the lame duck included), so load balancers move away first.
 
-Both are served from a native thread (:mod:`service.native_http`), so they
+Both are served from a native thread (:mod:`service.operations.native_http`), so they
 answer while the event loop that runs calls is saturated; the loop only writes
 what they read (its beat, the draining flag, the last backend checks, which the
-service refreshes every few seconds whatever its traffic: :mod:`service.health`).
+service refreshes every few seconds whatever its traffic: :mod:`service.operations.health`).
 Both bodies carry those checks, with the circuits as they are now, as ``health()`` does.
 
 Readiness means what Kubernetes gives it: send this pod traffic. A backend
@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable, Optional
 
 import gevent
 
-from service.health import BackendStatus, HealthChecker
-from service.native_http import NativeHttpServer
+from service.operations.health import BackendStatus, HealthChecker
+from service.operations.native_http import NativeHttpServer
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["ProbeServer", "REFRESH_S", "json_answer", "backend_bodies"]

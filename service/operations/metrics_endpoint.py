@@ -1,9 +1,9 @@
 """``GET /metrics`` for Prometheus, answered off the event loop and always in time.
 
-The endpoint is served from a native thread (:mod:`service.native_http`); the
+The endpoint is served from a native thread (:mod:`service.operations.native_http`); the
 collection itself (the SDK's readers and every observable callback, which read
 state the event loop owns without locks) runs on the event loop, handed over
-with :func:`~service.native_http.call_on_main_loop`. When the loop does not
+with :func:`~service.operations.native_http.call_on_main_loop`. When the loop does not
 finish it within :data:`COLLECT_TIMEOUT_S` (saturated, or blocked), the scrape
 gets the last collection's text, with a comment line saying how old it is, so
 a scrape never times out: Prometheus keeps the series and their counters
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Optional
 import gevent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.native_http import NativeHttpServer, call_on_main_loop
+from service.operations.native_http import NativeHttpServer, call_on_main_loop
 
 __all__ = ["MetricsEndpoint", "COLLECT_TIMEOUT_S"]
 

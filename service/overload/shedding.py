@@ -11,7 +11,7 @@ a connection whose caller came back before the pause it was told is answered
 ``Overloaded`` from the message header alone: the method name and seqid are read
 (:func:`service.wire.header.call_header`), the rest is skipped. It is held as
 pacing holds any such refusal, within the deadline that caller's last call
-carried (:mod:`service.held_connections` holds it where the connection allows, off
+carried (:mod:`service.overload.held_connections` holds it where the connection allows, off
 its greenlet, and then reads that caller's next call there too), and counted as every
 refusal is (``fanout.calls.overloaded``,
 ``fanout.calls.held``, ``rpc.server.call.duration`` with ``error.type``

@@ -18,7 +18,7 @@ served here, by callbacks of the hub's loop, until something needs the greenlet:
 * the hold ends: the reply is written with one non-blocking write;
 * the caller's next call arrives while it still counts as early (within
   0.4 x ``retry_after_ms`` of the end of the hold): it is read, and if it is
-  refused unread again (:mod:`service.shedding`) its refusal is held here too;
+  refused unread again (:mod:`service.overload.shedding`) its refusal is held here too;
 * anything else goes back to the greenlet, with whatever was read put back
   into its channel: a call to serve as usual, a partial or oversized frame, the
   end of the stream, an error, a reply the socket would not take whole, the
@@ -43,7 +43,7 @@ from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
 from service.engine.summary import FailureSummary
-from service.rpc_metrics import call_ended
+from service.operations.rpc_metrics import call_ended
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["HeldConnections", "HeldReply", "Unsent"]

@@ -5,7 +5,7 @@ data, runs every MongoDB lookup of the default registry once for the benchmark's
 sample call (:func:`bench.harness.stack.sample_call`), captures each aggregation's reply
 documents through pymongo's command monitoring, and writes them as Extended JSON::
 
-    python -m bench.servers.record_mongo [--out bench/fixtures/mongo_answers.json]
+    python -m bench.record_mongo [--out bench/fixtures/mongo_answers.json]
 
 Run it again whenever a MongoDB lookup's pipeline or the sample data changes; the
 test ``tests/test_bench_responder.py`` fails until the fixture matches.
@@ -26,7 +26,7 @@ from lookups.backends.collection import Backends
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
-from service.config import load_settings
+from service.settings.config import load_settings
 
 __all__ = ["AggregateRecorder", "record_answers", "main"]
 
@@ -96,7 +96,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
 def main(argv: Optional[list[str]] = None) -> int:
     from bench.harness.stack import sample_call
 
-    parser = argparse.ArgumentParser(prog="python -m bench.servers.record_mongo", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.record_mongo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(DEFAULT_ANSWERS_PATH))
     args = parser.parse_args(argv)

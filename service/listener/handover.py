@@ -12,7 +12,7 @@ client, sees one connection that goes on answering.
   there (:class:`MoveNow`, thrown from a callback of the hub only while its
   greenlet is still blocked in that read), and moves at once.
 * A connection serving a call moves after its reply is written.
-* A held connection (:mod:`service.held_connections`) moves once released.
+* A held connection (:mod:`service.overload.held_connections`) moves once released.
 * A TLS connection never moves: its session keys live in this process's
   OpenSSL state. It drains as before (closed between calls; the peer reconnects).
 
@@ -43,7 +43,7 @@ class MoveNow(Exception):
 
 
 class Movable(Protocol):
-    """What a connection offers to be moved (:class:`service.connection.Connection`)."""
+    """What a connection offers to be moved (:class:`service.listener.connection.Connection`)."""
 
     moving: Optional[MoveSink]
     greenlet: Optional[gevent.Greenlet]

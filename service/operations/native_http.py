@@ -27,7 +27,7 @@ import gevent.socket
 from gevent import monkey
 from gevent.pywsgi import WSGIServer
 
-from service.ports import cannot_listen
+from service.operations.ports import cannot_listen
 
 __all__ = ["NativeHttpServer", "call_on_main_loop", "native_lock"]
 

@@ -12,9 +12,9 @@ naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
 Nothing below the handler reads configuration: each part receives its section.
 
 Each section is declared once, by the part that owns it: every key with its type,
-bounds, choices, default and help (``service/declarations.py`` says how)::
+bounds, choices, default and help (``service/settings/declarations.py`` says how)::
 
-    [server]          ServerSettings    service/server_settings.py
+    [server]          ServerSettings    service/settings/server.py
     [fanout]          FanOutSettings    service/engine/settings.py
     [admission]       AdmissionSettings service/engine/settings.py
     [backends.<name>] MongoBackendSettings, HttpBackendSettings  lookups/backends/settings.py
@@ -23,10 +23,10 @@ bounds, choices, default and help (``service/declarations.py`` says how)::
                       panel's plugin declares (``lookups.plugins.with_settings``)
     [tracing]         TracingSettings   tracing/settings.py
     [metrics]         MetricsSettings   tracing/settings.py
-    [logging]         LoggingSettings   service/logs.py
+    [logging]         LoggingSettings   service/operations/logs.py
 
 This module loads, merges and composes them into :class:`Settings`; the README's
-tables of keys are made from the same declarations (``service/settings_table.py``).
+tables of keys are made from the same declarations (``service/cli/settings_table.py``).
 """
 
 from __future__ import annotations
@@ -44,11 +44,11 @@ from typing import Any, Iterable, Mapping, Optional
 from lookups.backends.settings import (ALIAS_SECTIONS, BACKEND_KINDS, BackendSettings,
                                        backends_from_aliases)
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.declarations import as_config_error, build_section, keys_of
+from service.settings.declarations import as_config_error, build_section, keys_of
 from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
-from service.logs import LoggingSettings
-from service.server_settings import ServerSettings
+from service.operations.logs import LoggingSettings
+from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
 __all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "pool_warnings",

@@ -1,7 +1,7 @@
 """The ``[server]`` section: the Thrift listener's address, wire format, limits and drain.
 
-Its owner is the listener (``service/server.py``) and the process around it
-(workers, probes); ``service/config.py`` composes it with the other sections.
+Its owner is the listener (``service/listener/server.py``) and the process around it
+(workers, probes); ``service/settings/config.py`` composes it with the other sections.
 """
 
 from __future__ import annotations
@@ -9,16 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from service.wire.formats import PROTOCOLS, TRANSPORTS
+from service.settings.cores import usable_cores
 from service.wire.scan import WireLimits
 
 __all__ = ["ServerSettings"]
-
-
-def _usable_cores() -> int:
-    # Imported when called: service.workers imports this module.
-    from service.workers.process import usable_cores
-
-    return usable_cores()
 
 
 @dataclass(frozen=True)
@@ -68,7 +62,7 @@ class ServerSettings:
         "help": "more than 1: that many pre-forked worker processes share the port; `\"auto\"`: "
                 "one per core this process may use, within its CPU affinity and cgroup CPU "
                 "quota (see [Multi-core](#multi-core-serverworkers))",
-        "min": 1, "max": 64, "auto": _usable_cores})
+        "min": 1, "max": 64, "auto": usable_cores})
     hub_block_threshold_ms: int = field(default=100, metadata={
         "help": "report event-loop runs longer than this (see [Overload](#overload)); `0` "
                 "turns it off", "min": 0})

@@ -4,7 +4,7 @@ Each table sits in the README between ``<!-- settings:NAME -->`` and
 ``<!-- /settings:NAME -->``; a test fails when one differs from what the
 declarations say. After changing a declaration, rewrite them::
 
-    python -m service.settings_table README.md        # make readme-tables
+    python -m service.cli.settings_table README.md        # make readme-tables
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Iterable, Sequence
 
 from lookups.backends.settings import BACKEND_KINDS
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.declarations import Key, keys_of
+from service.settings.declarations import Key, keys_of
 from service.engine.settings import AdmissionSettings, FanOutSettings
-from service.logs import LoggingSettings
-from service.server_settings import ServerSettings
+from service.operations.logs import LoggingSettings
+from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
 __all__ = ["tables", "render", "main"]

@@ -35,8 +35,8 @@ import gevent
 from gevent.event import Event
 
 from service.app import FanOutService
-from service.config import Settings, as_config_error
-from service.metrics_endpoint import MetricsEndpoint
+from service.settings.config import Settings, as_config_error
+from service.operations.metrics_endpoint import MetricsEndpoint
 from tracing.metrics import configure_metrics
 from tracing.setup import Tracing, build_resource, configure_tracing
 
@@ -69,7 +69,7 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
     (``fanout serve``, a worker), not one that embeds the server. Returns 0 after the
     drain in the module doc.
 
-    Raises OSError if it cannot listen, :class:`~service.config.ConfigError`
+    Raises OSError if it cannot listen, :class:`~service.settings.config.ConfigError`
     (:class:`~service.wire.tls.TlsConfigError` for unusable TLS files) for settings it
     cannot use, ValueError without signal handlers and without ``stop``.
     """

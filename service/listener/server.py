@@ -6,7 +6,7 @@ accepting and new connections wait in the kernel's backlog. Each connection
 serves one call after another until the peer closes, idles out
 (``server.idle_timeout_ms``) or the server stops.
 
-Each connection's calls are served by :class:`service.connection.MessageLoop`.
+Each connection's calls are served by :class:`service.listener.connection.MessageLoop`.
 
 With ``server.tls_cert_file`` and ``server.tls_key_file`` set, every accepted
 connection first completes a TLS handshake (TLS 1.2 or later) within
@@ -41,12 +41,12 @@ from gevent.server import StreamServer
 from opentelemetry import metrics
 from thriftpy2.thrift import TProcessor
 
-from service.server_settings import ServerSettings
-from service.connection import Connection, MessageLoop, RefuseUnread
-from service.handover import MoveSink, request_move
-from service.server_stats import ServerStats
+from service.settings.server import ServerSettings
+from service.listener.connection import Connection, MessageLoop, RefuseUnread
+from service.listener.handover import MoveSink, request_move
+from service.listener.stats import ServerStats
 from service.engine.summary import FailureSummary
-from service.ports import cannot_listen
+from service.operations.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
 from service.wire.certificates import RotatingContext
 from service.wire.formats import TRANSPORTS
@@ -176,7 +176,7 @@ class ThriftServer:
 
     def move_some(self, count: int, sink: MoveSink) -> int:
         """Move up to ``count`` connections to ``sink``, each at its next point between
-        calls (:mod:`service.handover`), those waiting for a call first; how many will."""
+        calls (:mod:`service.listener.handover`), those waiting for a call first; how many will."""
         if not self.movable or self._stopping:
             return 0
         staying = [c for c in self._connections if c.moving is None]
@@ -234,7 +234,7 @@ class ThriftServer:
         started = time.monotonic()
         server.close()
         # Replies held for pacing are written now, and their connections go back to their
-        # greenlets, which see the drain (service.held_connections).
+        # greenlets, which see the drain (service.overload.held_connections).
         self._loop.held.release_all()
         open_connections = [c for c in self._connections if c.moving is None]
         idle = sum(connection.close_if_idle() for connection in open_connections)

@@ -23,8 +23,8 @@ variable). The metadata keys:
 A declaration that breaks these rules raises :class:`TypeError` the first time
 its section is read. Rules between keys stay in the section's ``__post_init__``,
 which raises :class:`ValueError` naming the key. From the declarations come the
-validation here, the environment variables (``service/config.py``) and the
-README's tables (``service/settings_table.py``).
+validation here, the environment variables (``service/settings/config.py``) and the
+README's tables (``service/cli/settings_table.py``).
 """
 
 from __future__ import annotations

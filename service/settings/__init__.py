@@ -1,0 +1,4 @@
+"""Settings: loading TOML, ``FANOUT_*`` variables and flags (``config.py``), each key
+declared once with its type, default and help (``declarations.py``), the ``[server]``
+section (``server.py``), and the cores this process may use (``cores.py``). The other
+sections are declared by the parts that own them and composed here."""
