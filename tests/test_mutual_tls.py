@@ -70,7 +70,7 @@ def ping_as(server: ThriftServer, pki: Pki, certificate: Optional[tuple[str, str
 
 def refusals(server: ThriftServer, caplog: pytest.LogCaptureFixture) -> str:
     """The refusal summary the server logs, written at its stop."""
-    with caplog.at_level(logging.WARNING, logger="service.listener.server"):
+    with caplog.at_level(logging.WARNING, logger="service.listener.handshakes"):
         server.stop(timeout_s=5.0)
     lines = [r.getMessage() for r in caplog.records if "TLS handshakes refused" in r.getMessage()]
     assert len(lines) == 1, lines  # one summary, never a line per connection

@@ -21,8 +21,8 @@ from service.client import AppStatsClient
 from service.settings.server import ServerSettings
 from service.idl import appstats
 from service.listener.server import ThriftServer
-from service.wire.channel import (BufferedChannel, FramedChannel, FrameRejected, MessageRejected,
-                                  protocol_for)
+from service.wire.channel import FramedChannel, FrameRejected, MessageRejected
+from service.wire.channels import BufferedChannel, protocol_for
 from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
                                   sample_response)
 from tests.support.sockets import raw_connection, wait_for
@@ -428,7 +428,7 @@ def test_connections_older_than_max_connection_age_are_closed_between_calls(star
 
 
 def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
-    from service.wire.channel import open_channel
+    from service.wire.channels import open_channel
 
     ours, peer = socket.socketpair()
     channel = open_channel("framed", ours, ServerSettings().wire_limits(), "binary")

@@ -83,7 +83,7 @@ def test_plain_tcp_client_fails_cleanly_and_others_are_served(tls_server, pki: P
             plain.ping()
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
-    with caplog.at_level(logging.WARNING, logger="service.listener.server"):
+    with caplog.at_level(logging.WARNING, logger="service.listener.handshakes"):
         server.stop(timeout_s=5.0)
     assert server.stats.internal_errors == 0 and server.stats.tls_refused >= 1
     assert any("TLS handshakes refused" in record.getMessage() and "handshake_failed" in
@@ -163,7 +163,7 @@ def test_a_tcp_check_that_connects_and_closes_is_no_refused_handshake(
         socket.create_connection(server.address, timeout=5).close()   # a tcpSocket probe
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
-    with caplog.at_level(logging.INFO, logger="service.listener.server"):
+    with caplog.at_level(logging.INFO, logger="service.listener.handshakes"):
         server.stop(timeout_s=5.0)
     assert server.stats.tls_refused == 0
     assert not any("TLS handshakes refused" in record.getMessage() for record in caplog.records)

@@ -20,7 +20,7 @@ from thriftpy2.transport import TTransportException
 
 from service.idl import appstats
 from service.listener.server import ThriftServer
-from service.wire.channel import BufferedChannel
+from service.wire.channels import BufferedChannel
 from service.wire.codec import HubCodec, decoder_for
 from service.wire.errors import LimitExceeded, MalformedMessage
 from service.wire.scan import MessageScan, WireLimits, check_frame

@@ -26,19 +26,21 @@ import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.settings.server import ServerSettings
 from service.engine.context import new_request_id
 from service.engine.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
-from service.listener.handover import MoveNow, MoveSink
-from service.overload.held_connections import HeldConnections, HeldReply
-from service.operations.rpc_metrics import call_ended
+from service.listener.handover import MoveNow
+from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
-from service.wire.channel import Channel, open_channel, protocol_for, shared_output_buffer
+from service.operations.rpc_metrics import call_ended
+from service.overload.held_connections import HeldConnections, HeldReply
+from service.settings.server import ServerSettings
+from service.wire.channel import Channel
+from service.wire.channels import protocol_for
 from service.wire.errors import WireError
-from tracing.spans import connection_endpoints, set_call_endpoints
+from tracing.spans import set_call_endpoints
 
-__all__ = ["Connection", "MessageLoop"]
+__all__ = ["MessageLoop", "RefuseUnread"]
 
 log = logging.getLogger(__name__)
 
@@ -50,49 +52,6 @@ RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]
 
 class _MalformedMessage(Exception):
     """The message could not be decoded; the stream can no longer be trusted."""
-
-
-class Connection:
-    """One accepted socket with its reusable input and output protocols."""
-
-    __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller",
-                 "served_while_draining", "greenlet", "moving")
-
-    def __init__(self, sock: socket.socket, settings: ServerSettings,
-                 make_protocol: Callable[[Any], TProtocolBase]) -> None:
-        self.sock = sock
-        self.opened_at = time.monotonic()
-        self.channel: Channel = open_channel(settings.transport, sock,
-                                             settings.wire_limits(), settings.protocol)
-        # The hub's reply buffer: MessageLoop fills and empties it without a switch.
-        self.output = shared_output_buffer()
-        self.oprot = make_protocol(self.output)
-        # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
-        self.endpoints = connection_endpoints(sock)
-        # One caller per connection: its refusals are paced (service.engine.pacing).
-        self.caller = CallerPacing()
-        self.served_while_draining = False
-        # The greenlet serving it, and where it moves at its next point between calls
-        # (service.listener.handover), if it is to move.
-        self.greenlet: Optional[gevent.Greenlet] = None
-        self.moving: Optional[MoveSink] = None
-
-    def close_if_idle(self) -> bool:
-        """End the connection if it is waiting for a new message, so none is lost.
-
-        True if it was idle. A message that has arrived but is not read yet makes it busy:
-        its caller sent it while we were serving, and it is answered before the end.
-        """
-        if not self.channel.idle or self.channel.message_waiting():
-            return False
-        try:
-            # The blocked read then sees end-of-stream and the loop ends normally. The
-            # plain socket's shutdown, also under TLS: ssl's own would unwrap the socket
-            # under the blocked read, which then fails instead of ending.
-            socket.socket.shutdown(self.sock, socket.SHUT_RD)
-        except OSError:
-            pass
-        return True
 
 
 class MessageLoop:
@@ -117,15 +76,15 @@ class MessageLoop:
         self.held = HeldConnections(self._refuse_next, self._may_serve_more,
                                     settings.max_frame_bytes)
 
-    def open(self, sock: socket.socket) -> Connection:
-        """A :class:`Connection` over ``sock``, with this loop's wire settings."""
-        return Connection(sock, self._settings, self._make_protocol)
+    def open(self, sock: socket.socket) -> ServedConnection:
+        """A :class:`ServedConnection` over ``sock``, with this loop's wire settings."""
+        return ServedConnection(sock, self._settings, self._make_protocol)
 
-    def _may_serve_more(self, connection: Connection) -> bool:
+    def _may_serve_more(self, connection: ServedConnection) -> bool:
         """Whether a held connection may go on being served where it is held."""
         return not self._stopping() and not self._too_old(connection)
 
-    def _too_old(self, connection: Connection) -> bool:
+    def _too_old(self, connection: ServedConnection) -> bool:
         max_age_ms = self._settings.max_connection_age_ms
         return bool(max_age_ms) and (time.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
 
@@ -134,7 +93,7 @@ class MessageLoop:
         self._declared.flush()
         self._rejected.flush()
 
-    def serve(self, connection: Connection, peer: Any) -> bool:
+    def serve(self, connection: ServedConnection, peer: Any) -> bool:
         """Serve calls until the peer closes, idles out, errs, the server stops or the
         connection moves (True: it is another process's now); never raises."""
         try:
@@ -159,14 +118,14 @@ class MessageLoop:
             log.exception("connection from %s failed", peer)
         return False
 
-    def _move(self, connection: Connection) -> bool:
+    def _move(self, connection: ServedConnection) -> bool:
         assert connection.moving is not None
         moved = connection.moving(connection.sock, connection.channel.unread())
         if moved:
             self._stats.connections_moved += 1
         return moved
 
-    def _may_go_on(self, connection: Connection) -> bool:
+    def _may_go_on(self, connection: ServedConnection) -> bool:
         if self._too_old(connection):
             return False
         if not self._stopping():
@@ -179,7 +138,7 @@ class MessageLoop:
         connection.served_while_draining = True
         return True
 
-    def _serve_one(self, connection: Connection) -> None:
+    def _serve_one(self, connection: ServedConnection) -> None:
         message = connection.channel.receive()
         started = time.perf_counter()
         api, seqid, reply = self._answer(connection, message)
@@ -199,7 +158,7 @@ class MessageLoop:
             held, payload, hold_s = unsent.reply, unsent.rest, 0.0  # ...but for this rest
         self._send(connection, held, payload, hold_s)
 
-    def _answer(self, connection: Connection, message: Any) -> tuple[str, int, _Reply]:
+    def _answer(self, connection: ServedConnection, message: Any) -> tuple[str, int, _Reply]:
         """The call's method, seqid and reply: refused unread, or decoded and run."""
         refused = self._unread_refusal(connection, message)
         if refused is not None:
@@ -209,7 +168,7 @@ class MessageLoop:
             reply = self._invoke(api, call, reply, connection)
         return api, seqid, reply
 
-    def _refuse_next(self, connection: Connection, message: Any) -> Optional[HeldReply]:
+    def _refuse_next(self, connection: ServedConnection, message: Any) -> Optional[HeldReply]:
         """For a held connection (in a callback of the hub): the held reply to a call
         refused unread, or None to serve it in the connection's greenlet."""
         started = time.perf_counter()
@@ -220,7 +179,7 @@ class MessageLoop:
         self._stats.refused_while_held += 1
         return self._held_reply(connection, *refused, started, connection.caller.take_hold())
 
-    def _unread_refusal(self, connection: Connection,
+    def _unread_refusal(self, connection: ServedConnection,
                         message: Any) -> Optional[tuple[str, int, TPayload]]:
         """``(method, seqid, reply)`` if the call is refused unread (counted), else None."""
         if self._refuse_unread is None:
@@ -231,13 +190,13 @@ class MessageLoop:
             self._declared.tally(f"{refused[0]} Overloaded", "refused unread")
         return refused
 
-    def _held_reply(self, connection: Connection, api: str, seqid: int, reply: _Reply,
+    def _held_reply(self, connection: ServedConnection, api: str, seqid: int, reply: _Reply,
                     started: float, hold_s: float) -> HeldReply:
         """The reply, encoded and framed, to write once ``hold_s`` has passed."""
         payload = connection.channel.framed(self._encoded(connection, api, seqid, reply))
         return HeldReply(api, _error_type(reply), started, payload, hold_s)
 
-    def _send(self, connection: Connection, reply: HeldReply, payload: bytes,
+    def _send(self, connection: ServedConnection, reply: HeldReply, payload: bytes,
               hold_s: float) -> None:
         """Write ``payload`` (all or the rest of ``reply``'s) after ``hold_s``; record the call."""
         error_type = reply.error_type
@@ -262,7 +221,7 @@ class MessageLoop:
             raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
 
     def _invoke(self, api: str, call: Callable[[], Any], result: TPayload,
-                connection: Connection) -> _Reply:
+                connection: ServedConnection) -> _Reply:
         try:
             # A fresh context per call: nothing one call sets can leak into the next.
             context = contextvars.Context()
@@ -279,7 +238,7 @@ class MessageLoop:
             self._declared.count(f"{api} {type(exc).__name__}", exc)
         return result
 
-    def _encoded(self, connection: Connection, api: str, seqid: int, reply: _Reply) -> bytes:
+    def _encoded(self, connection: ServedConnection, api: str, seqid: int, reply: _Reply) -> bytes:
         """The reply's message, encoded (unframed). No switch between clean and getvalue:
         the output buffer is the hub's."""
         output = connection.output

@@ -43,7 +43,7 @@ class MoveNow(Exception):
 
 
 class Movable(Protocol):
-    """What a connection offers to be moved (:class:`service.listener.connection.Connection`)."""
+    """What a connection offers to be moved (:class:`service.listener.served.ServedConnection`)."""
 
     moving: Optional[MoveSink]
     greenlet: Optional[gevent.Greenlet]

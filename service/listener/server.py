@@ -9,14 +9,8 @@ serves one call after another until the peer closes, idles out
 Each connection's calls are served by :class:`service.listener.connection.MessageLoop`.
 
 With ``server.tls_cert_file`` and ``server.tls_key_file`` set, every accepted
-connection first completes a TLS handshake (TLS 1.2 or later) within
-``server.frame_timeout_ms``; a peer that fails or stalls it is closed. With
-``server.tls_client_ca_file`` it must present a certificate signed by one of
-those CAs and, with ``server.tls_client_names``, naming one of them. Each
-refused handshake closes that connection only; it is counted
-(``fanout.tls.handshakes.refused`` by ``fanout.tls.reason``) and summed up in
-one log line every few seconds, never one per connection. New connections get
-the certificate files as they are on disk (:mod:`service.wire.certificates`).
+connection first completes a TLS handshake (TLS 1.2 or later), mutual with
+``server.tls_client_ca_file`` (:mod:`service.listener.handshakes`).
 
 Stopping (:meth:`ThriftServer.stop`) drains: the listener closes at once (new
 connections are refused), idle connections close at once, each busy connection
@@ -30,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import ssl
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -38,27 +31,21 @@ from typing import Any, Optional
 import gevent.event
 from gevent.pool import Pool
 from gevent.server import StreamServer
-from opentelemetry import metrics
 from thriftpy2.thrift import TProcessor
 
 from service.settings.server import ServerSettings
-from service.listener.connection import Connection, MessageLoop, RefuseUnread
+from service.listener.connection import MessageLoop, RefuseUnread
+from service.listener.served import ServedConnection
 from service.listener.handover import MoveSink, request_move
+from service.listener.handshakes import TlsHandshakes
 from service.listener.stats import ServerStats
-from service.engine.summary import FailureSummary
 from service.operations.ports import cannot_listen
 from service.wire.accept import ResilientStreamServer
-from service.wire.certificates import RotatingContext
 from service.wire.formats import TRANSPORTS
-from service.wire.tls import handshake, peer_names, refusal_reason, server_context
 
 __all__ = ["ThriftServer", "ServerStats", "DrainReport"]
 
 log = logging.getLogger(__name__)
-
-_refused_handshakes = metrics.get_meter("fanout.server").create_counter(
-    "fanout.tls.handshakes.refused", unit="{connection}",
-    description="TLS handshakes refused, by fanout.tls.reason")
 
 
 @dataclass(frozen=True)
@@ -93,20 +80,13 @@ class ThriftServer:
             raise ValueError(f"unknown transport {settings.transport!r}")
         self._settings = settings
         self._stats = ServerStats()
-        self._connections: set[Connection] = set()
+        self._connections: set[ServedConnection] = set()
         self._loop = MessageLoop(processor, settings, self._stats, lambda: self._stopping,
                                  refuse_unread)
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
-        self._tls: Optional[RotatingContext] = None
-        if settings.tls_cert_file:
-            self._tls = RotatingContext(lambda: _built(server_context(
-                settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)), [
-                path for path in (settings.tls_cert_file, settings.tls_key_file,
-                                  settings.tls_client_ca_file) if path])
-        self._allowed_names = frozenset(settings.tls_client_names)
-        self._refusals = FailureSummary(log, "TLS handshakes refused")
+        self._tls = TlsHandshakes(settings, self._stats) if settings.tls_cert_file else None
         self._stopping = False
         self._moving_all: Optional[MoveSink] = None   # set by stop(move_to=...)
         self._lame_duck = False
@@ -254,7 +234,8 @@ class ThriftServer:
                              elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
         self._loop.flush()
         self._loop.held.close()
-        self._refusals.flush()
+        if self._tls is not None:
+            self._tls.flush()
         if killed:
             log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "
                         "still busy were killed", timeout_s * 1000.0, report.finished, killed)
@@ -266,12 +247,12 @@ class ThriftServer:
     def _serve_connection(self, sock: socket.socket, peer: Any, unread: bytes = b"") -> None:
         self._stats.connections_open += 1
         self._stats.connections_total += 1
-        connection: Optional[Connection] = None
+        connection: Optional[ServedConnection] = None
         stream: Optional[socket.socket] = sock
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
-                stream = self._secure(sock, peer)
+                stream = self._tls.secure(sock, peer)
                 if stream is None:
                     return
             stream.settimeout(self._settings.idle_timeout_ms / 1000.0)
@@ -288,32 +269,3 @@ class ThriftServer:
                 self._connections.discard(connection)
             self._stats.connections_open -= 1
             (stream or sock).close()
-
-    def _secure(self, sock: socket.socket, peer: Any) -> Optional[socket.socket]:
-        """The TLS-wrapped socket, or None (counted) if the handshake was refused."""
-        assert self._tls is not None
-        try:
-            secured = handshake(self._tls.current(), sock, self._settings.frame_timeout_ms / 1000.0)
-        except (TimeoutError, ssl.SSLError) as exc:
-            self._refuse(refusal_reason(exc), peer, getattr(exc, "reason", None) or exc)
-            return None
-        except OSError as exc:
-            log.debug("TLS handshake with %s: connection ended: %s", peer, exc)
-            return None
-        if self._allowed_names:
-            names = peer_names(secured)
-            if self._allowed_names.isdisjoint(names):
-                secured.close()
-                self._refuse("name_not_allowed", peer, ", ".join(names) or "no DNS or URI name")
-                return None
-        return secured
-
-    def _refuse(self, reason: str, peer: Any, detail: object) -> None:
-        self._stats.tls_refused += 1
-        _refused_handshakes.add(1, {"fanout.tls.reason": reason})
-        self._refusals.count(reason, f"{peer[0] if isinstance(peer, tuple) else peer}: {detail}")
-
-
-def _built(context: Optional[ssl.SSLContext]) -> ssl.SSLContext:
-    assert context is not None  # built only when server.tls_cert_file is set
-    return context

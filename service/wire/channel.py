@@ -6,7 +6,7 @@ bytes of the next message, then :meth:`~Channel.read_message` receives the rest
 (all of it within ``frame_timeout_ms`` of its first byte), checks it against
 the size limits (:mod:`service.wire.scan`) and returns a protocol ready to
 decode it. :class:`FramedChannel` checks the declared frame length before
-allocating; :class:`BufferedChannel` has no frames, so it scans the message as
+allocating; :class:`~service.wire.channels.BufferedChannel` has no frames, so it scans the message as
 it arrives and knows where it ends. Either way the decoder is given one whole,
 checked message and nothing else.
 
@@ -29,32 +29,25 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import gevent.ssl
 from thriftpy2.protocol.base import TProtocolBase
-from thriftpy2.protocol.compact import TCompactProtocol
-from thriftpy2.protocol.cybin import TCyBinaryProtocol
 from thriftpy2.transport.buffered import TCyBufferedTransport
-from thriftpy2.transport.memory import TCyMemoryBuffer
 
-from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.codec import decoder_for, hub_codec
 from service.wire.errors import (FrameRejected, MessageRejected, MessageTooSlow,
                                  ReplyNotTaken)
-from service.wire.scan import MessageScan, WireLimits, check_frame
+from service.wire.scan import WireLimits, check_frame
 
-__all__ = [
-    "FrameRejected", "MessageRejected", "PeerClosed", "Channel", "FramedChannel",
-    "BufferedChannel", "WireLimits", "open_channel", "protocol_for", "shared_output_buffer",
-    "TRANSPORTS", "PROTOCOLS",
-]
+__all__ = ["FrameRejected", "MessageRejected", "PeerClosed", "Channel", "SocketChannel", "FramedChannel",
+           "WireLimits"]
 
 
 _FRAME_HEADER = struct.Struct("!i")
 _TLS_SOCKETS = (ssl.SSLSocket, gevent.ssl.SSLSocket)
 # The most one receive asks for: a typical call (or a burst of pipelined ones) in one read.
-_READ_BYTES = 64 * 1024
+READ_BYTES = 64 * 1024
 
 
 class PeerClosed(ConnectionError):
@@ -92,34 +85,7 @@ class Channel(Protocol):
     def send_framed(self, payload: bytes) -> None: ...
 
 
-def open_channel(transport: str, sock: socket.socket, limits: WireLimits,
-                 protocol: str = "binary") -> Channel:
-    """The channel for ``transport`` ("framed" or "buffered"); raises ValueError otherwise."""
-    if transport == "framed":
-        return FramedChannel(sock, limits, protocol)
-    if transport == "buffered":
-        return BufferedChannel(sock, limits, protocol)
-    raise ValueError(f"unknown transport {transport!r}; expected one of {', '.join(TRANSPORTS)}")
-
-
-def protocol_for(protocol: str) -> Callable[[Any], TProtocolBase]:
-    """A factory building the ``protocol`` ("binary" or "compact") over a transport.
-
-    Raises ValueError for any other name.
-    """
-    if protocol == "binary":
-        return TCyBinaryProtocol
-    if protocol == "compact":
-        return TCompactProtocol
-    raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
-
-
-def shared_output_buffer() -> TCyMemoryBuffer:
-    """This hub's reply buffer: clean it, encode, and take ``getvalue()`` with no switch between."""
-    return hub_codec().output
-
-
-class _SocketChannel:
+class SocketChannel:
     """What both transports share: receiving under the idle and frame bounds, sending."""
 
     __slots__ = ("_sock", "_limits", "_codec", "_decode", "_buffer", "_start", "_deadline",
@@ -169,7 +135,7 @@ class _SocketChannel:
             self._set_timeout(self._limits.idle_timeout_ms / 1000.0)
             self.waiting_idle = True
             try:
-                self._buffer, self._start = self._sock.recv(_READ_BYTES), 0
+                self._buffer, self._start = self._sock.recv(READ_BYTES), 0
             finally:
                 self.waiting_idle = False
             if not self._buffer:
@@ -287,7 +253,7 @@ class _SocketChannel:
         return data
 
 
-class FramedChannel(_SocketChannel):
+class FramedChannel(SocketChannel):
     """Length-prefixed frames: ``[i32 length][length bytes]``, in both directions.
 
     The length is checked against ``max_frame_bytes`` before the body is read.
@@ -307,7 +273,7 @@ class FramedChannel(_SocketChannel):
     def _begin(self) -> None:
         """Read the frame header; raises :class:`FrameRejected` for a bad length."""
         while len(self._buffer) - self._start < _FRAME_HEADER.size:
-            more = self._recv_more(_READ_BYTES)
+            more = self._recv_more(READ_BYTES)
             self._buffer, self._start = bytes(self._buffer[self._start:]) + more, 0
         (length,) = _FRAME_HEADER.unpack_from(self._buffer, self._start)
         limit = self._limits.max_frame_bytes
@@ -328,42 +294,10 @@ class FramedChannel(_SocketChannel):
             frame = bytearray(memoryview(self._buffer)[start:])
             self._buffer, self._start = b"", 0
             while len(frame) < length:
-                frame += self._recv_more(min(_READ_BYTES, length - len(frame)))
+                frame += self._recv_more(min(READ_BYTES, length - len(frame)))
         if self._start >= len(self._buffer):
             self._buffer, self._start = b"", 0  # hold nothing while idle
         return frame
 
     def _check(self, message: Any) -> None:
         check_frame(message, self._limits)
-
-
-class BufferedChannel(_SocketChannel):
-    """Unframed messages, each scanned as it arrives, at most ``max_frame_bytes`` long.
-
-    The scan knows where a message ends, so bytes after it stay for the next one.
-    """
-
-    __slots__ = ()
-
-    def _check(self, message: Any) -> None:
-        """Nothing more: :meth:`_receive` scanned the message to find where it ends."""
-
-    def _receive(self) -> Any:
-        buf, start = self._buffer, self._start
-        limit = start + self._limits.max_frame_bytes
-        scan = MessageScan(self._limits, start, framed=False)
-        end = scan.advance(buf, min(len(buf), limit), limit)
-        while end is None:
-            if start:  # keep only this message's bytes before growing the buffer
-                buf = bytearray(memoryview(buf)[start:])
-                scan.shift(start)
-                limit -= start
-                start = 0
-            elif not isinstance(buf, bytearray):
-                buf = bytearray(buf)
-            buf += self._recv_more(min(_READ_BYTES, limit - len(buf)))
-            self._buffer, self._start = buf, start
-            end = scan.advance(buf, min(len(buf), limit), limit)
-        message = memoryview(buf)[start:end]
-        self._buffer, self._start = (buf, end) if end < len(buf) else (b"", 0)
-        return message

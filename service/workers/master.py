@@ -3,10 +3,8 @@
 * The master binds once and starts each worker as a program of its own
   (:mod:`service.workers.launch`), handing it the listener over its control
   line; each worker is a whole server (:func:`service.workers.lifecycle.run_server`).
-* A worker that exits is restarted after 0.1 s, doubling per quick death of its
-  slot up to 10 s; more than ``max(10, 3 * N)`` restarts within 60 s stop
-  everything (exit 1); a worker exiting 2 (a configuration error) stops
-  everything with status 2.
+* A worker that exits is restarted with a backoff (``slots.py``); a restart storm
+  stops everything (exit 1), and so does a configuration error (exit 2).
 * A worker whose event loop stops beating (``heartbeat.py``) for
   ``server.worker_heartbeat_timeout_ms`` is killed, with one log line, then restarted.
 * SIGHUP reloads the configuration (as at start) and starts a new generation of
@@ -18,9 +16,7 @@
 * The master serves the group's one probe endpoint and one Prometheus scrape
   (``group.py``), checks the backends for the whole group, and tells every worker
   the result and every worker's pools (``group_state.py``).
-* SIGTERM or SIGINT: forwarded to every worker, which drains; those still
-  running after the lame-duck, drain, grace and flush budgets plus a margin are
-  killed. The master exits 0.
+* SIGTERM or SIGINT: every worker drains (``stopping.py``); the master exits 0.
 
 Every decision (start, exit, restart, kill, reload, moves) is logged with the pid.
 """
@@ -45,14 +41,13 @@ from service.workers.heartbeat import Heartbeats
 from service.workers.launch import WorkerLink, launch_worker
 from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.slots import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Slot, Slots
+from service.workers.stopping import drain_budget_s, send_signal, stop_workers
 from tracing.metrics import scrape_address
 
 __all__ = ["run_workers"]
 
 log = logging.getLogger(__name__)
 
-_STOP_MARGIN_S = 3.0             # beyond the drain, grace and flush budgets, before SIGKILL
-_KILL_WAIT_S = 5.0
 _TICK_S = 0.5                    # restarts due, stuck workers, retirements, the group's state
 _NEW_GENERATION_WAIT_S = 60.0    # longest the old workers serve on while the new ones start
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -117,7 +112,8 @@ class _Master:
             return self._supervise()
         except Exception:
             log.exception("master: failed; stopping the workers")
-            self._signal_workers(signal.SIGTERM)
+            for pid in list(self._links):
+                send_signal(pid, signal.SIGTERM)
             raise
         finally:
             self._cancel_signal_handlers()
@@ -283,64 +279,21 @@ class _Master:
                 continue
             link.retiring = True
             if not (self._serving() and link.tell({"kind": "retire"})):
-                _kill(pid, signal.SIGTERM)
+                send_signal(pid, signal.SIGTERM)
 
     def _stop_all(self, exit_code: int) -> int:
         assert self._listener is not None
         # The workers hold their own copies; once they close theirs, connects are refused.
         self._listener.close()
         self._slots.cancel_restarts()
-        self._signal_workers(signal.SIGTERM)
-        if not self._wait_for_workers(self._drain_budget_s()):
-            live = sorted(self._links)
-            log.warning("master: %d worker(s) still running after %.1f s; killing %s", len(live),
-                        self._drain_budget_s(), live)
-            self._signal_workers(signal.SIGKILL)
-            self._wait_for_workers(_KILL_WAIT_S)
+        stop_workers(self._links, self._events, drain_budget_s(self._settings))
         log.info("master: all workers stopped; exiting %d", exit_code)
         return exit_code
-
-    def _drain_budget_s(self) -> float:
-        s = self._settings
-        return (s.server.lame_duck_ms + s.server.drain_timeout_ms + s.fanout.abandon_grace_ms
-                + s.tracing.flush_timeout_ms) / 1000.0 + _STOP_MARGIN_S
-
-    def _signal_workers(self, signum: int) -> None:
-        for pid in list(self._links):
-            _kill(pid, signum)
-
-    def _wait_for_workers(self, timeout_s: float) -> bool:
-        """Book worker exits until none is left or ``timeout_s`` passes; True if none is left."""
-        deadline = time.monotonic() + timeout_s
-        while self._links:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            try:
-                event = self._events.get(timeout=remaining)
-            except Empty:
-                return False
-            if event[0] == "exit":
-                self._links.pop(event[1], None)
-                log.info("master: worker %d stopped (exit code %d)", event[1], event[2])
-            elif event[0] == "control" and event[3] is not None:
-                os.close(event[3])   # a connection handed over while stopping: it closes
-            elif event[0] == "signal":
-                log.info("master: %s received while stopping; still waiting for the workers",
-                         signal.Signals(event[1]).name)
-        return True
 
     def _cancel_signal_handlers(self) -> None:
         for handler in self._signal_handlers:
             handler.cancel()
         self._signal_handlers = []
-
-
-def _kill(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass  # already gone; its exit event is on the way
 
 
 def _ports(settings: Settings) -> tuple[object, ...]:

@@ -1,0 +1,78 @@
+"""The TLS handshake of every accepted connection, and what is refused there.
+
+With ``server.tls_cert_file`` and ``server.tls_key_file`` set, each connection first
+completes a TLS handshake within ``server.frame_timeout_ms`` (one deadline for the
+whole of it, :func:`service.wire.tls.handshake`). With ``server.tls_client_names``
+the client's certificate must also name one of them. A refused handshake closes
+that connection only: it is counted (``fanout.tls.handshakes.refused`` by
+``fanout.tls.reason``) and summed up in one log line every few seconds, never one per
+connection. New connections get the certificate files as they are on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from typing import Any, Optional
+
+from opentelemetry import metrics
+
+from service.engine.summary import FailureSummary
+from service.listener.stats import ServerStats
+from service.settings.server import ServerSettings
+from service.wire.certificates import RotatingContext
+from service.wire.tls import handshake, peer_names, refusal_reason, server_context
+
+__all__ = ["TlsHandshakes"]
+
+log = logging.getLogger(__name__)
+
+_refused_handshakes = metrics.get_meter("fanout.server").create_counter(
+    "fanout.tls.handshakes.refused", unit="{connection}",
+    description="TLS handshakes refused, by fanout.tls.reason")
+
+
+class TlsHandshakes:
+    """Secures accepted sockets for one listener, per ``settings``; counts into ``stats``."""
+
+    def __init__(self, settings: ServerSettings, stats: ServerStats) -> None:
+        files = (settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
+        self._context = RotatingContext(lambda: _built(server_context(*files)),
+                                        [path for path in files if path])
+        self._timeout_s = settings.frame_timeout_ms / 1000.0
+        self._allowed_names = frozenset(settings.tls_client_names)
+        self._stats = stats
+        self._refusals = FailureSummary(log, "TLS handshakes refused")
+
+    def secure(self, sock: socket.socket, peer: Any) -> Optional[socket.socket]:
+        """The TLS-wrapped socket, or None (counted) if the handshake was refused."""
+        try:
+            secured = handshake(self._context.current(), sock, self._timeout_s)
+        except (TimeoutError, ssl.SSLError) as exc:
+            self._refuse(refusal_reason(exc), peer, getattr(exc, "reason", None) or exc)
+            return None
+        except OSError as exc:
+            log.debug("TLS handshake with %s: connection ended: %s", peer, exc)
+            return None
+        if self._allowed_names:
+            names = peer_names(secured)
+            if self._allowed_names.isdisjoint(names):
+                secured.close()
+                self._refuse("name_not_allowed", peer, ", ".join(names) or "no DNS or URI name")
+                return None
+        return secured
+
+    def flush(self) -> None:
+        """Log the pending summary of refusals (at shutdown)."""
+        self._refusals.flush()
+
+    def _refuse(self, reason: str, peer: Any, detail: object) -> None:
+        self._stats.tls_refused += 1
+        _refused_handshakes.add(1, {"fanout.tls.reason": reason})
+        self._refusals.count(reason, f"{peer[0] if isinstance(peer, tuple) else peer}: {detail}")
+
+
+def _built(context: Optional[ssl.SSLContext]) -> ssl.SSLContext:
+    assert context is not None  # built only when server.tls_cert_file is set
+    return context
