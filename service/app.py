@@ -18,7 +18,8 @@ from lookups.backends.collection import Backends
 from lookups.backends.http import HttpBackend
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
-from service.settings.config import Settings, as_config_error, pool_warnings
+from service.settings.config import Settings, as_config_error
+from service.settings.checks import pool_warnings
 from service.engine.fanout import FanOut
 from service.rpc.handler import AppStatsHandler
 from service.listener.handover import MoveSink

@@ -9,7 +9,8 @@ from typing import Any, Optional
 
 import pytest
 
-from service.settings.config import ConfigError, Settings, load_settings, pool_warnings
+from service.settings.config import ConfigError, Settings, load_settings
+from service.settings.checks import pool_warnings
 
 
 def write(tmp_path: Path, text: str) -> Path:
