@@ -20,6 +20,7 @@ from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
 from service.settings.config import Settings, as_config_error
 from service.settings.checks import pool_warnings
+from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut
 from service.rpc.handler import AppStatsHandler
 from service.listener.handover import MoveSink
@@ -28,6 +29,7 @@ from service.operations.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.operations.probes import ProbeServer
 from service.listener.server import DrainReport, ThriftServer
+from service.overload.gate import CallGate
 from service.overload.shedding import UnreadRefusals
 
 __all__ = ["FanOutService", "read_timeout_warnings"]
@@ -58,19 +60,22 @@ class FanOutService:
         if unknown:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
-        self.fanout = FanOut(settings.fanout, settings.admission)
+        self.fanout = FanOut(settings.fanout)
+        self.gate = CallGate(settings.admission, settings.fanout.request_deadline_ms)
         self.health = HealthChecker(self.backends)
         with as_config_error():
             lookups = registry.build(self.backends, settings.plugin_settings)
         for warning in read_timeout_warnings(settings, lookups.values()):
             log.warning("configuration: %s", warning)
-        self.handler = AppStatsHandler(settings, lookups, self.fanout,
+        self.coalescer = Coalescer() if settings.fanout.coalesce else None
+        self.handler = AppStatsHandler(settings, lookups, self.fanout, self.gate,
+                                       coalescer=self.coalescer,
                                        health=self.health, draining=lambda: self.server.draining,
                                        backend_pools=lambda: [b.meter for b in self.backends])
         admission = settings.admission
         self.server = ThriftServer(
             TProcessor(appstats.AppStats, self.handler), settings.server, listener=listener,
-            refuse_unread=(UnreadRefusals(self.fanout, settings.server.protocol)
+            refuse_unread=(UnreadRefusals(self.gate, settings.server.protocol)
                            if admission.enabled and admission.hold_refusals else None))
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         self.probes: Optional[ProbeServer] = None

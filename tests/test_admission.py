@@ -1,4 +1,4 @@
-"""Unit tests of :mod:`service.engine.admission` on a clock the test moves: the queue's
+"""Unit tests of :mod:`service.overload.admission` on a clock the test moves: the queue's
 adaptive LIFO and CoDel, refusals, the limit, and ``retry_after_ms`` steering.
 
 No sleeps: waiters are greenlets that block on the queue, ``gevent.sleep(0)`` lets them
@@ -13,7 +13,7 @@ from typing import Any
 import gevent
 import pytest
 
-from service.engine.admission import AdmissionControl, Refused
+from service.overload.admission import AdmissionControl, Refused
 from service.engine.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 

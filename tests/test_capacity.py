@@ -22,13 +22,14 @@ from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
+from service.overload.gate import CallGate
 from tests.support.processes import FANOUT
 from tests.support.sockets import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_loops(fan: FanOut, loops: int, seconds: float, delay_s: Callable[[], float]) -> list[str]:
+def run_loops(fan: Any, loops: int, seconds: float, delay_s: Callable[[], float]) -> list[str]:
     """``loops`` callers calling ``fan.run`` back to back for ``seconds``; the outcome kinds."""
     ends = time.monotonic() + seconds
     kinds: list[str] = []
@@ -50,9 +51,22 @@ def run_loops(fan: FanOut, loops: int, seconds: float, delay_s: Callable[[], flo
     return kinds
 
 
+class GatedFanOut:
+    """A FanOut behind its gate, as the handler runs it."""
+
+    def __init__(self, settings: FanOutSettings, admission: AdmissionSettings) -> None:
+        self.engine = FanOut(settings)
+        self.gate = CallGate(admission, settings.request_deadline_ms)
+        self.admission = self.gate.admission
+
+    def run(self, tasks: list[Task], context: RequestContext) -> Any:
+        with self.gate.admitted(context.deadline):
+            return self.engine.run(tasks, context)
+
+
 def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> None:
-    fan = FanOut(FanOutSettings(pool_size=4, max_inflight_tasks=1000),
-                 AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200))
+    fan = GatedFanOut(FanOutSettings(pool_size=4, max_inflight_tasks=1000),
+                      AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200))
     delay = {"s": 0.005}
     run_loops(fan, 40, 1.0, lambda: delay["s"])
     before = fan.admission.limit
@@ -67,7 +81,7 @@ def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> Non
     assert highest > lowest * 1.2, (lowest, highest)
 
 
-def watch_limit(fan: FanOut, work: Callable[[], Any]) -> list[float]:
+def watch_limit(fan: Any, work: Callable[[], Any]) -> list[float]:
     """The admission limit every 10 ms while ``work`` runs."""
     seen: list[float] = []
     done = False
@@ -87,7 +101,7 @@ def watch_limit(fan: FanOut, work: Callable[[], Any]) -> list[float]:
 
 
 def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
-    fan = FanOut(FanOutSettings(), AdmissionSettings(initial_limit=2, min_limit=2, max_limit=2))
+    fan = GatedFanOut(FanOutSettings(), AdmissionSettings(initial_limit=2, min_limit=2, max_limit=2))
     run_loops(fan, 2, 0.3, lambda: 0.05)  # the admission learns that a call takes ~50 ms
     hogs = [gevent.spawn(fan.run, [Task("hog", "test", lambda b: gevent.sleep(0.3), 2000)],
                          RequestContext.start("test", 2000)) for _ in range(2)]
@@ -135,7 +149,7 @@ def test_a_burst_far_over_capacity_gets_answers_or_overloaded_and_logs_no_line_p
     assert kinds == {"StatsResponse", "Overloaded"}, kinds
     refused = [a for a in answers if isinstance(a, appstats.Overloaded)]
     assert len(refused) >= 100 and all(a.retry_after_ms > 0 for a in refused)
-    assert service.fanout.stats.overloaded == len(refused)
+    assert service.gate.stats.overloaded == len(refused)
     per_call = [r for r in caplog.records if r.name.startswith(("service", "lookups"))]
     assert len(per_call) < 10, [r.getMessage() for r in per_call]
 

@@ -17,6 +17,8 @@ from service.engine.fanout import FanOut
 from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus
 from service.engine.runners import TaskRunners
 from service.engine.settings import FanOutSettings
+from service.engine.settings import AdmissionSettings
+from service.overload.gate import CallGate
 
 # A context variable the caller sets: the engine must carry it into every task.
 caller_value: contextvars.ContextVar[str] = contextvars.ContextVar("caller_value", default="unset")
@@ -105,13 +107,16 @@ def test_no_task_can_start_raises_overloaded() -> None:
     hog = gevent.spawn(fan.run, [task("hog", sleeper(0.3))], within(3000))
     gevent.sleep(0.01)
     assert fan.inflight == 1
+    gate = CallGate(AdmissionSettings(), 3000)
+    context = within(3000)
     with pytest.raises(FanOutOverloaded) as caught:
-        fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], within(3000))
-    assert caught.value.retry_after_ms > 0
+        with gate.admitted(context.deadline):
+            fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], context)
+    assert caught.value.retry_after_ms > 0    # the engine's refusal, told when by the gate
     assert hog.get(timeout=2).outcomes[0].ok
     assert fan.inflight == 0
     # The refused call counts once, as overloaded; its tasks reached no caller.
-    assert (fan.stats.overloaded, fan.stats.rejected) == (1, 0)
+    assert (gate.stats.overloaded, fan.stats.rejected) == (1, 0)
 
 
 def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) -> None:

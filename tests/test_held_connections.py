@@ -33,7 +33,7 @@ def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Ca
             "http.read_timeout_ms": 10_000, "admission.queue_interval_ms": 0,
             "admission.queue_target_ms": 0, **overrides})
         busy.append(gevent.spawn(_long_call, service.address))
-        wait_for(lambda: service.fanout.admission.inflight >= 1, 5, "the slot taken")
+        wait_for(lambda: service.gate.admission.inflight >= 1, 5, "the slot taken")
         return service
 
     yield start
@@ -69,7 +69,7 @@ def test_callers_ignoring_retry_after_are_refused_from_the_loop_and_every_answer
     stats = service.server.stats
     # Refused again while held, without their greenlets: the callers kept coming back early.
     assert stats.refused_while_held >= 1 and stats.replies_held >= stats.refused_while_held
-    assert service.fanout.stats.overloaded == refused
+    assert service.gate.stats.overloaded == refused
     # Every held connection went back to its greenlet, which closed it with its caller.
     wait_for(lambda: service.server.stats.connections_open == 0, 5, "connections closed")
     assert len(service.server._loop.held) == 0
@@ -99,7 +99,7 @@ def test_a_frame_over_the_limit_sent_while_held_closes_only_that_connection(
         sock.sendall(struct.pack("!i", 64 << 20) + b"\x80\x01\x00\x01")
         assert sock.recv(100) == b""  # closed by the server
     assert service.server.stats.limits_exceeded == rejected + 1
-    assert service.fanout.admission.inflight == 1  # the other caller's call goes on
+    assert service.gate.admission.inflight == 1  # the other caller's call goes on
 
 
 def test_a_caller_gone_while_held_frees_its_connection(saturated: Callable[..., Any]) -> None:
@@ -134,9 +134,9 @@ def test_a_buffered_connection_is_paced_in_its_own_greenlet(
     service = one_call_at_a_time(start_service, slow_alerts, hold=True,
                                  **{"server.transport": "buffered"})
     kinds = hammer(service.address, 2.0, transport=TCyBufferedTransport)
-    assert service.fanout.stats.held >= 1
+    assert service.gate.stats.held >= 1
     assert service.server.stats.replies_held == 0
-    assert service.fanout.stats.overloaded == sum(k["overloaded"] for k in kinds)
+    assert service.gate.stats.overloaded == sum(k["overloaded"] for k in kinds)
 
 
 def test_every_held_call_is_recorded_once_in_the_rpc_metric(

@@ -11,7 +11,7 @@ import gevent
 
 from service.client import AppStatsClient
 from service.engine.deadline import Deadline
-from service.engine.pacing import CallerPacing
+from service.overload.pacing import CallerPacing
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
@@ -46,7 +46,7 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
         start_service: Any, slow_alerts: FaultyHttpService) -> None:
     unpaced = one_call_at_a_time(start_service, slow_alerts, hold=False)
     unpaced_kinds = hammer(unpaced.address, 2.0)
-    assert unpaced.fanout.stats.held == 0
+    assert unpaced.gate.stats.held == 0
 
     paced = one_call_at_a_time(start_service, slow_alerts, hold=True)
     paced_kinds = hammer(paced.address, 2.0)
@@ -57,8 +57,8 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
     # Held: all but a connection's first refusal and the first after each answer, less the
     # retries that took longer than 0.4 x retry_after_ms to arrive (a few on a quiet machine;
     # under a parallel test run's load up to a third were seen). Without pacing: none.
-    assert paced.fanout.stats.held >= 0.5 * (refused - CALLERS - answered)
-    assert paced.fanout.stats.overloaded == refused
+    assert paced.gate.stats.held >= 0.5 * (refused - CALLERS - answered)
+    assert paced.gate.stats.overloaded == refused
     # Refusing at once, the same callers are refused several times as often (about 10x on
     # a quiet machine; under the load of a parallel test run the unpaced server refuses
     # slower, and 3.5x was seen). Without pacing the two are alike.
@@ -87,8 +87,8 @@ def test_callers_honouring_retry_after_are_never_held(
     callers = [gevent.spawn(polite) for _ in range(8)]
     gevent.joinall(callers, timeout=20)
     kinds = sum((c.get() for c in callers), Counter())
-    assert service.fanout.stats.overloaded >= 8 and kinds["answered"] >= 1
-    assert service.fanout.stats.held == 0
+    assert service.gate.stats.overloaded >= 8 and kinds["answered"] >= 1
+    assert service.gate.stats.held == 0
 
 
 def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqid(
@@ -110,7 +110,7 @@ def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqi
     unread = ["without being read" in r.message for r in refusals]
     # A connection is refused unread only once it was refused after a read: it came back early.
     assert True in unread and unread[0] is False, answers
-    assert service.fanout.admission.stats.refused_unread >= unread.count(True)
+    assert service.gate.admission.stats.refused_unread >= unread.count(True)
 
 
 def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held(
@@ -132,5 +132,5 @@ def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held
 
         callers = [gevent.spawn(web_requests) for _ in range(8)]
         gevent.joinall(callers, timeout=20, raise_error=True)
-    assert service.fanout.stats.overloaded >= 8 and kinds["answered"] >= 1, kinds
-    assert service.fanout.stats.held == 0
+    assert service.gate.stats.overloaded >= 8 and kinds["answered"] >= 1, kinds
+    assert service.gate.stats.held == 0

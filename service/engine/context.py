@@ -14,7 +14,6 @@ from types import MappingProxyType
 from typing import Mapping, Optional
 
 from service.engine.deadline import Deadline
-from service.engine.pacing import CallerPacing
 
 __all__ = ["RequestContext", "new_request_id"]
 
@@ -29,24 +28,20 @@ class RequestContext:
     """One RPC: its id, method, :class:`Deadline` and the caller's propagation headers.
 
     ``headers`` are the caller's W3C ``traceparent``, ``tracestate`` and ``baggage``;
-    ``deadline`` bounds all work done for the call. ``caller`` is the connection's
-    :class:`CallerPacing` when the call came over one (refusals of callers that
-    ignore ``retry_after_ms`` are held).
+    ``deadline`` bounds all work done for the call.
     """
 
     request_id: str
     method: str
     deadline: Deadline
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    caller: Optional[CallerPacing] = None
 
     @classmethod
     def start(cls, method: str, deadline_ms: float, request_id: Optional[str] = None,
-              headers: Optional[Mapping[str, str]] = None,
-              caller: Optional[CallerPacing] = None) -> "RequestContext":
+              headers: Optional[Mapping[str, str]] = None) -> "RequestContext":
         """A context for a call starting now, due ``deadline_ms`` from now."""
         return cls(request_id or new_request_id(), method, Deadline.after_ms(deadline_ms),
-                   MappingProxyType(dict(headers or {})), caller)
+                   MappingProxyType(dict(headers or {})))
 
     def __repr__(self) -> str:
         return (f"<RequestContext {self.method} id={self.request_id} "

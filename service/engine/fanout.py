@@ -14,11 +14,9 @@ counted, and a reaper gives them ``fanout.abandon_grace_ms`` to finish on their
 own (their budget was pushed into their I/O, so they normally do) before it
 kills them. No task outlives its request by more than that grace.
 
-Before any of that, the call must be admitted (:mod:`service.engine.admission`):
-a call refused there, or finding the process-wide budget exhausted, raises
-:class:`FanOutOverloaded` at once, having cost almost nothing. If its caller
-came back before the ``retry_after_ms`` it was told, pacing also decides how long
-the server holds that answer (:mod:`service.engine.pacing`).
+A call comes here once admitted (:mod:`service.overload.gate`); finding the
+process-wide task slots all taken, it raises :class:`FanOutOverloaded` at once
+rather than queue for what is most likely a refusal anyway.
 
 Failures are counted, and logged as a summary every few seconds at most
 (:mod:`service.engine.summary`), never a line per task. Each outcome a caller gets goes to the
@@ -32,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import gevent
 from gevent import Greenlet, GreenletExit
@@ -44,14 +42,12 @@ from greenlet import greenlet as RawGreenlet
 from opentelemetry.trace import Span
 
 from service.engine import metrics
-from service.engine.admission import AdmissionControl, Refused
-from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext
 from service.engine.deadline import Deadline
 from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
                                      TaskOutcome, TaskStatus)
 from service.engine.runners import TaskRunners
-from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.engine.settings import FanOutSettings
 from service.engine.summary import FailureSummary
 from tracing.greenlets import spawn_in_context
 from tracing.pools import DemandMeter, MeteredSlots, PoolMeter
@@ -73,8 +69,6 @@ class FanOutStats:
     rejected: int = 0
     abandoned: int = 0   # still running when their request answered
     killed: int = 0      # abandoned and still running after the grace period
-    overloaded: int = 0  # calls answered FanOutOverloaded (refused, or no task could start)
-    held: int = 0        # ...of which held first: the caller ignored retry_after_ms (pacing)
 
 
 class _Run:
@@ -136,19 +130,15 @@ class _Run:
 class FanOut:
     """Runs the tasks of one request at a time; one instance serves the whole process."""
 
-    def __init__(self, settings: FanOutSettings,
-                 admission: AdmissionSettings = AdmissionSettings()) -> None:
+    def __init__(self, settings: FanOutSettings) -> None:
         self.settings = settings
         self.stats = FanOutStats()
-        self.admission = AdmissionControl(admission, settings.request_deadline_ms)
         self._inflight = MeteredSlots(BoundedSemaphore(settings.max_inflight_tasks),
                                       PoolMeter("fanout.tasks", settings.max_inflight_tasks))
         self.request_pool = DemandMeter("fanout.request", settings.pool_size)
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
         self.failures = FailureSummary(log, "task failures")
-        #: Shared calls of identical lookups (used by the handler when ``fanout.coalesce``).
-        self.coalescer = Coalescer()
         metrics.observe(self)
 
     @property
@@ -161,50 +151,17 @@ class FanOut:
         """The engine's pools: per request (``fanout.pool_size``) and process-wide."""
         return (self.request_pool, self._inflight.meter)
 
-    def run(self, tasks: Sequence[Task] | Callable[[], Sequence[Task]],
-            request: RequestContext) -> FanOutResult:
-        """Run ``tasks`` for ``request`` in parallel; one outcome per task, in order.
+    def run(self, tasks: Sequence[Task], request: RequestContext) -> FanOutResult:
+        """Run ``tasks`` for ``request`` in parallel; one outcome per task, in order. Every
+        task ends by ``request.deadline``.
 
-        ``tasks`` may be a function that plans them: it is called only once the
-        call is admitted, so a refused call costs no planning. Every task ends by
-        ``request.deadline``.
-
-        Raises :class:`FanOutOverloaded` when the call is not admitted or no task
-        could get a slot, and :class:`RequiredTaskFailed` when a required task
-        did not finish OK. Every other failure is an outcome, never an exception.
+        Raises :class:`FanOutOverloaded` when no task could get a slot, and
+        :class:`RequiredTaskFailed` when a required task did not finish OK. Every other
+        failure is an outcome, never an exception.
         """
-        caller = request.caller if self.admission.settings.hold_refusals else None
-        if caller is None:
-            return self._admit_and_run(tasks, request.deadline)
-        caller.arrived(request.deadline)
-        try:
-            result = self._admit_and_run(tasks, request.deadline)
-        except FanOutOverloaded as overloaded:
-            # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
-            if caller.refused(overloaded.retry_after_ms, request.deadline) > 0:
-                self.stats.held += 1
-            raise
-        except RequiredTaskFailed:
-            caller.answered()
-            raise
-        caller.answered()
-        return result
+        return self._run(tasks, request.deadline, time.monotonic())
 
-    def _admit_and_run(self, tasks: Sequence[Task] | Callable[[], Sequence[Task]],
-                       deadline: Deadline) -> FanOutResult:
-        try:
-            self.admission.admit(deadline)
-        except Refused as refused:
-            self.stats.overloaded += 1
-            raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
-        started = time.monotonic()
-        try:
-            return self._run_admitted(tasks() if callable(tasks) else tasks, deadline, started)
-        finally:
-            self.admission.done(time.monotonic() - started)
-
-    def _run_admitted(self, tasks: Sequence[Task], deadline: Deadline,
-                      started: float) -> FanOutResult:
+    def _run(self, tasks: Sequence[Task], deadline: Deadline, started: float) -> FanOutResult:
         run = _Run(tasks, deadline)
         try:
             self._start_all(run)
@@ -228,21 +185,18 @@ class FanOut:
             self.stats.rejected += _rejected(result)
             raise RequiredTaskFailed(run.failed_required, result)
         if refused:
-            # A refused call counts once, as overloaded: its tasks reach no caller.
-            self.stats.overloaded += 1
-            raise FanOutOverloaded("no task could start: the fan-out pools are full",
-                                   retry_after_ms=self.admission.retry_after_ms())
+            # A refused call counts once, as overloaded (service.overload.gate): its tasks
+            # reach no caller.
+            raise FanOutOverloaded("no task could start: the fan-out pools are full")
         # Counted once the outcomes are final, so a refused call's tasks never count.
         self.stats.rejected += _rejected(result)
         return result
 
     def _start_all(self, run: _Run) -> None:
         if run.tasks and self._inflight.locked():
-            # Fail fast: with the process-wide budget exhausted, queueing for it only makes
+            # Fail fast: with the process-wide slots all taken, queueing for one only makes
             # the caller wait for what is most likely an Overloaded anyway.
-            self.stats.overloaded += 1
-            raise FanOutOverloaded("no task could start: the process-wide task budget is exhausted",
-                                   retry_after_ms=self.admission.retry_after_ms())
+            raise FanOutOverloaded("no task could start: the process-wide task slots are all taken")
         self.request_pool.wanted(len(run.tasks))
         pool = BoundedSemaphore(self.settings.pool_size)
         # All tasks queue at once, so each may wait for a slot until the same moment.

@@ -1,14 +1,10 @@
-"""The engine's metrics: task durations, the admission limit, and its counters.
+"""The engine's metrics: task durations and its counters (admission's are the gate's,
+:mod:`service.overload.gate`).
 
 Series (OpenTelemetry instruments; names as Prometheus shows them in brackets)::
 
     fanout.task.duration      histogram, s   one per outcome a caller got, by fanout.task.name, .source, .status
                                              [fanout_task_duration_seconds_*]
-    fanout.admission.limit    gauge          the adaptive limit on calls in flight
-    fanout.admission.inflight gauge          calls admitted and running
-    fanout.admission.queued   gauge          calls waiting for admission
-    fanout.calls.overloaded   counter        calls answered Overloaded (refused or no task started)
-    fanout.calls.held         counter        ...of which held first: the caller ignored retry_after_ms
     fanout.tasks.started / .rejected / .abandoned / .killed   counters
 
 Gauges and counters are read from the engines' own counters when a reader
@@ -26,17 +22,23 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.engine.outcomes import Task, TaskOutcome
 
-__all__ = ["observe", "task_ended"]
+__all__ = ["observe", "observe_coalescing", "task_ended"]
 
 _engines: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_coalescers: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _meter = metrics.get_meter("fanout.engine")
 _task_duration = _meter.create_histogram(
     "fanout.task.duration", unit="s", description="Time from a task's start to its outcome")
 
 
 def observe(engine: Any) -> None:
-    """Publish ``engine``'s (a FanOut's) admission state and counters while it lives."""
+    """Publish ``engine``'s (a FanOut's) counters while it lives."""
     _engines.add(engine)
+
+
+def observe_coalescing(coalescer: Any) -> None:
+    """Publish ``coalescer``'s shared calls while it lives."""
+    _coalescers.add(coalescer)
 
 
 def task_ended(task: Task, outcome: TaskOutcome) -> None:
@@ -52,16 +54,7 @@ def _read(value: Callable[[Any], float]) -> Callable[[CallbackOptions], Iterable
     return callback
 
 
-_meter.create_observable_gauge("fanout.admission.limit", [_read(lambda e: int(e.admission.limit))],
-                               unit="{call}", description="The adaptive limit on calls in flight")
-_meter.create_observable_gauge("fanout.admission.inflight", [_read(lambda e: e.admission.inflight)],
-                               unit="{call}", description="Calls admitted and running")
-_meter.create_observable_gauge("fanout.admission.queued", [_read(lambda e: e.admission.queued)],
-                               unit="{call}", description="Calls waiting for admission")
 for _name, _field, _unit, _description in (
-        ("fanout.calls.overloaded", "overloaded", "{call}", "Calls answered Overloaded"),
-        ("fanout.calls.held", "held", "{call}",
-         "Overloaded answers held because the caller ignored retry_after_ms"),
         ("fanout.tasks.started", "started", "{task}", "Tasks started"),
         ("fanout.tasks.rejected", "rejected", "{task}", "Tasks that got no slot in time"),
         ("fanout.tasks.abandoned", "abandoned", "{task}", "Tasks still running when their call answered"),
@@ -69,5 +62,7 @@ for _name, _field, _unit, _description in (
     _meter.create_observable_counter(
         _name, [_read(lambda e, f=_field: getattr(e.stats, f))], unit=_unit, description=_description)
 _meter.create_observable_counter(
-    "fanout.tasks.coalesced", [_read(lambda e: e.coalescer.stats.followers)], unit="{task}",
+    "fanout.tasks.coalesced",
+    [lambda options: [Observation(sum(c.stats.followers for c in list(_coalescers)))]],
+    unit="{task}",
     description="Tasks that shared an identical lookup's call instead of making their own")

@@ -75,9 +75,11 @@ class FanOutError(Exception):
 
 
 class FanOutOverloaded(FanOutError):
-    """Raised when not one task of the request could get a pool slot in time."""
+    """Raised when the call is refused (:mod:`service.overload.gate`) or not one task of the
+    request could get a pool slot; ``retry_after_ms`` (0: not decided yet) tells when
+    to come back, which the gate fills in."""
 
-    def __init__(self, message: str, retry_after_ms: int) -> None:
+    def __init__(self, message: str, retry_after_ms: int = 0) -> None:
         super().__init__(message)
         self.retry_after_ms = retry_after_ms
 

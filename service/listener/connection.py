@@ -9,7 +9,7 @@ usable. A malformed, oversized or too slow message closes only its own
 connection, counted by kind in :class:`~service.listener.stats.ServerStats`.
 
 A reply that pacing holds (a refusal to a caller back before its
-``retry_after_ms``, :mod:`service.engine.pacing`) is written once the hold is
+``retry_after_ms``, :mod:`service.overload.pacing`) is written once the hold is
 over: by :mod:`service.overload.held_connections`, off this greenlet, where the
 connection allows it, or else after a sleep here.
 """
@@ -27,7 +27,7 @@ from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
 from service.engine.context import new_request_id
-from service.engine.pacing import CallerPacing, current_caller
+from service.overload.pacing import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
 from service.listener.handover import MoveNow
 from service.listener.served import ServedConnection

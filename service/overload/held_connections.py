@@ -1,7 +1,7 @@
 """Held connections: the paced refusals of callers that ignore ``retry_after_ms``, served
 from the event loop instead of from a greenlet per caller.
 
-Pacing (:mod:`service.engine.pacing`) decides how long a refusal to such a caller
+Pacing (:mod:`service.overload.pacing`) decides how long a refusal to such a caller
 is held; each of its connections is then refused about once per deadline
 whatever it does, and the server's CPU goes on the refusals that remain: with a
 thousand such callers, about five hundred a second. In a greenlet per
@@ -84,7 +84,7 @@ class HeldConnections:
     whether a connection may serve another call (the server is not draining, the
     connection is not too old). A connection is an object with ``sock``,
     ``channel`` (a :mod:`service.wire.channel` channel) and ``caller`` (its
-    :class:`~service.engine.pacing.CallerPacing`).
+    :class:`~service.overload.pacing.CallerPacing`).
     """
 
     def __init__(self, refuse_next: RefuseNext, may_go_on: Callable[[Any], bool],

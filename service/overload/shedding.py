@@ -1,6 +1,6 @@
 """Refusing a call unread: the cheapest answer for a caller that ignores ``retry_after_ms``.
 
-Pacing (:mod:`service.engine.pacing`) holds such a caller's refusals, so each of its
+Pacing (:mod:`service.overload.pacing`) holds such a caller's refusals, so each of its
 connections is refused about once per deadline whatever it does. What is left is
 the cost of each refusal, and most of that is reading the call: decoding its
 arguments, validating them, opening its span and planning its tasks, all for an
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from service.engine.fanout import FanOut
-from service.engine.pacing import CallerPacing
+from service.overload.gate import CallGate
+from service.overload.pacing import CallerPacing
 from service.idl import appstats
 from service.wire.header import call_header
 
@@ -44,13 +44,13 @@ class UnreadRefusals:
 
     Call it with each message before decoding: it returns ``(method, seqid,
     result)`` to answer with, or None to serve the message as usual. How long to
-    hold the answer is the caller's :meth:`~service.engine.pacing.CallerPacing.take_hold`.
+    hold the answer is the caller's :meth:`~service.overload.pacing.CallerPacing.take_hold`.
     It never blocks, so the hub's callbacks may call it.
     """
 
-    def __init__(self, fanout: FanOut, protocol: str) -> None:
-        self._fanout = fanout
-        self._admission = fanout.admission
+    def __init__(self, gate: CallGate, protocol: str) -> None:
+        self._gate = gate
+        self._admission = gate.admission
         self._protocol = protocol
 
     def __call__(self, caller: CallerPacing, message: Any) -> Optional[tuple[str, int, Any]]:
@@ -59,10 +59,7 @@ class UnreadRefusals:
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:
             return None
-        retry_after_ms = self._admission.refuse_unread()
-        self._fanout.stats.overloaded += 1
-        if caller.refused_unread(retry_after_ms) > 0:
-            self._fanout.stats.held += 1
+        retry_after_ms = self._gate.refused_unread(caller)
         result = appstats.AppStats.get_app_stats_result()
         result.overloaded = appstats.Overloaded(message=_MESSAGE, retry_after_ms=retry_after_ms)
         return _METHOD, header[1], result

@@ -16,7 +16,8 @@ from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
 from service.engine.context import RequestContext, new_request_id
 from service.engine.fanout import FanOut
-from service.engine.pacing import current_caller
+from service.overload.gate import CallGate
+from service.overload.pacing import current_caller
 from service.operations.health import HealthChecker
 from service.idl import appstats
 from service.operations.logs import set_request_id
@@ -42,13 +43,17 @@ class AppStatsHandler:
     (none: no backends listed); ``draining`` says whether the server is draining.
     """
 
-    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut, *,
+    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut,
+                 gate: CallGate, *, coalescer: Optional[Coalescer] = None,
                  health: Optional[HealthChecker] = None,
                  draining: Callable[[], bool] = lambda: False,
                  backend_pools: Callable[[], Sequence[PoolMeter]] = tuple) -> None:
         self._settings = settings
         self._lookups = dict(lookups)
         self._fanout = fanout
+        self._gate = gate
+        #: Shares the call of an identical lookup in flight (``fanout.coalesce``), or None.
+        self.coalescer = coalescer
         self._health = health
         self._draining = draining
         self._backend_pools = backend_pools
@@ -81,6 +86,10 @@ class AppStatsHandler:
     @property
     def fanout(self) -> FanOut:
         return self._fanout
+
+    @property
+    def gate(self) -> CallGate:
+        return self._gate
 
     def pool_meters(self) -> list[PoolMeter]:
         """The engine's pools, then each backend's."""
@@ -125,8 +134,7 @@ class AppStatsHandler:
             if valid.request_id and span.is_recording():
                 span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
-                                           valid.request_id or request_id, valid.headers,
-                                           caller=current_caller.get())
+                                           valid.request_id or request_id, valid.headers)
             set_request_id(context.request_id)
             outcomes = self._gather(valid, context)
             return appstats.StatsResponse(
@@ -137,14 +145,10 @@ class AppStatsHandler:
                 elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
-        skipped: list[TaskOutcome] = []
-
-        def plan() -> list[Task]:  # once admitted: a refused call costs no planning
-            tasks, disabled = self._plan(valid)
-            skipped.extend(disabled)
-            return tasks
         try:
-            result = self._fanout.run(plan, context)
+            with self._gate.admitted(context.deadline, current_caller.get()):
+                tasks, skipped = self._plan(valid)   # once admitted: a refusal plans nothing
+                result = self._fanout.run(tasks, context)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
@@ -156,7 +160,7 @@ class AppStatsHandler:
 
     def _plan(self, valid: ValidRequest) -> tuple[list[Task], list[TaskOutcome]]:
         tasks, skipped = [], []
-        coalescer = self._fanout.coalescer if self._settings.fanout.coalesce else None
+        coalescer = self.coalescer
         for name in valid.panels:
             lookup, policy = self._lookups[name], self._settings.lookup(name)
             if not policy.enabled:

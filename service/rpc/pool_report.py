@@ -25,11 +25,11 @@ _COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started"
 def own_report(handler: Any) -> dict[str, Any]:
     """This server's pools and admission state, as plain values."""
     fanout = handler.fanout
-    admission = fanout.admission
+    admission = handler.gate.admission
     return {"pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
             "admission_limit": int(admission.limit), "calls_in_flight": admission.inflight,
             "calls_queued": admission.queued, "tasks_started": fanout.stats.started,
-            "tasks_coalesced": fanout.coalescer.stats.followers}
+            "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0}
 
 
 def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:

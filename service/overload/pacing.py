@@ -25,7 +25,7 @@ Weighed against the alternatives:
   whose deadlines run out unseen.
 * *Per-connection fairness* does not help: each of these callers has one call
   in flight, and there are simply too many callers.
-* *Adaptive LIFO* (:mod:`~service.engine.admission`) decides which waiting
+* *Adaptive LIFO* (:mod:`~service.overload.admission`) decides which waiting
   call goes first; it does not make refusing cheaper.
 
 Callers that honour ``retry_after_ms`` (with the usual x0.5 to x1.5 jitter) are
