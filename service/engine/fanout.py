@@ -175,27 +175,21 @@ class FanOut:
             run.settle_rest(TaskStatus.TIMEOUT, "request deadline passed")
         result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
                               (time.monotonic() - started) * 1000.0)
-        refused = bool(tasks) and all(o.status is TaskStatus.REJECTED for o in result.outcomes)
-        if not refused:
-            # Once per outcome a caller gets, whatever became of its task: rejected, cut
-            # before it ran, still running, or done (counted when it ended, some went missing).
-            for task, outcome in zip(run.tasks, result.outcomes):
-                metrics.task_ended(task, outcome)
-        if run.failed_required is not None:
-            self.stats.rejected += _rejected(result)
-            raise RequiredTaskFailed(run.failed_required, result)
-        if refused:
-            # A refused call counts once, as overloaded (service.overload.gate): its tasks
-            # reach no caller.
-            raise FanOutOverloaded("no task could start: the fan-out pools are full")
-        # Counted once the outcomes are final, so a refused call's tasks never count.
+        # Once per outcome a caller gets, whatever became of its task: rejected, cut before
+        # it ran, still running, or done (counted when it ended, some went missing).
+        for task, outcome in zip(run.tasks, result.outcomes):
+            metrics.task_ended(task, outcome)
         self.stats.rejected += _rejected(result)
+        if run.failed_required is not None:
+            raise RequiredTaskFailed(run.failed_required, result)
         return result
 
     def _start_all(self, run: _Run) -> None:
         if run.tasks and self._inflight.locked():
             # Fail fast: with the process-wide slots all taken, queueing for one only makes
-            # the caller wait for what is most likely an Overloaded anyway.
+            # the caller wait for what is most likely an Overloaded anyway. Past this check
+            # the first task always starts (nothing yields before its two slots are taken),
+            # so no call ends with every task rejected.
             raise FanOutOverloaded("no task could start: the process-wide task slots are all taken")
         self.request_pool.wanted(len(run.tasks))
         pool = BoundedSemaphore(self.settings.pool_size)
