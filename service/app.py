@@ -24,6 +24,7 @@ from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut
 from service.rpc.handler import AppStatsHandler
 from service.listener.handover import MoveSink
+from service.operations import service_metrics
 from service.operations.health import CHECK_INTERVAL_S, HealthChecker
 from service.operations.hub_monitor import HubMonitor
 from service.idl import appstats
@@ -78,6 +79,7 @@ class FanOutService:
             refuse_unread=(UnreadRefusals(self.gate, settings.server.protocol)
                            if admission.enabled and admission.hold_refusals else None))
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
+        service_metrics.observe(self)
         self.probes: Optional[ProbeServer] = None
         #: Set (by a pre-forked group's worker) to move connections there on the drain.
         self.drain_moves_to: Optional[MoveSink] = None

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 
-from tracing.pools import PoolReport, live_meters
 from tracing.settings import METRIC_EXPORTERS, MetricsSettings
 
 __all__ = ["Metrics", "configure_metrics", "exporter_name", "scrape_address", "SECONDS_BUCKETS"]
@@ -134,38 +131,3 @@ def _otlp_reader(settings: MetricsSettings) -> MetricReader:
 
     return PeriodicExportingMetricReader(OTLPMetricExporter(),
                                          export_interval_millis=settings.export_interval_ms)
-
-
-_reports: tuple[float, list[PoolReport]] = (-1.0, [])
-
-
-def _pool_reports() -> list[PoolReport]:
-    """Every live pool's report, computed once per collection: five gauges read each."""
-    global _reports
-    now = time.monotonic()
-    if now - _reports[0] > _REPORT_REUSE_S:
-        _reports = (now, [meter.report() for meter in live_meters()])
-    return _reports[1]
-
-
-def _observe_pools(field: str, scale: float = 1.0) -> Any:
-    def callback(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(getattr(report, field) * scale, {"fanout.pool.name": report.name})
-                for report in _pool_reports()]
-    return callback
-
-
-_meter = metrics.get_meter("fanout")
-_meter.create_observable_gauge("fanout.pool.size", [_observe_pools("size")], unit="{slot}",
-                               description="Slots in the pool")
-_meter.create_observable_gauge("fanout.pool.in_use", [_observe_pools("in_use")], unit="{slot}",
-                               description="Slots taken right now")
-_meter.create_observable_gauge("fanout.pool.in_use_p99", [_observe_pools("in_use_p99")],
-                               unit="{slot}",
-                               description="99th percentile of slots taken, seen by arrivals (rolling window)")
-_meter.create_observable_gauge("fanout.pool.wait_p99", [_observe_pools("wait_p99_ms", 0.001)],
-                               unit="s",
-                               description="99th percentile of the wait for a slot (rolling window)")
-_meter.create_observable_gauge("fanout.pool.recommended", [_observe_pools("recommended")],
-                               unit="{slot}",
-                               description="Little's law: offered rate x mean hold x headroom")

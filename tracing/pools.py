@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol
 
 __all__ = ["WINDOW_S", "HEADROOM", "PoolMeter", "DemandMeter", "PoolReport", "MeteredSlots",
-           "cpu_demand_s",
-           "live_meters"]
+           "cpu_demand_s"]
 
 #: The rolling window the report covers, in seconds, kept as BUCKETS buckets.
 WINDOW_S = 60.0
@@ -49,7 +47,6 @@ _SCHEDSTAT = "/proc/self/schedstat"
 _WAIT_BUCKETS = 32
 _DEMANDS_KEPT = 4096
 
-_meters: "weakref.WeakSet[PoolMeter]" = weakref.WeakSet()
 
 
 def cpu_demand_s() -> float:
@@ -116,7 +113,6 @@ class PoolMeter:
         self.waiting = 0
         self._changed_at = self._created_at = time.monotonic()
         self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
-        _meters.add(self)
 
     def _current(self, now: float) -> _Bucket:
         bucket = self._buckets[-1]
@@ -265,11 +261,6 @@ def _p99_index(counts: list[int]) -> int:
         if seen >= rank:
             return index
     return len(counts) - 1
-
-
-def live_meters() -> list[PoolMeter]:
-    """Every pool meter still alive in this process, by name."""
-    return sorted(_meters, key=lambda meter: meter.name)
 
 
 class MeteredSlots:

@@ -4,7 +4,6 @@
     breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
     guard.py     BackendGuard: retries within the task's budget, the breaker, hedged requests;
                  one per backend (lookups.backends), shared by its lookups
-    metrics.py   the circuit states and retry counters, as OpenTelemetry metrics
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any
 _EXPORTS = {
     "RetryBudget": "budget", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
     "CircuitState": "breaker", "BackendGuard": "guard", "RetryPolicy": "guard",
-    "live_guards": "metrics",
 }
 
 __all__ = list(_EXPORTS)

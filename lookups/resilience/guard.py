@@ -35,7 +35,6 @@ from opentelemetry import trace
 from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
 from lookups.resilience.budget import RetryBudget
-from lookups.resilience.metrics import metered
 from tracing.greenlets import spawn_in_context
 
 __all__ = ["RetryPolicy", "BackendGuard", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
@@ -93,7 +92,6 @@ class BackendGuard:
         self._p95_s: Optional[float] = None
         self._since_p95 = 0
         self.attempts = self.hedges = 0
-        metered(self)   # its circuit and counters in the resilience metrics
 
     def policy(self, lookup: str) -> RetryPolicy:
         return self._policies.get(lookup, RetryPolicy())

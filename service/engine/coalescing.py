@@ -33,8 +33,6 @@ from typing import Any, Callable, Hashable, Optional
 
 from gevent.event import AsyncResult
 
-from service.engine import metrics
-
 __all__ = ["Coalescer", "CoalescedWaitTimeout", "LeaderGone", "CoalescingStats"]
 
 
@@ -68,7 +66,6 @@ class Coalescer:
     def __init__(self) -> None:
         self._flights: dict[Hashable, AsyncResult] = {}
         self.stats = CoalescingStats()
-        metrics.observe_coalescing(self)
 
     @property
     def in_flight(self) -> int:

@@ -139,7 +139,6 @@ class FanOut:
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
         self.failures = FailureSummary(log, "task failures")
-        metrics.observe(self)
 
     @property
     def inflight(self) -> int:

@@ -31,15 +31,12 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import gevent
 import gevent.lock
 import requests
-from opentelemetry import metrics
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from opentelemetry.metrics import CallbackOptions, Observation
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
@@ -93,7 +90,6 @@ class HealthChecker:
         self._following: Optional[tuple[BackendStatus, ...]] = None
         self._running: dict[str, gevent.Greenlet] = {}
         self._watcher: Optional[gevent.Greenlet] = None
-        _checkers.add(self)
 
     def check(self) -> tuple[BackendStatus, ...]:
         """Each backend's status, in configuration order; at most ``cache_ms`` old.
@@ -194,17 +190,3 @@ def _describe(exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, OperationFailure):
         return f"ping refused (code {exc.code})"
     return f"check failed ({kind})"
-
-
-_checkers: "weakref.WeakSet[HealthChecker]" = weakref.WeakSet()
-
-
-def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
-    # fanout.backend names the backend as every other metric does, and as health() does.
-    return [Observation(int(status.up), {"fanout.backend": status.name})
-            for checker in list(_checkers) for status in checker.current()]
-
-
-metrics.get_meter("fanout").create_observable_gauge(
-    "fanout.backend.up", [_observe_up], unit="{backend}",
-    description="The backend answered its last health check: 1 up, 0 down")

@@ -13,26 +13,17 @@ refusal.
     with gate.admitted(deadline, caller):     # raises FanOutOverloaded
         result = fanout.run(plan(), context)
 
-Series (names as Prometheus shows them in brackets)::
-
-    fanout.admission.limit    gauge    the adaptive limit on calls in flight
-    fanout.admission.inflight gauge    calls admitted and running
-    fanout.admission.queued   gauge    calls waiting for admission
-    fanout.calls.overloaded   counter  calls answered Overloaded (refused, unread or not,
-                                       or no task could start)
-    fanout.calls.held         counter  ...of which held first: the caller ignored retry_after_ms
+The gate's counters and admission's state are series of the service
+(:mod:`service.operations.service_metrics`).
 """
 
 from __future__ import annotations
 
 import time
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Iterator, Optional
 
-from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.engine.deadline import Deadline
 from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed
@@ -57,7 +48,6 @@ class CallGate:
     def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
         self.admission = AdmissionControl(settings, request_deadline_ms)
         self.stats = GateStats()
-        _gates.add(self)
 
     @contextmanager
     def admitted(self, deadline: Deadline, caller: Optional[CallerPacing] = None) -> Iterator[None]:
@@ -108,30 +98,3 @@ class CallGate:
         if caller.refused_unread(retry_after_ms) > 0:
             self.stats.held += 1
         return retry_after_ms
-
-
-_gates: "weakref.WeakSet[CallGate]" = weakref.WeakSet()
-_meter = metrics.get_meter("fanout.engine")
-
-
-def _read(value: Callable[[CallGate], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
-    def callback(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(sum(value(gate) for gate in list(_gates)))]
-    return callback
-
-
-def _register(instrument: Any, name: str, read: Callable[[CallGate], float], unit: str,
-              description: str) -> None:
-    instrument(name, [_read(read)], unit=unit, description=description)
-
-
-_register(_meter.create_observable_gauge, "fanout.admission.limit",
-          lambda g: int(g.admission.limit), "{call}", "The adaptive limit on calls in flight")
-_register(_meter.create_observable_gauge, "fanout.admission.inflight",
-          lambda g: g.admission.inflight, "{call}", "Calls admitted and running")
-_register(_meter.create_observable_gauge, "fanout.admission.queued",
-          lambda g: g.admission.queued, "{call}", "Calls waiting for admission")
-_register(_meter.create_observable_counter, "fanout.calls.overloaded",
-          lambda g: g.stats.overloaded, "{call}", "Calls answered Overloaded")
-_register(_meter.create_observable_counter, "fanout.calls.held", lambda g: g.stats.held, "{call}",
-          "Overloaded answers held because the caller ignored retry_after_ms")
