@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -29,23 +29,21 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from lookups.resilience.breaker import CircuitState
 from tracing.pools import PoolReport
 
-if TYPE_CHECKING:
-    from service.app import FanOutService
-
 __all__ = ["observe"]
 
-_services: "weakref.WeakSet[FanOutService]" = weakref.WeakSet()
+# FanOutService objects (service.app): their backends, handler, health, gate, fanout, coalescer.
+_services: "weakref.WeakSet[Any]" = weakref.WeakSet()
 _REPORT_REUSE_S = 0.5   # one collection reads all five pool gauges well within this
 _reports: tuple[float, list[PoolReport]] = (-1.0, [])
 _STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
 
 
-def observe(service: "FanOutService") -> None:
-    """Publish ``service``'s series while it is alive."""
+def observe(service: Any) -> None:
+    """Publish the series of ``service`` (a :class:`~service.app.FanOutService`) while it is alive."""
     _services.add(service)
 
 
-def _live() -> list["FanOutService"]:
+def _live() -> list[Any]:
     return list(_services)
 
 
@@ -83,7 +81,7 @@ def _backend_up(options: CallbackOptions) -> Iterable[Observation]:
             for service in _live() for status in service.health.current()]
 
 
-def _summed(read: Callable[["FanOutService"], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _summed(read: Callable[[Any], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(sum(read(service) for service in _live()))]
     return callback
