@@ -114,7 +114,7 @@ def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict:
             "tasks_per_run": tasks_per_run}
 
 
-def _trivial(budget_s: float) -> str:
+def _trivial(deadline: Any) -> str:
     return "ok"
 
 
@@ -129,7 +129,7 @@ def _probe_inflight(n: int) -> dict:
 
     release = Event()
 
-    def parked(budget_s: float) -> None:
+    def parked(deadline: Any) -> None:
         release.wait()
 
     fanout = FanOut(FanOutSettings(pool_size=n, max_inflight_tasks=n, queue_timeout_ms=60_000,

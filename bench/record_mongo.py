@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from pymongo import monitoring
 
+from lookups.deadline import Deadline
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
 from lookups.backends.collection import Backends
 from lookups.panels import Window
@@ -80,7 +81,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
                 if lookup.source != "mongo":
                     continue
                 before = len(recorder.recorded)
-                lookup.fetch(window, _TIMEOUT_S)
+                lookup.fetch(window, Deadline.after_s(_TIMEOUT_S))
                 if len(recorder.recorded) != before + 1:
                     raise RuntimeError(f"{name}: expected one aggregation, saw "
                                        f"{len(recorder.recorded) - before}")

@@ -70,12 +70,12 @@ class CircuitOpen(BackendUnavailable):
     retryable = True
 
 
-def blame_own_wait(timeout: BackendTimeout, waited_s: float, budget_s: float) -> BackendTimeout:
+def blame_own_wait(timeout: BackendTimeout, waited_s: float, given_s: float) -> BackendTimeout:
     """``timeout``, no longer counted against the backend if a tenth of the attempt's
-    ``budget_s`` or more went on waiting for our own pool slot: then our pool was
+    ``given_s`` or more went on waiting for our own pool slot: then our pool was
     saturated, and the time left was short by our doing, not the backend's (whose circuit
     would otherwise open under our own overload). A black hole is still caught: its
     first calls find free slots, time out, and count."""
-    if waited_s >= budget_s * _OWN_WAIT_SHARE:
+    if waited_s >= given_s * _OWN_WAIT_SHARE:
         timeout.backend_fault = False
     return timeout

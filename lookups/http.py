@@ -20,6 +20,7 @@ import operator
 from typing import Any, ClassVar
 from urllib.parse import quote
 
+from lookups.deadline import Deadline
 from lookups.backends.http import HttpBackend
 from lookups.base import Lookup
 from lookups.errors import BadBackendResponse, LookupFailed
@@ -77,9 +78,9 @@ class HttpLookup(Lookup, abc.ABC):
         """``backend`` makes the call: its slots, guard and session (``Backends.http(name)``)."""
         self.backend = backend
 
-    def _get_json(self, window: Window, params: dict[str, int], budget_s: float) -> Any:
+    def _get_json(self, window: Window, params: dict[str, int], deadline: Deadline) -> Any:
         path = self.route.format(app=app_path_segment(window.app))
-        return self.backend.get_json(self.name, path, params, budget_s, self.route)
+        return self.backend.get_json(self.name, path, params, deadline, self.route)
 
 
 class AlertsLookup(HttpLookup):
@@ -89,9 +90,9 @@ class AlertsLookup(HttpLookup):
     backend_name: ClassVar[str] = "alerts"
     route: ClassVar[str] = "/apps/{app}/alerts"
 
-    def fetch(self, window: Window, budget_s: float) -> AlertList:
+    def fetch(self, window: Window, deadline: Deadline) -> AlertList:
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms}
-        body = self._get_json(window, params, budget_s)
+        body = self._get_json(window, params, deadline)
         items = _list_field(self.name, body, "alerts")
         alerts = [Alert(id=_typed(self.name, item, "id", str),
                         severity=_typed(self.name, item, "severity", str),
@@ -106,10 +107,10 @@ class SeriesLookup(HttpLookup):
 
     backend_name: ClassVar[str] = "metrics"
 
-    def fetch(self, window: Window, budget_s: float) -> Series:
+    def fetch(self, window: Window, deadline: Deadline) -> Series:
         step_ms = step_ms_for(window)
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms, "step_ms": step_ms}
-        body = self._get_json(window, params, budget_s)
+        body = self._get_json(window, params, deadline)
         points = self._points(_list_field(self.name, body, "points"))
         return Series(points=tuple(sorted(points, key=_BY_TS)), step_ms=step_ms)
 

@@ -28,6 +28,7 @@ from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from pymongo.database import Database
 
+from lookups.deadline import Deadline
 from lookups.backends.mongo import MongoBackend
 from lookups.base import Lookup
 from lookups.errors import BackendTimeout, BadBackendResponse
@@ -117,12 +118,12 @@ class MongoLookup(Lookup, abc.ABC):
         """``backend`` runs the aggregation: its slots, guard and client (``Backends.mongo()``)."""
         self.backend = backend
 
-    def fetch(self, window: Window, budget_s: float) -> PanelValue:
-        if budget_s <= 0:
+    def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
+        if deadline.expired:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
         documents = self.backend.run(
-            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), budget_s)
+            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), deadline)
         return self.build(documents)
 
     @abc.abstractmethod

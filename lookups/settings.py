@@ -47,12 +47,12 @@ class HttpOptions:
     """What an HTTP backend's settings hold besides its URL and pool: timeouts, token, TLS."""
 
     connect_timeout_ms: int = field(default=250, metadata={
-        "help": "TCP connect timeout (the task budget still caps it); short on purpose: a "
+        "help": "TCP connect timeout (the task's deadline still caps it); short on purpose: a "
                 "retry's fresh SYN beats the kernel's 1 s retransmission", "min": 1})
     read_timeout_ms: int = field(default=1000, metadata={
-        "help": "per-read timeout (the task budget still caps it); a panel whose budget is "
+        "help": "per-read timeout (the task's deadline still caps it); a panel whose timeout is "
                 "longer is warned at start-up: each attempt waits at most this long, the rest "
-                "of the budget goes to retries", "min": 1})
+                "of its time goes to retries", "min": 1})
     auth_token: str = field(default="", metadata={
         "help": "sent as `Authorization: Bearer …`; never logged"})
     ca_file: str = field(default="", metadata={
@@ -90,9 +90,9 @@ class MongoOptions:
         "help": "MongoDB connection string (TLS and every pymongo option included)"})
     database: str = field(default="apm", metadata={"help": "database holding the collections"})
     connect_timeout_ms: int = field(default=1000, metadata={
-        "help": "TCP connect timeout (the task budget still caps it)", "min": 1})
+        "help": "TCP connect timeout (the task's deadline still caps it)", "min": 1})
     server_selection_timeout_ms: int = field(default=1000, metadata={
-        "help": "how long to look for a usable server (the task budget still caps it)", "min": 1})
+        "help": "how long to look for a usable server (the task's deadline still caps it)", "min": 1})
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class LookupSettings:
     enabled: bool = field(default=True, metadata={
         "help": "`false`: the panel is not offered, and is `SKIPPED` when asked for"})
     timeout_ms: int = field(default=0, metadata={
-        "help": "this panel's budget; `0` means `fanout.task_timeout_ms`", "min": 0})
+        "help": "this panel's timeout; `0` means `fanout.task_timeout_ms`", "min": 0})
     required: bool = field(default=False, metadata={
         "help": "`true`: if this panel fails, its siblings are `CANCELLED` and the call raises "
                 "`PanelFailed`"})

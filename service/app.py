@@ -147,16 +147,16 @@ def _with_plugins(registry: Optional[LookupRegistry], settings: Settings) -> Loo
 
 
 def read_timeout_warnings(settings: Settings, lookups: Iterable[Lookup]) -> list[str]:
-    """HTTP panels whose budget is longer than their backend's ``read_timeout_ms``, which caps
-    each attempt's wait for the service's answer (the rest of the budget goes to retries)."""
+    """HTTP panels whose timeout is longer than their backend's ``read_timeout_ms``, which caps
+    each attempt's wait for the service's answer (the rest of their time goes to retries)."""
     warnings = []
     for lookup in lookups:
         backend = getattr(lookup, "backend", None)
         if not isinstance(backend, HttpBackend):
             continue
-        read_ms, budget_ms = backend.settings.read_timeout_ms, settings.task_timeout_ms(lookup.name)
-        if budget_ms > read_ms:
-            warnings.append(f"lookups.{lookup.name}.timeout_ms ({budget_ms}) > read_timeout_ms of "
+        read_ms, timeout_ms = backend.settings.read_timeout_ms, settings.task_timeout_ms(lookup.name)
+        if timeout_ms > read_ms:
+            warnings.append(f"lookups.{lookup.name}.timeout_ms ({timeout_ms}) > read_timeout_ms of "
                             f"backend {backend.name} ({read_ms}): each attempt of the "
                             f"{lookup.name} panel waits at most {read_ms} ms for an answer")
     return warnings

@@ -14,7 +14,7 @@ import gevent
 import pytest
 
 from service.overload.admission import AdmissionControl, Refused
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 
 

@@ -21,6 +21,7 @@ import gevent
 import pytest
 from greenlet import greenlet
 
+from lookups.deadline import Deadline
 from lookups.backends.collection import Backends
 from lookups.errors import LookupFailed
 from lookups.http import AlertsLookup
@@ -339,7 +340,7 @@ def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: S
 
             def fetch(budget_s: float) -> str:
                 try:
-                    lookup.fetch(window, budget_s)
+                    lookup.fetch(window, Deadline.after_s(budget_s))
                     return "ok"
                 except LookupFailed as failed:
                     return type(failed).__name__
@@ -369,12 +370,12 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
             lookup = UrlsLookup(backends.mongo())
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             for pause_s in (0.05, 0.15, 0.25, 0.35):
-                tasks = [gevent.spawn(lookup.fetch, window, 3.0) for _ in range(12)]
+                tasks = [gevent.spawn(lookup.fetch, window, Deadline.after_s(3.0)) for _ in range(12)]
                 gevent.sleep(pause_s)
                 gevent.killall(tasks, timeout=5)
             assert wait_for(lambda: backends.connections_in_use()["mongo"] == 0, 10), \
                 backends.connections_in_use()
             proxy.set_delay_ms(0)
-            calls = [gevent.spawn(lookup.fetch, window, 5.0) for _ in range(8)]
+            calls = [gevent.spawn(lookup.fetch, window, Deadline.after_s(5.0)) for _ in range(8)]
             gevent.joinall(calls, timeout=15, raise_error=True)
             assert all(call.value.entries for call in calls)

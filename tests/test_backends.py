@@ -14,6 +14,7 @@ import pytest
 import requests
 from pymongo.errors import PyMongoError
 
+from lookups.deadline import Deadline
 from lookups.base import Lookup
 from lookups.backends.collection import Backends
 from lookups.backends.settings import backends_from_aliases
@@ -153,7 +154,7 @@ def test_delayed_services_serve_calls_in_parallel(sample_data: SampleData) -> No
             lookup = AlertsLookup(backends.http("alerts"))
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             started = time.monotonic()
-            workers = [spawn_in_context(lookup.fetch, window, 5.0) for _ in range(6)]
+            workers = [spawn_in_context(lookup.fetch, window, Deadline.after_s(5.0)) for _ in range(6)]
             gevent.joinall(workers, timeout=30, raise_error=True)
             elapsed = time.monotonic() - started
     assert all(isinstance(worker.value, AlertList) for worker in workers)
@@ -186,7 +187,7 @@ def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
             overrides["backends.mongo.uri"], overrides["backends.alerts.url"])
         with Backends(settings.backends) as backends:
             summary = ErrorsLookup(backends.mongo()).fetch(
-                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=5.0)
+                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(5.0))
         assert summary.total == sum(1 for e in demo.data.errors if e.app == "shop")
     assert all(_refuses(overrides[key]) for key in (
         "backends.mongo.uri", "backends.alerts.url", "backends.metrics.url"))
@@ -255,7 +256,7 @@ class _ConstantAlerts(Lookup):
     name = "constant"
     source = "memory"
 
-    def fetch(self, window: Window, budget_s: float) -> AlertList:
+    def fetch(self, window: Window, deadline: Deadline) -> AlertList:
         return AlertList(())
 
 
@@ -263,7 +264,7 @@ def test_registering_a_lookup(backends: Backends) -> None:
     registry = default_registry()
     registry.register("constant", lambda _: _ConstantAlerts())
     assert registry.names()[-1] == "constant"
-    assert registry.build(backends)["constant"].fetch(Window("a", 0, 1), 1.0) == AlertList(())
+    assert registry.build(backends)["constant"].fetch(Window("a", 0, 1), Deadline.after_s(1.0)) == AlertList(())
     with pytest.raises(ValueError, match="already registered"):
         registry.register("errors", lambda b: ErrorsLookup(b.mongo()))
 

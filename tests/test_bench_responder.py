@@ -17,6 +17,7 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
+from lookups.deadline import Deadline
 from bench.servers.http_backend import BenchHttpBackends
 from bench.servers.mongo_answers import RecordedAnswers
 from bench.servers.mongo_responder import MongoResponder
@@ -41,7 +42,7 @@ def answers() -> RecordedAnswers:
 def _fetch_all(settings: Settings, source: str, budget_s: float = 5.0) -> dict[str, Any]:
     """Every ``source`` lookup of the default registry, fetched for the sample call."""
     with Backends(settings.backends) as backends:
-        return {name: lookup.fetch(WINDOW, budget_s)
+        return {name: lookup.fetch(WINDOW, Deadline.after_s(budget_s))
                 for name, lookup in default_registry().build(backends).items()
                 if lookup.source == source}
 
@@ -67,7 +68,7 @@ def test_the_responder_waits_its_delay_before_each_aggregation(answers):
             lookup = default_registry().build(backends)["urls"]
             for _ in range(2):
                 started = time.monotonic()
-                lookup.fetch(WINDOW, 5.0)
+                lookup.fetch(WINDOW, Deadline.after_s(5.0))
                 elapsed_s = time.monotonic() - started
                 # At least the delay (a little slack for the event loop's cached clock).
                 assert 0.95 * DELAY_MS / 1000 <= elapsed_s < 5.0
@@ -79,7 +80,7 @@ def test_a_budget_shorter_than_the_delay_times_out_as_with_mongodb(answers):
             lookup = default_registry().build(backends)["errors"]
             started = time.monotonic()
             with pytest.raises(BackendTimeout):
-                lookup.fetch(WINDOW, 0.3)
+                lookup.fetch(WINDOW, Deadline.after_s(0.3))
             assert time.monotonic() - started < 2.5
 
 
@@ -114,7 +115,7 @@ def test_the_lean_http_backend_waits_its_delay():
         with Backends(settings.backends) as backends:
             lookup = default_registry().build(backends)["alerts"]
             started = time.monotonic()
-            lookup.fetch(WINDOW, 5.0)
+            lookup.fetch(WINDOW, Deadline.after_s(5.0))
             assert 0.95 * DELAY_MS / 1000 <= time.monotonic() - started < 5.0
 
 

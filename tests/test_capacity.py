@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from bench.load.frames import encode_call
+from lookups.deadline import Deadline
 from service.client import AppStatsClient
 from service.engine import FanOut, FanOutOverloaded, FanOutSettings, RequestContext, Task
 from service.engine.settings import AdmissionSettings
@@ -34,8 +35,8 @@ def run_loops(fan: Any, loops: int, seconds: float, delay_s: Callable[[], float]
     ends = time.monotonic() + seconds
     kinds: list[str] = []
 
-    def sleeper(budget_s: float) -> str:
-        gevent.sleep(min(delay_s(), budget_s))
+    def sleeper(deadline: Deadline) -> str:
+        gevent.sleep(min(delay_s(), deadline.remaining_s()))
         return "ok"
 
     def loop() -> None:

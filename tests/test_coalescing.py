@@ -9,6 +9,7 @@ import gevent.event
 import pytest
 from gevent import GreenletExit
 
+from lookups.deadline import Deadline
 from service.engine.coalescing import CoalescedWaitTimeout, Coalescer, LeaderGone
 
 
@@ -31,7 +32,7 @@ class Backend:
 
 def spawn_calls(coalescer: Coalescer, backend: Backend, keys: list[Any], budget_s: float = 5.0,
                 **fetch_args: Any) -> list[gevent.Greenlet]:
-    calls = [gevent.spawn(coalescer.call, key, budget_s, backend.fetch(key, **fetch_args))
+    calls = [gevent.spawn(coalescer.call, key, Deadline.after_s(budget_s), backend.fetch(key, **fetch_args))
              for key in keys]
     gevent.sleep(0.01)  # every caller has asked
     return calls
@@ -40,7 +41,7 @@ def spawn_calls(coalescer: Coalescer, backend: Backend, keys: list[Any], budget_
 def test_identical_calls_in_flight_share_one_backend_call() -> None:
     coalescer, backend = Coalescer(), Backend()
     joined: list[int] = []
-    calls = [gevent.spawn(coalescer.call, "k", 5.0, backend.fetch("k"), lambda: joined.append(1))
+    calls = [gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"), lambda: joined.append(1))
              for _ in range(10)]
     gevent.sleep(0.01)
     assert coalescer.in_flight == 1
@@ -70,23 +71,23 @@ def test_a_failure_reaches_only_those_waiting_for_it() -> None:
         with pytest.raises(ConnectionError, match="backend down"):
             call.get(timeout=5)
     # Nothing is remembered: the next caller makes a call of its own, and may succeed.
-    assert coalescer.call("k", 5.0, backend.fetch("k", answer="fresh")) == "fresh"
+    assert coalescer.call("k", Deadline.after_s(5.0), backend.fetch("k", answer="fresh")) == "fresh"
     assert backend.calls == ["k", "k"]
 
 
 def test_calls_one_after_another_are_not_cached() -> None:
     coalescer, backend = Coalescer(), Backend()
     backend.release.set()
-    assert [coalescer.call("k", 1.0, backend.fetch("k")) for _ in range(3)] == [("value of", "k")] * 3
+    assert [coalescer.call("k", Deadline.after_s(1.0), backend.fetch("k")) for _ in range(3)] == [("value of", "k")] * 3
     assert backend.calls == ["k"] * 3
 
 
 def test_a_follower_waits_no_longer_than_its_own_budget() -> None:
     coalescer, backend = Coalescer(), Backend()
-    leader = gevent.spawn(coalescer.call, "k", 5.0, backend.fetch("k"))
+    leader = gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"))
     gevent.sleep(0.01)
     with pytest.raises(CoalescedWaitTimeout) as caught:
-        coalescer.call("k", 0.05, backend.fetch("k"))
+        coalescer.call("k", Deadline.after_s(0.05), backend.fetch("k"))
     assert isinstance(caught.value, TimeoutError) and caught.value.retryable
     backend.release.set()
     assert leader.get(timeout=5) == ("value of", "k")   # the leader carried on
@@ -95,9 +96,9 @@ def test_a_follower_waits_no_longer_than_its_own_budget() -> None:
 
 def test_a_killed_leader_wakes_its_followers_with_an_error() -> None:
     coalescer, backend = Coalescer(), Backend()
-    leader = gevent.spawn(coalescer.call, "k", 5.0, backend.fetch("k"))
+    leader = gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"))
     gevent.sleep(0.01)
-    followers = [gevent.spawn(coalescer.call, "k", 5.0, backend.fetch("k")) for _ in range(3)]
+    followers = [gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k")) for _ in range(3)]
     gevent.sleep(0.01)
     leader.kill(GreenletExit, block=True)
     for follower in followers:

@@ -12,6 +12,7 @@ import pytest
 from opentelemetry import trace
 
 from lookups.errors import BackendUnavailable, BadBackendResponse
+from lookups.deadline import Deadline
 from service.engine.context import RequestContext
 from service.engine.fanout import FanOut
 from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus
@@ -24,25 +25,26 @@ from service.overload.gate import CallGate
 caller_value: contextvars.ContextVar[str] = contextvars.ContextVar("caller_value", default="unset")
 
 
-def sleeper(seconds: float, value: Any = "done") -> Callable[[float], Any]:
-    def call(budget_s: float) -> Any:
-        gevent.sleep(min(seconds, budget_s))
-        if seconds > budget_s:
-            raise TimeoutError(f"needed {seconds}s, had {budget_s:.3f}s")
+def sleeper(seconds: float, value: Any = "done") -> Callable[[Deadline], Any]:
+    def call(deadline: Deadline) -> Any:
+        left_s = deadline.remaining_s()
+        gevent.sleep(min(seconds, left_s))
+        if seconds > left_s:
+            raise TimeoutError(f"needed {seconds}s, had {left_s:.3f}s")
         return value
     return call
 
 
-def stubborn(seconds: float) -> Callable[[float], Any]:
-    """A task that ignores its budget, like a library call with no timeout."""
-    def call(budget_s: float) -> Any:
+def stubborn(seconds: float) -> Callable[[Deadline], Any]:
+    """A task that ignores its deadline, like a library call with no timeout."""
+    def call(deadline: Deadline) -> Any:
         gevent.sleep(seconds)
         return "late"
     return call
 
 
-def raiser(exc: Exception, after_s: float = 0.0) -> Callable[[float], Any]:
-    def call(budget_s: float) -> Any:
+def raiser(exc: Exception, after_s: float = 0.0) -> Callable[[Deadline], Any]:
+    def call(deadline: Deadline) -> Any:
         gevent.sleep(after_s)
         raise exc
     return call
@@ -78,7 +80,7 @@ def test_request_pool_bounds_concurrency() -> None:
     fan = engine(pool_size=2, queue_timeout_ms=2000)
     running, peak = [0], [0]
 
-    def tracked(budget_s: float) -> str:
+    def tracked(deadline: Deadline) -> str:
         running[0] += 1
         peak[0] = max(peak[0], running[0])
         gevent.sleep(0.03)
@@ -123,7 +125,7 @@ def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) 
     fan = engine()
     seen = {}
 
-    def look(budget_s: float) -> str:
+    def look(deadline: Deadline) -> str:
         seen["value"] = caller_value.get()
         seen["parent"] = trace.get_current_span().get_span_context()
         return "ok"
@@ -193,13 +195,13 @@ def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     assert fan.inflight == 0
 
 
-def test_budget_is_min_of_task_timeout_and_time_left() -> None:
+def test_a_tasks_deadline_is_the_sooner_of_its_timeout_and_the_requests() -> None:
     fan = engine()
     budgets = {}
 
-    def record(name: str) -> Callable[[float], str]:
-        def call(budget_s: float) -> str:
-            budgets[name] = budget_s
+    def record(name: str) -> Callable[[Deadline], str]:
+        def call(deadline: Deadline) -> str:
+            budgets[name] = deadline.remaining_s()
             return name
         return call
 
@@ -264,7 +266,7 @@ def test_no_tasks_returns_at_once() -> None:
 
 def test_expired_deadline_times_out_without_calling() -> None:
     called = []
-    result = engine().run([task("late", lambda budget: called.append(budget))], within(0))
+    result = engine().run([task("late", lambda deadline: called.append(deadline))], within(0))
     assert result.outcomes[0].status is TaskStatus.TIMEOUT
     assert called == []
 
@@ -285,7 +287,7 @@ def test_task_greenlets_are_reused_and_never_carry_context_over() -> None:
     leak: contextvars.ContextVar[str] = contextvars.ContextVar("leak", default="clean")
     seen: list[tuple[Any, str]] = []
 
-    def look(budget_s: float) -> str:
+    def look(deadline: Deadline) -> str:
         seen.append((gevent.getcurrent(), leak.get()))
         leak.set("dirty")   # set inside the task: must not reach the next task on this greenlet
         return "ok"

@@ -10,6 +10,7 @@ import gevent
 import greenlet
 import pytest
 
+from lookups.deadline import Deadline
 from lookups.base import Lookup
 from lookups.panels import AlertList, Window
 from lookups.registry import LookupRegistry
@@ -38,7 +39,7 @@ class BusyLookup(Lookup):
     name = "busy"
     source = "cpu"
 
-    def fetch(self, window: Window, budget_s: float) -> AlertList:
+    def fetch(self, window: Window, deadline: Deadline) -> AlertList:
         spin(_BUSY_S)
         return AlertList(alerts=())
 

@@ -17,6 +17,7 @@ from gevent.server import StreamServer
 import pytest
 import requests
 
+from lookups.deadline import Deadline
 from lookups.backends.collection import Backends
 from lookups.backends.settings import backends_from_aliases
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
@@ -66,13 +67,13 @@ def test_alerts_panel(backends: Backends, sample_data: SampleData, app: str, win
     window = Window(app, *WINDOWS[window_name])
     expected = sorted(((a.triggered_ms, a.id, a.severity, a.title) for a in sample_data.alerts
                        if a.app == app and window.start_ms <= a.triggered_ms < window.end_ms))
-    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
+    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
     assert [(a.triggered_ms, a.id, a.severity, a.title) for a in alerts.alerts] == expected
 
 
 def test_alerts_at_the_same_instant_are_ordered_by_id(backends: Backends, sample_data: SampleData) -> None:
     window = Window("shop", *WINDOWS["day"])
-    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0).alerts
+    alerts = AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, Deadline.after_s(5.0)).alerts
     stamps = [a.triggered_ms for a in alerts]
     tied = [a.id for a in alerts if stamps.count(a.triggered_ms) > 1]
     assert len(tied) >= 2 and tied == sorted(tied)
@@ -84,7 +85,7 @@ def test_alerts_at_the_same_instant_are_ordered_by_id(backends: Backends, sample
 def test_series_panels(backends: Backends, sample_data: SampleData, lookup_class: type[HttpLookup],
                        app: str, window_name: str) -> None:
     window = Window(app, *WINDOWS[window_name])
-    series = lookup_class(backends.http(lookup_class.backend_name)).fetch(window, budget_s=5.0)
+    series = lookup_class(backends.http(lookup_class.backend_name)).fetch(window, Deadline.after_s(5.0))
     expected = _expected_series(sample_data, window, lookup_class.name)
     assert series.step_ms == _expected_step(window)
     assert len(series.points) <= 120
@@ -94,7 +95,7 @@ def test_series_panels(backends: Backends, sample_data: SampleData, lookup_class
 
 def test_whole_day_series_has_120_twelve_minute_points(backends: Backends) -> None:
     series = LatencyLookup(backends.http(LatencyLookup.backend_name)).fetch(
-        Window("shop", *WINDOWS["day"]), budget_s=5.0)
+        Window("shop", *WINDOWS["day"]), Deadline.after_s(5.0))
     assert series.step_ms == 12 * MINUTE_MS and len(series.points) == 120
 
 
@@ -102,7 +103,7 @@ def test_unknown_app_is_a_bad_response(backends: Backends) -> None:
     for lookup_class in (AlertsLookup, LatencyLookup):
         with pytest.raises(BadBackendResponse) as caught:
             lookup_class(backends.http(lookup_class.backend_name)).fetch(
-                Window("no-such-app", *WINDOWS["day"]), budget_s=5.0)
+                Window("no-such-app", *WINDOWS["day"]), Deadline.after_s(5.0))
         assert caught.value.retryable is False and "404" in str(caught.value)
 
 
@@ -161,7 +162,7 @@ def open_backends() -> Iterator[Callable[..., Backends]]:
 
 def _fetch(backends: Backends, lookup_class: type[HttpLookup], budget_s: float = 5.0) -> Any:
     return lookup_class(backends.http(lookup_class.backend_name)).fetch(
-        Window("shop", *WINDOWS["day"]), budget_s=budget_s)
+        Window("shop", *WINDOWS["day"]), Deadline.after_s(budget_s))
 
 
 @pytest.mark.parametrize(("mode", "error", "retryable"), [
@@ -307,8 +308,8 @@ def test_app_names_stay_one_quoted_segment(open_backends: Callable[..., Backends
     base, seen = recording_url
     backends = open_backends(alerts_url=base, metrics_url=base + "/")
     window = Window(app, *WINDOWS["day"])
-    AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
-    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, budget_s=5.0)
+    AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
+    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
     paths = [raw.split("?", 1)[0] for raw in seen]
     assert paths == [f"/base/apps/{segment}/alerts", f"/base/apps/{segment}/series/volume"]
     assert all(requests.utils.unquote(p.split("/")[3]) == app for p in paths)
@@ -338,8 +339,8 @@ def test_requests_carry_the_window_and_headers_and_no_cookies_are_sent_or_kept(
     backends = open_backends(alerts_url=base, metrics_url=base, auth_token="s3cret")
     window = Window("shop", *WINDOWS["day"])
     for _ in range(3):
-        AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, budget_s=5.0)
-    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, budget_s=5.0)
+        AlertsLookup(backends.http(AlertsLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
+    VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
     start_ms, end_ms = WINDOWS["day"]
     assert [r["query"] for r in seen] == [f"start_ms={start_ms}&end_ms={end_ms}"] * 3 + [
         f"start_ms={start_ms}&end_ms={end_ms}&step_ms={step_ms_for(window)}"]
@@ -357,6 +358,6 @@ def test_dot_segment_app_names_are_refused(open_backends: Callable[..., Backends
     for lookup_class in (AlertsLookup, LatencyLookup):
         with pytest.raises(LookupFailed) as caught:
             lookup_class(backends.http(lookup_class.backend_name)).fetch(
-                Window(app, *WINDOWS["day"]), budget_s=5.0)
+                Window(app, *WINDOWS["day"]), Deadline.after_s(5.0))
         assert caught.value.retryable is False
     assert seen == []

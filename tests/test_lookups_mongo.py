@@ -17,6 +17,7 @@ from gevent.server import StreamServer
 import pymongo
 import pytest
 
+from lookups.deadline import Deadline
 from lookups.backends.collection import Backends
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
@@ -91,7 +92,7 @@ def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, win
     counts = Counter(r.message for r in records)
     expected_top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:10]
 
-    summary = ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0)
+    summary = ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0))
 
     assert summary.total == len(records)
     assert [(m.message, m.count) for m in summary.top] == expected_top
@@ -102,7 +103,7 @@ def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, win
 def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
-    _assert_top_list(UrlsLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
+    _assert_top_list(UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -111,7 +112,7 @@ def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str
                            window_name: str) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
-    _assert_top_list(ControllersLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
+    _assert_top_list(ControllersLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -123,12 +124,12 @@ def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, wi
         totals[record.shape].append(record.duration_ms)
     expected = sorted(((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
                       key=lambda row: (-row[3], row[0]))[:10]
-    _assert_top_list(QueriesLookup(backends.mongo()).fetch(window, budget_s=5.0), expected)
+    _assert_top_list(QueriesLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
 
 
 def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
     window = Window("search", 0, 4_102_444_800_000)   # 1970 to 2100
-    summary = ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0)
+    summary = ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0))
     assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
 
 
@@ -136,8 +137,8 @@ def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) 
     """The seeded data is rich enough that every top list is cut at ten."""
     window = _window(sample_data, "shop", "day")
     for lookup in (UrlsLookup(backends.mongo()), QueriesLookup(backends.mongo())):
-        assert len(lookup.fetch(window, budget_s=5.0).entries) == 10
-    assert len(ErrorsLookup(backends.mongo()).fetch(window, budget_s=5.0).top) == 10
+        assert len(lookup.fetch(window, Deadline.after_s(5.0)).entries) == 10
+    assert len(ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)).top) == 10
 
 
 @pytest.mark.parametrize(("raw", "shape"), [
@@ -175,7 +176,7 @@ def test_malformed_documents_are_a_bad_response(scratch: MongoBackend) -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for lookup in (UrlsLookup(scratch), ControllersLookup(scratch), ErrorsLookup(scratch)):
         with pytest.raises(BadBackendResponse) as caught:
-            lookup.fetch(window, budget_s=5.0)
+            lookup.fetch(window, Deadline.after_s(5.0))
         assert caught.value.retryable is False
 
 
@@ -199,7 +200,7 @@ def test_unreachable_mongo_is_unavailable_within_budget() -> None:
     with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
-            ErrorsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=0.5)
+            ErrorsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5))
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -228,7 +229,7 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
     with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendTimeout) as caught:
-            UrlsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), budget_s=0.5)
+            UrlsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5))
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -238,11 +239,11 @@ def test_mongo_killed_mid_session_is_unavailable() -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     with MongoWireServer() as server:
         with Backends(backends_from_aliases(MongoSettings(uri=server.uri), HttpSettings())) as backends:
-            assert UrlsLookup(backends.mongo()).fetch(window, budget_s=5.0) == TopList(())
+            assert UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)) == TopList(())
             server.kill()
             for _ in range(2):   # first on the pooled connection, then on selection
                 with pytest.raises(BackendUnavailable):
-                    UrlsLookup(backends.mongo()).fetch(window, budget_s=0.5)
+                    UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(0.5))
             assert backends.connections_in_use()["mongo"] == 0
 
 
@@ -274,10 +275,10 @@ def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_s
             database=SAMPLE_DATABASE), event_listeners=[budgets])
         try:
             lookup = ErrorsLookup(backend)
-            lookup.fetch(window, budget_s=5.0)
+            lookup.fetch(window, Deadline.after_s(5.0))
             proxy.reset_all()
             began = time.monotonic()
-            lookup.fetch(window, budget_s=1.9)
+            lookup.fetch(window, Deadline.after_s(1.9))
         finally:
             backend.close()
     sent_at, max_time_ms = budgets.sent[-1]
@@ -291,7 +292,7 @@ def test_spent_budget_is_a_timeout(backends: Backends) -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for budget in (0.0, -1.0, 1e-6):
         with pytest.raises(BackendTimeout) as caught:
-            QueriesLookup(backends.mongo()).fetch(window, budget_s=budget)
+            QueriesLookup(backends.mongo()).fetch(window, Deadline.after_s(budget))
         assert caught.value.retryable is True and isinstance(caught.value, TimeoutError)
 
 
@@ -305,7 +306,7 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
     def run(index: int) -> None:
         budget = 1e-6 if index % 3 == 0 else 5.0    # every third one times out
         try:
-            lookups[index % len(lookups)].fetch(window, budget_s=budget)
+            lookups[index % len(lookups)].fetch(window, Deadline.after_s(budget))
         except BackendTimeout:
             timed_out.add(index)
 
@@ -338,6 +339,7 @@ from lookups.backends.collection import Backends
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
 from lookups.panels import Window
+from lookups.deadline import Deadline
 from lookups.registry import default_registry
 from service.settings.config import load_settings
 settings = load_settings(env={}, overrides=json.loads(sys.argv[1]))
@@ -345,7 +347,7 @@ window = Window(*json.loads(sys.argv[2]))
 backends = Backends(settings.backends)
 lookups = default_registry().build(backends)
 with ThreadPoolExecutor(4) as pool:
-    futures = {name: pool.submit(lookups[name].fetch, window, 2.0)
+    futures = {name: pool.submit(lookups[name].fetch, window, Deadline.after_s(2.0))
                for name in ("errors", "urls", "controllers", "queries")}
     print(json.dumps({name: repr(future.result()) for name, future in futures.items()}))
 backends.close()
@@ -370,7 +372,7 @@ def test_mongo_lookups_from_plain_threads_give_the_same_panels(
     from_threads = json.loads(done.stdout.strip().splitlines()[-1])
     lookups = default_registry().build(backends)
     for name, value in from_threads.items():
-        assert value == repr(lookups[name].fetch(Window(*window), 2.0)), name
+        assert value == repr(lookups[name].fetch(Window(*window), Deadline.after_s(2.0))), name
 
 
 def test_a_pipeline_the_server_refuses_fails_once_as_a_bad_response(backends: Backends) -> None:
@@ -379,6 +381,7 @@ def test_a_pipeline_the_server_refuses_fails_once_as_a_bad_response(backends: Ba
     mongo = backends.mongo()
     attempts_before = mongo.guard.attempts
     with pytest.raises(BadBackendResponse) as refused:
-        mongo.run("errors", lambda db: list(db["errors"].aggregate([{"$noSuchStage": {}}])), 5.0)
+        mongo.run("errors", lambda db: list(db["errors"].aggregate([{"$noSuchStage": {}}])),
+                  Deadline.after_s(5.0))
     assert not refused.value.retry_safe and "refused or garbled" in str(refused.value)
     assert mongo.guard.attempts - attempts_before == 1

@@ -10,7 +10,7 @@ from typing import Any
 import gevent
 
 from service.client import AppStatsClient
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.overload.pacing import CallerPacing
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import gevent
 import pytest
 
+from lookups.deadline import Deadline
 from lookups.backends.http import HttpBackend
 from lookups.backends.settings import HttpBackendSettings
 from lookups.errors import BackendUnavailable, CircuitOpen
@@ -49,7 +50,7 @@ def fetch_many(lookup: AlertsLookup, callers: int, each: int, budget_s: float,
         for _ in range(each):
             gevent.sleep(pause_s)
             try:
-                results.append(lookup.fetch(WINDOW, budget_s))
+                results.append(lookup.fetch(WINDOW, Deadline.after_s(budget_s)))
             except Exception as failure:  # collected, asserted on by the test
                 results.append(failure)
         return results
@@ -123,7 +124,7 @@ def test_a_503_is_retried_and_a_500_is_not(sample_data: SampleData, mode: str, r
     with FaultyHttpService(sample_data) as service, alerts_lookup(service.url) as lookup:
         service.set_mode(mode)                     # flaky503: the first answer only is a 503
         try:
-            lookup.fetch(WINDOW, 2.0)
+            lookup.fetch(WINDOW, Deadline.after_s(2.0))
             failed = None
         except BackendUnavailable as error:
             failed = error
@@ -264,11 +265,11 @@ def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: tuple[str, 
     url, seen = sometimes_slow
     with alerts_lookup(url, hedge=True) as lookup:
         for _ in range(40):                      # learn the p95 (about 2 ms)
-            lookup.fetch(WINDOW, 2.0)
+            lookup.fetch(WINDOW, Deadline.after_s(2.0))
         slowest = 0.0
         for _ in range(30):
             began = time.monotonic()
-            lookup.fetch(WINDOW, 2.0)
+            lookup.fetch(WINDOW, Deadline.after_s(2.0))
             slowest = max(slowest, time.monotonic() - began)
     assert lookup.backend.guard.hedges >= 1
     assert slowest < 0.3, slowest                # the 600 ms answers lost to their hedges
@@ -292,7 +293,7 @@ def test_each_attempt_shows_in_the_task_span(sample_data: SampleData, spans: Any
     with FaultyHttpService(sample_data) as flaky, alerts_lookup(flaky.url) as lookup:
         flaky.set_mode("flaky503")               # the first request is a 503, the next is fine
         with trace.get_tracer("test").start_as_current_span("fanout.task alerts"):
-            lookup.fetch(WINDOW, 2.0)
+            lookup.fetch(WINDOW, Deadline.after_s(2.0))
         assert flaky.requests_seen == 2
     (task,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task alerts"]
     assert task.attributes["fanout.attempts"] == 2

@@ -25,6 +25,7 @@ from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TTransportException
 
+from lookups.deadline import Deadline
 from lookups.base import Lookup
 from lookups.panels import Window
 from lookups.registry import default_registry
@@ -243,7 +244,7 @@ class _BrokenLookup(Lookup):
     name: ClassVar[str] = "broken"
     source: ClassVar[str] = "mongo"
 
-    def fetch(self, window: Window, budget_s: float) -> Any:
+    def fetch(self, window: Window, deadline: Deadline) -> Any:
         raise KeyError("internal state")
 
 
@@ -253,7 +254,7 @@ class _MisdeclaredLookup(Lookup):
     name: ClassVar[str] = "misdeclared"
     source: ClassVar[Any] = object()
 
-    def fetch(self, window: Window, budget_s: float) -> Any:
+    def fetch(self, window: Window, deadline: Deadline) -> Any:
         raise KeyError("never reached by the caller")
 
 

@@ -18,6 +18,7 @@ from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_
 from tracing.greenlets import spawn_in_context
 from tracing.propagation import MAX_HEADER_CHARS, extract_context, inject_headers
 from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
+from lookups.deadline import Deadline
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -318,7 +319,7 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
     def fetch() -> Any:
         with task_span("alerts", "http", 0):
             assert not is_instrumentation_enabled()
-            return lookup.fetch(Window("shop", 1_000, 2_000), 5.0)
+            return lookup.fetch(Window("shop", 1_000, 2_000), Deadline.after_s(5.0))
 
     try:
         with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):

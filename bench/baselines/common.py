@@ -22,7 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 from lookups.base import Lookup
 from lookups.panels import Window
 from service.settings.config import Settings, load_settings
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.idl import appstats
 from service.rpc.mapping import to_panel_data, to_thrift_outcomes
 from service.engine.outcomes import TaskOutcome, TaskStatus
@@ -56,12 +56,12 @@ def lookup_outcome(lookup: Lookup, window: Window, timeout_ms: int,
     Classified as Fanout's engine does: ``TimeoutError`` is ``TIMEOUT``, anything else
     ``ERROR``, ``retryable`` from the exception.
     """
-    budget_s = min(timeout_ms / 1000.0, deadline.remaining_s())
-    if budget_s <= 0:
+    task_deadline = deadline.earlier(timeout_ms)
+    if task_deadline.expired:
         return timeout_outcome(lookup, 0.0, "no time left before the request deadline")
     started = time.monotonic()
     try:
-        value = to_panel_data(lookup.fetch(window, budget_s))
+        value = to_panel_data(lookup.fetch(window, task_deadline))
     except Exception as exc:  # every lookup failure becomes an outcome
         elapsed_ms = (time.monotonic() - started) * 1000.0
         timed_out = isinstance(exc, TimeoutError)

@@ -37,7 +37,7 @@ from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup, app_path_seg
 from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # noqa: E402
                            UrlsLookup, window_filter)
 from lookups.panels import Window  # noqa: E402
-from service.engine.deadline import Deadline  # noqa: E402
+from lookups.deadline import Deadline  # noqa: E402
 from service.engine.outcomes import TaskOutcome  # noqa: E402
 from service.idl import appstats  # noqa: E402
 
@@ -51,10 +51,10 @@ def _plain_mongo(base: type) -> type:
         def __init__(self, db: Any) -> None:  # no backend: a plain pymongo database
             self._db = db
 
-        def fetch(self, window: Window, budget_s: float) -> Any:
+        def fetch(self, window: Window, deadline: Deadline) -> Any:
             pipeline = [{"$match": window_filter(window)}, *self.stages()]
             documents = list(self._db[self.collection].aggregate(
-                pipeline, maxTimeMS=max(1, int(budget_s * 1000))))
+                pipeline, maxTimeMS=max(1, int(deadline.remaining_ms()))))
             return self.build(documents)
     return Plain
 
@@ -67,9 +67,10 @@ def _plain_http(base: type) -> type:
             self._session = session
             self._base_url = base_url.rstrip("/")
 
-        def _get_json(self, window: Window, params: dict[str, int], budget_s: float) -> Any:
+        def _get_json(self, window: Window, params: dict[str, int], deadline: Deadline) -> Any:
             path = self.route.format(app=app_path_segment(window.app))
-            response = self._session.get(self._base_url + path, params=params, timeout=budget_s)
+            response = self._session.get(self._base_url + path, params=params,
+                                         timeout=max(deadline.remaining_s(), 0.001))
             response.raise_for_status()
             return response.json()
     return Plain

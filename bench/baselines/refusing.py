@@ -35,7 +35,7 @@ from thriftpy2.transport import TCyMemoryBuffer  # noqa: E402
 
 from bench.baselines.common import settings_from_argv  # noqa: E402
 from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from service.engine.deadline import Deadline  # noqa: E402
+from lookups.deadline import Deadline  # noqa: E402
 from service.overload.pacing import CallerPacing  # noqa: E402
 from service.idl import appstats  # noqa: E402
 from service.wire.header import call_header  # noqa: E402

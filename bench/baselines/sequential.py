@@ -25,7 +25,7 @@ from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E4
 from lookups.backends.collection import Backends  # noqa: E402
 from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
-from service.engine.deadline import Deadline  # noqa: E402
+from lookups.deadline import Deadline  # noqa: E402
 from service.idl import appstats  # noqa: E402
 from service.engine.outcomes import TaskOutcome  # noqa: E402
 from service.listener.server import ThriftServer  # noqa: E402

@@ -38,7 +38,7 @@ from bench.servers.ready import announce_ready
 from lookups.backends.collection import Backends
 from lookups.panels import Window
 from lookups.registry import default_registry
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.idl import appstats
 from service.engine.outcomes import TaskOutcome
 

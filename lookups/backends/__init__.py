@@ -4,9 +4,9 @@ guard, meters and health check.
     settings.py        MongoBackendSettings, HttpBackendSettings: [backends.<name>], and
                        the [mongo] / [http] aliases
     base.py            Backend: call() = guard, then a slot per attempt, then the call
-    mongo.py           MongoBackend: a pymongo client; run(lookup, operation, budget_s)
+    mongo.py           MongoBackend: a pymongo client; run(lookup, operation, deadline)
     mongo_executor.py  one MongoDB operation, bounded, never killed, errors made typed
-    http.py            HttpBackend: a requests session; get_json(lookup, path, params, budget_s)
+    http.py            HttpBackend: a requests session; get_json(lookup, path, params, deadline)
     collection.py      Backends: every backend of the process, by name
 
 Import from the submodules; this package imports nothing, so that reading the

@@ -25,6 +25,7 @@ import gevent.lock
 from gevent import monkey
 
 from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
+from lookups.deadline import Deadline
 from tracing.pools import MeteredSlots, PoolMeter
 
 __all__ = ["Backend", "Slots", "new_slots"]
@@ -66,18 +67,18 @@ class Backend(abc.ABC):
             failure_rate=settings.breaker_failure_rate, open_ms=settings.breaker_open_ms),
             settings.retry_budget_ratio, policies)
 
-    def call(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
-        """``attempt(budget_s)`` for ``lookup`` through the guard, each try holding a slot.
+    def call(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
+        """``attempt(deadline)`` for ``lookup`` through the guard, each try holding a slot.
 
         Raises :class:`~lookups.errors.LookupFailed` (typed) when every try failed, or
         :class:`~lookups.errors.CircuitOpen` at once while the circuit is open.
         """
-        return self.guard.call(lookup, lambda attempt_budget_s: self.attempt(
-            lookup, attempt, attempt_budget_s), budget_s)
+        return self.guard.call(lookup, lambda attempt_deadline: self.attempt(
+            lookup, attempt, attempt_deadline), deadline)
 
     @abc.abstractmethod
-    def attempt(self, lookup: str, operation: Callable[[float], T], budget_s: float) -> T:
-        """One try of ``operation(budget_s)`` holding a slot, ended within ``budget_s``."""
+    def attempt(self, lookup: str, operation: Callable[[Deadline], T], deadline: Deadline) -> T:
+        """One try of ``operation(deadline)`` holding a slot, ended by ``deadline``."""
 
     @abc.abstractmethod
     def check(self, timeout_s: float) -> None:

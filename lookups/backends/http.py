@@ -41,6 +41,7 @@ from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendRespon
                             blame_own_wait)
 from lookups.resilience import RetryPolicy
 from lookups.backends.tls import HttpsFiles, load_https_files
+from lookups.deadline import Deadline
 from tracing.clients import remote_call
 from tracing.propagation import inject_headers
 
@@ -55,15 +56,15 @@ _RETRY_SAFE_STATUS = frozenset({502, 503, 504})
 _NO_COOKIES = requests.cookies.RequestsCookieJar()
 
 
-def connect_timeout_s(settings: HttpBackendSettings, budget_s: float) -> float:
-    """The connect timeout of one attempt with ``budget_s`` left.
+def connect_timeout_s(settings: HttpBackendSettings, left_s: float) -> float:
+    """The connect timeout of one attempt with ``left_s`` left.
 
     At least ``connect_timeout_ms``, and up to half the budget: a listen queue that is
     full drops the SYN, and Linux sends it again after 1 s, then 3 s. With budget to
     spare, one attempt then lives through those retransmissions; with little, it gives
     up early enough for a retry's fresh SYN. Never past the budget.
     """
-    return min(budget_s, max(settings.connect_timeout_ms / 1000.0, budget_s / 2.0))
+    return min(left_s, max(settings.connect_timeout_ms / 1000.0, left_s / 2.0))
 
 
 class HttpBackend(Backend):
@@ -84,48 +85,49 @@ class HttpBackend(Backend):
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
 
-    def get_json(self, lookup: str, path: str, params: dict[str, int], budget_s: float,
+    def get_json(self, lookup: str, path: str, params: dict[str, int], deadline: Deadline,
                  route: str = "") -> Any:
-        """The JSON answer to ``GET <url><path>?<params>``, guarded, within ``budget_s``.
+        """The JSON answer to ``GET <url><path>?<params>``, guarded, by ``deadline``.
 
         ``path`` is already quoted; ``route`` is its template (``/apps/{app}/alerts``),
         which names the call's span.
         """
         url = self._base + path
-        body = self.call(lookup, lambda attempt_budget_s: self._get_body(
-            lookup, url, params, route, attempt_budget_s), budget_s)
+        body = self.call(lookup, lambda attempt_deadline: self._get_body(
+            lookup, url, params, route, attempt_deadline), deadline)
         try:
             return json.loads(body, parse_constant=_reject_constant)
         except ValueError as exc:
             raise BadBackendResponse(f"{lookup}: response is not valid JSON") from exc
 
-    def attempt(self, lookup: str, operation: Callable[[float], T], budget_s: float) -> T:
-        """``operation(budget_s)`` holding a slot, the slot's wait and the whole exchange
+    def attempt(self, lookup: str, operation: Callable[[Deadline], T], deadline: Deadline) -> T:
+        """``operation(deadline)`` holding a slot, the slot's wait and the whole exchange
         under one timer; a timeout after a long wait for the slot is ours, not the service's."""
-        if budget_s <= 0:
+        left_s = deadline.remaining_s()
+        if left_s <= 0:
             raise BackendTimeout(f"{lookup}: no time left to call the service", backend_fault=False)
         began = time.monotonic()
         waited_s: Optional[float] = None  # known once the slot is ours
-        timer = gevent.Timeout(budget_s)
+        timer = gevent.Timeout(left_s)
         timer.start()
         try:
-            if not self.slots.acquire(timeout=budget_s):
+            if not self.slots.acquire(timeout=left_s):
                 raise BackendTimeout(f"{lookup}: no free connection to the service within "
-                                     f"{budget_s:.3f}s", backend_fault=False)
+                                     f"{left_s:.3f}s", backend_fault=False)
             waited_s = time.monotonic() - began
             try:
-                # What the slot wait left; the timer ends the exchange at the budget anyway.
-                return operation(max(budget_s - waited_s, 0.001))
+                # The timer ends the exchange at the deadline anyway.
+                return operation(deadline)
             except BackendTimeout as slow:
-                raise blame_own_wait(slow, waited_s, budget_s)
+                raise blame_own_wait(slow, waited_s, left_s)
         except gevent.Timeout as fired:
             if fired is not timer:
                 raise
             # Blamed on the service unless our own slot took a tenth of the budget or more.
             raise blame_own_wait(BackendTimeout(f"{lookup}: no complete answer within "
-                                                f"{budget_s:.3f}s"),
+                                                f"{left_s:.3f}s"),
                                  time.monotonic() - began if waited_s is None else waited_s,
-                                 budget_s) from None
+                                 left_s) from None
         finally:
             timer.close()
             if waited_s is not None:
@@ -152,10 +154,11 @@ class HttpBackend(Backend):
         self._probe_session.close()
 
     def _get_body(self, lookup: str, url: str, params: dict[str, int], route: str,
-                  budget_s: float) -> bytes:
+                  deadline: Deadline) -> bytes:
         settings = self.settings
-        timeouts = (connect_timeout_s(settings, budget_s),
-                    min(settings.read_timeout_ms / 1000.0, budget_s))
+        left_s = max(deadline.remaining_s(), 0.001)   # requests takes seconds
+        timeouts = (connect_timeout_s(settings, left_s),
+                    min(settings.read_timeout_ms / 1000.0, left_s))
         try:
             with remote_call(self.name, route):
                 response = self.session.send(self._prepare(url, params), timeout=timeouts,

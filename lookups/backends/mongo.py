@@ -21,6 +21,7 @@ from lookups.backends.base import Backend
 from lookups.backends.mongo_executor import run_bounded
 from lookups.backends.settings import MongoBackendSettings
 from lookups.resilience import RetryPolicy
+from lookups.deadline import Deadline
 
 __all__ = ["MongoBackend", "CheckedOutCounter"]
 
@@ -54,12 +55,12 @@ class MongoBackend(Backend):
         """The configured database (``database``)."""
         return self.client[self.settings.database]
 
-    def run(self, lookup: str, operation: Callable[[Database], T], budget_s: float) -> T:
-        """``operation(db)`` for ``lookup``: guarded, retried, bounded by ``budget_s``."""
-        return self.call(lookup, lambda _budget_s: operation(self.db), budget_s)
+    def run(self, lookup: str, operation: Callable[[Database], T], deadline: Deadline) -> T:
+        """``operation(db)`` for ``lookup``: guarded, retried, ended by ``deadline``."""
+        return self.call(lookup, lambda _deadline: operation(self.db), deadline)
 
-    def attempt(self, lookup: str, operation: Callable[[float], T], budget_s: float) -> T:
-        return run_bounded(lookup, self.db, self.slots, budget_s, lambda: operation(budget_s))
+    def attempt(self, lookup: str, operation: Callable[[Deadline], T], deadline: Deadline) -> T:
+        return run_bounded(lookup, self.db, self.slots, deadline, lambda: operation(deadline))
 
     def check(self, timeout_s: float) -> None:
         with pymongo.timeout(timeout_s):

@@ -30,6 +30,7 @@ from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, 
                             ServerSelectionTimeoutError)
 
 from lookups.backends.base import Slots
+from lookups.deadline import Deadline
 from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
                             blame_own_wait)
 from tracing.greenlets import spawn_in_context
@@ -44,11 +45,11 @@ T = TypeVar("T")
 _SELECTION_STEP_S = 0.5
 
 
-def run_bounded(lookup: str, db: Database, slots: Slots, budget_s: float,
+def run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
                 operation: Callable[[], T]) -> T:
     """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
 
-    Ends within ``budget_s``: the slot wait is bounded by it, and when pymongo already
+    Ends by ``deadline``: the slot wait is bounded by it, and when pymongo already
     knows that no server is usable (each has a recorded error), a server is first
     selected for ``db``'s read preference (with a ``ping``) within whole selection steps,
     so that waiting for a server ends in time; with less than one step left, the error is
@@ -64,8 +65,8 @@ def run_bounded(lookup: str, db: Database, slots: Slots, budget_s: float,
     and :class:`BackendTimeout` when no slot frees up in time.
     """
     began = time.monotonic()
-    deadline = began + budget_s
-    if not slots.acquire(timeout=budget_s):
+    left_s = deadline.remaining_s()
+    if not slots.acquire(timeout=left_s):
         raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
                              backend_fault=False)
     waited_s = time.monotonic() - began
@@ -76,12 +77,12 @@ def run_bounded(lookup: str, db: Database, slots: Slots, budget_s: float,
         succeeded, result = call()  # plain threads: nothing throws into them
     if not succeeded:
         if isinstance(result, BackendTimeout):
-            blame_own_wait(result, waited_s, budget_s)
+            blame_own_wait(result, waited_s, left_s)
         raise result
     return result
 
 
-def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: float,
+def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: Deadline,
                    operation: Callable[[], T]) -> tuple[bool, Any]:
     """(True, value) or (False, the exception): a failure is the caller's to raise, not the hub's."""
     try:
@@ -95,7 +96,7 @@ def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: float,
         slots.release()
 
 
-def _await_usable_server(lookup: str, db: Database, deadline: float) -> None:
+def _await_usable_server(lookup: str, db: Database, deadline: Deadline) -> None:
     """When every server has a recorded error, select one within whole selection steps.
 
     pymongo's server selection looks at its budget only between waits of up to a step, so
@@ -106,7 +107,7 @@ def _await_usable_server(lookup: str, db: Database, deadline: float) -> None:
     """
     if not _no_server_usable(db.client):
         return
-    steps_s = math.floor((deadline - time.monotonic()) / _SELECTION_STEP_S) * _SELECTION_STEP_S
+    steps_s = math.floor(deadline.remaining_s() / _SELECTION_STEP_S) * _SELECTION_STEP_S
     if steps_s <= 0:
         raise _selection_failed(lookup, db.client)
     try:
@@ -119,11 +120,12 @@ def _await_usable_server(lookup: str, db: Database, deadline: float) -> None:
         # the operation still has the rest of the budget.
 
 
-def _budget_left(lookup: str, deadline: float) -> float:
-    budget_s = deadline - time.monotonic()
-    if budget_s <= 0:
+def _budget_left(lookup: str, deadline: Deadline) -> float:
+    """Seconds left for pymongo's ``timeout()``; none left is a timeout of ours."""
+    left_s = deadline.remaining_s()
+    if left_s <= 0:
         raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
-    return budget_s
+    return left_s
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""One backend's guard: retries within the task's budget, a retry budget, a circuit
+"""One backend's guard: retries before the task's deadline, a retry budget, a circuit
 breaker, and optional hedged requests.
 
 :meth:`BackendGuard.call` runs one attempt after another until one succeeds or:
@@ -6,7 +6,7 @@ breaker, and optional hedged requests.
 * the failure is not ``retry_safe`` (see :mod:`lookups.errors`), or
 * the lookup's ``attempts`` are used up, or
 * the jittered back-off (``RETRY_BACKOFF_MS`` doubling up to ``RETRY_BACKOFF_MAX_MS``,
-  "full jitter") would not leave ``MIN_ATTEMPT_MS`` of the budget for another try, or
+  "full jitter") would not leave ``MIN_ATTEMPT_MS`` before the deadline for another try, or
 * the backend's :class:`~lookups.resilience.budget.RetryBudget` is spent (retries at
   most ``retry_budget_ratio`` of calls, plus 10 a second and a reserve of 3), or
 * the circuit breaker is open (:class:`~lookups.errors.CircuitOpen`, at once).
@@ -14,8 +14,8 @@ breaker, and optional hedged requests.
 With hedging on for a lookup, an attempt still running after the backend's
 observed 95th-percentile latency gets a twin; the first answer wins and the
 other is killed (its slot and connection are given back in its ``finally``; a
-MongoDB operation runs on in its own never-killed greenlet and ends within its
-budget). A hedge spends the retry budget too. This is Finagle's backup requests.
+MongoDB operation runs on in its own never-killed greenlet and ends by its
+deadline). A hedge spends the retry budget too. This is Finagle's backup requests.
 
 The task's span gets ``fanout.attempts`` and, after a failed attempt,
 ``fanout.last_error``; each retry is a ``retry`` event.
@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Optional, TypeVar
 import gevent
 from opentelemetry import trace
 
+from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
 from lookups.resilience.budget import RetryBudget
@@ -59,16 +60,16 @@ class RetryPolicy:
     hedge: bool = False
 
 
-def _is_backend_fault(error: BaseException, budget_s: float) -> bool:
+def _is_backend_fault(error: BaseException, given_s: float) -> bool:
     """Whether a call's failure counts against the backend for its circuit breaker:
     unreachable or timed out, by the backend's doing. Not a bad answer, not the breaker's
     own refusal, not a kill (the engine's reaper) nor a bug of ours, and not a timeout
-    within a budget under :data:`JUDGED_BUDGET_S`: that says more about the caller's
+    of a call given less than :data:`JUDGED_BUDGET_S`: that says more about the caller's
     deadline than about the backend."""
     if isinstance(error, CircuitOpen):
         return False
     if isinstance(error, BackendTimeout):
-        return error.backend_fault and budget_s >= JUDGED_BUDGET_S
+        return error.backend_fault and given_s >= JUDGED_BUDGET_S
     if isinstance(error, BackendUnavailable):
         return error.backend_fault
     return False
@@ -96,30 +97,31 @@ class BackendGuard:
     def policy(self, lookup: str) -> RetryPolicy:
         return self._policies.get(lookup, RetryPolicy())
 
-    def call(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
-        """``attempt(budget_s)`` with retries as in the module doc; raises its last failure.
+    def call(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
+        """``attempt(deadline)`` with retries as in the module doc; raises its last failure.
 
         The breaker judges the call, not each attempt: a call a retry saved is a success.
         """
         probe = self.breaker.check()
+        given_s = deadline.remaining_s()
         failed = True
         try:
-            value = self._attempts(lookup, attempt, budget_s)
+            value = self._attempts(lookup, attempt, deadline)
             failed = False
             return value
         except BaseException as error:
-            failed = _is_backend_fault(error, budget_s)
+            failed = _is_backend_fault(error, given_s)
             raise
         finally:
             self.breaker.record(failed, probe)
 
-    def _attempts(self, lookup: str, attempt: Callable[[float], T], budget_s: float) -> T:
-        policy, deadline = self.policy(lookup), time.monotonic() + budget_s
+    def _attempts(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
+        policy = self.policy(lookup)
         self.budget.record_call()
         span = trace.get_current_span()
         for number in range(1, policy.attempts + 1):
             try:
-                value = self._once(attempt, deadline - time.monotonic(), policy.hedge)
+                value = self._once(attempt, deadline, policy.hedge)
                 _annotate(span, number, None)
                 return value
             except LookupFailed as failure:
@@ -129,35 +131,35 @@ class BackendGuard:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _may_retry(self, failure: LookupFailed, number: int, policy: RetryPolicy,
-                   deadline: float) -> bool:
+                   deadline: Deadline) -> bool:
         if not failure.retry_safe or number >= policy.attempts:
             return False
         backoff_ms = random.uniform(0, min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * 2 ** (number - 1)))
-        if (deadline - time.monotonic()) * 1000.0 < backoff_ms + MIN_ATTEMPT_MS:
+        if deadline.remaining_ms() < backoff_ms + MIN_ATTEMPT_MS:
             return False
         if not self.budget.try_retry():
             return False
         time.sleep(backoff_ms / 1000.0)  # gevent's under patching; a thread's otherwise
         return True
 
-    def _once(self, attempt: Callable[[float], T], budget_s: float, hedge: bool) -> T:
+    def _once(self, attempt: Callable[[Deadline], T], deadline: Deadline, hedge: bool) -> T:
         self.attempts += 1
         began = time.monotonic()
-        value = self._hedged(attempt, budget_s) if hedge else attempt(budget_s)
+        value = self._hedged(attempt, deadline) if hedge else attempt(deadline)
         if self._hedging:
             self._observe(time.monotonic() - began)
         return value
 
-    def _hedged(self, attempt: Callable[[float], T], budget_s: float) -> T:
+    def _hedged(self, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
         delay_s = self._p95_s
-        if delay_s is None or delay_s >= budget_s:
-            return attempt(budget_s)
-        first = spawn_in_context(attempt, budget_s)
+        if delay_s is None or delay_s >= deadline.remaining_s():
+            return attempt(deadline)
+        first = spawn_in_context(attempt, deadline)
         first.join(timeout=delay_s)
         if first.ready() or not self.budget.try_retry():
             return first.get()
         self.hedges += 1
-        second = spawn_in_context(attempt, budget_s - delay_s)
+        second = spawn_in_context(attempt, deadline)
         racing = [first, second]
         try:
             while racing:

@@ -67,7 +67,7 @@ from lookups.resilience.budget import RetryBudget
 from service.client.connections import Connection, ConnectionPool, Connector
 from service.client.hedging import BackupRequests
 from service.client.instances import Instance, Instances
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context

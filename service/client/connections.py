@@ -22,7 +22,7 @@ from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
 from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
 
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 

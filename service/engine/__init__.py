@@ -3,7 +3,6 @@
     fanout.py     FanOut: slots, waiting, abandoning and reaping; one instance per process
     outcomes.py   Task, TaskOutcome, TaskStatus, FanOutResult and the engine's errors
     context.py    RequestContext, the explicit context object of one call
-    deadline.py   Deadline, a point on the monotonic clock
     runners.py    TaskRunners, reused greenlets that run each job in a copy of its context
     settings.py   FanOutSettings, the ``[fanout]`` section
 
@@ -15,11 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Loaded on first use, not on import: the web-tier client imports service.engine.deadline
-# alone, and must not register the engine's admission gauges in its own process.
+# Loaded on first use, not on import: nothing is loaded that the caller does not use.
 _EXPORTS = {
     "FanOut": "fanout", "FanOutStats": "fanout", "FanOutSettings": "settings",
-    "RequestContext": "context", "Deadline": "deadline", "Task": "outcomes",
+    "RequestContext": "context", "Deadline": "lookups.deadline", "Task": "outcomes",
     "TaskOutcome": "outcomes", "TaskStatus": "outcomes", "FanOutResult": "outcomes",
     "FanOutError": "outcomes", "FanOutOverloaded": "outcomes", "RequiredTaskFailed": "outcomes",
 }
@@ -31,4 +29,5 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    path = module if "." in module else f"{__name__}.{module}"
+    return getattr(importlib.import_module(path), name)

@@ -6,8 +6,8 @@ with a given key (the *leader*) make the backend call, and every task that
 asks for the same key while that call runs (a *follower*) wait for its result
 instead of calling again::
 
-    value = coalescer.call(("errors", app, start_ms, end_ms), budget_s,
-                           lambda: lookup.fetch(window, budget_s))
+    value = coalescer.call(("errors", app, start_ms, end_ms), deadline,
+                           lambda: lookup.fetch(window, deadline))
 
 The rules that keep it honest:
 
@@ -17,7 +17,7 @@ The rules that keep it honest:
   forgotten: no cache, no stale data.
 * A failure (an exception, a timeout) is shared only with the followers that
   were waiting for that call; the next task with the key calls again.
-* A follower waits no longer than its own budget; when it runs out it raises
+* A follower waits no longer than its own deadline; when it passes it raises
   :class:`CoalescedWaitTimeout` (a :class:`TimeoutError`, so the engine reports
   ``TIMEOUT``) and the leader carries on for the others.
 * A leader that is killed (``GreenletExit``) or times out on the hub wakes its
@@ -31,13 +31,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, Optional
 
+from lookups.deadline import Deadline
 from gevent.event import AsyncResult
 
 __all__ = ["Coalescer", "CoalescedWaitTimeout", "LeaderGone", "CoalescingStats"]
 
 
 class CoalescedWaitTimeout(TimeoutError):
-    """A follower's budget ran out while the call it waited for was still running."""
+    """A follower's deadline passed while the call it waited for was still running."""
 
     retryable = True
     backend_fault = False
@@ -72,13 +73,13 @@ class Coalescer:
         """Keys with a call running now."""
         return len(self._flights)
 
-    def call(self, key: Hashable, budget_s: float, fetch: Callable[[], Any],
+    def call(self, key: Hashable, deadline: Deadline, fetch: Callable[[], Any],
              joined: Optional[Callable[[], None]] = None) -> Any:
         """``fetch()``'s value, shared with every caller of the same ``key`` meanwhile.
 
         ``joined`` is called when this caller becomes a follower (to mark its span).
         Raises what ``fetch`` raised (leader or follower), :class:`CoalescedWaitTimeout`
-        when a follower's ``budget_s`` runs out, :class:`LeaderGone` when the leader
+        when a follower's ``deadline`` passes, :class:`LeaderGone` when the leader
         was killed.
         """
         flight = self._flights.get(key)
@@ -86,7 +87,7 @@ class Coalescer:
             self.stats.followers += 1
             if joined is not None:
                 joined()
-            return _wait(flight, budget_s)
+            return _wait(flight, deadline)
         flight = self._flights[key] = AsyncResult()
         self.stats.leaders += 1
         try:
@@ -106,8 +107,9 @@ class Coalescer:
                 del self._flights[key]
 
 
-def _wait(flight: AsyncResult, budget_s: float) -> Any:
-    flight.wait(timeout=max(budget_s, 0.0))  # returns the value, which may be None: ask ready()
+def _wait(flight: AsyncResult, deadline: Deadline) -> Any:
+    waited_s = deadline.remaining_s()
+    flight.wait(timeout=waited_s)  # returns the value, which may be None: ask ready()
     if not flight.ready():
-        raise CoalescedWaitTimeout(f"the shared call did not finish within {budget_s:.3f}s")
+        raise CoalescedWaitTimeout(f"the shared call did not finish within {waited_s:.3f}s")
     return flight.get(block=False)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Optional
 
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 
 __all__ = ["RequestContext", "new_request_id"]
 

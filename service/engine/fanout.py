@@ -43,7 +43,7 @@ from opentelemetry.trace import Span
 
 from service.engine import metrics
 from service.engine.context import RequestContext
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
                                      TaskOutcome, TaskStatus)
 from service.engine.runners import TaskRunners
@@ -239,13 +239,13 @@ class FanOut:
     def _call(self, run: _Run, index: int,
               wait_ms: float) -> tuple[TaskOutcome, Optional[Exception]]:
         task = run.tasks[index]
-        budget_s = min(task.timeout_ms / 1000.0, run.deadline.remaining_s())
-        if budget_s <= 0:
+        deadline = run.deadline.earlier(task.timeout_ms)
+        if deadline.expired:
             return TaskOutcome(task.name, task.source, TaskStatus.TIMEOUT, 0.0, error_type="TIMEOUT",
                                message="no time left before the request deadline",
                                retryable=True, pool_wait_ms=wait_ms), None
         try:
-            value = task.call(budget_s)
+            value = task.call(deadline)
         except Exception as exc:  # every task failure becomes an outcome
             return self._failure(task, exc, run.elapsed_ms(index), wait_ms), exc
         return TaskOutcome(task.name, task.source, TaskStatus.OK, run.elapsed_ms(index),

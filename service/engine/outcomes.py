@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from lookups.deadline import Deadline
 from typing import Any, Callable, Optional
 
 __all__ = ["TaskStatus", "Task", "TaskOutcome", "FanOutResult", "FanOutError",
@@ -22,7 +23,7 @@ class TaskStatus(enum.Enum):
 
     OK = "OK"                # finished with a value
     ERROR = "ERROR"          # raised an exception
-    TIMEOUT = "TIMEOUT"      # its budget or the request deadline ran out
+    TIMEOUT = "TIMEOUT"      # its timeout or the request deadline passed
     CANCELLED = "CANCELLED"  # a required sibling failed first
     REJECTED = "REJECTED"    # no pool slot within fanout.queue_timeout_ms
     SKIPPED = "SKIPPED"      # not run (e.g. disabled by configuration)
@@ -30,15 +31,15 @@ class TaskStatus(enum.Enum):
 
 @dataclass(frozen=True)
 class Task:
-    """One unit of work: ``call(budget_s)`` returns a value or raises.
+    """One unit of work: ``call(deadline)`` returns a value or raises.
 
-    ``budget_s`` is ``min(timeout_ms, time left before the request deadline)``;
-    the callee must push it into its I/O so the library gives up by itself.
+    ``deadline`` is the sooner of ``timeout_ms`` from its start and the request's
+    deadline; the callee must push it into its I/O so the library gives up by itself.
     """
 
     name: str
     source: str
-    call: Callable[[float], Any]
+    call: Callable[[Deadline], Any]
     timeout_ms: int
     required: bool = False
 

@@ -9,7 +9,7 @@ __all__ = ["FanOutSettings", "AdmissionSettings"]
 
 @dataclass(frozen=True)
 class FanOutSettings:
-    """Pools, queueing and time budgets of the fan-out engine (all times in milliseconds)."""
+    """Pools, queueing and timeouts of the fan-out engine (all times in milliseconds)."""
 
     pool_size: int = field(default=16, metadata={
         "help": "tasks of one request running at once", "min": 1})
@@ -21,7 +21,7 @@ class FanOutSettings:
         "help": "a request's deadline; callers may ask for less with `meta.deadline_ms`",
         "min": 1})
     task_timeout_ms: int = field(default=1000, metadata={
-        "help": "default budget of one task", "min": 1})
+        "help": "default timeout of one task", "min": 1})
     abandon_grace_ms: int = field(default=500, metadata={
         "help": "how long a task still running after its request answered may go on before "
                 "it is killed", "min": 0})

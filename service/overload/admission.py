@@ -52,7 +52,7 @@ from typing import Callable
 
 from gevent.event import Event
 
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from tracing.pools import cpu_demand_s
 

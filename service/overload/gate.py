@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Iterator, Optional
 
 
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed
 from service.engine.settings import AdmissionSettings
 from service.overload.admission import AdmissionControl, Refused

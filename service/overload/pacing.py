@@ -41,7 +41,7 @@ import time
 from contextvars import ContextVar
 from typing import Optional
 
-from service.engine.deadline import Deadline
+from lookups.deadline import Deadline
 
 __all__ = ["CallerPacing", "current_caller"]
 
@@ -66,32 +66,32 @@ current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_early", "_budget_ms", "_hold_s")
+    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s")
 
     def __init__(self) -> None:
         self._back_at = 0.0
         self._early = False
-        self._budget_ms = 0.0   # the deadline of this caller's last call read in full
+        self._last_deadline_ms = 0.0   # the deadline of this caller's last call read in full
         self._hold_s = 0.0      # how long to hold the reply to the call being served
 
     def arrived(self, deadline: Deadline) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
         self._early = time.monotonic() < self._back_at
-        self._budget_ms = deadline.remaining_ms()
+        self._last_deadline_ms = deadline.remaining_ms()
 
     def back_early(self) -> bool:
         """True if a call arriving now comes before the pause this caller was told."""
-        return self._budget_ms > 0 and time.monotonic() < self._back_at
+        return self._last_deadline_ms > 0 and time.monotonic() < self._back_at
 
     def early_for_s(self) -> float:
         """Seconds from now until a call from this caller no longer counts as early (0 if none)."""
-        return max(0.0, self._back_at - time.monotonic()) if self._budget_ms > 0 else 0.0
+        return max(0.0, self._back_at - time.monotonic()) if self._last_deadline_ms > 0 else 0.0
 
     def refused_unread(self, retry_after_ms: int) -> float:
         """A call that came back early is refused without being read: held as in
         :meth:`refused`, within the deadline the caller's last call carried."""
         self._early = True
-        return self.refused(retry_after_ms, Deadline.after_ms(self._budget_ms))
+        return self.refused(retry_after_ms, Deadline.after_ms(self._last_deadline_ms))
 
     def answered(self) -> None:
         """The call was admitted and answered: nothing to pace."""

@@ -10,6 +10,7 @@ import logging
 import time
 from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
+from lookups.deadline import Deadline
 from lookups.base import Lookup
 from lookups.panels import Window
 from service.settings.config import Settings
@@ -180,17 +181,17 @@ def _method_span(method: str) -> ContextManager[Any]:
 
 
 def _panel_call(lookup: Lookup, window: Window,
-                coalescer: Optional[Coalescer]) -> Callable[[float], Any]:
+                coalescer: Optional[Coalescer]) -> Callable[[Deadline], Any]:
     """The task body: fetch (sharing an identical call in flight, when coalescing), then map
     to Thrift inside the task, so a bad value is that task's ERROR."""
     if coalescer is None:
-        def call(budget_s: float) -> Any:
-            return to_panel_data(lookup.fetch(window, budget_s))
+        def call(deadline: Deadline) -> Any:
+            return to_panel_data(lookup.fetch(window, deadline))
         return call
     # The whole question: the panel and the window (app, start, end). Nothing else is shared.
     key = (lookup.name, window)
 
-    def shared_call(budget_s: float) -> Any:
-        return to_panel_data(coalescer.call(key, budget_s, lambda: lookup.fetch(window, budget_s),
+    def shared_call(deadline: Deadline) -> Any:
+        return to_panel_data(coalescer.call(key, deadline, lambda: lookup.fetch(window, deadline),
                                             joined=mark_coalesced))
     return shared_call

@@ -41,7 +41,7 @@ from service.workers.heartbeat import Heartbeats
 from service.workers.launch import WorkerLink, launch_worker
 from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.slots import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Slot, Slots
-from service.workers.stopping import drain_budget_s, send_signal, stop_workers
+from service.workers.stopping import drain_time_s, send_signal, stop_workers
 from tracing.metrics import scrape_address
 
 __all__ = ["run_workers"]
@@ -286,7 +286,7 @@ class _Master:
         # The workers hold their own copies; once they close theirs, connects are refused.
         self._listener.close()
         self._slots.cancel_restarts()
-        stop_workers(self._links, self._events, drain_budget_s(self._settings))
+        stop_workers(self._links, self._events, drain_time_s(self._settings))
         log.info("master: all workers stopped; exiting %d", exit_code)
         return exit_code
 

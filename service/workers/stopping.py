@@ -1,7 +1,7 @@
 """Stopping every worker: SIGTERM, a wait as long as their drain may take, then SIGKILL.
 
 Each worker drains on SIGTERM (lame duck, drain, abandoned tasks' grace, span flush);
-those still running after :func:`drain_budget_s` are killed, and the master waits a
+those still running after :func:`drain_time_s` are killed, and the master waits a
 little more for their exits. A connection a worker hands over meanwhile is closed.
 """
 
@@ -17,7 +17,7 @@ from gevent.queue import Empty, Queue
 
 from service.settings.config import Settings
 
-__all__ = ["stop_workers", "drain_budget_s", "send_signal"]
+__all__ = ["stop_workers", "drain_time_s", "send_signal"]
 
 log = logging.getLogger("service.workers.master")
 
@@ -25,22 +25,22 @@ _STOP_MARGIN_S = 3.0   # beyond the drain, grace and flush budgets, before SIGKI
 _KILL_WAIT_S = 5.0
 
 
-def drain_budget_s(settings: Settings) -> float:
+def drain_time_s(settings: Settings) -> float:
     """How long a worker may take to drain after SIGTERM, with a margin."""
     server = settings.server
     return (server.lame_duck_ms + server.drain_timeout_ms + settings.fanout.abandon_grace_ms
             + settings.tracing.flush_timeout_ms) / 1000.0 + _STOP_MARGIN_S
 
 
-def stop_workers(links: dict[int, Any], events: Queue, budget_s: float) -> None:
+def stop_workers(links: dict[int, Any], events: Queue, timeout_s: float) -> None:
     """SIGTERM every worker in ``links`` (by pid), book their exits from ``events``, and
-    SIGKILL those still running after ``budget_s``."""
+    SIGKILL those still running after ``timeout_s``."""
     for pid in list(links):
         send_signal(pid, signal.SIGTERM)
-    if not _wait_for_exits(links, events, budget_s):
+    if not _wait_for_exits(links, events, timeout_s):
         live = sorted(links)
         log.warning("master: %d worker(s) still running after %.1f s; killing %s", len(live),
-                    budget_s, live)
+                    timeout_s, live)
         for pid in live:
             send_signal(pid, signal.SIGKILL)
         _wait_for_exits(links, events, _KILL_WAIT_S)
