@@ -8,6 +8,7 @@ as an argument, which is all a lookup needs and cannot go stale.
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -15,7 +16,12 @@ from typing import Mapping, Optional
 
 from lookups.deadline import Deadline
 
-__all__ = ["RequestContext", "new_request_id"]
+__all__ = ["RequestContext", "new_request_id", "current_request_id"]
+
+#: The request id of the call being served, for its log lines (service.operations.logs):
+#: each call runs in a context of its own, and its tasks in copies of it.
+current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "fanout_request_id", default="")
 
 
 def new_request_id() -> str:

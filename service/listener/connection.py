@@ -57,17 +57,18 @@ class _MalformedMessage(Exception):
 class MessageLoop:
     """Serves calls on connections with one processor; shared by all of a server's connections.
 
-    ``stopping`` says whether the server is draining: a connection then ends
+    ``stopping`` is set by the server when it drains: a connection then ends
     after the call it is serving.
     """
 
     def __init__(self, processor: TProcessor, settings: ServerSettings, stats: ServerStats,
-                 stopping: Callable[[], bool], refuse_unread: Optional[RefuseUnread] = None) -> None:
+                 refuse_unread: Optional[RefuseUnread] = None) -> None:
         self._processor = processor
         self._refuse_unread = refuse_unread
         self._settings = settings
         self._stats = stats
-        self._stopping = stopping
+        #: True from the start of the server's drain (a plain flag: read before every call).
+        self.stopping = False
         self._make_protocol = protocol_for(settings.protocol)
         self._declared = FailureSummary(log, "declared exceptions answered")
         # A port scanner or a web client sends hundreds of bad connections a second:
@@ -82,7 +83,7 @@ class MessageLoop:
 
     def _may_serve_more(self, connection: ServedConnection) -> bool:
         """Whether a held connection may go on being served where it is held."""
-        return not self._stopping() and not self._too_old(connection)
+        return not self.stopping and not self._too_old(connection)
 
     def _too_old(self, connection: ServedConnection) -> bool:
         max_age_ms = self._settings.max_connection_age_ms
@@ -128,7 +129,7 @@ class MessageLoop:
     def _may_go_on(self, connection: ServedConnection) -> bool:
         if self._too_old(connection):
             return False
-        if not self._stopping():
+        if not self.stopping:
             return True
         # Draining: a call that already arrived was sent while we were still accepting (a
         # connection just accepted, or a pooled one): answer it rather than lose it. Only
@@ -143,7 +144,7 @@ class MessageLoop:
         started = time.perf_counter()
         api, seqid, reply = self._answer(connection, message)
         hold_s = connection.caller.take_hold()
-        if self._stopping():
+        if self.stopping:
             hold_s = 0.0  # draining: a refusal goes out at once, the drain waits for no hold
         if not isinstance(reply, TApplicationException) and reply.oneway:
             call_ended(api, _error_type(reply), time.perf_counter() - started)

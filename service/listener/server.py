@@ -81,8 +81,7 @@ class ThriftServer:
         self._settings = settings
         self._stats = ServerStats()
         self._connections: set[ServedConnection] = set()
-        self._loop = MessageLoop(processor, settings, self._stats, lambda: self._stopping,
-                                 refuse_unread)
+        self._loop = MessageLoop(processor, settings, self._stats, refuse_unread)
         self._server: Optional[StreamServer] = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
@@ -202,7 +201,7 @@ class ThriftServer:
             self._moving_all = move_to
             for connection in list(self._connections):
                 request_move(connection, move_to)
-        self._stopping = True
+        self._stopping = self._loop.stopping = True
         try:
             if self._server is not None:
                 self._drain_report = self._drain(self._server, timeout_s)

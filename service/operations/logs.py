@@ -21,11 +21,12 @@ in text. A single-process server leaves it empty.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import sys
 from dataclasses import dataclass, field
 from typing import TextIO
+
+from service.engine.context import current_request_id
 
 __all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
            "console_line"]
@@ -42,11 +43,6 @@ _NOT_IN_JSON = ("otelSpanID", "otelTraceID", "otelTraceSampled", "otelServiceNam
 # The JSON formatter when logging.format is json: console_line() writes like the log.
 _json_handler: "logging.Handler | None" = None
 
-# Set by the handler for the call it serves; each call runs in a context of its own,
-# and its tasks in copies of it, so the id reaches every line logged for the call.
-_request_id: contextvars.ContextVar[str] = contextvars.ContextVar("fanout_log_request_id",
-                                                                  default="")
-
 
 @dataclass(frozen=True)
 class LoggingSettings:
@@ -59,8 +55,9 @@ class LoggingSettings:
 
 
 def set_request_id(request_id: str) -> None:
-    """Name the call being served in the log lines written for it from now on."""
-    _request_id.set(request_id)
+    """Name the call being served in the log lines written for it from now on (the
+    handler sets :data:`service.engine.context.current_request_id` itself)."""
+    current_request_id.set(request_id)
 
 
 def set_worker(worker: str) -> None:
@@ -75,7 +72,7 @@ class _CallIds(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.trace_id = getattr(record, "otelTraceID", "0")
         record.span_id = getattr(record, "otelSpanID", "0")
-        record.request_id = _request_id.get()
+        record.request_id = current_request_id.get()
         record.worker = _worker
         record.worker_tag = "" if not _worker else (
             "master: " if _worker == "master" else f"worker {_worker}: ")

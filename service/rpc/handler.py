@@ -15,13 +15,12 @@ from lookups.base import Lookup
 from lookups.panels import Window
 from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
-from service.engine.context import RequestContext, new_request_id
+from service.engine.context import RequestContext, current_request_id, new_request_id
 from service.engine.fanout import FanOut
 from service.overload.gate import CallGate
 from service.overload.pacing import current_caller
 from service.operations.health import HealthChecker
 from service.idl import appstats
-from service.operations.logs import set_request_id
 from service.rpc.mapping import to_panel_data, to_thrift_outcomes
 from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
@@ -51,6 +50,10 @@ class AppStatsHandler:
                  backend_pools: Callable[[], Sequence[PoolMeter]] = tuple) -> None:
         self._settings = settings
         self._lookups = dict(lookups)
+        # Each panel's policy and timeout, read once: settings do not change under a server.
+        self._policies = {name: settings.lookup(name) for name in self._lookups}
+        self._timeouts_ms = {name: settings.task_timeout_ms(name) for name in self._lookups}
+        self._enabled = [name for name in self._lookups if self._policies[name].enabled]
         self._fanout = fanout
         self._gate = gate
         #: Shares the call of an identical lookup in flight (``fanout.coalesce``), or None.
@@ -108,7 +111,7 @@ class AppStatsHandler:
             return self._enabled_panels()
 
     def _enabled_panels(self) -> list[str]:
-        return [name for name in self._lookups if self._settings.lookup(name).enabled]
+        return list(self._enabled)
 
     def get_app_stats(self, request: Any) -> Any:
         """Gather the requested panels.
@@ -123,7 +126,7 @@ class AppStatsHandler:
         # Not validated yet: request_span's extract_context tolerates any junk here.
         caller_headers = getattr(getattr(request, "meta", None), "headers", None) or {}
         request_id = new_request_id()
-        set_request_id(request_id)
+        current_request_id.set(request_id)
         with request_span("get_app_stats", caller_headers, request_id) as span:
             try:
                 valid = validate_stats_request(request, list(self._lookups), self._enabled_panels(),
@@ -136,7 +139,7 @@ class AppStatsHandler:
                 span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
                                            valid.request_id or request_id, valid.headers)
-            set_request_id(context.request_id)
+            current_request_id.set(context.request_id)
             outcomes = self._gather(valid, context)
             return appstats.StatsResponse(
                 app=valid.window.app,
@@ -163,14 +166,14 @@ class AppStatsHandler:
         tasks, skipped = [], []
         coalescer = self.coalescer
         for name in valid.panels:
-            lookup, policy = self._lookups[name], self._settings.lookup(name)
+            lookup, policy = self._lookups[name], self._policies[name]
             if not policy.enabled:
                 skipped.append(TaskOutcome(name, lookup.source, TaskStatus.SKIPPED, 0.0,
                                            message="disabled on this server"))
                 continue
             tasks.append(Task(name=name, source=lookup.source,
                               call=_panel_call(lookup, valid.window, coalescer),
-                              timeout_ms=self._settings.task_timeout_ms(name),
+                              timeout_ms=self._timeouts_ms[name],
                               required=policy.required))
         return tasks, skipped
 
