@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import gevent
 import psutil
 
 from service.settings.config import load_settings
@@ -153,3 +154,20 @@ def test_connections_spread_only_on_a_clear_imbalance() -> None:
     assert excess({1: 2, 2: 0}) == {1: 1}
     assert excess({1: 17, 2: 15}) == {} and excess({1: 1, 2: 0}) == {}   # near enough: no churn
     assert excess({1: 40}) == {}                              # one worker: nowhere to go
+
+
+def test_a_reload_whose_backends_cannot_be_built_is_refused_and_the_workers_stay(
+        serve: Any, tmp_path: Path) -> None:
+    config = tmp_path / "fanout.toml"
+    server = serve("--workers", "2")
+    before = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    with config.open("a") as toml:   # the last table is [http]: a CA file that is not there
+        toml.write(f'ca_file = "{tmp_path / "no-such-ca.pem"}"\n')
+    server.process.send_signal(signal.SIGHUP)
+    gevent.sleep(2.0)   # what a reload takes here: the new workers would have started by now
+    assert server.workers() == before and server.process.poll() is None
+    gather_all_panels(server.address)
+    assert server.stop() == 0
+    logged = server.process.stderr.read()
+    assert "the new configuration is refused, keeping the old" in logged, logged[-3000:]
+    assert "Traceback" not in logged

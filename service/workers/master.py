@@ -239,8 +239,6 @@ class _Master:
             self._retire([self._slots.remove_last().pid])
         elif signum == signal.SIGHUP and (settings := self._reloaded()) is not None:
             self._settings = settings
-            assert self._state is not None
-            self._state.reconfigure(settings)
             old = self._slots.replace(settings.server.workers)
             self._old_generation += [self._links[slot.pid] for slot in old if slot.pid in self._links]
             self._old_since = time.monotonic()
@@ -263,6 +261,8 @@ class _Master:
             return None
         try:
             settings = self._reload()
+            assert self._state is not None
+            self._state.reconfigure(settings)   # its backends built here first, or refused
         except ConfigError as exc:
             log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
             return None
