@@ -124,13 +124,23 @@ def reloads(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         group = Group(backends, workdir, f"reloads-{connections}")
         callers = Callers(group.ports["thrift"], connections)
         gevent.sleep(2.0)
+        steady = len(callers.calls)
         for _ in range(5):
             group.process.send_signal(signal.SIGHUP)
             gevent.sleep(3.0)
         callers.stop()
-        report[f"{connections}_connections"] = {"calls_ok": callers.ok,
-                                                "failed": callers.failures, **group.stop()}
+        report[f"{connections}_connections"] = {
+            "calls_ok": callers.ok, "failed": callers.failures,
+            "p99_ms_before": _p99_ms(callers.calls[:steady]),
+            "p99_ms_through_reloads": _p99_ms(callers.calls[steady:]),
+            "longest_ms_through_reloads": round(1000 * max(s for _, s, _ in callers.calls[steady:]), 1),
+            **group.stop()}
     return report
+
+
+def _p99_ms(calls: list[tuple[float, float, bool]]) -> float:
+    durations = sorted(seconds for _, seconds, _ in calls)
+    return round(1000 * durations[int(0.99 * (len(durations) - 1))], 1) if durations else 0.0
 
 
 def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
