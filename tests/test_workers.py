@@ -16,7 +16,7 @@ import psutil
 
 from service.settings.config import load_settings
 from service.workers.master import _Master
-from service.workers.slots import Slots
+from service.workers.positions import Positions
 from tests.support.sockets import wait_for
 from tests.support.workers import Server, gather_all_panels, serve, set_server_keys  # noqa: F401
 
@@ -75,28 +75,28 @@ def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -
 
 def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     master = _Master(load_settings(env={}, overrides={"server.workers": 2}))
-    slot, other = list(master._slots)
+    position, other = list(master._positions)
     delays = []
     for pid in range(100, 110):
-        master._slots.started(slot, pid, pid)
+        master._positions.started(position, pid, pid)
         assert master._on_exit(pid, -signal.SIGKILL) is None         # killed by a signal: restart
-        delays.append(round(slot.restart_at - time.monotonic(), 1))
+        delays.append(round(position.restart_at - time.monotonic(), 1))
     assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
-    assert master._slots.due() == []                                  # none due yet
-    master._slots.started(slot, 110, 110)
+    assert master._positions.due() == []                                  # none due yet
+    master._positions.started(position, 110, 110)
     assert master._on_exit(110, 1) == 1                               # the 11th in a minute: give up
-    master._slots.started(other, 200, 200)
+    master._positions.started(other, 200, 200)
     assert master._on_exit(200, 2) == 2                               # a configuration error: stop
 
 
 def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:
-    slots = Slots(2)
-    slots.started(slots.add(), 300, 1)
-    assert [s.index for s in slots] == [0, 1, 2] and slots.pids() == [300]
-    assert slots.storm_limit == 10 and slots.holding(300) is not None
-    assert slots.remove_last().pid == 300 and len(slots) == 2
-    old = slots.replace(4)
-    assert len(old) == 2 and [s.pid for s in slots] == [0, 0, 0, 0] and slots.storm_limit == 12
+    positions = Positions(2)
+    positions.started(positions.add(), 300, 1)
+    assert [s.index for s in positions] == [0, 1, 2] and positions.pids() == [300]
+    assert positions.storm_limit == 10 and positions.holding(300) is not None
+    assert positions.remove_last().pid == 300 and len(positions) == 2
+    old = positions.replace(4)
+    assert len(old) == 2 and [s.pid for s in positions] == [0, 0, 0, 0] and positions.storm_limit == 12
 
 
 def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> No
     assert server.stop() == 0
     logged = server.process.stderr.read()
     assert "Traceback" not in logged, logged[-3000:]
-    assert f"master: worker {stuck} (slot 0) has not answered for" in logged, logged[-3000:]
+    assert f"master: worker {stuck} (position 0) has not answered for" in logged, logged[-3000:]
 
 
 def test_sighup_reloads_the_configuration_and_replaces_every_worker(serve: Any, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ current span when the record is made) and its ``request_id`` (the caller's
 ``"0"`` and empty. Text stays the default; its lines are unchanged.
 
 Under ``server.workers`` every line says which process wrote it: ``"worker":
-"0"`` (the worker's slot; a restarted worker keeps its slot's number) or
+"0"`` (the worker's position; a restarted worker keeps its position's number) or
 ``"master"`` in JSON, and ``worker 0: `` or ``master: `` before the logger's name
 in text. A single-process server leaves it empty.
 """
@@ -35,7 +35,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
 _JSON_FIELDS = ("%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s "
                 "%(request_id)s %(worker)s")
 
-# The process's part in a pre-forked server: "master", a worker's slot, or "" alone.
+# The process's part in a pre-forked server: "master", a worker's position, or "" alone.
 _worker = ""
 # The attributes OpenTelemetry's logging instrumentation and our text format add to a
 # record: JSON carries them once, as trace_id, span_id and worker, not twice.
@@ -61,7 +61,7 @@ def set_request_id(request_id: str) -> None:
 
 
 def set_worker(worker: str) -> None:
-    """Name this process in every line it logs from now on: ``"master"`` or a worker's slot."""
+    """Name this process in every line it logs from now on: ``"master"`` or a worker's position."""
     global _worker
     _worker = worker
 

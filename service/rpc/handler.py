@@ -103,7 +103,7 @@ class AppStatsHandler:
         own = own_report(self)
         if self.group is None:
             return to_thrift(own)
-        return group_report(self.group.slot, {**self.group.pools(), self.group.slot: own})
+        return group_report(self.group.position, {**self.group.pools(), self.group.position: own})
 
     def panels(self) -> list[str]:
         """The panels this server can gather (enabled ones only)."""

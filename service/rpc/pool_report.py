@@ -3,7 +3,7 @@
 A server's report is its pools' meters over the rolling window and its admission
 state (:func:`own_report`, as plain values, which the workers of a group also send
 their master). In a group the worker that answers gives every serving worker's
-report, labelled by slot, and above them the group's: sizes, use, arrivals,
+report, labelled by worker, and above them the group's: sizes, use, arrivals,
 timeouts and recommendations added up, waits and percentiles the largest, the mean
 hold weighted by arrivals (:func:`group_report`).
 """
@@ -41,14 +41,14 @@ def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
 
 def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
     """The group's ``PoolReport``: totals above each worker's own, ``answering`` the worker
-    that answered. ``reports`` is each serving worker's :func:`own_report`, by slot."""
-    slots = sorted(reports, key=int)
-    total = {key: sum(reports[slot][key] or 0 for slot in slots) for key in _COUNTS}
-    merged = [_merged(name, [pool for slot in slots for pool in reports[slot]["pools"]
+    that answered. ``reports`` is each serving worker's :func:`own_report`, by worker (its position)."""
+    workers = sorted(reports, key=int)
+    total = {key: sum(reports[worker][key] or 0 for worker in workers) for key in _COUNTS}
+    merged = [_merged(name, [pool for worker in workers for pool in reports[worker]["pools"]
                              if pool["name"] == name])
-              for name in _names(reports[slot]["pools"] for slot in slots)]
+              for name in _names(reports[worker]["pools"] for worker in workers)]
     return to_thrift({"pools": merged, **total}, worker=answering, workers=[
-        to_thrift(reports[slot], appstats.WorkerPools, worker=slot) for slot in slots])
+        to_thrift(reports[worker], appstats.WorkerPools, worker=worker) for worker in workers])
 
 
 def _names(pool_lists: Iterable[list[dict[str, Any]]]) -> list[str]:

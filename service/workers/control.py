@@ -13,7 +13,7 @@ What goes over it (``kind``):
 =============  ==============  ====================================================
 kind           direction       what
 =============  ==============  ====================================================
-``start``      master → worker the settings, the slot, and the listener (an fd)
+``start``      master → worker the settings, the position, and the listener (an fd)
 ``state``      worker → master twice a second: connections, pools, circuits
 ``group``      master → worker every second: the backend checks, every worker's pools
 ``move``       master → worker hand over ``count`` idle connections (rebalance)

@@ -7,7 +7,7 @@ once with the address in the error, and keeps them across reloads and
 restarts, so no two processes ever want the same port. The master's event loop
 runs no calls, so it answers under any load on the workers.
 
-* ``GET /healthz``: 200 while the master runs; the body gives each worker slot's
+* ``GET /healthz``: 200 while the master runs; the body gives each worker position's
   state (``serving``; ``unresponsive`` while its event loop misses beats, until the
   master kills it; ``starting``, ``restarting``) and the backends as the master
   last checked them (:mod:`service.workers.group_state`). A stuck worker is the
@@ -18,7 +18,7 @@ runs no calls, so it answers under any load on the workers.
 * ``GET /metrics`` (on the Prometheus port): every serving worker's scrape,
   fetched in parallel from the port it announced (127.0.0.1, a free port each,
   served off its event loop: ``service.operations.metrics_endpoint``), merged into one
-  exposition with a ``worker`` label (the slot) on every sample, plus
+  exposition with a ``worker`` label (the position) on every sample, plus
   ``fanout_worker_scraped{worker}`` (1, or 0 for a worker that did not answer
   within :data:`WORKER_SCRAPE_TIMEOUT_S`, whose last answer is given again, so
   that no series goes stale while a worker restarts or stalls) and
@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 #: How long the master waits for a worker's scrape (each worker answers within about 0.5 s).
 WORKER_SCRAPE_TIMEOUT_S = 0.75
 
-#: (slot, state, where its metrics are scraped or None); state: serving, unresponsive,
+#: (position, state, where its metrics are scraped or None); state: serving, unresponsive,
 #: starting, restarting.
 WorkerState = tuple[int, str, Optional[str]]
 
@@ -64,7 +64,7 @@ WorkerState = tuple[int, str, Optional[str]]
 class GroupEndpoints:
     """Serve the group's probes and metrics from the master; :meth:`start` binds both.
 
-    ``workers`` says each slot's state now; ``stopping`` whether SIGTERM arrived.
+    ``workers`` says each position's state now; ``stopping`` whether SIGTERM arrived.
     """
 
     def __init__(self, host: str, probe_port: int, scrape_at: Optional[tuple[str, int]],
@@ -74,7 +74,7 @@ class GroupEndpoints:
         self._stopping = stopping
         self._state = state
         self._old_serving = old_serving
-        self._last_scrapes: dict[str, str] = {}   # each slot's last answer
+        self._last_scrapes: dict[str, str] = {}   # each position's last answer
         self._servers: list[WSGIServer] = []
         if probe_port >= 0:
             self._servers.append(WSGIServer((host, probe_port), self._probes, log=None,
@@ -101,7 +101,7 @@ class GroupEndpoints:
 
     def _probes(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        workers = {str(slot): state for slot, state, _ in self._workers()}
+        workers = {str(position): state for position, state, _ in self._workers()}
         body = {"workers": workers, "backends": backend_bodies(self._state.backends())}
         if path == "/healthz":
             return json_answer(start_response, 200, {"status": "ok", **body})
@@ -119,18 +119,18 @@ class GroupEndpoints:
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: the scrape path is /metrics\n"]
         workers = self._workers()
-        serving = [(str(slot), url) for slot, state, url in workers
+        serving = [(str(position), url) for position, state, url in workers
                    if state in ("serving", "unresponsive") and url]
         fetches = [gevent.spawn(_fetch, url) for _, url in serving]
         gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
-        fresh = {slot: fetch.value for (slot, _), fetch in zip(serving, fetches) if fetch.value}
+        fresh = {position: fetch.value for (position, _), fetch in zip(serving, fetches) if fetch.value}
         for fetch in fetches:
             fetch.kill(block=False)  # urllib in the master: no pool to corrupt
         self._last_scrapes.update(fresh)
-        # A slot whose worker is restarting or silent keeps its last series, so that no
+        # A position whose worker is restarting or silent keeps its last series, so that no
         # series of the group's goes stale between two scrapes (fanout_worker_scraped says so).
-        scrapes = {str(slot): (self._last_scrapes.get(str(slot)), str(slot) in fresh)
-                   for slot, _, _ in workers}
+        scrapes = {str(position): (self._last_scrapes.get(str(position)), str(position) in fresh)
+                   for position, _, _ in workers}
         body = merge_scrapes(scrapes, self._state.connections())
         start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
                                   ("Content-Length", str(len(body)))])

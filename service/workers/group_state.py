@@ -85,8 +85,8 @@ class GroupState:
                      for status in self._health.current())
 
     def connections(self) -> dict[str, int]:
-        """Connections each serving worker holds, by slot."""
-        return {str(link.slot): link.connections for link in self._serving()}
+        """Connections each serving worker holds, by position."""
+        return {str(link.position): link.connections for link in self._serving()}
 
     def on_message(self, link: WorkerLink, message: dict[str, Any], fd: Optional[int]) -> None:
         kind = message.get("kind")
@@ -137,7 +137,7 @@ class GroupState:
 
     def _message(self, serving: list[WorkerLink]) -> dict[str, Any]:
         return {"kind": "group", "backends": self.backends(),
-                "pools": {str(link.slot): link.pools for link in serving if link.pools}}
+                "pools": {str(link.position): link.pools for link in serving if link.pools}}
 
     def _balance(self, now: float) -> None:
         serving = {link.pid: link for link in self._serving()}

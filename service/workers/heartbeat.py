@@ -6,7 +6,7 @@ from a greenlet of its event loop, as gunicorn's workers do. A worker whose
 loop is blocked (a computation that never yields, a call into something gevent
 did not patch, a deadlock, a SIGSTOP) stops touching it; the master, checking
 twice a second, kills a worker whose file is older than
-``server.worker_heartbeat_timeout_ms`` and restarts its slot as for any death.
+``server.worker_heartbeat_timeout_ms`` and restarts its position as for any death.
 A new worker's file is dated :data:`START_GRACE_S` ahead, for the time it takes
 to load and start serving.
 

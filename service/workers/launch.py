@@ -33,7 +33,7 @@ class WorkerLink:
     """The master's handle on one running worker."""
 
     pid: int
-    slot: int
+    position: int
     serial: int
     line: ControlLine
     process: Any
@@ -52,9 +52,9 @@ class WorkerLink:
         return True
 
 
-def launch_worker(settings: Settings, slot: int, serial: int, workers: int, *,
+def launch_worker(settings: Settings, position: int, serial: int, workers: int, *,
                   listener: socket.socket, heartbeats: str, events: Queue) -> WorkerLink:
-    """Start the worker for ``slot`` and send it its start; raises OSError if it cannot start."""
+    """Start the worker for ``position`` and send it its start; raises OSError if it cannot start."""
     line, worker_end = control_pair()
     try:
         process = gevent.subprocess.Popen(
@@ -65,8 +65,8 @@ def launch_worker(settings: Settings, slot: int, serial: int, workers: int, *,
         raise
     finally:
         worker_end.close()
-    link = WorkerLink(process.pid, slot, serial, line, process)
-    link.tell({"kind": "start", "settings": settings, "slot": slot, "serial": serial,
+    link = WorkerLink(process.pid, position, serial, line, process)
+    link.tell({"kind": "start", "settings": settings, "position": position, "serial": serial,
                "workers": workers, "master_pid": os.getpid(), "heartbeats": heartbeats,
                "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())},
               listener.fileno())

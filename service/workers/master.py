@@ -3,7 +3,7 @@
 * The master binds once and starts each worker as a program of its own
   (:mod:`service.workers.launch`), handing it the listener over its control
   line; each worker is a whole server (:func:`service.workers.lifecycle.run_server`).
-* A worker that exits is restarted with a backoff (``slots.py``); a restart storm
+* A worker that exits is restarted with a backoff (``positions.py``); a restart storm
   stops everything (exit 1), and so does a configuration error (exit 2).
 * A worker whose event loop stops beating (``heartbeat.py``) for
   ``server.worker_heartbeat_timeout_ms`` is killed, with one log line, then restarted.
@@ -40,7 +40,7 @@ from service.workers.group_state import GroupState
 from service.workers.heartbeat import Heartbeats
 from service.workers.launch import WorkerLink, launch_worker
 from service.workers.process import CONFIG_ERROR_STATUS, signal_name
-from service.workers.slots import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Slot, Slots
+from service.workers.positions import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Position, Positions
 from service.workers.stopping import drain_time_s, send_signal, stop_workers
 from tracing.metrics import scrape_address
 
@@ -73,7 +73,7 @@ class _Master:
         self._settings = settings
         self._reload = reload
         self._heartbeats = Heartbeats()
-        self._slots = Slots(settings.server.workers)
+        self._positions = Positions(settings.server.workers)
         self._links: dict[int, WorkerLink] = {}   # by pid: every worker running, old ones too
         self._old_generation: list[WorkerLink] = []  # to retire once the new one serves
         self._old_since = 0.0
@@ -96,7 +96,7 @@ class _Master:
         try:
             self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
                                          scrape_address(self._settings.metrics),
-                                         lambda: self._slots.states(self._heartbeats),
+                                         lambda: self._positions.states(self._heartbeats),
                                          lambda: self._stopping, self._state,
                                          lambda: bool(self._old_generation)).start()
         except OSError:
@@ -106,9 +106,9 @@ class _Master:
         self._signal_handlers = [gevent.signal_handler(signum, self._events.put, ("signal", signum))
                                  for signum in (*_STOP_SIGNALS, *_RESIZE_SIGNALS)]
         try:
-            for slot in self._slots:
-                self._start(slot)
-            self._on_ready = lambda: on_ready((host, port), len(self._slots)) if on_ready else None
+            for position in self._positions:
+                self._start(position)
+            self._on_ready = lambda: on_ready((host, port), len(self._positions)) if on_ready else None
             return self._supervise()
         except Exception:
             log.exception("master: failed; stopping the workers")
@@ -126,7 +126,7 @@ class _Master:
         ticked = time.monotonic()
         while True:
             try:
-                event = self._events.get(timeout=self._slots.next_wake_in())
+                event = self._events.get(timeout=self._positions.next_wake_in())
             except Empty:
                 event = None
             if time.monotonic() - ticked >= _TICK_S or event is None:
@@ -149,39 +149,39 @@ class _Master:
                     return self._stop_all(exit_code=verdict)
 
     def _tick(self) -> None:
-        for slot in self._slots.due():
-            self._start(slot)
+        for position in self._positions.due():
+            self._start(position)
         self._kill_stuck()
         self._retire_old_generation()
         assert self._state is not None
         self._state.tick()
-        if self._on_ready is not None and len(self._serving()) == len(self._slots):
+        if self._on_ready is not None and len(self._serving()) == len(self._positions):
             on_ready, self._on_ready = self._on_ready, None
-            log.info("master %d: %d workers serving", self._master_pid, len(self._slots))
+            log.info("master %d: %d workers serving", self._master_pid, len(self._positions))
             on_ready()
 
     def _serving(self) -> list[WorkerLink]:
         """The current generation's workers that serve and beat: where connections may go."""
-        states = {index: state for index, state, _ in self._slots.states(self._heartbeats)}
-        return [link for slot in self._slots if (link := self._links.get(slot.pid))
-                and states.get(slot.index) == "serving" and not link.retiring]
+        states = {index: state for index, state, _ in self._positions.states(self._heartbeats)}
+        return [link for position in self._positions if (link := self._links.get(position.pid))
+                and states.get(position.index) == "serving" and not link.retiring]
 
-    def _start(self, slot: Slot) -> None:
+    def _start(self, position: Position) -> None:
         assert self._listener is not None
         self._serial += 1
         self._heartbeats.reset(self._serial)
         try:
-            link = launch_worker(self._settings, slot.index, self._serial, len(self._slots),
+            link = launch_worker(self._settings, position.index, self._serial, len(self._positions),
                                  listener=self._listener, heartbeats=self._heartbeats.directory,
                                  events=self._events)
         except OSError as exc:  # out of processes or memory: try again later
-            self._slots.fork_failed(slot)
-            log.error("master: cannot start a worker for slot %d (%s); retrying in %.0f s",
-                      slot.index, exc, MAX_RESTART_DELAY_S)
+            self._positions.fork_failed(position)
+            log.error("master: cannot start a worker for position %d (%s); retrying in %.0f s",
+                      position.index, exc, MAX_RESTART_DELAY_S)
             return
         self._links[link.pid] = link
-        self._slots.started(slot, link.pid, self._serial)
-        log.info("master: worker %d started (slot %d)", link.pid, slot.index)
+        self._positions.started(position, link.pid, self._serial)
+        log.info("master: worker %d started (position %d)", link.pid, position.index)
 
     def _on_control(self, pid: int, message: dict, fd: Optional[int]) -> None:
         assert self._state is not None
@@ -194,63 +194,63 @@ class _Master:
     def _on_exit(self, pid: int, code: int) -> Optional[int]:
         """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
         link = self._links.pop(pid, None)
-        slot = self._slots.holding(pid)
+        position = self._positions.holding(pid)
         if link is not None:
             self._heartbeats.forget(link.serial)
         if link is not None and link.retiring:
             log.info("master: retired worker %d stopped (exit code %d)", pid, code)
             return None
-        if slot is None:
+        if position is None:
             return None
         how = f"was killed by {signal_name(-code)}" if code < 0 else f"exited with status {code}"
         if code == CONFIG_ERROR_STATUS:
-            slot.pid = 0
+            position.pid = 0
             log.error("master: worker %d %s (a configuration error); stopping", pid, how)
             return CONFIG_ERROR_STATUS
-        delay = self._slots.died(slot)
+        delay = self._positions.died(position)
         if delay is None:
             log.error("master: worker %d %s; %d restarts within %.0f s, giving up", pid, how,
-                      self._slots.recent_restarts, STORM_WINDOW_S)
+                      self._positions.recent_restarts, STORM_WINDOW_S)
             return 1
-        log.warning("master: worker %d %s; restarting slot %d in %.1f s", pid, how, slot.index,
+        log.warning("master: worker %d %s; restarting position %d in %.1f s", pid, how, position.index,
                     delay)
         return None
 
     def _kill_stuck(self) -> None:
         """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
-        for slot in self._slots.stuck(self._heartbeats,
+        for position in self._positions.stuck(self._heartbeats,
                                       self._settings.server.worker_heartbeat_timeout_ms):
-            log.warning("master: worker %d (slot %d) has not answered for %.1f s (stopped or "
-                        "blocked); killing it", slot.pid, slot.index,
-                        self._heartbeats.age_s(slot.serial))
+            log.warning("master: worker %d (position %d) has not answered for %.1f s (stopped or "
+                        "blocked); killing it", position.pid, position.index,
+                        self._heartbeats.age_s(position.serial))
             try:
-                os.kill(slot.pid, signal.SIGKILL)
+                os.kill(position.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self._heartbeats.reset(slot.serial)  # one kill per stale beat; its exit restarts it
+            self._heartbeats.reset(position.serial)  # one kill per stale beat; its exit restarts it
 
     def _resize(self, signum: int) -> None:
         """SIGHUP: reload the settings and replace every worker (the old ones hand their
         connections over once the new ones serve); SIGTTIN / SIGTTOU: one worker more /
         one fewer (never fewer than one)."""
         if signum == signal.SIGTTIN:
-            self._start(self._slots.add())
-        elif signum == signal.SIGTTOU and len(self._slots) > 1:
-            self._retire([self._slots.remove_last().pid])
+            self._start(self._positions.add())
+        elif signum == signal.SIGTTOU and len(self._positions) > 1:
+            self._retire([self._positions.remove_last().pid])
         elif signum == signal.SIGHUP and (settings := self._reloaded()) is not None:
             self._settings = settings
-            old = self._slots.replace(settings.server.workers)
-            self._old_generation += [self._links[slot.pid] for slot in old if slot.pid in self._links]
+            old = self._positions.replace(settings.server.workers)
+            self._old_generation += [self._links[p.pid] for p in old if p.pid in self._links]
             self._old_since = time.monotonic()
-            for slot in self._slots:
-                self._start(slot)
-        log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._slots))
+            for position in self._positions:
+                self._start(position)
+        log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._positions))
 
     def _retire_old_generation(self) -> None:
         """Once every new worker serves (or too long has passed), retire the old ones."""
         if not self._old_generation:
             return
-        serving = len(self._serving()) == len(self._slots)
+        serving = len(self._serving()) == len(self._positions)
         if serving or time.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
             old, self._old_generation = self._old_generation, []
             self._retire([link.pid for link in old])
@@ -285,7 +285,7 @@ class _Master:
         assert self._listener is not None
         # The workers hold their own copies; once they close theirs, connects are refused.
         self._listener.close()
-        self._slots.cancel_restarts()
+        self._positions.cancel_restarts()
         stop_workers(self._links, self._events, drain_time_s(self._settings))
         log.info("master: all workers stopped; exiting %d", exit_code)
         return exit_code

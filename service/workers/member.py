@@ -35,9 +35,9 @@ REPORT_S = 0.5
 class GroupMember:
     """One worker in the group. ``stop`` is the event its server waits on."""
 
-    def __init__(self, line: ControlLine, slot: int) -> None:
+    def __init__(self, line: ControlLine, position: int) -> None:
         self.stop = Event()
-        self.slot = str(slot)
+        self.position = str(position)
         self._line = line
         self._service: Optional["FanOutService"] = None
         self._pools: dict[str, dict[str, Any]] = {}
@@ -52,7 +52,7 @@ class GroupMember:
         self._greenlets = [spawn_in_context(self._read), spawn_in_context(self._report)]
 
     def pools(self) -> dict[str, dict[str, Any]]:
-        """Every serving worker's last pool report, by slot (this worker's included)."""
+        """Every serving worker's last pool report, by position (this worker's included)."""
         return self._pools
 
     def _read(self) -> None:

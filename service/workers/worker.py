@@ -5,10 +5,10 @@ itself, so a worker holds no descriptor of the master's: not its probe or
 metrics listeners, not a connection one of them accepted, not its backend
 clients. Python opens every descriptor close-on-exec; only the control line
 (``FD``, :mod:`service.workers.control`) is passed on. Over it comes the
-``start`` message: the settings as the master loaded them, the slot, where the
+``start`` message: the settings as the master loaded them, the position, where the
 heartbeats go, and the shared Thrift listener as a descriptor.
 
-The worker names itself in the log (its slot), dies with the master, beats its
+The worker names itself in the log (its position), dies with the master, beats its
 heartbeat, and serves with :func:`service.workers.lifecycle.run_server`, with settings
 that leave the probe and Prometheus ports to the master: its metrics go to a
 free loopback port, announced (with its pid) once it serves, for the master's
@@ -51,22 +51,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     listener = socket.socket(fileno=listener_fd)
     settings: Settings = start["settings"]
     configure_logging(settings.logging, start["log_level"])
-    set_worker(str(start["slot"]))
+    set_worker(str(start["position"]))
     return serve_as_worker(settings, start, listener, line)
 
 
 def serve_as_worker(settings: Settings, start: dict[str, Any], listener: socket.socket,
                     line: ControlLine) -> int:
-    """Serve as the worker in ``start["slot"]`` until told to stop; the exit code."""
+    """Serve as the worker in ``start["position"]`` until told to stop; the exit code."""
     from service.workers.lifecycle import run_server
 
-    slot = start["slot"]
+    position = start["position"]
     try:
         end_with_master(start["master_pid"])
-        log.info("worker %d: serving (slot %d of %d)", os.getpid(), slot, start["workers"])
+        log.info("worker %d: serving (position %d of %d)", os.getpid(), position, start["workers"])
         heartbeats = Heartbeats(start["heartbeats"])
         heartbeats.start_beating(start["serial"])
-        member = GroupMember(line, slot)
+        member = GroupMember(line, position)
         facts: dict[str, str] = {}
         return run_server(
             worker_settings(settings), listener=listener, tune_gc=True, stop=member.stop,
