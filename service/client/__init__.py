@@ -65,13 +65,13 @@ from thriftpy2.transport import TTransportException
 
 from lookups.resilience.budget import RetryBudget
 from service.client.connections import Connection, ConnectionPool, Connector
-from service.client.hedging import BackupRequests
+from service.client.hedging import BackupRequests, race_with_backup
 from service.client.instances import Instance, Instances
 from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context
-from tracing.greenlets import spawn_in_context
+
 from tracing.propagation import inject_headers
 from tracing.spans import rpc_attributes
 
@@ -214,7 +214,7 @@ class AppStatsClient:
         if delay_s is None or delay_s * 1000.0 >= deadline.remaining_ms():
             return self._call_retrying(self.instances.pick(), method, deadline, deadline_ms,
                                        build_args)
-        return self._call_with_backup(method, deadline, deadline_ms, build_args, delay_s)
+        return race_with_backup(self, method, deadline, deadline_ms, build_args, delay_s)
 
     def _call_retrying(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
                        build_args: Callable[[int], tuple[Any, ...]],
@@ -233,48 +233,6 @@ class AppStatsClient:
             other = self.instances.pick(exclude=tried)
             tried.append(other)
             return self._call_on(other, method, deadline, deadline_ms, build_args, fresh=True)
-
-    def _call_with_backup(self, method: str, deadline: Deadline, deadline_ms: int,
-                          build_args: Callable[[int], tuple[Any, ...]], delay_s: float) -> Any:
-        """The first attempt, and after ``delay_s`` without an answer a backup on another
-        instance if the budget allows; the first answer wins, the other attempt is stopped."""
-        tried: list[Instance] = []
-
-        def attempt(instance: Instance) -> tuple[bool, Any]:
-            # Returns what happened: a greenlet that raised would be reported by the hub.
-            try:
-                return True, self._call_retrying(instance, method, deadline, deadline_ms,
-                                                 build_args, tried)
-            except Exception as raised:  # noqa: BLE001 - handed to the caller below
-                return False, raised
-
-        first = self.instances.pick()
-        attempts = {spawn_in_context(attempt, first): first}
-        if not gevent.wait(list(attempts), timeout=delay_s, count=1) and self.backups.allow():
-            second = self.instances.pick(exclude=tried)  # the first attempt's retry included
-            if second not in tried:
-                self.backups.sent += 1
-                attempts[spawn_in_context(attempt, second)] = second
-        pending = list(attempts)
-        failure: Optional[BaseException] = None
-        try:
-            while pending:
-                for done in gevent.wait(pending, count=1):
-                    pending.remove(done)
-                    answered, outcome = done.value
-                    if answered or not isinstance(outcome, TTransportException):
-                        if attempts[done] is not first:  # the backup answered first
-                            self.backups.won += 1
-                            self.instances.slow(first)
-                        if answered:
-                            return outcome
-                        raise outcome  # a declared exception is an answer too
-                    failure = outcome
-            assert failure is not None
-            raise failure
-        finally:
-            # Our own connections: a stopped attempt's connection is closed, never reused.
-            gevent.killall(pending, block=True, timeout=1.0)
 
     def _answers_ping(self, instance: Instance) -> bool:
         """For :class:`Instances`: does ``instance`` answer a ping on a new connection?"""

@@ -20,11 +20,17 @@ and every AppStats method only reads, so a second attempt is safe.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
+from typing import Any, Callable, Optional
 
+import gevent
+from thriftpy2.transport import TTransportException
+
+from lookups.deadline import Deadline
 from lookups.resilience.budget import RetryBudget
+from service.client.instances import Instance
+from tracing.greenlets import spawn_in_context
 
-__all__ = ["BackupRequests", "MIN_SAMPLES", "WINDOW"]
+__all__ = ["BackupRequests", "race_with_backup", "MIN_SAMPLES", "WINDOW"]
 
 #: Successful calls kept for the tail estimate, and the least needed to hedge at all.
 WINDOW = 512
@@ -70,3 +76,47 @@ class BackupRequests:
     def allow(self) -> bool:
         """Take one backup from the budget; False when it is spent."""
         return self.budget.try_retry()
+
+
+def race_with_backup(client: Any, method: str, deadline: Deadline, deadline_ms: int,
+                     build_args: Callable[[int], tuple[Any, ...]], delay_s: float) -> Any:
+    """For ``client`` (an :class:`~service.client.AppStatsClient`): the first attempt, and
+    after ``delay_s`` without an answer a backup on another instance if the budget allows;
+    the first answer wins, the other attempt is stopped."""
+    tried: list[Instance] = []
+
+    def attempt(instance: Instance) -> tuple[bool, Any]:
+        # Returns what happened: a greenlet that raised would be reported by the hub.
+        try:
+            return True, client._call_retrying(instance, method, deadline, deadline_ms,
+                                             build_args, tried)
+        except Exception as raised:  # noqa: BLE001 - handed to the caller below
+            return False, raised
+
+    first = client.instances.pick()
+    attempts = {spawn_in_context(attempt, first): first}
+    if not gevent.wait(list(attempts), timeout=delay_s, count=1) and client.backups.allow():
+        second = client.instances.pick(exclude=tried)  # the first attempt's retry included
+        if second not in tried:
+            client.backups.sent += 1
+            attempts[spawn_in_context(attempt, second)] = second
+    pending = list(attempts)
+    failure: Optional[BaseException] = None
+    try:
+        while pending:
+            for done in gevent.wait(pending, count=1):
+                pending.remove(done)
+                answered, outcome = done.value
+                if answered or not isinstance(outcome, TTransportException):
+                    if attempts[done] is not first:  # the backup answered first
+                        client.backups.won += 1
+                        client.instances.slow(first)
+                    if answered:
+                        return outcome
+                    raise outcome  # a declared exception is an answer too
+                failure = outcome
+        assert failure is not None
+        raise failure
+    finally:
+        # Our own connections: a stopped attempt's connection is closed, never reused.
+        gevent.killall(pending, block=True, timeout=1.0)
