@@ -104,12 +104,14 @@ class Rig:
         return self.client
 
     def service_greenlets(self) -> WeakSet[greenlet]:
-        """Live greenlets other than the fault servers' own (which serve the backends' side)
-        and the backend checks the service runs every few seconds whatever its calls."""
+        """Live greenlets other than the fault servers' own (which serve the backends' side),
+        the backend checks the service runs every few seconds whatever its calls, and
+        gevent's thread pool."""
         servers = [s for s in (self.http, self.proxy, *self.extra)
                    if isinstance(s, (FaultyHttpService, TcpFaultProxy))]
         theirs = set().union(*(s.greenlets for s in servers))
-        return WeakSet(g for g in live_greenlets() if g not in theirs and not _checking(g))
+        return WeakSet(g for g in live_greenlets()
+                       if g not in theirs and not _checking(g) and not _threads(g))
 
     def call(self, deadline_ms: int = DEADLINE_MS) -> tuple[Any, float]:
         assert self.client is not None
@@ -167,6 +169,12 @@ def assert_failed(response: Any, panels: list[str], status: int, error_types: se
 
 
 
+def _threads(greenlet_: greenlet) -> bool:
+    """gevent's thread pool (the resolver's, which the first check of a host name starts)
+    and the main greenlets of its threads: the process's, not a call's."""
+    return repr(greenlet_).startswith("<ThreadPoolWorker") or greenlet_.parent is None
+
+
 def _checking(greenlet_: greenlet) -> bool:
     """A backend check of the service's HealthChecker (service.operations.health), run on a schedule."""
     run = getattr(greenlet_, "args", ())
@@ -185,7 +193,10 @@ def assert_nothing_leaked(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None
     assert service.fanout.inflight == 0
     wait_for(lambda: not any(service.backends.connections_in_use().values()), SETTLE_S,
              "every backend connection back in its pool")
-    wait_for(lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind")
+    try:
+        wait_for(lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind")
+    except AssertionError as left:
+        raise AssertionError(f"{left}: {new_greenlets(rig, greenlets_before)}") from None
 
 
 def assert_recovers(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None:
