@@ -33,12 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Seconds per file in a serial run on the reference machine (2 cores), the slow ones.
 SECONDS = {
-    "test_image.py": 80, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
+    "test_image.py": 45, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
     "test_resilience.py": 20, "test_backend_faults.py": 16, "test_pacing.py": 13,
     "test_wire_limits.py": 18, "test_lifecycle.py": 18, "test_mutual_tls.py": 11,
     "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
-    "test_server.py": 12, "test_workers.py": 25, "test_worker_group.py": 30, "test_worker_moves.py": 12,
-    "interop": 12,
+    "test_server.py": 12, "test_workers.py": 10, "test_worker_group.py": 8, "interop": 12,
     "test_tracing_export.py": 8, "test_pool_advice.py": 6, "test_logs.py": 6, "test_fuzz.py": 6,
     "test_lookups_http.py": 5, "test_lookups_mongo.py": 6, "test_compat.py": 6, "test_tls.py": 6,
     "test_service.py": 5,
