@@ -63,7 +63,7 @@ def reloads(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
             gevent.sleep(3.0)
         callers.stop()
         report[f"{connections}_connections"] = {
-            "calls_ok": callers.ok, "failed": callers.failures,
+            "calls_ok": callers.ok, "incomplete": callers.incomplete, "failed": callers.failures,
             "p99_ms_before": _p99_ms(callers.calls[:steady]),
             "p99_ms_through_reloads": _p99_ms(callers.calls[steady:]),
             "longest_ms_through_reloads": round(1000 * max(s for _, s, _ in callers.calls[steady:]), 1),
@@ -95,7 +95,7 @@ def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         before = after
     callers.stop()
     return {"connections_on_the_killed_worker": held, "failed": callers.failures,
-            "calls_ok": callers.ok, "shares_per_5s_after_replacement": shares,
+            "calls_ok": callers.ok, "incomplete": callers.incomplete, "shares_per_5s_after_replacement": shares,
             "memory": group_memory(group), **group.stop()}
 
 

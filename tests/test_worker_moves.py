@@ -10,8 +10,8 @@ from typing import Callable
 
 
 from tests.support.sockets import wait_for
-from tests.support.workers import (PersistentCallers, Server, serve,  # noqa: F401
-                                   worker_connections)
+from bench.group_callers import Callers
+from tests.support.workers import Server, serve, worker_connections  # noqa: F401
 
 
 def _new_generation_holds_everything(server: Server, old: set[int], connections: int) -> bool:
@@ -24,7 +24,7 @@ def test_reloads_move_every_persistent_connection_and_fail_no_call(
         serve: Callable[..., Server]) -> None:
     server = serve("--workers", "2")
     wait_for(lambda: len(server.workers()) == 2, 15, "two workers")
-    callers = PersistentCallers(server.address, 16)
+    callers = Callers(server.address[1], 16)
     try:
         wait_for(lambda: sum(worker_connections(server).values()) == 16, 15, "16 connections")
         for _ in range(3):
@@ -32,11 +32,11 @@ def test_reloads_move_every_persistent_connection_and_fail_no_call(
             server.process.send_signal(signal.SIGHUP)
             wait_for(lambda: _new_generation_holds_everything(server, old, 16), 30,
                      "the new workers holding all 16 connections, the old ones gone")
-            calls = callers.calls
-            wait_for(lambda: callers.calls >= calls + 32, 15, "calls served by the new workers")
+            calls = callers.ok
+            wait_for(lambda: callers.ok >= calls + 32, 15, "calls served by the new workers")
     finally:
         callers.stop()
-    assert callers.failures == []
+    assert callers.failures == {} and callers.incomplete == 0
     assert server.stop() == 0
     logged = server.process.stderr.read()
     assert "Traceback" not in logged, logged[-3000:]
@@ -46,7 +46,7 @@ def test_after_a_worker_is_killed_connections_spread_to_its_replacement(
         serve: Callable[..., Server]) -> None:
     server = serve("--workers", "2")
     workers = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
-    callers = PersistentCallers(server.address, 32)
+    callers = Callers(server.address[1], 32)
     try:
         before = wait_for(lambda: (c := worker_connections(server)) and sum(c.values()) == 32 and c,
                           15, "32 connections")
@@ -57,11 +57,11 @@ def test_after_a_worker_is_killed_connections_spread_to_its_replacement(
         spread = wait_for(lambda: (c := worker_connections(server)) and len(c) == 2
                           and sum(c.values()) == 32 and min(c.values()) >= 10 and c,
                           20, "the 32 connections spread over both workers again")
-        calls = callers.calls
-        wait_for(lambda: callers.calls >= calls + 64, 15, "calls after the spread")
+        calls = callers.ok
+        wait_for(lambda: callers.ok >= calls + 64, 15, "calls after the spread")
     finally:
         callers.stop()
     # Only the callers whose connection the killed worker held saw a failure, once each.
-    assert len(callers.failures) <= before[victim], callers.failures
+    assert callers.failed() + callers.incomplete <= before[victim], callers.failures
     assert all(count >= 10 for count in spread.values()), spread
     assert server.stop() == 0

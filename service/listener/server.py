@@ -86,7 +86,6 @@ class ThriftServer:
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
         self._tls = TlsHandshakes(settings, self._stats) if settings.tls_cert_file else None
-        self._stopping = False
         self._moving_all: Optional[MoveSink] = None   # set by stop(move_to=...)
         self._lame_duck = False
         self._stopped = gevent.event.Event()
@@ -105,7 +104,7 @@ class ThriftServer:
     @property
     def draining(self) -> bool:
         """True in the lame-duck period and once :meth:`stop` has begun."""
-        return self._lame_duck or self._stopping
+        return self._lame_duck or self._loop.stopping
 
     @property
     def address(self) -> tuple[str, int]:
@@ -122,7 +121,7 @@ class ThriftServer:
         started or stopped. (An unreadable TLS certificate or key already raised
         :class:`service.wire.tls.TlsConfigError` at construction.)
         """
-        if self._server is not None or self._stopping:
+        if self._server is not None or self._loop.stopping:
             raise RuntimeError("server already started or stopped")
         settings = self._settings
         bind_to = self._listener if self._listener is not None else (settings.host, settings.port)
@@ -156,7 +155,7 @@ class ThriftServer:
     def move_some(self, count: int, sink: MoveSink) -> int:
         """Move up to ``count`` connections to ``sink``, each at its next point between
         calls (:mod:`service.listener.handover`), those waiting for a call first; how many will."""
-        if not self.movable or self._stopping:
+        if not self.movable or self._loop.stopping:
             return 0
         staying = [c for c in self._connections if c.moving is None]
         staying.sort(key=lambda connection: not connection.channel.waiting_idle)
@@ -168,7 +167,7 @@ class ThriftServer:
         """Serve a connection another process handed over, ``unread`` (bytes it had read
         of the next call) first. False, and ``sock`` closed, when this server cannot."""
         server = self._server
-        if server is None or self._stopping or server.pool is None or server.pool.full():
+        if server is None or self._loop.stopping or server.pool is None or server.pool.full():
             sock.close()
             return False
         try:
@@ -194,14 +193,14 @@ class ThriftServer:
         """
         if timeout_s is None:
             timeout_s = self._settings.drain_timeout_ms / 1000.0
-        if self._stopping:
+        if self._loop.stopping:
             self._stopped.wait(timeout_s)
             return self._drain_report
         if move_to is not None and self.movable:
             self._moving_all = move_to
             for connection in list(self._connections):
                 request_move(connection, move_to)
-        self._stopping = self._loop.stopping = True
+        self._loop.stopping = True   # the one flag: the message loop reads it before each call
         try:
             if self._server is not None:
                 self._drain_report = self._drain(self._server, timeout_s)

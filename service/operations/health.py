@@ -120,8 +120,6 @@ class HealthChecker:
                 dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
         return self._answer[2]
 
-    last = current
-
     def circuits(self) -> dict[str, str]:
         """Each backend's circuit breaker as this process's lookups see it now, by name."""
         return {name: breaker.state.value

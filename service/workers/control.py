@@ -80,6 +80,14 @@ class ControlLine:
             raise ValueError(f"control message of {len(data)} bytes over {MAX_MESSAGE_BYTES}")
         socket.send_fds(self.sock, [data], [fd] if fd is not None else [])
 
+    def offer(self, message: dict[str, Any], fd: Optional[int] = None) -> bool:
+        """:meth:`send`, but False instead of an OSError when the other end has gone."""
+        try:
+            self.send(message, fd)
+        except OSError:
+            return False
+        return True
+
     def receive(self) -> Optional[tuple[dict[str, Any], Optional[int]]]:
         """The next message and the descriptor that came with it, or None at the end."""
         data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 1)

@@ -55,7 +55,6 @@ class GroupState:
         self._pushed_at = 0.0
         self._balanced_at = 0.0
         self._homeless: list[tuple[float, int, bytes]] = []
-        self.moved = 0
         self.reconfigure(settings)
 
     def reconfigure(self, settings: Settings) -> None:
@@ -108,7 +107,6 @@ class GroupState:
             for link in sorted(self._serving(), key=lambda link: link.connections):
                 if link.pid != from_pid and link.tell({"kind": "adopt", "unread": unread}, fd):
                     link.connections += 1
-                    self.moved += 1
                     return
             self._homeless.append((time.monotonic(), os.dup(fd), unread))
         finally:

@@ -45,11 +45,7 @@ class WorkerLink:
 
     def tell(self, message: dict[str, Any], fd: Optional[int] = None) -> bool:
         """Send ``message`` (and a copy of ``fd``); False if the worker has gone."""
-        try:
-            self.line.send(message, fd)
-        except OSError:
-            return False
-        return True
+        return self.line.offer(message, fd)
 
 
 def launch_worker(settings: Settings, position: int, serial: int, workers: int, *,

@@ -41,7 +41,6 @@ class GroupMember:
         self._line = line
         self._service: Optional["FanOutService"] = None
         self._pools: dict[str, dict[str, Any]] = {}
-        self._greenlets: list[gevent.Greenlet] = []
 
     def attach(self, service: "FanOutService") -> None:
         """Once ``service`` serves: follow the master's backend checks, answer for the group's
@@ -49,7 +48,8 @@ class GroupMember:
         self._service = service
         service.health.follow(())
         service.handler.group = self
-        self._greenlets = [spawn_in_context(self._read), spawn_in_context(self._report)]
+        spawn_in_context(self._read)     # both end when the line does
+        spawn_in_context(self._report)
 
     def pools(self) -> dict[str, dict[str, Any]]:
         """Every serving worker's last pool report, by position (this worker's included)."""
@@ -81,21 +81,13 @@ class GroupMember:
 
     def _hand_over(self, sock: socket.socket, unread: bytes) -> bool:
         """Send one connection to the master, which gives it to another worker."""
-        try:
-            self._line.send({"kind": "moved", "unread": unread}, fd=sock.fileno())
-        except OSError:
-            return False
-        return True
+        return self._line.offer({"kind": "moved", "unread": unread}, fd=sock.fileno())
 
     def _report(self) -> None:
         service = self._service
         assert service is not None
-        while True:
-            connections, staying = service.server.connection_counts()
-            try:
-                self._line.send({"kind": "state", "connections": connections,
-                                 "staying": staying, "pools": own_report(service.handler),
-                                 "circuits": service.health.circuits()})
-            except OSError:
-                return
+        while self._line.offer({"kind": "state",
+                                "staying": service.server.connection_counts()[1],
+                                "pools": own_report(service.handler),
+                                "circuits": service.health.circuits()}):
             gevent.sleep(REPORT_S)

@@ -25,7 +25,7 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from tests.support.samples import backend_overrides
 
 __all__ = ["FANOUT", "ENV", "ALL_PANELS", "Server", "serve", "gather_all_panels", "set_server_keys",
-           "PersistentCallers", "worker_connections"]
+           "worker_connections"]
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
@@ -101,56 +101,6 @@ def set_server_keys(config: Path, **keys: Any) -> None:
     lines = [f"{key} = {value}" for key, value in keys.items()]
     at = kept.index("[server]") + 1
     config.write_text("\n".join(kept[:at] + lines + kept[at:]) + "\n")
-
-
-class PersistentCallers:
-    """``count`` plain thriftpy2 clients, each on one connection it keeps, calling
-    ``get_app_stats`` back to back, as a web tier's Thrift pool does. A failed call is
-    recorded with its kind, and that caller connects again (as a pool replaces a broken
-    connection)."""
-
-    def __init__(self, address: tuple[str, int], count: int) -> None:
-        self.address = address
-        self.calls = 0
-        self.failures: list[str] = []
-        self._greenlets = [gevent.spawn(self._call, index) for index in range(count)]
-
-    def _connect(self) -> Any:
-        from thriftpy2.rpc import make_client
-        from service.idl import appstats
-
-        return make_client(appstats.AppStats, *self.address, timeout=10_000,
-                           trans_factory=_framed())
-
-    def _call(self, index: int) -> None:
-        client = self._connect()
-        while True:
-            try:
-                response = client.get_app_stats(appstats_request())
-                assert {o.name: o.status for o in response.outcomes} == {
-                    name: 0 for name in ALL_PANELS}, response.outcomes
-                self.calls += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
-                self.failures.append(f"{type(exc).__name__}: {exc}")
-                client.close()
-                gevent.sleep(0.05)
-                client = self._connect()
-            gevent.sleep(0.005)
-
-    def stop(self) -> None:
-        gevent.killall(self._greenlets)
-
-
-def _framed() -> Any:
-    from thriftpy2.transport import TCyFramedTransportFactory
-
-    return TCyFramedTransportFactory()
-
-
-def appstats_request() -> Any:
-    from service.idl import appstats
-
-    return appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS)
 
 
 def worker_connections(server: Server) -> dict[int, int]:
