@@ -125,7 +125,7 @@ def _probe_inflight(n: int) -> dict:
     from gevent.event import Event
 
     from service.engine import FanOut, FanOutSettings, RequestContext, Task
-    from tracing.greenlets import spawn_in_context
+    from tracing.context import spawn_in_context
 
     release = Event()
 

@@ -18,7 +18,7 @@ class Lookup(abc.ABC):
     ``"http"``, ...). :meth:`fetch` runs in a fan-out greenlet in a copy of the
     request's context, so the request's span is current inside it. Its only view of
     the request is its arguments: the window, and the deadline it must push into its I/O.
-    A greenlet it starts itself must start through :func:`tracing.greenlets.spawn_in_context`.
+    A greenlet it starts itself must start through :func:`tracing.context.spawn_in_context`.
 
     A lookup that calls a backend takes it as its constructor's argument and calls it
     through :meth:`lookups.backends.base.Backend.call` (or ``MongoBackend.run``,

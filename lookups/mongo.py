@@ -4,7 +4,7 @@ Each lookup runs one aggregation over one collection, filtered to the window's a
 ``start <= ts < end``, and does its grouping, sorting and limiting on the server. The
 task budget is pushed into the operation with :func:`pymongo.timeout` (client-side
 operation timeout, which also sends ``maxTimeMS``), so pymongo gives up cleanly; see
-:mod:`lookups.backends.mongo_executor` for how the budget is kept and what each failure
+:mod:`lookups.backends.mongo` for how the budget is kept and what each failure
 is reported as. Each lookup runs on the backend it names (``backend_name``, ``mongo``).
 
 Collections (database ``mongo.database``)::

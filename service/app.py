@@ -30,8 +30,7 @@ from service.operations.hub_monitor import HubMonitor
 from service.idl import appstats
 from service.operations.probes import ProbeServer
 from service.listener.server import DrainReport, ThriftServer
-from service.overload.gate import CallGate
-from service.overload.shedding import UnreadRefusals
+from service.overload.gate import CallGate, UnreadRefusals
 
 __all__ = ["FanOutService", "read_timeout_warnings"]
 

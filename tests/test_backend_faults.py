@@ -33,7 +33,7 @@ from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, Sa
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
 from service.client import AppStatsClient
 from service.settings.config import load_settings
-from service.engine.runners import TaskRunners
+from tracing.context import TaskRunners
 from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port, wait_for

@@ -27,7 +27,7 @@ from service.samples import (DemoBackends, MongoWireServer, MongoWireServerError
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
 from service.settings.config import Settings, load_settings
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 SEVEN_PANELS = ("errors", "urls", "controllers", "queries", "alerts", "latency", "volume")
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.idl import appstats
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.call_path import files_of_one_warm_call
-from tests.support.thrift_calls import encode_call, frame
+from tests.support.samples import backend_overrides
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
@@ -20,11 +18,9 @@ def documented_path() -> list[str]:
     return re.findall(r"^\d+\. `([^`]+)`", section, re.M)
 
 
-def test_the_documented_path_of_one_warm_call_is_the_one_it_runs(start_service) -> None:
-    service, _ = start_service()
-    call = frame(encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(
-        request=appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS))))
-    ran = files_of_one_warm_call(service.address, call)
+def test_the_documented_path_of_one_warm_call_is_the_one_it_runs(mongo_server,
+                                                                 http_services) -> None:
+    ran = files_of_one_warm_call(backend_overrides(mongo_server, http_services))
     documented = documented_path()
     assert len(documented) == len(set(documented)), "a file listed twice"
     assert sorted(ran - set(documented)) == [], "run, but not in docs/architecture.md's path"

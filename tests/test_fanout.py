@@ -13,10 +13,10 @@ from opentelemetry import trace
 
 from lookups.errors import BackendUnavailable, BadBackendResponse
 from lookups.deadline import Deadline
-from service.engine.context import RequestContext
 from service.engine.fanout import FanOut
-from service.engine.outcomes import FanOutOverloaded, RequiredTaskFailed, Task, TaskStatus
-from service.engine.runners import TaskRunners
+from service.engine.tasks import (FanOutOverloaded, RequestContext, RequiredTaskFailed, Task,
+                                  TaskStatus)
+from tracing.context import TaskRunners
 from service.engine.settings import FanOutSettings
 from service.engine.settings import AdmissionSettings
 from service.overload.gate import CallGate

@@ -56,9 +56,9 @@ def test_the_wire_knows_nothing_of_the_handler_or_the_engine() -> None:
 CLIENT_MODULES = {
     "service", "service.client", "service.client.connections", "service.client.hedging",
     "service.client.instances", "service.idl", "service.errors", "service.wire",
-    "service.wire.tls", "service.wire.formats", "lookups.deadline", "lookups",
-    "lookups.resilience", "lookups.resilience.budget", "tracing", "tracing.exceptions",
-    "tracing.greenlets", "tracing.propagation", "tracing.spans",
+    "service.wire.tls", "service.wire.formats", "lookups.deadline", "lookups", "lookups.errors",
+    "lookups.resilience", "lookups.resilience.guard", "lookups.resilience.breaker", "tracing",
+    "tracing.exceptions", "tracing.context", "tracing.spans",
 }
 
 

@@ -28,7 +28,7 @@ from service.samples.http_services import path_segments, serve_wsgi
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
 from tests.support.sockets import dead_port
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000

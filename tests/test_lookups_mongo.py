@@ -30,7 +30,7 @@ from service.samples import MongoWireServer, SampleData
 from service.samples.faults import TcpFaultProxy
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from lookups.settings import HttpSettings, MongoSettings
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port
 

@@ -11,7 +11,7 @@ import gevent
 
 from service.client import AppStatsClient
 from lookups.deadline import Deadline
-from service.overload.pacing import CallerPacing
+from service.overload.gate import CallerPacing
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService

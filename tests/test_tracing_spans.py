@@ -15,8 +15,7 @@ from opentelemetry import baggage, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_id, format_trace_id
 
-from tracing.greenlets import spawn_in_context
-from tracing.propagation import MAX_HEADER_CHARS, extract_context, inject_headers
+from tracing.context import MAX_HEADER_CHARS, extract_context, inject_headers, spawn_in_context
 from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
 from lookups.deadline import Deadline
 

@@ -19,7 +19,7 @@ from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.rpc.validation import validate_stats_request
 from tests.support.samples import backend_overrides
-from tracing.propagation import inject_headers
+from tracing.context import inject_headers
 
 KNOWN = ("errors", "urls", "alerts")
 DAY_MS = 24 * 3600 * 1000

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 from tracing.spans import request_span, task_span
 from tracing.waterfall import render_waterfall
 

@@ -1,7 +1,8 @@
-"""Tracing: provider set-up, span helpers, trace-context propagation and a text waterfall.
+"""Tracing: provider set-up, span helpers, the caller's context carried on (trace
+headers and greenlets), and a text waterfall.
 
 Import from the submodules (``tracing.setup``, ``tracing.spans``,
-``tracing.propagation``, ``tracing.waterfall``). This package imports nothing
+``tracing.context``, ``tracing.waterfall``). This package imports nothing
 eagerly, so importing a span helper never loads pymongo or requests before
 gevent has patched the standard library.
 """

@@ -22,12 +22,17 @@ import traceback
 import types
 from typing import Any, Optional
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.trace import Status, StatusCode
 
-__all__ = ["ExceptionEventsWithoutSource", "exception_attributes", "stacktrace"]
+__all__ = ["ExceptionEventsWithoutSource", "exception_attributes", "stacktrace", "record_error",
+           "MAX_STATUS_DESCRIPTION"]
 
 _MAX_STACK_FRAMES = 40     # the innermost ones, per exception
+#: Characters of a span status description, at most.
+MAX_STATUS_DESCRIPTION = 200
 _MAX_CHAINED = 3           # exceptions of a __cause__ / __context__ chain in one stack trace
 
 
@@ -91,3 +96,20 @@ class ExceptionEventsWithoutSource(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True
+
+
+def record_error(span: trace.Span, error: BaseException) -> None:
+    """The ``exception`` event (OpenTelemetry semantic conventions) and status ERROR; never raises."""
+    if not span.is_recording():
+        return
+    try:
+        span.add_event("exception", exception_attributes(error))
+        span.set_status(Status(StatusCode.ERROR, _describe(error)))
+    except Exception:  # noqa: BLE001 - tracing must never fail the call it describes
+        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)
+    description = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return description[:MAX_STATUS_DESCRIPTION]

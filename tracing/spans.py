@@ -1,4 +1,5 @@
-"""The spans this service makes: one SERVER span per RPC, one INTERNAL span per fan-out task.
+"""The spans this service makes: one SERVER span per RPC, one INTERNAL span per fan-out
+task; and the RPC server's metric beside them, by the same conventions.
 
 Both are cheap when nothing records them (tracing disabled or the trace not
 sampled): attributes are only built for a recording span, and a task span that
@@ -8,7 +9,7 @@ Under parent-based sampling (what ``tracing.sample_ratio`` configures; see
 is started at all, and the pymongo and requests instrumentations are suppressed
 for the whole request, since every span they would make is unsampled too. Code
 that calls another service must then pass the (unsampled) trace context on
-itself, with :func:`tracing.propagation.inject_headers`: the requests
+itself, with :func:`tracing.context.inject_headers`: the requests
 instrumentation no longer does it for such a request.
 
 Failures are recorded as the standard ``exception`` event, with a stack trace of
@@ -24,6 +25,15 @@ OpenTelemetry packages define)::
                                           fanout.pool.wait_ms, fanout.task.status
         <pymongo / requests spans from the official instrumentations, see tracing.clients>
 
+The metric, :class:`CallDurations`: ``rpc.server.call.duration``, one histogram
+(seconds) over every call, from decoding to the reply written, with ``rpc.system.name``
+(``apache_thrift``), ``rpc.method`` (``AppStats/<method>``) and, for calls answered with
+an exception, ``error.type`` (the exception's name); in Prometheus
+``rpc_server_call_duration_seconds_*``. A method the IDL does not declare is recorded as
+``rpc.method`` ``_OTHER``, as the conventions ask: names a caller makes up must not make
+series. Every call that was read is recorded once, its reply written or not (a reply
+that could not be written has that failure as its ``error.type``).
+
 A task the request stops waiting for (its deadline passed, or a required task
 failed) has its span ended then, marked ``fanout.task.status`` ``TIMEOUT`` or
 ``CANCELLED`` with a ``fanout.task.cut`` event giving the reason (and status
@@ -37,30 +47,33 @@ import socket
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import gevent
 from gevent import GreenletExit
 from opentelemetry import context as context_api
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.semconv._incubating.metrics.rpc_metrics import create_rpc_server_call_duration
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace_id
 
-from tracing.exceptions import exception_attributes
-from tracing.propagation import extract_context
+from tracing.exceptions import MAX_STATUS_DESCRIPTION, record_error
+from tracing.context import extract_context
 
 __all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
            "mark_task_outcome", "cut_task_span", "mark_coalesced", "trace_id_hex", "follow_parent_sampling",
-           "set_call_endpoints", "connection_endpoints"]
+           "set_call_endpoints", "connection_endpoints", "CallDurations", "OTHER_METHOD"]
 
 RPC_SERVICE = "AppStats"
 #: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
 RPC_SYSTEM = "apache_thrift"
-_MAX_STATUS_DESCRIPTION = 200
 
 # A proxy: it follows the global provider even if that is installed after import.
 _tracer = trace.get_tracer("fanout")
 # True once the installed sampler is known never to sample a child of an unsampled span.
 _unsampled_is_final = False
+#: ``rpc.method`` of a call to a method the IDL does not declare.
+OTHER_METHOD = "_OTHER"
+_call_duration = create_rpc_server_call_duration(metrics.get_meter("fanout.server"))
 # The network attributes of the connection a call came in on; set by the server per call.
 _call_endpoints: ContextVar[Mapping[str, Any]] = ContextVar("fanout_call_endpoints", default={})
 
@@ -151,7 +164,7 @@ def request_span(method: str, headers: Mapping[str, str], request_id: str) -> It
                 else:
                     yield span
             except Exception as error:
-                _record_error(span, error)
+                record_error(span, error)
                 raise
     finally:
         if token is not None:
@@ -211,7 +224,7 @@ def mark_task_outcome(span: Span, status: str, error: Optional[BaseException] = 
         return
     span.set_attribute("fanout.task.status", status)
     if error is not None:
-        _record_error(span, error)
+        record_error(span, error)
 
 
 def cut_task_span(span: Span, status: str, reason: str) -> None:
@@ -226,7 +239,7 @@ def cut_task_span(span: Span, status: str, reason: str) -> None:
     span.set_attribute("fanout.task.status", status)
     span.add_event("fanout.task.cut", {"reason": reason})
     if status == "TIMEOUT":
-        span.set_status(Status(StatusCode.ERROR, reason[:_MAX_STATUS_DESCRIPTION]))
+        span.set_status(Status(StatusCode.ERROR, reason[:MAX_STATUS_DESCRIPTION]))
     span.end()
 
 
@@ -248,18 +261,25 @@ def _unmarked(span: Span) -> bool:
     return span.is_recording() and attributes is not None and "fanout.task.status" not in attributes
 
 
-def _record_error(span: Span, error: BaseException) -> None:
-    """The ``exception`` event (OpenTelemetry semantic conventions) and status ERROR; never raises."""
-    if not span.is_recording():
-        return
-    try:
-        span.add_event("exception", exception_attributes(error))
-        span.set_status(Status(StatusCode.ERROR, _describe(error)))
-    except Exception:  # noqa: BLE001 - tracing must never fail the call it describes
-        span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+class CallDurations:
+    """Records ``rpc.server.call.duration`` for a server whose IDL declares ``methods``."""
 
+    def __init__(self, methods: Iterable[str]) -> None:
+        self._declared = frozenset(methods)
+        self._attributes: dict[tuple[str, str], dict[str, str]] = {}
 
-def _describe(error: BaseException) -> str:
-    text = str(error)
-    description = f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return description[:_MAX_STATUS_DESCRIPTION]
+    def call_ended(self, method: str, error_type: str, seconds: float) -> None:
+        """Record one call; ``error_type`` is empty for a normal answer."""
+        if method not in self._declared:
+            method = OTHER_METHOD
+        key = (method, error_type)
+        attributes = self._attributes.get(key)
+        if attributes is None:
+            attributes = rpc_attributes(method)
+            if method == OTHER_METHOD:
+                attributes["rpc.method"] = OTHER_METHOD
+            if error_type:
+                attributes["error.type"] = error_type
+            if len(self._attributes) < 256:  # methods x exception types: a few dozen at most
+                self._attributes[key] = attributes
+        _call_duration.record(seconds, attributes)

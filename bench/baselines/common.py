@@ -3,7 +3,7 @@
 Both baselines read the same TOML settings file as ``fanout serve``, build the same
 lookups (:func:`lookups.registry.default_registry` over :class:`lookups.backends.collection.Backends`),
 validate requests with :func:`service.rpc.validation.validate_stats_request`, map panel
-values with :mod:`service.rpc.mapping`, and answer the same ``StatsResponse``. Only the
+values with :mod:`service.rpc.handler`, and answer the same ``StatsResponse``. Only the
 scheduling of the lookups differs, which is what the benchmark compares.
 
 Left out, because the benchmark does not exercise them: ``required`` panels
@@ -24,8 +24,8 @@ from lookups.panels import Window
 from service.settings.config import Settings, load_settings
 from lookups.deadline import Deadline
 from service.idl import appstats
-from service.rpc.mapping import to_panel_data, to_thrift_outcomes
-from service.engine.outcomes import TaskOutcome, TaskStatus
+from service.rpc.handler import to_panel_data, to_thrift_outcomes
+from service.engine.tasks import TaskOutcome, TaskStatus
 from service.rpc.validation import validate_stats_request
 
 __all__ = ["PlannedLookup", "BaselineHandler", "lookup_outcome", "timeout_outcome",

@@ -38,7 +38,7 @@ from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # no
                            UrlsLookup, window_filter)
 from lookups.panels import Window  # noqa: E402
 from lookups.deadline import Deadline  # noqa: E402
-from service.engine.outcomes import TaskOutcome  # noqa: E402
+from service.engine.tasks import TaskOutcome  # noqa: E402
 from service.idl import appstats  # noqa: E402
 
 __all__ = ["HandwrittenHandler", "main"]

@@ -2,7 +2,7 @@
 
 A gevent ``StreamServer`` that answers every framed, binary call but ``ping``
 ``Overloaded`` (as ``get_app_stats`` would be), from its header alone, after the hold
-that pacing gives such a caller (:mod:`service.overload.pacing`, with the deadline the
+that pacing gives such a caller (:mod:`service.overload.gate`, with the deadline the
 call's ``meta`` would carry: ``fanout.request_deadline_ms``). The reply is encoded once;
 only its seqid changes. No admission, no wire scan (a frame is only bounded by
 ``server.max_frame_bytes``), no metrics, no logging: a read, a timer and a write per
@@ -36,7 +36,7 @@ from thriftpy2.transport import TCyMemoryBuffer  # noqa: E402
 from bench.baselines.common import settings_from_argv  # noqa: E402
 from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.deadline import Deadline  # noqa: E402
-from service.overload.pacing import CallerPacing  # noqa: E402
+from service.overload.gate import CallerPacing  # noqa: E402
 from service.idl import appstats  # noqa: E402
 from service.wire.header import call_header  # noqa: E402
 

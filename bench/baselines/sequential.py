@@ -27,7 +27,7 @@ from lookups.panels import Window  # noqa: E402
 from lookups.registry import default_registry  # noqa: E402
 from lookups.deadline import Deadline  # noqa: E402
 from service.idl import appstats  # noqa: E402
-from service.engine.outcomes import TaskOutcome  # noqa: E402
+from service.engine.tasks import TaskOutcome  # noqa: E402
 from service.listener.server import ThriftServer  # noqa: E402
 
 __all__ = ["SequentialHandler", "main"]

@@ -40,7 +40,7 @@ from lookups.panels import Window
 from lookups.registry import default_registry
 from lookups.deadline import Deadline
 from service.idl import appstats
-from service.engine.outcomes import TaskOutcome
+from service.engine.tasks import TaskOutcome
 
 __all__ = ["DEFAULT_MAX_WORKERS", "ThreadedHandler", "main"]
 

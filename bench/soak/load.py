@@ -22,7 +22,7 @@ from thriftpy2.transport import TTransportException
 
 from service.samples import APPS, SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.engine.runners import TaskRunners
+from tracing.context import TaskRunners
 from service.idl import appstats
 
 __all__ = ["HUNG_AFTER_S", "LATE_AFTER_S", "LoadStats", "run_worker", "sample_hub_lag",

@@ -5,7 +5,7 @@ guard, meters and health check.
                        the [mongo] / [http] aliases
     base.py            Backend: call() = guard, then a slot per attempt, then the call
     mongo.py           MongoBackend: a pymongo client; run(lookup, operation, deadline)
-    mongo_executor.py  one MongoDB operation, bounded, never killed, errors made typed
+    mongo_errors.py    pymongo's failures made typed, free of the URI
     http.py            HttpBackend: a requests session; get_json(lookup, path, params, deadline)
     collection.py      Backends: every backend of the process, by name
 

@@ -43,7 +43,7 @@ from lookups.resilience import RetryPolicy
 from lookups.backends.tls import HttpsFiles, load_https_files
 from lookups.deadline import Deadline
 from tracing.clients import remote_call
-from tracing.propagation import inject_headers
+from tracing.context import inject_headers
 
 __all__ = ["HttpBackend", "MAX_RESPONSE_BYTES", "connect_timeout_s"]
 

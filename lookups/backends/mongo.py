@@ -3,25 +3,33 @@
 The client is created with ``connect=False``: nothing touches the network until the
 first operation, so start-up never blocks on a MongoDB that is down. TLS and every
 other connection option are the URI's (``tls=true&tlsCAFile=...``), as pymongo reads them.
-Each operation runs through :mod:`lookups.backends.mongo_executor`.
+Each operation holds a slot, is ended within its deadline, and runs in a greenlet that
+nothing kills (:func:`_run_bounded`); pymongo's errors are made typed by
+:mod:`lookups.backends.mongo_errors`.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import threading
+import time
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import pymongo
+from gevent import monkey
 from pymongo import monitoring
 from pymongo.database import Database
-from pymongo.errors import ConfigurationError
+from pymongo.errors import ConfigurationError, PyMongoError
 
-from lookups.backends.base import Backend
-from lookups.backends.mongo_executor import run_bounded
+from lookups.backends.base import Backend, Slots
+from lookups.backends.mongo_errors import MONGO_ERRORS, selection_failed, translated
 from lookups.backends.settings import MongoBackendSettings
 from lookups.resilience import RetryPolicy
 from lookups.deadline import Deadline
+from lookups.errors import BackendTimeout, blame_own_wait
+from tracing.context import spawn_in_context
 
 __all__ = ["MongoBackend", "CheckedOutCounter"]
 
@@ -60,7 +68,7 @@ class MongoBackend(Backend):
         return self.call(lookup, lambda _deadline: operation(self.db), deadline)
 
     def attempt(self, lookup: str, operation: Callable[[Deadline], T], deadline: Deadline) -> T:
-        return run_bounded(lookup, self.db, self.slots, deadline, lambda: operation(deadline))
+        return _run_bounded(lookup, self.db, self.slots, deadline, lambda: operation(deadline))
 
     def check(self, timeout_s: float) -> None:
         with pymongo.timeout(timeout_s):
@@ -123,3 +131,101 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
     def connection_closed(self, event: Any) -> None: ...
     def connection_check_out_started(self, event: Any) -> None: ...
     def connection_check_out_failed(self, event: Any) -> None: ...
+
+
+# pymongo's server selection looks at its budget only every half second: it waits on the
+# topology in MIN_HEARTBEAT_INTERVAL steps (a private constant, hence the copy). While no
+# server is available an operation could so run up to that long past its budget.
+_SELECTION_STEP_S = 0.5
+
+
+def _run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
+                operation: Callable[[], T]) -> T:
+    """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
+
+    Ends by ``deadline``: the slot wait is bounded by it, and when pymongo already
+    knows that no server is usable (each has a recorded error), a server is first
+    selected for ``db``'s read preference (with a ``ping``) within whole selection steps,
+    so that waiting for a server ends in time; with less than one step left, the error is
+    raised at once. The operation itself then gets all the budget that is left: a server
+    that came back within the first step (a restart) leaves the query most of its budget.
+
+    pymongo cannot be interrupted safely: an exception thrown into it while it waits on
+    one of its locks or conditions corrupts them (``RuntimeError: Semaphore released too
+    many times`` in other tasks, connections never checked back in). So, under gevent,
+    the operation runs in a greenlet of its own that nothing kills. If the calling task
+    is killed, the operation still ends by itself within its budget, gives its
+    connection back and releases its slot. Raises what :func:`~lookups.backends.mongo_errors.translated` gives,
+    and :class:`BackendTimeout` when no slot frees up in time.
+    """
+    began = time.monotonic()
+    left_s = deadline.remaining_s()
+    if not slots.acquire(timeout=left_s):
+        raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
+                             backend_fault=False)
+    waited_s = time.monotonic() - began
+    call = functools.partial(_run_releasing, lookup, db, slots, deadline, operation)
+    if monkey.is_module_patched("threading"):
+        succeeded, result = spawn_in_context(call).get()
+    else:
+        succeeded, result = call()  # plain threads: nothing throws into them
+    if not succeeded:
+        if isinstance(result, BackendTimeout):
+            blame_own_wait(result, waited_s, left_s)
+        raise result
+    return result
+
+
+def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: Deadline,
+                   operation: Callable[[], T]) -> tuple[bool, Any]:
+    """(True, value) or (False, the exception): a failure is the caller's to raise, not the hub's."""
+    try:
+        _await_usable_server(lookup, db, deadline)
+        with pymongo.timeout(_budget_left(lookup, deadline)):
+            return True, operation()
+    except MONGO_ERRORS as exc:
+        error = translated(lookup, exc, db.client)
+        error.__cause__ = exc
+        return False, error
+    except Exception as exc:  # handed to the caller, which raises it
+        return False, exc
+    finally:
+        slots.release()
+
+
+def _await_usable_server(lookup: str, db: Database, deadline: Deadline) -> None:
+    """When every server has a recorded error, select one within whole selection steps.
+
+    pymongo's server selection looks at its budget only between waits of up to a step, so
+    a budget of whole steps keeps it from running on past ``deadline``. A selection also
+    asks the monitors to check now; pymongo does not after an operation's network error
+    (the SDAM spec forbids it), so merely watching the topology could wait a whole
+    heartbeat interval.
+    """
+    if not _no_server_usable(db.client):
+        return
+    steps_s = math.floor(deadline.remaining_s() / _SELECTION_STEP_S) * _SELECTION_STEP_S
+    if steps_s <= 0:
+        raise selection_failed(lookup, db.client)
+    try:
+        with pymongo.timeout(steps_s):
+            db.command("ping", read_preference=db.read_preference)
+    except PyMongoError as exc:
+        if not exc.timeout or _no_server_usable(db.client):
+            raise
+        # A server was selected but its answer was slow (queued behind other work):
+        # the operation still has the rest of the budget.
+
+
+def _budget_left(lookup: str, deadline: Deadline) -> float:
+    """Seconds left for pymongo's ``timeout()``; none left is a timeout of ours."""
+    left_s = deadline.remaining_s()
+    if left_s <= 0:
+        raise BackendTimeout(f"{lookup}: no time left to query MongoDB", backend_fault=False)
+    return left_s
+
+
+def _no_server_usable(client: pymongo.MongoClient) -> bool:
+    """Every server has a recorded error (its last check failed): none can be selected now."""
+    servers = client.topology_description.server_descriptions().values()
+    return bool(servers) and all(server.error is not None for server in servers)

@@ -1,9 +1,9 @@
 """How lookups survive misbehaving backends.
 
-    budget.py    RetryBudget: retries at most a share of calls (a token bucket)
     breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
-    guard.py     BackendGuard: retries within the task's budget, the breaker, hedged requests;
-                 one per backend (lookups.backends), shared by its lookups
+    guard.py     BackendGuard: retries before the task's deadline, the breaker, hedged
+                 requests; one per backend (lookups.backends), shared by its lookups; and
+                 RetryBudget: retries at most a share of calls (a token bucket)
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# Loaded on first use, not on import: the web-tier client imports budget.py alone.
+# Loaded on first use, not on import: the web-tier client imports guard.py alone.
 _EXPORTS = {
-    "RetryBudget": "budget", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
+    "RetryBudget": "guard", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
     "CircuitState": "breaker", "BackendGuard": "guard", "RetryPolicy": "guard",
 }
 

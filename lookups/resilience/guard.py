@@ -7,7 +7,7 @@ breaker, and optional hedged requests.
 * the lookup's ``attempts`` are used up, or
 * the jittered back-off (``RETRY_BACKOFF_MS`` doubling up to ``RETRY_BACKOFF_MAX_MS``,
   "full jitter") would not leave ``MIN_ATTEMPT_MS`` before the deadline for another try, or
-* the backend's :class:`~lookups.resilience.budget.RetryBudget` is spent (retries at
+* the backend's :class:`RetryBudget` is spent (retries at
   most ``retry_budget_ratio`` of calls, plus 10 a second and a reserve of 3), or
 * the circuit breaker is open (:class:`~lookups.errors.CircuitOpen`, at once).
 
@@ -19,6 +19,16 @@ deadline). A hedge spends the retry budget too. This is Finagle's backup request
 
 The task's span gets ``fanout.attempts`` and, after a failed attempt,
 ``fanout.last_error``; each retry is a ``retry`` event.
+
+**The retry budget** (:class:`RetryBudget`) is a token bucket, as Finagle's
+``RetryBudget`` and gRPC's ``retryThrottling``: each call deposits ``ratio`` of a
+token, each retry withdraws a whole one, and the balance never exceeds ``max_tokens``.
+It starts with ``reserve`` tokens, and earns ``min_per_s`` more each second (Finagle's
+``minRetriesPerSec``), so a quiet caller's occasional failures may still be retried.
+Over any stretch of ``t`` seconds, retries <= ratio x calls + min_per_s x t +
+max_tokens. When the backend (or the server) is failing everything, retries thus add
+at most about ``ratio`` to its load. The web tier's client keeps one too. Not
+thread-safe by design: one budget lives in one gevent hub.
 """
 
 from __future__ import annotations
@@ -35,10 +45,9 @@ from opentelemetry import trace
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
-from lookups.resilience.budget import RetryBudget
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
-__all__ = ["RetryPolicy", "BackendGuard", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
+__all__ = ["RetryPolicy", "BackendGuard", "RetryBudget", "RETRY_BACKOFF_MS", "MIN_ATTEMPT_MS"]
 
 T = TypeVar("T")
 
@@ -193,3 +202,51 @@ def _annotate(span: trace.Span, attempts: int, failure: Optional[LookupFailed]) 
         span.add_event("retry" if failure.retry_safe else "attempt failed",
                        {"attempt": attempts, "error": type(failure).__name__})
 
+
+class RetryBudget:
+    """Allow retries up to ``ratio`` of calls, plus a small reserve.
+
+    A ``ratio`` of 0 allows no retry at all: the reserve and ``min_per_s`` are then ignored.
+    """
+
+    def __init__(self, ratio: float, reserve: float = 3.0, max_tokens: float = 10.0,
+                 min_per_s: float = 0.0) -> None:
+        if not 0.0 <= ratio <= 1.0:
+            raise ValueError(f"ratio: must be within 0..1, got {ratio}")
+        if reserve < 0 or max_tokens < max(reserve, 1.0):
+            raise ValueError("reserve: must be >= 0, and max_tokens at least reserve and 1")
+        self.ratio = ratio
+        self.max_tokens = max_tokens
+        self.min_per_s = min_per_s if ratio else 0.0
+        self._tokens = reserve if ratio else 0.0
+        self._refilled_at = time.monotonic()
+        self.calls = 0
+        self.retries = 0
+        self.refused = 0
+
+    @property
+    def balance(self) -> float:
+        return self._tokens
+
+    def record_call(self) -> None:
+        """A first attempt was made: deposit ``ratio`` of a token."""
+        self.calls += 1
+        self._tokens = min(self.max_tokens, self._tokens + self.ratio)
+
+    def try_retry(self) -> bool:
+        """Withdraw a token for one retry; False (and nothing withdrawn) when the budget is spent."""
+        if self.min_per_s:
+            now = time.monotonic()
+            self._tokens = min(self.max_tokens,
+                               self._tokens + (now - self._refilled_at) * self.min_per_s)
+            self._refilled_at = now
+        if self._tokens < 1.0:
+            self.refused += 1
+            return False
+        self._tokens -= 1.0
+        self.retries += 1
+        return True
+
+    def __repr__(self) -> str:
+        return (f"<RetryBudget {self.ratio:.0%} balance={self._tokens:.1f} calls={self.calls} "
+                f"retries={self.retries} refused={self.refused}>")

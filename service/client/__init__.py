@@ -37,7 +37,7 @@ method only reads.
 
 Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
 server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
-leaves time for it and the client's :class:`~lookups.resilience.budget.RetryBudget`
+leaves time for it and the client's :class:`~lookups.resilience.guard.RetryBudget`
 allows: retries stay within ``overload_retry_ratio`` (10%) of calls, plus a
 small reserve, so overload never turns into a retry storm. Otherwise, or after
 ``MAX_OVERLOAD_ATTEMPTS``, the ``Overloaded`` is raised.
@@ -63,7 +63,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.transport import TTransportException
 
-from lookups.resilience.budget import RetryBudget
+from lookups.resilience.guard import RetryBudget
 from service.client.connections import Connection, ConnectionPool, Connector
 from service.client.hedging import BackupRequests, race_with_backup
 from service.client.instances import Instance, Instances
@@ -72,7 +72,7 @@ from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context
 
-from tracing.propagation import inject_headers
+from tracing.context import inject_headers
 from tracing.spans import rpc_attributes
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]

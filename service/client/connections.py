@@ -5,7 +5,7 @@ reused: a late reply must not be read as the answer to the next call. A pooled
 connection idle for ``max_idle_s`` is closed instead of reused (the server may
 be closing it right now). A connection answered ``Overloaded`` rests until its
 ``retry_after_ms`` has passed: the server paces each connection, and holds the
-next refusal of one that comes back sooner (:mod:`service.overload.pacing`), so
+next refusal of one that comes back sooner (:mod:`service.overload.gate`), so
 another call takes another connection, or a new one, meanwhile.
 """
 

@@ -9,7 +9,7 @@ calls' latencies sends a second attempt to another instance; whichever
 answers first is the answer, and the other is stopped (its connection is
 closed, never reused). Backups stay within ``ratio`` (5%) of calls plus a
 burst of 50, leaving room above the 1% the percentile sends when nothing is
-wrong (:class:`~lookups.resilience.budget.RetryBudget`), so a slow
+wrong (:class:`~lookups.resilience.guard.RetryBudget`), so a slow
 period cannot double the load. Until :data:`MIN_SAMPLES` calls have succeeded
 there is no tail to go by, and no backups.
 
@@ -26,9 +26,9 @@ import gevent
 from thriftpy2.transport import TTransportException
 
 from lookups.deadline import Deadline
-from lookups.resilience.budget import RetryBudget
+from lookups.resilience.guard import RetryBudget
 from service.client.instances import Instance
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["BackupRequests", "race_with_backup", "MIN_SAMPLES", "WINDOW"]
 

@@ -1,9 +1,8 @@
 """The fan-out engine: run one request's tasks in parallel, bounded, within its deadline.
 
     fanout.py     FanOut: slots, waiting, abandoning and reaping; one instance per process
-    outcomes.py   Task, TaskOutcome, TaskStatus, FanOutResult and the engine's errors
-    context.py    RequestContext, the explicit context object of one call
-    runners.py    TaskRunners, reused greenlets that run each job in a copy of its context
+    tasks.py      what it takes and gives: RequestContext (the explicit context object of
+                  one call), Task, TaskOutcome, TaskStatus, FanOutResult, the engine's errors
     settings.py   FanOutSettings, the ``[fanout]`` section
 
 It knows nothing of Thrift, MongoDB or HTTP: a task is a callable taking its budget.
@@ -17,9 +16,9 @@ from typing import Any
 # Loaded on first use, not on import: nothing is loaded that the caller does not use.
 _EXPORTS = {
     "FanOut": "fanout", "FanOutStats": "fanout", "FanOutSettings": "settings",
-    "RequestContext": "context", "Deadline": "lookups.deadline", "Task": "outcomes",
-    "TaskOutcome": "outcomes", "TaskStatus": "outcomes", "FanOutResult": "outcomes",
-    "FanOutError": "outcomes", "FanOutOverloaded": "outcomes", "RequiredTaskFailed": "outcomes",
+    "RequestContext": "tasks", "Deadline": "lookups.deadline", "Task": "tasks",
+    "TaskOutcome": "tasks", "TaskStatus": "tasks", "FanOutResult": "tasks",
+    "FanOutError": "tasks", "FanOutOverloaded": "tasks", "RequiredTaskFailed": "tasks",
 }
 
 __all__ = list(_EXPORTS)

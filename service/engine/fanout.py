@@ -1,7 +1,7 @@
 """FanOut: run one request's tasks in parallel, bounded, within its deadline.
 
 Each task runs in its own greenlet (a reused one, see
-:class:`~service.engine.runners.TaskRunners`), in a copy of the request's contextvars
+:class:`~tracing.context.TaskRunners`), in a copy of the request's contextvars
 context (so the request context and the current span reach it), holding one
 slot of the request's pool (``fanout.pool_size``) and one of the process-wide
 budget (``fanout.max_inflight_tasks``). Waiting for slots is bounded by
@@ -18,11 +18,10 @@ A call comes here once admitted (:mod:`service.overload.gate`); finding the
 process-wide task slots all taken, it raises :class:`FanOutOverloaded` at once
 rather than queue for what is most likely a refusal anyway.
 
-Failures are counted, and logged as a summary every few seconds at most
-(:mod:`service.engine.summary`), never a line per task. Each outcome a caller gets goes to the
-``fanout.task.duration`` histogram once, with its status (see :mod:`service.engine.metrics`).
-
-This module knows nothing of Thrift, MongoDB or HTTP.
+Failures are counted and logged as a summary every few seconds at most
+(:mod:`service.engine.summary`), never a line per task; each outcome is recorded once
+(:func:`service.engine.tasks.task_ended`). This module knows nothing of Thrift, MongoDB
+or HTTP.
 """
 
 from __future__ import annotations
@@ -41,15 +40,12 @@ from greenlet import getcurrent
 from greenlet import greenlet as RawGreenlet
 from opentelemetry.trace import Span
 
-from service.engine import metrics
-from service.engine.context import RequestContext
 from lookups.deadline import Deadline
-from service.engine.outcomes import (FanOutOverloaded, FanOutResult, RequiredTaskFailed, Task,
-                                     TaskOutcome, TaskStatus)
-from service.engine.runners import TaskRunners
+from service.engine.tasks import (FanOutOverloaded, FanOutResult, RequestContext,
+                                  RequiredTaskFailed, Task, TaskOutcome, TaskStatus, task_ended)
 from service.engine.settings import FanOutSettings
 from service.engine.summary import FailureSummary
-from tracing.greenlets import spawn_in_context
+from tracing.context import TaskRunners, spawn_in_context
 from tracing.pools import DemandMeter, MeteredSlots, PoolMeter
 from tracing.spans import cut_task_span, mark_task_outcome, task_span
 
@@ -177,8 +173,8 @@ class FanOut:
         # Once per outcome a caller gets, whatever became of its task: rejected, cut before
         # it ran, still running, or done (counted when it ended, some went missing).
         for task, outcome in zip(run.tasks, result.outcomes):
-            metrics.task_ended(task, outcome)
-        self.stats.rejected += _rejected(result)
+            task_ended(task, outcome)
+        self.stats.rejected += sum(o.status is TaskStatus.REJECTED for o in result.outcomes)
         if run.failed_required is not None:
             raise RequiredTaskFailed(run.failed_required, result)
         return result
@@ -302,7 +298,3 @@ def _kill_task(run: _Run, index: int, runner: RawGreenlet) -> None:
     """
     if run.running.get(index) is runner:
         runner.throw(GreenletExit)
-
-
-def _rejected(result: FanOutResult) -> int:
-    return sum(1 for outcome in result.outcomes if outcome.status is TaskStatus.REJECTED)

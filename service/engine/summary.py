@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from gevent.hub import get_hub
 
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["FailureSummary"]
 

@@ -9,7 +9,7 @@ usable. A malformed, oversized or too slow message closes only its own
 connection, counted by kind in :class:`~service.listener.stats.ServerStats`.
 
 A reply that pacing holds (a refusal to a caller back before its
-``retry_after_ms``, :mod:`service.overload.pacing`) is written once the hold is
+``retry_after_ms``, :mod:`service.overload.gate`) is written once the hold is
 over: by :mod:`service.overload.held_connections`, off this greenlet, where the
 connection allows it, or else after a sleep here.
 """
@@ -26,19 +26,19 @@ import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.engine.context import new_request_id
-from service.overload.pacing import CallerPacing, current_caller
+from service.engine.tasks import new_request_id
+from service.overload.gate import CallerPacing, current_caller
 from service.engine.summary import FailureSummary
 from service.listener.handover import MoveNow
 from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
-from service.operations.rpc_metrics import call_ended
 from service.overload.held_connections import HeldConnections, HeldReply
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import protocol_for
 from service.wire.errors import WireError
-from tracing.spans import set_call_endpoints
+from service.idl import appstats
+from tracing.spans import CallDurations, set_call_endpoints
 
 __all__ = ["MessageLoop", "RefuseUnread"]
 
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 _Reply = TPayload | TApplicationException
 #: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
-#: without reading it further, or None (:class:`service.overload.shedding.UnreadRefusals`).
+#: without reading it further, or None (:class:`service.overload.gate.UnreadRefusals`).
 RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]]
 
 
@@ -74,8 +74,9 @@ class MessageLoop:
         # A port scanner or a web client sends hundreds of bad connections a second:
         # one line per interval, by kind, with an example, never one per connection.
         self._rejected = FailureSummary(log, "connections closed for what they sent")
+        self._durations = CallDurations(appstats.AppStats.thrift_services)
         self.held = HeldConnections(self._refuse_next, self._may_serve_more,
-                                    settings.max_frame_bytes)
+                                    settings.max_frame_bytes, self._durations)
 
     def open(self, sock: socket.socket) -> ServedConnection:
         """A :class:`ServedConnection` over ``sock``, with this loop's wire settings."""
@@ -147,7 +148,7 @@ class MessageLoop:
         if self.stopping:
             hold_s = 0.0  # draining: a refusal goes out at once, the drain waits for no hold
         if not isinstance(reply, TApplicationException) and reply.oneway:
-            call_ended(api, _error_type(reply), time.perf_counter() - started)
+            self._durations.call_ended(api, _error_type(reply), time.perf_counter() - started)
             return
         held = self._held_reply(connection, api, seqid, reply, started, hold_s)
         payload = held.payload
@@ -209,7 +210,7 @@ class MessageLoop:
             error_type = type(unwritten).__name__
             raise
         finally:  # every call read is recorded once, its reply written or not
-            call_ended(reply.method, error_type, time.perf_counter() - reply.started)
+            self._durations.call_ended(reply.method, error_type, time.perf_counter() - reply.started)
 
     def _decode_call(self, channel: Channel,
                      message: Any) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import gevent
 from thriftpy2.protocol.base import TProtocolBase
 
-from service.overload.pacing import CallerPacing
+from service.overload.gate import CallerPacing
 from service.listener.handover import MoveSink
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
@@ -38,7 +38,7 @@ class ServedConnection:
         self.oprot = make_protocol(self.output)
         # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
         self.endpoints = connection_endpoints(sock)
-        # One caller per connection: its refusals are paced (service.overload.pacing).
+        # One caller per connection: its refusals are paced (service.overload.gate).
         self.caller = CallerPacing()
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls

@@ -41,7 +41,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
            "DEFAULT_CACHE_MS", "CHECK_INTERVAL_S"]

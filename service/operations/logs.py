@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from service.engine.context import current_request_id
+from service.engine.tasks import current_request_id
 
 __all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
            "console_line"]
@@ -56,7 +56,7 @@ class LoggingSettings:
 
 def set_request_id(request_id: str) -> None:
     """Name the call being served in the log lines written for it from now on (the
-    handler sets :data:`service.engine.context.current_request_id` itself)."""
+    handler sets :data:`service.engine.tasks.current_request_id` itself)."""
     current_request_id.set(request_id)
 
 

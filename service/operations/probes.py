@@ -39,7 +39,7 @@ import gevent
 
 from service.operations.health import BackendStatus, HealthChecker
 from service.operations.native_http import NativeHttpServer
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["ProbeServer", "REFRESH_S", "json_answer", "backend_bodies"]
 

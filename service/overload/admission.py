@@ -162,7 +162,7 @@ class AdmissionControl:
 
     def refuse_unread(self) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
-        :attr:`saturated`, :mod:`service.overload.shedding`); the ``retry_after_ms`` to answer."""
+        :attr:`saturated`, :mod:`service.overload.gate`); the ``retry_after_ms`` to answer."""
         self.stats.refused_unread += 1
         self._count_refusal()
         return self.retry_after_ms()

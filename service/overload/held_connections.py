@@ -1,7 +1,7 @@
 """Held connections: the paced refusals of callers that ignore ``retry_after_ms``, served
 from the event loop instead of from a greenlet per caller.
 
-Pacing (:mod:`service.overload.pacing`) decides how long a refusal to such a caller
+Pacing (:mod:`service.overload.gate`) decides how long a refusal to such a caller
 is held; each of its connections is then refused about once per deadline
 whatever it does, and the server's CPU goes on the refusals that remain: with a
 thousand such callers, about five hundred a second. In a greenlet per
@@ -18,7 +18,7 @@ served here, by callbacks of the hub's loop, until something needs the greenlet:
 * the hold ends: the reply is written with one non-blocking write;
 * the caller's next call arrives while it still counts as early (within
   0.4 x ``retry_after_ms`` of the end of the hold): it is read, and if it is
-  refused unread again (:mod:`service.overload.shedding`) its refusal is held here too;
+  refused unread again (:mod:`service.overload.gate`) its refusal is held here too;
 * anything else goes back to the greenlet, with whatever was read put back
   into its channel: a call to serve as usual, a partial or oversized frame, the
   end of the stream, an error, a reply the socket would not take whole, the
@@ -43,8 +43,8 @@ from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
 from service.engine.summary import FailureSummary
-from service.operations.rpc_metrics import call_ended
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
+from tracing.spans import CallDurations
 
 __all__ = ["HeldConnections", "HeldReply", "Unsent"]
 
@@ -84,12 +84,13 @@ class HeldConnections:
     whether a connection may serve another call (the server is not draining, the
     connection is not too old). A connection is an object with ``sock``,
     ``channel`` (a :mod:`service.wire.channel` channel) and ``caller`` (its
-    :class:`~service.overload.pacing.CallerPacing`).
+    :class:`~service.overload.gate.CallerPacing`).
     """
 
     def __init__(self, refuse_next: RefuseNext, may_go_on: Callable[[Any], bool],
-                 max_frame_bytes: int) -> None:
+                 max_frame_bytes: int, durations: CallDurations) -> None:
         self._refuse_next = refuse_next
+        self._durations = durations
         self._may_go_on = may_go_on
         self._max_frame_bytes = max_frame_bytes
         self._holds: set[_Hold] = set()
@@ -117,7 +118,8 @@ class HeldConnections:
         except BaseException as exc:  # killed (the drain timed out): the reply goes unwritten
             if hold.reply is not None:
                 reply = hold.reply
-                call_ended(reply.method, type(exc).__name__, time.perf_counter() - reply.started)
+                self._durations.call_ended(reply.method, type(exc).__name__,
+                                           time.perf_counter() - reply.started)
             raise
         finally:
             hold.close()
@@ -167,7 +169,7 @@ class HeldConnections:
             finished, self._finished = self._finished, []
             for method, error_type, seconds in finished:
                 try:
-                    call_ended(method, error_type, seconds)
+                    self._durations.call_ended(method, error_type, seconds)
                 except Exception as exc:  # a metrics bug must not stop the recording
                     self._unrecorded.count(type(exc).__name__, error=exc)
 

@@ -8,28 +8,25 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
 
 from lookups.deadline import Deadline
 from lookups.base import Lookup
-from lookups.panels import Window
+from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
-from service.engine.context import RequestContext, current_request_id, new_request_id
 from service.engine.fanout import FanOut
-from service.overload.gate import CallGate
-from service.overload.pacing import current_caller
+from service.overload.gate import CallGate, current_caller
 from service.operations.health import HealthChecker
 from service.idl import appstats
-from service.rpc.mapping import to_panel_data, to_thrift_outcomes
 from service.rpc.pool_report import group_report, own_report, to_thrift
-from service.engine.outcomes import (FanOutOverloaded, RequiredTaskFailed, Task, TaskOutcome,
-                              TaskStatus)
+from service.engine.tasks import (FanOutOverloaded, RequestContext, RequiredTaskFailed, Task,
+                                  TaskOutcome, TaskStatus, current_request_id, new_request_id)
 from service.rpc.validation import ValidRequest, validate_stats_request
 from tracing.pools import PoolMeter
 from tracing.spans import mark_coalesced, request_span, trace_id_hex
 
-__all__ = ["AppStatsHandler"]
+__all__ = ["AppStatsHandler", "to_panel_data", "to_thrift_outcome", "to_thrift_outcomes"]
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +195,40 @@ def _panel_call(lookup: Lookup, window: Window,
         return to_panel_data(coalescer.call(key, deadline, lambda: lookup.fetch(window, deadline),
                                             joined=mark_coalesced))
     return shared_call
+
+
+# Translation from engine and lookup values to Thrift types.
+def to_panel_data(value: PanelValue) -> Any:
+    """The ``PanelData`` union member for one panel value.
+
+    Raises ``TypeError`` for a value of no known panel type (a lookup bug).
+    """
+    if isinstance(value, ErrorSummary):
+        return appstats.PanelData(error_summary=appstats.ErrorSummary(
+            total=value.total,
+            top=[appstats.MessageCount(message=m.message, count=m.count) for m in value.top]))
+    if isinstance(value, TopList):
+        return appstats.PanelData(top_list=appstats.TopList(entries=[
+            appstats.TopEntry(key=e.key, count=e.count, mean_ms=e.mean_ms, total_ms=e.total_ms)
+            for e in value.entries]))
+    if isinstance(value, Series):
+        return appstats.PanelData(series=appstats.Series(
+            points=[appstats.Point(ts_ms=p.ts_ms, value=p.value) for p in value.points],
+            step_ms=value.step_ms))
+    if isinstance(value, AlertList):
+        return appstats.PanelData(alert_list=appstats.AlertList(alerts=[
+            appstats.Alert(id=a.id, severity=a.severity, title=a.title, triggered_ms=a.triggered_ms)
+            for a in value.alerts]))
+    raise TypeError(f"no Thrift mapping for panel value of type {type(value).__name__}")
+
+
+def to_thrift_outcome(outcome: TaskOutcome) -> Any:
+    return appstats.TaskOutcome(
+        name=outcome.name, source=outcome.source,
+        status=getattr(appstats.TaskStatus, outcome.status.value),
+        elapsed_ms=round(outcome.elapsed_ms, 3), error_type=outcome.error_type,
+        message=outcome.message, retryable=outcome.retryable)
+
+
+def to_thrift_outcomes(outcomes: Iterable[TaskOutcome]) -> list[Any]:
+    return [to_thrift_outcome(o) for o in outcomes]

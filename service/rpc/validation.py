@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from lookups.panels import Window
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
-from tracing.propagation import propagation_fields
+from tracing.context import propagation_fields
 
 __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLINE_MS"]
 

@@ -1,6 +1,6 @@
 """The header of a checked call message: its method name and seqid, without decoding it.
 
-For refusing a call unread (:mod:`service.overload.shedding`): a few bytes read, where the
+For refusing a call unread (:mod:`service.overload.gate`): a few bytes read, where the
 decoder would build the whole argument struct. The message is only bounded by the
 frame limit (the wire scan is for messages that are decoded), so every length read
 here is checked against the message's end.

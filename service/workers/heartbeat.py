@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import gevent
 
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["Heartbeats", "BEAT_S"]
 

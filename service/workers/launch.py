@@ -21,7 +21,7 @@ from gevent.queue import Queue
 
 from service.settings.config import Settings
 from service.workers.control import ControlLine, control_pair
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 __all__ = ["WorkerLink", "launch_worker"]
 

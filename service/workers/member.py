@@ -19,7 +19,7 @@ from gevent.event import Event
 
 from service.rpc.pool_report import own_report
 from service.workers.control import ControlLine
-from tracing.greenlets import spawn_in_context
+from tracing.context import spawn_in_context
 
 if TYPE_CHECKING:
     from service.app import FanOutService
