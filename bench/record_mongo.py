@@ -2,7 +2,7 @@
 
 Starts nx-27017 (:class:`service.samples.MongoWireServer`), seeds it with the sample
 data, runs every MongoDB lookup of the default registry once for the benchmark's
-sample call (:func:`bench.harness.stack.sample_call`), captures each aggregation's reply
+sample call (:func:`bench.harness.calls.sample_call`), captures each aggregation's reply
 documents through pymongo's command monitoring, and writes them as Extended JSON::
 
     python -m bench.record_mongo [--out bench/fixtures/mongo_answers.json]
@@ -95,7 +95,7 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    from bench.harness.stack import sample_call
+    from bench.harness.calls import sample_call
 
     parser = argparse.ArgumentParser(prog="python -m bench.record_mongo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -21,7 +21,8 @@ from lookups.deadline import Deadline
 from bench.servers.http_backend import BenchHttpBackends
 from bench.servers.mongo_answers import RecordedAnswers
 from bench.servers.mongo_responder import MongoResponder
-from bench.harness.stack import StackSpec, sample_call, start_stack
+from bench.harness.calls import sample_call
+from bench.harness.stack import StackSpec, start_stack
 from lookups.backends.collection import Backends
 from lookups.errors import BackendTimeout
 from lookups.panels import Window

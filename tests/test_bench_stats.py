@@ -164,7 +164,7 @@ def test_encoded_call_is_one_framed_message_the_server_can_decode() -> None:
 def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
     from collections import Counter
 
-    from bench.harness.runner import ZIPF_DASHBOARDS, zipf_views
+    from bench.harness.calls import ZIPF_DASHBOARDS, zipf_views
 
     views = zipf_views(200)
     assert len(views) == 200

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import psutil
 
 from bench.analysis import stats
+from bench.harness.calls import sample_call, zipf_views
 from bench.load import frames
 from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
 
@@ -48,7 +49,7 @@ class Timing:
 class Config:
     """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel),
     "stats_each_panel" (connection i asks for panel i only) or "stats_zipf" (connection i
-    watches one of twenty dashboards, chosen by :func:`zipf_views`). ``interval_s`` > 0 paces
+    watches one of twenty dashboards, chosen by :func:`~bench.harness.calls.zipf_views`). ``interval_s`` > 0 paces
     each connection to one call per interval; 0 is a closed loop."""
 
     key: str
@@ -106,8 +107,6 @@ def panel_names() -> tuple[str, ...]:
 
 
 def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
-    from bench.harness.stack import sample_call
-
     if config.call == "ping":
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
     elif config.call == "stats_zipf":
@@ -132,33 +131,6 @@ def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
                     decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
                     honour_retry_after=config.honour_retry_after, open_loop=config.open_loop,
                     overloaded_pause_s=config.overloaded_pause_s)
-
-
-#: Dashboards of the Zipf scenario, and the exponent of their popularity.
-ZIPF_DASHBOARDS = 20
-ZIPF_EXPONENT = 1.0
-
-
-def zipf_views(viewers: int) -> list[tuple[str, int, int]]:
-    """What each of ``viewers`` connections watches: one of ZIPF_DASHBOARDS (app, window)
-    questions, the k-th most popular watched by a share proportional to 1 / k^s.
-
-    The sample data holds three apps, so the dashboards are app ``shop``'s day shifted by
-    k minutes: twenty distinct questions, as twenty apps would be to the server.
-    """
-    from bench.harness.stack import sample_call
-
-    app, start_ms, end_ms = sample_call()
-    weights = [1.0 / (k + 1) ** ZIPF_EXPONENT for k in range(ZIPF_DASHBOARDS)]
-    shares = [viewers * w / sum(weights) for w in weights]
-    counts = [max(1, int(share)) for share in shares]
-    # Hand the viewers left by rounding down to the largest remainders, most popular first.
-    left = max(0, viewers - sum(counts))
-    for k in sorted(range(ZIPF_DASHBOARDS), key=lambda k: counts[k] - shares[k])[:left]:
-        counts[k] += 1
-    views = [(app, start_ms + k * 60_000, end_ms + k * 60_000)
-             for k, count in enumerate(counts) for _ in range(count)]
-    return views[:viewers]
 
 
 def _percentiles(values: array) -> dict[str, float]:

@@ -22,7 +22,7 @@ server "sequential", "threaded", "bare", "handwritten", "refusing"
                    ``python -m bench.baselines.<name> --config FILE``
 =================  ==========================================================================
 
-All servers read the same generated TOML file (:func:`stack_config`). A stack is ready
+All servers read the same generated TOML file (:mod:`bench.harness.stack_config`). A stack is ready
 once its server answers ``ping`` over Thrift; nothing waits on a timer.
 """
 
@@ -46,11 +46,11 @@ from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
 
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
 from bench.harness.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
-from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from bench.harness.stack_config import stack_config
 from service.idl import appstats
 
 __all__ = ["SERVERS", "MONGO_BACKENDS", "TRACING_MODES", "StackSpec", "Stack", "StackError",
-           "start_stack", "sample_call", "stack_config"]
+           "start_stack"]
 
 log = logging.getLogger(__name__)
 
@@ -105,40 +105,6 @@ class StackSpec:
             raise ValueError(f"StackSpec.admission: adaptive, one or one-held, got {self.admission!r}")
         if self.server != "fanout" and (self.workers != 1 or self.tracing != "off" or self.python):
             raise ValueError("StackSpec: workers, tracing and python apply to the fanout server only")
-
-
-def sample_call() -> tuple[str, int, int]:
-    """``(app, start_ms, end_ms)``: app ``shop`` over the sample day; data for all 7 panels."""
-    return "shop", SAMPLE_START_MS, SAMPLE_END_MS
-
-
-def stack_config(spec: StackSpec, mongo_uri: str, alerts_url: str, metrics_url: str,
-                 otlp_endpoint: Optional[str]) -> str:
-    """The TOML every server of the stack reads (``fanout serve --config`` and the baselines)."""
-    q = json.dumps   # a JSON string is a valid TOML basic string
-    lines = ["[server]", 'host = "127.0.0.1"', "port = 0",
-             f"max_connections = {spec.max_connections}", f"workers = {spec.workers}",
-             "hub_block_threshold_ms = 0", "drain_timeout_ms = 2000", "idle_timeout_ms = 600000",
-             "", "[fanout]", "pool_size = 16", "max_inflight_tasks = 20000",
-             "request_deadline_ms = 2000", f"coalesce = {str(spec.coalesce).lower()}",
-             "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"',
-             f"max_pool_size = {spec.pool_size}",
-             "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
-             f"pool_maxsize = {spec.pool_size}", ""]
-    if spec.admission != "adaptive":
-        # Nearly every call refused: what one refusal costs, read in full and answered at
-        # once ("one"), or as callers ignoring retry_after_ms get it ("one-held").
-        lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1",
-                  f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}", ""]
-    lines.append("[tracing]")
-    if spec.tracing == "off":
-        lines.append("enabled = false")
-    else:
-        ratio = 0.1 if spec.tracing == "ratio10" else 1.0
-        lines += ["enabled = true", 'exporter = "otlp"', 'otlp_protocol = "http/protobuf"',
-                  f"endpoint = {q(otlp_endpoint or '')}", f"sample_ratio = {ratio}",
-                  'service_name = "fanout-bench"', "flush_timeout_ms = 2000"]
-    return "\n".join(lines) + "\n"
 
 
 class Stack:

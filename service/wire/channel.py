@@ -6,14 +6,10 @@ bytes of the next message, then :meth:`~Channel.read_message` receives the rest
 (all of it within ``frame_timeout_ms`` of its first byte), checks it against
 the size limits (:mod:`service.wire.scan`) and returns a protocol ready to
 decode it. :class:`FramedChannel` checks the declared frame length before
-allocating; :class:`~service.wire.channels.BufferedChannel` has no frames, so it scans the message as
-it arrives and knows where it ends. Either way the decoder is given one whole,
-checked message and nothing else.
-
-Memory: an idle connection holds no buffer. Received bytes are kept only
-while a message is being received or handled; decoding and reply encoding use
-one transport and one buffer per gevent hub (:mod:`service.wire.codec`, which
-also says why the decoder cannot read past the message).
+allocating; :class:`~service.wire.channels.BufferedChannel` scans the message as it
+arrives to find its end. The decoder is given one whole, checked message and nothing
+else. An idle connection holds no buffer; decoding and reply encoding use one transport
+and one buffer per gevent hub (:mod:`service.wire.codec`).
 
 Errors (see :mod:`service.wire.errors`): :class:`MessageRejected` subclasses for
 a message refused (too big, over a limit, malformed, too slow);
@@ -158,7 +154,7 @@ class SocketChannel:
         """Receive the rest of the message, within the frame limit; its bytes, valid until
         the next :meth:`next_message`. :meth:`decode` checks them and turns them into a
         protocol; a message answered from its header alone needs no more than its length
-        bounded (:mod:`service.overload.shedding`)."""
+        bounded (:mod:`service.overload.gate`)."""
         return self._receive()
 
     def decode(self, message: Any) -> TProtocolBase:

@@ -16,9 +16,8 @@
 * The master serves the group's one probe endpoint and one Prometheus scrape
   (``group.py``), checks the backends for the whole group, and tells every worker
   the result and every worker's pools (``group_state.py``).
-* SIGTERM or SIGINT: every worker drains (``stopping.py``); the master exits 0.
-
-Every decision (start, exit, restart, kill, reload, moves) is logged with the pid.
+* SIGTERM or SIGINT: every worker drains (``stopping.py``); the master exits 0. Every
+  decision (start, exit, restart, kill, reload, moves) is logged with the pid.
 """
 
 from __future__ import annotations
@@ -58,10 +57,9 @@ def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] 
                 on_ready: Optional[Callable[[tuple[str, int], int], None]] = None) -> int:
     """Serve ``settings`` with ``settings.server.workers`` worker processes.
 
-    Binds the listening socket (raises OSError if it cannot), starts the workers,
-    calls ``on_ready(address, workers)`` once every worker serves, and supervises until SIGTERM or
-    SIGINT. Returns the master's exit code: 0 after a stop, 1 after a restart
-    storm, 2 when a worker reported a configuration error.
+    Binds the listening socket (raises OSError if it cannot), starts the workers, calls
+    ``on_ready(address, workers)`` once every worker serves, and supervises until SIGTERM
+    or SIGINT. Returns 0 after a stop, 1 after a restart storm, 2 on a configuration error.
     """
     return _Master(settings, reload).run(on_ready)
 
