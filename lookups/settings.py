@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "Resilience", "HttpOptions",
+__all__ = ["MongoSettings", "HttpSettings", "LookupSettings", "SHIPPED_OPTIONAL", "Resilience", "HttpOptions",
            "MongoOptions",
            "BEARER_TOKEN", "check_url"]
 
@@ -125,6 +125,12 @@ class HttpSettings(HttpOptions, Resilience):
         self._check_resilience()
 
 
+#: The shipped dashboard's panels a user can live without for a minute: drill-downs and
+#: context beside the errors, slow URLs, alerts and latency that say whether an app is
+#: healthy now. Their ``optional`` is true unless a configuration says otherwise.
+SHIPPED_OPTIONAL = frozenset({"controllers", "queries", "volume"})
+
+
 @dataclass(frozen=True)
 class LookupSettings:
     """Per-lookup policy, ``[lookups.<name>]``: the keys every panel has.
@@ -136,6 +142,10 @@ class LookupSettings:
         "help": "`false`: the panel is not offered, and is `SKIPPED` when asked for"})
     timeout_ms: int = field(default=0, metadata={
         "help": "this panel's timeout; `0` means `fanout.task_timeout_ms`", "min": 0})
+    optional: bool = field(default=False, metadata={
+        "help": "`true`: under overload this panel is shed (`SKIPPED`, \"Brownout\") before "
+                "any call is refused; the shipped dashboard's controllers, queries and volume "
+                "are optional unless set `false`"})
     required: bool = field(default=False, metadata={
         "help": "`true`: if this panel fails, its siblings are `CANCELLED` and the call raises "
                 "`PanelFailed`"})

@@ -90,6 +90,7 @@ class FanOutService:
     def start(self) -> "FanOutService":
         self.server.start()
         self.health.watch(CHECK_INTERVAL_S)
+        self.gate.dimmer.start()
         if self.settings.server.probe_port >= 0:
             server = self.settings.server
             self.probes = ProbeServer(server.probe_bind_host, server.probe_port, self.health,
@@ -114,6 +115,7 @@ class FanOutService:
         """Close the backends' clients, stop the hub monitor; idempotent."""
         self.hub_monitor.stop()
         self.health.stop_watching()
+        self.gate.dimmer.stop()
         if self.probes is not None:
             self.probes.stop()
         self.fanout.failures.flush()

@@ -21,7 +21,17 @@ enum TaskStatus {
   TIMEOUT = 2,    // the task's budget or the request deadline ran out
   CANCELLED = 3,  // stopped because a required sibling failed
   REJECTED = 4,   // no pool slot became free in time
-  SKIPPED = 5     // not run: the lookup is disabled on this server
+  SKIPPED = 5     // not run: the lookup is disabled on this server, or shed under load
+                  // (error_type "Brownout", retryable)
+}
+
+/** How much a call matters when the server must shed load; the least critical is shed
+    first (optional panels before whole calls). Optional addition. */
+enum Criticality {
+  CRITICAL_PLUS = 0,   // never shed before anything else: a user's action that must work
+  CRITICAL = 1,        // a user waits for it (the default: a call that says nothing)
+  SHEDDABLE_PLUS = 2,  // a user may see it late: shed after SHEDDABLE
+  SHEDDABLE = 3        // nobody waits: prefetch, batch, a background refresh
 }
 
 /** Caller-side metadata: trace context, remaining budget, correlation id. */
@@ -32,6 +42,8 @@ struct RequestMeta {
   2: optional i32 deadline_ms
   /** The caller's id for this request, echoed in logs and spans. */
   3: optional string request_id
+  /** How much this call matters under overload; absent means CRITICAL. Optional addition. */
+  4: optional Criticality criticality
 }
 
 /** One dashboard request: an application over the half-open window [start_ms, end_ms). */
@@ -202,6 +214,11 @@ struct WorkerPools {
   5: i32 calls_queued
   6: optional i64 tasks_started
   7: optional i64 tasks_coalesced
+  /** As in PoolReport. Optional addition. */
+  8: optional double brownout_level
+  9: optional double brownout_peak
+  10: optional i64 calls_lighter
+  11: optional i64 calls_shed
 }
 
 /** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */
@@ -220,6 +237,23 @@ struct PoolReport {
       arrivals and recommendations added up; waits and percentiles the largest). Optional addition. */
   7: optional string worker
   8: optional list<WorkerPools> workers
+  /** Brownout: the dimmer's level now and its highest over the pools' window (0: nothing
+      shed, 1: all that may be shed), and over that window the calls it answered lighter
+      (optional panels not run) and those it refused. Optional addition. */
+  9: optional double brownout_level
+  10: optional double brownout_peak
+  11: optional i64 calls_lighter
+  12: optional i64 calls_shed
+}
+
+/** One panel this server offers, for panel_info(). Optional addition. */
+struct PanelInfo {
+  1: string name
+  2: string source
+  /** True when the panel may be shed under load (brownout) before any call is refused. */
+  3: bool is_optional
+  /** True when the panel failing fails the whole call (PanelFailed). */
+  4: bool is_required
 }
 
 service AppStats {
@@ -232,4 +266,7 @@ service AppStats {
     throws (1: InvalidRequest invalid, 2: Overloaded overloaded, 3: PanelFailed failed)
   /** How full each pool is and what size it should be, for `fanout pools`. Optional addition. */
   PoolReport pool_stats()
+  /** The panels panels() names, in the same order, each with whether it is optional.
+      Optional addition: panels() keeps its type for the clients that call it. */
+  list<PanelInfo> panel_info()
 }

@@ -19,10 +19,12 @@ Spans an operator sees (attributes by the semantic conventions the installed
 OpenTelemetry packages define)::
 
     AppStats/<method>           SERVER    rpc.system.name, rpc.method, fanout.request_id,
+                                          fanout.criticality (get_app_stats),
                                           server.address/port, client.address/port,
                                           network.peer.address/port, network.transport
       fanout.task <name>        INTERNAL  fanout.async, fanout.task.name, fanout.task.source,
-                                          fanout.pool.wait_ms, fanout.task.status
+                                          fanout.pool.wait_ms, fanout.task.status; a task not
+                                          run: status SKIPPED, fanout.task.skip_reason
         <pymongo / requests spans from the official instrumentations, see tracing.clients>
 
 The metric, :class:`CallDurations`: ``rpc.server.call.duration``, one histogram
@@ -60,8 +62,9 @@ from tracing.exceptions import MAX_STATUS_DESCRIPTION, record_error
 from tracing.context import extract_context
 
 __all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
-           "mark_task_outcome", "cut_task_span", "mark_coalesced", "trace_id_hex", "follow_parent_sampling",
-           "set_call_endpoints", "connection_endpoints", "CallDurations", "OTHER_METHOD"]
+           "mark_task_outcome", "cut_task_span", "skipped_task_span", "mark_coalesced",
+           "trace_id_hex", "follow_parent_sampling", "set_call_endpoints",
+           "connection_endpoints", "CallDurations", "OTHER_METHOD"]
 
 RPC_SERVICE = "AppStats"
 #: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
@@ -213,6 +216,17 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
         finally:
             if span.is_recording():
                 span.end()
+
+
+def skipped_task_span(name: str, source: str, reason: str) -> None:
+    """The span of a task not run, under the current span: started and ended at once, with
+    ``fanout.task.status`` ``SKIPPED`` and ``fanout.task.skip_reason`` (why: ``brownout``,
+    ``disabled``)."""
+    if _no_provider() or _unsampled(trace.get_current_span()):
+        return
+    _tracer.start_span(f"fanout.task {name}", kind=SpanKind.INTERNAL, attributes={
+        "fanout.task.name": name, "fanout.task.source": source,
+        "fanout.task.status": "SKIPPED", "fanout.task.skip_reason": reason}).end()
 
 
 def mark_task_outcome(span: Span, status: str, error: Optional[BaseException] = None) -> None:

@@ -50,6 +50,10 @@ def run_call(args: argparse.Namespace, settings_of: Callable[[argparse.Namespace
         print(json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result))
     elif args.method == "pool_stats":
         print(format_pools(result, args.json))
+    elif args.method == "panel_info":
+        print(json.dumps([vars(panel) for panel in result]) if args.json else "\n".join(
+            f"{p.name} ({p.source}): {'optional' if p.is_optional else 'essential'}"
+            f"{', required' if p.is_required else ''}" for p in result))
     else:
         print(json.dumps(result) if args.json else result)
     return 0
@@ -98,7 +102,7 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
             return client.get_app_stats(
                 args.app, args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
                 args.end_ms if args.end_ms is not None else now_ms, panels,
-                deadline_ms=args.deadline_ms)
+                deadline_ms=args.deadline_ms, criticality=args.criticality)
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
             raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
 

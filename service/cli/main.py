@@ -78,13 +78,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
-    call.add_argument("method", choices=["ping", "health", "panels", "pool_stats", "get_app_stats"],
-                      help="the RPC method to call")
+    call.add_argument("method", choices=["ping", "health", "panels", "panel_info", "pool_stats",
+                                         "get_app_stats"], help="the RPC method to call")
     _server_flags(call, with_config=False)
     call.add_argument("--app", help="application name (get_app_stats)")
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
     call.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: now)")
     call.add_argument("--panels", help="comma-separated panel names (default: all)")
+    call.add_argument("--criticality", choices=["CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS",
+                                                "SHEDDABLE"],
+                      help="what the server may shed first under overload (default: CRITICAL)")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     _client_flags(call)
     call.set_defaults(run=_call)

@@ -10,7 +10,11 @@ hold), takers that waited in vain included) x 1.25 headroom.
 For ``fanout.request`` (a pool per call, ``fanout.pool_size``) it is the 99th
 percentile of the tasks one call wanted at once. The last line is the adaptive
 admission limit, which sizes itself; then the tasks started since start and those that
-shared an identical lookup's call (request coalescing).
+shared an identical lookup's call (request coalescing). When the brownout dimmer was
+up in the window, a last line says so: then the dimmer bounded the load (calls answered
+lighter or refused by criticality), and the pools' use is what was left to them::
+
+    brownout level=0.35 peak=0.60 over 60 s: 5210 calls answered lighter, 1873 refused ...
 
 With pre-forked workers the first block is the group's (sizes, use, arrivals and
 recommendations added up), then one block per serving worker, each line led by
@@ -31,7 +35,10 @@ def pools_to_json(report: Any) -> dict[str, Any]:
              "admission": {"limit": report.admission_limit,
                            "calls_in_flight": report.calls_in_flight,
                            "calls_queued": report.calls_queued},
-             "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced}}
+             "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced},
+             "brownout": {"level": report.brownout_level, "peak": report.brownout_peak,
+                          "calls_lighter": report.calls_lighter,
+                          "calls_shed": report.calls_shed}}
     if getattr(report, "workers", None):
         plain["answered_by"] = report.worker
         plain["workers"] = {worker.worker: pools_to_json(worker) for worker in report.workers}
@@ -60,6 +67,10 @@ def _block(report: Any) -> list[str]:
                  f"queued={report.calls_queued} (adaptive)")
     if report.tasks_started is not None:
         lines.append(f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}")
+    if report.brownout_peak:
+        lines.append(f"brownout level={report.brownout_level:.2f} peak={report.brownout_peak:.2f} "
+                     f"over 60 s: {report.calls_lighter or 0} calls answered lighter, "
+                     f"{report.calls_shed or 0} refused (the dimmer was the bound, not the pools)")
     return lines
 
 

@@ -28,12 +28,10 @@ and takes whichever answers first (:mod:`service.client.hedging`): a hung
 instance costs no call.
 
 A connection whose call ended in a transport error or timeout is closed, never
-reused: a late reply must not be read as the answer to the next call. A pooled
-connection idle for ``max_idle_ms`` (50 s, under the server's 60 s
-``server.idle_timeout_ms``) is closed instead of reused. A call that fails at
-the transport level (not a timeout) is tried once more, within its deadline,
-on another instance if there is one, else on a new connection: every AppStats
-method only reads.
+reused (a late reply must not answer the next call), and so is one idle for
+``max_idle_ms`` (50 s, under the server's 60 s ``server.idle_timeout_ms``). A call
+that fails at the transport level (not a timeout) is tried once more, within its
+deadline, on another instance or a new connection: every AppStats method only reads.
 
 Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
 server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
@@ -42,13 +40,11 @@ allows: retries stay within ``overload_retry_ratio`` (10%) of calls, plus a
 small reserve, so overload never turns into a retry storm. Otherwise, or after
 ``MAX_OVERLOAD_ATTEMPTS``, the ``Overloaded`` is raised.
 
-TLS: pass ``tls_ca_file`` (PEM CAs to trust) and, when the certificate does not
-name the host you connect to, ``tls_server_hostname``. The server is always
-verified; a failed handshake raises TTransportException(NOT_OPEN) saying why.
-For a server that requires client certificates (mutual TLS), pass
-``tls_cert_file`` and ``tls_key_file`` too (the key may be in the certificate
-file). A server that refuses the certificate closes the connection: the call
-raises TTransportException.
+TLS: ``tls_ca_file`` (PEM CAs to trust), ``tls_server_hostname`` when the certificate
+names another host, and for mutual TLS ``tls_cert_file`` and ``tls_key_file``. The
+server is always verified; a failed handshake, or a server refusing the certificate,
+raises TTransportException. Under overload, a call's ``criticality`` says what the
+server may shed first (README, "Brownout and criticality").
 """
 
 from __future__ import annotations
@@ -71,20 +67,17 @@ from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context
-
 from tracing.context import inject_headers
 from tracing.spans import rpc_attributes
 
 __all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]
 
-#: Extra time the client waits beyond the deadline it sends: the server answers
-#: at its deadline, and the reply still has to arrive.
+#: Extra time the client waits beyond the deadline it sends (the reply must still arrive).
 REPLY_MARGIN_MS = 250
 
 #: Attempts of one call answered Overloaded, the first included.
 MAX_OVERLOAD_ATTEMPTS = 3
-# The least a retried call should still have before its deadline, besides the back-off.
-_MIN_RETRY_BUDGET_MS = 50
+_MIN_RETRY_BUDGET_MS = 50   # the least a retried call should have left, besides the back-off
 
 
 class AppStatsClient:
@@ -157,18 +150,26 @@ class AppStatsClient:
         """Names of the panels the server can gather. Raises as described in the module doc."""
         return self._call("panels", self._timeout_ms, lambda remaining_ms: ())
 
+    def panel_info(self) -> list[Any]:
+        """The panels as ``appstats.PanelInfo``: name, source, whether optional or required."""
+        return self._call("panel_info", self._timeout_ms, lambda remaining_ms: ())
+
     def get_app_stats(self, app: str, start_ms: int, end_ms: int,
                       panels: Optional[Sequence[str]] = None, *, deadline_ms: Optional[int] = None,
-                      request_id: Optional[str] = None) -> Any:
+                      request_id: Optional[str] = None, criticality: Optional[str] = None) -> Any:
         """``app``'s panels over ``[start_ms, end_ms)`` as an ``appstats.StatsResponse``.
 
         ``panels`` defaults to every panel the server offers; ``deadline_ms``
-        (default ``timeout_ms``) bounds the whole call, here and on the server.
-        Raises as described in the module doc.
+        (default ``timeout_ms``) bounds the whole call, here and on the server;
+        ``criticality`` (``"SHEDDABLE"``, ...; none: the server takes ``CRITICAL``) says
+        what may be shed first under overload. Raises as described in the module doc,
+        and ``ValueError`` for an unknown criticality.
         """
+        level = _criticality(criticality)
+
         def build_args(remaining_ms: int) -> tuple[Any, ...]:
             meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=remaining_ms,
-                                        request_id=request_id)
+                                        request_id=request_id, criticality=level)
             request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
                                             panels=None if panels is None else list(panels),
                                             meta=meta)
@@ -287,3 +288,13 @@ class AppStatsClient:
                                       f"{method}: no reply within {deadline_ms} ms") from exc
         except OSError as exc:
             raise TTransportException(TTransportException.UNKNOWN, f"{method}: {exc}") from exc
+
+
+def _criticality(name: Optional[str]) -> Optional[int]:
+    if name is None:
+        return None
+    value = getattr(appstats.Criticality, str(name).upper(), None)
+    if not isinstance(value, int):
+        raise ValueError(f"criticality: one of CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, "
+                         f"SHEDDABLE; got {name!r}")
+    return value

@@ -64,6 +64,13 @@ class AdmissionSettings:
     queue_target_ms: int = field(default=5, metadata={
         "help": "longest wait once the queue has stood longer than the interval (then served "
                 "newest first)", "min": 0})
+    brownout: bool = field(default=True, metadata={
+        "help": "under overload, shed optional panels and the least critical calls before "
+                "anything essential (see [Brownout and criticality](#brownout-and-criticality))"})
+    brownout_min_level: float = field(default=0.0, metadata={
+        "help": "the dimmer's level never falls below this (`0..1`): shed by hand, before an "
+                "expected peak; `0.2` sheds the optional panels of every `SHEDDABLE` call",
+        "max": 1.0})
     hold_refusals: bool = field(default=True, metadata={
         "help": "hold the `Overloaded` of a caller that came back before its `retry_after_ms` "
                 "(see [Capacity and overload](#capacity-and-overload))"})
@@ -72,6 +79,8 @@ class AdmissionSettings:
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(f"initial_limit: must be between min_limit ({self.min_limit}) and "
                              f"max_limit ({self.max_limit}), got {self.initial_limit}")
+        if not 0.0 <= self.brownout_min_level <= 1.0:
+            raise ValueError(f"brownout_min_level: must be in [0, 1], got {self.brownout_min_level}")
         if not 0.0 <= self.cpu_saturated <= 1.0:
             raise ValueError(f"cpu_saturated: must be in [0, 1], got {self.cpu_saturated}")
         if not 0.0 < self.max_latency_fraction:

@@ -14,6 +14,8 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.backend.up (1 up, 0 down, as last checked)                 by fanout.backend
     fanout.admission.limit, .inflight, .queued
     fanout.calls.overloaded, fanout.calls.held
+    fanout.calls.refused                                              by fanout.criticality
+    fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
 """
 
@@ -81,6 +83,22 @@ def _backend_up(options: CallbackOptions) -> Iterable[Observation]:
             for service in _live() for status in service.health.current()]
 
 
+def _by_key(read: Callable[[Any], dict[str, int]],
+            attribute: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+    """A counter per key of the dicts ``read`` gives, added up over the live services."""
+    def callback(options: CallbackOptions) -> Iterable[Observation]:
+        totals: dict[str, int] = {}
+        for service in _live():
+            for key, count in read(service).items():
+                totals[key] = totals.get(key, 0) + count
+        return [Observation(count, {attribute: key}) for key, count in sorted(totals.items())]
+    return callback
+
+
+def _brownout_level(options: CallbackOptions) -> Iterable[Observation]:
+    return [Observation(max((s.gate.dimmer.level for s in _live()), default=0.0))]
+
+
 def _summed(read: Callable[[Any], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(sum(read(service) for service in _live()))]
@@ -138,3 +156,13 @@ for _name, _get, _unit, _description in (
          lambda s: s.coalescer.stats.followers if s.coalescer is not None else 0, "{task}",
          "Tasks that shared an identical lookup's call instead of making their own")):
     _meter.create_observable_counter(_name, [_summed(_get)], unit=_unit, description=_description)
+_meter.create_observable_counter(
+    "fanout.calls.refused", [_by_key(lambda s: s.gate.stats.refused, "fanout.criticality")],
+    unit="{call}", description="Calls answered Overloaded, by the criticality they carried")
+_meter.create_observable_counter(
+    "fanout.panels.skipped", [_by_key(lambda s: s.handler.skipped, "fanout.skip_reason")],
+    unit="{panel}", description="Panels answered SKIPPED, not run: brownout (shed under load) "
+                                "or disabled")
+_meter.create_observable_gauge(
+    "fanout.brownout.level", [_brownout_level], unit="1",
+    description="The brownout dimmer: 0 nothing shed, 1 all that may be shed")

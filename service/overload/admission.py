@@ -14,24 +14,18 @@ in flight or waiting than half the limit, and none was refused since the last
 update, the limit does not grow (nothing measured it).
 
 Latency alone lets a CPU-bound process take too much: the long-term average
-follows the queueing up, so the limit grows until latency meets the ceiling,
-and every call in flight beyond those that keep the core busy only waits for
-it, and makes each call dearer (more alive at once: the collector's young
-collections, 10% of a core at 1,000 connections against 3% at 50). So the
-event loop's demand for a core is measured too (``/proc/self/schedstat``: time
-running or ready to run, over windows of a quarter of a second): while it
-reaches ``cpu_saturated`` of the time and the limit is in use, the limit falls
-instead of growing, until the loop has moments to spare. Measured at 1,000
-closed-loop connections on a CPU-bound process: with the limit held at 50,
-337 to 364 complete calls a second against 282 to 294 adaptive.
+follows the queueing up, so the limit grows until latency meets the ceiling, and
+every call beyond those that keep the core busy only waits and makes each call
+dearer (the README gives the figures). So the event loop's demand for a core is
+measured too (``/proc/self/schedstat``, over windows of a quarter of a second):
+while it reaches ``cpu_saturated`` of the time and the limit is in use, the limit
+falls instead of growing, until the loop has moments to spare.
 
-A call finding the limit reached waits in a bounded queue, with Facebook's
-adaptive LIFO and CoDel: while the queue has drained within the last
-``queue_interval_ms``, a waiter may wait that long, first in, first out; once
-it has stood longer, waiting is cut to ``queue_target_ms`` and the newest
-waiter is served first (the oldest are the likeliest to miss their deadlines).
-A call is refused at once, without queueing, when its remaining deadline is
-shorter than the expected wait plus the typical latency, or the queue is full.
+A call finding the limit reached waits in a bounded line, the more critical first
+(:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
+once, without queueing, when its remaining deadline is shorter than its expected wait
+(behind the waiters as critical as it or more) plus the typical latency, or when the
+line is full of waiters as critical as it or more.
 
 A refusal carries ``retry_after_ms``, from the server's state: the refusal
 rate is steered towards a quarter of the admission rate, so that callers who
@@ -46,14 +40,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from gevent.event import Event
 
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
+from service.overload.brownout import Criticality
+from service.overload.waiting_line import WaitingLine
 from tracing.pools import cpu_demand_s
 
 __all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
@@ -88,14 +82,6 @@ class AdmissionStats:
     refused_unread: int = 0     # ...of which: a caller back too early, refused before reading
 
 
-class _Waiter:
-    __slots__ = ("event", "admitted")
-
-    def __init__(self) -> None:
-        self.event = Event()
-        self.admitted = False
-
-
 class AdmissionControl:
     """The adaptive limit on calls in flight, its queue, and ``retry_after_ms``.
 
@@ -121,8 +107,7 @@ class AdmissionControl:
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
-        self._waiters: deque[_Waiter] = deque()
-        self._queue_empty_at = clock()
+        self._line = WaitingLine(settings, clock)
         self._retry_after_s = 0.1
         self._window_started = clock()
         self._window_admitted = self._window_refused = 0
@@ -130,24 +115,26 @@ class AdmissionControl:
 
     @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return len(self._line.waiters)
 
-    def admit(self, deadline: Deadline) -> None:
+    def admit(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
         if not self.settings.enabled:
             self._admitted()
             return
-        if self.inflight < int(self.limit) and not self._waiters:
+        if self.inflight < int(self.limit) and not self._line.waiters:
             self._admitted()
             return
-        expected_s = self._expected_wait_s() + self._short_s
+        rank = int(criticality)
+        expected_s = self._expected_wait_s(rank) + self._short_s
         if deadline.remaining_s() < expected_s:
             self.stats.refused_deadline += 1
             raise self._refuse("cannot finish within its deadline at the current load")
-        if len(self._waiters) >= max(int(self.limit), self.settings.min_limit):
-            self.stats.refused_queue += 1
-            raise self._refuse("the admission queue is full")
-        self._wait(deadline)
+        if len(self._line.waiters) >= max(int(self.limit), self.settings.min_limit):
+            if not self._line.evict_below(rank):
+                self.stats.refused_queue += 1
+                raise self._refuse("the admission queue is full")
+        self._wait(deadline, rank)
 
     def done(self, latency_s: float) -> None:
         """An admitted call ended after ``latency_s``: update the limit, pass the slot on."""
@@ -156,9 +143,19 @@ class AdmissionControl:
         self._hand_over()
 
     @property
+    def refusals_decided(self) -> int:
+        """Refusals admission decided itself (not those of callers back too early)."""
+        return self.stats.refused - self.stats.refused_unread
+
+    @property
+    def queue_standing(self) -> bool:
+        """Whether calls have waited without the queue draining for longer than its interval."""
+        return self._line.standing
+
+    @property
     def saturated(self) -> bool:
         """True while a call arriving now would have to queue: the limit is reached."""
-        return self.settings.enabled and (self.inflight >= int(self.limit) or bool(self._waiters))
+        return self.settings.enabled and (self.inflight >= int(self.limit) or bool(self._line.waiters))
 
     def refuse_unread(self) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
@@ -173,47 +170,29 @@ class AdmissionControl:
 
     # --- the queue -------------------------------------------------------------------
 
-    def _wait(self, deadline: Deadline) -> None:
-        waiter = _Waiter()
-        self._waiters.append(waiter)
+    def _wait(self, deadline: Deadline, rank: int) -> None:
+        line = self._line
+        waiter, longest_s = line.join(rank)
         self.stats.queued += 1
-        standing = self._clock() - self._queue_empty_at > self.settings.queue_interval_ms / 1000.0
-        wait_ms = self.settings.queue_target_ms if standing else self.settings.queue_interval_ms
-        wait_s = min(wait_ms / 1000.0, max(0.0, deadline.remaining_s() - self._short_s))
         try:
-            waiter.event.wait(timeout=wait_s)
+            waiter.event.wait(timeout=min(longest_s, max(0.0, deadline.remaining_s() - self._short_s)))
         finally:
             if not waiter.admitted:
-                self._remove(waiter)
+                line.leave(waiter)
         if not waiter.admitted:
             self.stats.refused_queue += 1
             raise self._refuse("no call finished while this one waited")
 
-    def _remove(self, waiter: _Waiter) -> None:
-        try:
-            self._waiters.remove(waiter)
-        except ValueError:
-            pass
-        if not self._waiters:
-            self._queue_empty_at = self._clock()
-
     def _hand_over(self) -> None:
-        while self._waiters and self.inflight < int(self.limit):
-            standing = (self._clock() - self._queue_empty_at
-                        > self.settings.queue_interval_ms / 1000.0)
-            # Adaptive LIFO: under a standing queue the newest waiter has the best chance.
-            waiter = self._waiters.pop() if standing else self._waiters.popleft()
-            if not self._waiters:
-                self._queue_empty_at = self._clock()
-            waiter.admitted = True
+        while self._line.waiters and self.inflight < int(self.limit):
+            self._line.admit_next()
             self._admitted()
-            waiter.event.set()
 
-    def _expected_wait_s(self) -> float:
-        """Roughly how long a newcomer would queue: those ahead, at the current pace."""
+    def _expected_wait_s(self, rank: int) -> float:
+        """Roughly how long a newcomer would queue: those ahead of it, at the current pace."""
         if self._short_s <= 0 or self.limit < 1:
             return 0.0
-        return (len(self._waiters) + 1) * self._short_s / self.limit
+        return (self._line.ahead_of(rank) + 1) * self._short_s / self.limit
 
     # --- the limit -------------------------------------------------------------------
 
@@ -240,7 +219,7 @@ class AdmissionControl:
         # waiting, or refused since the last update. Refusals count because callers that come
         # back too early are refused without queueing (pacing): at a small limit they would
         # otherwise never show, and the limit would stay small with the process idle.
-        in_use = self.inflight + 1 + len(self._waiters)
+        in_use = self.inflight + 1 + len(self._line.waiters)
         demand = in_use >= self.limit / 2 or self._refused_since_update
         if demand and self._cpu_saturated():
             target = min(target, self.limit * _CPU_SHRINK)

@@ -1,7 +1,10 @@
 """The gate every call passes once, before any of its tasks is planned, and what a caller
 that comes back too soon meets there.
 
-**Admission** (:mod:`service.overload.admission`) decides whether the call may run:
+**Brownout** (:mod:`service.overload.brownout`) comes first, and only under overload:
+the dimmer may answer a call lighter (its optional panels not run) or refuse it, the
+least critical calls first. **Admission** (:mod:`service.overload.admission`) decides
+whether the call may run:
 one that would wait too long is refused at once, having cost almost nothing but its
 validation. The engine (:class:`~service.engine.fanout.FanOut`) runs the tasks of an
 admitted call and knows of none of this: when it finds no slot for any task, its
@@ -62,7 +65,7 @@ import random
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from lookups.deadline import Deadline
@@ -70,9 +73,12 @@ from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
+from service.overload.brownout import BrownoutVerdict, Criticality, Dimmer
 from service.wire.header import call_header
 
 __all__ = ["CallGate", "GateStats", "CallerPacing", "current_caller", "UnreadRefusals"]
+
+WHOLE, LIGHTER, REFUSED = BrownoutVerdict.WHOLE, BrownoutVerdict.LIGHTER, BrownoutVerdict.REFUSED
 
 #: A caller who comes back before this share of the pause it was told has ignored it
 #: (callers jitter their pause by x0.5 to x1.5; the rest is slack for the network).
@@ -94,18 +100,21 @@ current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s")
+    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s", "criticality")
 
     def __init__(self) -> None:
         self._back_at = 0.0
         self._early = False
+        #: The criticality of this caller's last call read, for a call refused unread.
+        self.criticality = Criticality.CRITICAL
         self._last_deadline_ms = 0.0   # the deadline of this caller's last call read in full
         self._hold_s = 0.0      # how long to hold the reply to the call being served
 
-    def arrived(self, deadline: Deadline) -> None:
+    def arrived(self, deadline: Deadline, criticality: Criticality) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
         self._early = time.monotonic() < self._back_at
         self._last_deadline_ms = deadline.remaining_ms()
+        self.criticality = criticality
 
     def back_early(self) -> bool:
         """True if a call arriving now comes before the pause this caller was told."""
@@ -149,35 +158,50 @@ class CallerPacing:
 
 @dataclass
 class GateStats:
-    """Calls answered ``Overloaded``, and of those the ones held for pacing."""
+    """Calls answered ``Overloaded`` (and by criticality), and of those the ones held for
+    pacing."""
 
     overloaded: int = 0
     held: int = 0
+    refused: dict[str, int] = field(default_factory=lambda: {c.name: 0 for c in Criticality})
+
+    def count_refusal(self, criticality: Criticality) -> None:
+        self.overloaded += 1
+        self.refused[criticality.name] = self.refused.get(criticality.name, 0) + 1
 
 
 class CallGate:
-    """Admission and pacing for every call of one server."""
+    """Brownout, admission and pacing for every call of one server."""
 
     def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
-        self.admission = AdmissionControl(settings, request_deadline_ms)
+        self.admission = admission = AdmissionControl(settings, request_deadline_ms)
+        self.dimmer = Dimmer(lambda: admission.refusals_decided, lambda: admission.queue_standing,
+                             enabled=settings.brownout, min_level=settings.brownout_min_level)
         self.stats = GateStats()
 
     @contextmanager
-    def admitted(self, deadline: Deadline, caller: Optional[CallerPacing] = None) -> Iterator[None]:
-        """Admit a call due by ``deadline`` from ``caller`` (the connection's, when its
-        refusals are paced) for the block's length.
+    def admitted(self, deadline: Deadline, caller: Optional[CallerPacing] = None,
+                 criticality: Criticality = Criticality.CRITICAL) -> Iterator[bool]:
+        """Admit a call of ``criticality`` due by ``deadline`` from ``caller`` (the
+        connection's, when its refusals are paced) for the block's length; the block gets
+        True when the call is to be answered lighter: its optional panels not run.
 
-        Raises :class:`FanOutOverloaded` when it is refused, or when the block raises
-        it (no task could start); either way paced.
+        Raises :class:`FanOutOverloaded` when it is refused (by the dimmer or admission),
+        or when the block raises it (no task could start); either way paced.
         """
         caller = caller if self.admission.settings.hold_refusals else None
         if caller is not None:
-            caller.arrived(deadline)
+            caller.arrived(deadline, criticality)
         try:
-            with self._admission(deadline):
-                yield
+            # Below any overload the level is 0, and the call never reaches the dimmer.
+            verdict = self.dimmer.decide(criticality) if self.dimmer.level else WHOLE
+            if verdict is REFUSED:
+                raise FanOutOverloaded(f"shed under load (brownout): a {criticality.name} call",
+                                       self.admission.retry_after_ms())
+            with self._admission(deadline, criticality):
+                yield verdict is LIGHTER
         except FanOutOverloaded as overloaded:
-            self.stats.overloaded += 1
+            self.stats.count_refusal(criticality)
             if not overloaded.retry_after_ms:   # the engine's: no task could start
                 overloaded = FanOutOverloaded(str(overloaded), self.admission.retry_after_ms())
             # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
@@ -192,9 +216,9 @@ class CallGate:
             caller.answered()
 
     @contextmanager
-    def _admission(self, deadline: Deadline) -> Iterator[None]:
+    def _admission(self, deadline: Deadline, criticality: Criticality) -> Iterator[None]:
         try:
-            self.admission.admit(deadline)
+            self.admission.admit(deadline, criticality)
         except Refused as refused:
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
         started = time.monotonic()
@@ -207,7 +231,7 @@ class CallGate:
         """A call refused from its header alone (:class:`UnreadRefusals`), counted
         and paced: the ``retry_after_ms`` to tell it."""
         retry_after_ms = self.admission.refuse_unread()
-        self.stats.overloaded += 1
+        self.stats.count_refusal(caller.criticality)
         if caller.refused_unread(retry_after_ms) > 0:
             self.stats.held += 1
         return retry_after_ms

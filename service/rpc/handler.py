@@ -24,7 +24,7 @@ from service.engine.tasks import (FanOutOverloaded, RequestContext, RequiredTask
                                   TaskOutcome, TaskStatus, current_request_id, new_request_id)
 from service.rpc.validation import ValidRequest, validate_stats_request
 from tracing.pools import PoolMeter
-from tracing.spans import mark_coalesced, request_span, trace_id_hex
+from tracing.spans import mark_coalesced, request_span, skipped_task_span, trace_id_hex
 
 __all__ = ["AppStatsHandler", "to_panel_data", "to_thrift_outcome", "to_thrift_outcomes"]
 
@@ -51,6 +51,8 @@ class AppStatsHandler:
         self._policies = {name: settings.lookup(name) for name in self._lookups}
         self._timeouts_ms = {name: settings.task_timeout_ms(name) for name in self._lookups}
         self._enabled = [name for name in self._lookups if self._policies[name].enabled]
+        #: Panels answered ``SKIPPED`` (not run), by reason: "brownout", "disabled".
+        self.skipped: dict[str, int] = {"brownout": 0, "disabled": 0}
         self._fanout = fanout
         self._gate = gate
         #: Shares the call of an identical lookup in flight (``fanout.coalesce``), or None.
@@ -110,6 +112,14 @@ class AppStatsHandler:
     def _enabled_panels(self) -> list[str]:
         return list(self._enabled)
 
+    def panel_info(self) -> list[Any]:
+        """The panels :meth:`panels` names, each with whether it is optional or required."""
+        with _method_span("panel_info"):
+            return [appstats.PanelInfo(name=name, source=self._lookups[name].source,
+                                       is_optional=self._policies[name].optional,
+                                       is_required=self._policies[name].required)
+                    for name in self._enabled]
+
     def get_app_stats(self, request: Any) -> Any:
         """Gather the requested panels.
 
@@ -132,8 +142,10 @@ class AppStatsHandler:
                 if span.is_recording():
                     span.set_attribute("fanout.invalid_field", invalid.field or "")
                 raise
-            if valid.request_id and span.is_recording():
-                span.set_attribute("fanout.request_id", valid.request_id)
+            if span.is_recording():
+                span.set_attribute("fanout.criticality", valid.criticality.name)
+                if valid.request_id:
+                    span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
                                            valid.request_id or request_id, valid.headers)
             current_request_id.set(context.request_id)
@@ -146,33 +158,57 @@ class AppStatsHandler:
                 elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
+        skipped: list[TaskOutcome] = []
         try:
-            with self._gate.admitted(context.deadline, current_caller.get()):
-                tasks, skipped = self._plan(valid)   # once admitted: a refusal plans nothing
+            with self._gate.admitted(context.deadline, current_caller.get(),
+                                     valid.criticality) as lighter:
+                tasks, skipped = self._plan(valid, lighter)  # once admitted: a refusal plans nothing
                 result = self._fanout.run(tasks, context)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
         except RequiredTaskFailed as exc:
+            outcomes = self._in_order(valid, exc.result.outcomes, skipped)
             raise appstats.PanelFailed(message=str(exc), panel=exc.failed.name,
-                                       outcomes=to_thrift_outcomes(exc.result.outcomes)) from None
-        by_name = {o.name: o for o in (*result.outcomes, *skipped)}
-        return [by_name[name] for name in valid.panels]
+                                       outcomes=to_thrift_outcomes(outcomes)) from None
+        return self._in_order(valid, result.outcomes, skipped)
 
-    def _plan(self, valid: ValidRequest) -> tuple[list[Task], list[TaskOutcome]]:
+    def _in_order(self, valid: ValidRequest, ran: Sequence[TaskOutcome],
+                  skipped: list[TaskOutcome]) -> list[TaskOutcome]:
+        """Every outcome the caller gets, in request order; the skipped ones counted here."""
+        for outcome in skipped:
+            self.skipped[_BROWNOUT if outcome.error_type == BROWNOUT else "disabled"] += 1
+        by_name = {o.name: o for o in (*ran, *skipped)}
+        return [by_name[name] for name in valid.panels if name in by_name]
+
+    def _plan(self, valid: ValidRequest, lighter: bool) -> tuple[list[Task], list[TaskOutcome]]:
         tasks, skipped = [], []
         coalescer = self.coalescer
         for name in valid.panels:
             lookup, policy = self._lookups[name], self._policies[name]
-            if not policy.enabled:
-                skipped.append(TaskOutcome(name, lookup.source, TaskStatus.SKIPPED, 0.0,
-                                           message="disabled on this server"))
+            if not policy.enabled or (lighter and policy.optional):
+                skipped.append(_skipped(name, lookup.source, shed=policy.enabled))
                 continue
             tasks.append(Task(name=name, source=lookup.source,
                               call=_panel_call(lookup, valid.window, coalescer),
                               timeout_ms=self._timeouts_ms[name],
                               required=policy.required))
         return tasks, skipped
+
+
+#: ``error_type`` of a panel shed under load, and its reason in the skipped panels' metric.
+BROWNOUT, _BROWNOUT = "Brownout", "brownout"
+
+
+def _skipped(name: str, source: str, shed: bool) -> TaskOutcome:
+    """A panel not run: shed under load (retryable), or disabled on this server."""
+    if shed:
+        skipped_task_span(name, source, _BROWNOUT)
+        return TaskOutcome(name, source, TaskStatus.SKIPPED, 0.0, error_type=BROWNOUT,
+                           message="shed under load (brownout): ask again shortly",
+                           retryable=True)
+    skipped_task_span(name, source, "disabled")
+    return TaskOutcome(name, source, TaskStatus.SKIPPED, 0.0, message="disabled on this server")
 
 
 def _method_span(method: str) -> ContextManager[Any]:

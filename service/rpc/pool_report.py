@@ -19,14 +19,19 @@ __all__ = ["own_report", "to_thrift", "group_report"]
 
 _SUMMED = ("size", "in_use", "in_use_p99", "offered_per_s", "timeouts", "recommended")
 _LARGEST = ("wait_p99_ms", "window_s")
-_COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started", "tasks_coalesced")
+_COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started", "tasks_coalesced",
+           "calls_lighter", "calls_shed")
+_LEVELS = ("brownout_level", "brownout_peak")   # a group's: its highest worker's
 
 
 def own_report(handler: Any) -> dict[str, Any]:
     """This server's pools and admission state, as plain values."""
     fanout = handler.fanout
-    admission = handler.gate.admission
+    admission, dimmer = handler.gate.admission, handler.gate.dimmer
+    peak, lighter, shed = dimmer.recent()
     return {"pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
+            "brownout_level": dimmer.level, "brownout_peak": peak, "calls_lighter": lighter,
+            "calls_shed": shed,
             "admission_limit": int(admission.limit), "calls_in_flight": admission.inflight,
             "calls_queued": admission.queued, "tasks_started": fanout.stats.started,
             "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0}
@@ -36,14 +41,15 @@ def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
     """A :func:`own_report` as the IDL's ``PoolReport`` (or ``struct``: ``WorkerPools``)."""
     return (struct or appstats.PoolReport)(
         pools=[appstats.PoolStats(**pool) for pool in report["pools"]],
-        **{key: report[key] for key in _COUNTS}, **extra)
+        **{key: report.get(key) for key in (*_COUNTS, *_LEVELS)}, **extra)
 
 
 def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
     """The group's ``PoolReport``: totals above each worker's own, ``answering`` the worker
     that answered. ``reports`` is each serving worker's :func:`own_report`, by worker (its position)."""
     workers = sorted(reports, key=int)
-    total = {key: sum(reports[worker][key] or 0 for worker in workers) for key in _COUNTS}
+    total = {key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _COUNTS}
+    total.update({key: max(reports[worker].get(key) or 0.0 for worker in workers) for key in _LEVELS})
     merged = [_merged(name, [pool for worker in workers for pool in reports[worker]["pools"]
                              if pool["name"] == name])
               for name in _names(reports[worker]["pools"] for worker in workers)]

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence
 from lookups.panels import Window
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
+from service.overload.brownout import Criticality
 from tracing.context import propagation_fields
 
 __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLINE_MS"]
@@ -32,6 +33,7 @@ class ValidRequest:
     deadline_ms: int
     request_id: Optional[str]
     headers: Mapping[str, str]
+    criticality: Criticality = Criticality.CRITICAL
 
 
 def _invalid(field: str, message: str) -> appstats.InvalidRequest:
@@ -52,7 +54,8 @@ def validate_stats_request(request: Any, known_panels: Sequence[str],
     panels = _panels(request.panels, known_panels, default_panels)
     meta = request.meta or appstats.RequestMeta()
     return ValidRequest(window, panels, _deadline_ms(meta.deadline_ms, fanout.request_deadline_ms),
-                        _request_id(meta.request_id), _headers(meta.headers))
+                        _request_id(meta.request_id), _headers(meta.headers),
+                        _criticality(meta.criticality))
 
 
 def _window(request: Any, max_window_ms: int) -> Window:
@@ -125,3 +128,17 @@ def _headers(headers: Optional[Mapping[str, str]]) -> Mapping[str, str]:
         if key.lower() in wanted:
             kept[key.lower()] = value
     return kept
+
+
+def _criticality(value: Optional[int]) -> Criticality:
+    """Absent: CRITICAL, so callers that say nothing are served as before brownout."""
+    if value is None:
+        return Criticality.CRITICAL
+    if not isinstance(value, int) or isinstance(value, bool) or value not in _CRITICALITIES:
+        raise _invalid("meta.criticality", "must be one of " + ", ".join(
+            f"{c.name} ({c.value})" for c in Criticality))
+    return _CRITICALITIES[value]
+
+
+#: The IDL's values, by number; the IDL and :class:`Criticality` use the same numbers.
+_CRITICALITIES = {getattr(appstats.Criticality, c.name): c for c in Criticality}

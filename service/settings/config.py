@@ -1,11 +1,10 @@
 """Validated settings: one immutable value built from a TOML file, env vars and flags.
 
 Precedence, lowest to highest: built-in defaults, the TOML file (``--config``),
-``FANOUT_<SECTION>_<KEY>`` environment variables, command-line flags. Lookup
-sections use ``FANOUT_LOOKUPS_<NAME>_<KEY>`` (for example
-``FANOUT_LOOKUPS_ERRORS_REQUIRED=true``). A ``FANOUT_`` variable naming no
-section (the service links Kubernetes injects) is ignored, with a debug line;
-an unknown key in a known section, or anything unknown in the file, is an error.
+``FANOUT_<SECTION>_<KEY>`` environment variables (``FANOUT_LOOKUPS_<NAME>_<KEY>`` for
+a lookup), command-line flags. A ``FANOUT_`` variable naming no section (the service
+links Kubernetes injects) is ignored, with a debug line; an unknown key in a known
+section, or anything unknown in the file, is an error.
 
 Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
 naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
@@ -43,7 +42,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from lookups.backends.settings import (ALIAS_SECTIONS, BACKEND_KINDS, BackendSettings,
                                        backends_from_aliases)
-from lookups.settings import HttpSettings, LookupSettings, MongoSettings
+from lookups.settings import SHIPPED_OPTIONAL, HttpSettings, LookupSettings, MongoSettings
 from service.settings.declarations import as_config_error, build_section, keys_of
 from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
@@ -95,7 +94,8 @@ class Settings:
 
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
-        return self.lookups.get(name, _DEFAULT_LOOKUP)
+        return self.lookups.get(name) or (_SHIPPED_LOOKUP if name in SHIPPED_OPTIONAL
+                                          else _DEFAULT_LOOKUP)
 
     def task_timeout_ms(self, name: str) -> int:
         return self.lookup(name).timeout_ms or self.fanout.task_timeout_ms
@@ -115,7 +115,7 @@ _TABLE_KEYS = {"backends": _longest_first(BACKEND_KINDS.values()),
                "lookups": _longest_first([LookupSettings])}
 
 #: Built once: Settings.lookup runs for every panel of every call.
-_DEFAULT_LOOKUP = LookupSettings()
+_DEFAULT_LOOKUP, _SHIPPED_LOOKUP = LookupSettings(), LookupSettings(optional=True)
 
 _SECTIONS: dict[str, type] = {
     "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,
@@ -272,7 +272,9 @@ def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[Lookup
         raise ConfigError(f"{label}: must be a table")
     common = {key.name for key in keys_of(LookupSettings)}
     own = {key: value for key, value in body.items() if key not in common}
-    policy = build_section(label, LookupSettings, {k: v for k, v in body.items() if k in common})
+    shipped = {"optional": True} if name in SHIPPED_OPTIONAL else {}
+    policy = build_section(label, LookupSettings,
+                           {**shipped, **{k: v for k, v in body.items() if k in common}})
     if not own:
         return policy, None
     section = plugins.section(name, policy.factory)

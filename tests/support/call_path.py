@@ -7,7 +7,7 @@ pymongo and requests instrumentations installed for the whole session, and a pro
 can install them only once. The call goes over a connection that has already served
 two, so accepting it is not on the path. What runs in greenlets counts (the
 connection's, and the task runners'); not the hub's own callbacks, not the backend
-checks that run on a schedule (``HealthChecker``), not the sample backends
+checks and the brownout controller that run on a schedule (``HealthChecker``, ``Dimmer``), not the sample backends
 (``service/samples/``), not this module.
 
     python -m tests.support.call_path MONGO_URI DATABASE ALERTS_URL METRICS_URL
@@ -90,8 +90,9 @@ def _trace(address: tuple[str, int], call: bytes) -> set[str]:
 
 
 def _scheduled(greenlet: Any) -> bool:
-    """A greenlet of the backend checks, which run every few seconds whatever the calls."""
-    return any(getattr(arg, "__qualname__", "").startswith("HealthChecker.")
+    """A greenlet of the backend checks or of the brownout controller, which run on a
+    schedule whatever the calls."""
+    return any(getattr(arg, "__qualname__", "").startswith(("HealthChecker.", "Dimmer."))
                for arg in getattr(greenlet, "args", ()))
 
 

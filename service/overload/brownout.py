@@ -1,0 +1,215 @@
+"""Brownout: under overload, lighter answers for the least critical calls before refusals.
+
+Each call carries a :class:`Criticality` (the caller's ``RequestMeta.criticality``;
+none means ``CRITICAL``), and each panel is essential or optional (``[lookups.<name>]
+optional``). The :class:`Dimmer`'s level, from 0 (nothing shed) to 1, climbs a ladder
+of five rungs, each a fifth of the range; within a rung, the share of the calls it
+names that are shed grows with the level, and a rung starts only once the one below
+it is whole:
+
+    1. optional panels of SHEDDABLE calls are not run
+    2. SHEDDABLE calls are refused (``Overloaded``)
+    3. optional panels of SHEDDABLE_PLUS and CRITICAL calls are not run
+    4. SHEDDABLE_PLUS calls are refused
+    5. optional panels of CRITICAL_PLUS calls are not run
+
+The dimmer refuses no CRITICAL or CRITICAL_PLUS call: when even their essential
+panels are too much, admission refuses, and its queue serves and keeps the more
+critical first (:mod:`service.overload.admission`), so CRITICAL_PLUS is refused last.
+A panel not run is ``SKIPPED`` with ``error_type`` "Brownout" and ``retryable`` true;
+it takes no slot and makes no backend call. Within a rung the calls shed are spread
+evenly (an accumulator per rung, not a coin), so a share is exact over a few calls.
+
+**The controller** (:meth:`Dimmer.update`, every :data:`WINDOW_S` on a timer of the
+hub, never on a call). Klein et al.'s brownout controller sets the dimmer to hold
+response time at a setpoint; admission already holds latency under its own target by
+its limit, and tells when that is no longer enough: it refuses. So the dimmer follows
+admission's refusals (not the refusals of callers back too early, which pacing makes
+and which say nothing new; not its own): a window with one goes a step up; the level
+comes down a step only after :data:`_COOL_WINDOWS` windows in a row with no refusal
+and no standing queue, and holds in between. Up at once, down slowly, and a band in
+which it holds: this is the hysteresis that keeps it from flapping at a steady load,
+where it settles at the share that keeps admission just short of refusing. A latency
+setpoint of its own would fight admission's limit (both would act on one signal);
+queueing alone is no overload (a closed loop of callers at capacity always queues,
+and today it is served whole, so it must stay so). ``brownout_min_level`` keeps the
+level up by hand, for an operator who sheds before an expected peak.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import gevent
+from gevent import Greenlet
+
+from tracing.context import spawn_in_context
+
+__all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP"]
+
+log = logging.getLogger(__name__)
+
+#: How often the controller looks at admission, in seconds.
+WINDOW_S = 0.25
+#: How far the level moves in one window; a rung is four steps.
+STEP = 0.05
+#: What :meth:`Dimmer.recent` looks back over: the pools' window (tracing.pools.WINDOW_S).
+REPORT_WINDOW_S = 60.0
+#: Windows in a row without a refusal or a standing queue before the level comes down.
+_COOL_WINDOWS = 4
+_RUNG = 0.2
+
+
+class Criticality(enum.IntEnum):
+    """How much a call matters under overload; lower sorts first (more critical)."""
+
+    CRITICAL_PLUS = 0
+    CRITICAL = 1
+    SHEDDABLE_PLUS = 2
+    SHEDDABLE = 3
+
+
+_C = Criticality
+#: The ladder, lowest rung first: (refuse the call?, the criticalities it names).
+_LADDER: tuple[tuple[bool, frozenset[Criticality]], ...] = (
+    (False, frozenset({_C.SHEDDABLE})),
+    (True, frozenset({_C.SHEDDABLE})),
+    (False, frozenset({_C.SHEDDABLE_PLUS, _C.CRITICAL})),
+    (True, frozenset({_C.SHEDDABLE_PLUS})),
+    (False, frozenset({_C.CRITICAL_PLUS})),
+)
+
+
+class BrownoutVerdict(enum.Enum):
+    """What the dimmer does to one call."""
+
+    WHOLE = "whole"              # run every panel asked for
+    LIGHTER = "lighter"          # run the essential panels only
+    REFUSED = "refused"          # answer Overloaded
+
+
+@dataclass
+class DimmerStats:
+    """Counters since start; by criticality name."""
+
+    lighter: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    steps: int = 0              # level changes
+
+
+class Dimmer:
+    """The brownout dimmer of one server: its level, its ladder and its controller.
+
+    ``refusals`` and ``queue_standing`` read admission's state (refusals so far that
+    admission decided itself; whether its queue has stood longer than its interval);
+    ``clock`` is monotonic seconds. Tests drive :meth:`update` with their own clock.
+    """
+
+    def __init__(self, refusals: Callable[[], int], queue_standing: Callable[[], bool], *,
+                 enabled: bool = True, min_level: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.enabled = enabled
+        self.min_level = min_level if enabled else 0.0
+        self.level = self.min_level
+        self.stats = DimmerStats()
+        self._refusals = refusals
+        self._queue_standing = queue_standing
+        self._clock = clock
+        self._seen_refusals = refusals()
+        self._cool = 0
+        self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
+        # Per window: (time, highest level, calls answered lighter so far, refused so far).
+        self._windows: deque[tuple[float, float, int, int]] = deque()
+        self._loop: Optional[Greenlet] = None
+
+    def start(self) -> None:
+        """Run :meth:`update` every :data:`WINDOW_S` in a greenlet of its own, until :meth:`stop`."""
+        if self.enabled and self._loop is None:
+            self._loop = spawn_in_context(self._run)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.kill(block=False)
+            self._loop = None
+
+    def _run(self) -> None:
+        while True:
+            gevent.sleep(WINDOW_S)
+            self.update()
+
+    def decide(self, criticality: Criticality) -> BrownoutVerdict:
+        """The verdict for one call of ``criticality`` at the current level (counted)."""
+        if self.level <= 0.0:
+            return BrownoutVerdict.WHOLE
+        verdict = BrownoutVerdict.WHOLE
+        for rung, (refuse, names) in enumerate(_LADDER):
+            if criticality not in names:
+                continue
+            share = min(1.0, max(0.0, (self.level - rung * _RUNG) / _RUNG))
+            if share <= 0.0 or not self._take(rung, share):
+                continue
+            verdict = BrownoutVerdict.REFUSED if refuse else BrownoutVerdict.LIGHTER
+            if refuse:
+                break
+        if verdict is not BrownoutVerdict.WHOLE:
+            counts = self.stats.refused if verdict is BrownoutVerdict.REFUSED else self.stats.lighter
+            counts[criticality.name] = counts.get(criticality.name, 0) + 1
+        return verdict
+
+    def _take(self, rung: int, share: float) -> bool:
+        """Whether this call is one of the ``share`` the rung sheds: evenly, not by chance."""
+        owed = self._owed[rung] + share
+        if owed >= 1.0:
+            self._owed[rung] = owed - 1.0
+            return True
+        self._owed[rung] = owed
+        return False
+
+    def update(self) -> None:
+        """One controller step: up on admission's refusals, down after a cool stretch."""
+        refusals = self._refusals()
+        refused, self._seen_refusals = refusals > self._seen_refusals, refusals
+        if not self.enabled:
+            return
+        before = self.level
+        if refused:
+            self._cool = 0
+            self.level = min(1.0, self.level + STEP)
+        elif self._queue_standing():
+            self._cool = 0
+        else:
+            self._cool += 1
+            if self._cool >= _COOL_WINDOWS:
+                self._cool = 0
+                self.level = max(self.min_level, self.level - STEP)
+        self.level = round(self.level, 6)   # whole steps, without a float's drift
+        self._note_peak(before)
+        if self.level != before:
+            self.stats.steps += 1
+            log.info("brownout level %.2f -> %.2f (%s)", before, self.level,
+                     "admission refused calls" if refused else "no refusal for a while")
+
+    def _note_peak(self, before: float) -> None:
+        now = self._clock()
+        self._windows.append((now, max(before, self.level), _total(self.stats.lighter),
+                              _total(self.stats.refused)))
+        while self._windows and self._windows[0][0] < now - REPORT_WINDOW_S:
+            self._windows.popleft()
+
+    def recent(self) -> tuple[float, int, int]:
+        """Over the last :data:`REPORT_WINDOW_S` (the pools' window): the highest level, the
+        calls answered lighter and the calls refused."""
+        peak = max([self.level, *(window[1] for window in self._windows)])
+        lighter, refused = _total(self.stats.lighter), _total(self.stats.refused)
+        if not self._windows:
+            return peak, lighter, refused
+        return peak, lighter - self._windows[0][2], refused - self._windows[0][3]
+
+
+def _total(counts: dict[str, int]) -> int:
+    return sum(counts.values())

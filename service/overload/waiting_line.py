@@ -1,0 +1,103 @@
+"""The calls waiting for admission: the more critical first, adaptive LIFO, CoDel.
+
+While the line has drained within the last ``queue_interval_ms``, a waiter may wait
+that long, first in, first out; once it has stood longer, waiting is cut to
+``queue_target_ms`` and the newest waiter is served first (the oldest are the
+likeliest to miss their deadlines): Facebook's adaptive LIFO with CoDel. Within that,
+the more critical calls (:class:`~service.overload.brownout.Criticality`) are served
+first, and a newcomer finding the line full takes the place of the newest of the
+least critical waiters, if it is less critical than the newcomer; that one is refused.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+from gevent.event import Event
+
+from service.engine.settings import AdmissionSettings
+from service.overload.brownout import Criticality
+
+__all__ = ["WaitingLine", "Waiter"]
+
+
+class Waiter:
+    """One call waiting; ``admitted`` once the line let it in (else it was refused)."""
+
+    __slots__ = ("event", "admitted", "rank")
+
+    def __init__(self, rank: int) -> None:
+        self.event = Event()
+        self.admitted = False
+        self.rank = rank
+
+
+class WaitingLine:
+    """The waiters of one :class:`~service.overload.admission.AdmissionControl`.
+
+    ``waiters`` is read directly by admission's fast path: an empty line costs no call.
+    """
+
+    def __init__(self, settings: AdmissionSettings, clock: Callable[[], float]) -> None:
+        self._settings = settings
+        self._clock = clock
+        self.waiters: deque[Waiter] = deque()
+        self._by_rank = [0] * len(Criticality)
+        self._empty_at = clock()
+
+    @property
+    def standing(self) -> bool:
+        """Whether calls have waited without the line draining for longer than its interval."""
+        return (bool(self.waiters)
+                and self._clock() - self._empty_at > self._settings.queue_interval_ms / 1000.0)
+
+    def ahead_of(self, rank: int) -> int:
+        """Waiters a newcomer of ``rank`` would wait behind: as critical or more."""
+        return sum(self._by_rank[:rank + 1])
+
+    def join(self, rank: int) -> tuple[Waiter, float]:
+        """A new waiter, and the longest it may wait (seconds) as the line stands now."""
+        waiter = Waiter(rank)
+        self.waiters.append(waiter)
+        self._by_rank[rank] += 1
+        settings = self._settings
+        wait_ms = settings.queue_target_ms if self.standing else settings.queue_interval_ms
+        return waiter, wait_ms / 1000.0
+
+    def leave(self, waiter: Waiter) -> None:
+        """``waiter`` is out of the line (admitted, refused or gave up); a no-op if it was."""
+        try:
+            self.waiters.remove(waiter)
+        except ValueError:
+            return
+        self._by_rank[waiter.rank] -= 1
+        if not self.waiters:
+            self._empty_at = self._clock()
+
+    def evict_below(self, rank: int) -> bool:
+        """Refuse the newest of the least critical waiters, if less critical than ``rank``."""
+        lowest = max(r for r, count in enumerate(self._by_rank) if count)
+        if lowest <= rank:
+            return False
+        victim = next(w for w in reversed(self.waiters) if w.rank == lowest)
+        self.leave(victim)
+        victim.event.set()   # not admitted: it is refused in its own greenlet
+        return True
+
+    def admit_next(self) -> Optional[Waiter]:
+        """Let the next waiter in: the most critical rank, the newest of it under a standing
+        line, else the oldest."""
+        if not self.waiters:
+            return None
+        newest = self.standing
+        top = next(r for r, count in enumerate(self._by_rank) if count)
+        if self._by_rank[top] == len(self.waiters):   # one rank waits: the usual case
+            waiter = self.waiters[-1] if newest else self.waiters[0]
+        else:
+            order = reversed(self.waiters) if newest else iter(self.waiters)
+            waiter = next(w for w in order if w.rank == top)
+        self.leave(waiter)
+        waiter.admitted = True
+        waiter.event.set()
+        return waiter
