@@ -13,6 +13,7 @@ from typing import Any
 import gevent
 import pytest
 
+from service.overload.brownout import Criticality
 from service.overload.admission import AdmissionControl, Refused
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
@@ -128,16 +129,31 @@ def test_a_call_that_cannot_finish_in_time_is_refused_without_queueing() -> None
     assert admission.stats.refused_deadline == 1 and admission.queued == 0
 
 
-def _window(admission: AdmissionControl, clock: Clock, admitted: int, refused: int) -> int:
-    """One second of traffic with this many admissions and refusals; retry_after_ms after it."""
+def _window(admission: AdmissionControl, clock: Clock, admitted: int, refused: int,
+            criticality: Criticality = Criticality.CRITICAL) -> int:
+    """One second of traffic with this many admissions and refusals of ``criticality``;
+    retry_after_ms for it after that second."""
     for _ in range(admitted):
-        admission._admitted()
+        admission._admitted(int(criticality))
         admission.inflight -= 1
     for _ in range(refused):
-        admission.refuse_unread()
+        admission.refuse_unread(criticality)
     clock.now += 1.0
-    admission.refuse_unread()  # the next event rolls the window
-    return admission.retry_after_ms()
+    admission.refuse_unread(criticality)  # the next event rolls the window
+    return admission.retry_after_ms(criticality)
+
+
+def test_a_flood_of_sheddable_refusals_does_not_send_critical_callers_away() -> None:
+    """retry_after_ms is steered apart for the critical and the sheddable calls."""
+    clock = Clock()
+    admission = control(clock)
+    critical = admission.retry_after_ms(Criticality.CRITICAL)
+    sheddable = _window(admission, clock, admitted=0, refused=2500,
+                        criticality=Criticality.SHEDDABLE)
+    assert sheddable == pytest.approx(critical * 22.4, rel=0.05)  # sqrt(2500 / 5 aimed at)
+    assert admission.retry_after_ms(Criticality.SHEDDABLE_PLUS) == sheddable
+    assert admission.retry_after_ms(Criticality.CRITICAL) <= critical
+    assert admission.retry_after_ms(Criticality.CRITICAL_PLUS) <= critical
 
 
 def test_retry_after_grows_while_refusals_outnumber_a_quarter_of_admissions() -> None:
@@ -155,10 +171,10 @@ def test_retry_after_halves_without_refusals_down_to_its_floor() -> None:
     values = []
     for _ in range(8):
         for _ in range(50):
-            admission._admitted()
+            admission._admitted(int(Criticality.CRITICAL))
             admission.inflight -= 1
         clock.now += 1.0
-        admission._admitted()
+        admission._admitted(int(Criticality.CRITICAL))
         admission.inflight -= 1
         values.append(admission.retry_after_ms())
     assert values[:2] == [50, 25] and values[-1] == 20  # halves, floored at 20 ms

@@ -70,6 +70,9 @@ class Config:
     capacity_fraction: float = 0.0
     capacity_of: str = ""
     warmup_s: float = 0.0              # > 0: this configuration's own warm-up
+    criticality: str = ""              # RequestMeta.criticality of every call ("": none)
+    # A second group of callers at once (bench.harness.mixed.Companion), or None.
+    companion: Any = None
 
     def timing(self, base: Timing) -> Timing:
         return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
@@ -106,13 +109,18 @@ def panel_names() -> tuple[str, ...]:
     return tuple(default_registry().names())
 
 
-def _plan(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
+def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
+    """The load generator's plan for ``config`` against ``address``."""
     if config.call == "ping":
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
     elif config.call == "stats_zipf":
         method, expect_ok = "get_app_stats", len(panel_names())
         encoded = tuple(frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
                         for view in zipf_views(config.connections))
+    elif config.call == "stats" and config.criticality:
+        method, expect_ok = "get_app_stats", len(panel_names())
+        encoded = (frames.stats_frame(*sample_call(), deadline_ms=DEADLINE_MS,
+                                      criticality=config.criticality),)
     else:
         app, start_ms, end_ms = sample_call()
         method = "get_app_stats"
@@ -225,21 +233,28 @@ def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lam
                               "window_s": timing.window_s, "warmup_s": timing.warmup_s}
     started = time.monotonic()
     try:
-        # Started first so that their start-up overlaps the stack's; they end before it.
-        with LoadGenerator(config.processes or loadgen_processes(config.connections)) as load:
-            with start_stack(config.spec) as stack:
-                result["startup_s"] = time.monotonic() - started
-                _measure(config, stack, load, timing, result, on_window)
-                torn_down = time.monotonic()
-            result["teardown_s"] = time.monotonic() - torn_down
+        if config.companion is not None:
+            from bench.harness.mixed import run_mixed
+
+            run_mixed(config, timing, result, on_window)
+        else:
+            # Started first so that their start-up overlaps the stack's; they end before it.
+            with LoadGenerator(config.processes or loadgen_processes(config.connections)) as load:
+                with start_stack(config.spec) as stack:
+                    result["startup_s"] = time.monotonic() - started
+                    measure(config, stack, load, timing, result, on_window)
+                    torn_down = time.monotonic()
+                result["teardown_s"] = time.monotonic() - torn_down
     except Exception as exc:  # one broken configuration must not end the whole run
         result["error"] = f"{type(exc).__name__}: {exc}"
     result["total_s"] = time.monotonic() - started
     return result
 
 
-def _measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timing,
-             result: dict[str, Any], on_window: Callable[[], None]) -> None:
+
+def measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timing,
+            result: dict[str, Any], on_window: Callable[[], None]) -> None:
+    """Run ``config``'s load from ``generator`` on ``stack``; its figures into ``result``."""
     if hasattr(stack, "describe"):
         result["stack"] = stack.describe()
     rss = {"before_connect": stack.rss_kib()}
@@ -253,7 +268,7 @@ def _measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timin
     def ready() -> None:
         rss["connected"] = stack.rss_kib()
 
-    plan = _plan(config, stack.address, timing)
+    plan = plan_of(config, stack.address, timing)
     load = generator.run(plan, on_ready=ready, on_boundary=boundary)
     rss["end_of_load"] = stack.rss_kib()
     reps = [_rep_figures(w, timing.window_s, cpu[i], cpu[i + 1])
@@ -266,6 +281,8 @@ def _measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timin
         server_side=_server_side(load.samples), server_pids=len(stack.server_pids()))
     if config.spec.server == "fanout":
         result["tasks"] = _task_counts(stack.address)
+    if config.companion is not None:
+        result["samples"] = load.samples   # every decoded reply, for bench.harness.mixed
 
 
 def _task_counts(address: tuple[str, int]) -> dict[str, int]:

@@ -46,7 +46,7 @@ def _spec(**kwargs: Any) -> Any:
 def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
             **kwargs: Any) -> Config:
     spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce",
-                 "python"}
+                 "python", "brownout"}
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
     key = f"{scenario}/{label or server}/c{connections}"

@@ -12,6 +12,7 @@ from typing import Optional
 
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency
+from bench.harness.brownout import brownout
 from bench.harness.overload import overload
 from bench.harness.pythons import python_versions
 from bench.harness.runner import panel_names
@@ -235,7 +236,7 @@ SCENARIO_BUILDERS = {"efficiency": fanout_efficiency, "concurrency": concurrency
                      "overload": overload, "c10k": ten_thousand, "raw": raw_rpc,
                      "tracing": tracing_cost, "workers": multi_core, "nx": real_queries,
                      "coalescing": coalescing, "cpu": cpu_per_call, "latency": open_loop_latency,
-                     "python": python_versions}
+                     "python": python_versions, "brownout": brownout}
 SCENARIO_NAMES = tuple(SCENARIO_BUILDERS) + ("micro",)
 
 

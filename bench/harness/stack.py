@@ -91,6 +91,7 @@ class StackSpec:
     coalesce: bool = False      # fanout.coalesce
     # Another CPython for the server alone (bench.harness.pythons); "" = this interpreter.
     python: str = ""
+    brownout: bool = True       # admission.brownout: false is the server before brownout
 
     def __post_init__(self) -> None:
         for name, value, choices in (("server", self.server, SERVERS),

@@ -22,11 +22,13 @@ def stack_config(spec: Any, mongo_uri: str, alerts_url: str, metrics_url: str,
              f"max_pool_size = {spec.pool_size}",
              "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
              f"pool_maxsize = {spec.pool_size}", ""]
+    lines += ["[admission]", f"brownout = {str(spec.brownout).lower()}"]
     if spec.admission != "adaptive":
         # Nearly every call refused: what one refusal costs, read in full and answered at
         # once ("one"), or as callers ignoring retry_after_ms get it ("one-held").
-        lines += ["[admission]", "initial_limit = 1", "min_limit = 1", "max_limit = 1",
-                  f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}", ""]
+        lines += ["initial_limit = 1", "min_limit = 1", "max_limit = 1",
+                  f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}"]
+    lines.append("")
     lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")

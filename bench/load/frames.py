@@ -53,9 +53,12 @@ def ping_frame() -> bytes:
 
 
 def stats_frame(app: str, start_ms: int, end_ms: int, panels: Optional[list[str]] = None,
-                deadline_ms: Optional[int] = None) -> bytes:
-    """A get_app_stats call; without ``deadline_ms`` the server's default deadline applies."""
-    meta = None if deadline_ms is None else appstats.RequestMeta(deadline_ms=deadline_ms)
+                deadline_ms: Optional[int] = None, criticality: str = "") -> bytes:
+    """A get_app_stats call; without ``deadline_ms`` the server's default deadline applies,
+    and without ``criticality`` (a name: ``"SHEDDABLE"``) the server takes it as CRITICAL."""
+    level = getattr(appstats.Criticality, criticality) if criticality else None
+    meta = (None if deadline_ms is None and level is None
+            else appstats.RequestMeta(deadline_ms=deadline_ms, criticality=level))
     request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms, panels=panels,
                                     meta=meta)
     return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request))

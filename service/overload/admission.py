@@ -108,9 +108,10 @@ class AdmissionControl:
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
         self._line = WaitingLine(settings, clock)
-        self._retry_after_s = 0.1
+        # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
+        self._retry_after_s = [0.1, 0.1]
         self._window_started = clock()
-        self._window_admitted = self._window_refused = 0
+        self._window_admitted, self._window_refused = [0, 0], [0, 0]
         self._refused_since_update = 0
 
     @property
@@ -119,21 +120,19 @@ class AdmissionControl:
 
     def admit(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
-        if not self.settings.enabled:
-            self._admitted()
-            return
-        if self.inflight < int(self.limit) and not self._line.waiters:
-            self._admitted()
-            return
         rank = int(criticality)
+        if not self.settings.enabled or (self.inflight < int(self.limit)
+                                         and not self._line.waiters):
+            self._admitted(rank)
+            return
         expected_s = self._expected_wait_s(rank) + self._short_s
         if deadline.remaining_s() < expected_s:
             self.stats.refused_deadline += 1
-            raise self._refuse("cannot finish within its deadline at the current load")
+            raise self._refuse("cannot finish within its deadline at the current load", rank)
         if len(self._line.waiters) >= max(int(self.limit), self.settings.min_limit):
             if not self._line.evict_below(rank):
                 self.stats.refused_queue += 1
-                raise self._refuse("the admission queue is full")
+                raise self._refuse("the admission queue is full", rank)
         self._wait(deadline, rank)
 
     def done(self, latency_s: float) -> None:
@@ -157,16 +156,18 @@ class AdmissionControl:
         """True while a call arriving now would have to queue: the limit is reached."""
         return self.settings.enabled and (self.inflight >= int(self.limit) or bool(self._line.waiters))
 
-    def refuse_unread(self) -> int:
+    def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
         :attr:`saturated`, :mod:`service.overload.gate`); the ``retry_after_ms`` to answer."""
         self.stats.refused_unread += 1
-        self._count_refusal()
-        return self.retry_after_ms()
+        self._count_refusal(int(criticality))
+        return self.retry_after_ms(criticality)
 
-    def retry_after_ms(self) -> int:
-        """When a refused caller should try again, in milliseconds (the caller adds jitter)."""
-        return int(self._retry_after_s * 1000.0)
+    def retry_after_ms(self, criticality: Criticality = Criticality.CRITICAL) -> int:
+        """When a refused caller of ``criticality`` should try again, in milliseconds (the
+        caller adds jitter). Steered apart for the critical and the sheddable calls: a
+        flood of sheddable callers refused must not send critical ones away for seconds."""
+        return int(self._retry_after_s[_class(criticality)] * 1000.0)
 
     # --- the queue -------------------------------------------------------------------
 
@@ -181,12 +182,11 @@ class AdmissionControl:
                 line.leave(waiter)
         if not waiter.admitted:
             self.stats.refused_queue += 1
-            raise self._refuse("no call finished while this one waited")
+            raise self._refuse("no call finished while this one waited", rank)
 
     def _hand_over(self) -> None:
         while self._line.waiters and self.inflight < int(self.limit):
-            self._line.admit_next()
-            self._admitted()
+            self._admitted(self._line.admit_next().rank)
 
     def _expected_wait_s(self, rank: int) -> float:
         """Roughly how long a newcomer would queue: those ahead of it, at the current pace."""
@@ -243,20 +243,20 @@ class AdmissionControl:
 
     # --- accounting ------------------------------------------------------------------
 
-    def _admitted(self) -> None:
+    def _admitted(self, rank: int) -> None:
         self.inflight += 1
         self.stats.admitted += 1
-        self._window_admitted += 1
+        self._window_admitted[rank > _CRITICAL] += 1
         self._roll_window()
 
-    def _refuse(self, reason: str) -> Refused:
-        self._count_refusal()
-        return Refused(reason, self.retry_after_ms())
+    def _refuse(self, reason: str, rank: int) -> Refused:
+        self._count_refusal(rank)
+        return Refused(reason, self.retry_after_ms(Criticality(rank)))
 
-    def _count_refusal(self) -> None:
+    def _count_refusal(self, rank: int) -> None:
         self.stats.refused += 1
         self._refused_since_update += 1
-        self._window_refused += 1
+        self._window_refused[rank > _CRITICAL] += 1
         self._roll_window()
 
     def _roll_window(self) -> None:
@@ -264,13 +264,21 @@ class AdmissionControl:
         elapsed = now - self._window_started
         if elapsed < _RETRY_WINDOW_S:
             return
-        admitted, refused = self._window_admitted / elapsed, self._window_refused / elapsed
-        aim = max(_REFUSAL_SHARE * admitted, 5.0)
-        if refused > 0:
-            # Callers in back-off are about refused x retry_after; aim that many at `aim` per second.
-            self._retry_after_s *= math.sqrt(refused / aim)
-        else:
-            self._retry_after_s /= 2.0
         floor_s = max(_RETRY_AFTER_MIN_S, self._short_s)
-        self._retry_after_s = min(_RETRY_AFTER_MAX_S, max(floor_s, self._retry_after_s))
-        self._window_started, self._window_admitted, self._window_refused = now, 0, 0
+        for klass in (0, 1):
+            admitted = self._window_admitted[klass] / elapsed
+            refused = self._window_refused[klass] / elapsed
+            aim = max(_REFUSAL_SHARE * admitted, 5.0)
+            retry_s = self._retry_after_s[klass]
+            # Callers in back-off are about refused x retry_after; aim that many at `aim` a second.
+            retry_s = retry_s * math.sqrt(refused / aim) if refused > 0 else retry_s / 2.0
+            self._retry_after_s[klass] = min(_RETRY_AFTER_MAX_S, max(floor_s, retry_s))
+        self._window_started, self._window_admitted, self._window_refused = now, [0, 0], [0, 0]
+
+
+_CRITICAL = int(Criticality.CRITICAL)
+
+
+def _class(criticality: Criticality) -> int:
+    """0 for the critical calls (CRITICAL_PLUS, CRITICAL), 1 for the sheddable ones."""
+    return int(criticality > Criticality.CRITICAL)

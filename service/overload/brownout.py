@@ -29,7 +29,10 @@ and which say nothing new; not its own): a window with one goes a step up; the l
 comes down a step only after :data:`_COOL_WINDOWS` windows in a row with no refusal
 and no standing queue, and holds in between. Up at once, down slowly, and a band in
 which it holds: this is the hysteresis that keeps it from flapping at a steady load,
-where it settles at the share that keeps admission just short of refusing. A latency
+where it settles at the share that keeps admission just short of refusing. The level
+never climbs past the top of the highest rung that names a criticality seen in the
+last two seconds: with only CRITICAL callers, 0.6 sheds all there is to shed, and a
+higher level would only slow the way back. A latency
 setpoint of its own would fight admission's limit (both would act on one signal);
 queueing alone is no overload (a closed loop of callers at capacity always queues,
 and today it is served whole, so it must stay so). ``brownout_min_level`` keeps the
@@ -60,6 +63,8 @@ WINDOW_S = 0.25
 STEP = 0.05
 #: What :meth:`Dimmer.recent` looks back over: the pools' window (tracing.pools.WINDOW_S).
 REPORT_WINDOW_S = 60.0
+#: How many windows the ceiling remembers the criticalities that arrived (two seconds).
+_PRESENT_WINDOWS = 8
 #: Windows in a row without a refusal or a standing queue before the level comes down.
 _COOL_WINDOWS = 4
 _RUNG = 0.2
@@ -83,6 +88,11 @@ _LADDER: tuple[tuple[bool, frozenset[Criticality]], ...] = (
     (True, frozenset({_C.SHEDDABLE_PLUS})),
     (False, frozenset({_C.CRITICAL_PLUS})),
 )
+
+
+#: Per criticality, the top of the highest rung that names it.
+_TOP = [round(max((rung + 1) * _RUNG for rung, (_, names) in enumerate(_LADDER) if c in names), 6)
+        for c in Criticality]
 
 
 class BrownoutVerdict(enum.Enum):
@@ -123,6 +133,9 @@ class Dimmer:
         self._seen_refusals = refusals()
         self._cool = 0
         self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
+        #: Calls that reached the gate since the last update, by criticality (the gate counts).
+        self.arrivals = [0] * len(Criticality)
+        self._present: deque[int] = deque(maxlen=_PRESENT_WINDOWS)  # each window's ceiling
         # Per window: (time, highest level, calls answered lighter so far, refused so far).
         self._windows: deque[tuple[float, float, int, int]] = deque()
         self._loop: Optional[Greenlet] = None
@@ -150,7 +163,7 @@ class Dimmer:
         for rung, (refuse, names) in enumerate(_LADDER):
             if criticality not in names:
                 continue
-            share = min(1.0, max(0.0, (self.level - rung * _RUNG) / _RUNG))
+            share = round(min(1.0, max(0.0, (self.level - rung * _RUNG) / _RUNG)), 6)
             if share <= 0.0 or not self._take(rung, share):
                 continue
             verdict = BrownoutVerdict.REFUSED if refuse else BrownoutVerdict.LIGHTER
@@ -177,9 +190,10 @@ class Dimmer:
         if not self.enabled:
             return
         before = self.level
+        ceiling = self._ceiling()
         if refused:
             self._cool = 0
-            self.level = min(1.0, self.level + STEP)
+            self.level = min(ceiling, self.level + STEP)
         elif self._queue_standing():
             self._cool = 0
         else:
@@ -187,7 +201,9 @@ class Dimmer:
             if self._cool >= _COOL_WINDOWS:
                 self._cool = 0
                 self.level = max(self.min_level, self.level - STEP)
-        self.level = round(self.level, 6)   # whole steps, without a float's drift
+        # Above the ceiling nothing that arrives would be shed: climbing there only slows
+        # the way back down once the load falls.
+        self.level = round(max(self.min_level, min(self.level, ceiling)), 6)
         self._note_peak(before)
         if self.level != before:
             self.stats.steps += 1
@@ -209,6 +225,15 @@ class Dimmer:
         if not self._windows:
             return peak, lighter, refused
         return peak, lighter - self._windows[0][2], refused - self._windows[0][3]
+
+
+    def _ceiling(self) -> float:
+        """The top of the highest rung that names a criticality seen lately: the most that
+        shedding can do for the calls that arrive."""
+        arrived = [c for c, count in enumerate(self.arrivals) if count]
+        self.arrivals = [0] * len(Criticality)
+        self._present.append(max((_TOP[c] for c in arrived), default=0.0))
+        return max(self._present)
 
 
 def _total(counts: dict[str, int]) -> int:

@@ -110,7 +110,7 @@ class CallerPacing:
         self._last_deadline_ms = 0.0   # the deadline of this caller's last call read in full
         self._hold_s = 0.0      # how long to hold the reply to the call being served
 
-    def arrived(self, deadline: Deadline, criticality: Criticality) -> None:
+    def arrived(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
         self._early = time.monotonic() < self._back_at
         self._last_deadline_ms = deadline.remaining_ms()
@@ -194,16 +194,18 @@ class CallGate:
             caller.arrived(deadline, criticality)
         try:
             # Below any overload the level is 0, and the call never reaches the dimmer.
+            self.dimmer.arrivals[criticality] += 1
             verdict = self.dimmer.decide(criticality) if self.dimmer.level else WHOLE
             if verdict is REFUSED:
                 raise FanOutOverloaded(f"shed under load (brownout): a {criticality.name} call",
-                                       self.admission.retry_after_ms())
+                                       self.admission.retry_after_ms(criticality))
             with self._admission(deadline, criticality):
                 yield verdict is LIGHTER
         except FanOutOverloaded as overloaded:
             self.stats.count_refusal(criticality)
             if not overloaded.retry_after_ms:   # the engine's: no task could start
-                overloaded = FanOutOverloaded(str(overloaded), self.admission.retry_after_ms())
+                overloaded = FanOutOverloaded(str(overloaded),
+                                              self.admission.retry_after_ms(criticality))
             # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
             if caller is not None and caller.refused(overloaded.retry_after_ms, deadline) > 0:
                 self.stats.held += 1
@@ -230,7 +232,7 @@ class CallGate:
     def refused_unread(self, caller: CallerPacing) -> int:
         """A call refused from its header alone (:class:`UnreadRefusals`), counted
         and paced: the ``retry_after_ms`` to tell it."""
-        retry_after_ms = self.admission.refuse_unread()
+        retry_after_ms = self.admission.refuse_unread(caller.criticality)
         self.stats.count_refusal(caller.criticality)
         if caller.refused_unread(retry_after_ms) > 0:
             self.stats.held += 1

@@ -2,8 +2,9 @@
 
 Each client (``tests/interop/clients``, built by :mod:`tests.interop.builds`)
 calls ping, panels, get_app_stats with a W3C ``traceparent`` in its request
-meta, get_app_stats with an empty app (a declared ``InvalidRequest``) and
-health, and prints what it got as JSON; this module checks it. Every language
+meta, get_app_stats again as a ``SHEDDABLE`` call (the servers hold the brownout
+dimmer at 0.2, which sheds the optional panels of such calls only), get_app_stats
+with an empty app (a declared ``InvalidRequest``) and health, and prints what it got as JSON; this module checks it. Every language
 runs against every transport and protocol pair the server offers. The servers
 are whole Fanout servers over the sample backends (a real MongoDB-wire server
 and real HTTP services).
@@ -31,6 +32,7 @@ LANGUAGES = {"go": build_go, "java": build_java, "node": build_node}
 COMBINATIONS = [("framed", "binary"), ("framed", "compact"), ("buffered", "binary"),
                 ("buffered", "compact")]
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+OPTIONAL = {"controllers", "queries", "volume"}   # the shipped dashboard's
 PANEL_KINDS = {"errors": "error_summary", "urls": "top_list", "controllers": "top_list",
                "queries": "top_list", "alerts": "alert_list", "latency": "series",
                "volume": "series"}
@@ -56,7 +58,7 @@ def servers(mongo_server: Any, http_services: Any) -> Iterator[dict[tuple[str, s
             settings = load_settings(env={}, overrides={
                 **backend_overrides(mongo_server, http_services), "server.port": 0,
                 "server.transport": transport, "server.protocol": protocol,
-                "tracing.exporter": "none"})
+                "tracing.exporter": "none", "admission.brownout_min_level": 0.2})
             started[transport, protocol] = stack.enter_context(FanOutService(settings))
         yield started
 
@@ -78,6 +80,10 @@ def test_generated_client(clients: dict[str, list[str]], servers: dict[tuple[str
     assert report["app"] == "shop"
     assert report["trace_id"] == trace_id         # joined the caller's trace
     assert report["statuses"] == {name: "OK" for name in ALL_PANELS}
+    # The dimmer held at 0.2 sheds the optional panels of SHEDDABLE calls only: the call
+    # above said nothing (CRITICAL) and got them all; this one asked to be SHEDDABLE.
+    assert report["sheddable"] == {name: "SKIPPED Brownout" if name in OPTIONAL else "OK "
+                                   for name in ALL_PANELS}
     assert report["panel_kinds"] == PANEL_KINDS
     assert report["invalid_field"] == "app"       # the declared exception, typed
     assert report["health_state"] == "SERVING"

@@ -72,6 +72,20 @@ func main() {
 	}
 	report["panel_kinds"] = kinds
 
+	// The same call, SHEDDABLE: what may be shed first under overload.
+	sheddable := appstats.NewStatsRequest()
+	sheddable.App = "shop"
+	sheddable.StartMs, sheddable.EndMs = request.StartMs, request.EndMs
+	criticality := appstats.Criticality_SHEDDABLE
+	sheddable.Meta = &appstats.RequestMeta{DeadlineMs: &deadline, Criticality: &criticality}
+	shed, err := client.GetAppStats(ctx, sheddable)
+	check(err)
+	shedOutcomes := map[string]string{}
+	for _, outcome := range shed.Outcomes {
+		shedOutcomes[outcome.Name] = outcome.Status.String() + " " + outcome.GetErrorType()
+	}
+	report["sheddable"] = shedOutcomes
+
 	bad := appstats.NewStatsRequest()
 	bad.StartMs, bad.EndMs = 1, 2
 	_, err = client.GetAppStats(ctx, bad)

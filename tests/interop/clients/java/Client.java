@@ -3,6 +3,7 @@
 // Prints what it got as one JSON object; the Python side checks it.
 import com.example.fanout.appstats.AppStats;
 import com.example.fanout.appstats.BackendHealth;
+import com.example.fanout.appstats.Criticality;
 import com.example.fanout.appstats.Health;
 import com.example.fanout.appstats.InvalidRequest;
 import com.example.fanout.appstats.PanelData;
@@ -58,6 +59,16 @@ public final class Client {
         kinds.put(panel.getKey(), panel.getValue().getSetField().getFieldName());
       }
       report.put("panel_kinds", kinds);
+
+      // The same call, SHEDDABLE: what may be shed first under overload.
+      StatsRequest sheddable = new StatsRequest("shop", 1_700_000_000_000L, 1_700_003_600_000L);
+      sheddable.setMeta(new RequestMeta().setDeadline_ms(5000).setCriticality(Criticality.SHEDDABLE));
+      Map<String, Object> shed = new TreeMap<>();
+      for (TaskOutcome outcome : client.get_app_stats(sheddable).getOutcomes()) {
+        shed.put(outcome.getName(), outcome.getStatus().name() + " "
+            + (outcome.isSetError_type() ? outcome.getError_type() : ""));
+      }
+      report.put("sheddable", shed);
 
       try {
         client.get_app_stats(new StatsRequest("", 1L, 2L));

@@ -38,6 +38,16 @@ async function main([host, port, transportName, protocolName, traceparent]) {
       report.panel_kinds[name] = Object.keys(data).find((key) => data[key] !== null) || 'none';
     }
 
+    // The same call, SHEDDABLE: what may be shed first under overload.
+    const shed = await client.get_app_stats(new types.StatsRequest({
+      app: 'shop', start_ms: 1700000000000, end_ms: 1700003600000,
+      meta: new types.RequestMeta({ deadline_ms: 5000, criticality: types.Criticality.SHEDDABLE }),
+    }));
+    report.sheddable = {};
+    for (const outcome of shed.outcomes) {
+      report.sheddable[outcome.name] = `${statusNames[outcome.status]} ${outcome.error_type || ''}`;
+    }
+
     try {
       await client.get_app_stats(new types.StatsRequest({ app: '', start_ms: 1, end_ms: 2 }));
       throw new Error('an empty app: expected InvalidRequest');

@@ -1,0 +1,197 @@
+"""The brownout scenario: 50 CRITICAL callers, alone and beside 1,000 SHEDDABLE ones.
+
+In both regimes of the overload scenario (``cpu``: 20 ms backends; ``pool``: 200 ms
+backends and pools of 64), 50 closed-loop CRITICAL callers that honour
+``retry_after_ms`` run:
+
+* ``alone``;
+* ``mixed``: beside 1,000 SHEDDABLE callers that try again 50 ms after an
+  ``Overloaded``, whatever it asked;
+* ``ignored``: the same mixed load against the server before brownout (no
+  criticality sent, ``admission.brownout = false``): today's behaviour.
+
+Then callers that set no criticality (plain Apache clients): 1,000 of them ignoring
+``retry_after_ms``, with brownout on and off; 5 callers, below capacity; and in the
+``cpu`` regime the same 50 CRITICAL callers beside 25, 100 and 250 SHEDDABLE ones,
+for the share of optional panels served as the load falls. Every reply of the primary
+group is decoded: its goodput counts the calls whose essential panels were all OK. The
+server's dimmer is read every half second (:mod:`bench.harness.mixed`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.harness.mixed import Companion
+from bench.harness.overload import REGIMES
+from bench.harness.runner import Config
+from bench.harness.scenario import Results, Scale, Scenario, _config
+
+__all__ = ["brownout"]
+
+NAME = "brownout"
+CRITICAL_CALLERS = 50
+SHEDDABLE_CALLERS = 1000
+PAUSE_S = 0.05
+WARMUP_S = 8.0
+SWEEP = (25, 100, 250)
+
+
+def _run(label: str, regime: str, connections: int, criticality: str = "CRITICAL",
+         companion: Optional[Companion] = None, brownout: bool = True, **kwargs: Any) -> Config:
+    delay, pool = REGIMES[regime]
+    honour = kwargs.pop("honour_retry_after", True)
+    return _config(NAME, "fanout", "stats", connections, label=f"{label}-{regime}",
+                   delay_ms=delay, pool_size=pool, brownout=brownout, criticality=criticality,
+                   companion=companion or Companion(), honour_retry_after=honour,
+                   decode_every=1, warmup_s=WARMUP_S, window_scale=2.0, **kwargs)
+
+
+def _configs(scale: Scale) -> list[Config]:
+    sheddable = Companion(SHEDDABLE_CALLERS, "SHEDDABLE", overloaded_pause_s=PAUSE_S)
+    today = Companion(SHEDDABLE_CALLERS, "", overloaded_pause_s=PAUSE_S)
+    configs = []
+    for regime in REGIMES:
+        configs += [_run("alone", regime, CRITICAL_CALLERS),
+                    _run("mixed", regime, CRITICAL_CALLERS, companion=sheddable),
+                    _run("ignored", regime, CRITICAL_CALLERS, "", today, brownout=False)]
+        for on in (True, False):
+            configs.append(_run(f"plain-{'on' if on else 'off'}", regime, SHEDDABLE_CALLERS, "",
+                                brownout=on, honour_retry_after=False,
+                                overloaded_pause_s=PAUSE_S))
+    configs.append(_run("below", "cpu", 5))
+    for n in SWEEP if not scale.quick else ():
+        configs.append(_run(f"sweep{n}", "cpu", CRITICAL_CALLERS,
+                            companion=Companion(n, "SHEDDABLE", overloaded_pause_s=PAUSE_S)))
+    return configs
+
+
+def _key(label: str, regime: str, connections: int = CRITICAL_CALLERS) -> str:
+    return f"{NAME}/{label}-{regime}/c{connections}"
+
+
+def _essential_per_s(result: Optional[dict[str, Any]]) -> list[float]:
+    return list(((result or {}).get("essential") or {}).get("per_s") or [])
+
+
+def _p99s(result: Optional[dict[str, Any]]) -> list[float]:
+    return [r["p99_ms"] for r in (result or {}).get("reps", []) if not math.isnan(r["p99_ms"])]
+
+
+def _count(result: Optional[dict[str, Any]], kind: str) -> int:
+    return sum(r["failures"].get(kind, 0) for r in (result or {}).get("reps", []))
+
+
+def _essential_lost(result: Optional[dict[str, Any]]) -> int:
+    essential = (result or {}).get("essential") or {}
+    return sum(essential.get("answers", [])) - sum(essential.get("essential_ok", []))
+
+
+def _optional_share(result: Optional[dict[str, Any]]) -> str:
+    """The share of optional panels served: to the primary group, and to the companion."""
+    essential = (result or {}).get("essential") or {}
+    asked = sum(essential.get("optional_asked", []))
+    primary = sum(essential.get("optional_run", [])) / asked if asked else math.nan
+    companion = (result or {}).get("companion") or {}
+    windows = companion.get("windows") or []
+    whole = sum(w["whole"] for w in windows)
+    answered = whole + sum(w["lighter"] for w in windows)
+    return (f"CRITICAL {primary:.2f}" + (f", SHEDDABLE {whole / answered:.2f} of "
+                                         f"{answered} answered" if answered else ""))
+
+
+def _level_range(result: Optional[dict[str, Any]]) -> str:
+    """The dimmer's range over the measured windows (the warm-up left out)."""
+    levels = [level for t, level in (result or {}).get("brownout_levels", [])
+              if t >= WARMUP_S + 1.0]
+    if not levels:
+        return "n/a"
+    return f"{min(levels):.2f} to {max(levels):.2f} (mean {sum(levels) / len(levels):.2f})"
+
+
+def _order_breaches(result: Optional[dict[str, Any]]) -> int:
+    """Windows in which a CRITICAL call was refused or lost an essential panel while a
+    SHEDDABLE call got a whole answer."""
+    reps = (result or {}).get("reps", [])
+    essential = (result or {}).get("essential") or {}
+    lost = [a - ok for a, ok in zip(essential.get("answers", []), essential.get("essential_ok", []))]
+    whole = [w["whole"] for w in ((result or {}).get("companion") or {}).get("windows", [])]
+    return sum(1 for i, rep in enumerate(reps)
+               if (rep["failures"].get("overloaded", 0) or (lost[i] if i < len(lost) else 0))
+               and i < len(whole) and whole[i])
+
+
+def _goals(results: Results) -> list[Goal]:
+    out: list[Goal] = []
+    for regime in REGIMES:
+        alone, mixed = results.get(_key("alone", regime)), results.get(_key("mixed", regime))
+        ignored = results.get(_key("ignored", regime))
+        out.append(ratio_goal(NAME, f"CRITICAL goodput (essential panels OK), mixed / alone "
+                                    f"({regime})", _essential_per_s(mixed), _essential_per_s(alone),
+                              limit=0.95, at_most=False))
+        out.append(ratio_goal(NAME, f"CRITICAL p99, mixed / alone ({regime})", _p99s(mixed),
+                              _p99s(alone), limit=1.5, at_most=True))
+        out.append(ratio_goal(NAME, f"CRITICAL goodput, today's server (criticality ignored) / "
+                                    f"alone ({regime})", _essential_per_s(ignored),
+                              _essential_per_s(alone), limit=None, at_most=False))
+        out.append(_zero(f"CRITICAL calls refused, late or short of an essential panel, mixed "
+                         f"({regime})", mixed, _count(mixed, "overloaded") + _count(mixed, "timeout")
+                         + _essential_lost(mixed)))
+        out.append(_zero(f"windows breaking the order (a CRITICAL call refused or short while a "
+                         f"SHEDDABLE call was served whole), mixed ({regime})", mixed,
+                         _order_breaches(mixed)))
+        plain_on = results.get(_key("plain-on", regime, SHEDDABLE_CALLERS))
+        plain_off = results.get(_key("plain-off", regime, SHEDDABLE_CALLERS))
+        out.append(ratio_goal(NAME, f"callers with no criticality: goodput of essential panels, "
+                                    f"brownout on / off ({regime})", _essential_per_s(plain_on),
+                              _essential_per_s(plain_off), limit=1.0, at_most=False))
+        for label, result in (("alone", alone), ("mixed", mixed), ("ignored", ignored),
+                              ("plain-on", plain_on), ("plain-off", plain_off)):
+            out.append(info_row(NAME, f"{label} {regime}: dimmer; optional panels served; answers",
+                                f"{_level_range(result)}; {_optional_share(result)}; "
+                                f"{_answers(result)}"))
+    below = results.get(_key("below", "cpu", 5))
+    out.append(_zero("panels skipped or calls refused below capacity (5 callers, cpu)", below,
+                     sum((r["degraded"] for r in (below or {}).get("reps", [])), 0)
+                     + _count(below, "overloaded")))
+    for n in SWEEP:
+        result = results.get(_key(f"sweep{n}", "cpu"))
+        if result:
+            out.append(info_row(NAME, f"50 CRITICAL + {n} SHEDDABLE (cpu): dimmer; optional "
+                                      f"panels served", f"{_level_range(result)}; "
+                                                        f"{_optional_share(result)}"))
+    return out
+
+
+def _answers(result: Optional[dict[str, Any]]) -> str:
+    if not result or "reps" not in result:
+        return (result or {}).get("error", "did not run")
+    ok = sum(r["ok"] for r in result["reps"])
+    lighter = sum(r["degraded"] for r in result["reps"])
+    companion = (result.get("companion") or {})
+    text = (f"primary: whole {ok}, lighter {lighter}, refused {_count(result, 'overloaded')}, "
+            f"late {_count(result, 'timeout')}, p99 {result['pooled']['p99_ms']:.0f} ms")
+    if companion.get("windows"):
+        whole = sum(w["whole"] for w in companion["windows"])
+        lighter = sum(w["lighter"] for w in companion["windows"])
+        text += (f"; companion: whole {whole}, lighter {lighter}, refused {companion['refused']},"
+                 f" late {companion['late']}")
+    return text
+
+
+def _zero(text: str, result: Optional[dict[str, Any]], count: int) -> Goal:
+    if not result or "reps" not in result:
+        return Goal(NAME, text + " (goal 0)", "ERROR", "n/a",
+                    note=(result or {}).get("error", "did not run"))
+    return Goal(NAME, text + " (goal 0)", "PASS" if count == 0 else "GAP", str(count))
+
+
+def brownout(scale: Scale) -> Scenario:
+    notes = [f"{CRITICAL_CALLERS} closed-loop CRITICAL callers honouring retry_after_ms; "
+             f"{SHEDDABLE_CALLERS} SHEDDABLE callers trying again {PAUSE_S * 1000:.0f} ms after "
+             f"an Overloaded; 1 s windows after {WARMUP_S:.0f} s of warm-up; regimes as in the "
+             f"overload scenario. Optional panels: controllers, queries, volume."]
+    return Scenario(NAME, "Brownout: criticality and optional panels", _configs(scale), _goals,
+                    notes)

@@ -1,0 +1,361 @@
+"""Brownout: criticality, optional panels, the dimmer's ladder and controller, end to end."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from typing import Any, Iterator
+
+import gevent
+import gevent.event
+import pytest
+import requests
+
+from lookups.deadline import Deadline
+from service.client import AppStatsClient
+from service.engine.settings import AdmissionSettings
+from service.idl import appstats
+from service.overload.admission import AdmissionControl, Refused
+from service.overload.brownout import STEP, BrownoutVerdict, Criticality, Dimmer
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from tests.support.sockets import wait_for
+
+OPTIONAL = {"controllers", "queries", "volume"}
+ESSENTIAL = {"errors", "urls", "alerts", "latency"}
+C = Criticality
+
+
+def shares(dimmer: Dimmer, criticality: Criticality, calls: int = 100) -> Counter:
+    return Counter(dimmer.decide(criticality) for _ in range(calls))
+
+
+# --- the ladder ------------------------------------------------------------------------------
+
+def test_nothing_is_shed_at_level_zero() -> None:
+    dimmer = Dimmer(lambda: 0, lambda: False)
+    for criticality in Criticality:
+        assert shares(dimmer, criticality) == Counter({BrownoutVerdict.WHOLE: 100})
+
+
+def test_the_ladder_sheds_in_the_order_the_issue_gives() -> None:
+    dimmer = Dimmer(lambda: 0, lambda: False)
+    seen = []
+    for step in range(int(1 / STEP) + 1):
+        dimmer.level = round(step * STEP, 6)
+        got = {c: shares(dimmer, c) for c in Criticality}
+        whole = {c: got[c][BrownoutVerdict.WHOLE] for c in Criticality}
+        lighter = {c: got[c][BrownoutVerdict.LIGHTER] for c in Criticality}
+        refused = {c: got[c][BrownoutVerdict.REFUSED] for c in Criticality}
+        # The dimmer never refuses a CRITICAL or CRITICAL_PLUS call: admission does, last.
+        assert refused[C.CRITICAL] == refused[C.CRITICAL_PLUS] == 0
+        # While any SHEDDABLE call keeps its optional panels, nothing else is shed.
+        if whole[C.SHEDDABLE]:
+            assert sum(refused.values()) == 0
+            assert lighter[C.CRITICAL] == lighter[C.SHEDDABLE_PLUS] == lighter[C.CRITICAL_PLUS] == 0
+        # A SHEDDABLE call is refused only once none of them runs its optional panels.
+        if refused[C.SHEDDABLE]:
+            assert whole[C.SHEDDABLE] == 0
+        # CRITICAL calls lose optional panels only once every SHEDDABLE call is refused.
+        if lighter[C.CRITICAL]:
+            assert refused[C.SHEDDABLE] == 100
+        # SHEDDABLE_PLUS is refused only once CRITICAL calls are all lighter.
+        if refused[C.SHEDDABLE_PLUS]:
+            assert lighter[C.CRITICAL] == 100
+        # CRITICAL_PLUS calls are lightened last, once SHEDDABLE_PLUS is all refused.
+        if lighter[C.CRITICAL_PLUS]:
+            assert refused[C.SHEDDABLE_PLUS] == 100
+        seen.append((dimmer.level, whole[C.SHEDDABLE], refused[C.SHEDDABLE], lighter[C.CRITICAL],
+                     refused[C.SHEDDABLE_PLUS], lighter[C.CRITICAL_PLUS]))
+    # Within a rung the share grows with the level, evenly: a quarter of a rung, a quarter shed.
+    assert (0.05, 75, 0, 0, 0, 0) in seen and (0.3, 0, 50, 0, 0, 0) in seen
+    assert (0.5, 0, 100, 50, 0, 0) in seen and (0.7, 0, 100, 100, 50, 0) in seen
+    assert seen[-1] == (1.0, 0, 100, 100, 100, 100)
+
+
+def test_the_dimmer_counts_each_call_it_sheds_by_criticality() -> None:
+    dimmer = Dimmer(lambda: 0, lambda: False)
+    dimmer.level = 0.3
+    shares(dimmer, C.SHEDDABLE, 10)
+    shares(dimmer, C.CRITICAL, 10)
+    assert dimmer.stats.refused == {"SHEDDABLE": 5}
+    assert dimmer.stats.lighter == {"SHEDDABLE": 5}
+
+
+# --- the controller, with an injected clock --------------------------------------------------
+
+class Signals:
+    def __init__(self) -> None:
+        self.refusals = 0
+        self.standing = False
+        self.now = 0.0
+
+
+def controller(min_level: float = 0.0) -> tuple[Dimmer, Signals]:
+    signals = Signals()
+    dimmer = Dimmer(lambda: signals.refusals, lambda: signals.standing, min_level=min_level,
+                    clock=lambda: signals.now)
+    return dimmer, signals
+
+
+def window(dimmer: Dimmer, signals: Signals, refusals: int = 0, standing: bool = False,
+           arrived: tuple[Criticality, ...] = tuple(Criticality)) -> float:
+    """One window of the controller: ``refusals`` by admission, calls of ``arrived``."""
+    for criticality in arrived:
+        dimmer.arrivals[criticality] += 1
+    signals.now += 0.25
+    signals.refusals += refusals
+    signals.standing = standing
+    dimmer.update()
+    return dimmer.level
+
+
+def test_the_controller_climbs_a_step_per_window_with_refusals(caplog) -> None:
+    dimmer, signals = controller()
+    with caplog.at_level(logging.INFO, logger="service.overload.brownout"):
+        levels = [window(dimmer, signals, refusals=3) for _ in range(5)]
+    assert levels == [0.05, 0.1, 0.15, 0.2, 0.25]
+    lines = [r for r in caplog.records if "brownout level" in r.getMessage()]
+    assert len(lines) == 5 and all(r.levelno == logging.INFO for r in lines)
+    for _ in range(30):
+        window(dimmer, signals, refusals=1)
+    assert dimmer.level == 1.0     # and no further
+
+
+def test_the_controller_holds_on_a_standing_queue_and_comes_down_only_after_a_cool_stretch() -> None:
+    dimmer, signals = controller()
+    for _ in range(6):
+        window(dimmer, signals, refusals=1)
+    assert dimmer.level == 0.3
+    # Queueing is no overload by itself: the level holds, neither up nor down.
+    assert [window(dimmer, signals, standing=True) for _ in range(10)] == [0.3] * 10
+    # Cool windows: down one step after four in a row, not before.
+    assert [window(dimmer, signals) for _ in range(8)] == [0.3, 0.3, 0.3, 0.25, 0.25, 0.25, 0.25, 0.2]
+    # A refusal in the middle of a cool stretch starts it again.
+    window(dimmer, signals)
+    window(dimmer, signals, refusals=1)
+    assert [window(dimmer, signals) for _ in range(4)] == [0.25, 0.25, 0.25, 0.2]
+
+
+def test_the_level_climbs_no_higher_than_the_calls_that_arrive_can_be_shed() -> None:
+    dimmer, signals = controller()
+    only_critical = (C.CRITICAL,)
+    levels = [window(dimmer, signals, refusals=1, arrived=only_critical) for _ in range(20)]
+    assert max(levels) == 0.6   # CRITICAL's rung (their optional panels) is whole there
+    levels = [window(dimmer, signals, refusals=1, arrived=(C.SHEDDABLE,)) for _ in range(12)]
+    assert levels[:7] == [0.6] * 7 and levels[-1] == 0.4   # CRITICAL remembered for 2 s
+    levels = [window(dimmer, signals, refusals=1, arrived=(C.CRITICAL_PLUS,)) for _ in range(20)]
+    assert levels[-1] == 1.0
+
+
+def run_plant(edge: float, queue_band: float, windows: int = 240) -> list[float]:
+    """A steady load the server can carry once ``edge`` of it is shed: admission refuses
+    below that level, and its queue stands within ``queue_band`` above it."""
+    dimmer, signals = controller()
+    levels = []
+    for _ in range(windows):
+        level = dimmer.level
+        levels.append(window(dimmer, signals, refusals=int(level < edge),
+                             standing=level < edge + queue_band))
+    return levels
+
+
+def test_at_a_steady_load_the_level_settles_and_does_not_flap() -> None:
+    levels = run_plant(edge=0.3, queue_band=0.1)
+    assert levels[5] == 0.3 and set(levels[6:]) == {0.3}   # up at once, then held by the queue
+    # With no queue to hold it, the level can only dither by one step around the edge.
+    levels = run_plant(edge=0.3, queue_band=0.0)
+    assert min(levels[10:]) == 0.25 and max(levels[10:]) == 0.3
+
+
+def test_min_level_holds_the_dimmer_up_and_a_disabled_dimmer_never_moves() -> None:
+    dimmer, signals = controller(min_level=0.2)
+    assert dimmer.level == 0.2
+    for _ in range(20):
+        window(dimmer, signals)
+    assert dimmer.level == 0.2
+    off_signals = Signals()
+    off = Dimmer(lambda: off_signals.refusals, lambda: False, enabled=False, min_level=0.5)
+    off_signals.refusals = 10
+    off.update()
+    assert off.level == 0.0 and shares(off, C.SHEDDABLE)[BrownoutVerdict.WHOLE] == 100
+
+
+# --- admission's line: the more critical first -----------------------------------------------
+
+def one_call_admission() -> AdmissionControl:
+    settings = AdmissionSettings(initial_limit=1, min_limit=1, max_limit=1, queue_interval_ms=2000,
+                                 queue_target_ms=2000)
+    admission = AdmissionControl(settings, 10_000)
+    admission.admit(Deadline.after_s(10))           # the one call in flight
+    return admission
+
+
+def waiting(admission: AdmissionControl, criticality: Criticality, order: list[str]) -> Any:
+    def wait() -> None:
+        try:
+            admission.admit(Deadline.after_s(10), criticality)
+        except Refused:
+            order.append(f"refused {criticality.name}")
+            return
+        order.append(f"admitted {criticality.name}")
+    waiter = gevent.spawn(wait)
+    gevent.sleep(0.01)
+    return waiter
+
+
+def test_a_critical_newcomer_takes_a_sheddable_waiters_place_and_is_served_first() -> None:
+    admission, order = one_call_admission(), []
+    waiting(admission, C.SHEDDABLE, order)               # the line holds one: it is full now
+    waiting(admission, C.CRITICAL, order)                # takes its place
+    assert order == ["refused SHEDDABLE"]
+    waiting(admission, C.SHEDDABLE_PLUS, order)          # less critical than the line: refused
+    assert order == ["refused SHEDDABLE", "refused SHEDDABLE_PLUS"]
+    admission.done(0.01)
+    gevent.sleep(0.01)
+    assert order[-1] == "admitted CRITICAL"
+    assert admission.stats.refused_queue == 2
+
+
+def test_the_line_serves_the_more_critical_first_whatever_the_order_they_came_in() -> None:
+    settings = AdmissionSettings(initial_limit=3, min_limit=3, max_limit=3, queue_interval_ms=2000,
+                                 queue_target_ms=2000)
+    admission = AdmissionControl(settings, 10_000)
+    for _ in range(3):
+        admission.admit(Deadline.after_s(10))
+    order: list[str] = []
+    for criticality in (C.SHEDDABLE, C.CRITICAL, C.CRITICAL_PLUS):
+        waiting(admission, criticality, order)
+    for _ in range(3):
+        admission.done(0.01)
+        gevent.sleep(0.01)
+    assert order == ["admitted CRITICAL_PLUS", "admitted CRITICAL", "admitted SHEDDABLE"]
+
+
+# --- a whole server --------------------------------------------------------------------------
+
+def outcomes(response: Any) -> dict[str, tuple[int, Any]]:
+    return {o.name: (o.status, o.error_type) for o in response.outcomes}
+
+
+def test_a_shed_panel_runs_no_lookup_takes_no_slot_and_says_why(start_service, spans) -> None:
+    service, client = start_service(admission__brownout_min_level=0.2)
+    attempts = {b.name: b.guard.attempts for b in service.backends}
+    started = service.fanout.stats.started
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, criticality="SHEDDABLE")
+    got = outcomes(response)
+    assert {name for name, (status, _) in got.items() if status == appstats.TaskStatus.OK} == ESSENTIAL
+    assert {name for name, (status, error) in got.items()
+            if status == appstats.TaskStatus.SKIPPED and error == "Brownout"} == OPTIONAL
+    assert all(o.retryable for o in response.outcomes if o.name in OPTIONAL)
+    assert set(response.panels) == ESSENTIAL
+    # No slot, no backend call: four tasks ran, the Mongo backend was called for errors and
+    # urls only, the metrics service for latency only.
+    assert service.fanout.stats.started - started == 4
+    after = {b.name: b.guard.attempts for b in service.backends}
+    assert after["mongo"] - attempts["mongo"] == 2 and after["metrics"] - attempts["metrics"] == 1
+    assert service.handler.skipped["brownout"] == 3
+    finished = spans.get_finished_spans()
+    request = next(s for s in finished if s.name == "AppStats/get_app_stats")
+    assert request.attributes["fanout.criticality"] == "SHEDDABLE"
+    skipped = {s.attributes["fanout.task.name"]: s.attributes.get("fanout.task.skip_reason")
+               for s in finished if s.name.startswith("fanout.task ")
+               and s.attributes.get("fanout.task.status") == "SKIPPED"}
+    assert skipped == {name: "brownout" for name in OPTIONAL}
+    # A call that says nothing is CRITICAL, and at this level it is served whole.
+    plain = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert all(status == appstats.TaskStatus.OK for status, _ in outcomes(plain).values())
+
+
+def test_panel_info_tells_the_optional_panels(start_service) -> None:
+    _, client = start_service(lookups__urls__optional=True, lookups__volume__optional=False)
+    info = {p.name: (p.is_optional, p.is_required) for p in client.panel_info()}
+    assert info == {"errors": (False, False), "urls": (True, False), "controllers": (True, False),
+                    "queries": (True, False), "alerts": (False, False), "latency": (False, False),
+                    "volume": (False, False)}
+
+
+def test_an_unknown_criticality_is_a_typed_error_naming_the_field(start_service) -> None:
+    _, client = start_service()
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(criticality=7))
+    with pytest.raises(appstats.InvalidRequest) as raised:
+        client._call("get_app_stats", 5000, lambda remaining_ms: (request,))
+    assert raised.value.field == "meta.criticality"
+    with pytest.raises(ValueError, match="criticality"):
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, criticality="URGENT")
+
+
+@pytest.fixture
+def slow_alerts(sample_data: SampleData) -> Iterator[SampleHttpServices]:
+    with SampleHttpServices(sample_data, alerts_delay_ms=150) as services:
+        yield services
+
+
+def test_a_critical_plus_call_is_served_while_sheddable_calls_are_refused(
+        start_service, slow_alerts: SampleHttpServices) -> None:
+    """Admission lets two calls in at a time; SHEDDABLE callers that never back off make it
+    refuse, the dimmer climbs until they are refused before admission, and a CRITICAL_PLUS
+    call is then served whole."""
+    service, _ = start_service(http=slow_alerts, admission__initial_limit=2,
+                               admission__min_limit=2, admission__max_limit=2,
+                               admission__queue_interval_ms=1000, admission__queue_target_ms=1000)
+    refused, served = Counter(), Counter()
+    stop = gevent.event.Event()
+
+    def sheddable_caller() -> None:
+        with AppStatsClient(*service.address, overload_retry_ratio=0.0) as client:
+            while not stop.is_set():
+                try:
+                    client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
+                                         criticality="SHEDDABLE")
+                    served["SHEDDABLE"] += 1
+                except appstats.Overloaded:
+                    refused["SHEDDABLE"] += 1
+                    gevent.sleep(0.02)
+
+    callers = [gevent.spawn(sheddable_caller) for _ in range(12)]
+    try:
+        wait_for(lambda: service.gate.dimmer.level >= 0.4, 20, "the dimmer refusing SHEDDABLE calls")
+        before = service.gate.dimmer.stats.refused.get("SHEDDABLE", 0)
+        with AppStatsClient(*service.address, overload_retry_ratio=0.0) as client:
+            response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
+                                            criticality="CRITICAL_PLUS", deadline_ms=5000)
+        assert all(status == appstats.TaskStatus.OK for status, _ in outcomes(response).values())
+        assert service.gate.dimmer.stats.refused.get("SHEDDABLE", 0) > before
+    finally:
+        stop.set()
+        gevent.joinall(callers, timeout=10)
+    assert service.gate.stats.refused["CRITICAL_PLUS"] == 0
+    assert refused["SHEDDABLE"] > 0
+
+
+def test_metrics_count_each_skipped_panel_and_refusal_once_as_callers_got_them(
+        serve: Any, http_services: Any) -> None:
+    """At level 0.5: every SHEDDABLE call refused, half of the SHEDDABLE_PLUS and CRITICAL
+    calls lighter, CRITICAL_PLUS whole. The scrape says what the callers received."""
+    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0,
+                                     "admission.brownout_min_level": 0.5})
+    received_skips, received_refusals = 0, Counter()
+    with AppStatsClient("127.0.0.1", server.port, overload_retry_ratio=0.0) as client:
+        for criticality in ["SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", None, "CRITICAL_PLUS"] * 4:
+            try:
+                response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
+                                                 criticality=criticality)
+            except appstats.Overloaded:
+                received_refusals[criticality or "CRITICAL"] += 1
+                continue
+            received_skips += sum(o.error_type == "Brownout" for o in response.outcomes)
+    assert received_refusals == {"SHEDDABLE": 4}
+    assert received_skips == 3 * (2 + 4)   # half of 4 SHEDDABLE_PLUS, half of 8 CRITICAL
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    text = requests.get(found.group(1), timeout=5).text
+    assert re.search(rf'^fanout_panels_skipped_total\{{.*fanout_skip_reason="brownout".*\}} '
+                     rf'{received_skips}\.0$', text, re.M), text
+    assert re.search(r'^fanout_panels_skipped_total\{.*fanout_skip_reason="disabled".*\} 0\.0$',
+                     text, re.M)
+    for criticality in ("SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", "CRITICAL_PLUS"):
+        assert re.search(rf'^fanout_calls_refused_total\{{.*fanout_criticality="{criticality}".*\}} '
+                         rf'{received_refusals[criticality]}\.0$', text, re.M), text
+    assert re.search(r"^fanout_brownout_level(_ratio)?(\{[^}]*\})? 0\.5$", text, re.M), text
