@@ -190,10 +190,17 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
         admission.admit(far())
     steady = admission.limit
     assert steady > 20
-    for _ in range(40):   # latency ten times as high
+    cuts = []
+    for _ in range(40):   # latency ten times as high: a call ends every 10 ms
+        clock.now += 0.01
+        before = admission.limit
         admission.done(0.2)
-        admission.admit(far()) if admission.inflight < admission.limit else None
-    assert admission.limit < steady * 0.6  # it never more than halves at once
+        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+        if admission.limit < before:
+            cuts.append(round(admission.limit / before, 2))
+    assert admission.limit < steady * 0.6
+    # Cut whole, never more than half at once, and once per typical call's latency at most.
+    assert 2 <= len(cuts) <= 4 and min(cuts) >= 0.5, cuts
 
 
 def test_a_disabled_control_admits_everything() -> None:

@@ -61,6 +61,7 @@ def run_mixed(config: Any, timing: Any, result: dict[str, Any],
             thread.join(timeout=timing.warmup_s + timing.window_s * timing.reps + 120)
         levels.stop()
         result["brownout_levels"] = levels.levels
+        result["admission_samples"] = levels.admission
         result["companion"] = _summary(second.get("load"), timing) if second else {}
         if "error" in second:
             result["companion"]["error"] = second["error"]
@@ -124,6 +125,7 @@ class _LevelSampler:
     def __init__(self, address: tuple[str, int]) -> None:
         self._address = address
         self.levels: list[tuple[float, float]] = []
+        self.admission: list[tuple[int, int, int]] = []   # limit, in flight, queued
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -153,6 +155,8 @@ class _LevelSampler:
                 report = client.pool_stats()
                 self.levels.append((round(time.monotonic() - started, 2),
                                     report.brownout_level or 0.0))
+                self.admission.append((report.admission_limit, report.calls_in_flight,
+                                       report.calls_queued))
             except Exception:  # noqa: BLE001 - a missed reading, not a failed run
                 if client is not None:
                     client.close()

@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 
 from lookups.deadline import Deadline
@@ -107,6 +107,7 @@ class AdmissionControl:
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
+        self._cut_at = -math.inf
         self._line = WaitingLine(settings, clock)
         # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
         self._retry_after_s = [0.1, 0.1]
@@ -135,10 +136,13 @@ class AdmissionControl:
                 raise self._refuse("the admission queue is full", rank)
         self._wait(deadline, rank)
 
-    def done(self, latency_s: float) -> None:
-        """An admitted call ended after ``latency_s``: update the limit, pass the slot on."""
+    def done(self, latency_s: Optional[float]) -> None:
+        """An admitted call ended after ``latency_s`` (None: a call that says nothing of the
+        service's latency, as concurrency-limits' ``onIgnore``): update the limit, pass the
+        slot on."""
         self.inflight -= 1
-        self._sample(latency_s)
+        if latency_s is not None:
+            self._sample(latency_s)
         self._hand_over()
 
     @property
@@ -214,18 +218,27 @@ class AdmissionControl:
         gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
         if short_s > self._ceiling_s:
             gradient = min(gradient, max(0.5, self._ceiling_s / short_s))
-        target = self.limit * gradient
         # Demand reached the limit: calls in flight (the one that just ended included), or
         # waiting, or refused since the last update. Refusals count because callers that come
         # back too early are refused without queueing (pacing): at a small limit they would
         # otherwise never show, and the limit would stay small with the process idle.
         in_use = self.inflight + 1 + len(self._line.waiters)
         demand = in_use >= self.limit / 2 or self._refused_since_update
+        self._refused_since_update = 0
+        now = self._clock()
+        if gradient < 1.0 and now - self._cut_at >= short_s:
+            # Cut whole, and once per typical call at most: the calls admitted since the last
+            # cut have not ended, so the same latency would cut again and again (TCP cuts once
+            # per round trip). Cut a little every few calls, a burst of slow calls took the
+            # limit from 100 to its least within half a second, and it took a minute to grow.
+            self._cut_at = now
+            self.limit = max(float(settings.min_limit), self.limit * gradient)
+            return
+        target = self.limit
         if demand and self._cpu_saturated():
-            target = min(target, self.limit * _CPU_SHRINK)
+            target = self.limit * _CPU_SHRINK
         elif gradient >= 1.0 and demand:
             target += math.sqrt(self.limit)
-        self._refused_since_update = 0
         new = self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING
         self.limit = min(float(settings.max_limit), max(float(settings.min_limit), new))
 

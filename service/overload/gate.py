@@ -76,7 +76,7 @@ from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import BrownoutVerdict, Criticality, Dimmer
 from service.wire.header import call_header
 
-__all__ = ["CallGate", "GateStats", "CallerPacing", "current_caller", "UnreadRefusals"]
+__all__ = ["CallGate", "AdmittedCall", "GateStats", "CallerPacing", "current_caller", "UnreadRefusals"]
 
 WHOLE, LIGHTER, REFUSED = BrownoutVerdict.WHOLE, BrownoutVerdict.LIGHTER, BrownoutVerdict.REFUSED
 
@@ -170,6 +170,21 @@ class GateStats:
         self.refused[criticality.name] = self.refused.get(criticality.name, 0) + 1
 
 
+@dataclass
+class AdmittedCall:
+    """What the gate tells the block of an admitted call, and what the block tells back.
+
+    ``lighter``: answer it without its optional panels (brownout). ``measured``: set it
+    false when the call says nothing of how long the service takes (every task failed,
+    say at once on an open circuit): admission then leaves its latency out,
+    as concurrency-limits ignores such calls; fast failures had taught it a latency of a
+    millisecond, and every real call afterwards looked two hundred times slower.
+    """
+
+    lighter: bool
+    measured: bool = True
+
+
 class CallGate:
     """Brownout, admission and pacing for every call of one server."""
 
@@ -181,10 +196,10 @@ class CallGate:
 
     @contextmanager
     def admitted(self, deadline: Deadline, caller: Optional[CallerPacing] = None,
-                 criticality: Criticality = Criticality.CRITICAL) -> Iterator[bool]:
+                 criticality: Criticality = Criticality.CRITICAL) -> Iterator["AdmittedCall"]:
         """Admit a call of ``criticality`` due by ``deadline`` from ``caller`` (the
         connection's, when its refusals are paced) for the block's length; the block gets
-        True when the call is to be answered lighter: its optional panels not run.
+        its :class:`AdmittedCall`.
 
         Raises :class:`FanOutOverloaded` when it is refused (by the dimmer or admission),
         or when the block raises it (no task could start); either way paced.
@@ -199,8 +214,9 @@ class CallGate:
             if verdict is REFUSED:
                 raise FanOutOverloaded(f"shed under load (brownout): a {criticality.name} call",
                                        self.admission.retry_after_ms(criticality))
-            with self._admission(deadline, criticality):
-                yield verdict is LIGHTER
+            call = AdmittedCall(verdict is LIGHTER)
+            with self._admission(deadline, criticality, call):
+                yield call
         except FanOutOverloaded as overloaded:
             self.stats.count_refusal(criticality)
             if not overloaded.retry_after_ms:   # the engine's: no task could start
@@ -218,7 +234,8 @@ class CallGate:
             caller.answered()
 
     @contextmanager
-    def _admission(self, deadline: Deadline, criticality: Criticality) -> Iterator[None]:
+    def _admission(self, deadline: Deadline, criticality: Criticality,
+                   call: AdmittedCall) -> Iterator[None]:
         try:
             self.admission.admit(deadline, criticality)
         except Refused as refused:
@@ -227,7 +244,7 @@ class CallGate:
         try:
             yield
         finally:
-            self.admission.done(time.monotonic() - started)
+            self.admission.done(time.monotonic() - started if call.measured else None)
 
     def refused_unread(self, caller: CallerPacing) -> int:
         """A call refused from its header alone (:class:`UnreadRefusals`), counted

@@ -161,9 +161,11 @@ class AppStatsHandler:
         skipped: list[TaskOutcome] = []
         try:
             with self._gate.admitted(context.deadline, current_caller.get(),
-                                     valid.criticality) as lighter:
-                tasks, skipped = self._plan(valid, lighter)  # once admitted: a refusal plans nothing
+                                     valid.criticality) as call:
+                tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context)
+                # Every panel failed (an open circuit fails at once): no latency to learn from.
+                call.measured = any(o.status is not TaskStatus.ERROR for o in result.outcomes)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as exc:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
