@@ -359,3 +359,29 @@ def test_metrics_count_each_skipped_panel_and_refusal_once_as_callers_got_them(
         assert re.search(rf'^fanout_calls_refused_total\{{.*fanout_criticality="{criticality}".*\}} '
                          rf'{received_refusals[criticality]}\.0$', text, re.M), text
     assert re.search(r"^fanout_brownout_level(_ratio)?(\{[^}]*\})? 0\.5$", text, re.M), text
+
+
+def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_refuses_them(
+        start_service) -> None:
+    """At 0.4 every SHEDDABLE call is refused; a plain caller that asks again at once has
+    its next call refused from the header, never decoded, and each refusal counted once."""
+    import socket
+
+    from tests.support.pacing import plain_client
+
+    service, _ = start_service(admission__brownout_min_level=0.4)
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=1000,
+                                                              criticality=C.SHEDDABLE))
+    messages = []
+    with socket.create_connection(service.address, timeout=5) as sock:
+        client = plain_client(sock)
+        for _ in range(3):
+            with pytest.raises(appstats.Overloaded) as refused:
+                client.get_app_stats(request)
+            messages.append(refused.value.message)
+    assert "brownout" in messages[0]
+    assert all("without being read" in message for message in messages[1:]), messages
+    assert service.gate.admission.stats.refused_unread == 2
+    assert service.gate.stats.refused["SHEDDABLE"] == 3
+    assert not service.gate.admission.saturated

@@ -136,9 +136,11 @@ def _goals(results: Results) -> list[Goal]:
         out.append(ratio_goal(NAME, f"CRITICAL goodput, today's server (criticality ignored) / "
                                     f"alone ({regime})", _essential_per_s(ignored),
                               _essential_per_s(alone), limit=None, at_most=False))
-        out.append(_zero(f"CRITICAL calls refused, late or short of an essential panel, mixed "
-                         f"({regime})", mixed, _count(mixed, "overloaded") + _count(mixed, "timeout")
-                         + _essential_lost(mixed)))
+        out.append(_zero(f"CRITICAL late answers, mixed ({regime})", mixed, _count(mixed, "timeout")))
+        out.append(info_row(NAME, f"CRITICAL calls refused / short of an essential panel: alone, "
+                                  f"mixed ({regime})",
+                            f"{_count(alone, 'overloaded')} / {_essential_lost(alone)}, "
+                            f"{_count(mixed, 'overloaded')} / {_essential_lost(mixed)}"))
         out.append(_zero(f"windows breaking the order (a CRITICAL call refused or short while a "
                          f"SHEDDABLE call was served whole), mixed ({regime})", mixed,
                          _order_breaches(mixed)))

@@ -53,7 +53,8 @@ from gevent import Greenlet
 
 from tracing.context import spawn_in_context
 
-__all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP"]
+__all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
+           "REFUSED_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,11 @@ _LADDER: tuple[tuple[bool, frozenset[Criticality]], ...] = (
 #: Per criticality, the top of the highest rung that names it.
 _TOP = [round(max((rung + 1) * _RUNG for rung, (_, names) in enumerate(_LADDER) if c in names), 6)
         for c in Criticality]
+
+
+#: Per criticality, the level from which the dimmer refuses every call of it (none: never).
+REFUSED_FROM = [round(min([(rung + 1) * _RUNG for rung, (refuse, names) in enumerate(_LADDER)
+                           if refuse and c in names] or [2.0]), 6) for c in Criticality]
 
 
 class BrownoutVerdict(enum.Enum):

@@ -53,7 +53,8 @@ paced refusal, within the deadline that caller's last call carried, and counted 
 every refusal is (``fanout.calls.overloaded``, ``fanout.calls.held``,
 ``rpc.server.call.duration`` with ``error.type`` ``Overloaded``). It makes no span. A
 malformed call from such a caller is refused, not rejected, until it is read. Other
-callers and other methods are read as usual.
+callers and other methods are read as usual. The same holds while the brownout dimmer
+refuses every call of the criticality that caller's last call carried.
 
 The gate's counters and admission's state are series of the service
 (:mod:`service.operations.service_metrics`).
@@ -73,7 +74,7 @@ from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.brownout import BrownoutVerdict, Criticality, Dimmer
+from service.overload.brownout import REFUSED_FROM, BrownoutVerdict, Criticality, Dimmer
 from service.wire.header import call_header
 
 __all__ = ["CallGate", "AdmittedCall", "GateStats", "CallerPacing", "current_caller", "UnreadRefusals"]
@@ -273,10 +274,13 @@ class UnreadRefusals:
     def __init__(self, gate: CallGate, protocol: str) -> None:
         self._gate = gate
         self._admission = gate.admission
+        self._dimmer = gate.dimmer
         self._protocol = protocol
 
     def __call__(self, caller: CallerPacing, message: Any) -> Optional[tuple[str, int, Any]]:
-        if not caller.back_early() or not self._admission.saturated:
+        if not caller.back_early() or not (
+                self._admission.saturated
+                or self._dimmer.level >= REFUSED_FROM[caller.criticality]):
             return None
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:
