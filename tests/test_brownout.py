@@ -359,6 +359,27 @@ def test_metrics_count_each_skipped_panel_and_refusal_once_as_callers_got_them(
         assert re.search(rf'^fanout_calls_refused_total\{{.*fanout_criticality="{criticality}".*\}} '
                          rf'{received_refusals[criticality]}\.0$', text, re.M), text
     assert re.search(r"^fanout_brownout_level(_ratio)?(\{[^}]*\})? 0\.5$", text, re.M), text
+    # The command line: a SHEDDABLE call is refused, panel_info tells the optional panels,
+    # and fanout pools says the dimmer was the bound.
+    port = ["--port", str(server.port)]
+    refused = fanout("call", "get_app_stats", *port, "--app", "shop", "--criticality",
+                     "SHEDDABLE", "--start-ms", str(SAMPLE_START_MS), "--end-ms",
+                     str(SAMPLE_END_MS))
+    assert refused.returncode == 1 and "shed under load (brownout)" in refused.stderr
+    info = fanout("call", "panel_info", *port)
+    assert info.returncode == 0 and "volume (http): optional" in info.stdout
+    assert "errors (mongo): essential" in info.stdout, info.stdout
+    pools = fanout("pools", *port)
+    assert re.search(r"^brownout level=0\.50 peak=0\.50 over 60 s: \d+ calls answered lighter, "
+                     r"[1-9]\d* refused", pools.stdout, re.M), pools.stdout
+
+
+def fanout(*args: str) -> Any:
+    import subprocess
+
+    from tests.support.processes import FANOUT
+
+    return subprocess.run([*FANOUT, *args], capture_output=True, text=True, timeout=60)
 
 
 def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_refuses_them(

@@ -12,8 +12,10 @@ backends and pools of 64), 50 closed-loop CRITICAL callers that honour
 
 Then callers that set no criticality (plain Apache clients): 1,000 of them ignoring
 ``retry_after_ms``, with brownout on and off; 5 callers, below capacity; and in the
-``cpu`` regime the same 50 CRITICAL callers beside 25, 100 and 250 SHEDDABLE ones,
-for the share of optional panels served as the load falls. Every reply of the primary
+``cpu`` regime 200 CRITICAL callers paced to offer 0.8x to 2x the calls a second that
+the 50 callers alone got, for the share of optional panels served as the load falls
+(a closed loop of callers keeps a queue standing at any load past capacity, and the
+dimmer holds on a standing queue: only a paced load falls). Every reply of the primary
 group is decoded: its goodput counts the calls whose essential panels were all OK. The
 server's dimmer is read every half second (:mod:`bench.harness.mixed`).
 """
@@ -36,7 +38,10 @@ CRITICAL_CALLERS = 50
 SHEDDABLE_CALLERS = 1000
 PAUSE_S = 0.05
 WARMUP_S = 8.0
-SWEEP = (25, 100, 250)
+#: The paced sweep: CRITICAL callers offering these shares of the complete calls a second
+#: the 50 callers alone got (cpu), from below capacity to past it.
+SWEEP = (0.8, 1.2, 1.4, 1.6, 2.0)
+PACED_CALLERS = 200
 
 
 def _run(label: str, regime: str, connections: int, criticality: str = "CRITICAL",
@@ -62,9 +67,9 @@ def _configs(scale: Scale) -> list[Config]:
                                 brownout=on, honour_retry_after=False,
                                 overloaded_pause_s=PAUSE_S))
     configs.append(_run("below", "cpu", 5))
-    for n in SWEEP if not scale.quick else ():
-        configs.append(_run(f"sweep{n}", "cpu", CRITICAL_CALLERS,
-                            companion=Companion(n, "SHEDDABLE", overloaded_pause_s=PAUSE_S)))
+    for share in SWEEP if not scale.quick else ():
+        configs.append(_run(f"paced{int(share * 100)}", "cpu", PACED_CALLERS,
+                            capacity_fraction=share, capacity_of=_key("alone", "cpu")))
     return configs
 
 
@@ -158,12 +163,13 @@ def _goals(results: Results) -> list[Goal]:
     out.append(_zero("panels skipped or calls refused below capacity (5 callers, cpu)", below,
                      sum((r["degraded"] for r in (below or {}).get("reps", [])), 0)
                      + _count(below, "overloaded")))
-    for n in SWEEP:
-        result = results.get(_key(f"sweep{n}", "cpu"))
+    for share in SWEEP:
+        result = results.get(_key(f"paced{int(share * 100)}", "cpu", PACED_CALLERS))
         if result:
-            out.append(info_row(NAME, f"50 CRITICAL + {n} SHEDDABLE (cpu): dimmer; optional "
-                                      f"panels served", f"{_level_range(result)}; "
-                                                        f"{_optional_share(result)}"))
+            out.append(info_row(NAME, f"{PACED_CALLERS} CRITICAL callers paced to {share:.1f}x the "
+                                      f"calls/s of 50 alone (cpu): dimmer; optional panels "
+                                      f"served; answers", f"{_level_range(result)}; "
+                                      f"{_optional_share(result)}; {_answers(result)}"))
     return out
 
 
