@@ -17,7 +17,7 @@ from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.brownout import STEP, BrownoutVerdict, Criticality, Dimmer
+from service.overload.brownout import COOL_WINDOWS, STEP, BrownoutVerdict, Criticality, Dimmer
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.sockets import wait_for
 
@@ -129,12 +129,14 @@ def test_the_controller_holds_on_a_standing_queue_and_comes_down_only_after_a_co
     assert dimmer.level == 0.3
     # Queueing is no overload by itself: the level holds, neither up nor down.
     assert [window(dimmer, signals, standing=True) for _ in range(10)] == [0.3] * 10
-    # Cool windows: down one step after four in a row, not before.
-    assert [window(dimmer, signals) for _ in range(8)] == [0.3, 0.3, 0.3, 0.25, 0.25, 0.25, 0.25, 0.2]
-    # A refusal in the middle of a cool stretch starts it again.
+    # Cool windows: down one step after COOL_WINDOWS in a row, not before.
+    cool = [window(dimmer, signals) for _ in range(2 * COOL_WINDOWS)]
+    assert cool == [0.3] * (COOL_WINDOWS - 1) + [0.25] * COOL_WINDOWS + [0.2]
+    # A refusal in the middle of a cool stretch starts it again (and takes a step up).
     window(dimmer, signals)
     window(dimmer, signals, refusals=1)
-    assert [window(dimmer, signals) for _ in range(4)] == [0.25, 0.25, 0.25, 0.2]
+    cool = [window(dimmer, signals) for _ in range(COOL_WINDOWS)]
+    assert cool == [0.25] * (COOL_WINDOWS - 1) + [0.2]
 
 
 def test_the_level_climbs_no_higher_than_the_calls_that_arrive_can_be_shed() -> None:

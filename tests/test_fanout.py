@@ -328,3 +328,22 @@ def test_a_killed_straggler_ends_only_its_own_greenlet() -> None:
     # The engine goes on serving on the runners that are left (and new ones).
     again = fan.run([task(f"t{i}", sleeper(0.01)) for i in range(5)], within(1000))
     assert all(o.ok for o in again.outcomes) and fan.inflight == 0
+
+
+def test_a_failure_summary_is_written_by_its_timer_when_nothing_follows(caplog) -> None:
+    """One line per interval at most, and the last failures are not lost: a timer writes
+    them when no later failure does."""
+    import logging
+
+    from service.engine.summary import FailureSummary
+
+    log = logging.getLogger("tests.summary")
+    summary = FailureSummary(log, "things failed", interval_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="tests.summary"):
+        for _ in range(3):
+            summary.count("timeout", "a detail")
+        summary.tally("refused")
+        assert [r for r in caplog.records if "things failed" in r.getMessage()] == []
+        gevent.sleep(0.4)
+    (line,) = [r.getMessage() for r in caplog.records if "things failed" in r.getMessage()]
+    assert "timeout x3 (e.g. a detail)" in line and "refused x1" in line, line

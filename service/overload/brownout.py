@@ -26,7 +26,7 @@ response time at a setpoint; admission already holds latency under its own targe
 its limit, and tells when that is no longer enough: it refuses. So the dimmer follows
 admission's refusals (not the refusals of callers back too early, which pacing makes
 and which say nothing new; not its own): a window with one goes a step up; the level
-comes down a step only after :data:`_COOL_WINDOWS` windows in a row with no refusal
+comes down a step only after :data:`COOL_WINDOWS` windows in a row with no refusal
 and no standing queue, and holds in between. Up at once, down slowly, and a band in
 which it holds: this is the hysteresis that keeps it from flapping at a steady load,
 where it settles at the share that keeps admission just short of refusing. The level
@@ -54,7 +54,7 @@ from gevent import Greenlet
 from tracing.context import spawn_in_context
 
 __all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
-           "REFUSED_FROM"]
+           "COOL_WINDOWS", "REFUSED_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ REPORT_WINDOW_S = 60.0
 #: How many windows the ceiling remembers the criticalities that arrived (two seconds).
 _PRESENT_WINDOWS = 8
 #: Windows in a row without a refusal or a standing queue before the level comes down.
-_COOL_WINDOWS = 4
+COOL_WINDOWS = 8
 _RUNG = 0.2
 
 
@@ -204,7 +204,7 @@ class Dimmer:
             self._cool = 0
         else:
             self._cool += 1
-            if self._cool >= _COOL_WINDOWS:
+            if self._cool >= COOL_WINDOWS:
                 self._cool = 0
                 self.level = max(self.min_level, self.level - STEP)
         # Above the ceiling nothing that arrives would be shed: climbing there only slows
