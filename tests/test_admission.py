@@ -264,3 +264,23 @@ def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_n
     # Saturated by something else, with the limit far from in use: it is left alone.
     before, unused = limit_after_steady_load(busy=1.0, in_use=5)
     assert unused == before
+
+
+def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
+    """Calls whose every panel failed at once (an open circuit) end in a millisecond; had
+    they counted, every real call afterwards would look two hundred times slower."""
+    from service.overload.gate import CallGate
+
+    clock = Clock()
+    gate = CallGate(AdmissionSettings(initial_limit=20), 2000)
+    admission = gate.admission
+    admission._clock = clock
+    for _ in range(50):
+        admission.admit(far())
+        admission.done(0.2)
+    short, long, limit = admission._short_s, admission._long_s, admission.limit
+    for _ in range(200):
+        with gate.admitted(far()) as call:
+            call.measured = False
+    assert (admission._short_s, admission._long_s, admission.limit) == (short, long, limit)
+    assert admission.inflight == 0 and admission.stats.admitted == 250
