@@ -10,7 +10,9 @@ Callers are closed-loop and honour ``retry_after_ms`` (jittered), as
 ``AppStatsClient`` does; a caller refused keeps its connection open. Fanout is
 also run with callers that ignore it and try again 50 ms after an ``Overloaded``,
 at 50 and at the top level, in both regimes. Goodput is
-complete replies (all seven panels OK) per second. One more configuration pins
+complete replies per second: every essential panel OK (the four that are not optional;
+under overload the brownout dimmer answers without the optional three, see
+``bench/harness/brownout.py``). One more configuration pins
 admission to a single call in flight and lets 50 callers hammer without backing
 off: nearly every answer is then ``Overloaded``, and the server's CPU per answer is
 the cost of one refusal, compared with the CPU of one admitted call in the ``cpu``
@@ -47,22 +49,22 @@ def _key(server: str, regime: str, connections: int, callers: str = "") -> str:
 def _configs(scale: Scale) -> tuple[list[Config], tuple[int, ...], tuple[str, ...]]:
     levels = scale.levels((BASE, 4 * BASE, 20 * BASE), (BASE, 20 * BASE))
     servers = ("fanout", "threaded")
-    configs = [_config(NAME, server, "stats", c, label=f"{server}-{regime}", delay_ms=delay,
+    configs = [_config(NAME, server, "stats_essential", c, label=f"{server}-{regime}", delay_ms=delay,
                        pool_size=pool, honour_retry_after=True, warmup_s=WARMUP_S,
                        window_scale=2.0)
                for regime, (delay, pool) in REGIMES.items() for server in servers for c in levels]
     # Callers that ignore retry_after_ms: a retry loop in a web tier, or users pressing reload.
-    configs += [_config(NAME, "fanout", "stats", c, label=f"fanout-{regime}-{IMPOLITE}",
+    configs += [_config(NAME, "fanout", "stats_essential", c, label=f"fanout-{regime}-{IMPOLITE}",
                         delay_ms=delay, pool_size=pool, overloaded_pause_s=IMPOLITE_PAUSE_S,
                         warmup_s=WARMUP_S, window_scale=2.0)
                 for regime, (delay, pool) in REGIMES.items() for c in (BASE, levels[-1])]
-    configs.append(_config(NAME, "fanout", "stats", BASE, label="fanout-refusals", delay_ms=200,
+    configs.append(_config(NAME, "fanout", "stats_essential", BASE, label="fanout-refusals", delay_ms=200,
                            admission="one", window_scale=2.0))
-    configs.append(_config(NAME, "fanout", "stats", levels[-1], label=f"fanout-refusals-{IMPOLITE}",
+    configs.append(_config(NAME, "fanout", "stats_essential", levels[-1], label=f"fanout-refusals-{IMPOLITE}",
                            delay_ms=200, admission="one-held", overloaded_pause_s=IMPOLITE_PAUSE_S,
                            warmup_s=WARMUP_S, window_scale=2.0))
     # The floor: a gevent server that only holds and refuses, as pacing does (bench.baselines.refusing).
-    configs.append(_config(NAME, "refusing", "stats", levels[-1], label=FLOOR, delay_ms=200,
+    configs.append(_config(NAME, "refusing", "stats_essential", levels[-1], label=FLOOR, delay_ms=200,
                            overloaded_pause_s=IMPOLITE_PAUSE_S, warmup_s=WARMUP_S, window_scale=2.0))
     return configs, levels, servers
 
