@@ -107,7 +107,7 @@ class AdmissionControl:
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
-        self._cut_at = -math.inf
+        self._cut_at, self._cut_from = -math.inf, self.limit   # the current round of cuts
         self._line = WaitingLine(settings, clock)
         # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
         self._retry_after_s = [0.1, 0.1]
@@ -225,14 +225,17 @@ class AdmissionControl:
         in_use = self.inflight + 1 + len(self._line.waiters)
         demand = in_use >= self.limit / 2 or self._refused_since_update
         self._refused_since_update = 0
-        now = self._clock()
-        if gradient < 1.0 and now - self._cut_at >= short_s:
-            # Cut whole, and once per typical call at most: the calls admitted since the last
-            # cut have not ended, so the same latency would cut again and again (TCP cuts once
-            # per round trip). Cut a little every few calls, a burst of slow calls took the
-            # limit from 100 to its least within half a second, and it took a minute to grow.
-            self._cut_at = now
-            self.limit = max(float(settings.min_limit), self.limit * gradient)
+        if gradient < 1.0:
+            # One cut per round (a typical call's latency), whole, as deep as the worst
+            # gradient in the round: the calls admitted since the round began have not ended,
+            # so the same latency must not cut again and again (TCP cuts once per round trip).
+            # Cut a little every few calls, a burst of slow calls took the limit from 100 to
+            # its least within half a second, and it took a minute to grow back.
+            now = self._clock()
+            if now - self._cut_at >= short_s:
+                self._cut_at, self._cut_from = now, self.limit
+            self.limit = max(float(settings.min_limit),
+                             min(self.limit, self._cut_from * gradient))
             return
         target = self.limit
         if demand and self._cpu_saturated():
