@@ -118,8 +118,8 @@ def print_configs(results: list[dict[str, Any]], summaries: dict[str, dict[str, 
              "server CPU%", "backends CPU% (mongo/http/otlp)", "loadgen CPU%", "other CPU%"]]
     for result in results:
         summary = summaries[result["key"]]
-        mongo = result["spec"]["mongo"] + ("" if result["spec"]["delay_ms"] == 0
-                                           else f"+{result['spec']['delay_ms']}ms")
+        spec = result.get("spec") or {"mongo": "", "delay_ms": 0}   # none: it never ran
+        mongo = spec["mongo"] + ("" if spec["delay_ms"] == 0 else f"+{spec['delay_ms']}ms")
         if summary.get("error") and "rps" not in summary:
             rows.append([result["key"], mongo, "ERROR: " + summary["error"][:60]] + [""] * 9)
             continue

@@ -48,7 +48,7 @@ def _run(label: str, regime: str, connections: int, criticality: str = "CRITICAL
          companion: Optional[Companion] = None, brownout: bool = True, **kwargs: Any) -> Config:
     delay, pool = REGIMES[regime]
     honour = kwargs.pop("honour_retry_after", True)
-    return _config(NAME, "fanout", "stats", connections, label=f"{label}-{regime}",
+    return _config(NAME, "fanout", "stats_essential", connections, label=f"{label}-{regime}",
                    delay_ms=delay, pool_size=pool, brownout=brownout, criticality=criticality,
                    companion=companion or Companion(), honour_retry_after=honour,
                    decode_every=1, warmup_s=WARMUP_S, window_scale=2.0, **kwargs)
@@ -160,8 +160,9 @@ def _goals(results: Results) -> list[Goal]:
                                 f"{_level_range(result)}; {_optional_share(result)}; "
                                 f"{_answers(result)}"))
     below = results.get(_key("below", "cpu", 5))
-    out.append(_zero("panels skipped or calls refused below capacity (5 callers, cpu)", below,
-                     sum((r["degraded"] for r in (below or {}).get("reps", [])), 0)
+    essential = (below or {}).get("essential") or {}
+    out.append(_zero("answers short of a panel, or calls refused, below capacity (5 callers, "
+                     "cpu)", below, sum(essential.get("answers", [])) - sum(essential.get("whole", []))
                      + _count(below, "overloaded")))
     for share in SWEEP:
         result = results.get(_key(f"paced{int(share * 100)}", "cpu", PACED_CALLERS))
@@ -176,8 +177,9 @@ def _goals(results: Results) -> list[Goal]:
 def _answers(result: Optional[dict[str, Any]]) -> str:
     if not result or "reps" not in result:
         return (result or {}).get("error", "did not run")
-    ok = sum(r["ok"] for r in result["reps"])
-    lighter = sum(r["degraded"] for r in result["reps"])
+    essential = result.get("essential") or {}
+    ok = sum(essential.get("whole", []))
+    lighter = sum(essential.get("essential_ok", [])) - ok
     companion = (result.get("companion") or {})
     text = (f"primary: whole {ok}, lighter {lighter}, refused {_count(result, 'overloaded')}, "
             f"late {_count(result, 'timeout')}, p99 {result['pooled']['p99_ms']:.0f} ms")

@@ -70,7 +70,8 @@ def run_mixed(config: Any, timing: Any, result: dict[str, Any],
 
 def _as_primary(config: Any, companion: Companion) -> Any:
     return dataclasses.replace(
-        config, connections=companion.connections, criticality=companion.criticality,
+        config, call="stats", connections=companion.connections,
+        criticality=companion.criticality,
         honour_retry_after=companion.honour_retry_after, decode_every=0,
         overloaded_pause_s=companion.overloaded_pause_s, companion=None)
 
@@ -108,13 +109,15 @@ def _essential(samples: list[dict[str, Any]], timing: Any) -> dict[str, Any]:
     per_window: dict[int, list[int]] = {}
     for sample in samples:
         ok = set(sample["outcomes_ms"])
-        counts = per_window.setdefault(sample["window"], [0, 0, 0])
+        counts = per_window.setdefault(sample["window"], [0, 0, 0, 0])
         counts[0] += 1
         counts[1] += essential <= ok
         counts[2] += len(optional & ok)
-    windows = [per_window.get(w, [0, 0, 0]) for w in range(timing.reps)]
+        counts[3] += names <= ok
+    windows = [per_window.get(w, [0, 0, 0, 0]) for w in range(timing.reps)]
     return {"per_s": [w[1] / timing.window_s for w in windows],
             "answers": [w[0] for w in windows], "essential_ok": [w[1] for w in windows],
+            "whole": [w[3] for w in windows],
             "optional_run": [w[2] for w in windows], "optional_asked": [w[0] * len(optional)
                                                                           for w in windows]}
 

@@ -26,10 +26,9 @@ from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
 __all__ = ["Config", "Timing", "run_config", "loadgen_processes", "panel_names",
            "at_capacity_fraction", "plan_of", "measure", "DEADLINE_MS", "CALL_TIMEOUT_S"]
 
-#: The deadline every get_app_stats call carries (meta.deadline_ms), as the web tier sends it.
-DEADLINE_MS = 2000
-#: How long a caller waits for any reply: the deadline plus AppStatsClient's reply margin.
-#: A later reply is useless to the web tier, so it counts as a failed call ("timeout").
+DEADLINE_MS = 2000   # the deadline of every get_app_stats call (meta.deadline_ms), as the web tier's
+#: How long a caller waits for any reply: the deadline plus AppStatsClient's reply margin;
+#: a later reply is useless to the web tier, so it counts as a failed call ("timeout").
 CALL_TIMEOUT_S = (DEADLINE_MS + 250) / 1000.0
 
 _MACHINE = "machine"   # key of the machine-wide busy CPU among the samples
@@ -118,8 +117,8 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
         method, expect_ok = "get_app_stats", len(panel_names())
         encoded = tuple(frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
                         for view in zipf_views(config.connections))
-    elif config.call == "stats" and config.criticality:
-        method, expect_ok = "get_app_stats", len(panel_names())
+    elif config.call in ("stats", "stats_essential") and config.criticality:
+        method, expect_ok = "get_app_stats", _expect_ok(config.call)
         encoded = (frames.stats_frame(*sample_call(), deadline_ms=DEADLINE_MS,
                                       criticality=config.criticality),)
     else:
@@ -127,8 +126,7 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
         method = "get_app_stats"
         if config.call in ("stats", "stats_essential"):
             encoded = (frames.stats_frame(app, start_ms, end_ms, deadline_ms=DEADLINE_MS),)
-            expect_ok = len(panel_names() if config.call == "stats" else
-                            set(panel_names()) - SHIPPED_OPTIONAL)
+            expect_ok = _expect_ok(config.call)
         else:
             encoded = tuple(frames.stats_frame(app, start_ms, end_ms, [p], deadline_ms=DEADLINE_MS)
                             for p in panel_names())
@@ -141,6 +139,11 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
                     decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
                     honour_retry_after=config.honour_retry_after, open_loop=config.open_loop,
                     overloaded_pause_s=config.overloaded_pause_s)
+
+
+def _expect_ok(call: str) -> int:
+    """OK panels a complete answer has: all, or for "stats_essential" the essential ones."""
+    return len(panel_names() if call == "stats" else set(panel_names()) - SHIPPED_OPTIONAL)
 
 
 def _percentiles(values: array) -> dict[str, float]:
