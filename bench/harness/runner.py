@@ -45,12 +45,11 @@ class Timing:
 
 @dataclass(frozen=True)
 class Config:
-    """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel; complete:
-    all OK), "stats_essential" (the same, complete once the panels that are not optional
-    are OK, as brownout counts goodput),
-    "stats_each_panel" (connection i asks for panel i only) or "stats_zipf" (connection i
-    watches one of twenty dashboards, chosen by :func:`~bench.harness.calls.zipf_views`). ``interval_s`` > 0 paces
-    each connection to one call per interval; 0 is a closed loop."""
+    """One configuration. ``call`` is "ping", "stats" (get_app_stats, every panel, complete
+    when all are OK), "stats_essential" (complete once the essential ones are, as brownout
+    counts goodput), "stats_each_panel" (connection i asks for panel i only) or
+    "stats_zipf" (one of twenty dashboards, :func:`~bench.harness.calls.zipf_views`).
+    ``interval_s`` > 0 paces each connection to one call per interval; 0 is a closed loop."""
 
     key: str
     scenario: str
@@ -65,14 +64,13 @@ class Config:
     honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
     overloaded_pause_s: float = 0.0    # ...or else this long, whatever the reply asked for
     open_loop: bool = False            # with interval_s: keep the schedule (no coordinated omission)
-    # > 0: interval_s is set when the run reaches this configuration, so that all connections
-    # together offer this fraction of the complete calls/s measured by ``capacity_of``.
+    # > 0: interval_s is set when the run reaches this configuration: all connections offer
+    # this fraction of the complete calls/s measured by ``capacity_of``.
     capacity_fraction: float = 0.0
     capacity_of: str = ""
     warmup_s: float = 0.0              # > 0: this configuration's own warm-up
     criticality: str = ""              # RequestMeta.criticality of every call ("": none)
-    # A second group of callers at once (bench.harness.mixed.Companion), or None.
-    companion: Any = None
+    companion: Any = None              # a second group of callers (bench.harness.mixed)
 
     def timing(self, base: Timing) -> Timing:
         return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
