@@ -52,6 +52,7 @@ import gevent
 from gevent import Greenlet
 
 from tracing.context import spawn_in_context
+from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
 __all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
            "COOL_WINDOWS", "REFUSED_FROM"]
@@ -62,8 +63,8 @@ log = logging.getLogger(__name__)
 WINDOW_S = 0.25
 #: How far the level moves in one window; a rung is four steps.
 STEP = 0.05
-#: What :meth:`Dimmer.recent` looks back over: the pools' window (tracing.pools.WINDOW_S).
-REPORT_WINDOW_S = 60.0
+#: What :meth:`Dimmer.recent` looks back over: the pools' window, as `fanout pools` reports.
+REPORT_WINDOW_S = POOLS_WINDOW_S
 #: How many windows the ceiling remembers the criticalities that arrived (two seconds).
 _PRESENT_WINDOWS = 8
 #: Windows in a row without a refusal or a standing queue before the level comes down.
@@ -91,14 +92,17 @@ _LADDER: tuple[tuple[bool, frozenset[Criticality]], ...] = (
 )
 
 
+def _rung_tops(criticality: Criticality, refusing: bool = False) -> list[float]:
+    """The levels at which the rungs naming ``criticality`` are whole (with ``refusing``,
+    only the rungs that refuse)."""
+    return [round((rung + 1) * _RUNG, 6) for rung, (refuse, names) in enumerate(_LADDER)
+            if criticality in names and (refuse or not refusing)]
+
+
 #: Per criticality, the top of the highest rung that names it.
-_TOP = [round(max((rung + 1) * _RUNG for rung, (_, names) in enumerate(_LADDER) if c in names), 6)
-        for c in Criticality]
-
-
+_TOP = [max(_rung_tops(c)) for c in Criticality]
 #: Per criticality, the level from which the dimmer refuses every call of it (none: never).
-REFUSED_FROM = [round(min([(rung + 1) * _RUNG for rung, (refuse, names) in enumerate(_LADDER)
-                           if refuse and c in names] or [2.0]), 6) for c in Criticality]
+REFUSED_FROM = [min(_rung_tops(c, refusing=True), default=2.0) for c in Criticality]
 
 
 class BrownoutVerdict(enum.Enum):
