@@ -119,8 +119,9 @@ def test_kube_play_runs_the_manifest_serves_and_stops_cleanly(
     pod = f"{deployment()['metadata']['name']}-pod-0"
     try:
         check_serving(pod_run.ports)
-        workers = json.loads(http_get(f"http://127.0.0.1:{pod_run.ports['probes']}/healthz")[1])
-        assert set(workers["workers"].values()) == {"serving"} and len(workers["workers"]) == 2
+        # /readyz answers once one worker serves; the second may still be starting then.
+        assert wait_for(lambda: _workers(pod_run.ports) == ["serving", "serving"], 60,
+                        "both workers serving", poll_s=0.2)
         container = podman(["pod", "inspect", "--format", "{{range .Containers}}{{.Name}} {{end}}",
                             pod]).stdout.split()
         fanout = next(name for name in container if name.endswith("-fanout"))
@@ -145,6 +146,12 @@ def test_the_image_alone_answers_on_a_published_port(image: str) -> None:
             assert wait_for(lambda: _pings(client), 30, "ping through the published port")
     finally:
         podman(["rm", "--force", "--time=0", name], check=False)
+
+
+def _workers(ports: dict[str, int]) -> list[str]:
+    """The workers' states as /healthz reports them, sorted."""
+    body = http_get(f"http://127.0.0.1:{ports['probes']}/healthz")[1]
+    return sorted(json.loads(body)["workers"].values())
 
 
 def _pings(client: AppStatsClient) -> bool:
