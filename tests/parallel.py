@@ -4,9 +4,10 @@ Most tests wait (on servers, sockets, timers), so on this 2-core machine four
 processes finish in well under a third of the time of one (a fresh checkout: 109 s
 with four, 121 s with three, about 300 s with one). Each process is a whole
 ``python -m gevent.monkey --module pytest`` run over a share of the test files,
-with session fixtures of its own (a MongoDB-wire server, the sample services):
-nothing is shared between them but the machine. Files are dealt longest first
-to the least loaded process, by the seconds each took in a serial run
+with session fixtures of its own (a MongoDB-wire server, the sample services);
+they share only the machine and the wheel that the first to need it builds
+(``FANOUT_TEST_SHARED``, a directory that lives as long as the run). Files are dealt longest first
+to the least loaded process, by the seconds each took in a ``make test`` run
 (:data:`SECONDS`; a file not listed counts as :data:`DEFAULT_S`).
 
 Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
@@ -25,25 +26,25 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Seconds per file in a serial run on the reference machine (2 cores), the slow ones.
+#: Seconds per file in a ``make test`` run on the reference machine (2 cores, four
+#: processes), the files over 3 s.
 SECONDS = {
-    "test_image.py": 45, "test_packaging.py": 30, "test_capacity.py": 22, "test_instance_faults.py": 14,
-    "test_resilience.py": 20, "test_backend_faults.py": 16, "test_pacing.py": 13,
-    "test_wire_limits.py": 18, "test_lifecycle.py": 18, "test_mutual_tls.py": 11,
-    "test_instances.py": 10, "test_trace_ui.py": 14, "test_secrets.py": 9, "test_cli.py": 10,
-    "test_server.py": 12, "test_workers.py": 30, "test_worker_group.py": 36,
-    "test_worker_moves.py": 22, "interop": 12,
-    "test_tracing_export.py": 8, "test_pool_advice.py": 6, "test_logs.py": 6, "test_fuzz.py": 6,
-    "test_lookups_http.py": 5, "test_lookups_mongo.py": 6, "test_compat.py": 6, "test_tls.py": 6,
-    "test_service.py": 5,
+    "test_worker_group.py": 44, "test_image.py": 42, "test_packaging.py": 35, "test_workers.py": 31,
+    "test_backend_faults.py": 21, "test_instance_faults.py": 20, "test_worker_moves.py": 17,
+    "test_lifecycle.py": 16, "test_capacity.py": 16, "test_resilience.py": 15, "test_pacing.py": 15,
+    "test_held_connections.py": 11, "test_trace_ui.py": 10, "test_mutual_tls.py": 9, "test_cli.py": 8,
+    "test_fuzz.py": 7, "test_brownout.py": 7, "interop": 7, "test_tracing_export.py": 6,
+    "test_pool_advice.py": 6, "test_plugins.py": 6, "test_instances.py": 6, "test_secrets.py": 5,
+    "test_lookups_mongo.py": 5, "test_health.py": 5, "test_compat.py": 5, "test_backends.py": 5,
 }
-DEFAULT_S = 3
+DEFAULT_S = 1
 
 
 def test_targets() -> list[str]:
@@ -81,12 +82,16 @@ def main(argv: Sequence[str]) -> int:
     started = time.monotonic()
     logs = [ROOT / ".pytest-logs" / f"group-{index}.log" for index in range(len(groups))]
     logs[0].parent.mkdir(exist_ok=True)
-    runs = []
-    for group, log in zip(groups, logs):
-        command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest", "-p", "no:cacheprovider",
-                   *pytest_args, *group]
-        runs.append(subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT))
-    codes = [run.wait() for run in runs]
+    with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
+        # What the processes build once between them (the wheel: tests/support/dist.py).
+        env = {**os.environ, "FANOUT_TEST_SHARED": shared}
+        runs = []
+        for group, log in zip(groups, logs):
+            command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest",
+                       "-p", "no:cacheprovider", *pytest_args, *group]
+            runs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
+                                         stderr=subprocess.STDOUT))
+        codes = [run.wait() for run in runs]
     for index, (group, log, code) in enumerate(zip(groups, logs, codes)):
         text = log.read_text()
         tail = text if code not in (0, 5) else "\n".join(text.rstrip().splitlines()[-1:])

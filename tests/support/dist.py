@@ -5,14 +5,22 @@ Session-scoped: ``dist`` builds the sdist, and the wheel from that sdist, with
 ``demo`` extra, in a fresh venv outside the checkout. Commands run there from a
 directory outside the checkout with no ``PYTHONPATH``, so nothing of the source
 tree can stand in for what the wheel lacks.
+
+Under ``make test`` (tests/parallel.py) the processes share one build: the first to
+need it builds into ``$FANOUT_TEST_SHARED/dist`` while holding a lock there, and the
+others wait for it and take the same files. Both the build's isolated environments and
+the installed venv are filled by uv, which installs the same wheels as pip in a
+fraction of the time; pip itself installs the wheel in the image build (test_image).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -85,14 +93,56 @@ def _source_tree(into: Path) -> Path:
     return into
 
 
-@pytest.fixture(scope="session")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
-    out = tmp_path_factory.mktemp("dist")
-    source = _source_tree(tmp_path_factory.mktemp("source"))
-    _check([sys.executable, "-m", "build", "--outdir", str(out), str(source)], source)
+def _uv() -> str:
+    """uv, from the test environment (the ``test`` extra installs it beside this Python)."""
+    beside = Path(sys.executable).parent / "uv"
+    return str(beside) if beside.exists() else shutil.which("uv") or "uv"
+
+
+def _build(out: Path, scratch: Path) -> Dist:
+    """The sdist and wheel in ``out``, built once: an earlier build found there is reused."""
     wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
+    if not (wheels and sdists):
+        source = _source_tree(scratch)
+        path = f"{Path(_uv()).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        _check(["env", f"PATH={path}", sys.executable, "-m", "build", "--installer", "uv",
+                "--outdir", str(out), str(source)], source)
+        wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(out.iterdir())
     return Dist(wheels[0], sdists[0])
+
+
+class _Lock:
+    """An exclusive lock on a directory (its ``.lock`` file), waited for without
+    blocking the gevent hub."""
+
+    def __init__(self, where: Path) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        self._file = (where / ".lock").open("a")
+
+    def __enter__(self) -> None:
+        deadline = time.monotonic() + _BUILD_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"another process held {self._file.name}"
+                time.sleep(0.2)
+
+    def __exit__(self, *_: object) -> None:
+        fcntl.flock(self._file, fcntl.LOCK_UN)
+        self._file.close()
+
+
+@pytest.fixture(scope="session")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
+    scratch = tmp_path_factory.mktemp("source")
+    if shared := os.environ.get("FANOUT_TEST_SHARED"):
+        out = Path(shared) / "dist"
+        with _Lock(out):
+            return _build(out, scratch)
+    return _build(tmp_path_factory.mktemp("dist"), scratch)
 
 
 @pytest.fixture(scope="session")
@@ -100,9 +150,7 @@ def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     where = tmp_path_factory.mktemp("installed")
     venv, outside = where / "venv", where / "work"
     outside.mkdir()
-    _check([sys.executable, "-m", "venv", str(venv)], outside)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    # The resolver of older pips (23.x) finds no set of the OpenTelemetry packages.
-    _check([*pip, "install", "--upgrade", "pip"], outside)
-    _check([*pip, "install", f"{dist.wheel}[demo]"], outside)
+    _check([sys.executable, "-m", "venv", "--without-pip", str(venv)], outside)
+    _check([_uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
+            f"{dist.wheel}[demo]"], outside)
     yield Installed(venv, outside)
