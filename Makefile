@@ -53,12 +53,13 @@ compat-engine:
 
 compat: $(STAMP) compat-engine
 	FANOUT_TEST_MONGO_ENGINE=ferretdb FANOUT_REQUIRE_TOOLCHAINS=compat \
-	  $(PYTEST) tests/test_lookups_mongo.py tests/test_compat.py -p no:cacheprovider $(PYTEST_ARGS)
+	  $(PYTEST) tests/test_lookups_mongo.py tests/test_cache_parts.py tests/test_compat.py -p no:cacheprovider $(PYTEST_ARGS)
 
 # The Debian packages behind the commands those tests run, installed when missing and we may
 # (root with apt-get); otherwise one line saying what is missing. Go, Java 17 with Maven and
 # Node come with the machine.
-TOOLCHAIN_PACKAGES := thrift:thrift-compiler podman:podman mmdebstrap:mmdebstrap runc:runc
+TOOLCHAIN_PACKAGES := thrift:thrift-compiler podman:podman mmdebstrap:mmdebstrap runc:runc \
+  redis-server:redis-server
 toolchains:
 	@missing=; for pair in $(TOOLCHAIN_PACKAGES); do command -v $${pair%%:*} >/dev/null 2>&1 \
 	  || missing="$$missing $${pair#*:}"; done; \

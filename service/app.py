@@ -17,6 +17,8 @@ from lookups.base import Lookup
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpBackend
 from lookups.plugins import add_configured, add_entry_points
+from lookups.cache import BucketStore, open_store, with_cache
+from lookups.cache.stores import RedisStore
 from lookups.registry import LookupRegistry, default_registry
 from service.settings.config import Settings, as_config_error
 from service.settings.checks import pool_warnings
@@ -67,6 +69,11 @@ class FanOutService:
             lookups = registry.build(self.backends, settings.plugin_settings)
         for warning in read_timeout_warnings(settings, lookups.values()):
             log.warning("configuration: %s", warning)
+        #: The results cache's store (None when ``cache.enabled`` is false).
+        self.cache: Optional[BucketStore] = None
+        if settings.cache.enabled:
+            self.cache = open_store(settings.cache)
+            lookups = with_cache(lookups, settings.cache, self.cache)
         self.coalescer = Coalescer() if settings.fanout.coalesce else None
         self.handler = AppStatsHandler(settings, lookups, self.fanout, self.gate,
                                        coalescer=self.coalescer,
@@ -120,6 +127,8 @@ class FanOutService:
             self.probes.stop()
         self.fanout.failures.flush()
         self.backends.close()
+        if isinstance(self.cache, RedisStore):
+            self.cache.close()
 
     def stop(self, timeout_s: Optional[float] = None) -> DrainReport:
         """:meth:`drain`, then :meth:`close`."""

@@ -44,6 +44,9 @@ struct RequestMeta {
   3: optional string request_id
   /** How much this call matters under overload; absent means CRITICAL. Optional addition. */
   4: optional Criticality criticality
+  /** true: an answer that reads no cached bucket (see the README's "Results cache");
+   *  absent means false. Optional addition. */
+  5: optional bool fresh
 }
 
 /** One dashboard request: an application over the half-open window [start_ms, end_ms). */

@@ -102,7 +102,7 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
             return client.get_app_stats(
                 args.app, args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
                 args.end_ms if args.end_ms is not None else now_ms, panels,
-                deadline_ms=args.deadline_ms, criticality=args.criticality)
+                deadline_ms=args.deadline_ms, criticality=args.criticality, fresh=args.fresh)
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
             raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
 

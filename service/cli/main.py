@@ -88,6 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--criticality", choices=["CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS",
                                                 "SHEDDABLE"],
                       help="what the server may shed first under overload (default: CRITICAL)")
+    call.add_argument("--fresh", action="store_true",
+                      help="an answer that reads no cached bucket (the results cache)")
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     _client_flags(call)
     call.set_defaults(run=_call)

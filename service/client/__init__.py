@@ -1,11 +1,10 @@
 """The web tier's client for the AppStats service: pooled connections, deadlines, trace context.
 
-Each call waits at most its deadline (``deadline_ms``, default ``timeout_ms``)
-for a pooled connection, sends the remaining budget as ``meta.deadline_ms``,
-and reads the reply with a socket timeout of that budget plus a small margin,
-so no call waits forever. The caller's OpenTelemetry context travels in
-``meta.headers`` (W3C ``traceparent``, ``tracestate``, ``baggage``), injected
-from inside a CLIENT span, so the server's spans join the caller's trace.
+Each call waits at most its deadline (``deadline_ms``, default ``timeout_ms``) for a
+pooled connection, sends the remaining budget as ``meta.deadline_ms``, and reads the
+reply with a socket timeout of that budget plus a small margin, so no call waits
+forever. The caller's OpenTelemetry context travels in ``meta.headers`` (W3C
+``traceparent``, ``tracestate``, ``baggage``), injected inside a CLIENT span.
 
 What a call raises::
 
@@ -16,10 +15,9 @@ What a call raises::
     TTransportException       the connection failed, or the call timed out (type TIMED_OUT);
                               every AppStats method only reads, so a retry is safe
 
-Several instances: pass ``addresses=[(host, port), ...]``, or ``resolve=True``
-to use every address ``host`` resolves to (re-resolved every
-``resolve_interval_ms``); calls go to the less busy of two instances picked at
-random; an instance that refuses or resets new connections, or is too slow
+Several instances: pass ``addresses=[(host, port), ...]``, or ``resolve=True`` to use
+every address ``host`` resolves to (re-resolved every ``resolve_interval_ms``); calls go
+to the less busy of two instances picked at random; an instance that refuses or resets new connections, or is too slow
 three times in a row, is left out for a while, and comes back once it answers a
 ``ping`` (:mod:`service.client.instances`). With several instances a
 ``get_app_stats`` whose first attempt is slower than the 99th percentile of
@@ -27,11 +25,11 @@ recent calls sends a backup attempt to another instance, within 5% of calls,
 and takes whichever answers first (:mod:`service.client.hedging`): a hung
 instance costs no call.
 
-A connection whose call ended in a transport error or timeout is closed, never
-reused (a late reply must not answer the next call), and so is one idle for
-``max_idle_ms`` (50 s, under the server's 60 s ``server.idle_timeout_ms``). A call
-that fails at the transport level (not a timeout) is tried once more, within its
-deadline, on another instance or a new connection: every AppStats method only reads.
+A connection whose call ended in a transport error or timeout is closed, never reused
+(a late reply must not answer the next call), and so is one idle for ``max_idle_ms``
+(50 s, under the server's 60 s ``server.idle_timeout_ms``). A call that fails at the
+transport level (not a timeout) is tried once more, within its deadline, on another
+instance or a new connection: every AppStats method only reads.
 
 Overload: a ``get_app_stats`` answered ``Overloaded`` is tried again after the
 server's ``retry_after_ms``, jittered (x0.5 to x1.5), if the call's deadline
@@ -43,8 +41,8 @@ small reserve, so overload never turns into a retry storm. Otherwise, or after
 TLS: ``tls_ca_file`` (PEM CAs to trust), ``tls_server_hostname`` when the certificate
 names another host, and for mutual TLS ``tls_cert_file`` and ``tls_key_file``. The
 server is always verified; a failed handshake, or a server refusing the certificate,
-raises TTransportException. Under overload, a call's ``criticality`` says what the
-server may shed first (README, "Brownout and criticality").
+raises TTransportException. Under overload, a call's ``criticality`` says what the server
+may shed first (README, "Brownout and criticality").
 """
 
 from __future__ import annotations
@@ -156,20 +154,22 @@ class AppStatsClient:
 
     def get_app_stats(self, app: str, start_ms: int, end_ms: int,
                       panels: Optional[Sequence[str]] = None, *, deadline_ms: Optional[int] = None,
-                      request_id: Optional[str] = None, criticality: Optional[str] = None) -> Any:
+                      request_id: Optional[str] = None, criticality: Optional[str] = None,
+                      fresh: bool = False) -> Any:
         """``app``'s panels over ``[start_ms, end_ms)`` as an ``appstats.StatsResponse``.
 
-        ``panels`` defaults to every panel the server offers; ``deadline_ms``
-        (default ``timeout_ms``) bounds the whole call, here and on the server;
-        ``criticality`` (``"SHEDDABLE"``, ...; none: the server takes ``CRITICAL``) says
-        what may be shed first under overload. Raises as described in the module doc,
-        and ``ValueError`` for an unknown criticality.
+        ``panels`` defaults to every panel the server offers; ``deadline_ms`` (default
+        ``timeout_ms``) bounds the whole call, here and on the server; ``criticality``
+        (``"SHEDDABLE"``, ...; none: ``CRITICAL``) says what may be shed first under
+        overload; ``fresh`` asks for an answer that reads no cached bucket. Raises as
+        described in the module doc, and ``ValueError`` for an unknown criticality.
         """
         level = _criticality(criticality)
 
         def build_args(remaining_ms: int) -> tuple[Any, ...]:
             meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=remaining_ms,
-                                        request_id=request_id, criticality=level)
+                                        request_id=request_id, criticality=level,
+                                        fresh=True if fresh else None)
             request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
                                             panels=None if panels is None else list(panels),
                                             meta=meta)

@@ -12,6 +12,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, S
 
 from lookups.deadline import Deadline
 from lookups.base import Lookup
+from lookups.cache import CachedLookup
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
@@ -144,6 +145,7 @@ class AppStatsHandler:
                 raise
             if span.is_recording():
                 span.set_attribute("fanout.criticality", valid.criticality.name)
+                span.set_attribute("fanout.fresh", valid.fresh)
                 if valid.request_id:
                     span.set_attribute("fanout.request_id", valid.request_id)
             context = RequestContext.start("get_app_stats", valid.deadline_ms,
@@ -191,6 +193,8 @@ class AppStatsHandler:
             if not policy.enabled or (lighter and policy.optional):
                 skipped.append(_skipped(name, lookup.source, shed=policy.enabled))
                 continue
+            if valid.fresh and isinstance(lookup, CachedLookup):
+                lookup = lookup.inner   # the panel's own query: no cached bucket is read
             tasks.append(Task(name=name, source=lookup.source,
                               call=_panel_call(lookup, valid.window, coalescer),
                               timeout_ms=self._timeouts_ms[name],
@@ -226,8 +230,9 @@ def _panel_call(lookup: Lookup, window: Window,
         def call(deadline: Deadline) -> Any:
             return to_panel_data(lookup.fetch(window, deadline))
         return call
-    # The whole question: the panel and the window (app, start, end). Nothing else is shared.
-    key = (lookup.name, window)
+    # The whole question: the panel, the window (app, start, end), and whether buckets are
+    # read (a fresh call never joins one that reads them). Nothing else is shared.
+    key = (lookup.name, window, isinstance(lookup, CachedLookup))
 
     def shared_call(deadline: Deadline) -> Any:
         return to_panel_data(coalescer.call(key, deadline, lambda: lookup.fetch(window, deadline),

@@ -34,6 +34,7 @@ class ValidRequest:
     request_id: Optional[str]
     headers: Mapping[str, str]
     criticality: Criticality = Criticality.CRITICAL
+    fresh: bool = False
 
 
 def _invalid(field: str, message: str) -> appstats.InvalidRequest:
@@ -55,7 +56,7 @@ def validate_stats_request(request: Any, known_panels: Sequence[str],
     meta = request.meta or appstats.RequestMeta()
     return ValidRequest(window, panels, _deadline_ms(meta.deadline_ms, fanout.request_deadline_ms),
                         _request_id(meta.request_id), _headers(meta.headers),
-                        _criticality(meta.criticality))
+                        _criticality(meta.criticality), _fresh(meta.fresh))
 
 
 def _window(request: Any, max_window_ms: int) -> Window:
@@ -128,6 +129,14 @@ def _headers(headers: Optional[Mapping[str, str]]) -> Mapping[str, str]:
         if key.lower() in wanted:
             kept[key.lower()] = value
     return kept
+
+
+def _fresh(value: object) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _invalid("meta.fresh", f"must be a bool, got {type(value).__name__}")
+    return value
 
 
 def _criticality(value: Optional[int]) -> Criticality:

@@ -6,9 +6,8 @@ a lookup), command-line flags. A ``FANOUT_`` variable naming no section (the ser
 links Kubernetes injects) is ignored, with a debug line; an unknown key in a known
 section, or anything unknown in the file, is an error.
 
-Every value is checked once, at start-up; a bad one raises :class:`ConfigError`
-naming the key (``fanout.pool_size: must be an integer >= 1, got 'many'``).
-Nothing below the handler reads configuration: each part receives its section.
+Every value is checked once, at start-up; a bad one raises :class:`ConfigError` naming
+the key. Nothing below the handler reads configuration: each part receives its section.
 
 Each section is declared once, by the part that owns it: every key with its type,
 bounds, choices, default and help (``service/settings/declarations.py`` says how)::
@@ -23,6 +22,7 @@ bounds, choices, default and help (``service/settings/declarations.py`` says how
     [tracing]         TracingSettings   tracing/settings.py
     [metrics]         MetricsSettings   tracing/settings.py
     [logging]         LoggingSettings   service/operations/logs.py
+    [cache]           CacheSettings     lookups/cache/settings.py
 
 This module loads, merges and composes them into :class:`Settings`; the README's
 tables of keys are made from the same declarations (``service/cli/settings_table.py``).
@@ -42,6 +42,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from lookups.backends.settings import (ALIAS_SECTIONS, BACKEND_KINDS, BackendSettings,
                                        backends_from_aliases)
+from lookups.cache.settings import CacheSettings
 from lookups.settings import SHIPPED_OPTIONAL, HttpSettings, LookupSettings, MongoSettings
 from service.settings.declarations import as_config_error, build_section, keys_of
 from service.errors import ConfigError
@@ -70,6 +71,7 @@ class Settings:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     logging: LoggingSettings = field(default_factory=LoggingSettings)
+    cache: CacheSettings = field(default_factory=CacheSettings)
     lookups: Mapping[str, LookupSettings] = field(default_factory=lambda: MappingProxyType({}))
     #: Plugins' own settings sections, by panel: the keys their ``[lookups.<name>]`` adds.
     plugin_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -120,7 +122,7 @@ _DEFAULT_LOOKUP, _SHIPPED_LOOKUP = LookupSettings(), LookupSettings(optional=Tru
 _SECTIONS: dict[str, type] = {
     "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,
     "mongo": MongoSettings, "http": HttpSettings, "tracing": TracingSettings,
-    "metrics": MetricsSettings, "logging": LoggingSettings,
+    "metrics": MetricsSettings, "logging": LoggingSettings, "cache": CacheSettings,
 }
 
 
@@ -154,10 +156,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _nest(sections: list[str], key: str, value: Any) -> dict[str, Any]:
-    nested: dict[str, Any] = {key: value}
-    for name in reversed(sections):
-        nested = {name: nested}
-    return nested
+    return {sections[0]: _nest(sections[1:], key, value)} if sections else {key: value}
 
 
 def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:

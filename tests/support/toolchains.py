@@ -51,6 +51,9 @@ TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
     Toolchain("image", ("podman", "mmdebstrap", "runc"),
               "the container image (tests/test_image.py)",
               "podman, mmdebstrap and runc (`make toolchains` as root installs them)"),
+    Toolchain("redis", ("redis-server",), "the results cache shared in Redis "
+              "(tests/test_results_cache.py)",
+              "Debian's redis-server (`make toolchains` as root installs it)"),
     Toolchain("compat", ("runuser",) if os.geteuid() == 0 else (),
               "FerretDB 2 on PostgreSQL with DocumentDB (tests/test_compat.py)",
               "the engine with `make compat` (root, for Debian's PostgreSQL 15 packages)",

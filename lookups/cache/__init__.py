@@ -1,0 +1,44 @@
+"""The results cache: MongoDB panels merged from cached, aligned time buckets.
+
+- :mod:`~lookups.cache.buckets`: a window as settled buckets and the edges around them;
+- :mod:`~lookups.cache.stores`: where buckets live (this process, or Redis) and the counters;
+- :mod:`~lookups.cache.cached`: the panel from its buckets' parts and its edges;
+- :mod:`~lookups.cache.settings`: the ``[cache]`` section.
+
+The parts themselves, and why their sum is exactly the panel's one query, are in
+:mod:`lookups.mongo_parts`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from lookups.base import Lookup
+from lookups.cache.cached import CachedLookup
+from lookups.cache.settings import CacheSettings
+from lookups.cache.stores import BucketStore, CacheStats, store_for
+from lookups.mongo_parts import parts_of
+
+__all__ = ["CachedLookup", "CacheSettings", "CacheStats", "BucketStore", "with_cache", "open_store"]
+
+
+def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
+               store: BucketStore) -> dict[str, Lookup]:
+    """``lookups`` with each MongoDB panel that is made of parts answered through ``store``;
+    the others as they are."""
+    cached: dict[str, Lookup] = {}
+    for name, lookup in lookups.items():
+        parts = parts_of(lookup)
+        if parts is None:
+            cached[name] = lookup
+            continue
+        backend = lookup.backend  # type: ignore[attr-defined]
+        namespace = f"{backend.name}/{backend.settings.database}"
+        cached[name] = CachedLookup(lookup, parts, store, settings, namespace)  # type: ignore[arg-type]
+    return cached
+
+
+def open_store(settings: CacheSettings) -> BucketStore:
+    """The store ``settings`` names, counting into a new :class:`CacheStats`."""
+    return store_for(settings.url, settings.max_bytes, settings.redis_timeout_ms, settings.ttl_s,
+                     CacheStats())

@@ -1,0 +1,168 @@
+"""A MongoDB panel answered from cached buckets plus a query for the window's edges.
+
+:class:`CachedLookup` wraps a panel's own lookup. For a window it plans the aligned,
+settled buckets inside it (:mod:`lookups.cache.buckets`) and reads their parts from the
+store. Of the missing ones it fills the newest :data:`FILL_FACETS` with one query (a
+``$facet`` per bucket, each engine's index used once for them all), shared with every
+caller missing the same buckets meanwhile; the other missing buckets and the uneven
+edges are one more query, as ranges. So a cold window costs about its one query plus a
+small fill, and each refresh warms the cache further, however long the window. The sum
+of the parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled bucket, or whose parts
+cannot be kept whole, is answered by the panel's own query. The store never fails a
+call: what it cannot give is queried.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from gevent.event import AsyncResult
+from opentelemetry import trace
+
+from lookups.base import Lookup
+from lookups.cache.buckets import BucketPlan, plan_buckets
+from lookups.cache.settings import CacheSettings
+from lookups.cache.stores import BucketStore
+from lookups.deadline import Deadline
+from lookups.errors import BackendTimeout, BadBackendResponse
+from lookups.mongo import MongoLookup, aggregate_one_batch
+from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, range_condition,
+                                 ranges_filter)
+from lookups.panels import PanelValue, Window
+
+__all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
+
+#: Buckets a call fills (one ``$facet`` each, in one query). A facet filters every
+#: document of the query's range, so a fill costs about its buckets squared.
+FILL_FACETS = 2
+#: Part of every key: a change of the parts' layout starts on fresh keys.
+KEY_VERSION = "v1"
+
+
+class CachedLookup(Lookup):
+    """``inner``'s panel from cached buckets; ``inner`` itself answers fresh calls."""
+
+    def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
+                 settings: CacheSettings, namespace: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.inner, self._parts, self.store = inner, parts, store
+        self.name, self.source = inner.name, inner.source  # type: ignore[misc]
+        self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
+        self._prefix = f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}"
+        self._clock = clock
+        self._fills: dict[tuple[Any, ...], AsyncResult] = {}
+
+    def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
+        settled_before_ms = int(self._clock() * 1000) - self._settle_ms
+        plan = plan_buckets(window.start_ms, window.end_ms, self._bucket_ms, settled_before_ms)
+        if not plan.buckets:
+            return self.inner.fetch(window, deadline)
+        try:
+            parts, unread = self._bucket_parts(window.app, plan, deadline)
+            ranges = _ranges(unread, self._bucket_ms) + list(plan.edges)
+            if ranges:
+                parts.append(self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
+                                          lambda: [self._query(window.app, ranges, deadline)])[0])
+            return self._parts.finish(add_parts(parts))
+        except NoPart:
+            self.store.stats.direct += 1
+            return self.inner.fetch(window, deadline)
+
+    def key(self, app: str, start_ms: int) -> str:
+        """The store's key of ``app``'s bucket starting at ``start_ms``."""
+        return f"{self._prefix}:{start_ms}:{app}"
+
+    def _bucket_parts(self, app: str, plan: BucketPlan,
+                      deadline: Deadline) -> tuple[list[Part], list[int]]:
+        """The parts found or filled now, and the starts of the buckets neither."""
+        keys = [self.key(app, start) for start in plan.buckets]
+        found = self.store.get_many(keys)
+        parts, missing = [], []
+        for start, key in zip(plan.buckets, keys):
+            part = _decode(found[key]) if key in found else None
+            if part is None:
+                missing.append(start)
+            else:
+                parts.append(part)
+        stats = self.store.stats
+        stats.hits += len(parts)
+        stats.misses += len(missing)
+        span = trace.get_current_span()
+        span.set_attribute("fanout.cache.buckets_cached", len(parts))
+        span.set_attribute("fanout.cache.buckets_queried", len(missing))
+        filled = tuple(missing[-FILL_FACETS:])   # the newest: they stay in a sliding window longest
+        if filled:
+            parts.extend(self._shared(("fill", app, filled), deadline,
+                                      lambda: self._fill(app, filled, deadline)))
+        return parts, missing[:-FILL_FACETS]
+
+    def _shared(self, key: tuple[Any, ...], deadline: Deadline,
+                query: Callable[[], list[Part]]) -> list[Part]:
+        """``query()``'s parts, queried once however many callers ask for ``key`` meanwhile."""
+        pending = self._fills.get(key)
+        if pending is not None:  # another caller is filling them: wait for it, within our deadline
+            if pending.wait(deadline.remaining_s()) is None and not pending.ready():
+                raise BackendTimeout(f"{self.name}: no time left waiting for a bucket fill",
+                                     backend_fault=False)
+            return pending.get()
+        pending = self._fills[key] = AsyncResult()
+        try:
+            parts = query()
+            pending.set(parts)
+            return parts
+        except BaseException as exc:
+            pending.set_exception(exc if isinstance(exc, Exception) else
+                                  BackendTimeout(f"{self.name}: the bucket fill was stopped",
+                                                 backend_fault=False))
+            raise
+        finally:
+            del self._fills[key]
+
+    def _fill(self, app: str, run: tuple[int, ...], deadline: Deadline) -> list[Part]:
+        end = run[-1] + self._bucket_ms
+        facets = {f"b{start}": [{"$match": range_condition(start, start + self._bucket_ms)},
+                                *self._parts.stages()] for start in run}
+        pipeline = [{"$match": ranges_filter(app, [(run[0], end)])}, {"$facet": facets}]
+        documents = self._aggregate(pipeline, deadline)
+        reply = documents[0] if len(documents) == 1 and isinstance(documents[0], dict) else {}
+        if not all(isinstance(reply.get(f"b{start}"), list) for start in run):
+            raise BadBackendResponse(f"{self.name}: a bucket fill's reply lacks its buckets")
+        parts = [self._parts.part(reply[f"b{start}"]) for start in run]
+        self.store.put_many({self.key(app, start): _encode(part) for start, part in zip(run, parts)})
+        self.store.stats.fills += len(run)
+        return parts
+
+    def _query(self, app: str, ranges: Sequence[tuple[int, int]], deadline: Deadline) -> Part:
+        pipeline = [{"$match": ranges_filter(app, ranges)}, *self._parts.stages()]
+        return self._parts.part(self._aggregate(pipeline, deadline))
+
+    def _aggregate(self, pipeline: list[dict[str, Any]], deadline: Deadline) -> list[Any]:
+        collection = self.inner.collection
+        return self.inner.backend.run(
+            self.name, lambda db: aggregate_one_batch(db, collection, pipeline), deadline)
+
+
+def _ranges(starts: Sequence[int], step: int) -> list[tuple[int, int]]:
+    """The buckets starting at ``starts`` (ascending) as ``[start, end)`` ranges, consecutive
+    buckets joined."""
+    ranges: list[tuple[int, int]] = []
+    for start in starts:
+        if ranges and ranges[-1][1] == start:
+            ranges[-1] = (ranges[-1][0], start + step)
+        else:
+            ranges.append((start, start + step))
+    return ranges
+
+
+def _encode(part: Part) -> bytes:
+    return json.dumps([[key, *sums] for key, sums in part.items()], separators=(",", ":")).encode()
+
+
+def _decode(value: bytes) -> Optional[Part]:
+    """A stored part, or None when it is unreadable (then it is queried again)."""
+    try:
+        return {row[0]: row[1:] for row in json.loads(value)}
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None

@@ -1,0 +1,42 @@
+"""The ``[cache]`` settings section: the results cache of MongoDB panels' buckets.
+
+Each key is declared once, in its field's metadata (type, bounds, default, help), as
+``service/settings/declarations.py`` describes; ``__post_init__`` checks what spans keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CacheSettings"]
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """The results cache: which buckets are kept, for how long, and where."""
+
+    enabled: bool = field(default=False, metadata={
+        "help": "`true`: MongoDB panels are merged from cached buckets and a query for the "
+                "window's edges (see [Results cache](#results-cache))"})
+    bucket_ms: int = field(default=900_000, metadata={
+        "help": "the buckets' length, aligned to the epoch: a refresh queries at most about "
+                "one bucket plus `settle_ms` of documents", "min": 1000})
+    settle_ms: int = field(default=120_000, metadata={
+        "help": "a bucket is cached only once it ended this long ago: documents may arrive "
+                "this late", "min": 0})
+    max_bytes: int = field(default=64 * 1024 * 1024, metadata={
+        "help": "the in-process cache's bound: keys and values, least recently used out first",
+        "min": 0})
+    url: str = field(default="", metadata={
+        "help": "`redis://host:port/db` (or `rediss://`): buckets shared by every instance "
+                "in Redis, through redis-py; empty: in this process only"})
+    redis_timeout_ms: int = field(default=50, metadata={
+        "help": "each Redis command's timeout; a slow or absent Redis counts as misses",
+        "min": 1})
+    ttl_s: int = field(default=172_800, metadata={
+        "help": "how long Redis keeps a bucket (the in-process cache keeps it until evicted)",
+        "min": 1})
+
+    def __post_init__(self) -> None:
+        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"url: must be redis://, rediss:// or unix://, got {self.url!r}")

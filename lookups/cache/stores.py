@@ -1,0 +1,143 @@
+"""Where cached buckets live: in this process (:class:`MemoryStore`), or in Redis shared
+by every instance (:class:`RedisStore`).
+
+A store maps keys to bytes and never fails a call: a store that cannot answer answers
+"nothing found" and counts the error. Both count into a :class:`CacheStats`, which the
+metrics and ``fanout pools`` read.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping, Protocol
+
+__all__ = ["CacheStats", "BucketStore", "MemoryStore", "RedisStore", "store_for"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheStats:
+    """Counters since start: buckets found and missed, filled by a query, evicted; windows
+    answered by the panel's own query instead (too many groups); Redis errors; bytes held."""
+
+    hits: int = 0
+    misses: int = 0
+    fills: int = 0
+    evictions: int = 0
+    direct: int = 0
+    redis_errors: int = 0
+    bytes: int = 0
+
+
+class BucketStore(Protocol):
+    stats: CacheStats
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        """The values found of ``keys``; a key not found (or unreadable) is left out."""
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        """Keep ``items``; best effort."""
+
+
+class MemoryStore:
+    """An LRU bounded in bytes: each entry counts its key's and its value's length."""
+
+    def __init__(self, max_bytes: int, stats: CacheStats | None = None) -> None:
+        self.max_bytes = max_bytes
+        self.stats = stats or CacheStats()
+        self._entries: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        found = {}
+        for key in keys:
+            value = self._entries.get(key)
+            if value is not None:
+                self._entries.move_to_end(key)
+                found[key] = value
+        return found
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        for key, value in items.items():
+            size = len(key) + len(value)
+            if size > self.max_bytes:
+                continue
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.stats.bytes -= len(key) + len(old)
+            self._entries[key] = value
+            self.stats.bytes += size
+        while self.stats.bytes > self.max_bytes:
+            key, value = self._entries.popitem(last=False)
+            self.stats.bytes -= len(key) + len(value)
+            self.stats.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class RedisStore:
+    """Buckets in Redis, each command bounded by ``timeout_ms``.
+
+    After an error the store answers "nothing found" for ``_PAUSE_S`` without trying
+    Redis, so a Redis that is down costs one timeout per pause, not one per call.
+    """
+
+    _PAUSE_S = 1.0
+
+    def __init__(self, url: str, timeout_ms: int, ttl_s: int, stats: CacheStats | None = None) -> None:
+        import redis  # only where a Redis is configured: it adds to every process's start
+
+        self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
+        timeout_s = timeout_ms / 1000
+        self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                            socket_connect_timeout=timeout_s,
+                                            retry_on_timeout=False)
+        self._ttl_s = ttl_s
+        self._paused_until = 0.0
+        self._warned_at = float("-inf")
+        self.stats = stats or CacheStats()
+
+    def get_many(self, keys: list[str]) -> dict[str, bytes]:
+        if not keys or time.monotonic() < self._paused_until:
+            return {}
+        try:
+            values = self._client.mget(keys)
+        except self._errors as exc:
+            self._failed("read", exc)
+            return {}
+        return {key: value for key, value in zip(keys, values) if value is not None}
+
+    def put_many(self, items: Mapping[str, bytes]) -> None:
+        if not items or time.monotonic() < self._paused_until:
+            return
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                for key, value in items.items():
+                    pipe.set(key, value, ex=self._ttl_s)
+                pipe.execute()
+        except self._errors as exc:
+            self._failed("write", exc)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        self.stats.redis_errors += 1
+        now = time.monotonic()
+        if now - self._warned_at >= 60:  # one line a minute at most, never one per call
+            self._warned_at = now
+            log.warning("cache: Redis %s failed (%s); panels are queried meanwhile", what,
+                        type(exc).__name__)
+        self._paused_until = now + self._PAUSE_S
+
+
+def store_for(url: str, max_bytes: int, timeout_ms: int, ttl_s: int,
+              stats: CacheStats) -> BucketStore:
+    """Redis when ``url`` names one, else this process's memory."""
+    if url:
+        return RedisStore(url, timeout_ms, ttl_s, stats)
+    return MemoryStore(max_bytes, stats)

@@ -1,0 +1,168 @@
+"""The MongoDB panels as sums of parts: each panel's groups over a time range, whole.
+
+A part is every group of one range (``{key: [counts and sums]}``), small enough to
+cache and exact to add: the part of ``[a, c)`` is the part of ``[a, b)`` plus the part
+of ``[b, c)``, group by group. From the sum of a window's parts a panel ranks and limits
+exactly as its one query over the window does (:mod:`lookups.mongo`), down to the
+tie-break, by handing the lookup's own ``build`` the documents that query returns:
+
+- errors: a count per message; the window's total is the sum of the counts, since every
+  document falls in exactly one group;
+- urls and controllers: per key the count, the sum of durations, and how many durations
+  are numbers (``$avg`` divides by that, so the mean is the sum over it);
+- queries: per raw statement the count and the sum of durations, from which the
+  :data:`~lookups.mongo.QUERY_GROUP_CAP` largest are kept before shapes are merged.
+
+A range whose groups are more than :data:`PART_GROUP_CAP`, or whose keys or sums are not
+plain strings and numbers, has no part (:class:`NoPart`): its window is then answered by
+the panel's own query, never approximated.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Iterable, Optional, Sequence
+
+from bson.datetime_ms import DatetimeMS
+from bson.int64 import Int64
+
+from lookups.mongo import (QUERY_GROUP_CAP, ErrorsLookup, MongoLookup, QueriesLookup,
+                           TopByCountLookup)
+from lookups.panels import TOP_N, PanelValue
+
+__all__ = ["Part", "NoPart", "PART_GROUP_CAP", "PanelParts", "parts_of", "ranges_filter", "range_condition",
+           "add_parts"]
+
+#: Groups per range kept whole; a range with more is answered by a direct query.
+PART_GROUP_CAP = 2000
+
+#: One range's groups: key (a string, or None where documents lack the field) to sums.
+Part = dict[Optional[str], list[float]]
+
+_NUMBERS = (int, Int64, float)
+
+
+class NoPart(Exception):
+    """A range's groups cannot be kept whole and exact (too many, or of other types)."""
+
+
+def ranges_filter(app: str, ranges: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The ``$match`` document for ``app`` over the union of ``[start, end)`` ranges;
+    each range an ``$and`` of single-operator conditions, as :func:`lookups.mongo.window_filter`
+    explains."""
+    each = [range_condition(start, end) for start, end in ranges]
+    return {"$and": [{"app": app}, each[0] if len(each) == 1 else {"$or": each}]}
+
+
+def range_condition(start_ms: int, end_ms: int) -> dict[str, Any]:
+    """``start_ms <= ts < end_ms`` as a query condition."""
+    return {"$and": [{"ts": {"$gte": DatetimeMS(start_ms)}}, {"ts": {"$lt": DatetimeMS(end_ms)}}]}
+
+
+def add_parts(parts: Iterable[Part]) -> Part:
+    """The part of the union of the parts' (disjoint) ranges."""
+    total: Part = {}
+    for part in parts:
+        for key, sums in part.items():
+            known = total.get(key)
+            total[key] = list(sums) if known is None else [a + b for a, b in zip(known, sums)]
+    return total
+
+
+class PanelParts(abc.ABC):
+    """How one panel's lookup is computed from parts: the stages that give a range's
+    groups, reading them into a :data:`Part`, and the panel from a window's sum of parts."""
+
+    #: The group fields after ``_id``, in the order a part's sums hold them.
+    fields: ClassVar[tuple[str, ...]]
+
+    def __init__(self, lookup: MongoLookup) -> None:
+        self.lookup = lookup
+
+    @abc.abstractmethod
+    def stages(self) -> list[dict[str, Any]]:
+        """The stages after the range's ``$match``: one document per group, ``_id`` and
+        :attr:`fields`, at most ``PART_GROUP_CAP + 1`` of them."""
+
+    @abc.abstractmethod
+    def finish(self, total: Part) -> PanelValue:
+        """The panel value from the window's sum of parts."""
+
+    def part(self, documents: Sequence[Any]) -> Part:
+        """The range's groups from the documents of :meth:`stages`; NoPart if not whole."""
+        if len(documents) > PART_GROUP_CAP:
+            raise NoPart(f"{self.lookup.name}: more than {PART_GROUP_CAP} groups in a range")
+        part: Part = {}
+        for group in documents:
+            key = group.get("_id") if isinstance(group, dict) else None
+            sums = [group.get(name) for name in self.fields] if isinstance(group, dict) else []
+            if not (key is None or type(key) is str) or not all(type(v) in _NUMBERS for v in sums):
+                raise NoPart(f"{self.lookup.name}: a group of other types than strings and numbers")
+            part[key] = [v if type(v) is float else int(v) for v in sums]
+        return part
+
+    def _documents(self, total: Part) -> list[dict[str, Any]]:
+        return [{"_id": key, **dict(zip(self.fields, sums))} for key, sums in total.items()]
+
+
+def _ranked(documents: list[dict[str, Any]], by: str, limit: int) -> list[dict[str, Any]]:
+    # The query's {$sort: {by: -1, _id: 1}, $limit}: null sorts before every string.
+    documents.sort(key=lambda d: (-d[by], d["_id"] is not None, d["_id"] or ""))
+    return documents[:limit]
+
+
+def _group(field: str, **sums: Any) -> dict[str, Any]:
+    return {"$group": {"_id": f"${field}", **sums}}
+
+
+class ErrorParts(PanelParts):
+    fields = ("count",)
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [_group("message", count={"$sum": 1}), {"$limit": PART_GROUP_CAP + 1}]
+
+    def finish(self, total: Part) -> PanelValue:
+        top = _ranked(self._documents(total), "count", TOP_N)
+        facets = {"total": [{"n": sum(sums[0] for sums in total.values())}] if total else [],
+                  "top": top}
+        return self.lookup.build([facets])
+
+
+class TopByCountParts(PanelParts):
+    fields = ("count", "total_ms", "timed")
+
+    def stages(self) -> list[dict[str, Any]]:
+        field = self.lookup.field  # type: ignore[attr-defined]
+        return [_group(field, count={"$sum": 1}, total_ms={"$sum": "$duration_ms"},
+                       timed={"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}}),
+                {"$limit": PART_GROUP_CAP + 1}]
+
+    def finish(self, total: Part) -> PanelValue:
+        top = _ranked(self._documents(total), "count", TOP_N)
+        for entry in top:   # $avg: the sum of the numeric durations over how many there are
+            timed = entry.pop("timed")
+            entry["mean_ms"] = entry["total_ms"] / timed if timed else None
+        return self.lookup.build(top)
+
+
+class QueryParts(PanelParts):
+    fields = ("count", "total_ms")
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [_group("query", count={"$sum": 1}, total_ms={"$sum": "$duration_ms"}),
+                {"$limit": PART_GROUP_CAP + 1}]
+
+    def finish(self, total: Part) -> PanelValue:
+        return self.lookup.build(_ranked(self._documents(total), "total_ms", QUERY_GROUP_CAP))
+
+
+def parts_of(lookup: Any) -> Optional[PanelParts]:
+    """How ``lookup`` is computed from parts, or None when it is not: HTTP lookups, plugins,
+    and subclasses that change how the panel is queried or built."""
+    for kind, parts in ((ErrorsLookup, ErrorParts), (TopByCountLookup, TopByCountParts),
+                        (QueriesLookup, QueryParts)):
+        cls = type(lookup)
+        if isinstance(lookup, kind) and all(getattr(cls, method) is getattr(kind, method)
+                                            for method in ("fetch", "stages", "build")):
+            return parts(lookup)
+    return None

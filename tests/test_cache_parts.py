@@ -1,0 +1,166 @@
+"""The results cache's answers against the panels' own queries, on a real MongoDB-wire server.
+
+A property test draws documents (late ones included), windows (aligned or not, empty,
+within one bucket, across many) and a bucket length, and checks that each MongoDB panel
+answered from cached buckets and edges equals the same panel's one query over the window.
+Under ``make compat`` it runs on FerretDB 2 as well.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+import pymongo
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from lookups.backends.mongo import MongoBackend
+from lookups.backends.settings import MongoBackendSettings
+from lookups.cache import CacheSettings, with_cache
+from lookups.cache.cached import CachedLookup
+from lookups.cache.stores import CacheStats, MemoryStore
+from lookups.deadline import Deadline
+from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
+from lookups.mongo_parts import PART_GROUP_CAP
+from lookups.panels import ErrorSummary, TopList, Window
+from service.samples import MongoWireServer
+
+DATABASE = "cache_parts_test"
+BASE_MS = 1_767_225_600_000          # 2026-01-01T00:00Z, a multiple of every bucket below
+BUCKETS_MS = [60_000, 600_000, 3_600_000]
+SPAN_MS = 6 * 3_600_000
+NOW_MS = BASE_MS + SPAN_MS           # the cache's clock: the data's last instant
+LOOKUPS = (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup)
+
+
+@pytest.fixture(scope="module")
+def backend(mongo_server: MongoWireServer) -> Iterator[MongoBackend]:
+    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database=DATABASE))
+    yield backend
+    backend.client.drop_database(DATABASE)
+    backend.close()
+
+
+def _documents(seconds: list[int], picks: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """Documents on whole seconds (nx-27017 compares them to the second), with few enough
+    keys that ties in the top lists are common."""
+    errors, requests, queries = [], [], []
+    for second, pick in zip(seconds, picks):
+        ts = datetime.fromtimestamp((BASE_MS // 1000) + second, tz=timezone.utc)
+        app = ("shop", "search")[pick % 2]
+        errors.append({"app": app, "ts": ts, "code": 500, "message": f"boom {pick % 7}"})
+        duration = (pick % 13) * 2.5 if pick % 5 else pick % 17   # floats and integers
+        request = {"app": app, "ts": ts, "url": f"/u{pick % 11}", "controller": f"C{pick % 4}",
+                   "duration_ms": duration, "status": 200}
+        if pick % 19 == 0:   # no duration: counted, but not in the mean (nx-27017's $sum
+            del request["duration_ms"]   # refuses strings, which MongoDB's skips)
+        requests.append(request)
+        queries.append({"app": app, "ts": ts, "query": f"SELECT * FROM t WHERE id = {pick % 9}",
+                        "duration_ms": duration})
+    return {"errors": errors, "requests": requests, "queries": queries}
+
+
+def _seed(backend: MongoBackend, documents: dict[str, list[dict[str, Any]]]) -> None:
+    db = backend.db
+    for name, rows in documents.items():
+        db[name].delete_many({})
+        if rows:
+            db[name].insert_many([dict(row) for row in rows])
+        db[name].create_index([("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)], name="app_ts")
+
+
+def _cached(backend: MongoBackend, bucket_ms: int, settle_ms: int,
+            store: MemoryStore) -> dict[str, CachedLookup]:
+    lookups = {cls.name: cls(backend) for cls in LOOKUPS}
+    settings = CacheSettings(enabled=True, bucket_ms=bucket_ms, settle_ms=settle_ms)
+    cached = with_cache(lookups, settings, store)
+    for lookup in cached.values():
+        assert isinstance(lookup, CachedLookup)
+        lookup._clock = lambda: NOW_MS / 1000   # noqa: SLF001 - the test's fixed "now"
+    return cached  # type: ignore[return-value]
+
+
+def _same(cached: Any, direct: Any) -> None:
+    """Equal panels: the same totals and entries in the same order, means within 1e-9."""
+    assert type(cached) is type(direct)
+    if isinstance(direct, ErrorSummary):
+        assert cached == direct
+        return
+    assert isinstance(direct, TopList)
+    assert [(e.key, e.count) for e in cached.entries] == [(e.key, e.count) for e in direct.entries]
+    for mine, theirs in zip(cached.entries, direct.entries):
+        assert mine.mean_ms == pytest.approx(theirs.mean_ms, rel=1e-9, abs=1e-9)
+        assert mine.total_ms == pytest.approx(theirs.total_ms, rel=1e-9, abs=1e-9)
+
+
+_window = st.tuples(st.integers(-600, SPAN_MS // 1000 + 600), st.integers(0, SPAN_MS // 1000))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seconds=st.lists(st.integers(0, SPAN_MS // 1000 - 1), max_size=120),
+       late=st.lists(st.integers(SPAN_MS // 1000 - 300, SPAN_MS // 1000 - 1), max_size=10),
+       picks=st.lists(st.integers(0, 1000), min_size=130, max_size=130),
+       windows=st.lists(_window, min_size=1, max_size=4),
+       aligned=st.booleans(), bucket_ms=st.sampled_from(BUCKETS_MS), app=st.sampled_from(["shop", "search"]))
+def test_panels_from_buckets_equal_the_direct_query(
+        backend: MongoBackend, seconds: list[int], late: list[int], picks: list[int],
+        windows: list[tuple[int, int]], aligned: bool, bucket_ms: int, app: str) -> None:
+    _seed(backend, _documents(seconds, picks))
+    store = MemoryStore(1 << 24)
+    cached = _cached(backend, bucket_ms, settle_ms=300_000, store=store)
+    deadline = Deadline.after_ms(30_000)
+    for start_s, length_s in windows:
+        start_ms = BASE_MS + start_s * 1000
+        if aligned:
+            start_ms -= start_ms % bucket_ms
+        window = Window(app, start_ms, start_ms + length_s * 1000)
+        for name, lookup in cached.items():
+            _same(lookup.fetch(window, deadline), lookup.inner.fetch(window, deadline))
+    # Documents arriving late, within settle_ms: newer buckets are never cached, so they count.
+    if late:
+        backend.db.requests.insert_many(_documents(late, picks)["requests"])
+        window = Window(app, BASE_MS, NOW_MS)
+        lookup = cached["urls"]
+        _same(lookup.fetch(window, deadline), lookup.inner.fetch(window, deadline))
+
+
+def test_a_window_of_whole_cached_buckets_queries_nothing_more(backend: MongoBackend) -> None:
+    _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 97)), list(range(400)) * 3))
+    store = MemoryStore(1 << 24)
+    lookup = _cached(backend, 3_600_000, 0, store)["urls"]
+    window = Window("shop", BASE_MS, BASE_MS + 3 * 3_600_000)
+    first = lookup.fetch(window, Deadline.after_ms(10_000))   # fills the newest two
+    assert (store.stats.misses, store.stats.fills, store.stats.hits) == (3, 2, 0)
+    assert lookup.fetch(window, Deadline.after_ms(10_000)) == first   # and then the third
+    assert (store.stats.misses, store.stats.fills, store.stats.hits) == (4, 3, 2)
+    backend.db.requests.delete_many({})   # what is cached no longer needs the database
+    assert lookup.fetch(window, Deadline.after_ms(10_000)) == first
+    assert (store.stats.misses, store.stats.fills, store.stats.hits) == (4, 3, 5)
+    assert lookup.inner.fetch(window, Deadline.after_ms(10_000)) == TopList(())
+
+
+def test_a_bucket_with_too_many_groups_is_answered_by_the_direct_query(backend: MongoBackend) -> None:
+    second = [i % 3000 for i in range(PART_GROUP_CAP + 1)]
+    documents = _documents(second, [0] * len(second))
+    for index, row in enumerate(documents["queries"]):
+        row["query"] = f"SELECT {index}"     # every statement its own group
+    _seed(backend, documents)
+    store = MemoryStore(1 << 24)
+    lookup = _cached(backend, 3_600_000, 0, store)["queries"]
+    window = Window("shop", BASE_MS, BASE_MS + 3_600_000)
+    assert lookup.fetch(window, Deadline.after_ms(30_000)) == \
+        lookup.inner.fetch(window, Deadline.after_ms(30_000))
+    assert store.stats.direct == 1 and len(store) == 0
+
+
+def test_the_memory_store_stays_within_its_bytes() -> None:
+    stats = CacheStats()
+    store = MemoryStore(1000, stats)
+    for index in range(100):
+        store.put_many({f"key{index}": b"x" * 90})
+        assert stats.bytes <= 1000
+    assert stats.bytes == sum(len(f"key{i}") + 90 for i in range(90, 100)) and stats.evictions == 90
+    assert store.get_many(["key99", "key0"]) == {"key99": b"x" * 90}
+    store.put_many({"huge": b"x" * 2000})   # larger than the bound: never kept
+    assert "huge" not in store.get_many(["huge"]) and stats.bytes <= 1000

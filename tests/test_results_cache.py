@@ -1,0 +1,217 @@
+"""The results cache end to end: a real server, the seeded MongoDB-wire server, a real Redis.
+
+What a caller sees with ``cache.enabled``: the same panels as without it, fewer queries,
+fills shared by callers arriving together, a ``fresh`` call that reads nothing cached,
+and a Redis that is down, slow or flushed costing no call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import gevent
+import pytest
+from pymongo import monitoring
+
+from lookups.backends.mongo import MongoBackend
+from lookups.backends.settings import MongoBackendSettings
+from lookups.cache import CacheSettings, with_cache
+from lookups.cache.cached import FILL_FACETS, CachedLookup
+from lookups.cache.stores import CacheStats, MemoryStore, RedisStore
+from lookups.deadline import Deadline
+from lookups.mongo import ErrorsLookup, QueriesLookup, UrlsLookup
+from lookups.panels import Window
+from service.samples import MongoWireServer
+from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 - a fixture
+from tests.support.samples import SAMPLE_DATABASE, StartService
+from tests.support.toolchains import needs
+
+HOUR_MS = 3_600_000
+DAY = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)          # 24 whole hours
+UNEVEN = Window("shop", SAMPLE_START_MS + 1_234_000, SAMPLE_END_MS - 2_345_000)
+MONGO_PANELS = ("errors", "urls", "controllers", "queries")
+CACHE_ON = {"cache__enabled": True, "cache__bucket_ms": HOUR_MS, "cache__settle_ms": 0}
+
+
+class Aggregations(monitoring.CommandListener):
+    """Counts the ``aggregate`` commands a client sends."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.count += event.command_name == "aggregate"
+
+    def succeeded(self, event: Any) -> None:
+        pass
+
+    def failed(self, event: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def counted(mongo_server: MongoWireServer) -> Iterator[tuple[MongoBackend, Aggregations]]:
+    listener = Aggregations()
+    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database=SAMPLE_DATABASE),
+                           event_listeners=[listener])
+    yield backend, listener
+    backend.close()
+
+
+def _cached(backend: MongoBackend, store: Any, *lookups: type) -> dict[str, CachedLookup]:
+    settings = CacheSettings(enabled=True, bucket_ms=HOUR_MS, settle_ms=0)
+    return with_cache({cls.name: cls(backend) for cls in lookups}, settings, store)  # type: ignore
+
+
+def _deadline() -> Deadline:
+    return Deadline.after_ms(20_000)
+
+
+def _close(mine: Any, theirs: Any) -> bool:
+    """Equal panels, sums of durations within 1e-9 relative (they are added in another
+    order); everything else, counts and order included, exactly."""
+    if isinstance(theirs, float):
+        return mine == pytest.approx(theirs, rel=1e-9, abs=1e-9)
+    if isinstance(theirs, (list, tuple)):
+        return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
+    if hasattr(theirs, "__dict__") or hasattr(theirs, "__dataclass_fields__"):
+        fields = vars(theirs) if hasattr(theirs, "__dict__") else {
+            name: getattr(theirs, name) for name in theirs.__dataclass_fields__}
+        return type(mine) is type(theirs) and all(_close(getattr(mine, k), v) for k, v in fields.items())
+    return mine == theirs
+
+
+def _warm(lookup: CachedLookup, window: Window) -> int:
+    """Fetch until every bucket is cached; how many fetches that took."""
+    for fetches in range(1, 100):
+        misses = lookup.store.stats.misses
+        lookup.fetch(window, _deadline())
+        if lookup.store.stats.misses == misses:
+            return fetches
+    raise AssertionError("the cache never warmed")
+
+
+def test_fifty_callers_arriving_together_fill_each_bucket_once(counted: Any) -> None:
+    backend, aggregations = counted
+    store = MemoryStore(1 << 24)
+    lookup = _cached(backend, store, UrlsLookup)["urls"]
+    expected = lookup.inner.fetch(DAY, _deadline())
+    for round_ in range(1, 24 // FILL_FACETS + 2):
+        aggregations.count, fills = 0, store.stats.fills
+        answers = gevent.joinall([gevent.spawn(lookup.fetch, DAY, _deadline()) for _ in range(50)],
+                                 raise_error=True)
+        assert all(_close(answer.value, expected) for answer in answers)
+        # Each round: one fill of the newest missing buckets and one query for the rest,
+        # shared by the fifty; the last round finds every bucket cached and queries nothing.
+        assert store.stats.fills - fills == (FILL_FACETS if round_ <= 24 // FILL_FACETS else 0)
+        assert aggregations.count == (2 if round_ < 24 // FILL_FACETS else
+                                      1 if round_ == 24 // FILL_FACETS else 0)
+    assert store.stats.fills == 24 and len(store) == 24
+
+
+def test_an_uneven_window_once_warm_queries_only_its_edges(counted: Any) -> None:
+    backend, aggregations = counted
+    store = MemoryStore(1 << 24)
+    lookups = _cached(backend, store, ErrorsLookup, QueriesLookup)
+    for lookup in lookups.values():
+        assert _warm(lookup, UNEVEN) == 22 // FILL_FACETS + 1
+    aggregations.count, hits = 0, store.stats.hits
+    for lookup in lookups.values():
+        assert _close(lookup.fetch(UNEVEN, _deadline()), lookup.inner.fetch(UNEVEN, _deadline()))
+    # Per panel: one query for both edges, and the direct query compared with.
+    assert aggregations.count == 2 * len(lookups)
+    assert store.stats.hits - hits == 22 * len(lookups)
+
+
+def _counters(stats: CacheStats) -> tuple[int, int, int]:
+    return stats.hits, stats.misses, stats.fills
+
+
+def test_a_fresh_call_reads_no_cached_bucket(start_service: StartService) -> None:
+    service, client = start_service(**CACHE_ON)
+    stats = service.cache.stats
+    for _ in range(24 // FILL_FACETS + 1):
+        cached = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert stats.hits == stats.fills * (24 // FILL_FACETS - 1) // 2 + stats.fills
+    before = _counters(stats)
+    fresh = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, fresh=True)
+    assert _counters(stats) == before
+    again = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    assert _counters(stats) == (before[0] + 24 * len(MONGO_PANELS), *before[1:])
+    for name in MONGO_PANELS:
+        assert _close(cached.panels[name], fresh.panels[name])
+        assert _close(again.panels[name], fresh.panels[name])
+
+
+def test_answers_with_the_cache_equal_answers_without(start_service: StartService) -> None:
+    _, plain = start_service()
+    _, cached = start_service(**CACHE_ON)
+    for start_ms, end_ms in ((UNEVEN.start_ms, UNEVEN.end_ms), (SAMPLE_START_MS, SAMPLE_END_MS)):
+        for _ in range(24 // FILL_FACETS + 1):   # cold, warming, warm
+            mine = cached.get_app_stats("shop", start_ms, end_ms)
+            theirs = plain.get_app_stats("shop", start_ms, end_ms)
+            for name in MONGO_PANELS:
+                assert _close(mine.panels[name], theirs.panels[name])
+
+
+@needs("redis")
+def test_instances_sharing_redis_fill_once_and_read_each_others_buckets(
+        counted: Any, redis_server: RedisServer) -> None:
+    backend, aggregations = counted
+    first = _cached(backend, RedisStore(redis_server.url, 200, 60), UrlsLookup)["urls"]
+    second_store = RedisStore(redis_server.url, 200, 60)
+    second = _cached(backend, second_store, UrlsLookup)["urls"]
+    _warm(first, DAY)
+    expected = first.fetch(DAY, _deadline())
+    aggregations.count = 0
+    assert second.fetch(DAY, _deadline()) == expected and aggregations.count == 0
+    assert second_store.stats.hits == 24 and second_store.stats.redis_errors == 0
+    assert all(0 < redis_server.client.ttl(key) <= 60 for key in redis_server.client.keys("fanout:*"))
+
+
+@needs("redis")
+def test_a_redis_flushed_between_calls_is_filled_again(counted: Any, redis_server: RedisServer) -> None:
+    backend, _ = counted
+    store = RedisStore(redis_server.url, 200, 60)
+    lookup = _cached(backend, store, ErrorsLookup)["errors"]
+    _warm(lookup, DAY)
+    expected, fills = lookup.fetch(DAY, _deadline()), store.stats.fills
+    redis_server.client.flushall()
+    assert _close(lookup.fetch(DAY, _deadline()), expected)
+    assert store.stats.fills == fills + FILL_FACETS and store.stats.redis_errors == 0
+
+
+@needs("redis")
+def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: RedisServer) -> None:
+    backend, _ = counted
+    store = RedisStore(redis_server.url, 50, 60)
+    lookup = _cached(backend, store, UrlsLookup)["urls"]
+    expected = lookup.inner.fetch(DAY, _deadline())
+    redis_server.pause()   # it accepts connections and answers nothing: each command times out
+    try:
+        for _ in range(3):
+            assert _close(lookup.fetch(DAY, Deadline.after_ms(5_000)), expected)
+    finally:
+        redis_server.resume()
+    assert store.stats.redis_errors >= 1 and store.stats.hits == 0
+
+
+def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None:
+    backend, _ = counted
+    from service.samples.mongo_server import free_port
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", 50, 60)
+    lookup = _cached(backend, store, UrlsLookup)["urls"]
+    expected = lookup.inner.fetch(DAY, _deadline())
+    for _ in range(3):
+        assert _close(lookup.fetch(DAY, _deadline()), expected)
+    assert store.stats.redis_errors >= 1 and store.stats.hits == 0
+    assert store.stats.fills == 3 * FILL_FACETS
+
+
+def test_a_bad_cache_url_fails_the_start_naming_the_key() -> None:
+    from service.errors import ConfigError
+    from service.settings.config import load_settings
+    with pytest.raises(ConfigError, match="cache.url"):
+        load_settings(env={"FANOUT_CACHE_URL": "memcached://127.0.0.1:11211"})
+    assert CacheStats().hits == 0
