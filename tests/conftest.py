@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from tests.support import toolchains  # noqa: E402
 
 pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples",
-                             "tests.support.processes", "tests.support.dist",
+                             "tests.support.processes", "tests.support.dist", "tests.support.redis_server",
                                    "tests.support.pacing"]
 
 

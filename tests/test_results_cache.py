@@ -7,10 +7,12 @@ and a Redis that is down, slow or flushed costing no call.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator
 
 import gevent
 import pytest
+import requests
 from pymongo import monitoring
 
 from lookups.backends.mongo import MongoBackend
@@ -21,10 +23,12 @@ from lookups.cache.stores import CacheStats, MemoryStore, RedisStore
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup, QueriesLookup, UrlsLookup
 from lookups.panels import Window
+from service.client import AppStatsClient
 from service.samples import MongoWireServer
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 - a fixture
+from tests.support.redis_server import RedisServer
 from tests.support.samples import SAMPLE_DATABASE, StartService
+from tests.support.sockets import wait_for
 from tests.support.toolchains import needs
 
 HOUR_MS = 3_600_000
@@ -215,3 +219,37 @@ def test_a_bad_cache_url_fails_the_start_naming_the_key() -> None:
     with pytest.raises(ConfigError, match="cache.url"):
         load_settings(env={"FANOUT_CACHE_URL": "memcached://127.0.0.1:11211"})
     assert CacheStats().hits == 0
+
+
+def test_each_task_span_says_how_many_buckets_were_cached_and_queried(
+        start_service: StartService, spans: Any) -> None:
+    _, client = start_service(**CACHE_ON)
+    for _ in range(2):
+        spans.clear()
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    tasks = {s.attributes["fanout.task.name"]: s for s in spans.get_finished_spans()
+             if s.name.startswith("fanout.task ")}
+    for name in MONGO_PANELS:   # the second call: two buckets read, twenty-two missing
+        assert tasks[name].attributes["fanout.cache.buckets_cached"] == FILL_FACETS
+        assert tasks[name].attributes["fanout.cache.buckets_queried"] == 24 - FILL_FACETS
+    assert "fanout.cache.buckets_cached" not in tasks["alerts"].attributes
+
+
+def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any) -> None:
+    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0,
+                                     "cache.enabled": "true", "cache.bucket_ms": HOUR_MS,
+                                     "cache.settle_ms": 0})
+    with AppStatsClient("127.0.0.1", server.port) as client:
+        for _ in range(2):
+            client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+                     10, "the scrape address in the log")
+    text = requests.get(found.group(1), timeout=5).text
+    panels = len(MONGO_PANELS)
+    for series, value in (("hits", FILL_FACETS * panels), ("fills", 2 * FILL_FACETS * panels),
+                          ("misses", (24 + 24 - FILL_FACETS) * panels), ("evictions", 0),
+                          ("direct", 0), ("redis_errors", 0)):
+        assert re.search(rf"^fanout_cache_{series}_total(\{{[^}}]*\}})? {value}\.0$", text, re.M), \
+            (series, [line for line in text.splitlines() if "fanout_cache" in line])
+    held = re.search(r"^fanout_cache_bytes(?:_bytes)?(?:\{[^}]*\})? (\d+)\.0$", text, re.M)
+    assert held and 0 < int(held.group(1)) <= 64 * 1024 * 1024, text

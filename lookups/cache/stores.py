@@ -75,6 +75,11 @@ class MemoryStore:
             self.stats.bytes -= len(key) + len(value)
             self.stats.evictions += 1
 
+    def clear(self) -> None:
+        """Drop every entry (not counted as evictions)."""
+        self._entries.clear()
+        self.stats.bytes = 0
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -17,6 +17,8 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.calls.refused                                              by fanout.criticality
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
+    fanout.cache.hits, .misses, .fills, .evictions, .direct, .redis_errors   (buckets; windows)
+    fanout.cache.bytes (the in-process store's keys and values)
 """
 
 from __future__ import annotations
@@ -166,3 +168,20 @@ _meter.create_observable_counter(
 _meter.create_observable_gauge(
     "fanout.brownout.level", [_brownout_level], unit="1",
     description="The brownout dimmer: 0 nothing shed, 1 all that may be shed")
+
+for _name, _field, _unit, _description in (
+        ("fanout.cache.hits", "hits", "{bucket}", "Buckets read from the results cache"),
+        ("fanout.cache.misses", "misses", "{bucket}", "Buckets not found in the results cache"),
+        ("fanout.cache.fills", "fills", "{bucket}", "Buckets queried and stored"),
+        ("fanout.cache.evictions", "evictions", "{bucket}",
+         "Buckets dropped from the in-process store to stay within cache.max_bytes"),
+        ("fanout.cache.direct", "direct", "{window}",
+         "Windows answered by the panel's own query: a bucket's groups were too many to keep"),
+        ("fanout.cache.redis_errors", "redis_errors", "{error}",
+         "Redis commands that failed or timed out (their buckets were queried)")):
+    _meter.create_observable_counter(
+        _name, [_summed(lambda s, f=_field: getattr(s.cache.stats, f) if s.cache else 0)],
+        unit=_unit, description=_description)
+_meter.create_observable_gauge(
+    "fanout.cache.bytes", [_summed(lambda s: s.cache.stats.bytes if s.cache else 0)], unit="By",
+    description="Keys and values held by the in-process results cache")

@@ -4,7 +4,9 @@ Each client (``tests/interop/clients``, built by :mod:`tests.interop.builds`)
 calls ping, panels, get_app_stats with a W3C ``traceparent`` in its request
 meta, get_app_stats again as a ``SHEDDABLE`` call (the servers hold the brownout
 dimmer at 0.2, which sheds the optional panels of such calls only), get_app_stats
-with an empty app (a declared ``InvalidRequest``) and health, and prints what it got as JSON; this module checks it. Every language
+over two whole hours asking for a ``fresh`` answer (the servers' results cache then
+reads and keeps none of their buckets), get_app_stats with an empty app (a declared
+``InvalidRequest``) and health, and prints what it got as JSON; this module checks it. Every language
 runs against every transport and protocol pair the server offers. The servers
 are whole Fanout servers over the sample backends (a real MongoDB-wire server
 and real HTTP services).
@@ -21,6 +23,7 @@ from typing import Any, Iterator
 import pytest
 
 from service.app import FanOutService
+from service.client import AppStatsClient
 from service.settings.config import load_settings
 from tests.interop.builds import build_go, build_java, build_node
 from tests.support.samples import backend_overrides
@@ -33,6 +36,8 @@ COMBINATIONS = [("framed", "binary"), ("framed", "compact"), ("buffered", "binar
                 ("buffered", "compact")]
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 OPTIONAL = {"controllers", "queries", "volume"}   # the shipped dashboard's
+MONGO_PANELS = ["errors", "urls", "controllers", "queries"]
+FRESH_START_MS = 1_699_999_200_000   # the clients' fresh call: two whole hours from here
 PANEL_KINDS = {"errors": "error_summary", "urls": "top_list", "controllers": "top_list",
                "queries": "top_list", "alerts": "alert_list", "latency": "series",
                "volume": "series"}
@@ -58,7 +63,8 @@ def servers(mongo_server: Any, http_services: Any) -> Iterator[dict[tuple[str, s
             settings = load_settings(env={}, overrides={
                 **backend_overrides(mongo_server, http_services), "server.port": 0,
                 "server.transport": transport, "server.protocol": protocol,
-                "tracing.exporter": "none", "admission.brownout_min_level": 0.2})
+                "tracing.exporter": "none", "admission.brownout_min_level": 0.2,
+                "cache.enabled": True, "cache.bucket_ms": 3_600_000, "cache.settle_ms": 0})
             started[transport, protocol] = stack.enter_context(FanOutService(settings))
         yield started
 
@@ -67,7 +73,9 @@ def servers(mongo_server: Any, http_services: Any) -> Iterator[dict[tuple[str, s
 @pytest.mark.parametrize("language", list(LANGUAGES))
 def test_generated_client(clients: dict[str, list[str]], servers: dict[tuple[str, str], Any],
                           language: str, transport: str, protocol: str) -> None:
-    host, port = servers[transport, protocol].address
+    service = servers[transport, protocol]
+    host, port = service.address
+    service.cache.clear()
     trace_id = secrets.token_hex(16)
     traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
     done = subprocess.run([*clients[language], host, str(port), transport, protocol, traceparent],
@@ -85,6 +93,13 @@ def test_generated_client(clients: dict[str, list[str]], servers: dict[tuple[str
     assert report["sheddable"] == {name: "SKIPPED Brownout" if name in OPTIONAL else "OK "
                                    for name in ALL_PANELS}
     assert report["panel_kinds"] == PANEL_KINDS
+    # The fresh call's two whole hours: answered, and no bucket of theirs read or kept
+    # (the other calls' window holds no whole hour). The same call, not fresh, fills them.
+    assert int(report["fresh_outcomes"]) == len(ALL_PANELS)
+    assert len(service.cache) == 0 and service.cache.stats.hits == 0
+    with AppStatsClient(host, port, transport=transport, protocol=protocol) as client:
+        client.get_app_stats("shop", FRESH_START_MS, FRESH_START_MS + 2 * 3_600_000)
+    assert len(service.cache) == 2 * len(MONGO_PANELS)
     assert report["invalid_field"] == "app"       # the declared exception, typed
     assert report["health_state"] == "SERVING"
     assert report["health_backends"] == "alerts,metrics,mongo"

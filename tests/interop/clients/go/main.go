@@ -86,6 +86,16 @@ func main() {
 	}
 	report["sheddable"] = shedOutcomes
 
+	// Two whole hours, asking for a fresh answer: the server reads and keeps no cached bucket.
+	fresh := appstats.NewStatsRequest()
+	fresh.App = "shop"
+	fresh.StartMs, fresh.EndMs = 1_699_999_200_000, 1_700_006_400_000
+	yes := true
+	fresh.Meta = &appstats.RequestMeta{DeadlineMs: &deadline, Fresh: &yes}
+	freshResponse, err := client.GetAppStats(ctx, fresh)
+	check(err)
+	report["fresh_outcomes"] = len(freshResponse.Outcomes)
+
 	bad := appstats.NewStatsRequest()
 	bad.StartMs, bad.EndMs = 1, 2
 	_, err = client.GetAppStats(ctx, bad)

@@ -70,6 +70,11 @@ public final class Client {
       }
       report.put("sheddable", shed);
 
+      // Two whole hours, asking for a fresh answer: the server reads and keeps no cached bucket.
+      StatsRequest fresh = new StatsRequest("shop", 1_699_999_200_000L, 1_700_006_400_000L);
+      fresh.setMeta(new RequestMeta().setDeadline_ms(5000).setFresh(true));
+      report.put("fresh_outcomes", client.get_app_stats(fresh).getOutcomes().size());
+
       try {
         client.get_app_stats(new StatsRequest("", 1L, 2L));
         throw new AssertionError("an empty app: expected InvalidRequest");

@@ -48,6 +48,13 @@ async function main([host, port, transportName, protocolName, traceparent]) {
       report.sheddable[outcome.name] = `${statusNames[outcome.status]} ${outcome.error_type || ''}`;
     }
 
+    // Two whole hours, asking for a fresh answer: the server reads and keeps no cached bucket.
+    const fresh = await client.get_app_stats(new types.StatsRequest({
+      app: 'shop', start_ms: 1699999200000, end_ms: 1700006400000,
+      meta: new types.RequestMeta({ deadline_ms: 5000, fresh: true }),
+    }));
+    report.fresh_outcomes = fresh.outcomes.length;
+
     try {
       await client.get_app_stats(new types.StatsRequest({ app: '', start_ms: 1, end_ms: 2 }));
       throw new Error('an empty app: expected InvalidRequest');
