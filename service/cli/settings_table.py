@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lookups.backends.settings import BACKEND_KINDS
+from lookups.cache.settings import CacheSettings
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
 from service.settings.declarations import Key, keys_of
 from service.engine.settings import AdmissionSettings, FanOutSettings
@@ -32,6 +33,7 @@ _TABLES: dict[str, Sequence[tuple[str, type]]] = {
     "aliases": (("mongo", MongoSettings), ("http", HttpSettings)),
     "tracing": (("tracing", TracingSettings),),
     "metrics": (("metrics", MetricsSettings),),
+    "cache": (("cache", CacheSettings),),
 }
 
 _BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n).*?(<!-- /settings:\2 -->)", re.DOTALL)
