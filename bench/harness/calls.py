@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 
-__all__ = ["sample_call", "zipf_views", "ZIPF_DASHBOARDS", "ZIPF_EXPONENT"]
+__all__ = ["panel_names", "sample_call", "zipf_views", "ZIPF_DASHBOARDS", "ZIPF_EXPONENT"]
 
 
 def sample_call() -> tuple[str, int, int]:
@@ -36,3 +36,10 @@ def zipf_views(viewers: int) -> list[tuple[str, int, int]]:
     views = [(app, start_ms + k * 60_000, end_ms + k * 60_000)
              for k, count in enumerate(counts) for _ in range(count)]
     return views[:viewers]
+
+
+def panel_names() -> tuple[str, ...]:
+    """The panels every server of the stack offers (the default registry's, in its order)."""
+    from lookups.registry import default_registry
+
+    return tuple(default_registry().names())

@@ -35,10 +35,13 @@ class Companion:
 
 
 def run_mixed(config: Any, timing: Any, result: dict[str, Any],
-              on_window: Callable[[], None]) -> None:
+              on_window: Callable[[], None], runner: Any) -> None:
     """Measure ``config`` (a :class:`~bench.harness.runner.Config` with a companion) into
-    ``result``: the primary group's windows as usual, the companion's, the levels."""
-    from bench.harness import runner
+    ``result``: the primary group's windows as usual, the companion's, the levels.
+
+    ``runner`` is what measures one group (``plan_of``, ``measure``, ``loadgen_processes``
+    of :mod:`bench.harness.runner`, which passes itself), so that this module imports
+    nothing of the runner that calls it."""
     from bench.harness.stack import start_stack
     from bench.load.loadgen import LoadGenerator
 
@@ -102,7 +105,7 @@ def _summary(load: Optional[Any], timing: Any) -> dict[str, Any]:
 def _essential(samples: list[dict[str, Any]], timing: Any) -> dict[str, Any]:
     """From every decoded reply of the primary group: per window, the calls whose essential
     panels were all OK, and the optional panels those calls ran."""
-    from bench.harness.runner import panel_names
+    from bench.harness.calls import panel_names
 
     names = set(panel_names())
     essential, optional = names - SHIPPED_OPTIONAL, names & SHIPPED_OPTIONAL

@@ -10,6 +10,7 @@ and tears everything down, whatever happened. The result is a JSON-able dict.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from array import array
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ import psutil
 
 from bench.analysis import stats
 from lookups.settings import SHIPPED_OPTIONAL
-from bench.harness.calls import sample_call, zipf_views
+from bench.harness.calls import panel_names, sample_call, zipf_views
 from bench.load import frames
 from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
 
@@ -98,13 +99,6 @@ def loadgen_processes(connections: int) -> int:
     if connections <= 50:
         return 1
     return 2 if connections <= 2000 else 4
-
-
-def panel_names() -> tuple[str, ...]:
-    """The panels every server of the stack offers (the default registry's, in its order)."""
-    from lookups.registry import default_registry
-
-    return tuple(default_registry().names())
 
 
 def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
@@ -239,7 +233,7 @@ def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lam
         if config.companion is not None:
             from bench.harness.mixed import run_mixed
 
-            run_mixed(config, timing, result, on_window)
+            run_mixed(config, timing, result, on_window, sys.modules[__name__])
         else:
             # Started first so that their start-up overlaps the stack's; they end before it.
             with LoadGenerator(config.processes or loadgen_processes(config.connections)) as load:
