@@ -19,6 +19,7 @@ from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
 from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
+from lookups.cache.merged import MergedRuns
 from lookups.cache.stores import CacheStats, MemoryStore
 from lookups.deadline import Deadline
 from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
@@ -164,3 +165,14 @@ def test_the_memory_store_stays_within_its_bytes() -> None:
     assert store.get_many(["key99", "key0"]) == {"key99": b"x" * 90}
     store.put_many({"huge": b"x" * 2000})   # larger than the bound: never kept
     assert "huge" not in store.get_many(["huge"]) and stats.bytes <= 1000
+
+
+def test_the_merged_runs_stay_within_their_bytes() -> None:
+    runs = MergedRuns(200)
+    for index in range(20):
+        runs.put(("urls", "shop", index, index + 5), {f"/u{index}": [index, 1.5, 1]})
+        assert runs.bytes <= 200
+    assert runs.get(("urls", "shop", 0, 5)) is None                   # the oldest went first
+    assert runs.get(("urls", "shop", 19, 24)) == {"/u19": [19, 1.5, 1]}
+    runs.put(("queries", "shop", 0, 1), {f"SELECT {i}": [1, 2.0] for i in range(50)})
+    assert runs.get(("queries", "shop", 0, 1)) is None and runs.bytes <= 200   # never kept

@@ -3,6 +3,7 @@
 - :mod:`~lookups.cache.buckets`: a window as settled buckets and the edges around them;
 - :mod:`~lookups.cache.stores`: where buckets live (this process, or Redis) and the counters;
 - :mod:`~lookups.cache.cached`: the panel from its buckets' parts and its edges;
+- :mod:`~lookups.cache.merged`: the sums of whole runs of buckets, kept decoded;
 - :mod:`~lookups.cache.settings`: the ``[cache]`` section.
 
 The parts themselves, and why their sum is exactly the panel's one query, are in
@@ -15,6 +16,7 @@ from typing import Mapping
 
 from lookups.base import Lookup
 from lookups.cache.cached import CachedLookup
+from lookups.cache.merged import MergedRuns
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore, CacheStats, store_for
 from lookups.mongo_parts import parts_of
@@ -27,6 +29,7 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
     """``lookups`` with each MongoDB panel that is made of parts answered through ``store``;
     the others as they are."""
     cached: dict[str, Lookup] = {}
+    merged = MergedRuns(settings.max_bytes // 8)
     for name, lookup in lookups.items():
         parts = parts_of(lookup)
         if parts is None:
@@ -34,7 +37,8 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
             continue
         backend = lookup.backend  # type: ignore[attr-defined]
         namespace = f"{backend.name}/{backend.settings.database}"
-        cached[name] = CachedLookup(lookup, parts, store, settings, namespace)  # type: ignore[arg-type]
+        cached[name] = CachedLookup(lookup, parts, store, settings, namespace,  # type: ignore[arg-type]
+                                    merged)
     return cached
 
 

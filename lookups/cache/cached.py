@@ -23,6 +23,7 @@ from opentelemetry import trace
 
 from lookups.base import Lookup
 from lookups.cache.buckets import BucketPlan, plan_buckets
+from lookups.cache.merged import MergedRuns
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
@@ -45,9 +46,9 @@ class CachedLookup(Lookup):
     """``inner``'s panel from cached buckets; ``inner`` itself answers fresh calls."""
 
     def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
-                 settings: CacheSettings, namespace: str,
+                 settings: CacheSettings, namespace: str, merged: MergedRuns,
                  clock: Callable[[], float] = time.time) -> None:
-        self.inner, self._parts, self.store = inner, parts, store
+        self.inner, self._parts, self.store, self._merged = inner, parts, store, merged
         self.name, self.source = inner.name, inner.source  # type: ignore[misc]
         self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
         self._prefix = f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}"
@@ -59,8 +60,21 @@ class CachedLookup(Lookup):
         plan = plan_buckets(window.start_ms, window.end_ms, self._bucket_ms, settled_before_ms)
         if not plan.buckets:
             return self.inner.fetch(window, deadline)
+        run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
+        merged = self._merged.get(run)
+        if merged is None and not self.store.available():
+            self.store.stats.direct += 1   # the store is down: the panel's own query, no fill
+            return self.inner.fetch(window, deadline)
         try:
-            parts, unread = self._bucket_parts(window.app, plan, deadline)
+            if merged is not None:
+                parts, unread = [merged], []
+                self._counted(len(plan.buckets), 0)
+            else:
+                parts, unread = self._bucket_parts(window.app, plan, deadline)
+                if not unread:
+                    merged = add_parts(parts)
+                    self._merged.put(run, merged)
+                    parts = [merged]
             ranges = _ranges(unread, self._bucket_ms) + list(plan.edges)
             if ranges:
                 parts.append(self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
@@ -86,17 +100,19 @@ class CachedLookup(Lookup):
                 missing.append(start)
             else:
                 parts.append(part)
-        stats = self.store.stats
-        stats.hits += len(parts)
-        stats.misses += len(missing)
-        span = trace.get_current_span()
-        span.set_attribute("fanout.cache.buckets_cached", len(parts))
-        span.set_attribute("fanout.cache.buckets_queried", len(missing))
+        self._counted(len(parts), len(missing))
         filled = tuple(missing[-FILL_FACETS:])   # the newest: they stay in a sliding window longest
         if filled:
             parts.extend(self._shared(("fill", app, filled), deadline,
                                       lambda: self._fill(app, filled, deadline)))
         return parts, missing[:-FILL_FACETS]
+
+    def _counted(self, cached: int, queried: int) -> None:
+        self.store.stats.hits += cached
+        self.store.stats.misses += queried
+        span = trace.get_current_span()
+        span.set_attribute("fanout.cache.buckets_cached", cached)
+        span.set_attribute("fanout.cache.buckets_queried", queried)
 
     def _shared(self, key: tuple[Any, ...], deadline: Deadline,
                 query: Callable[[], list[Part]]) -> list[Part]:

@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class CacheStats:
     """Counters since start: buckets found and missed, filled by a query, evicted; windows
-    answered by the panel's own query instead (too many groups); Redis errors; bytes held."""
+    answered by the panel's own query instead (too many groups, or the store down); Redis
+    errors; bytes held."""
 
     hits: int = 0
     misses: int = 0
@@ -41,6 +42,9 @@ class BucketStore(Protocol):
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
         """Keep ``items``; best effort."""
+
+    def available(self) -> bool:
+        """False while the store is known not to answer (then nothing is filled)."""
 
 
 class MemoryStore:
@@ -74,6 +78,9 @@ class MemoryStore:
             key, value = self._entries.popitem(last=False)
             self.stats.bytes -= len(key) + len(value)
             self.stats.evictions += 1
+
+    def available(self) -> bool:
+        return True
 
     def clear(self) -> None:
         """Drop every entry (not counted as evictions)."""
@@ -126,6 +133,9 @@ class RedisStore:
                 pipe.execute()
         except self._errors as exc:
             self._failed("write", exc)
+
+    def available(self) -> bool:
+        return time.monotonic() >= self._paused_until
 
     def close(self) -> None:
         self._client.close()

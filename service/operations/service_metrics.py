@@ -176,7 +176,8 @@ for _name, _field, _unit, _description in (
         ("fanout.cache.evictions", "evictions", "{bucket}",
          "Buckets dropped from the in-process store to stay within cache.max_bytes"),
         ("fanout.cache.direct", "direct", "{window}",
-         "Windows answered by the panel's own query: a bucket's groups were too many to keep"),
+         "Windows answered by the panel's own query: a bucket's groups too many to keep, "
+         "or the store not answering"),
         ("fanout.cache.redis_errors", "redis_errors", "{error}",
          "Redis commands that failed or timed out (their buckets were queried)")):
     _meter.create_observable_counter(
