@@ -79,10 +79,24 @@ class PanelParts(abc.ABC):
     def __init__(self, lookup: MongoLookup) -> None:
         self.lookup = lookup
 
+    @property
     @abc.abstractmethod
+    def key_field(self) -> str:
+        """The documents' field the panel groups by."""
+
+    @abc.abstractmethod
+    def sums(self) -> dict[str, Any]:
+        """The ``$group`` accumulators of :attr:`fields`, by name."""
+
     def stages(self) -> list[dict[str, Any]]:
         """The stages after the range's ``$match``: one document per group, ``_id`` and
         :attr:`fields`, at most ``PART_GROUP_CAP + 1`` of them."""
+        return [{"$group": {"_id": f"${self.key_field}", **self.sums()}},
+                {"$limit": PART_GROUP_CAP + 1}]
+
+    def stages_by(self, bucket: dict[str, Any]) -> list[dict[str, Any]]:
+        """The groups of every bucket of a range: ``_id`` is ``{"b": bucket, "k": key}``."""
+        return [{"$group": {"_id": {"b": bucket, "k": f"${self.key_field}"}, **self.sums()}}]
 
     @abc.abstractmethod
     def finish(self, total: Part) -> PanelValue:
@@ -111,15 +125,12 @@ def _ranked(documents: list[dict[str, Any]], by: str, limit: int) -> list[dict[s
     return documents[:limit]
 
 
-def _group(field: str, **sums: Any) -> dict[str, Any]:
-    return {"$group": {"_id": f"${field}", **sums}}
-
-
 class ErrorParts(PanelParts):
     fields = ("count",)
+    key_field = "message"
 
-    def stages(self) -> list[dict[str, Any]]:
-        return [_group("message", count={"$sum": 1}), {"$limit": PART_GROUP_CAP + 1}]
+    def sums(self) -> dict[str, Any]:
+        return {"count": {"$sum": 1}}
 
     def finish(self, total: Part) -> PanelValue:
         top = _ranked(self._documents(total), "count", TOP_N)
@@ -131,11 +142,13 @@ class ErrorParts(PanelParts):
 class TopByCountParts(PanelParts):
     fields = ("count", "total_ms", "timed")
 
-    def stages(self) -> list[dict[str, Any]]:
-        field = self.lookup.field  # type: ignore[attr-defined]
-        return [_group(field, count={"$sum": 1}, total_ms={"$sum": "$duration_ms"},
-                       timed={"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}}),
-                {"$limit": PART_GROUP_CAP + 1}]
+    @property
+    def key_field(self) -> str:
+        return self.lookup.field  # type: ignore[attr-defined, no-any-return]
+
+    def sums(self) -> dict[str, Any]:
+        return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"},
+                "timed": {"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}}}
 
     def finish(self, total: Part) -> PanelValue:
         top = _ranked(self._documents(total), "count", TOP_N)
@@ -147,10 +160,10 @@ class TopByCountParts(PanelParts):
 
 class QueryParts(PanelParts):
     fields = ("count", "total_ms")
+    key_field = "query"
 
-    def stages(self) -> list[dict[str, Any]]:
-        return [_group("query", count={"$sum": 1}, total_ms={"$sum": "$duration_ms"}),
-                {"$limit": PART_GROUP_CAP + 1}]
+    def sums(self) -> dict[str, Any]:
+        return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"}}
 
     def finish(self, total: Part) -> PanelValue:
         return self.lookup.build(_ranked(self._documents(total), "total_ms", QUERY_GROUP_CAP))

@@ -2,21 +2,21 @@
 
 :class:`CachedLookup` wraps a panel's own lookup. For a window it plans the aligned,
 settled buckets inside it (:mod:`lookups.cache.buckets`) and reads their parts from the
-store. Of the missing ones it fills the newest :data:`FILL_FACETS` with one query (a
-``$facet`` per bucket, each engine's index used once for them all), shared with every
-caller missing the same buckets meanwhile; the other missing buckets and the uneven
-edges are one more query, as ranges. So a cold window costs about its one query plus a
-small fill, and each refresh warms the cache further, however long the window. The sum
-of the parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled bucket, or whose parts
-cannot be kept whole, is answered by the panel's own query. The store never fails a
-call: what it cannot give is queried.
+store (or their sum, :mod:`lookups.cache.merged`). It fills the missing ones with one
+query (:mod:`lookups.cache.fills`), shared with every caller missing the same buckets
+meanwhile: all of them where the engine groups by bucket, else the newest few, the
+others then queried as ranges with the uneven edges, so that no call costs much more
+than the panel's one query and each refresh warms the cache further. The sum of the
+parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
+bucket, or whose parts cannot be kept whole, is answered by the panel's own query. The
+store never fails a call: what it cannot give is queried.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from gevent.event import AsyncResult
 from opentelemetry import trace
@@ -27,16 +27,19 @@ from lookups.cache.merged import MergedRuns
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
-from lookups.errors import BackendTimeout, BadBackendResponse
+from lookups.cache.fills import fill_faceted, fill_grouped
+from lookups.errors import BackendTimeout
 from lookups.mongo import MongoLookup, aggregate_one_batch
-from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, range_condition,
-                                 ranges_filter)
+from lookups.mongo_parts import NoPart, PanelParts, Part, add_parts, ranges_filter
 from lookups.panels import PanelValue, Window
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
 
-#: Buckets a call fills (one ``$facet`` each, in one query). A facet filters every
-#: document of the query's range, so a fill costs about its buckets squared.
+T = TypeVar("T")
+
+#: Buckets a call fills where the engine does not group by bucket (one ``$facet`` each,
+#: in one query). A facet filters every document of the query's range, so such a fill
+#: costs about its buckets squared.
 FILL_FACETS = 2
 #: Part of every key: a change of the parts' layout starts on fresh keys.
 KEY_VERSION = "v1"
@@ -54,6 +57,8 @@ class CachedLookup(Lookup):
         self._prefix = f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}"
         self._clock = clock
         self._fills: dict[tuple[Any, ...], AsyncResult] = {}
+        #: Whether the engine groups by bucket (one query fills them all): None until tried.
+        self._grouped: Optional[bool] = None
 
     def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
         settled_before_ms = int(self._clock() * 1000) - self._settle_ms
@@ -84,6 +89,12 @@ class CachedLookup(Lookup):
             self.store.stats.direct += 1
             return self.inner.fetch(window, deadline)
 
+    @property
+    def groups_by_bucket(self) -> Optional[bool]:
+        """Whether the engine groups by bucket, so that one query fills every missing
+        bucket (MongoDB, FerretDB 2); None until a fill has tried."""
+        return self._grouped
+
     def key(self, app: str, start_ms: int) -> str:
         """The store's key of ``app``'s bucket starting at ``start_ms``."""
         return f"{self._prefix}:{start_ms}:{app}"
@@ -101,11 +112,15 @@ class CachedLookup(Lookup):
             else:
                 parts.append(part)
         self._counted(len(parts), len(missing))
-        filled = tuple(missing[-FILL_FACETS:])   # the newest: they stay in a sliding window longest
-        if filled:
-            parts.extend(self._shared(("fill", app, filled), deadline,
-                                      lambda: self._fill(app, filled, deadline)))
-        return parts, missing[:-FILL_FACETS]
+        # All of them where the engine groups by bucket; else the newest few, which stay in
+        # a sliding window longest.
+        filling = tuple(missing if self._grouped is not False else missing[-FILL_FACETS:])
+        filled: dict[int, Part] = {}
+        if filling:
+            filled = self._shared(("fill", app, filling), deadline,
+                                  lambda: self._fill(app, filling, deadline))
+            parts.extend(filled.values())
+        return parts, [start for start in missing if start not in filled]
 
     def _counted(self, cached: int, queried: int) -> None:
         self.store.stats.hits += cached
@@ -114,8 +129,7 @@ class CachedLookup(Lookup):
         span.set_attribute("fanout.cache.buckets_cached", cached)
         span.set_attribute("fanout.cache.buckets_queried", queried)
 
-    def _shared(self, key: tuple[Any, ...], deadline: Deadline,
-                query: Callable[[], list[Part]]) -> list[Part]:
+    def _shared(self, key: tuple[Any, ...], deadline: Deadline, query: Callable[[], T]) -> T:
         """``query()``'s parts, queried once however many callers ask for ``key`` meanwhile."""
         pending = self._fills.get(key)
         if pending is not None:  # another caller is filling them: wait for it, within our deadline
@@ -136,19 +150,23 @@ class CachedLookup(Lookup):
         finally:
             del self._fills[key]
 
-    def _fill(self, app: str, run: tuple[int, ...], deadline: Deadline) -> list[Part]:
-        end = run[-1] + self._bucket_ms
-        facets = {f"b{start}": [{"$match": range_condition(start, start + self._bucket_ms)},
-                                *self._parts.stages()] for start in run}
-        pipeline = [{"$match": ranges_filter(app, [(run[0], end)])}, {"$facet": facets}]
-        documents = self._aggregate(pipeline, deadline)
-        reply = documents[0] if len(documents) == 1 and isinstance(documents[0], dict) else {}
-        if not all(isinstance(reply.get(f"b{start}"), list) for start in run):
-            raise BadBackendResponse(f"{self.name}: a bucket fill's reply lacks its buckets")
-        parts = [self._parts.part(reply[f"b{start}"]) for start in run]
-        self.store.put_many({self.key(app, start): _encode(part) for start, part in zip(run, parts)})
-        self.store.stats.fills += len(run)
-        return parts
+    def _fill(self, app: str, starts: tuple[int, ...], deadline: Deadline) -> dict[int, Part]:
+        """Query the parts of the buckets at ``starts`` (or of the newest few, where the
+        engine does not group by bucket) and store them."""
+        def aggregate(pipeline: list[dict[str, Any]]) -> list[Any]:
+            return self._aggregate(pipeline, deadline)
+
+        found = None
+        if self._grouped is not False and starts[0] >= 0:
+            found = fill_grouped(self._parts, aggregate, app, starts, self._bucket_ms)
+            self._grouped = found is not None
+        if found is None:
+            starts = starts[-FILL_FACETS:]
+            found = fill_faceted(self._parts, aggregate, app, starts, self._bucket_ms)
+        filled = dict(zip(starts, found))
+        self.store.put_many({self.key(app, start): _encode(part) for start, part in filled.items()})
+        self.store.stats.fills += len(filled)
+        return filled
 
     def _query(self, app: str, ranges: Sequence[tuple[int, int]], deadline: Deadline) -> Part:
         pipeline = [{"$match": ranges_filter(app, ranges)}, *self._parts.stages()]
