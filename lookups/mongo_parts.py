@@ -60,9 +60,14 @@ def range_condition(start_ms: int, end_ms: int) -> dict[str, Any]:
 
 
 def add_parts(parts: Iterable[Part]) -> Part:
-    """The part of the union of the parts' (disjoint) ranges."""
-    total: Part = {}
-    for part in parts:
+    """The part of the union of the parts' (disjoint) ranges; no part given is changed.
+
+    The largest part is copied as it is (its lists shared, never written), and only the
+    groups the others touch get new lists: a window's sum of buckets plus its small edges
+    costs about the edges."""
+    ordered = sorted(parts, key=len, reverse=True)
+    total: Part = dict(ordered[0]) if ordered else {}
+    for part in ordered[1:]:
         for key, sums in part.items():
             known = total.get(key)
             total[key] = list(sums) if known is None else [a + b for a, b in zip(known, sums)]
@@ -99,8 +104,9 @@ class PanelParts(abc.ABC):
         return [{"$group": {"_id": {"b": bucket, "k": f"${self.key_field}"}, **self.sums()}}]
 
     @abc.abstractmethod
-    def finish(self, total: Part) -> PanelValue:
-        """The panel value from the window's sum of parts."""
+    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+        """The panel value from the window's sum of parts (its :meth:`ranked_keys`, when
+        already known)."""
 
     def part(self, documents: Sequence[Any]) -> Part:
         """The range's groups from the documents of :meth:`stages`; NoPart if not whole."""
@@ -115,14 +121,25 @@ class PanelParts(abc.ABC):
             part[key] = [v if type(v) is float else int(v) for v in sums]
         return part
 
-    def _documents(self, total: Part) -> list[dict[str, Any]]:
-        return [{"_id": key, **dict(zip(self.fields, sums))} for key, sums in total.items()]
+    #: Which of :attr:`fields` the panel ranks by (descending, then by key), and how many
+    #: groups it keeps: the query's ``{$sort: {field: -1, _id: 1}}, {$limit}``.
+    rank_by: ClassVar[int] = 0
+    limit: ClassVar[int] = TOP_N
 
+    def ranked_keys(self, total: Part, candidates: Optional[Iterable[Optional[str]]] = None,
+                    ) -> list[Optional[str]]:
+        """The :attr:`limit` first keys of ``total`` as the query ranks them (null before
+        every string), looking only at ``candidates`` when given.
 
-def _ranked(documents: list[dict[str, Any]], by: str, limit: int) -> list[dict[str, Any]]:
-    # The query's {$sort: {by: -1, _id: 1}, $limit}: null sorts before every string.
-    documents.sort(key=lambda d: (-d[by], d["_id"] is not None, d["_id"] or ""))
-    return documents[:limit]
+        Candidates are exact when they are the ranked keys of a part ``P`` plus every key
+        of a part ``E`` whose sums are never negative, and ``total = P + E``: no other group
+        of ``P`` can overtake them, since theirs only grew."""
+        index = self.rank_by
+        keys = total if candidates is None else set(candidates)
+        return sorted(keys, key=lambda k: (-total[k][index], k is not None, k or ""))[:self.limit]
+
+    def _documents(self, total: Part, keys: Iterable[Optional[str]]) -> list[dict[str, Any]]:
+        return [{"_id": key, **dict(zip(self.fields, total[key]))} for key in keys]
 
 
 class ErrorParts(PanelParts):
@@ -132,8 +149,8 @@ class ErrorParts(PanelParts):
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}}
 
-    def finish(self, total: Part) -> PanelValue:
-        top = _ranked(self._documents(total), "count", TOP_N)
+    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+        top = self._documents(total, self.ranked_keys(total) if ranked is None else ranked)
         facets = {"total": [{"n": sum(sums[0] for sums in total.values())}] if total else [],
                   "top": top}
         return self.lookup.build([facets])
@@ -150,8 +167,8 @@ class TopByCountParts(PanelParts):
         return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"},
                 "timed": {"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}}}
 
-    def finish(self, total: Part) -> PanelValue:
-        top = _ranked(self._documents(total), "count", TOP_N)
+    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+        top = self._documents(total, self.ranked_keys(total) if ranked is None else ranked)
         for entry in top:   # $avg: the sum of the numeric durations over how many there are
             timed = entry.pop("timed")
             entry["mean_ms"] = entry["total_ms"] / timed if timed else None
@@ -161,12 +178,14 @@ class TopByCountParts(PanelParts):
 class QueryParts(PanelParts):
     fields = ("count", "total_ms")
     key_field = "query"
+    rank_by, limit = 1, QUERY_GROUP_CAP
 
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"}}
 
-    def finish(self, total: Part) -> PanelValue:
-        return self.lookup.build(_ranked(self._documents(total), "total_ms", QUERY_GROUP_CAP))
+    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+        keys = self.ranked_keys(total) if ranked is None else ranked
+        return self.lookup.build(self._documents(total, keys))
 
 
 def parts_of(lookup: Any) -> Optional[PanelParts]:

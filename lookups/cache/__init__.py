@@ -29,7 +29,7 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
     """``lookups`` with each MongoDB panel that is made of parts answered through ``store``;
     the others as they are."""
     cached: dict[str, Lookup] = {}
-    merged = MergedRuns(settings.max_bytes // 8)
+    merged = MergedRuns(settings.max_bytes // 8, store.stats)
     for name, lookup in lookups.items():
         parts = parts_of(lookup)
         if parts is None:
@@ -43,6 +43,8 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
 
 
 def open_store(settings: CacheSettings) -> BucketStore:
-    """The store ``settings`` names, counting into a new :class:`CacheStats`."""
-    return store_for(settings.url, settings.max_bytes, settings.redis_timeout_ms, settings.ttl_s,
-                     CacheStats())
+    """The store ``settings`` names, counting into a new :class:`CacheStats`. In this
+    process the buckets get seven eighths of ``max_bytes``, and the sums of whole runs of
+    buckets (:func:`with_cache`) the last eighth."""
+    return store_for(settings.url, settings.max_bytes - settings.max_bytes // 8,
+                     settings.redis_timeout_ms, settings.ttl_s, CacheStats())

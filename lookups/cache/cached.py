@@ -66,25 +66,26 @@ class CachedLookup(Lookup):
         if not plan.buckets:
             return self.inner.fetch(window, deadline)
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
-        merged = self._merged.get(run)
-        if merged is None and not self.store.available():
+        known = self._merged.get(run)
+        if known is None and not self.store.available():
             self.store.stats.direct += 1   # the store is down: the panel's own query, no fill
             return self.inner.fetch(window, deadline)
         try:
-            if merged is not None:
-                parts, unread = [merged], []
+            if known is not None:
+                parts, unread = [known.total], []
                 self._counted(len(plan.buckets), 0)
             else:
                 parts, unread = self._bucket_parts(window.app, plan, deadline)
                 if not unread:
-                    merged = add_parts(parts)
-                    self._merged.put(run, merged)
-                    parts = [merged]
+                    known = self._merged.put(run, add_parts(parts), self._parts)
+                    parts = [known.total]
             ranges = _ranges(unread, self._bucket_ms) + list(plan.edges)
+            rest: Part = {}
             if ranges:
-                parts.append(self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
-                                          lambda: [self._query(window.app, ranges, deadline)])[0])
-            return self._parts.finish(add_parts(parts))
+                rest = self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
+                                    lambda: self._query(window.app, ranges, deadline))
+            total = add_parts([*parts, rest])
+            return self._parts.finish(total, known.ranked_with(total, rest) if known else None)
         except NoPart:
             self.store.stats.direct += 1
             return self.inner.fetch(window, deadline)

@@ -88,6 +88,14 @@ class FerretDbServer:
     def uri(self) -> str:
         return f"mongodb://127.0.0.1:{self.port}"
 
+    def pids(self) -> list[int]:
+        """The engine's processes: PostgreSQL's postmaster (its backends are its children)
+        and FerretDB; for measuring the database's CPU."""
+        if self._workdir is None or self._ferretdb is None:
+            raise FerretDbError("the server is not started")
+        postmaster = (self._workdir / "data" / "postmaster.pid").read_text().split()[0]
+        return [int(postmaster), self._ferretdb.pid]
+
     def start(self) -> "FerretDbServer":
         """Initialise and start the cluster, create the extension, start FerretDB, ping it.
 

@@ -42,7 +42,13 @@ class RedisServer:
         os.kill(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        os.kill(self.process.pid, signal.SIGCONT)
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a crash would."""
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         self.resume()

@@ -1,0 +1,241 @@
+"""A dashboard many viewers keep open, with the results cache against without, on FerretDB 2.
+
+    python -m gevent.monkey --module bench.dashboard [--viewers 12] [--seconds 60]
+                                                     [--documents 200000]   (make bench-dashboard)
+
+FerretDB 2 on PostgreSQL with DocumentDB (``make compat`` builds it; without it this
+bench says so and stops), seeded with ``--documents`` requests (and half as many queries,
+a quarter as many errors) over the last 25 hours for 10 apps, with the ``(app, ts)``
+index. Each viewer watches one app's last 24 hours (the window slides with the clock)
+and refreshes the four MongoDB panels every 10 s, for ``--seconds`` per run:
+
+1. ``uncached``: one ``fanout serve``, no cache;
+2. ``cached``: one instance, the in-process cache (warmed by one call per app first);
+3. ``shared``: three instances sharing a real ``redis-server``, viewers spread over them;
+4. ``redis killed``: the same, with Redis killed halfway.
+
+For each run: the database's CPU (the PostgreSQL processes and FerretDB, from ``/proc``)
+per call, less what the engine spent idle over 5 s just before (its own background work), MongoDB operations per call (``fanout_backend_attempts_total``), Fanout's CPU per
+call, p50 and p99, failed calls, and the buckets' hit ratio. Every answer of a cached run
+is then compared with the same call asked ``fresh`` (the data does not change during the
+bench, so that is the uncached answer of that moment): counts, keys and order exactly,
+sums of durations within 1e-9 relative. Bounded: it stops by itself, and stops every
+process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import gevent
+
+from bench.dashboard_stack import (APPS, Instance, database_cpu_s, probe_ms, seed, settle,
+                                   window_now)
+from service.client import AppStatsClient
+
+PANELS = ["errors", "urls", "controllers", "queries"]
+REFRESH_S = 10.0
+RESULTS = Path(__file__).resolve().parent / "results" / "dashboard.json"
+
+
+@dataclass
+class Run:
+    """What one configuration's viewers saw, and what it cost."""
+
+    name: str
+    latencies_ms: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+    answers: list[tuple[int, str, int, int, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def viewer(index: int, instance: Instance, run: Run, until: float, phase_s: float) -> None:
+    """One viewer: ``APPS[index % 10]``'s last 24 hours every :data:`REFRESH_S`."""
+    app = APPS[index % len(APPS)]
+    with AppStatsClient("127.0.0.1", instance.port, timeout_ms=15_000) as client:
+        next_at = time.monotonic() + phase_s
+        while next_at < until:
+            gevent.sleep(max(0.0, next_at - time.monotonic()))
+            start_ms, end_ms = window_now()
+            began = time.monotonic()
+            try:
+                response = client.get_app_stats(app, start_ms, end_ms, PANELS, deadline_ms=10_000)
+                failed = [o.name for o in response.outcomes if o.status != 0]
+                if failed:
+                    run.failures["panel"] = run.failures.get("panel", 0) + 1
+                else:
+                    run.latencies_ms.append((time.monotonic() - began) * 1000)
+                    run.answers.append((instance.port, app, start_ms, end_ms, response.panels))
+            except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
+                kind = type(exc).__name__
+                run.failures[kind] = run.failures.get(kind, 0) + 1
+            next_at += REFRESH_S
+
+
+def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers: int,
+            seconds: float, midway: Optional[Any] = None) -> None:
+    """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
+    ``midway()`` is called halfway, and the second half is measured apart too."""
+    idle = database_cpu_s(engine_pids)   # the engine's own background work (pg_cron, ...)
+    gevent.sleep(5)
+    idle_per_s = (database_cpu_s(engine_pids) - idle) / 5
+    # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
+    ops0 = sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"') for i in instances)
+    hits0 = sum(i.scrape("fanout_cache_hits_total") for i in instances)
+    misses0 = sum(i.scrape("fanout_cache_misses_total") for i in instances)
+    db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
+    began = time.monotonic()
+    until = time.monotonic() + seconds
+    greenlets = [gevent.spawn(viewer, index, instances[index % len(instances)], run, until,
+                              REFRESH_S * index / viewers) for index in range(viewers)]
+    half: dict[str, float] = {}
+    if midway is not None:
+        gevent.sleep(seconds / 2)
+        midway()
+        half = {"db": database_cpu_s(engine_pids), "calls": len(run.latencies_ms) + sum(run.failures.values())}
+    gevent.joinall(greenlets, timeout=seconds + 60)
+    calls = len(run.latencies_ms) + sum(run.failures.values())
+    db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
+    busy = db - db0 - idle_per_s * (time.monotonic() - began)
+    hits = sum(i.scrape("fanout_cache_hits_total") for i in instances) - hits0
+    misses = sum(i.scrape("fanout_cache_misses_total") for i in instances) - misses0
+    latencies = sorted(run.latencies_ms) or [float("nan")]
+    run.figures = {
+        "viewers": viewers, "seconds": seconds, "instances": len(instances), "calls": calls,
+        "failed": dict(run.failures),
+        "db_cpu_s": db - db0, "db_idle_cpu_ms_per_s": idle_per_s * 1000,
+        "db_cpu_ms_per_call": busy * 1000 / max(calls, 1),
+        "mongo_ops_per_call": (sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"')
+                                   for i in instances) - ops0) / max(calls, 1),
+        "fanout_cpu_ms_per_call": (cpu - cpu0) * 1000 / max(calls, 1),
+        "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        "hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "cache_bytes": max((i.scrape("fanout_cache_bytes") for i in instances), default=0.0)}
+    if half:
+        later_calls = calls - half["calls"]
+        run.figures["db_cpu_ms_per_call_after_midway"] = (db - half["db"]) * 1000 / max(later_calls, 1)
+
+
+def warm(instances: list[Instance]) -> None:
+    """One call per app on each instance: where the engine groups by bucket, that fills
+    every bucket of the window."""
+    for instance in instances:
+        with AppStatsClient("127.0.0.1", instance.port, timeout_ms=60_000) as client:
+            for app in APPS:
+                client.get_app_stats(app, *window_now(), PANELS, deadline_ms=60_000)
+
+
+def verify(run: Run, instances: list[Instance]) -> dict[str, int]:
+    """Every answer of ``run`` against the same call asked ``fresh`` on the same instance."""
+    by_port = {i.port: i for i in instances if i.process.poll() is None}
+    checked = differing = 0
+    clients = {port: AppStatsClient("127.0.0.1", port, timeout_ms=60_000) for port in by_port}
+    try:
+        for port, app, start_ms, end_ms, panels in run.answers:
+            if port not in clients:
+                continue
+            fresh = clients[port].get_app_stats(app, start_ms, end_ms, PANELS, deadline_ms=60_000,
+                                                fresh=True)
+            checked += 1
+            differing += not all(_close(panels[name], fresh.panels[name]) for name in PANELS)
+    finally:
+        for client in clients.values():
+            client.close()
+    return {"answers_checked": checked, "answers_differing": differing}
+
+
+def _close(mine: Any, theirs: Any) -> bool:
+    if isinstance(theirs, float):
+        return abs(mine - theirs) <= 1e-9 * max(abs(theirs), 1e-9)
+    if isinstance(theirs, (list, tuple)):
+        return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
+    if hasattr(theirs, "__dict__"):
+        return type(mine) is type(theirs) and all(_close(getattr(mine, k), v)
+                                                  for k, v in vars(theirs).items())
+    return bool(mine == theirs)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--viewers", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--documents", type=int, default=200_000)
+    args = parser.parse_args(argv)
+    from tests.support.ferretdb import FerretDbServer
+    from tests.support.redis_server import RedisServer
+    from tests.support.toolchains import missing
+    if missing("compat") or missing("redis"):
+        print(f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server "
+              f"({', '.join(missing('compat') + missing('redis'))})")
+        return 0
+    results: dict[str, Any] = {"viewers": args.viewers, "seconds": args.seconds,
+                               "documents": args.documents}
+    with tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work, FerretDbServer() as engine:
+        workdir = Path(work)
+        began = time.monotonic()
+        seed(engine.uri, args.documents, int(time.time() * 1000))
+        results["seed_s"] = round(time.monotonic() - began, 1)
+        results["one_uncached_aggregation_ms"] = round(probe_ms(engine.uri), 1)
+        results["settle_s"] = settle(engine.pids())
+        print(f"dashboard: seeded in {results['seed_s']} s; one uncached aggregation "
+              f"{results['one_uncached_aggregation_ms']} ms", flush=True)
+        cache = {"enabled": True}
+        runs = [("uncached", {"enabled": False}, 1, False), ("cached", cache, 1, False),
+                ("shared", cache, 3, True), ("redis killed", cache, 3, True)]
+        for name, settings, count, shared in runs:
+            redis = RedisServer() if shared else None
+            instances = [Instance(engine.uri, {**settings, **({"url": redis.url} if redis else {})},
+                                  workdir) for _ in range(count)]
+            try:
+                if settings["enabled"]:
+                    warm(instances)
+                run = Run(name)
+                measure(run, instances, engine.pids(), args.viewers, args.seconds,
+                        midway=redis.kill if name == "redis killed" and redis else None)
+                if settings["enabled"]:
+                    run.figures.update(verify(run, instances))
+                results[name] = run.figures
+                print(f"dashboard: {name}: {json.dumps(run.figures)}", flush=True)
+            finally:
+                for instance in instances:
+                    instance.stop()
+                if redis is not None:
+                    redis.stop()
+    results["goals"] = goals(results)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["goals"], indent=2))
+    return 0
+
+
+def goals(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals, from one run's figures."""
+    plain, cached = results["uncached"], results["cached"]
+    shared, killed = results["shared"], results["redis killed"]
+    return {
+        "database work, cached / uncached (at most 0.05)":
+            cached["db_cpu_ms_per_call"] / plain["db_cpu_ms_per_call"],
+        "p50, cached / uncached (at most 0.2)": cached["p50_ms"] / plain["p50_ms"],
+        "answers differing (0)": sum(r.get("answers_differing", 0) for r in (cached, shared, killed)),
+        "answers checked": sum(r.get("answers_checked", 0) for r in (cached, shared, killed)),
+        "Fanout CPU per call, cached / uncached (at most 1.2)":
+            cached["fanout_cpu_ms_per_call"] / plain["fanout_cpu_ms_per_call"],
+        "in-process cache bytes (at most 64 MiB)": cached["cache_bytes"],
+        "hit ratio, three instances minus one, points (within 5)":
+            100 * ((shared["hit_ratio"] or 0) - (cached["hit_ratio"] or 0)),
+        "Redis killed: failed calls (0)": sum(killed["failed"].values()),
+        "Redis killed: database work after, / uncached (at most 1)":
+            killed.get("db_cpu_ms_per_call_after_midway", 0) / plain["db_cpu_ms_per_call"],
+        "uncached run's failed calls (0: served without overload)": sum(plain["failed"].values()),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
