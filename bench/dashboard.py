@@ -15,7 +15,8 @@ and refreshes the four MongoDB panels every 10 s, for ``--seconds`` per run:
 4. ``redis killed``: the same, with Redis killed halfway.
 
 For each run: the database's CPU (the PostgreSQL processes and FerretDB, from ``/proc``)
-per call, less what the engine spent idle over 5 s just before (its own background work), MongoDB operations per call (``fanout_backend_attempts_total``), Fanout's CPU per
+per call, less what the engine spent idle over 5 s just before (its own background work;
+the same for Fanout's CPU), MongoDB operations per call (``fanout_backend_attempts_total``), Fanout's CPU per
 call, p50 and p99, failed calls, and the buckets' hit ratio. Every answer of a cached run
 is then compared with the same call asked ``fresh`` (the data does not change during the
 bench, so that is the uncached answer of that moment): counts, keys and order exactly,
@@ -84,9 +85,12 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
             seconds: float, midway: Optional[Any] = None) -> None:
     """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
     ``midway()`` is called halfway, and the second half is measured apart too."""
-    idle = database_cpu_s(engine_pids)   # the engine's own background work (pg_cron, ...)
+    # Idle, the engine and the instances still work (pg_cron, health checks, the hub
+    # monitor): 5 s of it, subtracted from what the viewers' calls cost.
+    idle, idle_fanout = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     gevent.sleep(5)
     idle_per_s = (database_cpu_s(engine_pids) - idle) / 5
+    fanout_idle_per_s = (sum(i.cpu_s() for i in instances) - idle_fanout) / 5
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
     ops0 = sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"') for i in instances)
     hits0 = sum(i.scrape("fanout_cache_hits_total") for i in instances)
@@ -104,7 +108,8 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     gevent.joinall(greenlets, timeout=seconds + 60)
     calls = len(run.latencies_ms) + sum(run.failures.values())
     db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
-    busy = db - db0 - idle_per_s * (time.monotonic() - began)
+    elapsed = time.monotonic() - began
+    busy = db - db0 - idle_per_s * elapsed
     hits = sum(i.scrape("fanout_cache_hits_total") for i in instances) - hits0
     misses = sum(i.scrape("fanout_cache_misses_total") for i in instances) - misses0
     latencies = sorted(run.latencies_ms) or [float("nan")]
@@ -115,7 +120,8 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
         "db_cpu_ms_per_call": busy * 1000 / max(calls, 1),
         "mongo_ops_per_call": (sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"')
                                    for i in instances) - ops0) / max(calls, 1),
-        "fanout_cpu_ms_per_call": (cpu - cpu0) * 1000 / max(calls, 1),
+        "fanout_idle_cpu_ms_per_s": fanout_idle_per_s * 1000,
+        "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
         "cache_bytes": max((i.scrape("fanout_cache_bytes") for i in instances), default=0.0)}

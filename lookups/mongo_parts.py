@@ -31,7 +31,7 @@ from lookups.mongo import (QUERY_GROUP_CAP, ErrorsLookup, MongoLookup, QueriesLo
 from lookups.panels import TOP_N, PanelValue
 
 __all__ = ["Part", "NoPart", "PART_GROUP_CAP", "PanelParts", "parts_of", "ranges_filter", "range_condition",
-           "add_parts"]
+           "add_parts", "subtract_part"]
 
 #: Groups per range kept whole; a range with more is answered by a direct query.
 PART_GROUP_CAP = 2000
@@ -72,6 +72,22 @@ def add_parts(parts: Iterable[Part]) -> Part:
             known = total.get(key)
             total[key] = list(sums) if known is None else [a + b for a, b in zip(known, sums)]
     return total
+
+
+def subtract_part(total: Part, part: Part) -> Part:
+    """``total`` without ``part``'s range, which it holds: a group left with no document
+    (its count, the first sum of every panel, at 0) is gone, as from the query."""
+    left = dict(total)
+    for key, sums in part.items():
+        known = left.get(key)
+        if known is None:
+            raise NoPart(f"a group {key!r} subtracted from a sum that lacks it")
+        rest = [a - b for a, b in zip(known, sums)]
+        if rest[0] == 0:
+            del left[key]
+        else:
+            left[key] = rest
+    return left
 
 
 class PanelParts(abc.ABC):

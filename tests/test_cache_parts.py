@@ -228,3 +228,21 @@ def test_fifty_callers_fill_each_bucket_once_on_either_engine(backend: MongoBack
         lookup.fetch(window, Deadline.after_ms(10_000))
     _same(lookup.fetch(window, Deadline.after_ms(10_000)), direct)
     assert store.stats.fills == 6 and len(store) == 6
+
+
+@pytest.mark.parametrize("bucket_ms", [600_000, 3_600_000])
+def test_a_window_sliding_across_boundaries_equals_the_direct_query(
+        backend: MongoBackend, bucket_ms: int) -> None:
+    """A kept sum moves with the window, a bucket added or dropped at a time."""
+    _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 29)), list(range(800)) * 2))
+    store = MemoryStore(1 << 24)
+    cached = _cached(backend, bucket_ms, 120_000, store)
+    length_ms = 3 * 3_600_000 + 7_000
+    for step in range(0, 2 * 3_600_000, 7 * 60_000 + 13_000):   # across many boundaries
+        end_ms = BASE_MS + 4 * 3_600_000 + step
+        window = Window("shop", end_ms - length_ms, end_ms)
+        for lookup in cached.values():
+            lookup._clock = lambda end_ms=end_ms: end_ms / 1000   # noqa: SLF001 - "now"
+            direct = lookup.inner.fetch(window, Deadline.after_ms(10_000))
+            for _ in range(2):
+                _same(lookup.fetch(window, Deadline.after_ms(10_000)), direct)

@@ -23,14 +23,15 @@ from opentelemetry import trace
 
 from lookups.base import Lookup
 from lookups.cache.buckets import BucketPlan, plan_buckets
-from lookups.cache.merged import MergedRuns
+from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.errors import BackendTimeout
 from lookups.mongo import MongoLookup, aggregate_one_batch
-from lookups.mongo_parts import NoPart, PanelParts, Part, add_parts, ranges_filter
+from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, ranges_filter,
+                                 subtract_part)
 from lookups.panels import PanelValue, Window
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
@@ -67,6 +68,8 @@ class CachedLookup(Lookup):
             return self.inner.fetch(window, deadline)
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
         known = self._merged.get(run)
+        if known is None and self.store.available():
+            known = self._shifted(window.app, run, deadline)
         if known is None and not self.store.available():
             self.store.stats.direct += 1   # the store is down: the panel's own query, no fill
             return self.inner.fetch(window, deadline)
@@ -89,6 +92,28 @@ class CachedLookup(Lookup):
         except NoPart:
             self.store.stats.direct += 1
             return self.inner.fetch(window, deadline)
+
+    def _shifted(self, app: str, run: tuple[str, str, int, int],
+                 deadline: Deadline) -> Optional[MergedRun]:
+        """The sum of ``run`` from a kept run one bucket shorter or longer at one end (a
+        sliding window crossed a boundary): that sum plus or minus one bucket, not 96."""
+        _, _, first, last = run
+        step = self._bucket_ms
+        for previous, start, adding in (((self.name, app, first, last - step), last, True),
+                                        ((self.name, app, first - step, last), first - step, False)):
+            old = self._merged.get(previous)
+            if old is None:
+                continue
+            found = self.store.get_many([self.key(app, start)])
+            part = _decode(found[self.key(app, start)]) if found else None
+            missing = int(part is None)
+            self._counted((last - first) // step + 1 - missing, missing)
+            if part is None:
+                part = self._shared(("fill", app, (start,)), deadline,
+                                    lambda: self._fill(app, (start,), deadline))[start]
+            total = add_parts([old.total, part]) if adding else subtract_part(old.total, part)
+            return self._merged.put(run, total, self._parts)
+        return None
 
     @property
     def groups_by_bucket(self) -> Optional[bool]:
