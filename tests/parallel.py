@@ -43,7 +43,7 @@ SECONDS = {
     "test_fuzz.py": 7, "test_brownout.py": 7, "interop": 7, "test_tracing_export.py": 6,
     "test_pool_advice.py": 6, "test_plugins.py": 6, "test_instances.py": 6, "test_secrets.py": 5,
     "test_lookups_mongo.py": 5, "test_health.py": 5, "test_compat.py": 5, "test_backends.py": 5,
-    "test_results_cache.py": 10, "test_cache_parts.py": 4,
+    "test_results_cache.py": 10, "test_cache_parts.py": 6,
 }
 DEFAULT_S = 1
 

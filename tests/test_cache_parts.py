@@ -83,6 +83,16 @@ def _cached(backend: MongoBackend, bucket_ms: int, settle_ms: int,
     return cached  # type: ignore[return-value]
 
 
+def _warm(lookup: CachedLookup, window: Window) -> None:
+    """Fetch ``window`` until a fetch misses no bucket."""
+    for _ in range(50):
+        misses = lookup.store.stats.misses
+        lookup.fetch(window, Deadline.after_ms(10_000))
+        if lookup.store.stats.misses == misses:
+            return
+    raise AssertionError("the cache never warmed")
+
+
 def _equal(cached: Any, direct: Any) -> bool:
     _same(cached, direct)
     return True
@@ -104,7 +114,7 @@ def _same(cached: Any, direct: Any) -> None:
 _window = st.tuples(st.integers(-600, SPAN_MS // 1000 + 600), st.integers(0, SPAN_MS // 1000))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seconds=st.lists(st.integers(0, SPAN_MS // 1000 - 1), max_size=120),
        late=st.lists(st.integers(SPAN_MS // 1000 - 300, SPAN_MS // 1000 - 1), max_size=10),
        picks=st.lists(st.integers(0, 1000), min_size=130, max_size=130),
@@ -230,19 +240,18 @@ def test_fifty_callers_fill_each_bucket_once_on_either_engine(backend: MongoBack
     assert store.stats.fills == 6 and len(store) == 6
 
 
-@pytest.mark.parametrize("bucket_ms", [600_000, 3_600_000])
-def test_a_window_sliding_across_boundaries_equals_the_direct_query(
-        backend: MongoBackend, bucket_ms: int) -> None:
+def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: MongoBackend) -> None:
     """A kept sum moves with the window, a bucket added or dropped at a time."""
     _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 29)), list(range(800)) * 2))
     store = MemoryStore(1 << 24)
-    cached = _cached(backend, bucket_ms, 120_000, store)
+    cached = _cached(backend, 600_000, 120_000, store)   # ten-minute buckets: many boundaries
     length_ms = 3 * 3_600_000 + 7_000
-    for step in range(0, 2 * 3_600_000, 7 * 60_000 + 13_000):   # across many boundaries
+    for step in range(0, 100 * 60_000, 7 * 60_000 + 13_000):   # across ten boundaries
         end_ms = BASE_MS + 4 * 3_600_000 + step
         window = Window("shop", end_ms - length_ms, end_ms)
         for lookup in cached.values():
             lookup._clock = lambda end_ms=end_ms: end_ms / 1000   # noqa: SLF001 - "now"
-            direct = lookup.inner.fetch(window, Deadline.after_ms(10_000))
-            for _ in range(2):
-                _same(lookup.fetch(window, Deadline.after_ms(10_000)), direct)
+            if step == 0:
+                _warm(lookup, window)   # every later step moves a kept sum
+            _same(lookup.fetch(window, Deadline.after_ms(10_000)),
+                  lookup.inner.fetch(window, Deadline.after_ms(10_000)))
