@@ -1,8 +1,7 @@
 """``make test``: the suite in a few pytest processes at once, each under gevent's patching.
 
 Most tests wait (on servers, sockets, timers), so on this 2-core machine four
-processes finish in well under a third of the time of one (a fresh checkout: 109 s
-with four, 121 s with three, about 300 s with one). Each process is a whole
+processes finish in well under a third of the time of one. Each process is a whole
 ``python -m gevent.monkey --module pytest`` run over a share of the test files,
 with session fixtures of its own (a MongoDB-wire server, the sample services);
 they share only the machine and the wheel that the first to need it builds
@@ -36,14 +35,15 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Seconds per file in a ``make test`` run on the reference machine (2 cores, four
 #: processes), the files over 3 s.
 SECONDS = {
-    "test_worker_group.py": 44, "test_image.py": 42, "test_packaging.py": 35, "test_workers.py": 31,
-    "test_backend_faults.py": 21, "test_instance_faults.py": 20, "test_worker_moves.py": 17,
-    "test_lifecycle.py": 16, "test_capacity.py": 16, "test_resilience.py": 15, "test_pacing.py": 15,
-    "test_held_connections.py": 11, "test_trace_ui.py": 10, "test_mutual_tls.py": 9, "test_cli.py": 8,
-    "test_fuzz.py": 7, "test_brownout.py": 7, "interop": 7, "test_tracing_export.py": 6,
-    "test_pool_advice.py": 6, "test_plugins.py": 6, "test_instances.py": 6, "test_secrets.py": 5,
-    "test_lookups_mongo.py": 5, "test_health.py": 5, "test_compat.py": 5, "test_backends.py": 5,
-    "test_results_cache.py": 10, "test_cache_parts.py": 6,
+    "test_image.py": 40, "test_worker_group.py": 39, "test_packaging.py": 33, "test_workers.py": 29,
+    "test_backend_faults.py": 23, "test_instance_faults.py": 18, "test_capacity.py": 17,
+    "test_worker_moves.py": 16, "test_lifecycle.py": 16, "test_resilience.py": 15,
+    "test_pacing.py": 14, "interop": 14, "test_results_cache.py": 13.5, "test_fuzz.py": 11.5,
+    "test_cli.py": 11, "test_held_connections.py": 10.5, "test_trace_ui.py": 9.5,
+    "test_cache_parts.py": 9.5, "test_mutual_tls.py": 9, "test_brownout.py": 7.5,
+    "test_pool_advice.py": 6.5, "test_instances.py": 6.5, "test_tracing_export.py": 6,
+    "test_plugins.py": 5.5, "test_backends.py": 5.5, "test_health.py": 5, "test_lookups_mongo.py": 4.5,
+    "test_secrets.py": 4, "test_compat.py": 3.5,
 }
 DEFAULT_S = 1
 

@@ -17,14 +17,25 @@ def wait_for(condition: Callable[[], T], timeout_s: float = 5.0, what: str = "co
              poll_s: float = 0.01) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
 
+    The first polls are ``poll_s`` apart, and each wait half again as long as the last, up
+    to :data:`LONGEST_POLL_S`: what is true at once is seen at once, and a condition that
+    scrapes or calls a server is not asked a hundred times a second while a worker starts
+    (on a busy 2-core machine that polling was CPU the servers under test needed).
+
     Raises AssertionError naming ``what`` if it is still falsy after ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
+    pause = poll_s
     while not (result := condition()):
         if time.monotonic() >= deadline:
             raise AssertionError(f"not within {timeout_s} s: {what}")
-        gevent.sleep(poll_s)
+        gevent.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+        pause = max(pause, min(pause * 1.5, LONGEST_POLL_S))
     return result
+
+
+#: The longest pause between two polls of :func:`wait_for`.
+LONGEST_POLL_S = 0.2
 
 
 def dead_port() -> int:
