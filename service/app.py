@@ -79,6 +79,7 @@ class FanOutService:
                                        coalescer=self.coalescer,
                                        health=self.health, draining=lambda: self.server.draining,
                                        backend_pools=lambda: [b.meter for b in self.backends])
+        self.handler.cache = self.cache
         admission = settings.admission
         self.server = ThriftServer(
             TProcessor(appstats.AppStats, self.handler), settings.server, listener=listener,

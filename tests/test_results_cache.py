@@ -264,3 +264,26 @@ def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any
             (series, [line for line in text.splitlines() if "fanout_cache" in line])
     held = re.search(r"^fanout_cache_bytes(?:_bytes)?(?:\{[^}]*\})? (\d+)\.0$", text, re.M)
     assert held and 0 < int(held.group(1)) <= 64 * 1024 * 1024, text
+
+
+def test_fanout_pools_shows_the_cache_and_a_group_adds_it_up(start_service: StartService) -> None:
+    from service.cli.pools import format_pools, pools_to_json
+    from service.rpc.pool_report import group_report
+    service, client = start_service(**{**QUARTERS, "cache__max_bytes": 1 << 20})
+    for _ in range(2):
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    report = client.pool_stats()
+    stats = service.cache.stats
+    assert (report.cache_hits, report.cache_misses, report.cache_bytes, report.cache_max_bytes) == \
+        (stats.hits, stats.misses, stats.bytes, 1 << 20) and stats.hits > 0
+    share = 100 * stats.hits / (stats.hits + stats.misses)
+    assert f"cache {share:.1f}% of {stats.hits + stats.misses} buckets read, " \
+           f"{stats.bytes / 2**20:.1f} MiB of 1.0 MiB" in format_pools(report)
+    assert pools_to_json(report)["cache"]["hits"] == stats.hits
+    own = {"pools": [], "cache_hits": 3, "cache_misses": 1, "cache_evictions": 2,
+           "cache_bytes": 10, "cache_max_bytes": 100}
+    group = group_report("0", {"0": own, "1": own})
+    assert (group.cache_hits, group.cache_evictions, group.cache_max_bytes) == (6, 4, 200)
+    assert "4 evicted: raise cache.max_bytes" in format_pools(group)
+    _, plain = start_service()
+    assert plain.pool_stats().cache_max_bytes is None and "cache" not in format_pools(plain.pool_stats())

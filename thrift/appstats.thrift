@@ -222,6 +222,12 @@ struct WorkerPools {
   9: optional double brownout_peak
   10: optional i64 calls_lighter
   11: optional i64 calls_shed
+  /** As in PoolReport. Optional addition. */
+  12: optional i64 cache_hits
+  13: optional i64 cache_misses
+  14: optional i64 cache_evictions
+  15: optional i64 cache_bytes
+  16: optional i64 cache_max_bytes
 }
 
 /** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */
@@ -247,6 +253,14 @@ struct PoolReport {
   10: optional double brownout_peak
   11: optional i64 calls_lighter
   12: optional i64 calls_shed
+  /** The results cache, when enabled: buckets read and missed, and evicted, since start;
+      the bytes this process holds and its bound (0 where the buckets are in Redis).
+      Optional addition. */
+  13: optional i64 cache_hits
+  14: optional i64 cache_misses
+  15: optional i64 cache_evictions
+  16: optional i64 cache_bytes
+  17: optional i64 cache_max_bytes
 }
 
 /** One panel this server offers, for panel_info(). Optional addition. */

@@ -64,6 +64,10 @@ class AppStatsHandler:
         #: In a pre-forked group, the worker's line to the group (service.workers.member):
         #: ``pool_stats()`` then answers for every worker.
         self.group: Optional[Any] = None
+        #: The results cache's store (set by the service when ``cache.enabled``), and the
+        #: bytes it may hold in this process (0: its buckets are in Redis).
+        self.cache: Optional[Any] = None
+        self.cache_max_bytes = 0 if settings.cache.url else settings.cache.max_bytes
 
     def ping(self) -> str:
         with _method_span("ping"):

@@ -21,6 +21,7 @@ _SUMMED = ("size", "in_use", "in_use_p99", "offered_per_s", "timeouts", "recomme
 _LARGEST = ("wait_p99_ms", "window_s")
 _COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started", "tasks_coalesced",
            "calls_lighter", "calls_shed")
+_CACHE = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes", "cache_max_bytes")
 _LEVELS = ("brownout_level", "brownout_peak")   # a group's: its highest worker's
 
 
@@ -34,14 +35,25 @@ def own_report(handler: Any) -> dict[str, Any]:
             "calls_shed": shed,
             "admission_limit": int(admission.limit), "calls_in_flight": admission.inflight,
             "calls_queued": admission.queued, "tasks_started": fanout.stats.started,
-            "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0}
+            "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0,
+            **_cache(handler)}
+
+
+def _cache(handler: Any) -> dict[str, Any]:
+    """The results cache's counters, none when it is off; its bound 0 where buckets are in Redis."""
+    if handler.cache is None:
+        return {}
+    stats = handler.cache.stats
+    return {"cache_hits": stats.hits, "cache_misses": stats.misses,
+            "cache_evictions": stats.evictions, "cache_bytes": stats.bytes,
+            "cache_max_bytes": handler.cache_max_bytes}
 
 
 def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
     """A :func:`own_report` as the IDL's ``PoolReport`` (or ``struct``: ``WorkerPools``)."""
     return (struct or appstats.PoolReport)(
         pools=[appstats.PoolStats(**pool) for pool in report["pools"]],
-        **{key: report.get(key) for key in (*_COUNTS, *_LEVELS)}, **extra)
+        **{key: report.get(key) for key in (*_COUNTS, *_LEVELS, *_CACHE)}, **extra)
 
 
 def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
@@ -50,6 +62,8 @@ def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
     workers = sorted(reports, key=int)
     total = {key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _COUNTS}
     total.update({key: max(reports[worker].get(key) or 0.0 for worker in workers) for key in _LEVELS})
+    if any("cache_hits" in reports[worker] for worker in workers):
+        total.update({key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _CACHE})
     merged = [_merged(name, [pool for worker in workers for pool in reports[worker]["pools"]
                              if pool["name"] == name])
               for name in _names(reports[worker]["pools"] for worker in workers)]

@@ -35,7 +35,7 @@ def wait_for(condition: Callable[[], T], timeout_s: float = 5.0, what: str = "co
 
 
 #: The longest pause between two polls of :func:`wait_for`.
-LONGEST_POLL_S = 0.2
+LONGEST_POLL_S = 0.05
 
 
 def dead_port() -> int:
