@@ -1,6 +1,6 @@
 """A dashboard many viewers keep open, with the results cache against without, on FerretDB 2.
 
-    python -m gevent.monkey --module bench.dashboard [--viewers 12] [--seconds 60]
+    python -m gevent.monkey --module bench.dashboard [--viewers 20] [--seconds 60]
                                                      [--documents 200000]   (make bench-dashboard)
 
 FerretDB 2 on PostgreSQL with DocumentDB (``make compat`` builds it; without it this
@@ -85,16 +85,9 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
             seconds: float, midway: Optional[Any] = None) -> None:
     """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
     ``midway()`` is called halfway, and the second half is measured apart too."""
-    # Idle, the engine and the instances still work (pg_cron, health checks, the hub
-    # monitor): 5 s of it, subtracted from what the viewers' calls cost.
-    idle, idle_fanout = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
-    gevent.sleep(5)
-    idle_per_s = (database_cpu_s(engine_pids) - idle) / 5
-    fanout_idle_per_s = (sum(i.cpu_s() for i in instances) - idle_fanout) / 5
+    idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
-    ops0 = sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"') for i in instances)
-    hits0 = sum(i.scrape("fanout_cache_hits_total") for i in instances)
-    misses0 = sum(i.scrape("fanout_cache_misses_total") for i in instances)
+    ops0, hits0, misses0 = _counters(instances)
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
@@ -110,16 +103,15 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
-    hits = sum(i.scrape("fanout_cache_hits_total") for i in instances) - hits0
-    misses = sum(i.scrape("fanout_cache_misses_total") for i in instances) - misses0
+    ops, hits, misses = (after - before for after, before in
+                         zip(_counters(instances), (ops0, hits0, misses0)))
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
         "viewers": viewers, "seconds": seconds, "instances": len(instances), "calls": calls,
         "failed": dict(run.failures),
         "db_cpu_s": db - db0, "db_idle_cpu_ms_per_s": idle_per_s * 1000,
         "db_cpu_ms_per_call": busy * 1000 / max(calls, 1),
-        "mongo_ops_per_call": (sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"')
-                                   for i in instances) - ops0) / max(calls, 1),
+        "mongo_ops_per_call": ops / max(calls, 1),
         "fanout_idle_cpu_ms_per_s": fanout_idle_per_s * 1000,
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
@@ -128,6 +120,22 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     if half:
         later_calls = calls - half["calls"]
         run.figures["db_cpu_ms_per_call_after_midway"] = (db - half["db"]) * 1000 / max(later_calls, 1)
+
+
+def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[float, float]:
+    """CPU seconds a second the engine and the instances spend idle (pg_cron, health
+    checks, the hub monitor), over 5 s: subtracted from what the viewers' calls cost."""
+    database, fanout = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
+    gevent.sleep(5)
+    return ((database_cpu_s(engine_pids) - database) / 5,
+            (sum(i.cpu_s() for i in instances) - fanout) / 5)
+
+
+def _counters(instances: list[Instance]) -> tuple[float, float, float]:
+    """MongoDB operations, and buckets read and missed, since the instances started."""
+    return (sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"') for i in instances),
+            sum(i.scrape("fanout_cache_hits_total") for i in instances),
+            sum(i.scrape("fanout_cache_misses_total") for i in instances))
 
 
 def warm(instances: list[Instance]) -> None:
@@ -171,12 +179,11 @@ def _close(mine: Any, theirs: Any) -> bool:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--viewers", type=int, default=12)
+    parser.add_argument("--viewers", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--documents", type=int, default=200_000)
     args = parser.parse_args(argv)
     from tests.support.ferretdb import FerretDbServer
-    from tests.support.redis_server import RedisServer
     from tests.support.toolchains import missing
     if missing("compat") or missing("redis"):
         print(f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server "
@@ -193,32 +200,38 @@ def main(argv: Optional[list[str]] = None) -> int:
         results["settle_s"] = settle(engine.pids())
         print(f"dashboard: seeded in {results['seed_s']} s; one uncached aggregation "
               f"{results['one_uncached_aggregation_ms']} ms", flush=True)
-        cache = {"enabled": True}
-        runs = [("uncached", {"enabled": False}, 1, False), ("cached", cache, 1, False),
-                ("shared", cache, 3, True), ("redis killed", cache, 3, True)]
-        for name, settings, count, shared in runs:
-            redis = RedisServer() if shared else None
-            instances = [Instance(engine.uri, {**settings, **({"url": redis.url} if redis else {})},
-                                  workdir) for _ in range(count)]
-            try:
-                if settings["enabled"]:
-                    warm(instances)
-                run = Run(name)
-                measure(run, instances, engine.pids(), args.viewers, args.seconds,
-                        midway=redis.kill if name == "redis killed" and redis else None)
-                if settings["enabled"]:
-                    run.figures.update(verify(run, instances))
-                results[name] = run.figures
-                print(f"dashboard: {name}: {json.dumps(run.figures)}", flush=True)
-            finally:
-                for instance in instances:
-                    instance.stop()
-                if redis is not None:
-                    redis.stop()
+        for name, cached, count in (("uncached", False, 1), ("cached", True, 1),
+                                    ("shared", True, 3), ("redis killed", True, 3)):
+            results[name] = configuration(name, cached, count, engine, workdir, args)
+            print(f"dashboard: {name}: {json.dumps(results[name])}", flush=True)
     results["goals"] = goals(results)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["goals"], indent=2))
     return 0
+
+
+def configuration(name: str, cached: bool, count: int, engine: Any, workdir: Path,
+                  args: argparse.Namespace) -> dict[str, Any]:
+    """One configuration's figures: ``count`` instances (sharing a Redis when more than one),
+    warmed when ``cached``, every cached answer checked afterwards."""
+    from tests.support.redis_server import RedisServer
+    redis = RedisServer() if count > 1 else None
+    cache = {"enabled": cached, **({"url": redis.url} if redis else {})}
+    instances = [Instance(engine.uri, cache, workdir) for _ in range(count)]
+    try:
+        if cached:
+            warm(instances)
+        run = Run(name)
+        measure(run, instances, engine.pids(), args.viewers, args.seconds,
+                midway=redis.kill if name == "redis killed" and redis else None)
+        if cached:
+            run.figures.update(verify(run, instances))
+        return run.figures
+    finally:
+        for instance in instances:
+            instance.stop()
+        if redis is not None:
+            redis.stop()
 
 
 def goals(results: dict[str, Any]) -> dict[str, Any]:
