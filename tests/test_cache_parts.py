@@ -255,3 +255,22 @@ def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: Mon
                 _warm(lookup, window)   # every later step moves a kept sum
             _same(lookup.fetch(window, Deadline.after_ms(10_000)),
                   lookup.inner.fetch(window, Deadline.after_ms(10_000)))
+
+
+def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directly(
+        backend: MongoBackend) -> None:
+    seconds = [s for s in range(0, 7200, 50)] + [7200 + s % 3600 for s in range(PART_GROUP_CAP + 1)]
+    documents = _documents(seconds, [0] * len(seconds))   # the third hour: crowded
+    for index, row in enumerate(documents["queries"]):
+        row["query"] = f"SELECT {index}"
+    _seed(backend, documents)
+    store = MemoryStore(1 << 24)
+    lookup = _cached(backend, 3_600_000, 0, store)["queries"]
+    for hours in (2, 3):   # the kept sum of two hours moves on to the crowded third
+        window = Window("shop", BASE_MS, BASE_MS + hours * 3_600_000)
+        lookup._clock = lambda window=window: window.end_ms / 1000   # noqa: SLF001 - "now"
+        if hours == 2:
+            _warm(lookup, window)
+        _same(lookup.fetch(window, Deadline.after_ms(30_000)),
+              lookup.inner.fetch(window, Deadline.after_ms(30_000)))
+    assert store.stats.direct == 1
