@@ -36,7 +36,7 @@ from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEn
                             Window)
 
 __all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
-           "aggregate_one_batch",
+           "aggregate_one_batch", "ts_range",
            "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
            "QueriesLookup"]
 
@@ -70,9 +70,12 @@ def window_filter(window: Window) -> dict[str, Any]:
     """
     # DatetimeMS is a BSON datetime from epoch milliseconds as they are: no float
     # rounding, and no OverflowError for instants Python's datetime cannot hold.
-    return {"$and": [{"app": window.app},
-                     {"ts": {"$gte": DatetimeMS(window.start_ms)}},
-                     {"ts": {"$lt": DatetimeMS(window.end_ms)}}]}
+    return {"$and": [{"app": window.app}, *ts_range(window.start_ms, window.end_ms)]}
+
+
+def ts_range(start_ms: int, end_ms: int) -> list[dict[str, Any]]:
+    """``start_ms <= ts < end_ms`` as the two conditions :func:`window_filter` explains."""
+    return [{"ts": {"$gte": DatetimeMS(start_ms)}}, {"ts": {"$lt": DatetimeMS(end_ms)}}]
 
 
 def aggregate_one_batch(db: Database, collection: str, pipeline: list[dict[str, Any]]) -> list[Any]:

@@ -21,17 +21,17 @@ the panel's own query, never approximated.
 from __future__ import annotations
 
 import abc
+import json
 from typing import Any, ClassVar, Iterable, Optional, Sequence
 
-from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 
 from lookups.mongo import (QUERY_GROUP_CAP, ErrorsLookup, MongoLookup, QueriesLookup,
-                           TopByCountLookup)
+                           TopByCountLookup, ts_range)
 from lookups.panels import TOP_N, PanelValue
 
 __all__ = ["Part", "NoPart", "PART_GROUP_CAP", "PanelParts", "parts_of", "ranges_filter", "range_condition",
-           "add_parts", "subtract_part"]
+           "encode_part", "decode_part", "add_parts", "subtract_part"]
 
 #: Groups per range kept whole; a range with more is answered by a direct query.
 PART_GROUP_CAP = 2000
@@ -47,16 +47,29 @@ class NoPart(Exception):
 
 
 def ranges_filter(app: str, ranges: Sequence[tuple[int, int]]) -> dict[str, Any]:
-    """The ``$match`` document for ``app`` over the union of ``[start, end)`` ranges;
-    each range an ``$and`` of single-operator conditions, as :func:`lookups.mongo.window_filter`
-    explains."""
-    each = [range_condition(start, end) for start, end in ranges]
-    return {"$and": [{"app": app}, each[0] if len(each) == 1 else {"$or": each}]}
+    """The ``$match`` document for ``app`` over the union of ``[start, end)`` ranges: for
+    one range, :func:`lookups.mongo.window_filter`'s; for more, an ``$or`` of them."""
+    if len(ranges) == 1:
+        return {"$and": [{"app": app}, *ts_range(*ranges[0])]}
+    return {"$and": [{"app": app}, {"$or": [range_condition(start, end) for start, end in ranges]}]}
 
 
 def range_condition(start_ms: int, end_ms: int) -> dict[str, Any]:
     """``start_ms <= ts < end_ms`` as a query condition."""
-    return {"$and": [{"ts": {"$gte": DatetimeMS(start_ms)}}, {"ts": {"$lt": DatetimeMS(end_ms)}}]}
+    return {"$and": ts_range(start_ms, end_ms)}
+
+
+def encode_part(part: Part) -> bytes:
+    """``part`` as compact JSON: one row per group, the key and then its sums."""
+    return json.dumps([[key, *sums] for key, sums in part.items()], separators=(",", ":")).encode()
+
+
+def decode_part(value: bytes) -> Optional[Part]:
+    """A part from :func:`encode_part`, or None when ``value`` is not one."""
+    try:
+        return {row[0]: row[1:] for row in json.loads(value)}
+    except (ValueError, TypeError, IndexError, KeyError):
+        return None
 
 
 def add_parts(parts: Iterable[Part]) -> Part:

@@ -274,3 +274,12 @@ def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directl
         _same(lookup.fetch(window, Deadline.after_ms(30_000)),
               lookup.inner.fetch(window, Deadline.after_ms(30_000)))
     assert store.stats.direct == 1
+
+
+def test_clearing_the_store_leaves_the_merged_runs_counted() -> None:
+    stats = CacheStats()
+    store, runs = MemoryStore(1000, stats), MergedRuns(200, stats)
+    store.put_many({"key": b"x" * 90})
+    runs.put(("urls", "shop", 0, 1), {"/u": [1, 1.5, 1]}, parts_of(UrlsLookup(None)))  # type: ignore
+    store.clear()
+    assert len(store) == 0 and stats.bytes == runs.bytes > 0 and stats.evictions == 0

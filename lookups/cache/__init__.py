@@ -18,7 +18,7 @@ from lookups.base import Lookup
 from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
 from lookups.cache.settings import CacheSettings
-from lookups.cache.stores import BucketStore, CacheStats, store_for
+from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
 from lookups.mongo_parts import parts_of
 
 __all__ = ["CachedLookup", "CacheSettings", "CacheStats", "BucketStore", "with_cache", "open_store"]
@@ -43,8 +43,9 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
 
 
 def open_store(settings: CacheSettings) -> BucketStore:
-    """The store ``settings`` names, counting into a new :class:`CacheStats`. In this
-    process the buckets get seven eighths of ``max_bytes``, and the sums of whole runs of
-    buckets (:func:`with_cache`) the last eighth."""
-    return store_for(settings.url, settings.max_bytes - settings.max_bytes // 8,
-                     settings.redis_timeout_ms, settings.ttl_s, CacheStats())
+    """Redis when ``cache.url`` names one, else this process's memory, counting into a new
+    :class:`CacheStats`. In this process the buckets get seven eighths of ``max_bytes``,
+    and the sums of whole runs of buckets (:func:`with_cache`) the last eighth."""
+    if settings.url:
+        return RedisStore(settings.url, settings.redis_timeout_ms, settings.ttl_s, CacheStats())
+    return MemoryStore(settings.max_bytes - settings.max_bytes // 8, CacheStats())

@@ -14,7 +14,6 @@ store never fails a call: what it cannot give is queried.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
@@ -30,8 +29,8 @@ from lookups.deadline import Deadline
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.errors import BackendTimeout
 from lookups.mongo import MongoLookup, aggregate_one_batch
-from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, ranges_filter,
-                                 subtract_part)
+from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, decode_part, encode_part,
+                                 ranges_filter, subtract_part)
 from lookups.panels import PanelValue, Window
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
@@ -105,7 +104,7 @@ class CachedLookup(Lookup):
             if old is None:
                 continue
             found = self.store.get_many([self.key(app, start)])
-            part = _decode(found[self.key(app, start)]) if found else None
+            part = decode_part(found[self.key(app, start)]) if found else None
             missing = int(part is None)
             self._counted((last - first) // step + 1 - missing, missing)
             if part is None:
@@ -132,7 +131,7 @@ class CachedLookup(Lookup):
         found = self.store.get_many(keys)
         parts, missing = [], []
         for start, key in zip(plan.buckets, keys):
-            part = _decode(found[key]) if key in found else None
+            part = decode_part(found[key]) if key in found else None
             if part is None:
                 missing.append(start)
             else:
@@ -190,7 +189,8 @@ class CachedLookup(Lookup):
             starts = starts[-FILL_FACETS:]
             found = fill_faceted(self._parts, aggregate, app, starts, self._bucket_ms)
         filled = dict(zip(starts, found))
-        self.store.put_many({self.key(app, start): _encode(part) for start, part in filled.items()})
+        self.store.put_many({self.key(app, start): encode_part(part)
+                             for start, part in filled.items()})
         self.store.stats.fills += len(filled)
         return filled
 
@@ -214,15 +214,3 @@ def _ranges(starts: Sequence[int], step: int) -> list[tuple[int, int]]:
         else:
             ranges.append((start, start + step))
     return ranges
-
-
-def _encode(part: Part) -> bytes:
-    return json.dumps([[key, *sums] for key, sums in part.items()], separators=(",", ":")).encode()
-
-
-def _decode(value: bytes) -> Optional[Part]:
-    """A stored part, or None when it is unreadable (then it is queried again)."""
-    try:
-        return {row[0]: row[1:] for row in json.loads(value)}
-    except (ValueError, TypeError, IndexError, KeyError):
-        return None

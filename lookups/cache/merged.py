@@ -12,13 +12,11 @@ bytes (each entry counts the length of its JSON form), least recently used out f
 
 from __future__ import annotations
 
-import collections
-import json
 from dataclasses import dataclass
 from typing import Hashable, Optional
 
-from lookups.cache.stores import CacheStats
-from lookups.mongo_parts import PanelParts, Part
+from lookups.cache.stores import CacheStats, SizedLRU
+from lookups.mongo_parts import PanelParts, Part, encode_part
 
 __all__ = ["MergedRun", "MergedRuns"]
 
@@ -41,42 +39,25 @@ class MergedRun:
 
 
 class MergedRuns:
-    """Sums of runs of buckets by key, within ``max_bytes``; what they hold is counted in
-    ``stats.bytes`` too, beside the store's buckets."""
+    """Sums of runs of buckets by key, within ``max_bytes`` (a :class:`SizedLRU`, each sum
+    counted at the length of its JSON form); what they hold is counted in ``stats.bytes``
+    too, beside the store's buckets."""
 
     def __init__(self, max_bytes: int, stats: Optional[CacheStats] = None) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._stats = stats or CacheStats()
-        self._entries: collections.OrderedDict[Hashable, tuple[MergedRun, int]] = \
-            collections.OrderedDict()
+        self._lru: SizedLRU[MergedRun] = SizedLRU(max_bytes, stats or CacheStats(), evictions=False)
+
+    @property
+    def bytes(self) -> int:
+        return self._lru.bytes
 
     def get(self, key: Hashable) -> Optional[MergedRun]:
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        self._entries.move_to_end(key)
-        return entry[0]
+        return self._lru.get(key)
 
     def put(self, key: Hashable, total: Part, parts: PanelParts) -> MergedRun:
         """Keep ``total`` (ranked by ``parts``) under ``key``, if it fits; the kept run."""
         merged = MergedRun(total, parts.ranked_keys(total), parts)
-        size = len(json.dumps([[k, *sums] for k, sums in total.items()], separators=(",", ":")))
-        if size > self.max_bytes:
-            return merged
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._count(-old[1])
-        self._entries[key] = (merged, size)
-        self._count(size)
-        while self.bytes > self.max_bytes:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._count(-dropped)
+        self._lru.put(key, merged, len(encode_part(total)))
         return merged
 
-    def _count(self, size: int) -> None:
-        self.bytes += size
-        self._stats.bytes += size
-
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)

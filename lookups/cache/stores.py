@@ -12,9 +12,11 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Generic, Hashable, Mapping, Optional, Protocol, TypeVar
 
-__all__ = ["CacheStats", "BucketStore", "MemoryStore", "RedisStore", "store_for"]
+__all__ = ["CacheStats", "BucketStore", "SizedLRU", "MemoryStore", "RedisStore"]
+
+V = TypeVar("V")
 
 log = logging.getLogger(__name__)
 
@@ -47,48 +49,75 @@ class BucketStore(Protocol):
         """False while the store is known not to answer (then nothing is filled)."""
 
 
+class SizedLRU(Generic[V]):
+    """Values by key within ``max_bytes`` of the sizes they are put with, the least
+    recently used out first. What it holds is added to ``stats.bytes`` (several share one
+    :class:`CacheStats`); what it drops, to ``stats.evictions`` when ``evictions``."""
+
+    def __init__(self, max_bytes: int, stats: CacheStats, evictions: bool) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._stats, self._evictions = stats, evictions
+        self._entries: collections.OrderedDict[Hashable, tuple[V, int]] = collections.OrderedDict()
+
+    def get(self, key: Hashable) -> Optional[V]:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        return entry[0]
+
+    def put(self, key: Hashable, value: V, size: int) -> None:
+        """Keep ``value``, unless it is larger than the whole bound."""
+        if size > self.max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._count(-old[1])
+        self._entries[key] = (value, size)
+        self._count(size)
+        while self.bytes > self.max_bytes:
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._count(-dropped)
+            self._stats.evictions += self._evictions
+
+    def clear(self) -> None:
+        """Drop every entry (not counted as evictions)."""
+        self._entries.clear()
+        self._count(-self.bytes)
+
+    def _count(self, size: int) -> None:
+        self.bytes += size
+        self._stats.bytes += size
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class MemoryStore:
-    """An LRU bounded in bytes: each entry counts its key's and its value's length."""
+    """Buckets in this process: a :class:`SizedLRU` where each counts its key's and its
+    value's length."""
 
     def __init__(self, max_bytes: int, stats: CacheStats | None = None) -> None:
-        self.max_bytes = max_bytes
         self.stats = stats or CacheStats()
-        self._entries: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._lru: SizedLRU[bytes] = SizedLRU(max_bytes, self.stats, evictions=True)
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
-        found = {}
-        for key in keys:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-                found[key] = value
-        return found
+        found = {key: self._lru.get(key) for key in keys}
+        return {key: value for key, value in found.items() if value is not None}
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
         for key, value in items.items():
-            size = len(key) + len(value)
-            if size > self.max_bytes:
-                continue
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self.stats.bytes -= len(key) + len(old)
-            self._entries[key] = value
-            self.stats.bytes += size
-        while self.stats.bytes > self.max_bytes:
-            key, value = self._entries.popitem(last=False)
-            self.stats.bytes -= len(key) + len(value)
-            self.stats.evictions += 1
+            self._lru.put(key, value, len(key) + len(value))
 
     def available(self) -> bool:
         return True
 
     def clear(self) -> None:
-        """Drop every entry (not counted as evictions)."""
-        self._entries.clear()
-        self.stats.bytes = 0
+        """Drop every bucket (not counted as evictions)."""
+        self._lru.clear()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
 
 class RedisStore:
@@ -114,7 +143,7 @@ class RedisStore:
         self.stats = stats or CacheStats()
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
-        if not keys or time.monotonic() < self._paused_until:
+        if not keys or not self.available():
             return {}
         try:
             values = self._client.mget(keys)
@@ -124,7 +153,7 @@ class RedisStore:
         return {key: value for key, value in zip(keys, values) if value is not None}
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
-        if not items or time.monotonic() < self._paused_until:
+        if not items or not self.available():
             return
         try:
             with self._client.pipeline(transaction=False) as pipe:
@@ -148,11 +177,3 @@ class RedisStore:
             log.warning("cache: Redis %s failed (%s); panels are queried meanwhile", what,
                         type(exc).__name__)
         self._paused_until = now + self._PAUSE_S
-
-
-def store_for(url: str, max_bytes: int, timeout_ms: int, ttl_s: int,
-              stats: CacheStats) -> BucketStore:
-    """Redis when ``url`` names one, else this process's memory."""
-    if url:
-        return RedisStore(url, timeout_ms, ttl_s, stats)
-    return MemoryStore(max_bytes, stats)
