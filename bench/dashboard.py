@@ -38,8 +38,8 @@ from typing import Any, Optional
 
 import gevent
 
-from bench.dashboard_stack import (APPS, Instance, database_cpu_s, probe_ms, seed, settle,
-                                   window_now)
+from bench.dashboard_stack import (APPS, Instance, database_cpu_s, probe_ms, seed,
+                                   series_sum, settle, window_now)
 from service.client import AppStatsClient
 
 PANELS = ["errors", "urls", "controllers", "queries"]
@@ -87,7 +87,7 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     ``midway()`` is called halfway, and the second half is measured apart too."""
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
-    ops0, hits0, misses0 = _counters(instances)
+    ops0, hits0, misses0, _ = _counters(instances)
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
@@ -103,8 +103,8 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
-    ops, hits, misses = (after - before for after, before in
-                         zip(_counters(instances), (ops0, hits0, misses0)))
+    *after, cache_bytes = _counters(instances)
+    ops, hits, misses = (a - b for a, b in zip(after, (ops0, hits0, misses0)))
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
         "viewers": viewers, "seconds": seconds, "instances": len(instances), "calls": calls,
@@ -116,7 +116,7 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
-        "cache_bytes": max((i.scrape("fanout_cache_bytes") for i in instances), default=0.0)}
+        "cache_bytes": cache_bytes}
     if half:
         later_calls = calls - half["calls"]
         run.figures["db_cpu_ms_per_call_after_midway"] = (db - half["db"]) * 1000 / max(later_calls, 1)
@@ -131,11 +131,15 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
             (sum(i.cpu_s() for i in instances) - fanout) / 5)
 
 
-def _counters(instances: list[Instance]) -> tuple[float, float, float]:
-    """MongoDB operations, and buckets read and missed, since the instances started."""
-    return (sum(i.scrape("fanout_backend_attempts_total", 'fanout_backend="mongo"') for i in instances),
-            sum(i.scrape("fanout_cache_hits_total") for i in instances),
-            sum(i.scrape("fanout_cache_misses_total") for i in instances))
+def _counters(instances: list[Instance]) -> tuple[float, float, float, float]:
+    """MongoDB operations, buckets read and missed since the instances started, and the
+    most bytes one of them holds: one scrape of each."""
+    scrapes = [instance.scrape() for instance in instances]
+    return (sum(series_sum(s, "fanout_backend_attempts_total", 'fanout_backend="mongo"')
+                for s in scrapes),
+            sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
+            sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
+            max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0))
 
 
 def warm(instances: list[Instance]) -> None:

@@ -20,10 +20,10 @@ import requests
 
 from lookups.mongo import ensure_indexes
 from service.client import AppStatsClient
-from service.samples.mongo_server import free_port
+from service.samples.mongo_server import free_port, stop_process
 
 __all__ = ["APPS", "DAY_MS", "HOUR_MS", "Instance", "database_cpu_s", "probe_ms", "seed",
-           "settle", "window_now"]
+           "series_sum", "settle", "window_now"]
 
 HOUR_MS, DAY_MS = 3_600_000, 86_400_000
 APPS = [f"app{i}" for i in range(10)]
@@ -102,19 +102,19 @@ class Instance:
         times = psutil.Process(self.process.pid).cpu_times()
         return times.user + times.system
 
-    def scrape(self, series: str, label: str = "") -> float:
-        text = requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
-        pattern = rf"^{series}(?:\{{[^}}]*{label}[^}}]*\}})? (\S+)$"
-        return sum(float(value) for value in re.findall(pattern, text, re.M))
+    def scrape(self) -> str:
+        """This instance's Prometheus scrape."""
+        return requests.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout_s=30)
         self.log.close()
+
+
+def series_sum(scrape: str, series: str, label: str = "") -> float:
+    """The sum of ``series`` in ``scrape`` over the label sets holding ``label``."""
+    pattern = rf"^{series}(?:\{{[^}}]*{label}[^}}]*\}})? (\S+)$"
+    return sum(float(value) for value in re.findall(pattern, scrape, re.M))
 
 
 def database_cpu_s(pids: list[int]) -> float:

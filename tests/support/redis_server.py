@@ -11,7 +11,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from service.samples.mongo_server import free_port
+from service.samples.mongo_server import free_port, stop_process
 from tests.support.sockets import wait_for
 
 __all__ = ["RedisServer", "redis_server"]
@@ -52,12 +52,7 @@ class RedisServer:
 
     def stop(self) -> None:
         self.resume()
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout_s=10)
         self.client.close()
         self._dir.cleanup()
 
