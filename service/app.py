@@ -18,7 +18,6 @@ from lookups.backends.collection import Backends
 from lookups.backends.http import HttpBackend
 from lookups.plugins import add_configured, add_entry_points
 from lookups.cache import BucketStore, open_store, with_cache
-from lookups.cache.stores import RedisStore
 from lookups.registry import LookupRegistry, default_registry
 from service.settings.config import Settings, as_config_error
 from service.settings.checks import pool_warnings
@@ -78,8 +77,8 @@ class FanOutService:
         self.handler = AppStatsHandler(settings, lookups, self.fanout, self.gate,
                                        coalescer=self.coalescer,
                                        health=self.health, draining=lambda: self.server.draining,
-                                       backend_pools=lambda: [b.meter for b in self.backends])
-        self.handler.cache = self.cache
+                                       backend_pools=lambda: [b.meter for b in self.backends],
+                                       cache=self.cache)
         admission = settings.admission
         self.server = ThriftServer(
             TProcessor(appstats.AppStats, self.handler), settings.server, listener=listener,
@@ -128,7 +127,7 @@ class FanOutService:
             self.probes.stop()
         self.fanout.failures.flush()
         self.backends.close()
-        if isinstance(self.cache, RedisStore):
+        if self.cache is not None:
             self.cache.close()
 
     def stop(self, timeout_s: Optional[float] = None) -> DrainReport:

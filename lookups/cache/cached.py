@@ -68,11 +68,11 @@ class CachedLookup(Lookup):
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
         try:
             known = self._merged.get(run)
-            if known is None and self.store.available():
-                known = self._shifted(window.app, run, deadline)
             if known is None and not self.store.available():
                 self.store.stats.direct += 1   # the store is down: the panel's own query, no fill
                 return self.inner.fetch(window, deadline)
+            if known is None:
+                known = self._shifted(window.app, run, deadline)
             if known is not None:
                 parts, unread = [known.total], []
                 self._counted(len(plan.buckets), 0)

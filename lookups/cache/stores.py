@@ -48,6 +48,9 @@ class BucketStore(Protocol):
     def available(self) -> bool:
         """False while the store is known not to answer (then nothing is filled)."""
 
+    def close(self) -> None:
+        """Let go of what the store holds outside this process (its connections)."""
+
 
 class SizedLRU(Generic[V]):
     """Values by key within ``max_bytes`` of the sizes they are put with, the least
@@ -111,6 +114,9 @@ class MemoryStore:
 
     def available(self) -> bool:
         return True
+
+    def close(self) -> None:
+        pass
 
     def clear(self) -> None:
         """Drop every bucket (not counted as evictions)."""

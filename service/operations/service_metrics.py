@@ -18,7 +18,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.cache.hits, .misses, .fills, .evictions, .direct, .redis_errors   (buckets; windows)
-    fanout.cache.bytes (the in-process store's keys and values)
+    fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
 """
 
 from __future__ import annotations
@@ -185,4 +185,5 @@ for _name, _field, _unit, _description in (
         unit=_unit, description=_description)
 _meter.create_observable_gauge(
     "fanout.cache.bytes", [_summed(lambda s: s.cache.stats.bytes if s.cache else 0)], unit="By",
-    description="Keys and values held by the in-process results cache")
+    description="What this process's results cache holds: buckets' keys and values, and the "
+                "sums of whole runs of them")

@@ -12,7 +12,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, S
 
 from lookups.deadline import Deadline
 from lookups.base import Lookup
-from lookups.cache import CachedLookup
+from lookups.cache import BucketStore, CachedLookup
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
@@ -45,7 +45,8 @@ class AppStatsHandler:
                  gate: CallGate, *, coalescer: Optional[Coalescer] = None,
                  health: Optional[HealthChecker] = None,
                  draining: Callable[[], bool] = lambda: False,
-                 backend_pools: Callable[[], Sequence[PoolMeter]] = tuple) -> None:
+                 backend_pools: Callable[[], Sequence[PoolMeter]] = tuple,
+                 cache: Optional[BucketStore] = None) -> None:
         self._settings = settings
         self._lookups = dict(lookups)
         # Each panel's policy and timeout, read once: settings do not change under a server.
@@ -64,9 +65,9 @@ class AppStatsHandler:
         #: In a pre-forked group, the worker's line to the group (service.workers.member):
         #: ``pool_stats()`` then answers for every worker.
         self.group: Optional[Any] = None
-        #: The results cache's store (set by the service when ``cache.enabled``), and the
-        #: bytes it may hold in this process (0: its buckets are in Redis).
-        self.cache: Optional[Any] = None
+        #: The results cache's store (None when ``cache.enabled`` is false), and the bytes
+        #: it may hold in this process (0: its buckets are in Redis).
+        self.cache = cache
         self.cache_max_bytes = 0 if settings.cache.url else settings.cache.max_bytes
 
     def ping(self) -> str:
