@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 import gevent
 
+from bench.analysis.stats import bootstrap_ratio
 from bench.dashboard_stack import (APPS, Instance, database_cpu_s, probe_ms, seed,
                                    series_sum, settle, window_now)
 from service.client import AppStatsClient
@@ -55,6 +56,7 @@ class Run:
     latencies_ms: list[float] = field(default_factory=list)
     failures: dict[str, int] = field(default_factory=dict)
     answers: list[tuple[int, str, int, int, Any]] = field(default_factory=list)
+    windows: list[dict[str, float]] = field(default_factory=list)
     figures: dict[str, Any] = field(default_factory=dict)
 
 
@@ -94,10 +96,20 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     greenlets = [gevent.spawn(viewer, index, instances[index % len(instances)], run, until,
                               REFRESH_S * index / viewers) for index in range(viewers)]
     half: dict[str, float] = {}
-    if midway is not None:
-        gevent.sleep(seconds / 2)
-        midway()
-        half = {"db": database_cpu_s(engine_pids), "calls": len(run.latencies_ms) + sum(run.failures.values())}
+    # Every refresh period a window: the CPU per call of each, for the ratios' intervals.
+    mark, count = (db0, cpu0, 0, began), int(seconds // REFRESH_S)
+    for index in range(count):
+        if midway is not None and index == count // 2:
+            midway()
+            half = {"db": database_cpu_s(engine_pids), "calls": _calls(run)}
+        gevent.sleep(max(0.0, began + (index + 1) * REFRESH_S - time.monotonic()))
+        now = (database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances
+                                                if i.process.poll() is None), _calls(run), time.monotonic())
+        spent, done = now[3] - mark[3], max(now[2] - mark[2], 1)
+        run.windows.append({"db_cpu_ms_per_call": (now[0] - mark[0] - idle_per_s * spent) * 1000 / done,
+                            "fanout_cpu_ms_per_call":
+                                (now[1] - mark[1] - fanout_idle_per_s * spent) * 1000 / done})
+        mark = now
     gevent.joinall(greenlets, timeout=seconds + 60)
     calls = len(run.latencies_ms) + sum(run.failures.values())
     db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
@@ -116,10 +128,14 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
-        "cache_bytes": cache_bytes}
+        "cache_bytes": cache_bytes, "windows": run.windows, "latencies_ms": run.latencies_ms}
     if half:
         later_calls = calls - half["calls"]
         run.figures["db_cpu_ms_per_call_after_midway"] = (db - half["db"]) * 1000 / max(later_calls, 1)
+
+
+def _calls(run: Run) -> int:
+    return len(run.latencies_ms) + sum(run.failures.values())
 
 
 def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[float, float]:
@@ -242,10 +258,20 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
     """The issue's goals, from one run's figures."""
     plain, cached = results["uncached"], results["cached"]
     shared, killed = results["shared"], results["redis killed"]
+
+    def per_window(run: dict[str, Any], key: str) -> dict[str, float]:
+        """cached / uncached of ``key`` over the runs' refresh windows, with its interval."""
+        return bootstrap_ratio([w[key] for w in run["windows"]],
+                               [w[key] for w in plain["windows"]]).as_dict()
+
     return {
         "database work, cached / uncached (at most 0.05)":
             cached["db_cpu_ms_per_call"] / plain["db_cpu_ms_per_call"],
+        "database work per window, cached / uncached": per_window(cached, "db_cpu_ms_per_call"),
         "p50, cached / uncached (at most 0.2)": cached["p50_ms"] / plain["p50_ms"],
+        "p50 with its interval": bootstrap_ratio(cached["latencies_ms"], plain["latencies_ms"],
+                                                 statistic=statistics.median).as_dict(),
+        "Fanout CPU per window, cached / uncached": per_window(cached, "fanout_cpu_ms_per_call"),
         "answers differing (0)": sum(r.get("answers_differing", 0) for r in (cached, shared, killed)),
         "answers checked": sum(r.get("answers_checked", 0) for r in (cached, shared, killed)),
         "Fanout CPU per call, cached / uncached (at most 1.2)":
