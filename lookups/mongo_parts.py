@@ -16,6 +16,9 @@ tie-break, by handing the lookup's own ``build`` the documents that query return
 A range whose groups are more than :data:`PART_GROUP_CAP`, or whose keys or sums are not
 plain strings and numbers, has no part (:class:`NoPart`): its window is then answered by
 the panel's own query, never approximated.
+
+A short range (a window's uneven edges) can also be read as rows, each document's key and
+summed field, and grouped here (:meth:`PanelParts.part_of_rows`) as ``$group`` would.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import abc
 import json
 from typing import Any, ClassVar, Iterable, Optional, Sequence
 
+from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
 from lookups.mongo import (QUERY_GROUP_CAP, ErrorsLookup, MongoLookup, QueriesLookup,
@@ -128,6 +132,41 @@ class PanelParts(abc.ABC):
         return [{"$group": {"_id": f"${self.key_field}", **self.sums()}},
                 {"$limit": PART_GROUP_CAP + 1}]
 
+    #: The documents' field the panel sums (durations), or None where it only counts.
+    summed: ClassVar[Optional[str]] = "duration_ms"
+
+    def row_stages(self) -> list[dict[str, Any]]:
+        """The stages after a range's ``$match`` that give one row per document, for
+        :meth:`part_of_rows`: its key as ``k`` and its summed field as ``v`` (absent where
+        the document lacks them)."""
+        row = {"_id": 0, "k": f"${self.key_field}"}
+        if self.summed is not None:
+            row["v"] = f"${self.summed}"
+        return [{"$project": row}]
+
+    def part_of_rows(self, rows: Iterable[Any]) -> Part:
+        """The range's groups from its :meth:`row_stages` rows, exactly as :meth:`stages`
+        groups them on the server (``$sum`` skips what is not a number, ``$isNumber``
+        counts what is); NoPart where :meth:`part` would have none."""
+        part: Part = {}
+        summing, timing = "total_ms" in self.fields, "timed" in self.fields
+        for row in rows:
+            key, value = row.get("k"), row.get("v")
+            if not (key is None or type(key) is str) or type(value) is Decimal128:
+                raise NoPart(f"{self.lookup.name}: a group of other types than strings and numbers")
+            sums = part.get(key)
+            if sums is None:
+                if len(part) == PART_GROUP_CAP:
+                    raise NoPart(f"{self.lookup.name}: more than {PART_GROUP_CAP} groups in a range")
+                sums = part[key] = [0] * len(self.fields)
+            sums[0] += 1
+            if type(value) in _NUMBERS:
+                if summing:
+                    sums[1] += value
+                if timing:
+                    sums[2] += 1
+        return {key: [v if type(v) is float else int(v) for v in sums] for key, sums in part.items()}
+
     def stages_by(self, bucket: dict[str, Any]) -> list[dict[str, Any]]:
         """The groups of every bucket of a range: ``_id`` is ``{"b": bucket, "k": key}``."""
         return [{"$group": {"_id": {"b": bucket, "k": f"${self.key_field}"}, **self.sums()}}]
@@ -174,6 +213,7 @@ class PanelParts(abc.ABC):
 class ErrorParts(PanelParts):
     fields = ("count",)
     key_field = "message"
+    summed = None
 
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}}

@@ -13,7 +13,10 @@ from typing import Any, Iterator
 
 import pymongo
 import pytest
+from bson.decimal128 import Decimal128
+from bson.int64 import Int64
 from hypothesis import HealthCheck, given, settings, strategies as st
+from pymongo import monitoring
 
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
@@ -22,8 +25,9 @@ from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
 from lookups.cache.stores import CacheStats, MemoryStore
 from lookups.deadline import Deadline
-from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
-from lookups.mongo_parts import PART_GROUP_CAP, add_parts, parts_of
+from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, QueriesLookup,
+                           UrlsLookup)
+from lookups.mongo_parts import PART_GROUP_CAP, NoPart, add_parts, parts_of, ranges_filter
 from lookups.panels import ErrorSummary, TopList, Window
 from service.samples import MongoWireServer
 from tests.support.ferretdb import selected_engine
@@ -283,3 +287,84 @@ def test_clearing_the_store_leaves_the_merged_runs_counted() -> None:
     runs.put(("urls", "shop", 0, 1), {"/u": [1, 1.5, 1]}, parts_of(UrlsLookup(None)))  # type: ignore
     store.clear()
     assert len(store) == 0 and stats.bytes == runs.bytes > 0 and stats.evictions == 0
+
+
+def _odd_documents() -> dict[str, list[dict[str, Any]]]:
+    """Documents whose keys are missing or null and whose durations are integers, 64-bit
+    integers, floats or missing: what grouping here must count and sum as the engine does."""
+    documents = _documents(list(range(0, 600, 7)), list(range(86)))
+    for index, row in enumerate(documents["requests"] + documents["queries"]):
+        if index % 7 == 0:
+            row.pop("duration_ms", None)
+        elif index % 7 == 1:
+            row["duration_ms"] = Int64(3_000_000_000 + index)
+        for field in ("url", "controller", "query"):
+            if field in row and index % 11 == 0:
+                del row[field]
+            elif field in row and index % 11 == 1:
+                row[field] = None
+    for index, row in enumerate(documents["errors"]):
+        if index % 9 == 0:
+            del row["message"]
+    return documents
+
+
+def test_rows_grouped_here_equal_the_engines_groups(backend: MongoBackend) -> None:
+    _seed(backend, _odd_documents())
+    match = {"$match": ranges_filter("shop", [(BASE_MS, BASE_MS + 200_000),
+                                               (BASE_MS + 300_000, BASE_MS + 600_000)])}
+    for cls in LOOKUPS:
+        parts = parts_of(cls(backend))
+        assert parts is not None
+        collection = backend.db[cls.collection]
+        grouped = parts.part(list(collection.aggregate([match, *parts.stages()])))
+        here = parts.part_of_rows(collection.aggregate([match, *parts.row_stages()]))
+        assert here.keys() == grouped.keys() and None in here and len(here) > 2, cls.name
+        for key, sums in grouped.items():
+            assert [type(v) for v in here[key]] == [type(v) for v in sums], (cls.name, key)
+            assert here[key] == pytest.approx(sums, rel=1e-12), (cls.name, key)
+
+
+def test_rows_skip_what_sum_skips_and_refuse_what_a_part_refuses() -> None:
+    urls = parts_of(UrlsLookup(None))  # type: ignore[arg-type]
+    assert urls is not None
+    rows = [{"k": "/a", "v": 2}, {"k": "/a", "v": 1.5}, {"k": "/a", "v": True}, {"k": "/a", "v": "7"},
+            {"k": "/a", "v": [1]}, {"k": "/a"}, {"v": Int64(5)}, {"k": None, "v": None}]
+    assert urls.part_of_rows(rows) == {"/a": [6, 3.5, 2], None: [2, 5, 1]}
+    for refused in ([{"k": 7}], [{"k": ["/a"]}], [{"k": "/a", "v": Decimal128("1.5")}],
+                    [{"k": f"/{n}"} for n in range(PART_GROUP_CAP + 1)]):
+        with pytest.raises(NoPart):
+            urls.part_of_rows(refused)
+
+
+def test_edges_with_more_rows_than_a_batch_are_grouped_by_the_engine(
+        mongo_server: MongoWireServer) -> None:
+    commands: list[str] = []
+
+    class Listener(monitoring.CommandListener):
+        def started(self, event: monitoring.CommandStartedEvent) -> None:
+            commands.append(event.command_name)
+
+        def succeeded(self, event: Any) -> None:
+            pass
+
+        def failed(self, event: Any) -> None:
+            pass
+
+    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database=DATABASE),
+                           event_listeners=[Listener()])
+    try:
+        crowded = [3 * 3600 + s % 600 for s in range(2 * QUERY_GROUP_CAP + 100)]   # half of them shop's
+        _seed(backend, _documents(list(range(0, 3 * 3600, 61)) + crowded, list(range(5000))))
+        lookup = _cached(backend, 3_600_000, 0, MemoryStore(1 << 24))["errors"]
+        window = Window("shop", BASE_MS + 1_000_000, BASE_MS + 3 * 3_600_000 + 700_000)
+        lookup._clock = lambda: window.end_ms / 1000   # noqa: SLF001 - "now"
+        _warm(lookup, Window("shop", window.start_ms, BASE_MS + 3 * 3_600_000))   # no end edge
+        for rows_first in (True, False):   # then the app is known to be dense: grouped at once
+            commands.clear()
+            _same(lookup.fetch(window, Deadline.after_ms(30_000)),
+                  lookup.inner.fetch(window, Deadline.after_ms(30_000)))
+            assert commands.count("aggregate") == (3 if rows_first else 2), commands
+    finally:
+        backend.client.drop_database(DATABASE)
+        backend.close()

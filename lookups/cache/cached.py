@@ -28,7 +28,7 @@ from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.errors import BackendTimeout
-from lookups.mongo import MongoLookup, aggregate_one_batch
+from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch
 from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, decode_part, encode_part,
                                  ranges_filter, subtract_part)
 from lookups.panels import PanelValue, Window
@@ -43,6 +43,8 @@ T = TypeVar("T")
 FILL_FACETS = 2
 #: Part of every key: a change of the parts' layout starts on fresh keys.
 KEY_VERSION = "v1"
+#: Apps remembered as dense at most; beyond, the memory starts again.
+_DENSE_APPS = 1024
 
 
 class CachedLookup(Lookup):
@@ -59,6 +61,10 @@ class CachedLookup(Lookup):
         self._fills: dict[tuple[Any, ...], AsyncResult] = {}
         #: Whether the engine groups by bucket (one query fills them all): None until tried.
         self._grouped: Optional[bool] = None
+        #: Ranges read as rows at most this long together: a window's two uneven edges.
+        self._rows_span_ms = 2 * settings.bucket_ms + settings.settle_ms
+        #: Apps whose edges held more rows than one batch, until when they are grouped.
+        self._dense: dict[str, float] = {}
 
     def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
         settled_before_ms = int(self._clock() * 1000) - self._settle_ms
@@ -195,8 +201,21 @@ class CachedLookup(Lookup):
         return filled
 
     def _query(self, app: str, ranges: Sequence[tuple[int, int]], deadline: Deadline) -> Part:
-        pipeline = [{"$match": ranges_filter(app, ranges)}, *self._parts.stages()]
-        return self._parts.part(self._aggregate(pipeline, deadline))
+        """The part of ``ranges``: short ones (the edges of a warm window) read as rows and
+        grouped here, where the engine's ``$group`` costs far more than the few documents
+        (FerretDB 2 opens a PostgreSQL connection for each, README "Results cache"); an app
+        with more rows than one batch there is grouped by the engine for a bucket's time."""
+        match = {"$match": ranges_filter(app, ranges)}
+        if (sum(end - start for start, end in ranges) <= self._rows_span_ms
+                and self._dense.get(app, 0.0) <= self._clock()):
+            rows = self._aggregate([match, *self._parts.row_stages(), {"$limit": QUERY_GROUP_CAP}],
+                                   deadline)
+            if len(rows) < QUERY_GROUP_CAP:
+                return self._parts.part_of_rows(rows)
+            if len(self._dense) >= _DENSE_APPS:
+                self._dense.clear()
+            self._dense[app] = self._clock() + self._bucket_ms / 1000
+        return self._parts.part(self._aggregate([match, *self._parts.stages()], deadline))
 
     def _aggregate(self, pipeline: list[dict[str, Any]], deadline: Deadline) -> list[Any]:
         collection = self.inner.collection
