@@ -36,15 +36,14 @@ from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEn
                             Window)
 
 __all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
-           "aggregate_one_batch", "ts_range",
+           "aggregate_one_batch", "first_batch", "ts_range",
            "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
            "QueriesLookup"]
 
 COLLECTIONS = ("errors", "requests", "queries")
 
 # The queries panel groups raw statements on the server, keeps the QUERY_GROUP_CAP with the
-# largest total time, and merges their normalised shapes here. Past the cap the ranking is
-# approximate: a shape spread thinly over many distinct literals may be under-counted.
+# largest total time, and merges their shapes here. Past the cap the ranking is approximate.
 QUERY_GROUP_CAP = 1000
 # The exact types BSON decodes integers and numbers to (bool, a subclass of int, is neither).
 _INTEGERS = frozenset({int, Int64})
@@ -82,27 +81,28 @@ def aggregate_one_batch(db: Database, collection: str, pipeline: list[dict[str, 
     """The documents of an aggregation whose result fits one batch, read as one command.
 
     Every lookup's pipeline ends in a ``$limit`` of at most :data:`QUERY_GROUP_CAP`, so
-    its result comes back in the ``aggregate`` command's first batch. Sent with
-    ``Database.command`` (the same command ``Collection.aggregate`` sends, with the
-    database's read preference and read concern) it costs about a sixth less CPU than
-    through ``Collection.aggregate``, which also builds a command cursor and a retryable
-    read around it (measured in alternating runs); retries are the guard's. Should a
-    result ever need a second batch (over 16 MiB), the cursor is closed and the
-    aggregation runs again through ``Collection.aggregate``.
-    """
-    concern = db.read_concern.document
-    reply = db.command("aggregate", collection, pipeline=pipeline,
-                       cursor={"batchSize": QUERY_GROUP_CAP}, read_preference=db.read_preference,
-                       **({"readConcern": concern} if concern else {}))
-    cursor = reply["cursor"]
-    if not cursor["id"]:
-        return cursor["firstBatch"]
-    # Best effort: sent to a server the read preference selects, which on a replica set
-    # may not hold the cursor (then a no-op; the server drops it when idle).
-    with contextlib.suppress(pymongo.errors.PyMongoError):
-        db.command("killCursors", collection, cursors=[cursor["id"]],
-                   read_preference=db.read_preference)
-    return list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
+    its result comes back in the first batch. Sent with ``Database.command`` (the command
+    ``Collection.aggregate`` sends, with the database's read preference and read concern)
+    it costs about a sixth less CPU than ``Collection.aggregate``, which also builds a
+    command cursor and a retryable read (retries are the guard's). A result needing a
+    second batch (over 16 MiB) is read again through ``Collection.aggregate``."""
+    found, whole = first_batch(db, collection, pipeline, QUERY_GROUP_CAP)
+    return found if whole else list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
+
+
+def first_batch(db: Database, collection: str, pipeline: list[dict[str, Any]],
+                size: int) -> tuple[list[Any], bool]:
+    """The first ``size`` documents of an aggregation, and whether they were all (an open
+    cursor is closed)."""
+    concern = {"readConcern": db.read_concern.document} if db.read_concern.document else {}
+    cursor = db.command("aggregate", collection, pipeline=pipeline, cursor={"batchSize": size},
+                        read_preference=db.read_preference, **concern)["cursor"]
+    if cursor["id"]:
+        # Best effort: on a replica set the server picked may not hold it (it drops it idle).
+        with contextlib.suppress(pymongo.errors.PyMongoError):
+            db.command("killCursors", collection, cursors=[cursor["id"]],
+                       read_preference=db.read_preference)
+    return cursor["firstBatch"], not cursor["id"]
 
 
 class MongoLookup(Lookup, abc.ABC):

@@ -28,7 +28,7 @@ from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.errors import BackendTimeout
-from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch
+from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch, first_batch
 from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, decode_part, encode_part,
                                  ranges_filter, subtract_part)
 from lookups.panels import PanelValue, Window
@@ -202,15 +202,17 @@ class CachedLookup(Lookup):
 
     def _query(self, app: str, ranges: Sequence[tuple[int, int]], deadline: Deadline) -> Part:
         """The part of ``ranges``: short ones (the edges of a warm window) read as rows and
-        grouped here, where the engine's ``$group`` costs far more than the few documents
-        (FerretDB 2 opens a PostgreSQL connection for each, README "Results cache"); an app
-        with more rows than one batch there is grouped by the engine for a bucket's time."""
+        grouped here, where the engine's ``$group`` (or ``$limit``) costs far more than the
+        few documents (on FerretDB 2 each opens a PostgreSQL connection, README "Results
+        cache"); an app with more rows than one batch there is grouped by the engine for a
+        bucket's time."""
         match = {"$match": ranges_filter(app, ranges)}
         if (sum(end - start for start, end in ranges) <= self._rows_span_ms
                 and self._dense.get(app, 0.0) <= self._clock()):
-            rows = self._aggregate([match, *self._parts.row_stages(), {"$limit": QUERY_GROUP_CAP}],
-                                   deadline)
-            if len(rows) < QUERY_GROUP_CAP:
+            rows, whole = self._run(lambda db: first_batch(
+                db, self.inner.collection, [match, *self._parts.row_stages()], QUERY_GROUP_CAP),
+                deadline)
+            if whole:
                 return self._parts.part_of_rows(rows)
             if len(self._dense) >= _DENSE_APPS:
                 self._dense.clear()
@@ -219,8 +221,10 @@ class CachedLookup(Lookup):
 
     def _aggregate(self, pipeline: list[dict[str, Any]], deadline: Deadline) -> list[Any]:
         collection = self.inner.collection
-        return self.inner.backend.run(
-            self.name, lambda db: aggregate_one_batch(db, collection, pipeline), deadline)
+        return self._run(lambda db: aggregate_one_batch(db, collection, pipeline), deadline)
+
+    def _run(self, operation: Callable[[Any], T], deadline: Deadline) -> T:
+        return self.inner.backend.run(self.name, operation, deadline)  # type: ignore[no-any-return]
 
 
 def _ranges(starts: Sequence[int], step: int) -> list[tuple[int, int]]:
