@@ -29,7 +29,13 @@ and which say nothing new; not its own): a window with one goes a step up; the l
 comes down a step only after :data:`COOL_WINDOWS` windows in a row with no refusal
 and no standing queue, and holds in between. Up at once, down slowly, and a band in
 which it holds: this is the hysteresis that keeps it from flapping at a steady load,
-where it settles at the share that keeps admission just short of refusing. The level
+where it settles at the share that keeps admission just short of refusing. At a load
+that stays past capacity each step down is a probe that admission answers with
+refusals, of CRITICAL calls too: a step down that brings a refusal back within
+:data:`COOL_WINDOWS` doubles the cool stretch before the next one (up to
+``2 ** BACKOFF_MAX`` times), and a step that holds restores it, so the dimmer probes
+less and less often at a steady overload and still comes down at its pace once the
+load falls. The level
 never climbs past the top of the highest rung that names a criticality seen in the
 last two seconds: with only CRITICAL callers, 0.6 sheds all there is to shed, and a
 higher level would only slow the way back. A latency
@@ -55,7 +61,7 @@ from tracing.context import spawn_in_context
 from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
 __all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
-           "COOL_WINDOWS", "REFUSED_FROM"]
+           "COOL_WINDOWS", "BACKOFF_MAX", "REFUSED_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +75,8 @@ REPORT_WINDOW_S = POOLS_WINDOW_S
 _PRESENT_WINDOWS = 8
 #: Windows in a row without a refusal or a standing queue before the level comes down.
 COOL_WINDOWS = 8
+#: Doublings of the cool stretch after steps down that brought refusals back (8x: 16 s).
+BACKOFF_MAX = 3
 _RUNG = 0.2
 
 
@@ -142,6 +150,8 @@ class Dimmer:
         self._clock = clock
         self._seen_refusals = refusals()
         self._cool = 0
+        self._backoff = 0                        # doublings of the cool stretch
+        self._probing: Optional[int] = None      # windows since a step down not yet held
         self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
         #: Calls that reached the gate since the last update, by criticality (the gate counts).
         self.arrivals = [0] * len(Criticality)
@@ -202,15 +212,23 @@ class Dimmer:
         before = self.level
         ceiling = self._ceiling()
         if refused:
+            if self._probing is not None:   # the last step down brought refusals back
+                self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
             self._cool = 0
             self.level = min(ceiling, self.level + STEP)
         elif self._queue_standing():
             self._cool = 0
         else:
             self._cool += 1
-            if self._cool >= COOL_WINDOWS:
+            if self._probing is not None:
+                self._probing += 1
+                if self._probing >= COOL_WINDOWS:   # the step down held: back to the base pace
+                    self._backoff, self._probing = 0, None
+            if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
-                self.level = max(self.min_level, self.level - STEP)
+                lowered = max(self.min_level, self.level - STEP)
+                self._probing = 0 if lowered < self.level else self._probing
+                self.level = lowered
         # Above the ceiling nothing that arrives would be shed: climbing there only slows
         # the way back down once the load falls.
         self.level = round(max(self.min_level, min(self.level, ceiling)), 6)
