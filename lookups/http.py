@@ -91,15 +91,18 @@ class AlertsLookup(HttpLookup):
     route: ClassVar[str] = "/apps/{app}/alerts"
 
     def fetch(self, window: Window, deadline: Deadline) -> AlertList:
+        alerts = self.alerts(window, deadline)
+        return AlertList(tuple(sorted(alerts, key=lambda a: (a.triggered_ms, a.id))))
+
+    def alerts(self, window: Window, deadline: Deadline) -> list[Alert]:
+        """The service's answer for ``window``, checked, in its order."""
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms}
         body = self._get_json(window, params, deadline)
-        items = _list_field(self.name, body, "alerts")
-        alerts = [Alert(id=_typed(self.name, item, "id", str),
-                        severity=_typed(self.name, item, "severity", str),
-                        title=_typed(self.name, item, "title", str),
-                        triggered_ms=_typed(self.name, item, "triggered_ms", int))
-                  for item in items]
-        return AlertList(tuple(sorted(alerts, key=lambda a: (a.triggered_ms, a.id))))
+        return [Alert(id=_typed(self.name, item, "id", str),
+                      severity=_typed(self.name, item, "severity", str),
+                      title=_typed(self.name, item, "title", str),
+                      triggered_ms=_typed(self.name, item, "triggered_ms", int))
+                for item in _list_field(self.name, body, "alerts")]
 
 
 class SeriesLookup(HttpLookup):

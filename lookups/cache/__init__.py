@@ -1,8 +1,10 @@
-"""The results cache: MongoDB panels merged from cached, aligned time buckets.
+"""The results cache: panels merged from cached, aligned time buckets.
 
 - :mod:`~lookups.cache.buckets`: a window as settled buckets and the edges around them;
 - :mod:`~lookups.cache.stores`: where buckets live (this process, or Redis) and the counters;
-- :mod:`~lookups.cache.cached`: the panel from its buckets' parts and its edges;
+- :mod:`~lookups.cache.cached`: a MongoDB panel from its buckets' parts and its edges;
+- :mod:`~lookups.cache.alerts`: the alerts panel from its buckets' alerts;
+- :mod:`~lookups.cache.panel`: what both are, for a caller asking for a fresh answer;
 - :mod:`~lookups.cache.merged`: the sums of whole runs of buckets, kept decoded;
 - :mod:`~lookups.cache.settings`: the ``[cache]`` section.
 
@@ -15,23 +17,31 @@ from __future__ import annotations
 from typing import Mapping
 
 from lookups.base import Lookup
+from lookups.cache.alerts import CachedAlerts
 from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
+from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
+from lookups.http import AlertsLookup
 from lookups.mongo_parts import parts_of
 
-__all__ = ["CachedLookup", "CacheSettings", "CacheStats", "BucketStore", "with_cache", "open_store"]
+__all__ = ["CachedAlerts", "CachedLookup", "CachedPanel", "CacheSettings", "CacheStats", "BucketStore", "with_cache", "open_store"]
 
 
 def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
                store: BucketStore) -> dict[str, Lookup]:
-    """``lookups`` with each MongoDB panel that is made of parts answered through ``store``;
-    the others as they are."""
+    """``lookups`` with each MongoDB panel that is made of parts, and the alerts panel,
+    answered through ``store``; the others as they are."""
     cached: dict[str, Lookup] = {}
     merged = MergedRuns(settings.max_bytes // 8, store.stats)
     for name, lookup in lookups.items():
         parts = parts_of(lookup)
+        if type(lookup) is AlertsLookup:
+            backend = lookup.backend
+            cached[name] = CachedAlerts(lookup, store, settings,
+                                        f"{backend.name}/{backend.settings.url}")
+            continue
         if parts is None:
             cached[name] = lookup
             continue

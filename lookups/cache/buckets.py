@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["BucketPlan", "plan_buckets"]
+__all__ = ["BucketPlan", "bucket_runs", "plan_buckets"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,15 @@ def plan_buckets(start_ms: int, end_ms: int, bucket_ms: int, settled_before_ms: 
     buckets = tuple(range(first, last, bucket_ms))
     edges = tuple((a, b) for a, b in ((start_ms, first), (last, end_ms)) if a < b)
     return BucketPlan(bucket_ms, buckets, edges)
+
+
+def bucket_runs(starts: list[int], bucket_ms: int) -> list[tuple[int, int]]:
+    """Buckets starting at ``starts`` (ascending) as ``[start, end)`` ranges, consecutive
+    buckets joined."""
+    runs: list[tuple[int, int]] = []
+    for start in starts:
+        if runs and runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], start + bucket_ms)
+        else:
+            runs.append((start, start + bucket_ms))
+    return runs

@@ -20,9 +20,9 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 from gevent.event import AsyncResult
 from opentelemetry import trace
 
-from lookups.base import Lookup
-from lookups.cache.buckets import BucketPlan, plan_buckets
+from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.merged import MergedRun, MergedRuns
+from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
@@ -47,7 +47,7 @@ KEY_VERSION = "v1"
 _DENSE_APPS = 1024
 
 
-class CachedLookup(Lookup):
+class CachedLookup(CachedPanel):
     """``inner``'s panel from cached buckets; ``inner`` itself answers fresh calls."""
 
     def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
@@ -87,7 +87,7 @@ class CachedLookup(Lookup):
                 if not unread:
                     known = self._merged.put(run, add_parts(parts), self._parts)
                     parts = [known.total]
-            ranges = _ranges(unread, self._bucket_ms) + list(plan.edges)
+            ranges = bucket_runs(unread, self._bucket_ms) + list(plan.edges)
             rest: Part = {}
             if ranges:
                 rest = self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
@@ -226,14 +226,3 @@ class CachedLookup(Lookup):
     def _run(self, operation: Callable[[Any], T], deadline: Deadline) -> T:
         return self.inner.backend.run(self.name, operation, deadline)  # type: ignore[no-any-return]
 
-
-def _ranges(starts: Sequence[int], step: int) -> list[tuple[int, int]]:
-    """The buckets starting at ``starts`` (ascending) as ``[start, end)`` ranges, consecutive
-    buckets joined."""
-    ranges: list[tuple[int, int]] = []
-    for start in starts:
-        if ranges and ranges[-1][1] == start:
-            ranges[-1] = (ranges[-1][0], start + step)
-        else:
-            ranges.append((start, start + step))
-    return ranges

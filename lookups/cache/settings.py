@@ -16,8 +16,8 @@ class CacheSettings:
     """The results cache: which buckets are kept, for how long, and where."""
 
     enabled: bool = field(default=False, metadata={
-        "help": "`true`: MongoDB panels are merged from cached buckets and a query for the "
-                "window's edges (see [Results cache](#results-cache))"})
+        "help": "`true`: the MongoDB panels and the alerts are merged from cached buckets "
+                "and a query for the window's edges (see [Results cache](#results-cache))"})
     bucket_ms: int = field(default=900_000, metadata={
         "help": "the buckets' length, aligned to the epoch: a refresh queries at most about "
                 "one bucket plus `settle_ms` of documents", "min": 1000})

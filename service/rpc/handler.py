@@ -12,7 +12,7 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, S
 
 from lookups.deadline import Deadline
 from lookups.base import Lookup
-from lookups.cache import BucketStore, CachedLookup
+from lookups.cache import BucketStore, CachedPanel
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
@@ -198,7 +198,7 @@ class AppStatsHandler:
             if not policy.enabled or (lighter and policy.optional):
                 skipped.append(_skipped(name, lookup.source, shed=policy.enabled))
                 continue
-            if valid.fresh and isinstance(lookup, CachedLookup):
+            if valid.fresh and isinstance(lookup, CachedPanel):
                 lookup = lookup.inner   # the panel's own query: no cached bucket is read
             tasks.append(Task(name=name, source=lookup.source,
                               call=_panel_call(lookup, valid.window, coalescer),
@@ -237,7 +237,7 @@ def _panel_call(lookup: Lookup, window: Window,
         return call
     # The whole question: the panel, the window (app, start, end), and whether buckets are
     # read (a fresh call never joins one that reads them). Nothing else is shared.
-    key = (lookup.name, window, isinstance(lookup, CachedLookup))
+    key = (lookup.name, window, isinstance(lookup, CachedPanel))
 
     def shared_call(deadline: Deadline) -> Any:
         return to_panel_data(coalescer.call(key, deadline, lambda: lookup.fetch(window, deadline),
