@@ -17,8 +17,8 @@ from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.brownout import (BACKOFF_MAX, COOL_WINDOWS, HOLD_WINDOWS, STEP,
-                                       BrownoutVerdict, Criticality, Dimmer)
+from service.overload.brownout import (BACKOFF_MAX, COOL_WINDOWS, STEP, BrownoutVerdict, Criticality,
+                                       Dimmer)
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.sockets import wait_for
 
@@ -139,18 +139,6 @@ def test_the_controller_holds_on_a_standing_queue_and_comes_down_only_after_a_co
     window(dimmer, signals, refusals=1)
     cool = [window(dimmer, signals) for _ in range(2 * COOL_WINDOWS)]
     assert cool == [0.25] * (2 * COOL_WINDOWS - 1) + [0.2]
-
-
-def test_a_step_down_that_brings_refusals_back_is_undone_and_held_not_overshot() -> None:
-    dimmer, signals = controller()
-    for _ in range(6):
-        window(dimmer, signals, refusals=1)
-    while window(dimmer, signals) == 0.3:   # a cool stretch, then a step down
-        pass
-    # Refusals go on while the calls admitted at 0.25 finish: one step back, no further
-    # for HOLD_WINDOWS, then up again if they still come.
-    levels = [window(dimmer, signals, refusals=1) for _ in range(HOLD_WINDOWS + 3)]
-    assert levels == [0.3] * (HOLD_WINDOWS + 1) + [0.35, 0.4]
 
 
 def test_a_step_down_that_brings_refusals_back_doubles_the_wait_before_the_next() -> None:

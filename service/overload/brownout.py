@@ -32,10 +32,8 @@ which it holds: this is the hysteresis that keeps it from flapping at a steady l
 where it settles at the share that keeps admission just short of refusing. At a load
 that stays past capacity each step down is a probe that admission answers with
 refusals, of CRITICAL calls too: a step down that brings a refusal back within
-:data:`COOL_WINDOWS` is undone, one step up and no more for :data:`HOLD_WINDOWS` (the
-calls admitted below are still in flight: climbing on their refusals overshoots), and
-doubles the cool stretch before the next one (up to ``2 ** BACKOFF_MAX`` times); a step
-that holds restores it, so the dimmer probes
+:data:`COOL_WINDOWS` doubles the cool stretch before the next one (up to
+``2 ** BACKOFF_MAX`` times), and a step that holds restores it, so the dimmer probes
 less and less often at a steady overload and still comes down at its pace once the
 load falls. The level
 never climbs past the top of the highest rung that names a criticality seen in the
@@ -79,9 +77,6 @@ _PRESENT_WINDOWS = 8
 COOL_WINDOWS = 8
 #: Doublings of the cool stretch after steps down that brought refusals back (8x: 16 s).
 BACKOFF_MAX = 3
-#: Windows after undoing such a step in which further refusals raise nothing: the calls
-#: admitted at the lower level are still in flight (a second).
-HOLD_WINDOWS = 4
 _RUNG = 0.2
 
 
@@ -157,7 +152,6 @@ class Dimmer:
         self._cool = 0
         self._backoff = 0                        # doublings of the cool stretch
         self._probing: Optional[int] = None      # windows since a step down not yet held
-        self._hold = 0                           # windows left in which refusals raise nothing
         self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
         #: Calls that reached the gate since the last update, by criticality (the gate counts).
         self.arrivals = [0] * len(Criticality)
@@ -217,14 +211,11 @@ class Dimmer:
             return
         before = self.level
         ceiling = self._ceiling()
-        holding, self._hold = self._hold > 0, max(0, self._hold - 1)
         if refused:
-            if self._probing is not None:   # the last step down brought refusals back: undo it
+            if self._probing is not None:   # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
-                self._hold, holding = HOLD_WINDOWS, False
             self._cool = 0
-            if not holding:   # within a hold, the step back up has not shown yet
-                self.level = min(ceiling, self.level + STEP)
+            self.level = min(ceiling, self.level + STEP)
         elif self._queue_standing():
             self._cool = 0
         else:
