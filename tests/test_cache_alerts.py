@@ -12,6 +12,7 @@ import random
 from typing import Any, Iterator
 from urllib.parse import parse_qs
 
+import gevent
 import pytest
 
 from lookups.backends.collection import Backends
@@ -104,3 +105,17 @@ def test_a_warm_window_asks_only_for_its_unsettled_end(
     del calls[:]
     lookup.fetch(Window("shop", BASE_MS + 1_234, BASE_MS + HOUR_MS + 5), Deadline.after_ms(10_000))
     assert calls == []   # settled and cached: cut from its buckets, no call
+
+
+def test_fifty_callers_arriving_together_fill_each_bucket_once(
+        backends: Backends, alerts_service: tuple[Any, list[dict[str, Any]]]) -> None:
+    _, calls = alerts_service
+    lookup = _cached(backends, 900_000, 120_000)
+    window = Window("shop", BASE_MS + 1_234, BASE_MS + 4 * HOUR_MS)   # settled: no unsettled end
+    del calls[:]
+    callers = [gevent.spawn(lookup.fetch, window, Deadline.after_ms(10_000)) for _ in range(50)]
+    gevent.joinall(callers, raise_error=True)
+    assert calls == [{"start_ms": BASE_MS, "end_ms": BASE_MS + 4 * HOUR_MS}]
+    direct = lookup.inner.fetch(window, Deadline.after_ms(10_000))
+    assert all(caller.value == direct for caller in callers)
+    assert lookup.store.stats.fills == 16 and lookup.store.stats.misses == 50 * 16

@@ -6,7 +6,7 @@ function of the window, and each alert falls in exactly one bucket by its
 alerts of the buckets it touches with ``triggered_ms`` inside it: the start edge is cut
 from its cached bucket, not asked for; only the newest, unsettled stretch is a call,
 shorter than the window it replaces. Missing buckets are filled by one call per run of
-them, split here by ``triggered_ms``.
+them, split here by ``triggered_ms``, and shared by the callers missing the same run.
 
 The series services are not split: a series' points are buckets of the window anchored
 at its start (``start_ms + k * step_ms``), and the latency is a mean without its count,
@@ -41,6 +41,7 @@ class CachedAlerts(CachedPanel):
 
     def __init__(self, inner: AlertsLookup, store: BucketStore, settings: CacheSettings,
                  namespace: str, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
         self.inner, self.store = inner, store
         self.name, self.source = inner.name, inner.source  # type: ignore[misc]
         self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
@@ -91,15 +92,21 @@ class CachedAlerts(CachedPanel):
         span = trace.get_current_span()
         span.set_attribute("fanout.cache.buckets_cached", len(buckets))
         span.set_attribute("fanout.cache.buckets_queried", len(missing))
-        for run_start, run_end in bucket_runs(missing, self._bucket_ms):
-            filled = {start: [] for start in range(run_start, run_end, self._bucket_ms)}
-            for alert in self.inner.alerts(Window(app, run_start, run_end), deadline):
-                if run_start <= alert.triggered_ms < run_end:
-                    filled[alert.triggered_ms - alert.triggered_ms % self._bucket_ms].append(alert)
-            self.store.put_many({self.key(app, start): _encode(alerts) for start, alerts in filled.items()})
-            self.store.stats.fills += len(filled)
-            buckets.update(filled)
+        for run in bucket_runs(missing, self._bucket_ms):
+            buckets.update(self._shared(("fill", app, run), deadline,
+                                        lambda run=run: self._fill(app, run, deadline)))
         return [buckets[start] for start in starts]
+
+    def _fill(self, app: str, run: tuple[int, int], deadline: Deadline) -> dict[int, list[Alert]]:
+        """Ask for the alerts of the buckets of ``run``, and store each bucket's."""
+        run_start, run_end = run
+        filled: dict[int, list[Alert]] = {start: [] for start in range(run_start, run_end, self._bucket_ms)}
+        for alert in self.inner.alerts(Window(app, run_start, run_end), deadline):
+            if run_start <= alert.triggered_ms < run_end:
+                filled[alert.triggered_ms - alert.triggered_ms % self._bucket_ms].append(alert)
+        self.store.put_many({self.key(app, start): _encode(alerts) for start, alerts in filled.items()})
+        self.store.stats.fills += len(filled)
+        return filled
 
 
 def _encode(alerts: list[Alert]) -> bytes:

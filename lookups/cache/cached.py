@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-from gevent.event import AsyncResult
 from opentelemetry import trace
 
 from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
@@ -27,7 +26,6 @@ from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
 from lookups.cache.fills import fill_faceted, fill_grouped
-from lookups.errors import BackendTimeout
 from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch, first_batch
 from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, decode_part, encode_part,
                                  ranges_filter, subtract_part)
@@ -53,12 +51,12 @@ class CachedLookup(CachedPanel):
     def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
                  settings: CacheSettings, namespace: str, merged: MergedRuns,
                  clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
         self.inner, self._parts, self.store, self._merged = inner, parts, store, merged
         self.name, self.source = inner.name, inner.source  # type: ignore[misc]
         self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
         self._prefix = f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}"
         self._clock = clock
-        self._fills: dict[tuple[Any, ...], AsyncResult] = {}
         #: Whether the engine groups by bucket (one query fills them all): None until tried.
         self._grouped: Optional[bool] = None
         #: Ranges read as rows at most this long together: a window's two uneven edges.
@@ -159,27 +157,6 @@ class CachedLookup(CachedPanel):
         span = trace.get_current_span()
         span.set_attribute("fanout.cache.buckets_cached", cached)
         span.set_attribute("fanout.cache.buckets_queried", queried)
-
-    def _shared(self, key: tuple[Any, ...], deadline: Deadline, query: Callable[[], T]) -> T:
-        """``query()``'s parts, queried once however many callers ask for ``key`` meanwhile."""
-        pending = self._fills.get(key)
-        if pending is not None:  # another caller is filling them: wait for it, within our deadline
-            if pending.wait(deadline.remaining_s()) is None and not pending.ready():
-                raise BackendTimeout(f"{self.name}: no time left waiting for a bucket fill",
-                                     backend_fault=False)
-            return pending.get()
-        pending = self._fills[key] = AsyncResult()
-        try:
-            parts = query()
-            pending.set(parts)
-            return parts
-        except BaseException as exc:
-            pending.set_exception(exc if isinstance(exc, Exception) else
-                                  BackendTimeout(f"{self.name}: the bucket fill was stopped",
-                                                 backend_fault=False))
-            raise
-        finally:
-            del self._fills[key]
 
     def _fill(self, app: str, starts: tuple[int, ...], deadline: Deadline) -> dict[int, Part]:
         """Query the parts of the buckets at ``starts`` (or of the newest few, where the
