@@ -17,8 +17,8 @@ from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.brownout import (BACKOFF_MAX, COOL_WINDOWS, STEP, BrownoutVerdict, Criticality,
-                                       Dimmer)
+from service.overload.brownout import (AVOID_S, BACKOFF_MAX, COOL_WINDOWS, STEP, WINDOW_S,
+                                       BrownoutVerdict, Criticality, Dimmer)
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.sockets import wait_for
 
@@ -134,14 +134,25 @@ def test_the_controller_holds_on_a_standing_queue_and_comes_down_only_after_a_co
     cool = [window(dimmer, signals) for _ in range(2 * COOL_WINDOWS)]
     assert cool == [0.3] * (COOL_WINDOWS - 1) + [0.25] * COOL_WINDOWS + [0.2]
     # A refusal in the middle of a cool stretch starts it again (and takes a step up); it
-    # came right after a step down, so the next cool stretch is twice as long.
+    # came right after a step down, so the next cool stretch is twice as long, and 0.2 is
+    # not stepped down to again until AVOID_S has passed.
     window(dimmer, signals)
     window(dimmer, signals, refusals=1)
-    cool = [window(dimmer, signals) for _ in range(2 * COOL_WINDOWS)]
-    assert cool == [0.25] * (2 * COOL_WINDOWS - 1) + [0.2]
+    cool = [window(dimmer, signals) for _ in range(wait_after(1))]
+    assert cool == [0.25] * (wait_after(1) - 1) + [0.2]
 
 
-def test_a_step_down_that_brings_refusals_back_doubles_the_wait_before_the_next() -> None:
+def wait_after(failures: int) -> int:
+    """Windows before the next step down after ``failures`` steps down in a row that
+    brought refusals back: the doubled cool stretches that outlast the avoided time."""
+    if failures == 0:
+        return COOL_WINDOWS
+    doublings = min(failures, BACKOFF_MAX)
+    cool, avoid = COOL_WINDOWS << doublings, (AVOID_S << (doublings - 1)) / WINDOW_S
+    return int(-(-avoid // cool) * cool)
+
+
+def test_a_step_down_that_brings_refusals_back_is_avoided_longer_each_time() -> None:
     dimmer, signals = controller()
     for _ in range(6):
         window(dimmer, signals, refusals=1)
@@ -149,9 +160,9 @@ def test_a_step_down_that_brings_refusals_back_doubles_the_wait_before_the_next(
     for _ in range(BACKOFF_MAX + 2):   # overload that stays: every step down is refused
         waits.append(next(n for n in range(1, 1000) if window(dimmer, signals) < 0.3))
         assert window(dimmer, signals, refusals=1) == 0.3
-    assert waits == [COOL_WINDOWS << n for n in (0, 1, 2, 3, 3)]
+    assert waits == [wait_after(n) for n in range(BACKOFF_MAX + 2)] == [8, 64, 128, 256, 256]
     # The load falls: the next step down holds, and from then on it comes down at its pace.
-    longest = COOL_WINDOWS << BACKOFF_MAX
+    longest = wait_after(BACKOFF_MAX + 2)
     levels = [window(dimmer, signals) for _ in range(longest + 3 * COOL_WINDOWS)]
     assert levels == [0.3] * (longest - 1) + \
         [0.25] * COOL_WINDOWS + [0.2] * COOL_WINDOWS + [0.15] * COOL_WINDOWS + [0.1]

@@ -33,7 +33,10 @@ where it settles at the share that keeps admission just short of refusing. At a 
 that stays past capacity each step down is a probe that admission answers with
 refusals, of CRITICAL calls too: a step down that brings a refusal back within
 :data:`COOL_WINDOWS` doubles the cool stretch before the next one (up to
-``2 ** BACKOFF_MAX`` times), and a step that holds restores it, so the dimmer probes
+``2 ** BACKOFF_MAX`` times), and its level is not stepped down to again for
+:data:`AVOID_S` (doubled likewise): the climb after it overshoots (the calls admitted
+below are still in flight), and without the memory the way back down would end on
+the same refusals. A step that holds restores the base pace, so the dimmer probes
 less and less often at a steady overload and still comes down at its pace once the
 load falls. The level
 never climbs past the top of the highest rung that names a criticality seen in the
@@ -61,7 +64,7 @@ from tracing.context import spawn_in_context
 from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
 __all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
-           "COOL_WINDOWS", "BACKOFF_MAX", "REFUSED_FROM"]
+           "COOL_WINDOWS", "BACKOFF_MAX", "AVOID_S", "REFUSED_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,9 @@ _PRESENT_WINDOWS = 8
 COOL_WINDOWS = 8
 #: Doublings of the cool stretch after steps down that brought refusals back (8x: 16 s).
 BACKOFF_MAX = 3
+#: Seconds the level of such a step is not stepped down to again; doubled with the cool
+#: stretch (up to 60 s).
+AVOID_S = 15
 _RUNG = 0.2
 
 
@@ -152,6 +158,7 @@ class Dimmer:
         self._cool = 0
         self._backoff = 0                        # doublings of the cool stretch
         self._probing: Optional[int] = None      # windows since a step down not yet held
+        self._avoid = (-1.0, 0.0)                # a level that failed, and until when to avoid it
         self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
         #: Calls that reached the gate since the last update, by criticality (the gate counts).
         self.arrivals = [0] * len(Criticality)
@@ -214,6 +221,7 @@ class Dimmer:
         if refused:
             if self._probing is not None:   # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
+                self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
             self._cool = 0
             self.level = min(ceiling, self.level + STEP)
         elif self._queue_standing():
@@ -227,6 +235,8 @@ class Dimmer:
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
                 lowered = max(self.min_level, self.level - STEP)
+                if lowered <= self._avoid[0] and self._clock() < self._avoid[1]:
+                    lowered = self.level   # a level that brought refusals back lately
                 self._probing = 0 if lowered < self.level else self._probing
                 self.level = lowered
         # Above the ceiling nothing that arrives would be shed: climbing there only slows
