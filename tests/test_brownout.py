@@ -17,8 +17,8 @@ from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.brownout import (AVOID_S, BACKOFF_MAX, COOL_WINDOWS, STEP, WINDOW_S,
-                                       BrownoutVerdict, Criticality, Dimmer)
+from service.overload.brownout import (AVOID_S, BACKOFF_MAX, COOL_WINDOWS, PROBATION_WINDOWS, STEP,
+                                       WINDOW_S, BrownoutVerdict, Criticality, Dimmer)
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.sockets import wait_for
 
@@ -161,11 +161,12 @@ def test_a_step_down_that_brings_refusals_back_is_avoided_longer_each_time() -> 
         waits.append(next(n for n in range(1, 1000) if window(dimmer, signals) < 0.3))
         assert window(dimmer, signals, refusals=1) == 0.3
     assert waits == [wait_after(n) for n in range(BACKOFF_MAX + 2)] == [8, 64, 128, 256, 256]
-    # The load falls: the next step down holds, and from then on it comes down at its pace.
+    # The load falls: the next step down holds through its probation, and from then on the
+    # level comes down at its pace.
     longest = wait_after(BACKOFF_MAX + 2)
-    levels = [window(dimmer, signals) for _ in range(longest + 3 * COOL_WINDOWS)]
+    levels = [window(dimmer, signals) for _ in range(longest + PROBATION_WINDOWS + 2 * COOL_WINDOWS)]
     assert levels == [0.3] * (longest - 1) + \
-        [0.25] * COOL_WINDOWS + [0.2] * COOL_WINDOWS + [0.15] * COOL_WINDOWS + [0.1]
+        [0.25] * PROBATION_WINDOWS + [0.2] * COOL_WINDOWS + [0.15] * COOL_WINDOWS + [0.1]
 
 
 def test_the_level_climbs_no_higher_than_the_calls_that_arrive_can_be_shed() -> None:

@@ -32,7 +32,7 @@ which it holds: this is the hysteresis that keeps it from flapping at a steady l
 where it settles at the share that keeps admission just short of refusing. At a load
 that stays past capacity each step down is a probe that admission answers with
 refusals, of CRITICAL calls too: a step down that brings a refusal back within
-:data:`COOL_WINDOWS` doubles the cool stretch before the next one (up to
+:data:`PROBATION_WINDOWS` doubles the cool stretch before the next one (up to
 ``2 ** BACKOFF_MAX`` times), and its level is not stepped down to again for
 :data:`AVOID_S` (doubled likewise): the climb after it overshoots (the calls admitted
 below are still in flight), and without the memory the way back down would end on
@@ -64,7 +64,7 @@ from tracing.context import spawn_in_context
 from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
 __all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
-           "COOL_WINDOWS", "BACKOFF_MAX", "AVOID_S", "REFUSED_FROM"]
+           "COOL_WINDOWS", "BACKOFF_MAX", "PROBATION_WINDOWS", "AVOID_S", "REFUSED_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,9 @@ _PRESENT_WINDOWS = 8
 COOL_WINDOWS = 8
 #: Doublings of the cool stretch after steps down that brought refusals back (8x: 16 s).
 BACKOFF_MAX = 3
+#: Cool windows after a step down within which a refusal counts against it (8 s): calls
+#: that wait on pools admitted at the lower level push admission to refuse seconds later.
+PROBATION_WINDOWS = 4 * COOL_WINDOWS
 #: Seconds the level of such a step is not stepped down to again; doubled with the cool
 #: stretch (up to 60 s).
 AVOID_S = 15
@@ -230,7 +233,7 @@ class Dimmer:
             self._cool += 1
             if self._probing is not None:
                 self._probing += 1
-                if self._probing >= COOL_WINDOWS:   # the step down held: back to the base pace
+                if self._probing >= PROBATION_WINDOWS:   # the step down held: the base pace again
                     self._backoff, self._probing = 0, None
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
