@@ -2,8 +2,9 @@
 
 The alerts service answers the alerts triggered in ``[start_ms, end_ms)``: a pure
 function of the window, and each alert falls in exactly one bucket by its
-``triggered_ms``. So a settled bucket's alerts are cached whole, and any window is the
-alerts of the buckets it touches with ``triggered_ms`` inside it: the start edge is cut
+``triggered_ms``. So a settled bucket's alerts are cached whole, and a window that holds
+a whole settled bucket (as a MongoDB panel's must) is the alerts of the buckets it
+touches with ``triggered_ms`` inside it: the start edge is cut
 from its cached bucket, not asked for; only the newest, unsettled stretch is a call,
 shorter than the window it replaces. Missing buckets are filled by one call per run of
 them, split here by ``triggered_ms``, and shared by the callers missing the same run.
@@ -21,7 +22,7 @@ from typing import Callable, Optional
 
 from opentelemetry import trace
 
-from lookups.cache.buckets import bucket_runs
+from lookups.cache.buckets import bucket_runs, plan_buckets
 from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
@@ -51,6 +52,8 @@ class CachedAlerts(CachedPanel):
     def fetch(self, window: Window, deadline: Deadline) -> AlertList:
         step = self._bucket_ms
         settled_before_ms = int(self._clock() * 1000) - self._settle_ms
+        if not plan_buckets(window.start_ms, window.end_ms, step, settled_before_ms).buckets:
+            return self.inner.fetch(window, deadline)   # no whole settled bucket: as the others
         first = window.start_ms - window.start_ms % step
         # The buckets touching the window that are settled; the rest of it is one call.
         last = min(settled_before_ms - settled_before_ms % step, -(-window.end_ms // step) * step)
