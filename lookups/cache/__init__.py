@@ -26,7 +26,8 @@ from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStor
 from lookups.http import AlertsLookup
 from lookups.mongo_parts import parts_of
 
-__all__ = ["CachedAlerts", "CachedLookup", "CachedPanel", "CacheSettings", "CacheStats", "BucketStore", "with_cache", "open_store"]
+__all__ = ["CachedAlerts", "CachedLookup", "CachedPanel", "CacheSettings", "CacheStats",
+           "BucketStore", "with_cache", "open_store"]
 
 
 def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
@@ -36,12 +37,12 @@ def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
     cached: dict[str, Lookup] = {}
     merged = MergedRuns(settings.max_bytes // 8, store.stats)
     for name, lookup in lookups.items():
-        parts = parts_of(lookup)
         if type(lookup) is AlertsLookup:
             backend = lookup.backend
             cached[name] = CachedAlerts(lookup, store, settings,
                                         f"{backend.name}/{backend.settings.url}")
             continue
+        parts = parts_of(lookup)
         if parts is None:
             cached[name] = lookup
             continue

@@ -20,7 +20,6 @@ import json
 import time
 from typing import Callable, Optional
 
-from opentelemetry import trace
 
 from lookups.cache.buckets import bucket_runs, plan_buckets
 from lookups.cache.panel import CachedPanel
@@ -42,23 +41,19 @@ class CachedAlerts(CachedPanel):
 
     def __init__(self, inner: AlertsLookup, store: BucketStore, settings: CacheSettings,
                  namespace: str, clock: Callable[[], float] = time.time) -> None:
-        super().__init__()
-        self.inner, self.store = inner, store
-        self.name, self.source = inner.name, inner.source  # type: ignore[misc]
-        self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
-        self._prefix = f"fanout:alerts-v1:{namespace}:{settings.bucket_ms}"
-        self._clock = clock
+        super().__init__(inner, store, settings, f"fanout:alerts-v1:{namespace}:{settings.bucket_ms}",
+                         clock)
+        self.inner: AlertsLookup = inner
 
     def fetch(self, window: Window, deadline: Deadline) -> AlertList:
-        step = self._bucket_ms
-        settled_before_ms = int(self._clock() * 1000) - self._settle_ms
+        step, settled_before_ms = self._bucket_ms, self._settled_before_ms()
         if not plan_buckets(window.start_ms, window.end_ms, step, settled_before_ms).buckets:
             return self.inner.fetch(window, deadline)   # no whole settled bucket: as the others
         first = window.start_ms - window.start_ms % step
         # The buckets touching the window that are settled; the rest of it is one call.
         last = min(settled_before_ms - settled_before_ms % step, -(-window.end_ms // step) * step)
         starts = list(range(first, last, step))
-        if not starts or len(starts) > MAX_BUCKETS:
+        if len(starts) > MAX_BUCKETS:
             return self.inner.fetch(window, deadline)
         try:
             buckets = self._buckets(window.app, starts, deadline)
@@ -74,10 +69,6 @@ class CachedAlerts(CachedPanel):
             return self.inner.fetch(window, deadline)
         return AlertList(tuple(sorted(alerts, key=lambda a: (a.triggered_ms, a.id))))
 
-    def key(self, app: str, start_ms: int) -> str:
-        """The store's key of ``app``'s bucket starting at ``start_ms``."""
-        return f"{self._prefix}:{start_ms}:{app}"
-
     def _buckets(self, app: str, starts: list[int], deadline: Deadline) -> list[list[Alert]]:
         """Each bucket's alerts, read or filled (one call per run of missing buckets)."""
         keys = [self.key(app, start) for start in starts]
@@ -90,11 +81,7 @@ class CachedAlerts(CachedPanel):
                 missing.append(start)
             else:
                 buckets[start] = alerts
-        self.store.stats.hits += len(buckets)
-        self.store.stats.misses += len(missing)
-        span = trace.get_current_span()
-        span.set_attribute("fanout.cache.buckets_cached", len(buckets))
-        span.set_attribute("fanout.cache.buckets_queried", len(missing))
+        self._counted(len(buckets), len(missing))
         for run in bucket_runs(missing, self._bucket_ms):
             buckets.update(self._shared(("fill", app, run), deadline,
                                         lambda run=run: self._fill(app, run, deadline)))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-from opentelemetry import trace
 
 from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.merged import MergedRun, MergedRuns
@@ -51,12 +50,10 @@ class CachedLookup(CachedPanel):
     def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
                  settings: CacheSettings, namespace: str, merged: MergedRuns,
                  clock: Callable[[], float] = time.time) -> None:
-        super().__init__()
-        self.inner, self._parts, self.store, self._merged = inner, parts, store, merged
-        self.name, self.source = inner.name, inner.source  # type: ignore[misc]
-        self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
-        self._prefix = f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}"
-        self._clock = clock
+        super().__init__(inner, store, settings,
+                         f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}", clock)
+        self.inner: MongoLookup = inner
+        self._parts, self._merged = parts, merged
         #: Whether the engine groups by bucket (one query fills them all): None until tried.
         self._grouped: Optional[bool] = None
         #: Ranges read as rows at most this long together: a window's two uneven edges.
@@ -65,8 +62,7 @@ class CachedLookup(CachedPanel):
         self._dense: dict[str, float] = {}
 
     def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
-        settled_before_ms = int(self._clock() * 1000) - self._settle_ms
-        plan = plan_buckets(window.start_ms, window.end_ms, self._bucket_ms, settled_before_ms)
+        plan = plan_buckets(window.start_ms, window.end_ms, self._bucket_ms, self._settled_before_ms())
         if not plan.buckets:
             return self.inner.fetch(window, deadline)
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
@@ -124,10 +120,6 @@ class CachedLookup(CachedPanel):
         bucket (MongoDB, FerretDB 2); None until a fill has tried."""
         return self._grouped
 
-    def key(self, app: str, start_ms: int) -> str:
-        """The store's key of ``app``'s bucket starting at ``start_ms``."""
-        return f"{self._prefix}:{start_ms}:{app}"
-
     def _bucket_parts(self, app: str, plan: BucketPlan,
                       deadline: Deadline) -> tuple[list[Part], list[int]]:
         """The parts found or filled now, and the starts of the buckets neither."""
@@ -150,13 +142,6 @@ class CachedLookup(CachedPanel):
                                   lambda: self._fill(app, filling, deadline))
             parts.extend(filled.values())
         return parts, [start for start in missing if start not in filled]
-
-    def _counted(self, cached: int, queried: int) -> None:
-        self.store.stats.hits += cached
-        self.store.stats.misses += queried
-        span = trace.get_current_span()
-        span.set_attribute("fanout.cache.buckets_cached", cached)
-        span.set_attribute("fanout.cache.buckets_queried", queried)
 
     def _fill(self, app: str, starts: tuple[int, ...], deadline: Deadline) -> dict[int, Part]:
         """Query the parts of the buckets at ``starts`` (or of the newest few, where the

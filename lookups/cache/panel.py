@@ -1,13 +1,16 @@
-"""What every cached panel is: a lookup with the panel's own lookup inside it, whose
-fills are shared by the callers that need them at once."""
+"""What every cached panel is: a lookup with the panel's own lookup inside it, over a
+store of aligned buckets, whose fills are shared by the callers that need them at once."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
 from gevent.event import AsyncResult
+from opentelemetry import trace
 
 from lookups.base import Lookup
+from lookups.cache.settings import CacheSettings
+from lookups.cache.stores import BucketStore
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout
 
@@ -20,10 +23,30 @@ class CachedPanel(Lookup):
     """A panel answered from cached buckets; :attr:`inner`, the panel's own lookup, answers
     a call that asks for a fresh answer (``RequestMeta.fresh``)."""
 
-    inner: Lookup
-
-    def __init__(self) -> None:
+    def __init__(self, inner: Lookup, store: BucketStore, settings: CacheSettings, prefix: str,
+                 clock: Callable[[], float]) -> None:
+        """``prefix`` starts every key of this panel's buckets; ``clock`` is epoch seconds."""
+        self.inner, self.store = inner, store
+        self.name, self.source = inner.name, inner.source  # type: ignore[misc]
+        self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
+        self._prefix, self._clock = prefix, clock
         self._fills: dict[tuple[Any, ...], AsyncResult] = {}
+
+    def key(self, app: str, start_ms: int) -> str:
+        """The store's key of ``app``'s bucket starting at ``start_ms``."""
+        return f"{self._prefix}:{start_ms}:{app}"
+
+    def _settled_before_ms(self) -> int:
+        """Buckets that end before this instant may be cached: ``settle_ms`` ago."""
+        return int(self._clock() * 1000) - self._settle_ms
+
+    def _counted(self, cached: int, queried: int) -> None:
+        """Count buckets read and missing, on the store's counters and the task's span."""
+        self.store.stats.hits += cached
+        self.store.stats.misses += queried
+        span = trace.get_current_span()
+        span.set_attribute("fanout.cache.buckets_cached", cached)
+        span.set_attribute("fanout.cache.buckets_queried", queried)
 
     def _shared(self, key: tuple[Any, ...], deadline: Deadline, query: Callable[[], T]) -> T:
         """``query()``'s answer, asked once however many callers ask for ``key`` meanwhile."""
