@@ -156,6 +156,22 @@ def test_a_flood_of_sheddable_refusals_does_not_send_critical_callers_away() -> 
     assert admission.retry_after_ms(Criticality.CRITICAL_PLUS) <= critical
 
 
+def test_calls_the_dimmer_sheds_steer_retry_after_but_are_not_admissions_refusals() -> None:
+    """The dimmer follows admission's own refusals, so its sheds are not among them; but
+    the callers it sheds are told when to come back, and that pause grows as any other."""
+    clock = Clock()
+    admission = control(clock)
+    start = admission.retry_after_ms(Criticality.SHEDDABLE)
+    for _ in range(500):
+        told = admission.shed(Criticality.SHEDDABLE)
+    assert told == start
+    clock.now += 1.0
+    grown = admission.shed(Criticality.SHEDDABLE)  # the next event rolls the window
+    assert grown == pytest.approx(start * 10, rel=0.05)  # sqrt(500 / 5 aimed at)
+    assert admission.refusals_decided == 0 and admission.stats.refused == 0
+    assert admission.retry_after_ms(Criticality.CRITICAL) <= start
+
+
 def test_retry_after_grows_while_refusals_outnumber_a_quarter_of_admissions() -> None:
     clock = Clock()
     admission = control(clock)

@@ -438,3 +438,31 @@ def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_re
     assert service.gate.admission.stats.refused_unread == 2
     assert service.gate.stats.refused["SHEDDABLE"] == 3
     assert not service.gate.admission.saturated
+
+
+def test_a_sheddable_caller_the_dimmer_refuses_is_told_a_growing_pause(start_service) -> None:
+    """Calls shed by the dimmer steer ``retry_after_ms`` as admission's refusals do: a
+    caller that comes back after half its pause, refused each time, is told a longer one
+    once a second of them has passed (uncounted, the pause fell to its floor, and callers
+    that ignore it were no longer held)."""
+    import socket
+    import time
+
+    from tests.support.pacing import plain_client
+
+    service, _ = start_service(admission__brownout_min_level=0.4)
+    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                    meta=appstats.RequestMeta(deadline_ms=1000,
+                                                              criticality=C.SHEDDABLE))
+    told = []
+    with socket.create_connection(service.address, timeout=5) as sock:
+        client = plain_client(sock)
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5 and len(told) < 200:
+            with pytest.raises(appstats.Overloaded) as refused:
+                client.get_app_stats(request)
+            assert "brownout" in refused.value.message   # shed, never held nor unread
+            told.append(refused.value.retry_after_ms)
+            time.sleep(told[-1] / 2000.0)
+    assert max(told) > told[0], told
+    assert service.gate.admission.stats.refused == 0

@@ -27,9 +27,8 @@ once, without queueing, when its remaining deadline is shorter than its expected
 (behind the waiters as critical as it or more) plus the typical latency, or when the
 line is full of waiters as critical as it or more.
 
-A refusal carries ``retry_after_ms``, from the server's state: the refusal
-rate is steered towards a quarter of the admission rate, so that callers who
-honour it (with jitter) spend little of the process on being refused.
+A refusal carries ``retry_after_ms``, steered from the server's refusals
+(:mod:`service.overload.retry_after`).
 
 The limit counts calls and stays within ``admission.min_limit`` and
 ``admission.max_limit``; ``fanout.max_inflight_tasks`` remains the hard cap on
@@ -43,10 +42,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
+from service.overload.retry_after import RetryAfter
 from service.overload.waiting_line import WaitingLine
 from tracing.pools import cpu_demand_s
 
@@ -55,9 +54,6 @@ __all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
 _SHORT_WEIGHT = 0.2        # the short-term latency average: about the last five calls
 _LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
 _SMOOTHING = 0.2           # how far one update moves the limit towards its new value
-_RETRY_WINDOW_S = 1.0      # how often retry_after is re-steered
-_REFUSAL_SHARE = 0.25      # refusals aimed at, as a share of admissions
-_RETRY_AFTER_MIN_S, _RETRY_AFTER_MAX_S = 0.02, 10.0
 _CPU_WINDOW_S = 0.25       # the loop's demand for a core is measured over windows this long
 _CPU_SHRINK = 0.9          # the limit's target while the loop is CPU-saturated
 
@@ -109,10 +105,7 @@ class AdmissionControl:
         self._samples_since_update = 0
         self._cut_at, self._cut_from = -math.inf, self.limit   # the current round of cuts
         self._line = WaitingLine(settings, clock)
-        # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
-        self._retry_after_s = [0.1, 0.1]
-        self._window_started = clock()
-        self._window_admitted, self._window_refused = [0, 0], [0, 0]
+        self.retry_after = RetryAfter(clock, lambda: self._short_s)
         self._refused_since_update = 0
 
     @property
@@ -167,11 +160,16 @@ class AdmissionControl:
         self._count_refusal(int(criticality))
         return self.retry_after_ms(criticality)
 
+    def shed(self, criticality: Criticality) -> int:
+        """Count a call the dimmer refused, for ``retry_after_ms`` only (the dimmer follows
+        admission's own refusals, not its own); the ``retry_after_ms`` to answer. Uncounted,
+        a shed caller's pause fell to its floor, and one ignoring it was never held."""
+        self.retry_after.refused(criticality)
+        return self.retry_after_ms(criticality)
+
     def retry_after_ms(self, criticality: Criticality = Criticality.CRITICAL) -> int:
-        """When a refused caller of ``criticality`` should try again, in milliseconds (the
-        caller adds jitter). Steered apart for the critical and the sheddable calls: a
-        flood of sheddable callers refused must not send critical ones away for seconds."""
-        return int(self._retry_after_s[_class(criticality)] * 1000.0)
+        """When a refused caller of ``criticality`` should try again, in milliseconds."""
+        return self.retry_after.ms(criticality)
 
     # --- the queue -------------------------------------------------------------------
 
@@ -262,8 +260,7 @@ class AdmissionControl:
     def _admitted(self, rank: int) -> None:
         self.inflight += 1
         self.stats.admitted += 1
-        self._window_admitted[rank > _CRITICAL] += 1
-        self._roll_window()
+        self.retry_after.admitted(rank)
 
     def _refuse(self, reason: str, rank: int) -> Refused:
         self._count_refusal(rank)
@@ -272,29 +269,4 @@ class AdmissionControl:
     def _count_refusal(self, rank: int) -> None:
         self.stats.refused += 1
         self._refused_since_update += 1
-        self._window_refused[rank > _CRITICAL] += 1
-        self._roll_window()
-
-    def _roll_window(self) -> None:
-        now = self._clock()
-        elapsed = now - self._window_started
-        if elapsed < _RETRY_WINDOW_S:
-            return
-        floor_s = max(_RETRY_AFTER_MIN_S, self._short_s)
-        for klass in (0, 1):
-            admitted = self._window_admitted[klass] / elapsed
-            refused = self._window_refused[klass] / elapsed
-            aim = max(_REFUSAL_SHARE * admitted, 5.0)
-            retry_s = self._retry_after_s[klass]
-            # Callers in back-off are about refused x retry_after; aim that many at `aim` a second.
-            retry_s = retry_s * math.sqrt(refused / aim) if refused > 0 else retry_s / 2.0
-            self._retry_after_s[klass] = min(_RETRY_AFTER_MAX_S, max(floor_s, retry_s))
-        self._window_started, self._window_admitted, self._window_refused = now, [0, 0], [0, 0]
-
-
-_CRITICAL = int(Criticality.CRITICAL)
-
-
-def _class(criticality: Criticality) -> int:
-    """0 for the critical calls (CRITICAL_PLUS, CRITICAL), 1 for the sheddable ones."""
-    return int(criticality > Criticality.CRITICAL)
+        self.retry_after.refused(rank)

@@ -214,7 +214,7 @@ class CallGate:
             verdict = self.dimmer.decide(criticality) if self.dimmer.level else WHOLE
             if verdict is REFUSED:
                 raise FanOutOverloaded(f"shed under load (brownout): a {criticality.name} call",
-                                       self.admission.retry_after_ms(criticality))
+                                       self.admission.shed(criticality))
             call = AdmittedCall(verdict is LIGHTER)
             with self._admission(deadline, criticality, call):
                 yield call
