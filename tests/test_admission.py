@@ -205,7 +205,7 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
         admission.done(0.02)
         admission.admit(far())
     steady = admission.limit
-    assert steady > 20
+    assert steady > 20 and admission.stats.latency_cuts == 0
     cuts = []
     for _ in range(40):   # latency ten times as high: a call ends every 10 ms
         clock.now += 0.01
@@ -217,6 +217,28 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
     assert admission.limit < steady * 0.6
     # Never more than half at once.
     assert cuts and min(cuts) >= 0.5, cuts
+    assert admission.stats.latency_cuts >= 1   # what the brownout dimmer reads
+
+
+def test_latency_cuts_are_counted_once_a_round() -> None:
+    """The updates of one round (a typical call's latency) cut once, however many see the
+    latency high: so the dimmer sees one signal per round, not one per few calls."""
+    clock = Clock()
+    admission = control(clock, initial_limit=20)
+    for _ in range(20):
+        admission.admit(far())
+    for _ in range(200):
+        admission.done(0.02)
+        admission.admit(far())
+    for _ in range(60):   # latency ten times as high, within one round (the clock stands)
+        admission.done(0.2)
+        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+    assert admission.stats.latency_cuts == 1
+    clock.now += 1.0      # a round later, higher again
+    for _ in range(20):
+        admission.done(2.0)
+        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+    assert admission.stats.latency_cuts == 2
 
 
 def test_a_disabled_control_admits_everything() -> None:
@@ -234,12 +256,29 @@ def test_refusals_without_a_queue_still_let_a_small_limit_grow() -> None:
     admission = control(clock, initial_limit=2, min_limit=2)
     for _ in range(2):
         admission.admit(far())
-    for _ in range(200):            # steady latency; each slot freed is taken at once
+    for _ in range(200):            # steady latency; each slot freed or added is taken at once
         for _ in range(5):
             admission.refuse_unread()
         admission.done(0.2)
-        admission.admit(far())
+        while admission.inflight < int(admission.limit):
+            admission.admit(far())
     assert admission.limit > 10 and admission.queued == 0
+
+
+def test_callers_the_dimmer_refuses_unread_are_no_demand_for_the_limit() -> None:
+    """Below the limit a caller is refused unread only because the brownout dimmer refuses
+    its kind: that says nothing of admission's limit, which must not grow on it (it grew
+    to 657 of 1,000 beside 1,000 sheddable callers while 50 were in flight)."""
+    clock = Clock()
+    admission = control(clock, initial_limit=20)
+    for _ in range(2):
+        admission.admit(far())
+    for _ in range(200):            # steady latency, far below the limit
+        for _ in range(5):
+            admission.refuse_unread(Criticality.SHEDDABLE)
+        admission.done(0.2)
+        admission.admit(far())
+    assert admission.limit == 20 and admission.stats.refused_unread == 1000
 
 
 class CpuDemand:

@@ -89,23 +89,26 @@ class Signals:
     def __init__(self) -> None:
         self.refusals = 0
         self.standing = False
+        self.cuts = 0
         self.now = 0.0
 
 
 def controller(min_level: float = 0.0) -> tuple[Dimmer, Signals]:
     signals = Signals()
     dimmer = Dimmer(lambda: signals.refusals, lambda: signals.standing, min_level=min_level,
-                    clock=lambda: signals.now)
+                    latency_cuts=lambda: signals.cuts, clock=lambda: signals.now)
     return dimmer, signals
 
 
 def window(dimmer: Dimmer, signals: Signals, refusals: int = 0, standing: bool = False,
-           arrived: tuple[Criticality, ...] = tuple(Criticality)) -> float:
-    """One window of the controller: ``refusals`` by admission, calls of ``arrived``."""
+           arrived: tuple[Criticality, ...] = tuple(Criticality), cuts: int = 0) -> float:
+    """One window of the controller: ``refusals`` and rounds of latency ``cuts`` by
+    admission, calls of ``arrived``."""
     for criticality in arrived:
         dimmer.arrivals[criticality] += 1
     signals.now += 0.25
     signals.refusals += refusals
+    signals.cuts += cuts
     signals.standing = standing
     dimmer.update()
     return dimmer.level
@@ -167,6 +170,24 @@ def test_a_step_down_that_brings_refusals_back_is_avoided_longer_each_time() -> 
     levels = [window(dimmer, signals) for _ in range(longest + PROBATION_WINDOWS + 2 * COOL_WINDOWS)]
     assert levels == [0.3] * (longest - 1) + \
         [0.25] * PROBATION_WINDOWS + [0.2] * COOL_WINDOWS + [0.15] * COOL_WINDOWS + [0.1]
+
+
+def test_latency_rising_after_a_step_down_takes_it_back_before_any_refusal() -> None:
+    """Where the bound is a pool, refusals come seconds after the step down that caused
+    them; admission cutting its limit on latency comes first, and the dimmer heeds it."""
+    dimmer, signals = controller()
+    for _ in range(6):
+        window(dimmer, signals, refusals=1)
+    # Outside a step down's probation a cut holds the level, as a standing queue does: the
+    # cool stretch starts again, and the level never climbs on a cut alone.
+    levels = [window(dimmer, signals, cuts=int(i == 4)) for i in range(COOL_WINDOWS + 5)]
+    assert levels == [0.3] * (COOL_WINDOWS + 4) + [0.25]
+    # Within it, a cut fails the step as a refusal would: back up, 0.25 avoided, the cool
+    # stretch doubled.
+    assert window(dimmer, signals, cuts=1) == 0.3
+    cool = [window(dimmer, signals) for _ in range(wait_after(1))]
+    assert cool == [0.3] * (wait_after(1) - 1) + [0.25]
+    assert signals.refusals == 6   # none since the climb
 
 
 def test_the_level_climbs_no_higher_than_the_calls_that_arrive_can_be_shed() -> None:

@@ -76,6 +76,7 @@ class AdmissionStats:
     refused_deadline: int = 0   # ...of which: the deadline could not be met
     refused_queue: int = 0      # ...of which: the queue was full or the wait ran out
     refused_unread: int = 0     # ...of which: a caller back too early, refused before reading
+    latency_cuts: int = 0       # rounds of cuts to the limit because latency rose
 
 
 class AdmissionControl:
@@ -155,9 +156,10 @@ class AdmissionControl:
 
     def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
-        :attr:`saturated`, :mod:`service.overload.gate`); the ``retry_after_ms`` to answer."""
+        :attr:`saturated`, or while the dimmer refuses its kind: :mod:`service.overload.gate`);
+        the ``retry_after_ms`` to answer. Only the first kind is demand for the limit."""
         self.stats.refused_unread += 1
-        self._count_refusal(int(criticality))
+        self._count_refusal(int(criticality), demand=self.saturated)
         return self.retry_after_ms(criticality)
 
     def shed(self, criticality: Criticality) -> int:
@@ -232,6 +234,7 @@ class AdmissionControl:
             now = self._clock()
             if now - self._cut_at >= short_s:
                 self._cut_at, self._cut_from = now, self.limit
+                self.stats.latency_cuts += 1
             self.limit = max(float(settings.min_limit),
                              min(self.limit, self._cut_from * gradient))
             return
@@ -266,7 +269,7 @@ class AdmissionControl:
         self._count_refusal(rank)
         return Refused(reason, self.retry_after_ms(Criticality(rank)))
 
-    def _count_refusal(self, rank: int) -> None:
+    def _count_refusal(self, rank: int, demand: bool = True) -> None:
         self.stats.refused += 1
-        self._refused_since_update += 1
+        self._refused_since_update += demand
         self.retry_after.refused(rank)

@@ -38,10 +38,14 @@ refusals, of CRITICAL calls too: a step down that brings a refusal back within
 below are still in flight), and without the memory the way back down would end on
 the same refusals. A step that holds restores the base pace, so the dimmer probes
 less and less often at a steady overload and still comes down at its pace once the
-load falls. The level
-never climbs past the top of the highest rung that names a criticality seen in the
-last two seconds: with only CRITICAL callers, 0.6 sheds all there is to shed, and a
-higher level would only slow the way back. A latency
+load falls. Refusals come late where the bound is a pool: the optional panels a step
+down lets in fill the pools, latency rises, admission cuts its limit for seconds, and
+only then refuses. So a round of cuts on latency (:attr:`AdmissionStats.latency_cuts`,
+the gradient's signal, not the CPU's) holds the level like a standing queue, and one
+within a step down's probation fails it as a refusal would, before any refusal. The
+level never climbs past the top of the highest rung that names a criticality seen in
+the last two seconds: with only CRITICAL callers, 0.6 sheds all there is to shed, and
+a higher level would only slow the way back. A latency
 setpoint of its own would fight admission's limit (both would act on one signal);
 queueing alone is no overload (a closed loop of callers at capacity always queues,
 and today it is served whole, so it must stay so). ``brownout_min_level`` keeps the
@@ -148,8 +152,8 @@ class Dimmer:
     """
 
     def __init__(self, refusals: Callable[[], int], queue_standing: Callable[[], bool], *,
-                 enabled: bool = True, min_level: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 latency_cuts: Optional[Callable[[], int]] = None, enabled: bool = True,
+                 min_level: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
         self.min_level = min_level if enabled else 0.0
         self.level = self.min_level
@@ -158,6 +162,8 @@ class Dimmer:
         self._queue_standing = queue_standing
         self._clock = clock
         self._seen_refusals = refusals()
+        self._latency_cuts = latency_cuts or (lambda: 0)
+        self._seen_cuts = self._latency_cuts()
         self._cool = 0
         self._backoff = 0                        # doublings of the cool stretch
         self._probing: Optional[int] = None      # windows since a step down not yet held
@@ -217,17 +223,20 @@ class Dimmer:
         """One controller step: up on admission's refusals, down after a cool stretch."""
         refusals = self._refusals()
         refused, self._seen_refusals = refusals > self._seen_refusals, refusals
+        cuts = self._latency_cuts()
+        cut, self._seen_cuts = cuts > self._seen_cuts, cuts
         if not self.enabled:
             return
         before = self.level
         ceiling = self._ceiling()
-        if refused:
+        failed = cut and self._probing is not None   # latency rose since the last step down
+        if refused or failed:
             if self._probing is not None:   # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
                 self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
             self._cool = 0
             self.level = min(ceiling, self.level + STEP)
-        elif self._queue_standing():
+        elif cut or self._queue_standing():
             self._cool = 0
         else:
             self._cool += 1
@@ -249,7 +258,8 @@ class Dimmer:
         if self.level != before:
             self.stats.steps += 1
             log.info("brownout level %.2f -> %.2f (%s)", before, self.level,
-                     "admission refused calls" if refused else "no refusal for a while")
+                     "admission refused calls" if refused else
+                     "latency rose after a step down" if failed else "no refusal for a while")
 
     def _note_peak(self, before: float) -> None:
         now = self._clock()

@@ -192,6 +192,7 @@ class CallGate:
     def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
         self.admission = admission = AdmissionControl(settings, request_deadline_ms)
         self.dimmer = Dimmer(lambda: admission.refusals_decided, lambda: admission.queue_standing,
+                             latency_cuts=lambda: admission.stats.latency_cuts,
                              enabled=settings.brownout, min_level=settings.brownout_min_level)
         self.stats = GateStats()
 
