@@ -263,7 +263,7 @@ class AdmissionControl:
     def _admitted(self, rank: int) -> None:
         self.inflight += 1
         self.stats.admitted += 1
-        self.retry_after.admitted(rank)
+        self.retry_after.admissions[rank > _CRITICAL] += 1   # a counter: see retry_after
 
     def _refuse(self, reason: str, rank: int) -> Refused:
         self._count_refusal(rank)
@@ -273,3 +273,6 @@ class AdmissionControl:
         self.stats.refused += 1
         self._refused_since_update += demand
         self.retry_after.refused(rank)
+
+
+_CRITICAL = int(Criticality.CRITICAL)

@@ -7,7 +7,9 @@ second the pause is scaled by the square root of refused over aimed at, and halv
 when nothing was refused. It stays between 20 ms (or the typical latency, if longer)
 and 10 s. Critical and sheddable calls are steered apart: a flood of sheddable callers
 refused must not send critical ones away for seconds. Every refusal a caller is told of
-counts, whoever decided it: admission, or the brownout dimmer.
+counts, whoever decided it: admission, or the brownout dimmer. The window rolls when a
+refusal is counted or a pause is asked for, never on an admitted call, whose only cost
+here is a counter (:attr:`RetryAfter.admissions`): a warm call runs none of this module.
 """
 
 from __future__ import annotations
@@ -35,16 +37,14 @@ class RetryAfter:
         # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
         self._pause_s = [0.1, 0.1]
         self._started = clock()
-        self._admitted, self._refused = [0, 0], [0, 0]
+        #: Calls admitted in the window, per class; admission counts them itself.
+        self.admissions = [0, 0]
+        self._refused = [0, 0]
 
     def ms(self, criticality: Criticality) -> int:
         """The pause for a refused caller of ``criticality``, in milliseconds (it adds jitter)."""
-        return int(self._pause_s[_class(criticality)] * 1000.0)
-
-    def admitted(self, criticality: int) -> None:
-        """A call of ``criticality`` (a :class:`Criticality` or its rank) was admitted."""
-        self._admitted[_class(criticality)] += 1
         self._roll()
+        return int(self._pause_s[_class(criticality)] * 1000.0)
 
     def refused(self, criticality: int) -> None:
         """A call of ``criticality`` was refused, by admission or by the dimmer."""
@@ -59,13 +59,14 @@ class RetryAfter:
         floor_s = max(_MIN_S, self._floor_s())
         for klass in (0, 1):
             refused = self._refused[klass] / elapsed
-            aim = max(_REFUSAL_SHARE * self._admitted[klass] / elapsed, _AIM_MIN)
+            aim = max(_REFUSAL_SHARE * self.admissions[klass] / elapsed, _AIM_MIN)
             pause_s = self._pause_s[klass]
             pause_s = pause_s * math.sqrt(refused / aim) if refused > 0 else pause_s / 2.0
             self._pause_s[klass] = min(_MAX_S, max(floor_s, pause_s))
-        self._started, self._admitted, self._refused = now, [0, 0], [0, 0]
+        self._started, self.admissions, self._refused = now, [0, 0], [0, 0]
 
 
 def _class(criticality: int) -> int:
-    """0 for the critical calls (CRITICAL_PLUS, CRITICAL), 1 for the sheddable ones."""
+    """0 for the critical calls (CRITICAL_PLUS, CRITICAL), 1 for the sheddable ones (the
+    index of :attr:`RetryAfter.admissions`)."""
     return int(criticality > Criticality.CRITICAL)
