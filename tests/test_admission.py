@@ -37,6 +37,16 @@ def far() -> Deadline:
     return Deadline.after_ms(60_000)
 
 
+def steady(admission: AdmissionControl, inflight: int, latency_s: float, calls: int = 200) -> None:
+    """``inflight`` calls admitted, then ``calls`` ending after ``latency_s``, each slot
+    taken again at once."""
+    for _ in range(inflight):
+        admission.admit(far())
+    for _ in range(calls):
+        admission.done(latency_s)
+        admission.admit(far())
+
+
 def queue(admission: AdmissionControl, names: list[str], order: list[str]) -> list[gevent.Greenlet]:
     """One waiter per name, queued in that order; each appends its name once admitted."""
     def wait(name: str) -> None:
@@ -199,13 +209,9 @@ def test_retry_after_halves_without_refusals_down_to_its_floor() -> None:
 def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
     clock = Clock()
     admission = control(clock, initial_limit=20)
-    for _ in range(20):
-        admission.admit(far())
-    for _ in range(200):  # steady latency, 20 in flight
-        admission.done(0.02)
-        admission.admit(far())
-    steady = admission.limit
-    assert steady > 20 and admission.stats.latency_cuts == 0
+    steady(admission, 20, 0.02)
+    settled = admission.limit
+    assert settled > 20 and admission.stats.latency_cuts == 0
     cuts = []
     for _ in range(40):   # latency ten times as high: a call ends every 10 ms
         clock.now += 0.01
@@ -214,7 +220,7 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
         admission.admit(far()) if admission.inflight < int(admission.limit) else None
         if admission.limit < before:
             cuts.append(round(admission.limit / before, 2))
-    assert admission.limit < steady * 0.6
+    assert admission.limit < settled * 0.6
     # Never more than half at once.
     assert cuts and min(cuts) >= 0.5, cuts
     assert admission.stats.latency_cuts >= 1   # what the brownout dimmer reads
@@ -225,11 +231,7 @@ def test_latency_cuts_are_counted_once_a_round() -> None:
     latency high: so the dimmer sees one signal per round, not one per few calls."""
     clock = Clock()
     admission = control(clock, initial_limit=20)
-    for _ in range(20):
-        admission.admit(far())
-    for _ in range(200):
-        admission.done(0.02)
-        admission.admit(far())
+    steady(admission, 20, 0.02)
     for _ in range(60):   # latency ten times as high, within one round (the clock stands)
         admission.done(0.2)
         admission.admit(far()) if admission.inflight < int(admission.limit) else None
@@ -345,11 +347,7 @@ def test_slow_calls_ending_together_cut_the_limit_once_not_again_and_again() -> 
     """The calls admitted since a cut have not ended: the same latency cuts once per round."""
     clock = Clock()
     admission = control(clock, initial_limit=40)
-    for _ in range(40):
-        admission.admit(far())
-    for _ in range(100):
-        admission.done(0.01)
-        admission.admit(far())
+    steady(admission, 40, 0.01, calls=100)
     before = admission.limit
     for _ in range(30):            # thirty slow calls end in the same instant
         admission.done(0.5)

@@ -435,6 +435,14 @@ def fanout(*args: str) -> Any:
     return subprocess.run([*FANOUT, *args], capture_output=True, text=True, timeout=60)
 
 
+def sheddable_request() -> Any:
+    """A SHEDDABLE call for the whole sample window, due in a second: at level 0.4 and up
+    the dimmer refuses every one."""
+    return appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
+                                 meta=appstats.RequestMeta(deadline_ms=1000,
+                                                           criticality=C.SHEDDABLE))
+
+
 def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_refuses_them(
         start_service) -> None:
     """At 0.4 every SHEDDABLE call is refused; a plain caller that asks again at once has
@@ -444,9 +452,7 @@ def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_re
     from tests.support.pacing import plain_client
 
     service, _ = start_service(admission__brownout_min_level=0.4)
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=1000,
-                                                              criticality=C.SHEDDABLE))
+    request = sheddable_request()
     messages = []
     with socket.create_connection(service.address, timeout=5) as sock:
         client = plain_client(sock)
@@ -472,9 +478,7 @@ def test_a_sheddable_caller_the_dimmer_refuses_is_told_a_growing_pause(start_ser
     from tests.support.pacing import plain_client
 
     service, _ = start_service(admission__brownout_min_level=0.4)
-    request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                    meta=appstats.RequestMeta(deadline_ms=1000,
-                                                              criticality=C.SHEDDABLE))
+    request = sheddable_request()
     told = []
     with socket.create_connection(service.address, timeout=5) as sock:
         client = plain_client(sock)
