@@ -8,8 +8,9 @@ when nothing was refused. It stays between 20 ms (or the typical latency, if lon
 and 10 s. Critical and sheddable calls are steered apart: a flood of sheddable callers
 refused must not send critical ones away for seconds. Every refusal a caller is told of
 counts, whoever decided it: admission, or the brownout dimmer. The window rolls when a
-refusal is counted or a pause is asked for, never on an admitted call, whose only cost
-here is a counter (:attr:`RetryAfter.admissions`): a warm call runs none of this module.
+pause is asked for (every refusal asks for one), never on an admitted call, whose only
+cost here is a counter (:attr:`RetryAfter.admissions`): a warm call runs none of this
+module.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ class RetryAfter:
         return int(self._pause_s[_class(criticality)] * 1000.0)
 
     def refused(self, criticality: int) -> None:
-        """A call of ``criticality`` was refused, by admission or by the dimmer."""
+        """A call of ``criticality`` was refused, by admission or by the dimmer (its caller
+        is then told :meth:`ms`, which rolls the window)."""
         self._refused[_class(criticality)] += 1
-        self._roll()
 
     def _roll(self) -> None:
         now = self._clock()
