@@ -20,7 +20,6 @@ import json
 import time
 from typing import Callable, Optional
 
-
 from lookups.cache.buckets import bucket_runs, plan_buckets
 from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings

@@ -17,7 +17,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
-
 from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.panel import CachedPanel
