@@ -323,6 +323,16 @@ def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_n
     assert unused == before
 
 
+def test_a_limit_just_past_twice_the_calls_in_use_still_falls_when_they_saturate_the_loop() -> None:
+    """Fifty callers against a limit of 101: too little in use for the limit to grow, yet
+    the calls keep the loop saturated. The limit fell nowhere, and the process ran at 100%
+    with every call waiting on the core."""
+    before, saturated = limit_after_steady_load(busy=1.0, in_use=50, initial_limit=101)
+    assert saturated < 0.5 * before
+    before, spare = limit_after_steady_load(busy=0.8, in_use=50, initial_limit=101)
+    assert spare == pytest.approx(before)  # not saturated, and too little in use to grow
+
+
 def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
     """Calls whose every panel failed at once (an open circuit) end in a millisecond; had
     they counted, every real call afterwards would look two hundred times slower."""

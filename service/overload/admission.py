@@ -19,7 +19,12 @@ every call beyond those that keep the core busy only waits and makes each call
 dearer (the README gives the figures). So the event loop's demand for a core is
 measured too (``/proc/self/schedstat``, over windows of a quarter of a second):
 while it reaches ``cpu_saturated`` of the time and the limit is in use, the limit
-falls instead of growing, until the loop has moments to spare.
+falls instead of growing, until the loop has moments to spare. In use means a quarter
+of it here, where growing takes half: the limit grows only while half of it is in use,
+so a loop saturated by its calls always finds a quarter in use. At half, the limit
+could stay just past twice the calls in use (50 callers, a limit of 101) with the loop
+saturated by them, and never fall; a limit used less than that is left alone (the loop
+is saturated by something else, which a lower limit would not relieve).
 
 A call finding the limit reached waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
@@ -56,6 +61,8 @@ _LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
 _SMOOTHING = 0.2           # how far one update moves the limit towards its new value
 _CPU_WINDOW_S = 0.25       # the loop's demand for a core is measured over windows this long
 _CPU_SHRINK = 0.9          # the limit's target while the loop is CPU-saturated
+_GROW_IN_USE = 0.5         # the limit grows only while this share of it is in use...
+_CPU_IN_USE = 0.25         # ...and falls for the CPU while this share is (see above)
 
 
 class Refused(Exception):
@@ -223,8 +230,8 @@ class AdmissionControl:
         # back too early are refused without queueing (pacing): at a small limit they would
         # otherwise never show, and the limit would stay small with the process idle.
         in_use = self.inflight + 1 + len(self._line.waiters)
-        demand = in_use >= self.limit / 2 or self._refused_since_update
-        self._refused_since_update = 0
+        refused, self._refused_since_update = self._refused_since_update, 0
+        demand = in_use >= self.limit * _GROW_IN_USE or refused
         if gradient < 1.0:
             # One cut per round (a typical call's latency), whole, as deep as the worst
             # gradient in the round: the calls admitted since the round began have not ended,
@@ -239,7 +246,7 @@ class AdmissionControl:
                              min(self.limit, self._cut_from * gradient))
             return
         target = self.limit
-        if demand and self._cpu_saturated():
+        if (in_use >= self.limit * _CPU_IN_USE or refused) and self._cpu_saturated():
             target = self.limit * _CPU_SHRINK
         elif gradient >= 1.0 and demand:
             target += math.sqrt(self.limit)
