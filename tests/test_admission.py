@@ -323,6 +323,26 @@ def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_n
     assert unused == before
 
 
+def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() -> None:
+    """A call ends every millisecond: about twenty updates a window of the loop's demand.
+    A step at every update took the limit down by half within one window, and it then
+    swung back as far: the core sat idle between the swings."""
+    clock = Clock()
+    admission = AdmissionControl(AdmissionSettings(initial_limit=40, min_limit=2), 2000,
+                                 clock=clock, cpu_demand=CpuDemand(clock, 1.0))
+
+    def run_until(until_s: float, start: float = clock.now) -> float:
+        while clock.now < start + until_s:
+            while not admission.saturated:
+                admission.admit(far())
+            clock.now += 0.001
+            admission.done(0.05)
+        return admission.limit
+
+    first = run_until(0.26)     # the first window measured: saturated, one step
+    assert run_until(0.8) == pytest.approx(first * 0.9 ** 2)   # two more windows
+
+
 def test_a_limit_just_past_twice_the_calls_in_use_still_falls_when_they_saturate_the_loop() -> None:
     """Fifty callers against a limit of 101: too little in use for the limit to grow, yet
     the calls keep the loop saturated. The limit fell nowhere, and the process ran at 100%

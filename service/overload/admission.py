@@ -19,12 +19,13 @@ every call beyond those that keep the core busy only waits and makes each call
 dearer (the README gives the figures). So the event loop's demand for a core is
 measured too (``/proc/self/schedstat``, over windows of a quarter of a second):
 while it reaches ``cpu_saturated`` of the time and the limit is in use, the limit
-falls instead of growing, until the loop has moments to spare. In use means a quarter
-of it here, where growing takes half: the limit grows only while half of it is in use,
-so a loop saturated by its calls always finds a quarter in use. At half, the limit
-could stay just past twice the calls in use (50 callers, a limit of 101) with the loop
-saturated by them, and never fall; a limit used less than that is left alone (the loop
-is saturated by something else, which a lower limit would not relieve).
+falls a tenth per window instead of growing, until the loop has moments to spare.
+In use means a quarter of it here, where growing takes half: the limit grows only
+while half of it is in use, so a loop saturated by its calls always finds a quarter
+in use. At half, the limit could stay just past twice the calls in use (50 callers,
+a limit of 101) with the loop saturated by them, and never fall; a limit used less
+than that is left alone (the loop is saturated by something else, which a lower
+limit would not relieve).
 
 A call finding the limit reached waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
@@ -60,7 +61,7 @@ _SHORT_WEIGHT = 0.2        # the short-term latency average: about the last five
 _LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
 _SMOOTHING = 0.2           # how far one update moves the limit towards its new value
 _CPU_WINDOW_S = 0.25       # the loop's demand for a core is measured over windows this long
-_CPU_SHRINK = 0.9          # the limit's target while the loop is CPU-saturated
+_CPU_SHRINK = 0.9          # the limit's step per window while the loop is CPU-saturated
 _GROW_IN_USE = 0.5         # the limit grows only while this share of it is in use...
 _CPU_IN_USE = 0.25         # ...and falls for the CPU while this share is (see above)
 
@@ -104,6 +105,7 @@ class AdmissionControl:
         self._clock = clock
         self._cpu_demand = cpu_demand
         self._cpu_window = (clock(), cpu_demand())
+        self._cpu_measured = False
         self.cpu_busy = 0.0   # the loop's demand for a core over the last window (0 to 1)
         self.stats = AdmissionStats()
         self.limit = float(settings.initial_limit)
@@ -245,21 +247,25 @@ class AdmissionControl:
             self.limit = max(float(settings.min_limit),
                              min(self.limit, self._cut_from * gradient))
             return
-        target = self.limit
         if (in_use >= self.limit * _CPU_IN_USE or refused) and self._cpu_saturated():
-            target = self.limit * _CPU_SHRINK
-        elif gradient >= 1.0 and demand:
-            target += math.sqrt(self.limit)
+            # One step per window measured, none in between: the measure is a window old,
+            # and a step at every update (many per window) swung the limit by half within one.
+            if self._cpu_measured:
+                self.limit = max(float(settings.min_limit), self.limit * _CPU_SHRINK)
+            return
+        target = self.limit + math.sqrt(self.limit) if gradient >= 1.0 and demand else self.limit
         new = self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING
         self.limit = min(float(settings.max_limit), max(float(settings.min_limit), new))
 
     def _cpu_saturated(self) -> bool:
-        """Whether the loop wanted a core ``cpu_saturated`` of the last window, or more."""
+        """Whether the loop wanted a core ``cpu_saturated`` of the last window, or more
+        (``_cpu_measured``: that window ended at this call)."""
         if self.settings.cpu_saturated <= 0:
             return False
         started, demand_at = self._cpu_window
         now = self._clock()
-        if now - started >= _CPU_WINDOW_S:
+        self._cpu_measured = now - started >= _CPU_WINDOW_S   # a new window, just now
+        if self._cpu_measured:
             demand = self._cpu_demand()
             self.cpu_busy = (demand - demand_at) / (now - started)
             self._cpu_window = (now, demand)
