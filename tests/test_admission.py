@@ -302,12 +302,20 @@ def limit_after_steady_load(busy: float, in_use: int = 0, **settings: Any) -> tu
         AdmissionSettings(**{"initial_limit": 40, "min_limit": 2, "max_limit": 200, **settings}),
         request_deadline_ms=2000, clock=clock, cpu_demand=CpuDemand(clock, busy))
     before = admission.limit
-    for _ in range(2000):
+    steady_load(admission, clock, 2000, 0.01, in_use)
+    return before, admission.limit
+
+
+def steady_load(admission: AdmissionControl, clock: Clock, calls: int, apart_s: float,
+                in_use: int = 0) -> float:
+    """``calls`` calls of 50 ms each, one ending every ``apart_s`` on the test's clock, with
+    every slot in use (or ``in_use`` calls in flight); the limit after them."""
+    for _ in range(calls):
         while not admission.saturated and (not in_use or admission.inflight < in_use):
             admission.admit(far())
-        clock.now += 0.01
+        clock.now += apart_s
         admission.done(0.05)
-    return before, admission.limit
+    return admission.limit
 
 
 def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_not() -> None:
@@ -330,17 +338,8 @@ def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() ->
     clock = Clock()
     admission = AdmissionControl(AdmissionSettings(initial_limit=40, min_limit=2), 2000,
                                  clock=clock, cpu_demand=CpuDemand(clock, 1.0))
-
-    def run_until(until_s: float, start: float = clock.now) -> float:
-        while clock.now < start + until_s:
-            while not admission.saturated:
-                admission.admit(far())
-            clock.now += 0.001
-            admission.done(0.05)
-        return admission.limit
-
-    first = run_until(0.26)     # the first window measured: saturated, one step
-    assert run_until(0.8) == pytest.approx(first * 0.9 ** 2)   # two more windows
+    first = steady_load(admission, clock, 260, 0.001)   # the first window measured: one step
+    assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9 ** 2)  # two more
 
 
 def test_a_limit_just_past_twice_the_calls_in_use_still_falls_when_they_saturate_the_loop() -> None:
