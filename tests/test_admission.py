@@ -293,28 +293,30 @@ class CpuDemand:
         return (self.clock.now - self.started) * self.busy
 
 
-def limit_after_steady_load(busy: float, in_use: int = 0, **settings: Any) -> tuple[float, float]:
-    """The limit before and after 2,000 calls of 50 ms each, 10 ms apart on the test's
-    clock, with every slot in use (or ``in_use`` calls in flight), while the loop wants a
-    core ``busy`` of the time."""
+def limit_after_steady_load(busy: float, in_use: int = 0, least_s: float = 0.02,
+                            **settings: Any) -> tuple[float, float]:
+    """The limit before and after 2,000 calls, 10 ms apart on the test's clock, with every
+    slot in use (or ``in_use`` calls in flight), while the loop wants a core ``busy`` of the
+    time: calls of 50 ms, every tenth of ``least_s`` (one that met no queue)."""
     clock = Clock()
     admission = AdmissionControl(
         AdmissionSettings(**{"initial_limit": 40, "min_limit": 2, "max_limit": 200, **settings}),
         request_deadline_ms=2000, clock=clock, cpu_demand=CpuDemand(clock, busy))
     before = admission.limit
-    steady_load(admission, clock, 2000, 0.01, in_use)
+    steady_load(admission, clock, 2000, 0.01, in_use, least_s)
     return before, admission.limit
 
 
 def steady_load(admission: AdmissionControl, clock: Clock, calls: int, apart_s: float,
-                in_use: int = 0) -> float:
-    """``calls`` calls of 50 ms each, one ending every ``apart_s`` on the test's clock, with
-    every slot in use (or ``in_use`` calls in flight); the limit after them."""
-    for _ in range(calls):
+                in_use: int = 0, least_s: float = 0.02) -> float:
+    """``calls`` calls of 50 ms each, every tenth of ``least_s``, one ending every
+    ``apart_s`` on the test's clock, with every slot in use (or ``in_use`` calls in
+    flight); the limit after them."""
+    for number in range(calls):
         while not admission.saturated and (not in_use or admission.inflight < in_use):
             admission.admit(far())
         clock.now += apart_s
-        admission.done(0.05)
+        admission.done(least_s if number % 10 == 9 else 0.05)
     return admission.limit
 
 
@@ -329,6 +331,23 @@ def test_the_limit_falls_while_the_loop_is_cpu_saturated_and_grows_while_it_is_n
     # Saturated by something else, with the limit far from in use: it is left alone.
     before, unused = limit_after_steady_load(busy=1.0, in_use=5)
     assert unused == before
+
+
+def test_a_saturated_loop_keeps_the_limit_while_calls_take_under_twice_the_least_latency() -> None:
+    """Fewer calls than keep a core saturated at twice the least latency each cost more of
+    it: with 50 callers and 20 ms backends, a limit of 12 kept the loop as busy as 20 but
+    answered a seventh fewer calls. The CPU rule cuts only past that."""
+    def limits(least_s: float) -> tuple[float, float]:
+        clock = Clock()
+        admission = AdmissionControl(AdmissionSettings(initial_limit=40, min_limit=2), 2000,
+                                     clock=clock, cpu_demand=CpuDemand(clock, 1.0))
+        measured = steady_load(admission, clock, 100, 0.01, least_s=least_s)  # a window measured
+        return measured, steady_load(admission, clock, 1900, 0.01, least_s=least_s)
+
+    measured, held = limits(least_s=0.03)
+    assert held == measured
+    measured, cut = limits(least_s=0.02)
+    assert cut < 0.5 * measured
 
 
 def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() -> None:

@@ -19,13 +19,15 @@ every call beyond those that keep the core busy only waits and makes each call
 dearer (the README gives the figures). So the event loop's demand for a core is
 measured too (``/proc/self/schedstat``, over windows of a quarter of a second):
 while it reaches ``cpu_saturated`` of the time and the limit is in use, the limit
-falls a tenth per window instead of growing, until the loop has moments to spare.
-In use means a quarter of it here, where growing takes half: the limit grows only
-while half of it is in use, so a loop saturated by its calls always finds a quarter
-in use. At half, the limit could stay just past twice the calls in use (50 callers,
-a limit of 101) with the loop saturated by them, and never fall; a limit used less
-than that is left alone (the loop is saturated by something else, which a lower
-limit would not relieve).
+falls a tenth per window instead of growing, until the loop has moments to spare or
+calls take no more than twice the least latency of the last 10 to 20 s; there it holds.
+Below that the loop is still saturated but wakes for fewer events at a time, so each call
+costs it more (the README gives the figures), and a limit cut to the core's bare need
+swung back up whenever a window had a moment to spare. Twice the least latency is a queue
+for the core about as long as the rest of a call, where TCP Vegas keeps a path too.
+In use means a quarter of it here, where growing takes half, so that a loop saturated
+by its calls always finds it in use (at half, a limit just past twice the calls in use
+never fell); a limit used less is left alone (something else saturates the loop).
 
 A call finding the limit reached waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
@@ -64,6 +66,8 @@ _CPU_WINDOW_S = 0.25       # the loop's demand for a core is measured over windo
 _CPU_SHRINK = 0.9          # the limit's step per window while the loop is CPU-saturated
 _GROW_IN_USE = 0.5         # the limit grows only while this share of it is in use...
 _CPU_IN_USE = 0.25         # ...and falls for the CPU while this share is (see above)
+_CPU_QUEUE = 2.0           # ...and while calls take longer than this many times the least
+_LEAST_EPOCH_S = 10.0      # the least latency is the least of this epoch and the last
 
 
 class Refused(Exception):
@@ -112,6 +116,8 @@ class AdmissionControl:
         self.inflight = 0
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
+        self._least_s = [math.inf, math.inf]   # the least latency: last epoch, this one
+        self._least_since = clock()
         self._samples_since_update = 0
         self._cut_at, self._cut_from = -math.inf, self.limit   # the current round of cuts
         self._line = WaitingLine(settings, clock)
@@ -210,6 +216,8 @@ class AdmissionControl:
     # --- the limit -------------------------------------------------------------------
 
     def _sample(self, latency_s: float) -> None:
+        if latency_s < self._least_s[1]:
+            self._least_s[1] = latency_s
         if self._long_s == 0.0:
             self._short_s = self._long_s = latency_s
         else:
@@ -250,7 +258,7 @@ class AdmissionControl:
         if (in_use >= self.limit * _CPU_IN_USE or refused) and self._cpu_saturated():
             # One step per window measured, none in between: the measure is a window old,
             # and a step at every update (many per window) swung the limit by half within one.
-            if self._cpu_measured:
+            if self._cpu_measured and short_s > _CPU_QUEUE * min(self._least_s):
                 self.limit = max(float(settings.min_limit), self.limit * _CPU_SHRINK)
             return
         target = self.limit + math.sqrt(self.limit) if gradient >= 1.0 and demand else self.limit
@@ -269,6 +277,8 @@ class AdmissionControl:
             demand = self._cpu_demand()
             self.cpu_busy = (demand - demand_at) / (now - started)
             self._cpu_window = (now, demand)
+            if now - self._least_since >= _LEAST_EPOCH_S:
+                self._least_s, self._least_since = [self._least_s[1], math.inf], now
         return self.cpu_busy >= self.settings.cpu_saturated
 
     # --- accounting ------------------------------------------------------------------
