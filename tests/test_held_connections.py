@@ -13,7 +13,6 @@ import pytest
 import requests
 from thriftpy2.transport import TCyBufferedTransport
 
-from service.idl import appstats
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
                                   one_call_at_a_time, plain_client, reply, stats_request)
@@ -76,42 +75,12 @@ def test_callers_ignoring_retry_after_are_refused_from_the_loop_and_every_answer
     assert len(service.server._loop.held) == 0
 
 
-def test_a_shed_caller_back_at_once_after_a_held_reply_waits_unread_then_is_answered_at_once(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
-    """While the dimmer refuses its kind, a caller's next call would be held as long as the
-    last anyway: it stays in the socket until then (one wake-up of the loop, not two), and
-    is then refused unread with its own seqid. (80 ms deadlines: holds shorter than the
-    window in which a caller is early, as with the long pauses shed callers are told.)"""
-    service = one_call_at_a_time(start_service, slow_alerts, hold=True,
-                                 **{"admission.brownout_min_level": 0.4})
-    server = service.server
-
-    def call(seqid: int) -> bytes:
-        return call_frame(seqid, appstats.Criticality.SHEDDABLE, deadline_ms=80)
-
-    with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2) as sock:
-        for seqid in range(41, 51):   # at once after a refusal, until one is held (early)
-            sock.sendall(call(seqid))
-            got, result = reply(sock)
-            assert got == seqid and result.overloaded is not None
-            if server.stats.replies_held:
-                break
-        assert server.stats.replies_held == 1
-        refused = server.stats.refused_while_held
-        sock.sendall(call(seqid + 1))
-        gevent.sleep(0.005)   # a hold here is at least 23 ms
-        assert server.stats.refused_while_held == refused  # not read yet
-        got, result = reply(sock)
-        assert got == seqid + 1 and "without being read" in result.overloaded.message
-        assert server.stats.refused_while_held == refused + 1
-
-
 def test_a_call_arriving_in_pieces_while_held_is_served_by_its_greenlet(
         saturated: Callable[..., Any]) -> None:
     service = saturated()
     with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S * 2) as sock:
         _held(service, sock, 11)
-        assert reply(sock)[0] == 12   # admission's refusal: the next call is read on arrival
+        assert reply(sock)[0] == 12
         frame = call_frame(13)
         sock.sendall(frame[:7])  # the held connection reads a piece: back to its greenlet
         gevent.sleep(0.05)

@@ -101,7 +101,7 @@ current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s", "criticality", "shed")
+    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s", "criticality")
 
     def __init__(self) -> None:
         self._back_at = 0.0
@@ -110,8 +110,6 @@ class CallerPacing:
         self.criticality = Criticality.CRITICAL
         self._last_deadline_ms = 0.0   # the deadline of this caller's last call read in full
         self._hold_s = 0.0      # how long to hold the reply to the call being served
-        #: Whether its last refusal was the dimmer's: its next is, whatever admission says.
-        self.shed = False
 
     def arrived(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
@@ -127,17 +125,17 @@ class CallerPacing:
         """Seconds from now until a call from this caller no longer counts as early (0 if none)."""
         return max(0.0, self._back_at - time.monotonic()) if self._last_deadline_ms > 0 else 0.0
 
-    def refused_unread(self, retry_after_ms: int, shed: bool = False) -> float:
+    def refused_unread(self, retry_after_ms: int) -> float:
         """A call that came back early is refused without being read: held as in
         :meth:`refused`, within the deadline the caller's last call carried."""
         self._early = True
-        return self.refused(retry_after_ms, Deadline.after_ms(self._last_deadline_ms), shed)
+        return self.refused(retry_after_ms, Deadline.after_ms(self._last_deadline_ms))
 
     def answered(self) -> None:
         """The call was admitted and answered: nothing to pace."""
-        self._back_at, self.shed = 0.0, False
+        self._back_at = 0.0
 
-    def refused(self, retry_after_ms: int, deadline: Deadline, shed: bool = False) -> float:
+    def refused(self, retry_after_ms: int, deadline: Deadline) -> float:
         """The call is refused: how long to hold its answer, in seconds from now.
 
         0 for a caller that honours ``retry_after_ms``. The pause this caller is told
@@ -149,7 +147,7 @@ class CallerPacing:
             held_s = max(0.0, random.uniform(_JITTER, 1.0) * min(
                 retry_after_ms / 1000.0, deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S))
         self._back_at = time.monotonic() + held_s + _EARLY_SHARE * retry_after_ms / 1000.0
-        self._hold_s, self.shed = held_s, shed
+        self._hold_s = held_s
         return held_s
 
     def take_hold(self) -> float:
@@ -211,7 +209,6 @@ class CallGate:
         caller = caller if self.admission.settings.hold_refusals else None
         if caller is not None:
             caller.arrived(deadline, criticality)
-        verdict = WHOLE
         try:
             # Below any overload the level is 0, and the call never reaches the dimmer.
             self.dimmer.arrivals[criticality] += 1
@@ -228,8 +225,7 @@ class CallGate:
                 overloaded = FanOutOverloaded(str(overloaded),
                                               self.admission.retry_after_ms(criticality))
             # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
-            if caller is not None and caller.refused(overloaded.retry_after_ms, deadline,
-                                                     verdict is REFUSED) > 0:
+            if caller is not None and caller.refused(overloaded.retry_after_ms, deadline) > 0:
                 self.stats.held += 1
             raise overloaded from None
         except RequiredTaskFailed:
@@ -252,12 +248,12 @@ class CallGate:
         finally:
             self.admission.done(time.monotonic() - started if call.measured else None)
 
-    def refused_unread(self, caller: CallerPacing, shed: bool = False) -> int:
-        """A call refused from its header alone (:class:`UnreadRefusals`; ``shed``: as the
-        dimmer refuses its kind), counted and paced: the ``retry_after_ms`` to tell it."""
+    def refused_unread(self, caller: CallerPacing) -> int:
+        """A call refused from its header alone (:class:`UnreadRefusals`), counted
+        and paced: the ``retry_after_ms`` to tell it."""
         retry_after_ms = self.admission.refuse_unread(caller.criticality)
         self.stats.count_refusal(caller.criticality)
-        if caller.refused_unread(retry_after_ms, shed) > 0:
+        if caller.refused_unread(retry_after_ms) > 0:
             self.stats.held += 1
         return retry_after_ms
 
@@ -283,15 +279,14 @@ class UnreadRefusals:
         self._protocol = protocol
 
     def __call__(self, caller: CallerPacing, message: Any) -> Optional[tuple[str, int, Any]]:
-        if not caller.back_early():
-            return None
-        shed = self._dimmer.level >= REFUSED_FROM[caller.criticality]
-        if not (shed or self._admission.saturated):
+        if not caller.back_early() or not (
+                self._admission.saturated
+                or self._dimmer.level >= REFUSED_FROM[caller.criticality]):
             return None
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:
             return None
-        retry_after_ms = self._gate.refused_unread(caller, shed)
+        retry_after_ms = self._gate.refused_unread(caller)
         result = appstats.AppStats.get_app_stats_result()
         result.overloaded = appstats.Overloaded(message=_MESSAGE, retry_after_ms=retry_after_ms)
         return _METHOD, header[1], result

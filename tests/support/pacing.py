@@ -11,7 +11,7 @@ import socket
 import struct
 import time
 from collections import Counter
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
 import gevent
 import pytest
@@ -54,12 +54,10 @@ def one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService, hold:
     return service
 
 
-def stats_request(deadline_ms: int = DEADLINE_MS, criticality: Optional[int] = None) -> Any:
-    """A ``get_app_stats`` request for every panel of the sample day, with ``deadline_ms``
-    (and ``criticality``, an ``appstats.Criticality`` value)."""
+def stats_request(deadline_ms: int = DEADLINE_MS) -> Any:
+    """A ``get_app_stats`` request for every panel of the sample day, with ``deadline_ms``."""
     return appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                 meta=appstats.RequestMeta(deadline_ms=deadline_ms,
-                                                           criticality=criticality))
+                                 meta=appstats.RequestMeta(deadline_ms=deadline_ms))
 
 
 def plain_client(sock: socket.socket, transport: Any = TCyFramedTransport) -> Any:
@@ -98,11 +96,10 @@ def hammer(address: tuple[str, int], seconds: float, **caller: Any) -> list[Coun
     return [c.get() for c in callers]  # re-raises a transport error or a late answer
 
 
-def call_frame(seqid: int, criticality: Optional[int] = None,
-               deadline_ms: int = DEADLINE_MS) -> bytes:
-    """A framed binary ``get_app_stats`` call with ``seqid`` (and ``criticality``)."""
-    return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(
-        request=stats_request(deadline_ms, criticality)), seqid)
+def call_frame(seqid: int) -> bytes:
+    """A framed binary ``get_app_stats`` call with ``seqid``."""
+    return encode_call("get_app_stats",
+                       appstats.AppStats.get_app_stats_args(request=stats_request()), seqid)
 
 
 def reply(sock: socket.socket) -> tuple[int, Any]:
