@@ -90,7 +90,7 @@ class PoolReport:
 
 class _Bucket:
     __slots__ = ("started", "cpu_started", "attempts", "acquired", "timeouts", "busy_s",
-                 "wanted_s", "in_use_counts", "wait_counts")
+                 "wanted_s", "in_use_counts", "in_use_top", "wait_counts")
 
     def __init__(self, started: float, size: int) -> None:
         self.started = started
@@ -98,6 +98,7 @@ class _Bucket:
         self.attempts = self.acquired = self.timeouts = 0
         self.busy_s = self.wanted_s = 0.0
         self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
+        self.in_use_top = 0   # the highest index counted: a report sums no further
         self.wait_counts = [0] * _WAIT_BUCKETS
 
 
@@ -140,7 +141,10 @@ class PoolMeter:
         self._integrate(now, bucket)
         self.waiting += 1
         bucket.attempts += 1
-        bucket.in_use_counts[min(self.in_use, self.size + 1)] += 1
+        index = min(self.in_use, self.size + 1)
+        bucket.in_use_counts[index] += 1
+        if index > bucket.in_use_top:
+            bucket.in_use_top = index
         return now
 
     def taken(self, since: float) -> None:
@@ -181,7 +185,8 @@ class PoolMeter:
         offered = attempts / window_s
         hold_s = busy_s / acquired if acquired else 0.0
         wanted = sum(b.wanted_s for b in buckets) / window_s
-        in_use_p99 = min(_p99_index(_sum_columns(b.in_use_counts for b in buckets)), self.size)
+        in_use_p99 = min(_p99_index(_sum_columns(b.in_use_counts[:b.in_use_top + 1]
+                                                 for b in buckets)), self.size)
         wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
         wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)
         timeouts = sum(b.timeouts for b in buckets)
