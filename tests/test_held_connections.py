@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import re
 import socket
 import struct
+import termios
+import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import gevent
@@ -13,10 +17,13 @@ import pytest
 import requests
 from thriftpy2.transport import TCyBufferedTransport
 
+from service.idl import appstats
+from service.overload.held_connections import HeldConnections, HeldReply
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
                                   one_call_at_a_time, plain_client, reply, stats_request)
 from tests.support.sockets import wait_for
+from tracing.spans import CallDurations
 
 
 @pytest.fixture
@@ -160,3 +167,39 @@ def test_every_held_call_is_recorded_once_in_the_rpc_metric(
         r'(?:.*error_type="(\w+)")?.*\} (\S+)$', text, re.M)}
     assert counts.get("Overloaded") == kinds["overloaded"], (counts, kinds)
     assert sum(counts.values()) == kinds["overloaded"] + kinds["answered"], (counts, kinds)
+
+
+def test_held_replies_due_in_a_turn_of_the_loop_wait_behind_the_calls_due_in_it() -> None:
+    """A thousand callers ignoring retry_after_ms come back in waves (held to about the
+    same deadline): the calls' I/O due in the same turn of the loop goes first, and the
+    held replies after it. Here twenty holds end before a call's timer, all in one turn;
+    the call still runs before any held reply is written."""
+    held = HeldConnections(lambda connection, message: None, lambda connection: False,
+                           1 << 20, CallDurations(appstats.AppStats.thrift_services))
+    pairs = [socket.socketpair() for _ in range(20)]
+    reply = HeldReply("get_app_stats", "Overloaded", time.perf_counter(), b"refused", 0.02)
+    holding = [gevent.spawn(held.hold, SimpleNamespace(
+        sock=ours, channel=SimpleNamespace(idle=False),
+        caller=SimpleNamespace(early_for_s=lambda: 0.0)), reply) for ours, _ in pairs]
+    written_when_woken: list[int] = []
+
+    def call() -> None:  # a call waking on its own timer, due after every hold
+        gevent.sleep(0.03)
+        written_when_woken.append(sum(_unread_bytes(theirs) > 0 for _, theirs in pairs))
+
+    waking = gevent.spawn(call)
+    gevent.sleep(0)                    # every hold and the call's timer armed
+    busy_until = time.perf_counter() + 0.06
+    while time.perf_counter() < busy_until:
+        pass                           # the loop held up: all of them due in its next turn
+    gevent.joinall([waking, *holding], timeout=5, raise_error=True)
+    assert written_when_woken == [0]
+    assert all(_unread_bytes(theirs) == len(reply.payload) for _, theirs in pairs)
+    for ours, theirs in pairs:
+        ours.close()
+        theirs.close()
+
+
+def _unread_bytes(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``, read without yielding to the loop."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
