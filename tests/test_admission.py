@@ -299,12 +299,18 @@ def limit_after_steady_load(busy: float, in_use: int = 0, least_s: float = 0.02,
     slot in use (or ``in_use`` calls in flight), while the loop wants a core ``busy`` of the
     time: calls of 50 ms, every tenth of ``least_s`` (one that met no queue)."""
     clock = Clock()
-    admission = AdmissionControl(
-        AdmissionSettings(**{"initial_limit": 40, "min_limit": 2, "max_limit": 200, **settings}),
-        request_deadline_ms=2000, clock=clock, cpu_demand=CpuDemand(clock, busy))
+    admission = cpu_bound(clock, busy, **{"max_limit": 200, **settings})
     before = admission.limit
     steady_load(admission, clock, 2000, 0.01, in_use, least_s)
     return before, admission.limit
+
+
+def cpu_bound(clock: Clock, busy: float, **settings: Any) -> AdmissionControl:
+    """Admission from a limit of 40 on the test's clock, while the loop wants a core
+    ``busy`` of the time."""
+    options: dict[str, Any] = {"initial_limit": 40, "min_limit": 2, **settings}
+    return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000,
+                            clock=clock, cpu_demand=CpuDemand(clock, busy))
 
 
 def steady_load(admission: AdmissionControl, clock: Clock, calls: int, apart_s: float,
@@ -339,8 +345,7 @@ def test_a_saturated_loop_keeps_the_limit_while_calls_take_under_twice_the_least
     answered a seventh fewer calls. The CPU rule cuts only past that."""
     def limits(least_s: float) -> tuple[float, float]:
         clock = Clock()
-        admission = AdmissionControl(AdmissionSettings(initial_limit=40, min_limit=2), 2000,
-                                     clock=clock, cpu_demand=CpuDemand(clock, 1.0))
+        admission = cpu_bound(clock, busy=1.0)
         measured = steady_load(admission, clock, 100, 0.01, least_s=least_s)  # a window measured
         return measured, steady_load(admission, clock, 1900, 0.01, least_s=least_s)
 
@@ -355,8 +360,7 @@ def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() ->
     A step at every update took the limit down by half within one window, and it then
     swung back as far: the core sat idle between the swings."""
     clock = Clock()
-    admission = AdmissionControl(AdmissionSettings(initial_limit=40, min_limit=2), 2000,
-                                 clock=clock, cpu_demand=CpuDemand(clock, 1.0))
+    admission = cpu_bound(clock, busy=1.0)
     first = steady_load(admission, clock, 260, 0.001)   # the first window measured: one step
     assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9 ** 2)  # two more
 
