@@ -33,7 +33,7 @@ from tracing.settings import TracingSettings
 from service.idl import appstats
 from service.workers.lifecycle import GC_YOUNG_THRESHOLD, run_server
 from tests.support.samples import backend_overrides
-from tests.support.sockets import wait_for
+from tests.support.sockets import listening_addresses, wait_for
 from tracing.setup import configure_tracing
 
 CLIENTS = 30
@@ -348,8 +348,10 @@ def test_probes_and_metrics_listen_on_hosts_of_their_own(serve, http_services: S
     probe_port, scrape_port = int(probes.group(2)), int(scrape.group(2))
     assert requests.get(f"http://127.0.0.2:{probe_port}/healthz", timeout=5).status_code == 200
     assert "fanout_" in requests.get(f"http://127.0.0.3:{scrape_port}/metrics", timeout=5).text
-    for host, port in (("127.0.0.1", probe_port), ("127.0.0.1", scrape_port)):
-        with pytest.raises(requests.ConnectionError):
-            requests.get(f"http://{host}:{port}/", timeout=5)
+    # Nothing of the server's listens on those ports on any other host (127.0.0.1, 0.0.0.0, ::).
+    listening = listening_addresses(server.process.pid)
+    assert {host for host, port in listening if port == probe_port} == {"127.0.0.2"}, listening
+    assert {host for host, port in listening if port == scrape_port} == {"127.0.0.3"}, listening
+    assert ("127.0.0.1", server.port) in listening
     with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
         assert client.ping() == "pong"
