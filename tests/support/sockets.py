@@ -1,4 +1,4 @@
-"""Small helpers the tests share: polling for a condition, ports, raw connections."""
+"""Small helpers the tests share: polling for a condition, ports, raw connections, listeners."""
 
 from __future__ import annotations
 
