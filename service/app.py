@@ -62,7 +62,9 @@ class FanOutService:
             log.warning("configuration: [lookups.%s] names no registered lookup; known: %s",
                         unknown[0], ", ".join(registry.names()))
         self.fanout = FanOut(settings.fanout)
-        self.gate = CallGate(settings.admission, settings.fanout.request_deadline_ms)
+        self.gate = CallGate(settings.admission, settings.fanout.request_deadline_ms,
+                             pools_short=lambda: any(b.meter.report().limited_by == "slots"
+                                                     for b in self.backends))
         self.health = HealthChecker(self.backends)
         with as_config_error():
             lookups = registry.build(self.backends, settings.plugin_settings)

@@ -201,6 +201,48 @@ def test_the_level_climbs_no_higher_than_the_calls_that_arrive_can_be_shed() -> 
     assert levels[-1] == 1.0
 
 
+def test_a_pool_short_of_slots_climbs_a_level_that_is_up_and_holds_it_but_starts_none() -> None:
+    signals, short = Signals(), {"now": True}
+    dimmer = Dimmer(lambda: signals.refusals, lambda: signals.standing,
+                    pools_short=lambda: short["now"], clock=lambda: signals.now)
+    only_critical = (C.CRITICAL,)
+    # Full pools alone shed nothing: a load admission carries without refusing is served whole.
+    assert {window(dimmer, signals, arrived=only_critical) for _ in range(4 * COOL_WINDOWS)} == {0.0}
+    window(dimmer, signals, refusals=1, arrived=only_critical)
+    # Once up, a step a window up to the most the calls that arrive can be shed...
+    levels = [window(dimmer, signals, arrived=only_critical) for _ in range(12)]
+    assert levels == [round(0.1 + STEP * i, 6) for i in range(11)] + [0.6]
+    # ...and held there past any cool stretch, while the pools stay short.
+    assert {window(dimmer, signals, arrived=only_critical) for _ in range(4 * COOL_WINDOWS)} == {0.6}
+    short["now"] = False   # room again: down at the cool pace
+    levels = [window(dimmer, signals, arrived=only_critical) for _ in range(COOL_WINDOWS)]
+    assert levels[-1] == 0.55 and set(levels) <= {0.6, 0.55}
+
+
+def test_a_server_whose_backend_pool_is_short_of_slots_sheds_once_the_dimmer_is_up(
+        start_service, slow_alerts: SampleHttpServices, caplog) -> None:
+    """Four callers on HTTP pools of one slot (alerts take 150 ms): admission refuses none,
+    the alerts pool is short of slots, and from its least level the dimmer climbs on that."""
+    service, _ = start_service(http=slow_alerts, http__pool_maxsize=1,
+                               admission__brownout_min_level=STEP)
+    stop = gevent.event.Event()
+
+    def caller() -> None:
+        with AppStatsClient(*service.address, timeout_ms=10_000) as client:
+            while not stop.is_set():
+                client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+
+    with caplog.at_level(logging.INFO, logger="service.overload.brownout"):
+        callers = [gevent.spawn(caller) for _ in range(4)]
+        try:
+            wait_for(lambda: service.gate.dimmer.level >= 0.4, 20, "the dimmer climbing")
+        finally:
+            stop.set()
+            gevent.joinall(callers, timeout=15, raise_error=True)
+    assert service.gate.admission.refusals_decided == 0
+    assert any("a backend pool is short of slots" in r.getMessage() for r in caplog.records)
+
+
 def run_plant(edge: float, queue_band: float, windows: int = 240) -> list[float]:
     """A steady load the server can carry once ``edge`` of it is shed: admission refuses
     below that level, and its queue stands within ``queue_band`` above it."""

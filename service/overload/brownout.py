@@ -42,8 +42,13 @@ load falls. Refusals come late where the bound is a pool: the optional panels a 
 down lets in fill the pools, latency rises, admission cuts its limit for seconds, and
 only then refuses. So a round of cuts on latency (:attr:`AdmissionStats.latency_cuts`,
 the gradient's signal, not the CPU's) holds the level like a standing queue, and one
-within a step down's probation fails it as a refusal would, before any refusal. The
-level never climbs past the top of the highest rung that names a criticality seen in
+within a step down's probation fails it as a refusal would, before any refusal. And once
+the dimmer is up, a backend pool short of slots (its takers waited, and Little's law
+wants more slots than it has: ``limited_by`` "slots", as `fanout pools` reports) counts
+as a refusal: every optional panel run there takes a slot an essential one waits for
+(admission cannot tell those levels apart, and the level settled anywhere among them).
+It never starts a climb: a load admission carries without refusing is served whole,
+however full its pools. The level never climbs past the top of the highest rung that names a criticality seen in
 the last two seconds: with only CRITICAL callers, 0.6 sheds all there is to shed, and
 a higher level would only slow the way back. A latency
 setpoint of its own would fight admission's limit (both would act on one signal);
@@ -148,11 +153,13 @@ class Dimmer:
 
     ``refusals`` and ``queue_standing`` read admission's state (refusals so far that
     admission decided itself; whether its queue has stood longer than its interval);
-    ``clock`` is monotonic seconds. Tests drive :meth:`update` with their own clock.
+    ``pools_short`` tells whether a backend pool is short of slots; ``clock`` is
+    monotonic seconds. Tests drive :meth:`update` with their own clock.
     """
 
     def __init__(self, refusals: Callable[[], int], queue_standing: Callable[[], bool], *,
-                 latency_cuts: Optional[Callable[[], int]] = None, enabled: bool = True,
+                 latency_cuts: Optional[Callable[[], int]] = None,
+                 pools_short: Callable[[], bool] = lambda: False, enabled: bool = True,
                  min_level: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
         self.min_level = min_level if enabled else 0.0
@@ -160,6 +167,7 @@ class Dimmer:
         self.stats = DimmerStats()
         self._refusals = refusals
         self._queue_standing = queue_standing
+        self._pools_short = pools_short
         self._clock = clock
         self._seen_refusals = refusals()
         self._latency_cuts = latency_cuts or (lambda: 0)
@@ -230,7 +238,10 @@ class Dimmer:
         before = self.level
         ceiling = self._ceiling()
         failed = cut and self._probing is not None   # latency rose since the last step down
-        if refused or failed:
+        # Read only where it can move the level: a report is not free, and at the ceiling it
+        # is read once per cool stretch, not every window.
+        short = not (refused or failed) and 0.0 < self.level < ceiling and self._pools_short()
+        if refused or failed or short:
             if self._probing is not None:   # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
                 self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
@@ -247,6 +258,8 @@ class Dimmer:
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
                 lowered = max(self.min_level, self.level - STEP)
+                if lowered < self.level and self._pools_short():
+                    lowered = self.level   # no slot to spare for the optional panels
                 if lowered <= self._avoid[0] and self._clock() < self._avoid[1]:
                     lowered = self.level   # a level that brought refusals back lately
                 self._probing = 0 if lowered < self.level else self._probing
@@ -259,7 +272,8 @@ class Dimmer:
             self.stats.steps += 1
             log.info("brownout level %.2f -> %.2f (%s)", before, self.level,
                      "admission refused calls" if refused else
-                     "latency rose after a step down" if failed else "no refusal for a while")
+                     "latency rose after a step down" if failed else
+                     "a backend pool is short of slots" if short else "no refusal for a while")
 
     def _note_peak(self, before: float) -> None:
         now = self._clock()

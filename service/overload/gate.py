@@ -67,7 +67,7 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
@@ -189,10 +189,13 @@ class AdmittedCall:
 class CallGate:
     """Brownout, admission and pacing for every call of one server."""
 
-    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int) -> None:
+    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int,
+                 pools_short: Callable[[], bool] = lambda: False) -> None:
+        """``pools_short``: whether a backend pool is short of slots (for the dimmer)."""
         self.admission = admission = AdmissionControl(settings, request_deadline_ms)
         self.dimmer = Dimmer(lambda: admission.refusals_decided, lambda: admission.queue_standing,
                              latency_cuts=lambda: admission.stats.latency_cuts,
+                             pools_short=pools_short,
                              enabled=settings.brownout, min_level=settings.brownout_min_level)
         self.stats = GateStats()
 
