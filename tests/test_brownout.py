@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from lookups.deadline import Deadline
+from service.cli.pools import format_pools
 from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
@@ -241,6 +242,10 @@ def test_a_server_whose_backend_pool_is_short_of_slots_sheds_once_the_dimmer_is_
             gevent.joinall(callers, timeout=15, raise_error=True)
     assert service.gate.admission.refusals_decided == 0
     assert any("a backend pool is short of slots" in r.getMessage() for r in caplog.records)
+    # fanout pools says the pool was short even with the dimmer up.
+    assert re.search(r"^brownout level=\S+ peak=\S+ over 60 s: .*\(the dimmer was up, and "
+                     r"([\w.]+, )*alerts(, [\w.]+)* short of slots even so\)$",
+                     format_pools(service.handler.pool_stats()), re.M)
 
 
 def run_plant(edge: float, queue_band: float, windows: int = 240) -> list[float]:

@@ -81,8 +81,17 @@ def _block(report: Any) -> list[str]:
     if report.brownout_peak:
         lines.append(f"brownout level={report.brownout_level:.2f} peak={report.brownout_peak:.2f} "
                      f"over 60 s: {report.calls_lighter or 0} calls answered lighter, "
-                     f"{report.calls_shed or 0} refused (the dimmer was the bound, not the pools)")
+                     f"{report.calls_shed or 0} refused ({_brownout_bound(report.pools)})")
     return lines
+
+
+def _brownout_bound(pools: Any) -> str:
+    """What bound the calls while the dimmer was up: the dimmer, unless pools were short of
+    slots even with it (they keep it up: ``service.overload.brownout``)."""
+    short = [pool.name for pool in pools if pool.limited_by == "slots"]
+    if not short:
+        return "the dimmer was the bound, not the pools"
+    return f"the dimmer was up, and {', '.join(short)} short of slots even so"
 
 
 def _cache_line(report: Any) -> str:
