@@ -43,17 +43,17 @@ down lets in fill the pools, latency rises, admission cuts its limit for seconds
 only then refuses. So a round of cuts on latency (:attr:`AdmissionStats.latency_cuts`,
 the gradient's signal, not the CPU's) holds the level like a standing queue, and one
 within a step down's probation fails it as a refusal would, before any refusal. And once
-the dimmer is up, a backend pool short of slots (its takers waited, and Little's law
-wants more than it has: ``limited_by`` "slots" in `fanout pools`) counts as a refusal:
-each optional panel run there takes a slot an essential one waits for, and admission
-cannot tell those levels apart (the level settled anywhere among them). It never starts
-a climb: a load admission carries without refusing is served whole, however full its
-pools. The level never climbs past the top of the highest rung that names a criticality
-seen in the last two seconds (with only CRITICAL callers 0.6 sheds all there is to
-shed; higher would only slow the way back). A latency setpoint of its own would fight
-admission's limit (both would act on one signal); queueing alone is no overload (a
-closed loop of callers at capacity always queues, and is served whole).
-``brownout_min_level`` keeps the level up by hand, before an expected peak.
+the level is up (or held up by ``brownout_min_level``), a backend pool short of slots
+(its takers waited, and Little's law wants more than it has: ``limited_by`` "slots" in
+`fanout pools`) counts as a refusal: each optional panel run there takes a slot an
+essential one waits for, and admission cannot tell those levels apart (the level settled
+anywhere among them). It never starts a climb: a load admission carries without refusing
+is served whole, however full its pools. The level never climbs past the top of the
+highest rung that names a criticality seen in the last two seconds (with only CRITICAL
+callers 0.6 sheds all there is to shed; higher would only slow the way back). A latency
+setpoint of its own would fight admission's limit (both would act on one signal);
+queueing alone is no overload (a closed loop of callers at capacity always queues, and
+is served whole). ``brownout_min_level`` keeps the level up by hand (an expected peak).
 """
 
 from __future__ import annotations
