@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
-import os
 import socket
 import time
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import gevent
+import psutil
 
 __all__ = ["wait_for", "dead_port", "raw_connection", "listening_addresses"]
 
@@ -56,50 +54,16 @@ def raw_connection(server: Any) -> socket.socket:
 def listening_addresses(pid: int) -> set[tuple[str, int]]:
     """The (host, port) every TCP socket of ``pid`` and its descendants listens on.
 
-    Read from ``/proc``, so a test asks the process itself: connecting to a host and port to
-    see that nothing answers can reach another process that happens to listen there.
+    Asked of the processes themselves (psutil, as ``workers.py`` counts a worker's
+    connections): connecting to a host and port to see that nothing answers can reach
+    another process that happens to listen there.
     """
-    inodes = {link[len("socket:["):-1] for tree_pid in _process_tree(pid)
-              for link in _fd_links(tree_pid) if link.startswith("socket:[")}
+    root = psutil.Process(pid)
     found = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for row in Path(table).read_text().splitlines()[1:]:
-            fields = row.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                host, port = fields[1].split(":")
-                found.add((_proc_net_host(host), int(port, 16)))
-    return found
-
-
-def _process_tree(pid: int) -> list[int]:
-    tree, parents = [pid], {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for process in [root, *root.children(recursive=True)]:
         try:
-            # The command (field 2) may hold spaces: the parent is the 2nd field after it.
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            found |= {(c.laddr.ip, c.laddr.port) for c in process.net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN}
+        except psutil.NoSuchProcess:
             continue  # gone meanwhile
-    for candidate in tree:
-        tree += [child for child, parent in parents.items() if parent == candidate]
-    return tree
-
-
-def _fd_links(pid: int) -> list[str]:
-    try:
-        fds = list(Path(f"/proc/{pid}/fd").iterdir())
-    except OSError:
-        return []  # gone meanwhile
-    links = []
-    for fd in fds:
-        try:
-            links.append(os.readlink(fd))
-        except OSError:
-            continue  # closed meanwhile (the listing's own descriptor is one)
-    return links
-
-
-def _proc_net_host(hex_host: str) -> str:
-    """An address as /proc/net/tcp{,6} writes it: 32-bit words in host byte order."""
-    words = bytes.fromhex(hex_host)
-    packed = b"".join(words[i:i + 4][::-1] for i in range(0, len(words), 4))
-    return str(ipaddress.ip_address(packed))
+    return found
