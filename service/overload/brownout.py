@@ -237,9 +237,10 @@ class Dimmer:
         before = self.level
         ceiling = self._ceiling()
         failed = cut and self._probing is not None   # latency rose since the last step down
-        # Read only where it can move the level: a report is not free, and at the ceiling it
-        # is read once per cool stretch, not every window.
-        short = not (refused or failed) and 0.0 < self.level < ceiling and self._pools_short()
+        # Read only where it can move the level, once a window at most: a report is not
+        # free, and at the ceiling it is read once per cool stretch, not every window.
+        below_ceiling = 0.0 < self.level < ceiling
+        short = not (refused or failed) and below_ceiling and self._pools_short()
         if refused or failed or short:
             if self._probing is not None:   # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
@@ -257,8 +258,8 @@ class Dimmer:
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
                 lowered = max(self.min_level, self.level - STEP)
-                if lowered < self.level and self._pools_short():
-                    lowered = self.level   # no slot to spare for the optional panels
+                if lowered < self.level and not below_ceiling and self._pools_short():
+                    lowered = self.level   # no slot to spare (below the ceiling: read above)
                 if lowered <= self._avoid[0] and self._clock() < self._avoid[1]:
                     lowered = self.level   # a level that brought refusals back lately
                 self._probing = 0 if lowered < self.level else self._probing
