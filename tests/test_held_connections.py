@@ -13,12 +13,13 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import gevent
+from gevent.socket import wait_read
 import pytest
 import requests
 from thriftpy2.transport import TCyBufferedTransport
 
 from service.idl import appstats
-from service.overload.held_connections import HeldConnections, HeldReply
+from service.overload.held_connections import HOLD_TICK_S, HeldConnections, HeldReply, on_the_tick
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
                                   one_call_at_a_time, plain_client, reply, stats_request)
@@ -198,6 +199,51 @@ def test_held_replies_due_in_a_turn_of_the_loop_wait_behind_the_calls_due_in_it(
     for ours, theirs in pairs:
         ours.close()
         theirs.close()
+
+
+def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> None:
+    """Twenty holds a millisecond apart end on at most two ticks: their replies are
+    written in at most two turns of the loop, not one turn each (one wake-up a tick)."""
+    held = HeldConnections(lambda connection, message: None, lambda connection: False,
+                           1 << 20, CallDurations(appstats.AppStats.thrift_services))
+    pairs = [socket.socketpair() for _ in range(20)]
+    loop = gevent.get_hub().loop
+    turns = [0]
+    counting = loop.prepare(ref=False)
+    counting.start(lambda: turns.__setitem__(0, turns[0] + 1))
+    woken_in_turn: list[int] = []
+
+    def hold(ours: socket.socket, hold_s: float) -> None:
+        reply = HeldReply("get_app_stats", "Overloaded", time.perf_counter(), b"refused", hold_s)
+        held.hold(SimpleNamespace(sock=ours, channel=SimpleNamespace(idle=False),
+                                  caller=SimpleNamespace(early_for_s=lambda: 0.0)), reply)
+
+    def read(theirs: socket.socket) -> None:
+        wait_read(theirs.fileno(), timeout=5)
+        woken_in_turn.append(turns[0])
+
+    try:
+        greenlets = [gevent.spawn(hold, ours, 2 * HOLD_TICK_S + 0.001 * (1 + i))
+                     for i, (ours, _) in enumerate(pairs)]
+        greenlets += [gevent.spawn(read, theirs) for _, theirs in pairs]
+        gevent.joinall(greenlets, timeout=5, raise_error=True)
+    finally:
+        counting.close()
+    assert len(woken_in_turn) == 20 and len(set(woken_in_turn)) <= 2, woken_in_turn
+    assert all(_unread_bytes(theirs) == len(b"refused") for _, theirs in pairs)
+    for ours, theirs in pairs:
+        ours.close()
+        theirs.close()
+
+
+@pytest.mark.parametrize("now", [1_000.0, 1_000.013, 1_795_690_438.0693457])
+def test_a_hold_on_the_tick_ends_on_a_tick_never_later_and_at_most_a_tick_sooner(now: float) -> None:
+    loop = SimpleNamespace(now=lambda: now)
+    for seconds in (0.0, 0.005, 0.02, 0.0333, 1.7):
+        shortened = on_the_tick(loop, seconds)
+        ends = now + shortened
+        assert 0.0 <= shortened <= seconds and (seconds == 0.0 or shortened > seconds - HOLD_TICK_S - 1e-9)
+        assert shortened == 0.0 or abs(ends / HOLD_TICK_S - round(ends / HOLD_TICK_S)) < 1e-4
 
 
 def _unread_bytes(sock: socket.socket) -> int:

@@ -6,10 +6,10 @@ that pacing gives such a caller (:mod:`service.overload.gate`, with the deadline
 call's ``meta`` would carry: ``fanout.request_deadline_ms``). The reply is encoded once;
 only its seqid changes. No admission, no wire scan (a frame is only bounded by
 ``server.max_frame_bytes``), no metrics, no logging: a read, a timer and a write per
-refusal, each from a callback of the hub's loop with no greenlet woken (59 us of CPU
-per refusal with a greenlet per connection and ``gevent.sleep``, 31 us so), which is
-what a gevent server must spend to answer each such caller within its deadline. The
-overload scenario sets its CPU per refusal beside Fanout's.
+refusal, each from a callback of the hub's loop with no greenlet woken, the holds
+ending on the ticks Fanout's end on (``HOLD_TICK_S``), which is what a gevent server
+must spend to answer each such caller within its deadline. The overload scenario sets
+its CPU per refusal beside Fanout's.
 
     python -m bench.baselines.refusing --config bench.toml
 
@@ -37,6 +37,7 @@ from bench.baselines.common import settings_from_argv  # noqa: E402
 from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
 from lookups.deadline import Deadline  # noqa: E402
 from service.overload.gate import CallerPacing  # noqa: E402
+from service.overload.held_connections import on_the_tick  # noqa: E402
 from service.idl import appstats  # noqa: E402
 from service.wire.header import call_header  # noqa: E402
 
@@ -129,7 +130,8 @@ class _RefusingConnection:
         deadline = Deadline.after_ms(self._deadline_ms)
         self._pacing.arrived(deadline)
         self._io.stop()
-        self._timer = self._loop.timer(self._pacing.refused(_RETRY_AFTER_MS, deadline))
+        self._timer = self._loop.timer(
+            on_the_tick(self._loop, self._pacing.refused(_RETRY_AFTER_MS, deadline)))
         self._timer.start(self._due)
 
     def _due(self) -> None:

@@ -7,15 +7,16 @@ whatever it does, and the server's CPU goes on the refusals that remain: with a
 thousand such callers, about five hundred a second. In a greenlet per
 connection each costs two wake-ups of that greenlet, a timer made for the hold
 and a wait on the socket, each a switch there and back and gevent's bookkeeping
-around it. Measured with those callers (1000 connections, 2 s deadlines, one
-run each): a gevent server doing nothing but hold and refuse spent 59 us of CPU
-per refusal that way, and 31 us with the same work done in callbacks of the
-loop, which is why this module exists rather than a ``gevent.sleep``.
+around it. Done in callbacks of the loop instead, the same work costs about half
+the CPU (the README gives the figures), which is why this module exists rather
+than a ``gevent.sleep``. And as each turn of the loop has a cost of its own, the
+holds end on ticks (``HOLD_TICK_S``): the replies due in one tick go out in one
+turn, and the calls their callers send back together are read in one turn too.
 
 So a connection whose answer is to be held leaves its greenlet waiting and is
 served here, by callbacks of the hub's loop, until something needs the greenlet:
 
-* the hold ends: the reply is written with one non-blocking write;
+* the hold ends (on its tick): the reply is written with one non-blocking write;
 * the caller's next call arrives while it still counts as early (within
   0.4 x ``retry_after_ms`` of the end of the hold): it is read, and if it is
   refused unread again (:mod:`service.overload.gate`) its refusal is held here too;
@@ -27,7 +28,7 @@ served here, by callbacks of the hub's loop, until something needs the greenlet:
 Only plain (not TLS) framed connections with nothing buffered are held here;
 the others hold their reply with a sleep in their greenlet, as before. The
 callbacks never block and never log: each finished call is recorded
-(``rpc.server.call.duration``) by one recorder greenlet, which they wake.
+(``rpc.server.call.duration``) by one recorder greenlet, which they wake once a turn.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from service.engine.summary import FailureSummary
 from tracing.context import spawn_in_context
 from tracing.spans import CallDurations
 
-__all__ = ["HeldConnections", "HeldReply", "Unsent"]
+__all__ = ["HeldConnections", "HeldReply", "Unsent", "HOLD_TICK_S", "on_the_tick"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,12 @@ _READ_BYTES = 64 * 1024
 # goes first, and the refusals due in that turn after it. A thousand such callers come
 # back in waves (held to about the same deadline), and the calls waited behind them.
 _PRIORITY = -1
+#: Every hold ends on a tick of this many seconds (never later than it was to end). Each
+#: turn of the loop costs a wait in epoll, gevent's own callbacks and the switches into
+#: and out of the hub; holds ending apart would take a turn each, and their callers, who
+#: come back together, would share their reads' turns too. Short beside a hold (most of
+#: a deadline) and beside the margin a hold leaves before it (``gate._REPLY_MARGIN_S``).
+HOLD_TICK_S = 0.02
 
 
 class HeldReply(NamedTuple):
@@ -146,8 +153,10 @@ class HeldConnections:
             # Once: a greenlet spawned per call costs a stack mapped and unmapped (8 us).
             self._recorder = spawn_in_context(self._record_finished)
         elif self._recorder_waiting is not None:
+            # Woken after this turn of the loop, not now: the replies due in the same turn
+            # are then recorded together, with one switch to the recorder, not one each.
             waiter, self._recorder_waiting = self._recorder_waiting, None
-            waiter.switch(None)
+            get_hub().loop.run_callback(waiter.switch, None)
 
     def close(self) -> None:
         """End the recorder once it has recorded what finished (the server has drained)."""
@@ -227,7 +236,7 @@ class HeldConnections:
             hold.hand_back(None)
             return
         hold.reply = reply
-        hold.arm(reply.hold_s, self._due)
+        hold.arm(on_the_tick(hold.io.loop, reply.hold_s), self._due)
 
     def _refusal(self, connection: Any, data: bytes) -> Optional[HeldReply]:
         """The held reply for ``data`` if it is exactly one whole frame refused unread."""
@@ -245,6 +254,14 @@ class HeldConnections:
             hold.hand_back(None)
 
 
+def on_the_tick(loop: Any, seconds: float) -> float:
+    """``seconds`` from now (the time of ``loop``'s turn) shortened to end on a tick of
+    ``HOLD_TICK_S``: the holds that end in the same tick end in the same turn."""
+    now = loop.now()
+    on_tick = (now + seconds) // HOLD_TICK_S * HOLD_TICK_S - now
+    return max(0.0, min(seconds, on_tick))  # min: the product may round a hair up
+
+
 class _Hold:
     """One held connection: its greenlet's waiter, its watchers and the reply held."""
 
@@ -260,7 +277,7 @@ class _Hold:
         self.reply: Optional[HeldReply] = reply
         self.handed_back = False
         connection.channel.idle = False
-        self.arm(reply.hold_s, held._due)
+        self.arm(on_the_tick(loop, reply.hold_s), held._due)
 
     def arm(self, seconds: float, callback: Callable[["_Hold"], None]) -> None:
         if self.timer is not None:
