@@ -32,7 +32,7 @@ from service.engine.summary import FailureSummary
 from service.listener.handover import MoveNow
 from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
-from service.overload.held_connections import HeldConnections, HeldReply
+from service.overload.held_connections import HeldConnections, HeldReply, on_the_tick
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import protocol_for
@@ -204,7 +204,7 @@ class MessageLoop:
         error_type = reply.error_type
         try:
             if hold_s > 0:
-                gevent.sleep(hold_s)
+                gevent.sleep(on_the_tick(gevent.get_hub().loop, hold_s))
             connection.channel.send_framed(payload)
         except BaseException as unwritten:
             error_type = type(unwritten).__name__

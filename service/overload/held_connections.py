@@ -26,7 +26,7 @@ served here, by callbacks of the hub's loop, until something needs the greenlet:
   caller no longer early, the server draining or the connection too old.
 
 Only plain (not TLS) framed connections with nothing buffered are held here;
-the others hold their reply with a sleep in their greenlet, as before. The
+the others hold their reply with a sleep in their greenlet (on its tick too). The
 callbacks never block and never log: each finished call is recorded
 (``rpc.server.call.duration``) by one recorder greenlet, which they wake once a turn.
 """
