@@ -235,8 +235,7 @@ class HeldConnections:
                 hold.connection.channel.push_back(data)
             hold.hand_back(None)
             return
-        hold.reply = reply
-        hold.arm(on_the_tick(hold.io.loop, reply.hold_s), self._due)
+        hold.hold_reply(reply, self._due)
 
     def _refusal(self, connection: Any, data: bytes) -> Optional[HeldReply]:
         """The held reply for ``data`` if it is exactly one whole frame refused unread."""
@@ -274,10 +273,15 @@ class _Hold:
         self.waiter = Waiter()
         self.io = loop.io(self.fd, 1, priority=_PRIORITY)
         self.timer: Any = None
-        self.reply: Optional[HeldReply] = reply
+        self.reply: Optional[HeldReply] = None
         self.handed_back = False
         connection.channel.idle = False
-        self.arm(on_the_tick(loop, reply.hold_s), held._due)
+        self.hold_reply(reply, held._due)
+
+    def hold_reply(self, reply: HeldReply, due: Callable[["_Hold"], None]) -> None:
+        """Hold ``reply`` until the tick its hold ends on; then ``due`` writes it."""
+        self.reply = reply
+        self.arm(on_the_tick(self.io.loop, reply.hold_s), due)
 
     def arm(self, seconds: float, callback: Callable[["_Hold"], None]) -> None:
         if self.timer is not None:
