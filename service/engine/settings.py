@@ -56,9 +56,9 @@ class AdmissionSettings:
         "max": 1.0})
     cpu_saturated: float = field(default=0.97, metadata={
         "help": "while the event loop wanted a core this share of the time (running or "
-                "waiting for one), the limit falls by a tenth per quarter-second window "
-                "instead of growing, while calls take over twice the least latency; `0` "
-                "turns this off",
+                "waiting for one), the limit moves a tenth per quarter-second window by how "
+                "long calls queue for the core: down while they take over 2.2 times the "
+                "least latency, up under 1.6 times; `0` turns this off",
         "max": 1.0})
     queue_interval_ms: int = field(default=100, metadata={
         "help": "longest wait in the admission queue while it drains now and then (CoDel "

@@ -13,21 +13,13 @@ limit is cut in proportion whatever the gradient says. While fewer calls are
 in flight or waiting than half the limit, and none was refused since the last
 update, the limit does not grow (nothing measured it).
 
-Latency alone lets a CPU-bound process take too much: the long-term average
-follows the queueing up, so the limit grows until latency meets the ceiling, and
-every call beyond those that keep the core busy only waits and makes each call
-dearer (the README gives the figures). So the event loop's demand for a core is
-measured too (``/proc/self/schedstat``, over windows of a quarter of a second):
-while it reaches ``cpu_saturated`` of the time and the limit is in use, the limit
-falls a tenth per window instead of growing, until the loop has moments to spare or
-calls take no more than twice the least latency of the last 10 to 20 s; there it holds.
-Below that the loop is still saturated but wakes for fewer events at a time, so each call
-costs it more (the README gives the figures), and a limit cut to the core's bare need
-swung back up whenever a window had a moment to spare. Twice the least latency is a queue
-for the core about as long as the rest of a call, where TCP Vegas keeps a path too.
-In use means a quarter of it here, where growing takes half, so that a loop saturated
-by its calls always finds it in use (at half, a limit just past twice the calls in use
-never fell); a limit used less is left alone (something else saturates the loop).
+Latency alone lets a CPU-bound process take too much, so the event loop's demand for a
+core is measured too: while the loop is saturated and a quarter of the limit is in use,
+the limit moves a step a window by how long calls queue for the core
+(:mod:`service.overload.cpu_rule`). In use means a quarter of it here, where growing
+takes half, so that a loop saturated by its calls always finds it in use (at half, a
+limit just past twice the calls in use never fell); a limit used less is left alone
+(something else saturates the loop).
 
 A call finding the limit reached waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
@@ -53,6 +45,7 @@ from typing import Callable, Optional
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
+from service.overload.cpu_rule import CpuRule
 from service.overload.retry_after import RetryAfter
 from service.overload.waiting_line import WaitingLine
 from tracing.pools import cpu_demand_s
@@ -62,12 +55,8 @@ __all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
 _SHORT_WEIGHT = 0.2        # the short-term latency average: about the last five calls
 _LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
 _SMOOTHING = 0.2           # how far one update moves the limit towards its new value
-_CPU_WINDOW_S = 0.25       # the loop's demand for a core is measured over windows this long
-_CPU_SHRINK = 0.9          # the limit's step per window while the loop is CPU-saturated
 _GROW_IN_USE = 0.5         # the limit grows only while this share of it is in use...
-_CPU_IN_USE = 0.25         # ...and falls for the CPU while this share is (see above)
-_CPU_QUEUE = 2.0           # ...and while calls take longer than this many times the least
-_LEAST_EPOCH_S = 10.0      # the least latency is the least of this epoch and the last
+_CPU_IN_USE = 0.25         # ...and moves for the CPU while this share is (see above)
 
 
 class Refused(Exception):
@@ -107,17 +96,12 @@ class AdmissionControl:
                  cpu_demand: Callable[[], float] = cpu_demand_s) -> None:
         self.settings = settings
         self._clock = clock
-        self._cpu_demand = cpu_demand
-        self._cpu_window = (clock(), cpu_demand())
-        self._cpu_measured = False
-        self.cpu_busy = 0.0   # the loop's demand for a core over the last window (0 to 1)
+        self.cpu = CpuRule(clock, cpu_demand, settings.cpu_saturated)
         self.stats = AdmissionStats()
         self.limit = float(settings.initial_limit)
         self.inflight = 0
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
-        self._least_s = [math.inf, math.inf]   # the least latency: last epoch, this one
-        self._least_since = clock()
         self._samples_since_update = 0
         self._cut_at, self._cut_from = -math.inf, self.limit   # the current round of cuts
         self._line = WaitingLine(settings, clock)
@@ -131,7 +115,7 @@ class AdmissionControl:
     def admit(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
         rank = int(criticality)
-        if not self.settings.enabled or (self.inflight < int(self.limit)
+        if not self.settings.enabled or (self.inflight < self.cpu.least.cap(self.limit)
                                          and not self._line.waiters):
             self._admitted(rank)
             return
@@ -167,7 +151,8 @@ class AdmissionControl:
     @property
     def saturated(self) -> bool:
         """True while a call arriving now would have to queue: the limit is reached."""
-        return self.settings.enabled and (self.inflight >= int(self.limit) or bool(self._line.waiters))
+        return self.settings.enabled and (self.inflight >= self.cpu.least.cap(self.limit)
+                                          or bool(self._line.waiters))
 
     def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
@@ -204,7 +189,7 @@ class AdmissionControl:
             raise self._refuse("no call finished while this one waited", rank)
 
     def _hand_over(self) -> None:
-        while self._line.waiters and self.inflight < int(self.limit):
+        while self._line.waiters and self.inflight < self.cpu.least.cap(self.limit):
             self._admitted(self._line.admit_next().rank)
 
     def _expected_wait_s(self, rank: int) -> float:
@@ -216,8 +201,7 @@ class AdmissionControl:
     # --- the limit -------------------------------------------------------------------
 
     def _sample(self, latency_s: float) -> None:
-        if latency_s < self._least_s[1]:
-            self._least_s[1] = latency_s
+        self.cpu.call_ended(latency_s)
         if self._long_s == 0.0:
             self._short_s = self._long_s = latency_s
         else:
@@ -231,6 +215,8 @@ class AdmissionControl:
             self._update_limit()
 
     def _update_limit(self) -> None:
+        if self.cpu.least.probing:
+            return   # its calls say nothing of the limit's
         settings, short_s = self.settings, max(self._short_s, 1e-6)
         gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
         if short_s > self._ceiling_s:
@@ -255,36 +241,23 @@ class AdmissionControl:
             self.limit = max(float(settings.min_limit),
                              min(self.limit, self._cut_from * gradient))
             return
-        if (in_use >= self.limit * _CPU_IN_USE or refused) and self._cpu_saturated():
-            # One step per window measured, none in between: the measure is a window old,
-            # and a step at every update (many per window) swung the limit by half within one.
-            if self._cpu_measured and short_s > _CPU_QUEUE * min(self._least_s):
-                self.limit = max(float(settings.min_limit), self.limit * _CPU_SHRINK)
+        if (in_use >= self.limit * _CPU_IN_USE or refused) and self.cpu.saturated():
+            self._set_limit(self.limit * self.cpu.saturated_step(bool(demand)))
+            return
+        if self.cpu.near():
+            self._set_limit(self.limit * self.cpu.near_step(gradient >= 1.0 and bool(demand)))
             return
         target = self.limit + math.sqrt(self.limit) if gradient >= 1.0 and demand else self.limit
-        new = self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING
-        self.limit = min(float(settings.max_limit), max(float(settings.min_limit), new))
+        self._set_limit(self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING)
 
-    def _cpu_saturated(self) -> bool:
-        """Whether the loop wanted a core ``cpu_saturated`` of the last window, or more
-        (``_cpu_measured``: that window ended at this call)."""
-        if self.settings.cpu_saturated <= 0:
-            return False
-        started, demand_at = self._cpu_window
-        now = self._clock()
-        self._cpu_measured = now - started >= _CPU_WINDOW_S   # a new window, just now
-        if self._cpu_measured:
-            demand = self._cpu_demand()
-            self.cpu_busy = (demand - demand_at) / (now - started)
-            self._cpu_window = (now, demand)
-            if now - self._least_since >= _LEAST_EPOCH_S:
-                self._least_s, self._least_since = [self._least_s[1], math.inf], now
-        return self.cpu_busy >= self.settings.cpu_saturated
+    def _set_limit(self, limit: float) -> None:
+        self.limit = min(float(self.settings.max_limit), max(float(self.settings.min_limit), limit))
 
     # --- accounting ------------------------------------------------------------------
 
     def _admitted(self, rank: int) -> None:
         self.inflight += 1
+        self.cpu.least.admitted()
         self.stats.admitted += 1
         self.retry_after.admissions[rank > _CRITICAL] += 1   # a counter: see retry_after
 

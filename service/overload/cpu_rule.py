@@ -1,0 +1,108 @@
+"""The CPU rule of admission's limit: enough calls in flight to keep the core busy, no more.
+
+Latency alone lets a CPU-bound process take too much: the long-term average follows
+the queueing up, so the limit grows until latency meets the ceiling, and every call
+beyond those that keep the core busy only waits and makes each call dearer (the README
+gives the figures). So the event loop's demand for a core is measured too
+(``/proc/self/schedstat``, over windows of a quarter of a second), with the calls' mean
+latency over the same window. While the loop wants a core ``cpu_saturated`` of the
+time, the limit moves one step a window (a tenth), none in between, by how long calls
+queue for the core, as TCP Vegas keeps a path's queue:
+
+* it falls while calls take more than 2.2 times the least latency;
+* it grows while they take less than 1.6 times (and the limit is in demand);
+* between, it holds: a queue for the core about as long as the rest of a call.
+
+One step a window because the measure is a window old: a step at every update (many a
+window) swung the limit by half within one. Not down to the core's bare need: below
+about twice the least latency the loop is still saturated but wakes for fewer events at
+a time, so each call costs it more, and a limit cut until the loop had a moment to spare
+swung back up whenever a window had one. Close to saturated (``_NEAR`` of it), a window
+with a moment to spare grows the limit one step too, not at every update: grown at
+every update, a pause of the callers took it from 18 to 37 within one window.
+
+The least latency is learnt by a probe (:mod:`service.overload.least_latency`): learnt
+from ordinary calls on a saturated loop it is only as low as the limit lets it be, and
+held whatever limit it was learnt at.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from service.overload.least_latency import LeastLatency
+
+__all__ = ["CpuRule"]
+
+_WINDOW_S = 0.25     # the loop's demand for a core is measured over windows this long
+_STEP = 0.9          # the limit's step down per window (and 1 / _STEP up)
+_QUEUE_HIGH = 2.2    # it falls while calls take longer than this many times the least,
+_QUEUE_LOW = 1.6     # ...and grows while they take less than this many times
+_NEAR = 0.9          # a loop this share of saturated, or more, grows the limit one step a window
+
+
+class CpuRule:
+    """The loop's windows, the least latency, and the limit's step for the CPU.
+
+    ``clock`` is monotonic seconds and ``cpu_demand`` the seconds the loop's thread ran
+    or waited for a core, so far; ``saturated_share`` is ``admission.cpu_saturated``
+    (0: the rule is off).
+    """
+
+    def __init__(self, clock: Callable[[], float], cpu_demand: Callable[[], float],
+                 saturated_share: float) -> None:
+        self._clock = clock
+        self._cpu_demand = cpu_demand
+        self._share = saturated_share
+        self.least = LeastLatency(clock)
+        self.busy = 0.0                 # the loop's demand for a core over the last window
+        self.window_latency_s = 0.0     # the calls' mean latency over the last window
+        self._window = (clock(), cpu_demand())
+        self._latency_sum_s, self._calls = 0.0, 0
+        self._measured = False          # the last window ended at the last measure
+
+    def call_ended(self, latency_s: float) -> None:
+        if self.least.sample(latency_s):
+            # The probe ended: the loop had moments to spare during it, which are no room
+            # to grow. The window before it stands until one after it is measured.
+            self._window, self._measured = (self._clock(), self._cpu_demand()), False
+            self._latency_sum_s, self._calls = 0.0, 0
+        self._latency_sum_s += latency_s
+        self._calls += 1
+
+    def saturated(self) -> bool:
+        """Whether the loop wanted a core ``saturated_share`` of the last window, or more
+        (measuring a new window if one has passed)."""
+        if self._share <= 0:
+            return False
+        started, demand_at = self._window
+        now = self._clock()
+        self._measured = now - started >= _WINDOW_S
+        if self._measured:
+            demand = self._cpu_demand()
+            self.busy = (demand - demand_at) / (now - started)
+            self._window = (now, demand)
+            if self._calls:
+                self.window_latency_s = self._latency_sum_s / self._calls
+            self._latency_sum_s, self._calls = 0.0, 0
+            self.least.roll()
+        return self.busy >= self._share
+
+    def saturated_step(self, demand: bool) -> float:
+        """On a saturated loop: the factor for the limit (1: hold). Starts a probe of the
+        least latency once an epoch."""
+        if not self._measured:
+            return 1.0
+        self.least.start_probe()
+        queue = self.window_latency_s / self.least.seconds
+        if queue > _QUEUE_HIGH:
+            return _STEP
+        return 1.0 / _STEP if queue < _QUEUE_LOW and demand else 1.0
+
+    def near(self) -> bool:
+        """Whether the loop, not saturated, was close to it over the last window."""
+        return self._share > 0 and self.busy >= _NEAR * self._share
+
+    def near_step(self, may_grow: bool) -> float:
+        """Close to saturated: one step up per window measured, if the limit may grow."""
+        return 1.0 / _STEP if self._measured and may_grow else 1.0
