@@ -17,7 +17,7 @@ import pytest
 
 from service.overload.brownout import Criticality
 from service.overload.admission import AdmissionControl, Refused
-from service.overload.least_latency import PROBE_CALLS
+from service.overload.cpu_rule import PROBE_CALLS
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 

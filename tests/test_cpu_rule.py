@@ -1,10 +1,10 @@
-"""Unit tests of :mod:`service.overload.least_latency` on a clock the test moves: the
+"""Unit tests of :mod:`service.overload.cpu_rule` on a clock the test moves: the
 least of two epochs, and the probe's life (when it opens, which calls it waits for, when
 it ends). How admission uses it is in ``test_admission.py``."""
 
 from __future__ import annotations
 
-from service.overload.least_latency import EPOCH_S, PROBE_CALLS, LeastLatency
+from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, LeastLatency
 
 
 class Clock:
