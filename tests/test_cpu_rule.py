@@ -1,10 +1,12 @@
-"""Unit tests of :mod:`service.overload.cpu_rule` on a clock the test moves: the
-least of two epochs, and the probe's life (when it opens, which calls it waits for, when
-it ends). How admission uses it is in ``test_admission.py``."""
+"""Unit tests of the least latency of :mod:`service.overload.cpu_rule` on a clock the test
+moves: the least of two epochs, and the probe's life (when it opens, which calls it waits
+for, when it ends). How admission steps its limit with it is in ``test_admission.py``."""
 
 from __future__ import annotations
 
-from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, LeastLatency
+import pytest
+
+from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, CpuRule, LeastLatency
 
 
 class Clock:
@@ -62,3 +64,14 @@ def test_one_probe_an_epoch_and_none_runs_for_ever() -> None:
     assert not least.start_probe()        # this epoch had its probe
     clock.now += EPOCH_S / 2
     assert least.start_probe() and least.probes == 2
+
+
+def test_a_call_of_no_time_at_all_is_no_division_by_zero() -> None:
+    """A latency of 0 (a clock's tick too coarse) must not take admission down."""
+    clock = Clock()
+    rule = CpuRule(clock, lambda: clock.now - 1000.0, saturated_share=0.97)
+    rule.call_ended(0.0)
+    rule.call_ended(0.02)
+    clock.now += 0.3
+    assert rule.saturated()
+    assert rule.saturated_step(demand=True) == pytest.approx(0.9)

@@ -79,6 +79,7 @@ class CpuRule:
         self._measured = False          # the last window ended at the last measure
 
     def call_ended(self, latency_s: float) -> None:
+        """An admitted call ended after ``latency_s``: the least, and the window's mean."""
         if self.least.sample(latency_s):
             # The probe ended: the loop had moments to spare during it, which are no room
             # to grow. The window before it stands until one after it is measured.
@@ -111,7 +112,7 @@ class CpuRule:
         if not self._measured:
             return 1.0
         self.least.start_probe()
-        queue = self.window_latency_s / self.least.seconds
+        queue = self.window_latency_s / max(self.least.seconds, 1e-6)
         if queue > _QUEUE_HIGH:
             return _STEP
         return 1.0 / _STEP if queue < _QUEUE_LOW and demand else 1.0
