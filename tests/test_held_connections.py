@@ -125,16 +125,37 @@ def test_a_drain_answers_the_held_refusals_at_once_instead_of_killing_them(
     service = saturated()
     socks = [socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S)
              for _ in range(3)]
-    retry_after_ms = min(_held(service, sock, 100 * i) for i, sock in enumerate(socks))
-    # Each hold lasts at least 0.9 x retry_after_ms (the deadline allows more): a drain that
-    # waited for them would kill them all at a quarter of that.
+    retry_after_ms = _held_together(service, socks)
+    # Each hold lasts at least 0.9 x retry_after_ms, less a tick of the loop (the deadline
+    # allows more): a drain that waited for them would kill them all at a quarter of that.
     report = service.server.stop(timeout_s=0.25 * 0.9 * retry_after_ms / 1000.0)
     for i, sock in enumerate(socks):
         seqid, result = reply(sock)  # answered, not cut off
         assert seqid == 100 * i + 1 and result.overloaded is not None
         assert sock.recv(100) == b""  # then closed
         sock.close()
-    assert report.killed == 1 and report.finished == 3, report  # killed: the hung call
+    # Killed: the hung call, and no held refusal. Those still held when the drain began
+    # were answered by it (finished); on a busy machine a hold may have ended just before
+    # (its connection then closed idle), so at least one, and all three accounted for.
+    assert report.killed == 1 and report.finished >= 1, report
+    assert report.finished + report.idle_closed >= 3, report
+
+
+def _held_together(service: Any, socks: list[socket.socket]) -> int:
+    """:func:`_held` for every socket at once (each refused, then called again at once),
+    so that no hold ends before the last begins; the least ``retry_after_ms`` told."""
+    held = service.server.stats.replies_held
+    for i, sock in enumerate(socks):
+        sock.sendall(call_frame(100 * i))
+    told = []
+    for i, sock in enumerate(socks):
+        got, result = reply(sock)
+        assert got == 100 * i and result.overloaded is not None, result
+        told.append(result.overloaded.retry_after_ms)
+    for i, sock in enumerate(socks):
+        sock.sendall(call_frame(100 * i + 1))
+    wait_for(lambda: service.server.stats.replies_held >= held + len(socks), 5, "the calls held")
+    return min(told)
 
 
 def test_a_buffered_connection_is_paced_in_its_own_greenlet(
