@@ -20,14 +20,7 @@ from service.overload.admission import AdmissionControl, Refused
 from service.overload.cpu_rule import PROBE_CALLS
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def control(clock: Clock, **settings: Any) -> AdmissionControl:

@@ -7,14 +7,7 @@ from __future__ import annotations
 import pytest
 
 from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, CpuRule, LeastLatency
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.clock import Clock
 
 
 def test_the_least_is_the_least_of_this_epoch_and_the_last() -> None:

@@ -238,8 +238,7 @@ class AdmissionControl:
             if now - self._cut_at >= short_s:
                 self._cut_at, self._cut_from = now, self.limit
                 self.stats.latency_cuts += 1
-            self.limit = max(float(settings.min_limit),
-                             min(self.limit, self._cut_from * gradient))
+            self._set_limit(min(self.limit, self._cut_from * gradient))
             return
         if (in_use >= self.limit * _CPU_IN_USE or refused) and self.cpu.saturated():
             self._set_limit(self.limit * self.cpu.saturated_step(bool(demand)))

@@ -74,8 +74,7 @@ class CpuRule:
         self.least = LeastLatency(clock)
         self.busy = 0.0                 # the loop's demand for a core over the last window
         self.window_latency_s = 0.0     # the calls' mean latency over the last window
-        self._window = (clock(), cpu_demand())
-        self._latency_sum_s, self._calls = 0.0, 0
+        self._start_window(clock(), cpu_demand())
         self._measured = False          # the last window ended at the last measure
 
     def call_ended(self, latency_s: float) -> None:
@@ -83,8 +82,8 @@ class CpuRule:
         if self.least.sample(latency_s):
             # The probe ended: the loop had moments to spare during it, which are no room
             # to grow. The window before it stands until one after it is measured.
-            self._window, self._measured = (self._clock(), self._cpu_demand()), False
-            self._latency_sum_s, self._calls = 0.0, 0
+            self._start_window(self._clock(), self._cpu_demand())
+            self._measured = False
         self._latency_sum_s += latency_s
         self._calls += 1
 
@@ -99,12 +98,16 @@ class CpuRule:
         if self._measured:
             demand = self._cpu_demand()
             self.busy = (demand - demand_at) / (now - started)
-            self._window = (now, demand)
             if self._calls:
                 self.window_latency_s = self._latency_sum_s / self._calls
-            self._latency_sum_s, self._calls = 0.0, 0
+            self._start_window(now, demand)
             self.least.roll()
         return self.busy >= self._share
+
+    def _start_window(self, now: float, demand: float) -> None:
+        """A new window from ``now`` (the loop's demand so far ``demand``), its calls none yet."""
+        self._window = (now, demand)
+        self._latency_sum_s, self._calls = 0.0, 0
 
     def saturated_step(self, demand: bool) -> float:
         """On a saturated loop: the factor for the limit (1: hold). Starts a probe of the
