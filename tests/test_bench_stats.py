@@ -206,3 +206,39 @@ def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts(
     assert _refusal_cpu_ms(result, admitted_ms=5.0) == pytest.approx(80.0 / 1010)
     assert math.isnan(_refusal_cpu_ms({"window_s": 1.0, "reps": [rep(0, 1, 1.0)]}, 5.0))
     assert math.isnan(_refusal_cpu_ms(None, 5.0))
+
+
+def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
+    """alone and mixed alternate, a third of the repetitions each round; their rounds are
+    joined for the goals, and each round's ratio is kept apart."""
+    from bench.harness import brownout
+    from bench.harness.rounds import merged, round_ratios
+    from bench.harness.runner import Timing
+    from bench.harness.scenario import Scale
+
+    configs = brownout._configs(Scale(quick=False))
+    assert [c.label for c in configs][:7] == ["alone-r1-cpu", "mixed-r1-cpu", "alone-r2-cpu",
+                                             "mixed-r2-cpu", "alone-r3-cpu", "mixed-r3-cpu",
+                                             "ignored-cpu"]
+    full = Timing(reps=30, window_s=0.5, warmup_s=2.5)
+    assert [c.timing(full).reps for c in configs if c.label.startswith("alone-r")] == [10] * 6
+
+    def result(per_s: list[float], refused: int) -> dict:
+        windows = [{"whole": 0, "lighter": 0, "failures": {"overloaded": refused}}] * len(per_s)
+        return {"reps": [{"p99_ms": 50.0, "failures": {}}] * len(per_s), "pooled": {"p99_ms": 60.0},
+                "essential": {"per_s": per_s, "answers": [int(x) for x in per_s]},
+                "companion": {"windows": windows, "refused": refused * len(per_s), "late": 0},
+                "brownout_levels": [[9.5, 0.6]]}
+
+    rounds = [result([100.0, 110.0], 5), result([90.0], 7)]
+    joined = merged(rounds)
+    assert joined["essential"]["per_s"] == [100.0, 110.0, 90.0]
+    assert len(joined["reps"]) == 3 and joined["rounds_p99_ms"] == [60.0, 60.0]
+    assert joined["companion"]["refused"] == 17 and len(joined["companion"]["windows"]) == 3
+    assert joined["brownout_levels"] == [[9.5, 0.6], [9.5, 0.6]]
+    assert "error" in merged([rounds[0], {"error": "stack failed"}])
+    assert merged([rounds[0], None]) == {"error": "a round did not run"}
+    ratios = round_ratios([result([95.0], 0), result([80.0], 0)],
+                          [result([100.0], 0), result([100.0, 60.0], 0)],
+                          lambda r: r["essential"]["per_s"])
+    assert ratios == pytest.approx([0.95, 1.0])

@@ -61,6 +61,7 @@ class Config:
     interval_s: float = 0.0
     decode_every: int = 0
     window_scale: float = 1.0          # this configuration's windows are this much longer
+    reps_share: float = 1.0            # ...and it runs this share of the repetitions (rounds)
     processes: int = 0                 # 0: loadgen_processes(connections)
     honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
     overloaded_pause_s: float = 0.0    # ...or else this long, whatever the reply asked for
@@ -75,7 +76,8 @@ class Config:
 
     def timing(self, base: Timing) -> Timing:
         return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
-                                   warmup_s=self.warmup_s or base.warmup_s)
+                                   warmup_s=self.warmup_s or base.warmup_s,
+                                   reps=max(1, round(base.reps * self.reps_share)))
 
 
 def at_capacity_fraction(config: Config, earlier: list[dict[str, Any]]) -> Config:

@@ -1,0 +1,66 @@
+"""Interleaved rounds: two configurations measured in turn, a few rounds each, and each
+one's rounds merged back into one result for the goals.
+
+This machine's pace drifts by several percent from one minute to the next, as much as
+the effects some goals weigh (the README gives the runs). A ratio of two configurations
+run one after the other then says as much of the drift as of the configurations; run in
+turn (A, B, A, B, ...), both see the same drift. :func:`interleaved` builds the rounds;
+:func:`merged` joins one configuration's rounds (their windows one after another, as if
+one run); :func:`round_ratios` gives the ratio of each round, for how far they spread.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence
+
+__all__ = ["interleaved", "merged", "round_ratios", "round_label"]
+
+#: Per-window lists of a result that the rounds' windows extend.
+_ESSENTIAL = ("per_s", "answers", "essential_ok", "whole", "optional_run", "optional_asked")
+
+
+def round_label(label: str, n: int) -> str:
+    """The label of round ``n`` (from 1) of the configuration ``label``."""
+    return f"{label}-r{n}"
+
+
+def interleaved(rounds: int, *make: Callable[[int, float], Any]) -> list[Any]:
+    """``rounds`` rounds of the configurations ``make`` builds, in turn: each gets the
+    round's number and its share of the repetitions (1 / ``rounds``)."""
+    return [build(n, 1.0 / rounds) for n in range(1, rounds + 1) for build in make]
+
+
+def merged(results: Sequence[Optional[dict[str, Any]]]) -> Optional[dict[str, Any]]:
+    """One result from the rounds of one configuration: the windows, the decoded replies'
+    per-window figures, the companion's windows and the dimmer's levels of every round,
+    in order. A round missing or failed makes the whole an error."""
+    if not results or any(r is None or "reps" not in r for r in results):
+        failed = next((r for r in results if r is not None and "reps" not in r), None)
+        return {"error": (failed or {}).get("error", "a round did not run")} if results else None
+    out: dict[str, Any] = {"reps": [rep for r in results for rep in r["reps"]],
+                           "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in results],
+                           "brownout_levels": [lv for r in results
+                                               for lv in r.get("brownout_levels", [])]}
+    essentials = [r.get("essential") or {} for r in results]
+    if any(essentials):
+        out["essential"] = {key: [v for e in essentials for v in e.get(key, [])]
+                            for key in _ESSENTIAL}
+    companions = [r.get("companion") or {} for r in results]
+    if any(c.get("windows") for c in companions):
+        out["companion"] = {"windows": [w for c in companions for w in c.get("windows", [])],
+                            "refused": sum(c.get("refused", 0) for c in companions),
+                            "late": sum(c.get("late", 0) for c in companions)}
+    return out
+
+
+def round_ratios(numerators: Sequence[Optional[dict[str, Any]]],
+                 denominators: Sequence[Optional[dict[str, Any]]],
+                 figure: Callable[[Optional[dict[str, Any]]], list[float]]) -> list[float]:
+    """Per round, the mean of ``figure`` over the numerator's windows over the
+    denominator's (NaN for a round where either measured nothing)."""
+    ratios = []
+    for top, bottom in zip(numerators, denominators):
+        a, b = figure(top), figure(bottom)
+        ratios.append(sum(a) / len(a) / (sum(b) / len(b)) if a and b and sum(b) else math.nan)
+    return ratios
