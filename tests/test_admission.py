@@ -8,9 +8,8 @@ the whole (goodput, latency under overload) is in ``test_overload.py`` and ``mak
 
 from __future__ import annotations
 
-from typing import Any
-
 import heapq
+from typing import Any
 
 import gevent
 import pytest

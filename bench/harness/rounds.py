@@ -31,13 +31,13 @@ def interleaved(rounds: int, *make: Callable[[int, float], Any]) -> list[Any]:
     return [build(n, 1.0 / rounds) for n in range(1, rounds + 1) for build in make]
 
 
-def merged(results: Sequence[Optional[dict[str, Any]]]) -> Optional[dict[str, Any]]:
+def merged(results: Sequence[Optional[dict[str, Any]]]) -> dict[str, Any]:
     """One result from the rounds of one configuration: the windows, the decoded replies'
     per-window figures, the companion's windows and the dimmer's levels of every round,
     in order. A round missing or failed makes the whole an error."""
-    if not results or any(r is None or "reps" not in r for r in results):
-        failed = next((r for r in results if r is not None and "reps" not in r), None)
-        return {"error": (failed or {}).get("error", "a round did not run")} if results else None
+    for result in results:
+        if result is None or "reps" not in result:
+            return {"error": (result or {}).get("error", "a round did not run")}
     out: dict[str, Any] = {"reps": [rep for r in results for rep in r["reps"]],
                            "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in results],
                            "brownout_levels": [lv for r in results

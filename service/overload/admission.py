@@ -115,8 +115,7 @@ class AdmissionControl:
     def admit(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
         rank = int(criticality)
-        if not self.settings.enabled or (self.inflight < self.cpu.least.cap(self.limit)
-                                         and not self._line.waiters):
+        if not self.saturated:
             self._admitted(rank)
             return
         expected_s = self._expected_wait_s(rank) + self._short_s
