@@ -234,7 +234,11 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
     counting.start(lambda: turns.__setitem__(0, turns[0] + 1))
     woken_in_turn: list[int] = []
 
-    def hold(ours: socket.socket, hold_s: float) -> None:
+    def hold(ours: socket.socket, ends_at: float) -> None:
+        # Each hold ends at an instant fixed before any greenlet ran: on a busy machine the
+        # forty greenlets' starts spread over several turns of the loop (its time moving
+        # on between them), and holds counted from each start then spanned a third tick.
+        hold_s = max(0.0, ends_at - loop.now())
         reply = HeldReply("get_app_stats", "Overloaded", time.perf_counter(), b"refused", hold_s)
         held.hold(SimpleNamespace(sock=ours, channel=SimpleNamespace(idle=False),
                                   caller=SimpleNamespace(early_for_s=lambda: 0.0)), reply)
@@ -244,7 +248,8 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
         woken_in_turn.append(turns[0])
 
     try:
-        greenlets = [gevent.spawn(hold, ours, 2 * HOLD_TICK_S + 0.001 * (1 + i))
+        start = loop.now()
+        greenlets = [gevent.spawn(hold, ours, start + 2 * HOLD_TICK_S + 0.001 * (1 + i))
                      for i, (ours, _) in enumerate(pairs)]
         greenlets += [gevent.spawn(read, theirs) for _, theirs in pairs]
         gevent.joinall(greenlets, timeout=5, raise_error=True)
