@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Optional, Sequence
 
+from bench.analysis.stats import ratio_of_means
+
 __all__ = ["interleaved", "merged", "round_ratios", "round_label"]
 
 #: Per-window lists of a result that the rounds' windows extend.
@@ -62,5 +64,5 @@ def round_ratios(numerators: Sequence[Optional[dict[str, Any]]],
     ratios = []
     for top, bottom in zip(numerators, denominators):
         a, b = figure(top), figure(bottom)
-        ratios.append(sum(a) / len(a) / (sum(b) / len(b)) if a and b and sum(b) else math.nan)
+        ratios.append(ratio_of_means(a, b) if a and b and sum(b) else math.nan)
     return ratios
