@@ -126,7 +126,8 @@ def test_sigterm_under_load_finishes_every_call_in_flight(serve, held: HeldAlert
     held.release.set()
 
     responses = [call.get(timeout=30) for call in calls]  # raises if any call failed
-    assert all(o.status == 0 for r in responses for o in r.outcomes)
+    failed = [o for r in responses for o in r.outcomes if o.status != 0]
+    assert not failed, failed
     assert server.wait(timeout_s=10 + 10) == 0
     exited_s = time.monotonic() - signalled
     assert exited_s < 10 + 5  # the drain timeout plus a margin
