@@ -213,11 +213,9 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
         refused = [a for a in alerts if a.error_type == "CircuitOpen"]
         assert len(refused) >= 3
         assert all(a.status == appstats.TaskStatus.ERROR and a.retryable for a in refused)
-        # The hole counts a request once its handler has read it: on a starved machine, once
-        # seen after the probe had given up waiting for it.
-        probes = len(alerts) - len(refused)
-        wait_for(lambda: hole.requests_seen - seen >= probes, 5, "the probes' requests read")
-        assert hole.requests_seen - seen == probes
+        # At most one request a probe: on a starved machine a loop stalled past a probe's
+        # budget, and that probe gave up before it had sent anything.
+        assert hole.requests_seen - seen <= len(alerts) - len(refused)
         response = call_all(client)[0]
         assert all(status_of(response, p).status == appstats.TaskStatus.OK
                    for p in PANELS if p != "alerts")
