@@ -249,9 +249,7 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
 
     try:
         start = loop.now()
-        # Half a second ahead: on a starved machine the forty starts stalled for over 40 ms,
-        # and holds already due when their greenlet ran were answered a turn each.
-        greenlets = [gevent.spawn(hold, ours, start + 25 * HOLD_TICK_S + 0.001 * (1 + i))
+        greenlets = [gevent.spawn(hold, ours, start + 2 * HOLD_TICK_S + 0.001 * (1 + i))
                      for i, (ours, _) in enumerate(pairs)]
         greenlets += [gevent.spawn(read, theirs) for _, theirs in pairs]
         gevent.joinall(greenlets, timeout=5, raise_error=True)
