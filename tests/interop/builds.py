@@ -16,13 +16,14 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["IDL", "CLIENTS", "BuildFailed", "build_go", "build_java", "build_node"]
+__all__ = ["IDL", "CLIENTS", "BUILD_TIMEOUT_S", "BuildFailed", "build_go", "build_java",
+           "build_node"]
 
 ROOT = Path(__file__).resolve().parents[2]
 IDL = ROOT / "thrift" / "appstats.thrift"
 CLIENTS = Path(__file__).resolve().parent / "clients"
 BUILD = ROOT / "build" / "interop"
-_TIMEOUT_S = 600
+BUILD_TIMEOUT_S = 600
 # Short-lived JVMs (Maven, javac, one client call): the quick compiler alone and the
 # serial collector start them on a fraction of the CPU of the defaults.
 QUICK_JVM = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
@@ -37,8 +38,8 @@ def _run(command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -
     if shutil.which(tool) is None:
         raise BuildFailed(f"'{tool}' is not on PATH; `make interop` needs the Apache Thrift "
                           "compiler (apt-get install thrift-compiler), Go, Java 17 with Maven, Node")
-    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S,
-                          env={**os.environ, **(env or {})})
+    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S, env={**os.environ, **(env or {})})
     if done.returncode != 0:
         raise BuildFailed(f"{' '.join(command)} failed ({done.returncode}):\n"
                           f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
