@@ -226,7 +226,9 @@ def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: R
 def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None:
     backend, _ = counted
     from service.samples.mongo_server import free_port
-    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", 50, 60)
+    # A pause longer than the three calls: on a slow host they outlasted the default second,
+    # and the third tried Redis again, as it should.
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", 50, 60, pause_s=60.0)
     lookup = _cached(backend, store, UrlsLookup)["urls"]
     expected = lookup.inner.fetch(DAY, _deadline())
     for _ in range(3):

@@ -129,13 +129,12 @@ class MemoryStore:
 class RedisStore:
     """Buckets in Redis, each command bounded by ``timeout_ms``.
 
-    After an error the store answers "nothing found" for ``_PAUSE_S`` without trying
+    After an error the store answers "nothing found" for ``pause_s`` without trying
     Redis, so a Redis that is down costs one timeout per pause, not one per call.
     """
 
-    _PAUSE_S = 1.0
-
-    def __init__(self, url: str, timeout_ms: int, ttl_s: int, stats: CacheStats | None = None) -> None:
+    def __init__(self, url: str, timeout_ms: int, ttl_s: int, stats: CacheStats | None = None,
+                 pause_s: float = 1.0) -> None:
         import redis  # only where a Redis is configured: it adds to every process's start
 
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
@@ -144,6 +143,7 @@ class RedisStore:
                                             socket_connect_timeout=timeout_s,
                                             retry_on_timeout=False)
         self._ttl_s = ttl_s
+        self._pause_s = pause_s
         self._paused_until = 0.0
         self._warned_at = float("-inf")
         self.stats = stats or CacheStats()
@@ -182,4 +182,4 @@ class RedisStore:
             self._warned_at = now
             log.warning("cache: Redis %s failed (%s); panels are queried meanwhile", what,
                         type(exc).__name__)
-        self._paused_until = now + self._PAUSE_S
+        self._paused_until = now + self._pause_s
