@@ -275,10 +275,10 @@ def test_fault_fails_only_its_panels_then_recovers(rig: Rig, name: str) -> None:
 
 
 def _driver_saw_it_down(rig: Rig) -> bool:
-    """Whether every MongoDB server of the service's driver had a failed check."""
+    """Whether every server of the service's MongoDB driver had a failed check."""
     assert rig.service is not None
-    servers = [server for backend in rig.service.backends if hasattr(backend, "client")
-               for server in backend.client.topology_description.server_descriptions().values()]
+    topology = rig.service.backends.mongo().client.topology_description
+    servers = topology.server_descriptions().values()
     return bool(servers) and all(server.error is not None for server in servers)
 
 
