@@ -10,14 +10,22 @@ they share only the machine and the wheel that the first to need it builds
 to the least loaded process, by the seconds each took in a ``make test`` run
 (:data:`SECONDS`; a file not listed counts as :data:`DEFAULT_S`).
 
+Tests marked ``solo`` run after the rest, in one process alone
+(:data:`SOLO`): each loads its own server with callers, or holds it to a window of
+a few hundred milliseconds, and what it asserts is the server's behaviour with a
+core to itself. Among four other processes on a slow host their event loop
+stalled for half a second and more, and they failed for want of CPU, not for a
+fault of the server.
+
 Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
 thread; under gevent's patching (which the server's code needs) that thread is
 a greenlet blocking the whole process on its pipe. Whole processes need no such
 care.
 
 Usage: ``python tests/parallel.py [--jobs N] [pytest arguments]``; the arguments
-(``-k``, ``-x``, ...) go to every process. With a path among them, that path runs
-in one process, as plain pytest would. Exit status: the worst of the processes'.
+(``-k``, ``-x``, ``-m``, ...) go to every process. With a path among them, that path runs
+in one process, solo tests included, as plain pytest would. Exit status: the worst of
+the processes'.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ DEFAULT_S = 1
 #: it at the start of its group while these wait their turn (else one group waits on the
 #: other's build).
 AFTER_THE_WHEEL = ("test_packaging.py",)
+#: The marker of the tests that run after the rest, in a process alone.
+SOLO = "solo"
 
 
 def test_targets() -> list[str]:
@@ -74,39 +84,72 @@ def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
     return [sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group]
 
 
+def marker_expression(pytest_args: list[str], phase: str) -> tuple[list[str], list[str]]:
+    """``pytest_args`` without their ``-m EXPR``, and the ``-m`` of ``phase`` ("rest" or
+    :data:`SOLO`) joined with it: the last ``-m`` is the one pytest keeps."""
+    rest, chosen, args = [], None, iter(pytest_args)
+    for arg in args:
+        if arg == "-m":
+            chosen = next(args, "")
+        elif arg.startswith("-m") and len(arg) > 2:
+            chosen = arg[2:]
+        else:
+            rest.append(arg)
+    own = SOLO if phase == SOLO else f"not {SOLO}"
+    return rest, ["-m", f"({chosen}) and {own}" if chosen else own]
+
+
+def run_phase(groups: list[list[str]], pytest_args: list[str], logs: list[Path],
+              env: dict[str, str]) -> list[int]:
+    """One pytest process per group, all at once; their exit codes."""
+    runs = []
+    for group, log in zip(groups, logs):
+        command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest",
+                   "-p", "no:cacheprovider", *pytest_args, *group]
+        runs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
+                                     stderr=subprocess.STDOUT))
+    return [run.wait() for run in runs]
+
+
+def report(groups: list[list[str]], logs: list[Path], codes: list[int], name: str) -> None:
+    for index, (group, log, code) in enumerate(zip(groups, logs, codes)):
+        text = log.read_text()
+        tail = text if code not in (0, 5) else "\n".join(text.rstrip().splitlines()[-1:])
+        print(f"--- {name} {index} ({len(group) or 'all'} targets), exit {code}, "
+              f"log {log.relative_to(ROOT)}")
+        print(tail)
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "5")))
     args, pytest_args = parser.parse_known_args(argv)
-    if any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args):
-        groups = [[]]  # paths given: one ordinary run
-    else:
-        groups = deal(test_targets(), max(1, args.jobs))
     sys.path.insert(0, str(ROOT))
     from tests.support.toolchains import header_lines
 
     for line in header_lines():  # one line per missing toolchain, at the top as pytest's header
         print(line)
     started = time.monotonic()
-    logs = [ROOT / ".pytest-logs" / f"group-{index}.log" for index in range(len(groups))]
-    logs[0].parent.mkdir(exist_ok=True)
+    (ROOT / ".pytest-logs").mkdir(exist_ok=True)
+    paths_given = any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args)
+    if paths_given:  # one ordinary run
+        phases = [("run", [[]], pytest_args)]
+    else:
+        phases = [("group", deal(test_targets(), max(1, args.jobs)),
+                   sum(marker_expression(pytest_args, "rest"), [])),
+                  (SOLO, [test_targets()], sum(marker_expression(pytest_args, SOLO), []))]
+    codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
         # What the processes build once between them (the wheel: tests/support/dist.py).
         env = {**os.environ, "FANOUT_TEST_SHARED": shared}
-        runs = []
-        for group, log in zip(groups, logs):
-            command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest",
-                       "-p", "no:cacheprovider", *pytest_args, *group]
-            runs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
-                                         stderr=subprocess.STDOUT))
-        codes = [run.wait() for run in runs]
-    for index, (group, log, code) in enumerate(zip(groups, logs, codes)):
-        text = log.read_text()
-        tail = text if code not in (0, 5) else "\n".join(text.rstrip().splitlines()[-1:])
-        print(f"--- group {index} ({len(group) or 'all'} targets), exit {code}, log {log.relative_to(ROOT)}")
-        print(tail)
-    print(f"--- {len(groups)} processes, {time.monotonic() - started:.0f} s")
-    failing = [code for code in codes if code not in (0, 5)]  # 5: nothing collected (-k)
+        for name, groups, phase_args in phases:
+            logs = [ROOT / ".pytest-logs" / f"{name}-{index}.log" for index in range(len(groups))]
+            phase_codes = run_phase(groups, phase_args, logs, env)
+            report(groups, logs, phase_codes, name)
+            codes += phase_codes
+    print(f"--- {sum(len(groups) for _, groups, _ in phases)} processes, "
+          f"{time.monotonic() - started:.0f} s")
+    failing = [code for code in codes if code not in (0, 5)]  # 5: nothing collected (-k, -m)
     return max(failing) if failing else 0
 
 

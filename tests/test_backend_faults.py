@@ -38,6 +38,8 @@ from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port, wait_for
 
+pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 MONGO_PANELS = ALL_PANELS[:4]
 HTTP_PANELS = ALL_PANELS[4:]

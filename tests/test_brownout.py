@@ -220,6 +220,7 @@ def test_a_pool_short_of_slots_climbs_a_level_that_is_up_and_holds_it_but_starts
     assert levels[-1] == 0.55 and set(levels) <= {0.6, 0.55}
 
 
+@pytest.mark.solo
 def test_a_server_whose_backend_pool_is_short_of_slots_sheds_once_the_dimmer_is_up(
         start_service, slow_alerts: SampleHttpServices, caplog) -> None:
     """Four callers on HTTP pools of one slot (alerts take 150 ms): admission refuses none,
@@ -395,6 +396,7 @@ def slow_alerts(sample_data: SampleData) -> Iterator[SampleHttpServices]:
         yield services
 
 
+@pytest.mark.solo
 def test_a_critical_plus_call_is_served_while_sheddable_calls_are_refused(
         start_service, slow_alerts: SampleHttpServices) -> None:
     """Admission lets two calls in at a time; SHEDDABLE callers that never back off make it
@@ -433,6 +435,7 @@ def test_a_critical_plus_call_is_served_while_sheddable_calls_are_refused(
     assert refused["SHEDDABLE"] > 0
 
 
+@pytest.mark.solo
 def test_metrics_count_each_skipped_panel_and_refusal_once_as_callers_got_them(
         serve: Any, http_services: Any) -> None:
     """At level 0.5: every SHEDDABLE call refused, half of the SHEDDABLE_PLUS and CRITICAL
@@ -493,6 +496,7 @@ def sheddable_request() -> Any:
                                                            criticality=C.SHEDDABLE))
 
 
+@pytest.mark.solo
 def test_a_sheddable_caller_back_too_early_is_refused_unread_while_the_dimmer_refuses_them(
         start_service) -> None:
     """At 0.4 every SHEDDABLE call is refused; a plain caller that asks again at once has

@@ -71,6 +71,7 @@ class GatedFanOut:
             return self.engine.run(tasks, context)
 
 
+@pytest.mark.solo
 def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> None:
     fan = GatedFanOut(FanOutSettings(pool_size=4, max_inflight_tasks=1000),
                       AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200))
@@ -150,6 +151,7 @@ def burst(address: tuple[str, int], count: int, timeout_ms: int = 3000) -> list[
     return [c.get() for c in calls]  # re-raises any transport error
 
 
+@pytest.mark.solo
 def test_a_burst_far_over_capacity_gets_answers_or_overloaded_and_logs_no_line_per_call(
         start_service: Any, slow_alerts: FaultyHttpService, caplog: Any) -> None:
     service, _ = start_service(**{

@@ -26,6 +26,8 @@ from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
 from tests.support.sockets import wait_for
 from tracing.spans import CallDurations
 
+pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+
 
 @pytest.fixture
 def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Callable[..., Any]]:

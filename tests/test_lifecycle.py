@@ -113,6 +113,7 @@ def logged_count(log: str, pattern: str) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.solo
 def test_sigterm_under_load_finishes_every_call_in_flight(serve, held: HeldAlerts) -> None:
     # Without coalescing: every call in flight must reach the held alerts service.
     server = serve(held.services, **{"server.drain_timeout_ms": 10_000, "fanout.coalesce": False})

@@ -138,6 +138,7 @@ _QUEUE_TIMEOUT_MS = 3_000
 _DEADLINE_MS = 6_000
 
 
+@pytest.mark.solo
 def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
         mongo_server: Any, slow_http: SampleHttpServices) -> None:
     settings = load_settings(env={}, overrides={

@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import gevent
+import pytest
 
 from service.client import AppStatsClient
 from lookups.deadline import Deadline
@@ -17,6 +18,8 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
                                   impatient_caller, one_call_at_a_time, reply)
+
+pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
 
 
 def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not() -> None:

@@ -96,6 +96,7 @@ def backlog5() -> Iterator[str]:
         process.wait(timeout=10)
 
 
+@pytest.mark.solo
 def test_a_backlog_of_five_under_twenty_callers_loses_no_panel(backlog5: str) -> None:
     with alerts_lookup(backlog5) as lookup:
         results = fetch_many(lookup, callers=20, each=14, budget_s=8.0)
@@ -105,6 +106,7 @@ def test_a_backlog_of_five_under_twenty_callers_loses_no_panel(backlog5: str) ->
     assert guard.budget.retries <= 0.2 * 280 + guard.budget.min_per_s * 60 + guard.budget.max_tokens
 
 
+@pytest.mark.solo
 def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: SampleData) -> None:
     with FaultyHttpService(sample_data) as flaky:
         flaky.set_mode("flaky503")
@@ -195,6 +197,7 @@ def status_of(response: Any, panel: str) -> Any:
     return next(o for o in response.outcomes if o.name == panel)
 
 
+@pytest.mark.solo
 def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
         start_service: Any, sample_data: SampleData) -> None:
     with FaultyHttpService(sample_data) as hole:
@@ -273,6 +276,7 @@ def sometimes_slow() -> Iterator[dict[str, Any]]:
     server.stop(timeout=1)
 
 
+@pytest.mark.solo
 def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: dict[str, Any]) -> None:
     backend_state = sometimes_slow
     with alerts_lookup(backend_state["url"], hedge=True) as lookup:

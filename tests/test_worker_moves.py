@@ -8,10 +8,13 @@ import os
 import signal
 from typing import Callable
 
+import pytest
 
 from tests.support.sockets import wait_for
 from bench.group_callers import Callers
 from tests.support.workers import Server, serve, worker_connections  # noqa: F401
+
+pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
 
 
 #: What these tests weigh is the moves alone. On a machine starved of CPU (the suite's
