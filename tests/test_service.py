@@ -75,13 +75,14 @@ def test_seven_panels_end_to_end(start_service: StartService, sample_data: Sampl
 
 def test_http_lookups_run_in_parallel(start_service: StartService,
                                       slow_http: Callable[[int], SampleHttpServices]) -> None:
-    _, client = start_service(http=slow_http(200))
-    began = time.monotonic()
+    http = slow_http(200)
+    _, client = start_service(http=http)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, HTTP_PANELS)
-    elapsed = time.monotonic() - began
     assert set(statuses(response).values()) == {Status.OK}
     assert all(o.elapsed_ms >= 190 for o in response.outcomes)
-    assert elapsed < 0.55  # in sequence: at least 0.6 s
+    # All three were being answered at once (in sequence: one at a time). Counted, not
+    # timed: a loop stalled by a busy host lengthens the call, not the overlap.
+    assert http.in_flight.most == len(HTTP_PANELS) == 3
 
 
 def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(

@@ -25,7 +25,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from service.samples.seed import AlertRecord, MetricSample, SampleData
 
-__all__ = ["SampleHttpServices", "AlertsService", "MetricsService", "RawPathHandler",
+__all__ = ["SampleHttpServices", "AlertsService", "MetricsService", "InFlight", "RawPathHandler",
            "serve_wsgi", "path_segments", "MAX_BUCKETS"]
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -90,14 +90,38 @@ def _window(environ: dict[str, Any]) -> tuple[int, int]:
     return start_ms, end_ms
 
 
+class InFlight:
+    """The panel requests being answered at once by the services sharing this, and the most
+    seen: what shows that a caller sent them in parallel, whatever the time they took."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+
+    def __enter__(self) -> "InFlight":
+        self.now += 1
+        self.most = max(self.most, self.now)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.now -= 1
+
+
 class _SampleService:
     """Shared request handling: method check, delay, error bodies."""
 
     def __init__(self, data: SampleData, delay_ms: int = 0) -> None:
         self.data = data
         self.delay_ms = delay_ms
+        self.in_flight = InFlight()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        if path_segments(environ) in ([], [""]):   # a health check: not a panel's request
+            return self._answer(environ, start_response)
+        with self.in_flight:
+            return self._answer(environ, start_response)
+
+    def _answer(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if self.delay_ms > 0:
             gevent.sleep(self.delay_ms / 1000)
         try:
@@ -177,7 +201,8 @@ class SampleHttpServices:
     """The alerts and metrics services, each on its own free port of ``host``.
 
     ``alerts`` and ``metrics`` are the WSGI apps; their ``delay_ms`` may be changed
-    while running. With ``ssl_context`` (a server context) both speak HTTPS.
+    while running. ``in_flight`` counts the panel requests the two answer at once.
+    With ``ssl_context`` (a server context) both speak HTTPS.
     """
 
     def __init__(self, data: SampleData, *, host: str = "127.0.0.1", alerts_delay_ms: int = 0,
@@ -188,6 +213,7 @@ class SampleHttpServices:
         self._ports = (alerts_port, metrics_port)   # 0: a free port
         self.alerts = AlertsService(data, alerts_delay_ms)
         self.metrics = MetricsService(data, metrics_delay_ms)
+        self.in_flight = self.alerts.in_flight = self.metrics.in_flight = InFlight()  # both
         self._servers: Optional[tuple[WSGIServer, WSGIServer]] = None
 
     def start(self) -> "SampleHttpServices":
