@@ -192,7 +192,7 @@ def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     began = time.monotonic()
     result = fan.run([task("fast", sleeper(0.01)), task("stuck", stubborn(30))],
                      within(150))
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 5    # the straggler would take 30 s
     fast, stuck = result.outcomes
     assert fast.status is TaskStatus.OK
     assert stuck.status is TaskStatus.TIMEOUT and stuck.retryable
@@ -244,11 +244,11 @@ def test_required_failure_cancels_siblings_and_raises() -> None:
     fan = engine(pool_size=2, queue_timeout_ms=2000)
     began = time.monotonic()
     with pytest.raises(RequiredTaskFailed) as caught:
-        fan.run([task("slow", sleeper(1.0)),
+        fan.run([task("slow", sleeper(10.0)),
                  task("must", raiser(BackendUnavailable("down"), after_s=0.02), required=True),
                  task("queued", sleeper(0.01))],
-                within(3000))
-    assert time.monotonic() - began < 0.5
+                within(20_000))
+    assert time.monotonic() - began < 5    # "slow" would take 10 s
     failure = caught.value
     assert failure.failed.name == "must"
     statuses = {o.name: o.status for o in failure.result.outcomes}

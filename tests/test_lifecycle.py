@@ -269,7 +269,8 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
 
 
 def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: SampleHttpServices) -> None:
-    server = serve(http_services, **{"server.lame_duck_ms": 1500})
+    # Long enough for the checks below to fall within it on a starved machine.
+    server = serve(http_services, **{"server.lame_duck_ms": 4000})
     with AppStatsClient("127.0.0.1", server.port) as client:
         assert client.health().state == appstats.ServingState.SERVING
     signalled = server.signal(signal.SIGTERM)
@@ -277,16 +278,17 @@ def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: 
         assert wait_for(lambda: late.health().state == appstats.ServingState.DRAINING, 5,
                         "DRAINING during the lame-duck period")
         assert late.ping() == "pong"
-    assert time.monotonic() - signalled < 1.5
+    assert time.monotonic() - signalled < 4.0
     assert refused_within(server.port)
-    assert time.monotonic() - signalled >= 1.5
+    assert time.monotonic() - signalled >= 4.0
     assert server.wait(timeout_s=20) == 0
-    assert "lame duck for 1500 ms" in server.log()
+    assert "lame duck for 4000 ms" in server.log()
 
 
 def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
         serve, http_services: SampleHttpServices) -> None:
-    server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": 1500})
+    # Long enough for the three requests after SIGTERM to fall within it on a starved machine.
+    server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": 4000})
     found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
                      "the probe address in the log")
     base = found.group(1)

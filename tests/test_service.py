@@ -94,7 +94,7 @@ def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
     calls = [gevent.spawn(burst.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=400)
              for _ in range(10)]
     gevent.joinall(calls, timeout=10, raise_error=True)
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < 4.0   # HTTP answers after 5 s
     burst.close()
     for call in calls:
         got = statuses(call.value)
