@@ -15,6 +15,8 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from tests.support.processes import Server
 from tests.support.sockets import wait_for
 
+pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+
 PANELS = ["alerts", "latency", "errors"]
 DEADLINE_MS = 1500
 CALLERS = 16
