@@ -41,19 +41,19 @@ from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Seconds per file in a ``make test`` run on the reference machine (2 cores, four
-#: processes), the files over 3 s; test_image.py's on a clean clone, whose image is
-#: built with no layer cached.
+#: Seconds per file among the other processes in a ``make test`` run on a slow 2-core host,
+#: the tests marked solo left out, the files over 3 s.
 SECONDS = {
-    "test_image.py": 58, "test_worker_group.py": 39, "test_packaging.py": 33, "test_workers.py": 29,
-    "test_backend_faults.py": 23, "test_instance_faults.py": 18, "test_capacity.py": 17,
-    "test_worker_moves.py": 16, "test_lifecycle.py": 16, "test_resilience.py": 15,
-    "test_pacing.py": 14, "interop": 14, "test_results_cache.py": 13.5, "test_fuzz.py": 11.5,
-    "test_cli.py": 11, "test_held_connections.py": 10.5, "test_trace_ui.py": 9.5,
-    "test_cache_parts.py": 9.5, "test_mutual_tls.py": 9, "test_brownout.py": 7.5,
-    "test_pool_advice.py": 6.5, "test_instances.py": 6.5, "test_tracing_export.py": 6,
-    "test_plugins.py": 5.5, "test_backends.py": 5.5, "test_health.py": 5, "test_lookups_mongo.py": 4.5,
-    "test_secrets.py": 4, "test_compat.py": 3.5,
+    "test_worker_group.py": 106, "test_image.py": 85.5, "test_workers.py": 75, "test_lifecycle.py": 64,
+    "test_fuzz.py": 48.5, "test_results_cache.py": 46, "interop": 40, "test_cli.py": 38.5,
+    "test_cache_parts.py": 33.5, "test_trace_ui.py": 32.5, "test_packaging.py": 28,
+    "test_plugins.py": 25.5, "test_capacity.py": 21.5, "test_instances.py": 15.5,
+    "test_tracing_otlp_wire.py": 11, "test_backends.py": 10.5, "test_mutual_tls.py": 10.5,
+    "test_resilience.py": 8.5, "test_health.py": 8, "test_tls.py": 7.5, "test_lookups_mongo.py": 7.5,
+    "test_pool_advice.py": 6.5, "test_tracing_export.py": 6.5, "test_secrets.py": 6.5,
+    "test_bench_responder.py": 5.5, "test_service.py": 4, "test_lookups_http.py": 4,
+    "test_call_path.py": 3.5, "test_cache_alerts.py": 3.5, "test_logs.py": 3.5, "test_backend_tls.py": 3,
+    "test_fanout.py": 3, "test_compat.py": 3.5,
 }
 DEFAULT_S = 1
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds
@@ -84,10 +84,11 @@ def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
     return [sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group]
 
 
-def marker_expression(pytest_args: list[str], phase: str) -> tuple[list[str], list[str]]:
-    """``pytest_args`` without their ``-m EXPR``, and the ``-m`` of ``phase`` ("rest" or
-    :data:`SOLO`) joined with it: the last ``-m`` is the one pytest keeps."""
-    rest, chosen, args = [], None, iter(pytest_args)
+def phase_arguments(pytest_args: list[str], phase: str) -> list[str]:
+    """``pytest_args`` with their ``-m EXPR`` joined to the marker expression of ``phase``
+    ("rest" or :data:`SOLO`), as one ``-m`` at the end: pytest keeps only the last."""
+    rest: list[str] = []
+    chosen, args = None, iter(pytest_args)
     for arg in args:
         if arg == "-m":
             chosen = next(args, "")
@@ -96,7 +97,7 @@ def marker_expression(pytest_args: list[str], phase: str) -> tuple[list[str], li
         else:
             rest.append(arg)
     own = SOLO if phase == SOLO else f"not {SOLO}"
-    return rest, ["-m", f"({chosen}) and {own}" if chosen else own]
+    return [*rest, "-m", f"({chosen}) and {own}" if chosen else own]
 
 
 def run_phase(groups: list[list[str]], pytest_args: list[str], logs: list[Path],
@@ -136,8 +137,8 @@ def main(argv: Sequence[str]) -> int:
         phases = [("run", [[]], pytest_args)]
     else:
         phases = [("group", deal(test_targets(), max(1, args.jobs)),
-                   sum(marker_expression(pytest_args, "rest"), [])),
-                  (SOLO, [test_targets()], sum(marker_expression(pytest_args, SOLO), []))]
+                   phase_arguments(pytest_args, "rest")),
+                  (SOLO, [test_targets()], phase_arguments(pytest_args, SOLO))]
     codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
         # What the processes build once between them (the wheel: tests/support/dist.py).
