@@ -103,10 +103,14 @@ def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> No
     from service.settings.config import load_settings
     from tests.support.thrift_calls import encode_call, frame
 
+    # Budgets that a starved machine, slowed further by the profiler, does not run out of:
+    # a panel that failed would run the error path's files instead.
     settings = load_settings(env={}, overrides={
         "server.port": 0, "tracing.enabled": False, "mongo.uri": mongo_uri,
         "mongo.database": database, "http.alerts_url": alerts_url,
-        "http.metrics_url": metrics_url})
+        "http.metrics_url": metrics_url, "fanout.task_timeout_ms": 30_000,
+        "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000,
+        "mongo.connect_timeout_ms": 10_000})
     service = FanOutService(settings).start()  # no tracer provider: tracing is off
     try:
         call = frame(encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(
