@@ -36,7 +36,8 @@ trace-ui: $(STAMP)
 # The whole suite. Tests needing a toolchain beyond Python (tests/support/toolchains.py:
 # Thrift compiler, Go, Java, Maven, Node, podman) are skipped when it is missing, one line
 # each in the header; FANOUT_REQUIRE_TOOLCHAINS=1 (as .ci/run sets) makes that an error.
-# Five pytest processes at once (TEST_JOBS), each under gevent's patching: tests/parallel.py.
+# Five pytest processes at once (TEST_JOBS), each under gevent's patching, then the tests
+# marked solo in one process alone: tests/parallel.py.
 test: $(STAMP)
 	$(PY) tests/parallel.py $(PYTEST_ARGS)
 
