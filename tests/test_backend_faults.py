@@ -296,7 +296,10 @@ def test_mongo_down_at_start_then_up(rig: Rig) -> None:
     # the cold call ended, and the next call spent a selection step as the cold one did.
     wait_for(lambda: _driver_saw_it_down(rig), 10, "pymongo's monitor finding the server down")
     response, _ = rig.call()
-    assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True)
+    # Known down, a panel may still end up to a step past its budget: the selection's
+    # wake-ups follow the monitor's checks, not the call (README, "Why nothing leaks").
+    assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
+                  overrun_ms=OVERRUN_MS + SELECTION_STEP_MS)
     assert_healthy(response, HTTP_PANELS)
     greenlets_before = rig.service_greenlets()
 

@@ -133,9 +133,10 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
     def connection_check_out_failed(self, event: Any) -> None: ...
 
 
-# pymongo's server selection looks at its budget only every half second: it waits on the
-# topology in MIN_HEARTBEAT_INTERVAL steps (a private constant, hence the copy). While no
-# server is available an operation could so run up to that long past its budget.
+# pymongo's server selection looks at its budget only when it wakes: it waits on the
+# topology for at most MIN_HEARTBEAT_INTERVAL (a private constant, hence the copy), and
+# is woken sooner by its monitor's checks, which keep their own rhythm. While no server is
+# available an operation could so run up to that long past its budget.
 _SELECTION_STEP_S = 0.5
 
 
@@ -143,11 +144,11 @@ def _run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
                 operation: Callable[[], T]) -> T:
     """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
 
-    Ends by ``deadline``: the slot wait is bounded by it, and when pymongo already
-    knows that no server is usable (each has a recorded error), a server is first
-    selected for ``db``'s read preference (with a ``ping``) within whole selection steps,
-    so that waiting for a server ends in time; with less than one step left, the error is
-    raised at once. The operation itself then gets all the budget that is left: a server
+    Ends by ``deadline``, or at most a selection step after it: the slot wait is bounded
+    by it, and when pymongo already knows that no server is usable (each has a recorded
+    error), a server is first selected for ``db``'s read preference (with a ``ping``)
+    within whole selection steps; with less than one step left, the error is raised at
+    once. The operation itself then gets all the budget that is left: a server
     that came back within the first step (a restart) leaves the query most of its budget.
 
     pymongo cannot be interrupted safely: an exception thrown into it while it waits on
@@ -196,8 +197,11 @@ def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: Deadline,
 def _await_usable_server(lookup: str, db: Database, deadline: Deadline) -> None:
     """When every server has a recorded error, select one within whole selection steps.
 
-    pymongo's server selection looks at its budget only between waits of up to a step, so
-    a budget of whole steps keeps it from running on past ``deadline``. A selection also
+    pymongo's server selection looks at its budget only when it wakes: at most a step
+    apart, in step with its monitor's checks rather than with this call. It so ends at
+    its first wake past the budget it was given, up to a step later; given the time left
+    rounded down to whole steps, it ends at most a step past ``deadline``. A shorter wait
+    would lose a server that comes back within the budget (a restart). A selection also
     asks the monitors to check now; pymongo does not after an operation's network error
     (the SDAM spec forbids it), so merely watching the topology could wait a whole
     heartbeat interval.
