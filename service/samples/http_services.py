@@ -14,6 +14,7 @@ Each service can wait ``delay_ms`` before answering, to make parallelism visible
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import ssl
 from collections import defaultdict
@@ -116,23 +117,20 @@ class _SampleService:
         self.in_flight = InFlight()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if path_segments(environ) in ([], [""]):   # a health check: not a panel's request
-            return self._answer(environ, start_response)
-        with self.in_flight:
-            return self._answer(environ, start_response)
-
-    def _answer(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        if self.delay_ms > 0:
-            gevent.sleep(self.delay_ms / 1000)
-        try:
-            if environ.get("REQUEST_METHOD") != "GET":
-                raise _HttpError("405 Method Not Allowed", "only GET is served")
-            segments = path_segments(environ)
-            # The base URL answers, as a health check expects (lookups/backends/http.py).
-            body = {"status": "ok"} if segments in ([], [""]) else self.answer(segments, environ)
-        except _HttpError as exc:
-            return _respond(start_response, exc.status, {"error": str(exc)})
-        return _respond(start_response, "200 OK", body)
+        segments = path_segments(environ)
+        # The base URL answers, as a health check expects (lookups/backends/http.py); only
+        # the panels' requests count as in flight.
+        base = segments in ([], [""])
+        with contextlib.nullcontext() if base else self.in_flight:
+            if self.delay_ms > 0:
+                gevent.sleep(self.delay_ms / 1000)
+            try:
+                if environ.get("REQUEST_METHOD") != "GET":
+                    raise _HttpError("405 Method Not Allowed", "only GET is served")
+                body = {"status": "ok"} if base else self.answer(segments, environ)
+            except _HttpError as exc:
+                return _respond(start_response, exc.status, {"error": str(exc)})
+            return _respond(start_response, "200 OK", body)
 
     def answer(self, segments: list[str], environ: dict[str, Any]) -> Any:
         raise NotImplementedError
