@@ -18,6 +18,7 @@ import pytest
 from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from tests.support.processes import FANOUT
+from tests.support.samples import GENEROUS_BUDGETS
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 BUILT_IN = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
@@ -51,8 +52,8 @@ def reports_backend(mongo_server: Any) -> dict[str, str]:
     """The plugin's own backend, ``reports``, on the session's MongoDB-wire server."""
     return {"FANOUT_BACKENDS_REPORTS_KIND": "mongo", "FANOUT_BACKENDS_REPORTS_URI": mongo_server.uri,
             "FANOUT_BACKENDS_REPORTS_DATABASE": "apm",
-            # as server_environment() gives the built-in backend: see its comment
-            "FANOUT_BACKENDS_REPORTS_CONNECT_TIMEOUT_MS": "10000"}
+            # as the built-in one has it
+            "FANOUT_BACKENDS_REPORTS_CONNECT_TIMEOUT_MS": str(GENEROUS_BUDGETS["mongo.connect_timeout_ms"])}
 
 
 def test_the_readme_example_runs_through_fanout_serve_as_written(serve: Any, http_services: Any,
@@ -66,7 +67,8 @@ def test_the_readme_example_runs_through_fanout_serve_as_written(serve: Any, htt
     # machine; the generous one `serve` gives the built-in panels replaces it (an
     # environment variable beats the file, as for a user).
     server = serve(http_services, env={"PYTHONPATH": str(tmp_path), **reports_backend(mongo_server),
-                                       "FANOUT_LOOKUPS_SLOW_URLS_TIMEOUT_MS": "30000"},
+                                       "FANOUT_LOOKUPS_SLOW_URLS_TIMEOUT_MS":
+                                           str(GENEROUS_BUDGETS["fanout.task_timeout_ms"])},
                    args=("--config", str(tmp_path / "fanout.toml")))
     panels, response = call_slow_urls(server.port)
     assert panels == [*BUILT_IN, "slow_urls"]

@@ -101,16 +101,15 @@ def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> No
     from service.idl import appstats
     from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
     from service.settings.config import load_settings
+    from tests.support.samples import GENEROUS_BUDGETS
     from tests.support.thrift_calls import encode_call, frame
 
-    # Budgets that a starved machine, slowed further by the profiler, does not run out of:
-    # a panel that failed would run the error path's files instead.
+    # The profiler slows the call further: a panel out of budget would run the error
+    # path's files instead.
     settings = load_settings(env={}, overrides={
         "server.port": 0, "tracing.enabled": False, "mongo.uri": mongo_uri,
         "mongo.database": database, "http.alerts_url": alerts_url,
-        "http.metrics_url": metrics_url, "fanout.task_timeout_ms": 30_000,
-        "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000,
-        "mongo.connect_timeout_ms": 10_000})
+        "http.metrics_url": metrics_url, **GENEROUS_BUDGETS})
     service = FanOutService(settings).start()  # no tracer provider: tracing is off
     try:
         call = frame(encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(

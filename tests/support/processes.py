@@ -21,7 +21,7 @@ import gevent
 import pytest
 
 from service.samples import SampleHttpServices
-from tests.support.samples import backend_overrides
+from tests.support.samples import GENEROUS_BUDGETS, backend_overrides
 
 __all__ = ["FANOUT", "Server", "server_environment", "serve"]
 
@@ -72,11 +72,7 @@ def server_environment(mongo: Any, http: SampleHttpServices, env: Any = None,
     """The environment of a ``fanout serve`` over ``mongo`` and ``http``: this process's,
     with ``env`` and ``settings`` (dotted keys) as ``FANOUT_*`` variables, generous
     timeouts and no span export."""
-    # The driver's monitor too: on a starved machine its 1 s check timed out, and pymongo
-    # cancelled every operation in flight with it.
-    keys = {**backend_overrides(mongo, http), "fanout.task_timeout_ms": 30_000,
-            "fanout.request_deadline_ms": 30_000, "http.read_timeout_ms": 30_000,
-            "mongo.connect_timeout_ms": 10_000, **settings}
+    keys = {**backend_overrides(mongo, http), **GENEROUS_BUDGETS, **settings}
     # Not what this test process chose for itself: the server must choose as a user's would.
     inherited = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}
     return {**inherited, "OTEL_TRACES_EXPORTER": "none", **(env or {}),

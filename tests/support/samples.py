@@ -23,10 +23,16 @@ from service.client import AppStatsClient
 from service.settings.config import Settings, load_settings
 from tests.support.ferretdb import FerretDbServer, selected_engine
 
-__all__ = ["SAMPLE_DATABASE", "sample_data", "mongo_server", "http_services", "backends",
-           "backend_settings", "backend_overrides", "StartService", "start_service"]
+__all__ = ["SAMPLE_DATABASE", "GENEROUS_BUDGETS", "sample_data", "mongo_server", "http_services",
+           "backends", "backend_settings", "backend_overrides", "StartService", "start_service"]
 
 SAMPLE_DATABASE = "apm"
+#: Dotted settings keys giving a server budgets that a starved machine does not run out
+#: of, for tests about what a call runs or answers rather than about its budgets. The
+#: driver's monitor too: on a starved machine its 1 s check timed out, and pymongo
+#: cancelled every operation in flight with it.
+GENEROUS_BUDGETS = {"fanout.task_timeout_ms": 30_000, "fanout.request_deadline_ms": 30_000,
+                    "http.read_timeout_ms": 30_000, "mongo.connect_timeout_ms": 10_000}
 
 
 @pytest.fixture(scope="session")
