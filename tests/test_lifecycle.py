@@ -37,6 +37,9 @@ from tests.support.sockets import listening_addresses, wait_for
 from tracing.setup import configure_tracing
 
 CLIENTS = 30
+#: Long enough for what the lame-duck tests check after SIGTERM to fall within it on a
+#: starved machine.
+LAME_DUCK_MS = 4000
 
 
 def _ping_frame() -> bytes:
@@ -269,8 +272,7 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
 
 
 def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: SampleHttpServices) -> None:
-    # Long enough for the checks below to fall within it on a starved machine.
-    server = serve(http_services, **{"server.lame_duck_ms": 4000})
+    server = serve(http_services, **{"server.lame_duck_ms": LAME_DUCK_MS})
     with AppStatsClient("127.0.0.1", server.port) as client:
         assert client.health().state == appstats.ServingState.SERVING
     signalled = server.signal(signal.SIGTERM)
@@ -278,17 +280,16 @@ def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: 
         assert wait_for(lambda: late.health().state == appstats.ServingState.DRAINING, 5,
                         "DRAINING during the lame-duck period")
         assert late.ping() == "pong"
-    assert time.monotonic() - signalled < 4.0
+    assert time.monotonic() - signalled < LAME_DUCK_MS / 1000
     assert refused_within(server.port)
-    assert time.monotonic() - signalled >= 4.0
+    assert time.monotonic() - signalled >= LAME_DUCK_MS / 1000
     assert server.wait(timeout_s=20) == 0
-    assert "lame duck for 4000 ms" in server.log()
+    assert f"lame duck for {LAME_DUCK_MS} ms" in server.log()
 
 
 def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
         serve, http_services: SampleHttpServices) -> None:
-    # Long enough for the three requests after SIGTERM to fall within it on a starved machine.
-    server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": 4000})
+    server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": LAME_DUCK_MS})
     found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
                      "the probe address in the log")
     base = found.group(1)
