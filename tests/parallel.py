@@ -136,9 +136,9 @@ def main(argv: Sequence[str]) -> int:
     if paths_given:  # one ordinary run
         phases = [("run", [[]], pytest_args)]
     else:
-        phases = [("group", deal(test_targets(), max(1, args.jobs)),
-                   phase_arguments(pytest_args, "rest")),
-                  (SOLO, [test_targets()], phase_arguments(pytest_args, SOLO))]
+        targets = test_targets()
+        phases = [("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
+                  (SOLO, [targets], phase_arguments(pytest_args, SOLO))]
     codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
         # What the processes build once between them (the wheel: tests/support/dist.py).
