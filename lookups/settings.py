@@ -27,7 +27,7 @@ class Resilience:
 
     retry_budget_ratio: float = field(default=0.2, metadata={
         "help": "retries at most this share of calls, plus 10 a second (see "
-                "[Retries](#retries-circuit-breakers-and-hedged-requests)); `0`: no retries",
+                "[Retries](../reference/limits.md#retries-circuit-breakers-and-hedged-requests)); `0`: no retries",
         "min": 0.0, "max": 1.0})
     breaker_failures: int = field(default=5, metadata={
         "help": "failures in a row that open the backend's circuit", "min": 1})
@@ -155,4 +155,4 @@ class LookupSettings:
         "help": "send a second attempt after the backend's p95 latency; first answer wins"})
     factory: str = field(default="", metadata={
         "help": "`module:attribute` of a lookup factory outside Fanout: a new panel (see "
-                "[Adding a lookup](#adding-a-lookup))"})
+                "[Adding a lookup](../how-to/add-a-lookup.md))"})

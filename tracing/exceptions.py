@@ -5,7 +5,7 @@ The SDK's ``Span.record_exception`` formats the source line of every frame
 time (measured once at 120 ms of a blocked event loop, for a requests failure),
 and on Python 3.11+ parsing each line to place carets, about a millisecond per
 failure afterwards, spent exactly when a failing backend makes every request
-fail. Its events also carried 4.7 KB of stack trace each.
+fail. Its events also carried several kilobytes of stack trace each.
 
 :class:`ExceptionEventsWithoutSource`, the first processor of every provider
 ``tracing.setup`` builds, gives each span it starts a ``record_exception`` that

@@ -13,7 +13,7 @@
 
 Instruments are created against the global API (``metrics.get_meter``) when
 their modules load; the API's proxy hands them to the provider once installed.
-Histograms measured in seconds get bucket bounds from 1 ms to 10 s.
+Histograms measured in seconds get bucket bounds between 1 ms and 10 s.
 
 This module also publishes every :class:`~tracing.pools.PoolMeter` alive as
 ``fanout.pool.*`` gauges (size, in use, wait p99, recommended size).

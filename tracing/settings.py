@@ -64,7 +64,7 @@ class MetricsSettings:
 
     exporter: str = field(default="", metadata={
         "help": "`prometheus`, `otlp` or `none`; empty: `OTEL_METRICS_EXPORTER`, else `none` "
-                "(see [Metrics](#metrics))", "choices": ("", *METRIC_EXPORTERS)})
+                "(see [Metrics](../reference/metrics.md))", "choices": ("", *METRIC_EXPORTERS)})
     host: str = field(default="", metadata={
         "help": "where Prometheus scrapes; empty: `OTEL_EXPORTER_PROMETHEUS_HOST`, "
                 "else `127.0.0.1`"})

@@ -6,8 +6,8 @@ Zipkin (``tracing.exporter = "zipkin"``). A web tier of its own service name
 (``web-tier``, a separate tracer provider) then makes two calls:
 
 * ``whole``: every panel, within a 2 s deadline;
-* ``cut``: a 1.5 s deadline, with the alerts service now answering after 2.5 s
-  (and the alerts panel given 5 s), so the alerts task is cut by the deadline
+* ``cut``: a 1500 ms deadline, with the alerts service now answering after 2500 ms
+  (and the alerts panel given 5000 ms), so the alerts task is cut by the deadline
   and marked so, while the other six finish well within it, even on a slow
   machine.
 

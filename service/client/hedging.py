@@ -3,7 +3,7 @@ the recent tail, within a budget (Finagle's ``BackupRequestFilter``, gRPC's hedg
 
 An instance that hangs (stopped, or its event loop stuck) still accepts
 connections, so its calls fail only at their deadline: with three instances
-and one hung, 0.7-0.9% of calls did. With backup requests a call whose first
+and one hung, about one call in a hundred did. With backup requests a call whose first
 attempt has not answered after the ``percentile`` (95th) of recent successful
 calls' latencies sends a second attempt to another instance; whichever
 answers first is the answer, and the other is stopped (its connection is

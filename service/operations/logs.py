@@ -28,12 +28,14 @@ from typing import TextIO
 
 from service.engine.tasks import current_request_id
 
-__all__ = ["LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
+__all__ = ["JSON_FIELDS", "LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
            "console_line"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
-_JSON_FIELDS = ("%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s %(span_id)s "
-                "%(request_id)s %(worker)s")
+#: The fields of every JSON line, in order (the manual's log reference is made from these).
+JSON_FIELDS = ("time", "level", "logger", "message", "trace_id", "span_id", "request_id", "worker")
+_RECORD_NAMES = {"time": "asctime", "level": "levelname", "logger": "name"}
+_JSON_FIELDS = " ".join(f"%({_RECORD_NAMES.get(f, f)})s" for f in JSON_FIELDS)
 
 # The process's part in a pre-forked server: "master", a worker's position, or "" alone.
 _worker = ""
@@ -51,7 +53,7 @@ class LoggingSettings:
     format: str = field(default="text", metadata={
         "help": "`json`: one JSON object per line, with `time`, `level`, `logger`, `message`, "
                 "and for lines logged inside a call its `trace_id`, `span_id` and `request_id` "
-                "(see [Logs](#logs))", "choices": ("text", "json")})
+                "(see [Logs](../reference/logs.md))", "choices": ("text", "json")})
 
 
 def set_request_id(request_id: str) -> None:
@@ -98,7 +100,7 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
         from pythonjsonlogger.json import JsonFormatter
 
         handler.setFormatter(JsonFormatter(
-            _JSON_FIELDS, rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            _JSON_FIELDS, rename_fields={record: field for field, record in _RECORD_NAMES.items()},
             reserved_attrs=[*RESERVED_ATTRS, *_NOT_IN_JSON]))
         _json_handler = handler
     else:

@@ -7,9 +7,8 @@ thread here is started with the original ``_thread.start_new_thread``; it runs
 a gevent hub of its own (gevent gives each native thread one) with a pywsgi
 server on it. Python's GIL is handed over every few milliseconds
 (``sys.getswitchinterval()``), so the thread answers within tens of
-milliseconds while the main thread computes: measured here at 25-70 ms with
-the main thread busy in 200 ms blocks, where the loop's own server waited for
-every block.
+milliseconds while the main thread computes, where the loop's own server waits
+for every block the loop computes.
 
 An app served here runs on that thread: it may read plain attributes the main
 thread writes, but must not touch the main hub's greenlets, locks or sockets;

@@ -49,11 +49,11 @@ from service.operations.probes import backend_bodies, json_answer
 if TYPE_CHECKING:
     from service.workers.group_state import GroupState
 
-__all__ = ["GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIMEOUT_S"]
+__all__ = ["GROUP_SERIES", "GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
-#: How long the master waits for a worker's scrape (each worker answers within about 0.5 s).
+#: How long the master waits for a worker's scrape (a worker's own collection gives up at 500 ms).
 WORKER_SCRAPE_TIMEOUT_S = 0.75
 
 #: (position, state, where its metrics are scraped or None); state: serving, unresponsive,
@@ -154,14 +154,19 @@ class _Families:
         return self._families
 
 
+#: The series the master writes itself into the merged scrape: (name, help, type).
+GROUP_SERIES = (
+    ("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no", "gauge"),
+    ("fanout_worker_connections", "Thrift connections the worker serves", "gauge"),
+)
+
+
 def merge_scrapes(scrapes: dict[str, tuple[Optional[str], bool]],
                   connections: Optional[dict[str, int]] = None) -> bytes:
     """One exposition from each worker's ``(text or None, answered now)``, labelled
     ``worker``, with each worker's connections as the master counts them."""
     families: dict[str, Metric] = {}
-    scraped = Metric("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no",
-                     "gauge")
-    held = Metric("fanout_worker_connections", "Thrift connections the worker serves", "gauge")
+    scraped, held = (Metric(*series) for series in GROUP_SERIES)
     for worker, count in sorted((connections or {}).items()):
         held.add_sample("fanout_worker_connections", {"worker": worker}, float(count))
     for worker, (text, answered) in scrapes.items():

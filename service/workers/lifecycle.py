@@ -118,18 +118,17 @@ def tune_collector() -> None:
     """Freeze what start-up built and make young collections rarer, for a serving process.
 
     Measured under a closed loop at 50 connections (gc callbacks, CPU of the collector
-    over the measured windows): with Python's defaults the collector took about 1.5 s of
-    CPU in 10 s of load, a full collection of 85-96 ms about every 1.2 s among them
-    (the hub monitor's "event loop blocked" lines); after ``gc.freeze()`` (the modules,
+    over the measured windows): with Python's defaults the collector took a large share
+    of the CPU, with frequent full collections long enough to block the event loop (the
+    hub monitor's "event loop blocked" lines); after ``gc.freeze()`` (the modules,
     clients and settings are never scanned again) and a young threshold of
-    :data:`GC_YOUNG_THRESHOLD`, 0.5-0.6 s, with young collections of 16-29 ms about twice a
-    second and no full one. Reference cycles are still collected.
+    :data:`GC_YOUNG_THRESHOLD`, about a third of that, in short young collections and no
+    full one. Reference cycles are still collected.
 
     50,000 rather than 10,000: the count is net of what reference counting frees, so it
-    grows with what calls in flight keep alive; under overload (1,000 connections, about
-    140 calls in flight) 10,000 meant 6.5 young collections a second of 12 ms each, 10% of
-    the core, and 50,000 meant 2 in 10 s (1%), for 281-287 complete calls a second against
-    309-313, and the same RSS (120 MiB). At 50 connections: 3.9% of the core, then none.
+    grows with what calls in flight keep alive; under overload 10,000 meant several
+    young collections a second, a tenth of the core, and 50,000 a few in ten seconds,
+    with more complete calls and the same RSS.
     """
     gc.freeze()
     _, middle, old = gc.get_threshold()

@@ -1,6 +1,6 @@
 """The master's worker positions: which process holds each, and when a dead one comes back.
 
-A worker that exits is restarted after 0.1 s, the delay doubling with each quick
+A worker that exits is restarted after 100 ms, the delay doubling with each quick
 death of its position (one within 10 s of its start) up to 10 s. More than
 ``max(10, 3 * N)`` restarts within 60 s is a storm: the master gives up.
 """
@@ -21,7 +21,7 @@ _FIRST_RESTART_DELAY_S = 0.1
 MAX_RESTART_DELAY_S = 10.0
 _STABLE_AFTER_S = 10.0           # a worker that lived this long resets its position's backoff
 STORM_WINDOW_S = 60.0
-#: A serving worker silent this long is reported ``unresponsive`` (beats every 0.5 s).
+#: A serving worker silent this long is reported ``unresponsive`` (beats every 500 ms).
 UNRESPONSIVE_AFTER_S = 1.5
 _HEARTBEAT_CHECK_S = 0.5
 
