@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard readme-tables compat compat-engine
+.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is required")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -51,6 +51,12 @@ interop: $(STAMP) toolchains
 # lookup tests and the end-to-end comparison with nx-27017 run on a throwaway cluster.
 compat-engine:
 	tests/compat/build-engine
+
+# The tutorial's MongoDB-compatible server: FerretDB on that engine, seeded with the sample
+# data, on 127.0.0.1:$(FERRETDB_PORT) until Ctrl-C (tests/compat/run-engine).
+FERRETDB_PORT ?= 27018
+ferretdb: $(STAMP) compat-engine
+	$(PY) tests/compat/run-engine --port $(FERRETDB_PORT)
 
 compat: $(STAMP) compat-engine
 	FANOUT_TEST_MONGO_ENGINE=ferretdb FANOUT_REQUIRE_TOOLCHAINS=compat \
@@ -101,7 +107,7 @@ soak: $(STAMP)
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
 	touch $(BENCH_STAMP)
 
 # The side-by-side benchmark (BENCH_ARGS=--quick for a short run); never part of `make test`.
@@ -122,9 +128,14 @@ bench-group: $(BENCH_STAMP)
 bench-dashboard: $(BENCH_STAMP)
 	$(PY) -m gevent.monkey --module bench.dashboard $(DASHBOARD_ARGS)
 
-# Rewrite the README's tables of settings from the sections' declarations (a test compares them).
-readme-tables: $(STAMP)
-	$(PY) -m service.cli.settings_table README.md
+# The manual (MkDocs, mkdocs.yml) into build/site, strict: a broken link, anchor or nav entry
+# fails. Its reference and performance pages are made from the code and docs/performance/*.json.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The manual served at http://127.0.0.1:8000, rebuilt as pages change.
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -32,7 +32,7 @@ _ROOT = Path(__file__).resolve().parent.parent
 _FULL = Timing(reps=30, window_s=0.5, warmup_s=2.5)
 _QUICK = Timing(reps=5, window_s=0.3, warmup_s=1.0)
 _MICRO_TIMEOUT_S = 900
-# Seconds to start and stop a stack, measured on the reference machine (see the README).
+# Seconds to start and stop a stack, measured on the reference machine (see docs/performance/running.md).
 _STARTUP_S = {"responder": 2.5, "nx": 6.0}
 _TEARDOWN_S = 1.5
 

@@ -53,7 +53,7 @@ SECONDS = {
     "test_pool_advice.py": 6.5, "test_tracing_export.py": 6.5, "test_secrets.py": 6.5,
     "test_bench_responder.py": 5.5, "test_service.py": 4, "test_lookups_http.py": 4,
     "test_call_path.py": 3.5, "test_cache_alerts.py": 3.5, "test_logs.py": 3.5, "test_backend_tls.py": 3,
-    "test_fanout.py": 3, "test_compat.py": 3.5,
+    "test_fanout.py": 3, "test_compat.py": 3.5, "test_docs.py": 10,
 }
 DEFAULT_S = 1
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds

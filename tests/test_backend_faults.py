@@ -297,7 +297,7 @@ def test_mongo_down_at_start_then_up(rig: Rig) -> None:
     wait_for(lambda: _driver_saw_it_down(rig), 10, "pymongo's monitor finding the server down")
     response, _ = rig.call()
     # Known down, a panel may still end up to a step past its budget: the selection's
-    # wake-ups follow the monitor's checks, not the call (README, "Why nothing leaks").
+    # wake-ups follow the monitor's checks, not the call (docs/reference/limits.md).
     assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
                   overrun_ms=OVERRUN_MS + SELECTION_STEP_MS)
     assert_healthy(response, HTTP_PANELS)

@@ -1,4 +1,4 @@
-"""The path of one call, written down in docs/architecture.md, is the path the code runs."""
+"""The path of one call, written down in docs/explanation/architecture.md, is the path the code runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.support.call_path import files_of_one_warm_call
 from tests.support.samples import backend_overrides
 
-ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "explanation" / "architecture.md"
 
 
 def documented_path() -> list[str]:
@@ -23,5 +23,5 @@ def test_the_documented_path_of_one_warm_call_is_the_one_it_runs(mongo_server,
     ran = files_of_one_warm_call(backend_overrides(mongo_server, http_services))
     documented = documented_path()
     assert len(documented) == len(set(documented)), "a file listed twice"
-    assert sorted(ran - set(documented)) == [], "run, but not in docs/architecture.md's path"
-    assert sorted(set(documented) - ran) == [], "in docs/architecture.md's path, but not run"
+    assert sorted(ran - set(documented)) == [], "run, but not in docs/explanation/architecture.md's path"
+    assert sorted(set(documented) - ran) == [], "in docs/explanation/architecture.md's path, but not run"

@@ -224,10 +224,10 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     # Durations in seconds, every instrument with a unit (promtool flags *_milliseconds).
     assert re.search(r'^fanout_pool_wait_p99_seconds\{.*fanout_pool_name="mongo".*\} ', text, re.M)
     assert "_milliseconds" not in text
-    # Every series the README's dashboard queries name is in the scrape.
-    readme = (ROOT / "README.md").read_text()
-    queries = re.search(r"```promql\n(.*?)```", readme, re.S)
-    assert queries, "no promql block in the README"
+    # Every series the manual's dashboard queries name is in the scrape.
+    page = (ROOT / "docs" / "how-to" / "monitor.md").read_text()
+    queries = re.search(r"```promql\n(.*?)```", page, re.S)
+    assert queries, "no promql block in docs/how-to/monitor.md"
     # Series, not label names (those are followed by a matcher, a comma or a parenthesis).
     named = set(re.findall(r"\b((?:fanout|rpc|http)_[a-z0-9_]+)\b(?!\s*[!=~,)])",
                            queries.group(1)))

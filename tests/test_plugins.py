@@ -1,6 +1,6 @@
 """Lookups from outside the package, served by ``fanout serve`` with no edit to Fanout.
 
-The README's "Adding a lookup" example is taken from the README itself (its
+The manual's "Add a lookup" example is taken from the page itself (its
 Python module and its TOML), so the documentation is what runs.
 """
 
@@ -20,13 +20,13 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from tests.support.processes import FANOUT
 from tests.support.samples import GENEROUS_BUDGETS
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "how-to" / "add-a-lookup.md"
 BUILT_IN = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 
 
-def readme_example() -> tuple[str, str]:
-    """The Python module and the TOML of the README's "Adding a lookup" section."""
-    section = README.read_text().split("## Adding a lookup", 1)[1].split("\n## ", 1)[0]
+def page_example() -> tuple[str, str]:
+    """The Python module and the TOML of the manual's "Add a lookup" page."""
+    section = GUIDE.read_text()
     (module,) = re.findall(r"```python\n(.*?)```", section, re.S)
     (config,) = re.findall(r"```toml\n(.*?)```", section, re.S)
     return module, config
@@ -56,14 +56,14 @@ def reports_backend(mongo_server: Any) -> dict[str, str]:
             "FANOUT_BACKENDS_REPORTS_CONNECT_TIMEOUT_MS": str(GENEROUS_BUDGETS["mongo.connect_timeout_ms"])}
 
 
-def test_the_readme_example_runs_through_fanout_serve_as_written(serve: Any, http_services: Any,
+def test_the_manual_example_runs_through_fanout_serve_as_written(serve: Any, http_services: Any,
                                                                mongo_server: Any,
                                                                sample_data: SampleData,
                                                                tmp_path: Path) -> None:
-    module, config = readme_example()
+    module, config = page_example()
     (tmp_path / "slow_urls.py").write_text(module)
     (tmp_path / "fanout.toml").write_text(config)
-    # The README's 500 ms budget, over a connection the call opens, ran out on a starved
+    # The page's 500 ms budget, over a connection the call opens, ran out on a starved
     # machine; the generous one `serve` gives the built-in panels replaces it (an
     # environment variable beats the file, as for a user).
     server = serve(http_services, env={"PYTHONPATH": str(tmp_path), **reports_backend(mongo_server),
@@ -90,7 +90,7 @@ def test_the_readme_example_runs_through_fanout_serve_as_written(serve: Any, htt
 
 def test_a_factory_asking_for_a_backend_nobody_configured_is_a_configuration_error(
         tmp_path: Path) -> None:
-    module, _ = readme_example()
+    module, _ = page_example()
     (tmp_path / "slow_urls.py").write_text(module)
     done = subprocess.run([*FANOUT, "serve", "--port", "0"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path),
@@ -104,7 +104,7 @@ def test_a_factory_asking_for_a_backend_nobody_configured_is_a_configuration_err
 def test_an_installed_entry_point_is_served_without_configuration(serve: Any, http_services: Any,
                                                                   mongo_server: Any,
                                                                   tmp_path: Path) -> None:
-    module, _ = readme_example()
+    module, _ = page_example()
     (tmp_path / "slow_urls.py").write_text(module)
     dist_info = tmp_path / "acme_panels-1.0.dist-info"
     dist_info.mkdir()
@@ -124,7 +124,7 @@ def test_an_installed_entry_point_is_served_without_configuration(serve: Any, ht
 ])
 def test_a_bad_factory_stops_serve_with_a_configuration_error(tmp_path: Path, factory: str,
                                                               expected: str) -> None:
-    module, _ = readme_example()
+    module, _ = page_example()
     (tmp_path / "slow_urls.py").write_text(module)
     done = subprocess.run([*FANOUT, "serve", "--port", "0"], capture_output=True, text=True,
                           timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path),
@@ -135,10 +135,10 @@ def test_a_bad_factory_stops_serve_with_a_configuration_error(tmp_path: Path, fa
 
 
 def test_a_plugins_own_keys_are_validated_like_fanouts(tmp_path: Path, monkeypatch: Any) -> None:
-    """The README's SlowUrlsSettings: its key from the file or env, bounds checked, typos named."""
+    """The manual's SlowUrlsSettings: its key from the file or env, bounds checked, typos named."""
     from service.settings.config import ConfigError, load_settings
 
-    module, config = readme_example()
+    module, config = page_example()
     (tmp_path / "slow_urls.py").write_text(module)
     monkeypatch.syspath_prepend(str(tmp_path))
     toml = tmp_path / "fanout.toml"

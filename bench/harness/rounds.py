@@ -2,7 +2,7 @@
 one's rounds merged back into one result for the goals.
 
 This machine's pace drifts by several percent from one minute to the next, as much as
-the effects some goals weigh (the README gives the runs). A ratio of two configurations
+the effects some goals weigh (the manual's Performance page gives the runs). A ratio of two configurations
 run one after the other then says as much of the drift as of the configurations; run in
 turn (A, B, A, B, ...), both see the same drift. :func:`interleaved` builds the rounds;
 :func:`merged` joins one configuration's rounds (their windows one after another, as if

@@ -82,6 +82,8 @@ def metrics() -> list[dict[str, str]]:
 
     found = []
     for meter in otel_metrics._PROXY_METER_PROVIDER._meters:
+        if not meter._name.startswith("fanout"):     # an instrumentation's, if one is on
+            continue
         for instrument in meter._instruments:
             kind = type(instrument).__name__.replace("_Proxy", "")
             unit = map_unit(instrument._unit or "")

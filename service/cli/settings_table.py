@@ -1,17 +1,12 @@
-"""The README's tables of settings, made from the sections' declarations.
+"""The manual's tables of settings, made from the sections' declarations.
 
-Each table sits in the README between ``<!-- settings:NAME -->`` and
-``<!-- /settings:NAME -->``; a test fails when one differs from what the
-declarations say. After changing a declaration, rewrite them::
-
-    python -m service.cli.settings_table README.md        # make readme-tables
+A page of the manual holds ``<!-- settings:NAME -->`` where table NAME goes, and the
+manual's build fills it in (``docs/_generate/hooks.py``), so a table never differs
+from the declarations.
 """
 
 from __future__ import annotations
 
-import re
-import sys
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from lookups.backends.settings import BACKEND_KINDS
@@ -23,7 +18,7 @@ from service.operations.logs import LoggingSettings
 from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
-__all__ = ["tables", "render", "main"]
+__all__ = ["tables"]
 
 #: Which sections each table shows, under which key prefix.
 _TABLES: dict[str, Sequence[tuple[str, type]]] = {
@@ -36,7 +31,6 @@ _TABLES: dict[str, Sequence[tuple[str, type]]] = {
     "cache": (("cache", CacheSettings),),
 }
 
-_BLOCK = re.compile(r"(<!-- settings:(\w+) -->\n).*?(<!-- /settings:\2 -->)", re.DOTALL)
 
 
 def tables() -> dict[str, str]:
@@ -44,12 +38,6 @@ def tables() -> dict[str, str]:
     made = {name: _section_table(sections) for name, sections in _TABLES.items()}
     made["backends"] = _backends_table()
     return made
-
-
-def render(readme: str) -> str:
-    """``readme`` with every settings block rewritten from the declarations."""
-    made = tables()
-    return _BLOCK.sub(lambda m: m.group(1) + made[m.group(2)] + m.group(3), readme)
 
 
 def _section_table(sections: Iterable[tuple[str, type]]) -> str:
@@ -117,18 +105,3 @@ def _default(key: Key) -> str:
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     return f"`{value}`"
-
-
-def main(argv: Sequence[str] = ()) -> int:
-    """Rewrite the settings blocks of the README named in ``argv`` (default ``README.md``)."""
-    path = Path(argv[0] if argv else "README.md")
-    text = path.read_text()
-    new = render(text)
-    if new != text:
-        path.write_text(new)
-        print(f"{path}: settings tables rewritten")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -42,7 +42,7 @@ TLS: ``tls_ca_file`` (PEM CAs to trust), ``tls_server_hostname`` when the certif
 names another host, and for mutual TLS ``tls_cert_file`` and ``tls_key_file``. The
 server is always verified; a failed handshake, or a server refusing the certificate,
 raises TTransportException. Under overload, a call's ``criticality`` says what the server
-may shed first (README, "Brownout and criticality").
+may shed first (the manual: docs/explanation/brownout.md).
 """
 
 from __future__ import annotations

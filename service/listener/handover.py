@@ -23,7 +23,7 @@ its state safely; a new process is the one way every setting takes effect the
 same. Why descriptors rather than a proxy in the master: a proxy would carry
 every byte of every call through one more process and one more core. What a move
 costs a caller (one more hop through the master for the next call, beside a new
-generation starting) is measured by ``make bench-group`` (the README's figures).
+generation starting) is measured by ``make bench-group`` (the manual's Performance page).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Latency alone lets a CPU-bound process take too much: the long-term average follows
 the queueing up, so the limit grows until latency meets the ceiling, and every call
-beyond those that keep the core busy only waits and makes each call dearer (the README
-gives the figures). So the event loop's demand for a core is measured too
+beyond those that keep the core busy only waits and makes each call dearer (the
+manual's Performance page gives the figures). So the event loop's demand for a core is measured too
 (``/proc/self/schedstat``, over windows of a quarter of a second), with the calls' mean
 latency over the same window. While the loop wants a core ``cpu_saturated`` of the
 time, the limit moves one step a window (a tenth), none in between, by how long calls
@@ -25,7 +25,7 @@ every update, a pause of the callers took it from 18 to 37 within one window.
 calls, that least is only as low as the limit lets it be: on a saturated loop every call
 queues for the core, so a least learnt at a limit of 30 held a limit of 30, and one
 learnt at 20 held 20. Which of the two a server kept depended on how its overload began
-(the README gives the runs).
+(the manual's Performance page gives the runs).
 
 So while the rule is in force, the least is learnt afresh by a probe, as BBR's ProbeRTT
 drains a path every 10 s to learn its round-trip time without its own queue: once an

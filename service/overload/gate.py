@@ -90,8 +90,8 @@ _DEADLINE_SHARE = 0.95
 _REPLY_MARGIN_S = 0.05
 #: A hold lasts between this share of its longest and the whole of it. Every caller is
 #: answered within its deadline, so callers/deadline answers a second is the floor that
-#: pacing can bring refusals down to: the longer the holds, the closer (the README gives
-#: the rate ``make bench`` measures).
+#: pacing can bring refusals down to: the longer the holds, the closer (the manual's
+#: Performance page gives the rate ``make bench`` measures).
 _JITTER = 0.9
 
 #: The caller (connection) of the call being served; set by the server per call.

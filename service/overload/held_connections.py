@@ -8,7 +8,7 @@ thousand such callers, about five hundred a second. In a greenlet per
 connection each costs two wake-ups of that greenlet, a timer made for the hold
 and a wait on the socket, each a switch there and back and gevent's bookkeeping
 around it. Done in callbacks of the loop instead, the same work costs about half
-the CPU (the README gives the figures), which is why this module exists rather
+the CPU (the manual's Performance page gives the figures), which is why this module exists rather
 than a ``gevent.sleep``. And as each turn of the loop has a cost of its own, the
 holds end on ticks (``HOLD_TICK_S``): the replies due in one tick go out in one
 turn, and the calls their callers send back together are read in one turn too.

@@ -24,7 +24,7 @@ bounds, choices, default and help (``service/settings/declarations.py`` says how
     [logging]         LoggingSettings   service/operations/logs.py
     [cache]           CacheSettings     lookups/cache/settings.py
 
-This module loads, merges and composes them into :class:`Settings`; the README's
+This module loads, merges and composes them into :class:`Settings`; the manual's
 tables of keys are made from the same declarations (``service/cli/settings_table.py``).
 """
 

@@ -13,7 +13,7 @@ The annotation is the key's type: ``bool``, ``int``, ``float``, ``str`` or
 variable). The metadata keys:
 
 =========== ===================================================================
-``help``    required: what the key means, in Markdown (the README's tables show it)
+``help``    required: what the key means, in Markdown (the manual's tables show it)
 ``min``     an ``int``'s or ``float``'s least value; every ``int`` declares one
 ``max``     its greatest value, if it has one
 ``choices`` the values a ``str`` may take
@@ -24,7 +24,7 @@ A declaration that breaks these rules raises :class:`TypeError` the first time
 its section is read. Rules between keys stay in the section's ``__post_init__``,
 which raises :class:`ValueError` naming the key. From the declarations come the
 validation here, the environment variables (``service/settings/config.py``) and the
-README's tables (``service/cli/settings_table.py``).
+manual's tables (``service/cli/settings_table.py``).
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ class FerretDbServer:
     user, which owns the cluster's directory.
     """
 
-    def __init__(self, ready_timeout_s: float = 60.0) -> None:
+    def __init__(self, ready_timeout_s: float = 60.0, port: int = 0) -> None:
         self._ready_timeout_s = ready_timeout_s
+        self._wanted_port = port          # 0: a free one
         self._workdir: Optional[Path] = None
         self._pg_port: Optional[int] = None
         self._port: Optional[int] = None
@@ -148,7 +149,7 @@ class FerretDbServer:
 
     def _start_ferretdb(self, deadline: float) -> None:
         assert self._workdir is not None and self._pg_port is not None
-        self._port = free_port()
+        self._port = self._wanted_port or free_port()
         self._console = open(self._workdir / "ferretdb.log", "wb")
         self._ferretdb = subprocess.Popen(
             [str(FERRETDB), f"--postgresql-url=postgres://postgres@127.0.0.1:{self._pg_port}/postgres",

@@ -1,0 +1,132 @@
+"""The tutorial's steps, read from its page and run as a reader runs them.
+
+``docs/tutorial/index.md`` is read block by block, in order:
+
+- a ``toml`` block titled with a file name is written to that file;
+- a ``sh`` block titled ``terminal N (keeps running)`` starts a server: its one command
+  runs in the background (a server already running in terminal N is stopped first, as
+  the page tells the reader to), and the step is done once it has printed a line;
+- any other ``sh`` block runs line by line, each line a command that must exit 0.
+
+Everything runs in a folder of its own beside a link to the checkout's ``.venv``; a
+``make`` target runs in the checkout (``make -C``). The page's ports are swapped for free
+ones, the same everywhere, so that the run never meets a port in use.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from service.samples.mongo_server import free_port
+
+__all__ = ["Step", "steps", "Tutorial"]
+
+_BLOCK = re.compile(r'^```(\w+)(?: title="([^"]*)")?\n(.*?)^```', re.M | re.S)
+_TERMINAL = re.compile(r"terminal (\d+) \(keeps running\)")
+_PORT = re.compile(r"(?<![\d.])(\d{4,5})(?!\d)")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One block of the page: ``kind`` is ``file``, ``server`` or ``commands``."""
+
+    kind: str
+    text: str
+    name: str = ""          # the file's name, or the server's terminal
+
+
+def steps(page: str) -> Iterator[Step]:
+    """The page's runnable blocks, in order."""
+    for match in _BLOCK.finditer(page):
+        language, title, body = match.group(1), match.group(2) or "", match.group(3)
+        if language == "toml" and title:
+            yield Step("file", body, title)
+        elif language == "sh" and (terminal := _TERMINAL.search(title)):
+            yield Step("server", body.strip(), terminal.group(1))
+        elif language == "sh":
+            yield Step("commands", body)
+
+
+@dataclass
+class Tutorial:
+    """Runs the steps in ``workdir``; :meth:`close` stops every server it started."""
+
+    root: Path
+    workdir: Path
+    ports: dict[str, str] = field(default_factory=dict)
+    servers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    outputs: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        (self.workdir / ".venv").symlink_to(self.root / ".venv")
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def with_free_ports(self, text: str, page_ports: set[str]) -> str:
+        def swap(match: re.Match[str]) -> str:
+            port = match.group(1)
+            if port not in page_ports:
+                return port
+            return self.ports.setdefault(port, str(free_port()))
+        return _PORT.sub(swap, text)
+
+    def run(self, step: Step, timeout_s: float) -> None:
+        if step.kind == "file":
+            (self.workdir / step.name).write_text(step.text)
+        elif step.kind == "server":
+            self._start(step, timeout_s)
+        else:
+            for line in step.text.strip().splitlines():
+                self.outputs.append((line, self._command(line, timeout_s)))
+
+    def _command(self, line: str, timeout_s: float) -> str:
+        line = self._in_checkout(line)
+        done = subprocess.run(line, shell=True, cwd=self.workdir, env=self.env, text=True,
+                              capture_output=True, timeout=timeout_s)
+        assert done.returncode == 0, (
+            f"`{line}` exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def _start(self, step: Step, timeout_s: float) -> None:
+        self._stop(step.name)
+        log = self.workdir / f"terminal-{step.name}.log"
+        with open(log, "wb") as out:
+            process = subprocess.Popen(self._in_checkout(step.text), shell=True,
+                                       cwd=self.workdir, env=self.env, stdout=out,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+        self.servers[step.name] = process
+        deadline = time.monotonic() + timeout_s
+        while not log.read_text(errors="replace").strip():
+            assert process.poll() is None, f"`{step.text}` exited {process.returncode}:\n" \
+                                           f"{log.read_text(errors='replace')}"
+            assert time.monotonic() < deadline, f"`{step.text}` printed nothing in {timeout_s} s"
+            time.sleep(0.2)
+        if "fanout serve" in step.text:   # its first line is `serving on` once it serves
+            while "serving on" not in log.read_text(errors="replace"):
+                assert process.poll() is None and time.monotonic() < deadline, \
+                    log.read_text(errors="replace")
+                time.sleep(0.2)
+
+    def _in_checkout(self, line: str) -> str:
+        return re.sub(r"^make ", f"make -C {self.root} ", line)
+
+    def _stop(self, name: str, timeout_s: float = 60.0) -> None:
+        process = self.servers.pop(name, None)
+        if process is None or process.poll() is not None:
+            return
+        os.killpg(process.pid, signal.SIGINT)      # Ctrl-C in its terminal
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def close(self) -> None:
+        for name in list(self.servers):
+            self._stop(name)
