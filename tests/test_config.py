@@ -229,6 +229,10 @@ def test_the_manual_shows_every_settings_table_once() -> None:
     blocks = [name for page in docs.rglob("*.md")
               for name in re.findall(r"<!-- settings:(\w+) -->", page.read_text())]
     assert sorted(blocks) == sorted(tables()), "each table appears once in the manual"
+    for page in docs.rglob("*.md"):
+        for name, body in re.findall(r"<!-- settings:(\w+) -->(.*?)<!-- /settings:\1 -->",
+                                     page.read_text(), re.S):
+            assert body.strip() == "", f"{page}: table {name} is written by hand, not generated"
     made = "".join(tables().values())
     for section in ("server", "fanout", "admission", "lookups.<name>", "mongo", "http",
                     "tracing", "metrics", "logging", "cache"):
