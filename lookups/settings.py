@@ -27,7 +27,8 @@ class Resilience:
 
     retry_budget_ratio: float = field(default=0.2, metadata={
         "help": "retries at most this share of calls, plus 10 a second (see "
-                "[Retries](../reference/limits.md#retries-circuit-breakers-and-hedged-requests)); `0`: no retries",
+                "[Retries](../reference/limits.md#retries-circuit-breakers-and-hedged-requests)); "
+                "`0`: no retries",
         "min": 0.0, "max": 1.0})
     breaker_failures: int = field(default=5, metadata={
         "help": "failures in a row that open the backend's circuit", "min": 1})

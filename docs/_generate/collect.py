@@ -137,8 +137,8 @@ def idl() -> dict[str, Any]:
 
 
 def _fields(cls: Any) -> list[dict[str, Any]]:
-    return [{"id": fid, "name": spec[1], "type": _type_name(spec),
-             "required": bool(spec[-1])} for fid, spec in sorted(cls.thrift_spec.items())]
+    return [{"id": fid, "name": spec[1], "type": _type_name(spec)}
+            for fid, spec in sorted(cls.thrift_spec.items())]
 
 
 _TTYPES = {2: "bool", 3: "byte", 4: "double", 6: "i16", 8: "i32", 10: "i64", 11: "string"}
@@ -176,8 +176,7 @@ def exceptions(modules: list[Any]) -> list[dict[str, Any]]:
                     "name": name, "module": module.__name__,
                     "bases": [b.__name__ for b in value.__bases__],
                     "retryable": getattr(value, "retryable", None),
-                    "doc": doc.split("\n\n")[0].replace("\n", " "),
-                    "module_doc": (inspect.getdoc(module) or "").split("\n\n")[0]}
+                    "doc": doc.split("\n\n")[0].replace("\n", " ")}
     return sorted(found.values(), key=lambda e: (e["module"], e["name"]))
 
 

@@ -23,10 +23,9 @@ from typing import Any
 
 from mkdocs.structure.files import File
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import performance  # noqa: E402 (docs/_generate/performance.py, beside this hook)
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import performance  # noqa: E402 (docs/_generate/performance.py, beside this hook)
 _collected: dict[str, Any] = {}
 _SETTINGS = re.compile(r"<!-- settings:(\w+) -->\n?.*?<!-- /settings:\1 -->", re.DOTALL)
 _GENERATED = re.compile(r"<!-- generated:([\w-]+) -->")
@@ -69,7 +68,7 @@ def _cli(data: dict[str, Any]) -> str:
             flags = ", ".join(f"`{f}`" for f in option["flags"])
             values = (", ".join(f"`{c}`" for c in option["choices"]) if option["choices"]
                       else f"`{option['metavar']}`" if option["metavar"] else "")
-            parts.append(f"| {flags} | {values} | {_cell(option['help'])} |")
+            parts.append(f"| {flags} | {values} | {performance.cell(option['help'])} |")
         parts.append("")
     return "\n".join(parts)
 
@@ -81,7 +80,7 @@ def _metrics(data: dict[str, Any]) -> str:
         otel = f"`{metric['otel']}`" if metric["otel"] else metric["meter"]
         unit = f"`{metric['unit']}`" if metric["unit"] else ""
         rows.append(f"| `{metric['prometheus']}` | {otel} | {metric['kind']} | {unit} | "
-                    f"{_cell(metric['help'])} |")
+                    f"{performance.cell(metric['help'])} |")
     return "\n".join(rows) + "\n"
 
 
@@ -114,12 +113,8 @@ def _errors(data: dict[str, Any]) -> str:
     for error in data["exceptions"]:
         retry = {True: "yes", False: "no", None: ""}[error["retryable"]]
         rows.append(f"| `{error['name']}` | `{error['module']}` | {', '.join(error['bases'])} "
-                    f"| {retry} | {_cell(error['doc'])} |")
+                    f"| {retry} | {performance.cell(error['doc'])} |")
     return "\n".join(rows) + "\n"
-
-
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
 
 
 _RENDER = {"cli": _cli, "metrics": _metrics, "log-fields": _log_fields, "idl": _idl,

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["pages"]
+__all__ = ["pages", "cell"]
 
 #: What each results file measures, by its name (a file not named here shows its name).
 TITLES = {
@@ -65,7 +65,7 @@ def _dated_section(results: Path, path: Path, data: dict[str, Any]) -> list[str]
     lines = [f"## {TITLES.get(path.name, path.name)}", "", _machine_line(path, data), "",
              "| goal | figure [95% interval] | verdict |", "| --- | --- | --- |"]
     for goal in data.get("goals", []):
-        lines.append(f"| {_cell(goal['text'])} | {goal['shown']} | {goal['verdict']} |")
+        lines.append(f"| {cell(goal['text'])} | {goal['shown']} | {goal['verdict']} |")
     lines.append("")
     plots = data.get("plots") or []
     for plot in (plots if isinstance(plots, list) else list(plots)):
@@ -123,8 +123,9 @@ def _value(value: Any) -> str:
         return f"{value['value']:.3g} [{value['low']:.3g}, {value['high']:.3g}] (n={value['n']})"
     if isinstance(value, float):
         return f"{value:.3g}"
-    return _cell(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
+    return cell(json.dumps(value) if isinstance(value, (list, dict)) else str(value))
 
 
-def _cell(text: str) -> str:
+def cell(text: str) -> str:
+    """``text`` as one Markdown table cell: on one line, its pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")

@@ -165,8 +165,8 @@ class CachedLookup(CachedPanel):
         """The part of ``ranges``: short ones (the edges of a warm window) read as rows and
         grouped here, where the engine's ``$group`` (or ``$limit``) costs far more than the
         few documents (on FerretDB 2 each opens a PostgreSQL connection: the manual's
-        docs/explanation/results-cache.md); an app with more rows than one batch there is grouped by the engine for a
-        bucket's time."""
+        docs/explanation/results-cache.md); an app with more rows than one batch there is
+        grouped by the engine for a bucket's time."""
         match = {"$match": ranges_filter(app, ranges)}
         if (sum(end - start for start, end in ranges) <= self._rows_span_ms
                 and self._dense.get(app, 0.0) <= self._clock()):

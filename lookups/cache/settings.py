@@ -17,7 +17,8 @@ class CacheSettings:
 
     enabled: bool = field(default=False, metadata={
         "help": "`true`: the MongoDB panels and the alerts are merged from cached buckets "
-                "and a query for the window's edges (see [Results cache](../explanation/results-cache.md))"})
+                "and a query for the window's edges (see "
+                "[Results cache](../explanation/results-cache.md))"})
     bucket_ms: int = field(default=900_000, metadata={
         "help": "the buckets' length, aligned to the epoch: a refresh queries at most about "
                 "one bucket plus `settle_ms` of documents", "min": 1000})

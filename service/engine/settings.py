@@ -29,7 +29,8 @@ class FanOutSettings:
         "help": "longest window a request may ask for (the default is 31 days)", "min": 1})
     coalesce: bool = field(default=True, metadata={
         "help": "identical lookups in flight at once (same panel, app and window) share one "
-                "backend call (see [Request coalescing](../reference/limits.md#request-coalescing))"})
+                "backend call (see "
+                "[Request coalescing](../reference/limits.md#request-coalescing))"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class AdmissionSettings:
                 "newest first)", "min": 0})
     brownout: bool = field(default=True, metadata={
         "help": "under overload, shed optional panels and the least critical calls before "
-                "anything essential (see [Brownout and criticality](../explanation/brownout.md))"})
+                "anything essential (see "
+                "[Brownout and criticality](../explanation/brownout.md))"})
     brownout_min_level: float = field(default=0.0, metadata={
         "help": "the dimmer's level never falls below this (`0..1`): shed by hand, before an "
                 "expected peak; `0.2` sheds the optional panels of every `SHEDDABLE` call",

@@ -28,8 +28,8 @@ from typing import TextIO
 
 from service.engine.tasks import current_request_id
 
-__all__ = ["JSON_FIELDS", "LoggingSettings", "configure_logging", "set_request_id", "set_worker", "TEXT_FORMAT",
-           "console_line"]
+__all__ = ["JSON_FIELDS", "LoggingSettings", "configure_logging", "set_request_id", "set_worker",
+           "TEXT_FORMAT", "console_line"]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
 #: The fields of every JSON line, in order (the manual's log reference is made from these).

@@ -49,7 +49,8 @@ class ServerSettings:
     drain_timeout_ms: int = field(default=10_000, metadata={
         "help": "on SIGTERM/SIGINT, how long calls in flight may take to finish", "min": 0})
     tls_cert_file: str = field(default="", metadata={
-        "help": "with `server.tls_key_file`: the listener speaks TLS 1.2+ (see [TLS](../how-to/tls.md))"})
+        "help": "with `server.tls_key_file`: the listener speaks TLS 1.2+ "
+                "(see [TLS](../how-to/tls.md))"})
     tls_key_file: str = field(default="", metadata={
         "help": "the key of `server.tls_cert_file` (set both or neither)"})
     tls_client_ca_file: str = field(default="", metadata={
@@ -64,21 +65,24 @@ class ServerSettings:
                 "quota (see [Multi-core](../explanation/workers.md))",
         "min": 1, "max": 64, "auto": usable_cores})
     hub_block_threshold_ms: int = field(default=100, metadata={
-        "help": "report event-loop runs longer than this (see [Overload](../reference/limits.md#overload)); `0` "
-                "turns it off", "min": 0})
+        "help": "report event-loop runs longer than this "
+                "(see [Overload](../reference/limits.md#overload)); `0` turns it off", "min": 0})
     lame_duck_ms: int = field(default=0, metadata={
         "help": "on SIGTERM/SIGINT, report `DRAINING` while still serving for this long "
-                "before the drain (see [Shutdown and health](../how-to/reload-upgrade.md))", "min": 0})
+                "before the drain (see "
+                "[Shutdown and health](../how-to/reload-upgrade.md))", "min": 0})
     max_connection_age_ms: int = field(default=0, metadata={
         "help": "above 0: a connection this old is closed after its current call, so load "
                 "rebalances across instances (clients reconnect transparently); `0` never",
         "min": 0})
     probe_port: int = field(default=-1, metadata={
         "help": "`0` or a port: plain HTTP `/healthz` and `/readyz` on `server.probe_host`, "
-                "one endpoint for all workers (see [Shutdown and health](../how-to/reload-upgrade.md)); "
+                "one endpoint for all workers (see "
+                "[Shutdown and health](../how-to/reload-upgrade.md)); "
                 "`-1` off", "min": -1, "max": 65535})
     probe_host: str = field(default="", metadata={
-        "help": "where the probes listen; empty: `server.host` (see [TLS](../how-to/tls.md) for what the "
+        "help": "where the probes listen; empty: `server.host` "
+                "(see [TLS](../how-to/tls.md) for what the "
                 "probes and metrics expose)"})
     worker_heartbeat_timeout_ms: int = field(default=3_000, metadata={
         "help": "with `server.workers` > 1: a worker whose event loop has not beaten for this "

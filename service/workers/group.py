@@ -49,7 +49,8 @@ from service.operations.probes import backend_bodies, json_answer
 if TYPE_CHECKING:
     from service.workers.group_state import GroupState
 
-__all__ = ["GROUP_SERIES", "GroupEndpoints", "WorkerState", "merge_scrapes", "WORKER_SCRAPE_TIMEOUT_S"]
+__all__ = ["GROUP_SERIES", "GroupEndpoints", "WorkerState", "merge_scrapes",
+           "WORKER_SCRAPE_TIMEOUT_S"]
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +169,9 @@ def merge_scrapes(scrapes: dict[str, tuple[Optional[str], bool]],
     families: dict[str, Metric] = {}
     scraped, held = (Metric(*series) for series in GROUP_SERIES)
     for worker, count in sorted((connections or {}).items()):
-        held.add_sample("fanout_worker_connections", {"worker": worker}, float(count))
+        held.add_sample(held.name, {"worker": worker}, float(count))
     for worker, (text, answered) in scrapes.items():
-        scraped.add_sample("fanout_worker_scraped", {"worker": worker}, float(answered))
+        scraped.add_sample(scraped.name, {"worker": worker}, float(answered))
         for family in text_string_to_metric_families(text or ""):
             merged = families.setdefault(family.name, Metric(family.name, family.documentation,
                                                              family.type, family.unit))
