@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb
+.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb
 
 setup: $(STAMP)
 
@@ -38,8 +38,22 @@ trace-ui: $(STAMP)
 # each in the header; FANOUT_REQUIRE_TOOLCHAINS=1 (as .ci/run sets) makes that an error.
 # Five pytest processes at once (TEST_JOBS), each under gevent's patching, then the tests
 # marked solo in one process alone: tests/parallel.py.
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) tests/parallel.py $(PYTEST_ARGS)
+
+# Style and types, as `make test` checks them first: ruff's rules and formatting on the whole
+# tree, mypy --strict on service/, lookups/ and tracing/ (pyproject.toml says which rules, why).
+# `ruff format .` and `ruff check --fix .` mend most of what they report.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/ruff format --no-cache --check .
+	$(VENV)/bin/mypy
+
+# The whole suite with two CPU-bound processes beside it, as a busy machine runs it: run it
+# before you stop. STRESS_RUNS=N runs it N times in a row and stops at the first failure.
+STRESS_RUNS ?= 1
+test-stress: $(STAMP) lint
+	$(PY) tests/stress.py --runs $(STRESS_RUNS) -- $(PYTEST_ARGS)
 
 # Only the interop tests (about a minute on a clean machine, most of it downloads).
 interop: $(STAMP) toolchains

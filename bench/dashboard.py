@@ -34,13 +34,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import gevent
 
 from bench.analysis.stats import bootstrap_ratio
-from bench.dashboard_stack import (APPS, Instance, database_cpu_s, probe_ms, seed,
-                                   series_sum, settle, window_now)
+from bench.dashboard_stack import (
+    APPS,
+    Instance,
+    database_cpu_s,
+    probe_ms,
+    seed,
+    series_sum,
+    settle,
+    window_now,
+)
 from service.client import AppStatsClient
 
 PANELS = ["errors", "urls", "controllers", "queries"]
@@ -77,14 +85,20 @@ def viewer(index: int, instance: Instance, run: Run, until: float, phase_s: floa
                 else:
                     run.latencies_ms.append((time.monotonic() - began) * 1000)
                     run.answers.append((instance.port, app, start_ms, end_ms, response.panels))
-            except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
+            except Exception as exc:
                 kind = type(exc).__name__
                 run.failures[kind] = run.failures.get(kind, 0) + 1
             next_at += REFRESH_S
 
 
-def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers: int,
-            seconds: float, midway: Optional[Any] = None) -> None:
+def measure(
+    run: Run,
+    instances: list[Instance],
+    engine_pids: list[int],
+    viewers: int,
+    seconds: float,
+    midway: Any | None = None,
+) -> None:
     """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
     ``midway()`` is called halfway, and the second half is measured apart too."""
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
@@ -93,8 +107,17 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
-    greenlets = [gevent.spawn(viewer, index, instances[index % len(instances)], run, until,
-                              REFRESH_S * index / viewers) for index in range(viewers)]
+    greenlets = [
+        gevent.spawn(
+            viewer,
+            index,
+            instances[index % len(instances)],
+            run,
+            until,
+            REFRESH_S * index / viewers,
+        )
+        for index in range(viewers)
+    ]
     half: dict[str, float] = {}
     # Every refresh period a window: the CPU per call of each, for the ratios' intervals.
     mark, count = (db0, cpu0, 0, began), int(seconds // REFRESH_S)
@@ -103,35 +126,57 @@ def measure(run: Run, instances: list[Instance], engine_pids: list[int], viewers
             midway()
             half = {"db": database_cpu_s(engine_pids), "calls": _calls(run)}
         gevent.sleep(max(0.0, began + (index + 1) * REFRESH_S - time.monotonic()))
-        now = (database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances
-                                                if i.process.poll() is None), _calls(run), time.monotonic())
+        now = (
+            database_cpu_s(engine_pids),
+            sum(i.cpu_s() for i in instances if i.process.poll() is None),
+            _calls(run),
+            time.monotonic(),
+        )
         spent, done = now[3] - mark[3], max(now[2] - mark[2], 1)
-        run.windows.append({"db_cpu_ms_per_call": (now[0] - mark[0] - idle_per_s * spent) * 1000 / done,
-                            "fanout_cpu_ms_per_call":
-                                (now[1] - mark[1] - fanout_idle_per_s * spent) * 1000 / done})
+        run.windows.append(
+            {
+                "db_cpu_ms_per_call": (now[0] - mark[0] - idle_per_s * spent) * 1000 / done,
+                "fanout_cpu_ms_per_call": (now[1] - mark[1] - fanout_idle_per_s * spent)
+                * 1000
+                / done,
+            }
+        )
         mark = now
     gevent.joinall(greenlets, timeout=seconds + 60)
     calls = len(run.latencies_ms) + sum(run.failures.values())
-    db, cpu = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances if i.process.poll() is None)
+    db, cpu = (
+        database_cpu_s(engine_pids),
+        sum(i.cpu_s() for i in instances if i.process.poll() is None),
+    )
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
     *after, cache_bytes = _counters(instances)
     ops, hits, misses = (a - b for a, b in zip(after, (ops0, hits0, misses0)))
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
-        "viewers": viewers, "seconds": seconds, "instances": len(instances), "calls": calls,
+        "viewers": viewers,
+        "seconds": seconds,
+        "instances": len(instances),
+        "calls": calls,
         "failed": dict(run.failures),
-        "db_cpu_s": db - db0, "db_idle_cpu_ms_per_s": idle_per_s * 1000,
+        "db_cpu_s": db - db0,
+        "db_idle_cpu_ms_per_s": idle_per_s * 1000,
         "db_cpu_ms_per_call": busy * 1000 / max(calls, 1),
         "mongo_ops_per_call": ops / max(calls, 1),
         "fanout_idle_cpu_ms_per_s": fanout_idle_per_s * 1000,
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
-        "p50_ms": statistics.median(latencies), "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
-        "cache_bytes": cache_bytes, "windows": run.windows, "latencies_ms": run.latencies_ms}
+        "cache_bytes": cache_bytes,
+        "windows": run.windows,
+        "latencies_ms": run.latencies_ms,
+    }
     if half:
         later_calls = calls - half["calls"]
-        run.figures["db_cpu_ms_per_call_after_midway"] = (db - half["db"]) * 1000 / max(later_calls, 1)
+        run.figures["db_cpu_ms_per_call_after_midway"] = (
+            (db - half["db"]) * 1000 / max(later_calls, 1)
+        )
 
 
 def _calls(run: Run) -> int:
@@ -143,19 +188,25 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
     checks, the hub monitor), over 5 s: subtracted from what the viewers' calls cost."""
     database, fanout = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     gevent.sleep(5)
-    return ((database_cpu_s(engine_pids) - database) / 5,
-            (sum(i.cpu_s() for i in instances) - fanout) / 5)
+    return (
+        (database_cpu_s(engine_pids) - database) / 5,
+        (sum(i.cpu_s() for i in instances) - fanout) / 5,
+    )
 
 
 def _counters(instances: list[Instance]) -> tuple[float, float, float, float]:
     """MongoDB operations, buckets read and missed since the instances started, and the
     most bytes one of them holds: one scrape of each."""
     scrapes = [instance.scrape() for instance in instances]
-    return (sum(series_sum(s, "fanout_backend_attempts_total", 'fanout_backend="mongo"')
-                for s in scrapes),
-            sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
-            sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
-            max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0))
+    return (
+        sum(
+            series_sum(s, "fanout_backend_attempts_total", 'fanout_backend="mongo"')
+            for s in scrapes
+        ),
+        sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
+        sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
+        max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0),
+    )
 
 
 def warm(instances: list[Instance]) -> None:
@@ -176,8 +227,9 @@ def verify(run: Run, instances: list[Instance]) -> dict[str, int]:
         for port, app, start_ms, end_ms, panels in run.answers:
             if port not in clients:
                 continue
-            fresh = clients[port].get_app_stats(app, start_ms, end_ms, PANELS, deadline_ms=60_000,
-                                                fresh=True)
+            fresh = clients[port].get_app_stats(
+                app, start_ms, end_ms, PANELS, deadline_ms=60_000, fresh=True
+            )
             checked += 1
             differing += not all(_close(panels[name], fresh.panels[name]) for name in PANELS)
     finally:
@@ -192,12 +244,13 @@ def _close(mine: Any, theirs: Any) -> bool:
     if isinstance(theirs, (list, tuple)):
         return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
     if hasattr(theirs, "__dict__"):
-        return type(mine) is type(theirs) and all(_close(getattr(mine, k), v)
-                                                  for k, v in vars(theirs).items())
+        return type(mine) is type(theirs) and all(
+            _close(getattr(mine, k), v) for k, v in vars(theirs).items()
+        )
     return bool(mine == theirs)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--viewers", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -205,23 +258,39 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = parser.parse_args(argv)
     from tests.support.ferretdb import FerretDbServer
     from tests.support.toolchains import missing
+
     if missing("compat") or missing("redis"):
-        print(f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server "
-              f"({', '.join(missing('compat') + missing('redis'))})")
+        print(
+            f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server "
+            f"({', '.join(missing('compat') + missing('redis'))})"
+        )
         return 0
-    results: dict[str, Any] = {"viewers": args.viewers, "seconds": args.seconds,
-                               "documents": args.documents}
-    with tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work, FerretDbServer() as engine:
+    results: dict[str, Any] = {
+        "viewers": args.viewers,
+        "seconds": args.seconds,
+        "documents": args.documents,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work,
+        FerretDbServer() as engine,
+    ):
         workdir = Path(work)
         began = time.monotonic()
         seed(engine.uri, args.documents, int(time.time() * 1000))
         results["seed_s"] = round(time.monotonic() - began, 1)
         results["one_uncached_aggregation_ms"] = round(probe_ms(engine.uri), 1)
         results["settle_s"] = settle(engine.pids())
-        print(f"dashboard: seeded in {results['seed_s']} s; one uncached aggregation "
-              f"{results['one_uncached_aggregation_ms']} ms", flush=True)
-        for name, cached, count in (("uncached", False, 1), ("cached", True, 1),
-                                    ("shared", True, 3), ("redis killed", True, 3)):
+        print(
+            f"dashboard: seeded in {results['seed_s']} s; one uncached aggregation "
+            f"{results['one_uncached_aggregation_ms']} ms",
+            flush=True,
+        )
+        for name, cached, count in (
+            ("uncached", False, 1),
+            ("cached", True, 1),
+            ("shared", True, 3),
+            ("redis killed", True, 3),
+        ):
             results[name] = configuration(name, cached, count, engine, workdir, args)
             print(f"dashboard: {name}: {json.dumps(results[name])}", flush=True)
     results["goals"] = goals(results)
@@ -230,11 +299,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def configuration(name: str, cached: bool, count: int, engine: Any, workdir: Path,
-                  args: argparse.Namespace) -> dict[str, Any]:
+def configuration(
+    name: str, cached: bool, count: int, engine: Any, workdir: Path, args: argparse.Namespace
+) -> dict[str, Any]:
     """One configuration's figures: ``count`` instances (sharing a Redis when more than one),
     warmed when ``cached``, every cached answer checked afterwards."""
     from tests.support.redis_server import RedisServer
+
     redis = RedisServer() if count > 1 else None
     cache = {"enabled": cached, **({"url": redis.url} if redis else {})}
     instances = [Instance(engine.uri, cache, workdir) for _ in range(count)]
@@ -242,8 +313,14 @@ def configuration(name: str, cached: bool, count: int, engine: Any, workdir: Pat
         if cached:
             warm(instances)
         run = Run(name)
-        measure(run, instances, engine.pids(), args.viewers, args.seconds,
-                midway=redis.kill if name == "redis killed" and redis else None)
+        measure(
+            run,
+            instances,
+            engine.pids(),
+            args.viewers,
+            args.seconds,
+            midway=redis.kill if name == "redis killed" and redis else None,
+        )
         if cached:
             run.figures.update(verify(run, instances))
         return run.figures
@@ -261,27 +338,33 @@ def goals(results: dict[str, Any]) -> dict[str, Any]:
 
     def per_window(run: dict[str, Any], key: str) -> dict[str, float]:
         """cached / uncached of ``key`` over the runs' refresh windows, with its interval."""
-        return bootstrap_ratio([w[key] for w in run["windows"]],
-                               [w[key] for w in plain["windows"]]).as_dict()
+        return bootstrap_ratio(
+            [w[key] for w in run["windows"]], [w[key] for w in plain["windows"]]
+        ).as_dict()
 
     return {
-        "database work, cached / uncached (at most 0.05)":
-            cached["db_cpu_ms_per_call"] / plain["db_cpu_ms_per_call"],
+        "database work, cached / uncached (at most 0.05)": cached["db_cpu_ms_per_call"]
+        / plain["db_cpu_ms_per_call"],
         "database work per window, cached / uncached": per_window(cached, "db_cpu_ms_per_call"),
         "p50, cached / uncached (at most 0.2)": cached["p50_ms"] / plain["p50_ms"],
-        "p50 with its interval": bootstrap_ratio(cached["latencies_ms"], plain["latencies_ms"],
-                                                 statistic=statistics.median).as_dict(),
+        "p50 with its interval": bootstrap_ratio(
+            cached["latencies_ms"], plain["latencies_ms"], statistic=statistics.median
+        ).as_dict(),
         "Fanout CPU per window, cached / uncached": per_window(cached, "fanout_cpu_ms_per_call"),
-        "answers differing (0)": sum(r.get("answers_differing", 0) for r in (cached, shared, killed)),
+        "answers differing (0)": sum(
+            r.get("answers_differing", 0) for r in (cached, shared, killed)
+        ),
         "answers checked": sum(r.get("answers_checked", 0) for r in (cached, shared, killed)),
-        "Fanout CPU per call, cached / uncached (at most 1.2)":
-            cached["fanout_cpu_ms_per_call"] / plain["fanout_cpu_ms_per_call"],
+        "Fanout CPU per call, cached / uncached (at most 1.2)": cached["fanout_cpu_ms_per_call"]
+        / plain["fanout_cpu_ms_per_call"],
         "in-process cache bytes (at most 64 MiB)": cached["cache_bytes"],
-        "hit ratio, three instances minus one, points (within 5)":
-            100 * ((shared["hit_ratio"] or 0) - (cached["hit_ratio"] or 0)),
+        "hit ratio, three instances minus one, points (within 5)": 100
+        * ((shared["hit_ratio"] or 0) - (cached["hit_ratio"] or 0)),
         "Redis killed: failed calls (0)": sum(killed["failed"].values()),
-        "Redis killed: database work after, / uncached (at most 1)":
-            killed.get("db_cpu_ms_per_call_after_midway", 0) / plain["db_cpu_ms_per_call"],
+        "Redis killed: database work after, / uncached (at most 1)": killed.get(
+            "db_cpu_ms_per_call_after_midway", 0
+        )
+        / plain["db_cpu_ms_per_call"],
         "uncached run's failed calls (0: served without overload)": sum(plain["failed"].values()),
     }
 

@@ -10,7 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,18 @@ from lookups.mongo import ensure_indexes
 from service.client import AppStatsClient
 from service.samples.mongo_server import free_port, stop_process
 
-__all__ = ["APPS", "DAY_MS", "HOUR_MS", "Instance", "database_cpu_s", "probe_ms", "seed",
-           "series_sum", "settle", "window_now"]
+__all__ = [
+    "APPS",
+    "DAY_MS",
+    "HOUR_MS",
+    "Instance",
+    "database_cpu_s",
+    "probe_ms",
+    "seed",
+    "series_sum",
+    "settle",
+    "window_now",
+]
 
 HOUR_MS, DAY_MS = 3_600_000, 86_400_000
 APPS = [f"app{i}" for i in range(10)]
@@ -42,22 +52,36 @@ def seed(uri: str, documents: int, now_ms: int) -> None:
     db = pymongo.MongoClient(uri).apm
     rng = random.Random(7)
     start_ms = now_ms - DAY_MS - HOUR_MS
-    for name, count in (("requests", documents), ("queries", documents // 2),
-                        ("errors", documents // 4)):
+    for name, count in (
+        ("requests", documents),
+        ("queries", documents // 2),
+        ("errors", documents // 4),
+    ):
         db[name].drop()
         batch = []
         for index in range(count):
-            ts = datetime.fromtimestamp((start_ms + rng.randrange(DAY_MS + HOUR_MS)) / 1000,
-                                        tz=timezone.utc)
+            ts = datetime.fromtimestamp((start_ms + rng.randrange(DAY_MS + HOUR_MS)) / 1000, tz=UTC)
             app, pick = APPS[index % len(APPS)], rng.randrange(1_000_000)
             duration = round(rng.expovariate(1 / 120), 1)
-            batch.append({"requests": {"app": app, "ts": ts, "url": f"/page/{pick % 60}",
-                                       "controller": f"Controller{pick % 25}",
-                                       "duration_ms": duration, "status": 200},
-                          "queries": {"app": app, "ts": ts, "duration_ms": duration,
-                                      "query": f"SELECT * FROM t{pick % 40} WHERE id = {pick}"},
-                          "errors": {"app": app, "ts": ts, "code": 500,
-                                     "message": f"error {pick % 35}"}}[name])
+            batch.append(
+                {
+                    "requests": {
+                        "app": app,
+                        "ts": ts,
+                        "url": f"/page/{pick % 60}",
+                        "controller": f"Controller{pick % 25}",
+                        "duration_ms": duration,
+                        "status": 200,
+                    },
+                    "queries": {
+                        "app": app,
+                        "ts": ts,
+                        "duration_ms": duration,
+                        "query": f"SELECT * FROM t{pick % 40} WHERE id = {pick}",
+                    },
+                    "errors": {"app": app, "ts": ts, "code": 500, "message": f"error {pick % 35}"},
+                }[name]
+            )
             if len(batch) == 5000:
                 db[name].insert_many(batch)
                 batch = []
@@ -72,19 +96,36 @@ class Instance:
     def __init__(self, uri: str, cache: dict[str, Any], workdir: Path) -> None:
         self.port, self.metrics_port = free_port(), free_port()
         config = workdir / f"fanout-{self.port}.toml"
-        lines = ["[server]", f"port = {self.port}",
-                 "[backends.mongo]", 'kind = "mongo"', f'uri = "{uri}"', 'database = "apm"',
-                 "pool_size = 16",
-                 "[backends.alerts]", 'kind = "http"', 'url = "http://127.0.0.1:9"',
-                 "[backends.metrics]", 'kind = "http"', 'url = "http://127.0.0.1:9"',
-                 "[fanout]", "task_timeout_ms = 8000", "request_deadline_ms = 10000",
-                 "[tracing]", "enabled = false",
-                 "[metrics]", 'exporter = "prometheus"', f"port = {self.metrics_port}",
-                 "[cache]", *(f"{key} = {json.dumps(value)}" for key, value in cache.items())]
+        lines = [
+            "[server]",
+            f"port = {self.port}",
+            "[backends.mongo]",
+            'kind = "mongo"',
+            f'uri = "{uri}"',
+            'database = "apm"',
+            "pool_size = 16",
+            "[backends.alerts]",
+            'kind = "http"',
+            'url = "http://127.0.0.1:9"',
+            "[backends.metrics]",
+            'kind = "http"',
+            'url = "http://127.0.0.1:9"',
+            "[fanout]",
+            "task_timeout_ms = 8000",
+            "request_deadline_ms = 10000",
+            "[tracing]",
+            "enabled = false",
+            "[metrics]",
+            'exporter = "prometheus"',
+            f"port = {self.metrics_port}",
+            "[cache]",
+            *(f"{key} = {json.dumps(value)}" for key, value in cache.items()),
+        ]
         config.write_text("\n".join(lines) + "\n")
         self.log = (workdir / f"fanout-{self.port}.log").open("w")
-        self.process = subprocess.Popen([*FANOUT, "serve", "--config", str(config)],
-                                        stdout=self.log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [*FANOUT, "serve", "--config", str(config)], stdout=self.log, stderr=subprocess.STDOUT
+        )
         deadline = time.monotonic() + 30
         while not self._pings():
             if time.monotonic() > deadline or self.process.poll() is not None:
@@ -95,7 +136,7 @@ class Instance:
         try:
             with AppStatsClient("127.0.0.1", self.port, timeout_ms=1000) as client:
                 return bool(client.ping())
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             return False
 
     def cpu_s(self) -> float:
@@ -149,11 +190,20 @@ def probe_ms(uri: str) -> float:
     """How long one uncached aggregation (the urls panel, one app's 24 hours) takes."""
     db = pymongo.MongoClient(uri).apm
     start_ms, end_ms = window_now()
-    pipeline = [{"$match": {"$and": [{"app": APPS[0]}, {"ts": {"$gte": datetime.fromtimestamp(
-                    start_ms / 1000, tz=timezone.utc)}}, {"ts": {"$lt": datetime.fromtimestamp(
-                    end_ms / 1000, tz=timezone.utc)}}]}},
-                {"$group": {"_id": "$url", "count": {"$sum": 1}, "total": {"$sum": "$duration_ms"}}},
-                {"$sort": {"count": -1}}, {"$limit": 10}]
+    pipeline = [
+        {
+            "$match": {
+                "$and": [
+                    {"app": APPS[0]},
+                    {"ts": {"$gte": datetime.fromtimestamp(start_ms / 1000, tz=UTC)}},
+                    {"ts": {"$lt": datetime.fromtimestamp(end_ms / 1000, tz=UTC)}},
+                ]
+            }
+        },
+        {"$group": {"_id": "$url", "count": {"$sum": 1}, "total": {"$sum": "$duration_ms"}}},
+        {"$sort": {"count": -1}},
+        {"$limit": 10},
+    ]
     timings = []
     for _ in range(5):
         began = time.monotonic()

@@ -63,11 +63,16 @@ def reloads(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
             gevent.sleep(3.0)
         callers.stop()
         report[f"{connections}_connections"] = {
-            "calls_ok": callers.ok, "incomplete": callers.incomplete, "failed": callers.failures,
+            "calls_ok": callers.ok,
+            "incomplete": callers.incomplete,
+            "failed": callers.failures,
             "p99_ms_before": _p99_ms(callers.calls[:steady]),
             "p99_ms_through_reloads": _p99_ms(callers.calls[steady:]),
-            "longest_ms_through_reloads": round(1000 * max(s for _, s, _ in callers.calls[steady:]), 1),
-            **group.stop()}
+            "longest_ms_through_reloads": round(
+                1000 * max(s for _, s, _ in callers.calls[steady:]), 1
+            ),
+            **group.stop(),
+        }
     return report
 
 
@@ -81,8 +86,11 @@ def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     callers = Callers(group.ports["thrift"], 32)
     gevent.sleep(3.0)
     victim = group.workers()[0]
-    held = sum(1 for c in psutil.Process(victim).net_connections(kind="tcp")
-               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == group.ports["thrift"])
+    held = sum(
+        1
+        for c in psutil.Process(victim).net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == group.ports["thrift"]
+    )
     os.kill(victim, signal.SIGKILL)
     wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
     shares, before = [], calls_by_worker(group.scrape())
@@ -94,9 +102,15 @@ def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         shares.append({w: round(v / total, 3) for w, v in sorted(delta.items())})
         before = after
     callers.stop()
-    return {"connections_on_the_killed_worker": held, "failed": callers.failures,
-            "calls_ok": callers.ok, "incomplete": callers.incomplete, "shares_per_5s_after_replacement": shares,
-            "memory": group_memory(group), **group.stop()}
+    return {
+        "connections_on_the_killed_worker": held,
+        "failed": callers.failures,
+        "calls_ok": callers.ok,
+        "incomplete": callers.incomplete,
+        "shares_per_5s_after_replacement": shares,
+        "memory": group_memory(group),
+        **group.stop(),
+    }
 
 
 def stop(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
@@ -116,11 +130,15 @@ def stop(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     callers.stop()
     in_flight = [s for started, s, _ in callers.calls if started + s >= stopped_at]
     text = group.log.read_text()
-    return {"killed_and_replaced_after_s": round(replaced_s, 2),
-            "longest_stall_s": round(max(in_flight, default=0.0), 2),
-            "failed": callers.failures, "calls_ok": callers.ok,
-            "probe_said_unresponsive": any("unresponsive" in s for s in states),
-            "master_lines_about_it": text.count("has not answered"), **group.stop()}
+    return {
+        "killed_and_replaced_after_s": round(replaced_s, 2),
+        "longest_stall_s": round(max(in_flight, default=0.0), 2),
+        "failed": callers.failures,
+        "calls_ok": callers.ok,
+        "probe_said_unresponsive": any("unresponsive" in s for s in states),
+        "master_lines_about_it": text.count("has not answered"),
+        **group.stop(),
+    }
 
 
 def scrapes(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
@@ -132,7 +150,7 @@ def scrapes(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         while True:
             try:
                 seen.append(workers_in(group.scrape(session)))
-            except Exception as exc:  # noqa: BLE001 - a failed scrape is a result
+            except Exception as exc:
                 seen.append({f"error: {type(exc).__name__}"})
             gevent.sleep(0.5)
 
@@ -145,20 +163,30 @@ def scrapes(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
     gevent.sleep(2.0)
     poller.kill()
-    return {"scrapes": len(seen), "with_both_workers": sum(1 for s in seen if s == {"0", "1"}),
-            "other": [sorted(s) for s in seen if s != {"0", "1"}], **group.stop()}
+    return {
+        "scrapes": len(seen),
+        "with_both_workers": sum(1 for s in seen if s == {"0", "1"}),
+        "other": [sorted(s) for s in seen if s != {"0", "1"}],
+        **group.stop(),
+    }
 
 
 def backend(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     port, target = free_port(), ("127.0.0.1", backends.mongo.port)
     proxy = TcpFaultProxy(target, port=port).start()
-    group = Group(backends, workdir, "backend", **{"backends.mongo.uri": f"mongodb://127.0.0.1:{port}"})
+    group = Group(
+        backends, workdir, "backend", **{"backends.mongo.uri": f"mongodb://127.0.0.1:{port}"}
+    )
 
     def shown(up: bool) -> bool:
-        gauges = re.findall(r'^fanout_backend_up\{.*fanout_backend="mongo".*\} (\S+)$',
-                            group.scrape(), re.M)
-        return (group.probe()["backends"]["mongo"]["up"] is up and len(gauges) == 2
-                and all(float(g) == float(up) for g in gauges))
+        gauges = re.findall(
+            r'^fanout_backend_up\{.*fanout_backend="mongo".*\} (\S+)$', group.scrape(), re.M
+        )
+        return (
+            group.probe()["backends"]["mongo"]["up"] is up
+            and len(gauges) == 2
+            and all(float(g) == float(up) for g in gauges)
+        )
 
     wait(lambda: shown(True), 20, "mongo up")
     gevent.sleep(1.0)
@@ -171,8 +199,11 @@ def backend(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     wait(lambda: shown(True), 30, "mongo up again everywhere")
     up_s = time.monotonic() - came
     proxy.stop()
-    return {"down_shown_after_s": round(down_s, 2), "up_shown_after_s": round(up_s, 2),
-            **group.stop()}
+    return {
+        "down_shown_after_s": round(down_s, 2),
+        "up_shown_after_s": round(up_s, 2),
+        **group.stop(),
+    }
 
 
 def handshake(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
@@ -183,9 +214,16 @@ def handshake(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     cert_file, key_file = workdir / "cert.pem", workdir / "key.pem"
     cert.cert_chain_pems[0].write_to_path(cert_file)
     cert.private_key_pem.write_to_path(key_file)
-    group = Group(backends, workdir, "handshake", **{
-        "server.tls_cert_file": cert_file, "server.tls_key_file": key_file,
-        "server.frame_timeout_ms": 2000})
+    group = Group(
+        backends,
+        workdir,
+        "handshake",
+        **{
+            "server.tls_cert_file": cert_file,
+            "server.tls_key_file": key_file,
+            "server.frame_timeout_ms": 2000,
+        },
+    )
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
@@ -196,19 +234,23 @@ def handshake(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     hello = outgoing.read()
     closed_after = None
     with socket.create_connection(("127.0.0.1", group.ports["thrift"]), timeout=0.5) as slow:
-        first = time.monotonic()   # each recv waits 0.5 s: the pace of the bytes
+        first = time.monotonic()  # each recv waits 0.5 s: the pace of the bytes
         for byte in hello:
             try:
                 slow.sendall(bytes([byte]))
                 if slow.recv(1) == b"":
                     raise ConnectionResetError
-            except socket.timeout:
+            except TimeoutError:
                 pass
             except OSError:
                 closed_after = time.monotonic() - first
                 break
-    return {"hello_bytes": len(hello), "closed_after_s": closed_after and round(closed_after, 2),
-            "frame_timeout_ms": 2000, **group.stop()}
+    return {
+        "hello_bytes": len(hello),
+        "closed_after_s": closed_after and round(closed_after, 2),
+        "frame_timeout_ms": 2000,
+        **group.stop(),
+    }
 
 
 def main() -> int:
@@ -216,8 +258,10 @@ def main() -> int:
     parser.add_argument("--only", default=",".join(PHASES))
     phases = parser.parse_args().only.split(",")
     report: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="fanout-group-") as workdir, \
-            DemoBackends(alerts_delay_ms=20, metrics_delay_ms=20) as backends:
+    with (
+        tempfile.TemporaryDirectory(prefix="fanout-group-") as workdir,
+        DemoBackends(alerts_delay_ms=20, metrics_delay_ms=20) as backends,
+    ):
         for phase in phases:
             report[phase] = globals()[phase](backends, Path(workdir))
             print(f"{phase}: {json.dumps(report[phase])}", file=sys.stderr, flush=True)

@@ -28,16 +28,22 @@ class Callers:
     def __init__(self, port: int, count: int, timeout_ms: int = 10_000) -> None:
         self.port, self.timeout_ms = port, timeout_ms
         self.ok = 0
-        self.incomplete = 0   # answered, but some panel not OK
+        self.incomplete = 0  # answered, but some panel not OK
         self.failures: dict[str, int] = {}
-        self.calls: list[tuple[float, float, bool]] = []   # (started, seconds, answered)
-        self._request = appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS,
-                                              end_ms=SAMPLE_END_MS)
+        self.calls: list[tuple[float, float, bool]] = []  # (started, seconds, answered)
+        self._request = appstats.StatsRequest(
+            app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS
+        )
         self._greenlets = [gevent.spawn(self._call) for _ in range(count)]
 
     def _connect(self) -> Any:
-        return make_client(appstats.AppStats, "127.0.0.1", self.port, timeout=self.timeout_ms,
-                           trans_factory=TCyFramedTransportFactory())
+        return make_client(
+            appstats.AppStats,
+            "127.0.0.1",
+            self.port,
+            timeout=self.timeout_ms,
+            trans_factory=TCyFramedTransportFactory(),
+        )
 
     def _call(self) -> None:
         client = self._connect()
@@ -50,7 +56,7 @@ class Callers:
                     self.ok += 1
                 else:
                     self.incomplete += 1
-            except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
+            except Exception as exc:
                 self.calls.append((started, time.monotonic() - started, False))
                 kind = type(exc).__name__
                 self.failures[kind] = self.failures.get(kind, 0) + 1
@@ -63,7 +69,7 @@ class Callers:
         while True:
             try:
                 return self._connect()
-            except Exception:  # noqa: BLE001 - the server is restarting a worker
+            except Exception:
                 gevent.sleep(0.1)
 
     def longest_stall_s(self, since: float = 0.0) -> float:

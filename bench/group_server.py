@@ -9,8 +9,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import gevent
 import psutil
@@ -28,16 +29,28 @@ class Group:
 
     def __init__(self, backends: DemoBackends, workdir: Path, name: str, **keys: Any) -> None:
         self.ports = {"thrift": free_port(), "probes": free_port(), "metrics": free_port()}
-        settings = {**backends.settings_overrides(), "server.port": self.ports["thrift"],
-                    "server.workers": 2, "server.probe_port": self.ports["probes"],
-                    "metrics.exporter": "prometheus", "metrics.port": self.ports["metrics"],
-                    "tracing.exporter": "none", **keys}
-        env = {**os.environ, **{"FANOUT_" + k.replace(".", "_").upper(): str(v)
-                                for k, v in settings.items()}}
+        settings = {
+            **backends.settings_overrides(),
+            "server.port": self.ports["thrift"],
+            "server.workers": 2,
+            "server.probe_port": self.ports["probes"],
+            "metrics.exporter": "prometheus",
+            "metrics.port": self.ports["metrics"],
+            "tracing.exporter": "none",
+            **keys,
+        }
+        env = {
+            **os.environ,
+            **{"FANOUT_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()},
+        }
         self.log = workdir / f"{name}.log"
-        self.process = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], env=env,
-                                        stdout=subprocess.PIPE, stderr=self.log.open("w"),
-                                        text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "serve"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.log.open("w"),
+            text=True,
+        )
         line = self.process.stdout.readline() if self.process.stdout else ""
         assert "serving on" in line, self.log.read_text()[-2000:]
 
@@ -53,14 +66,19 @@ class Group:
         except (requests.RequestException, ValueError):
             return False
 
-    def scrape(self, session: Optional[requests.Session] = None) -> str:
-        return (session or requests).get(f"http://127.0.0.1:{self.ports['metrics']}/metrics",
-                                         timeout=5).text
+    def scrape(self, session: requests.Session | None = None) -> str:
+        return (
+            (session or requests)
+            .get(f"http://127.0.0.1:{self.ports['metrics']}/metrics", timeout=5)
+            .text
+        )
 
     def reload_and_wait(self) -> None:
         before = set(self.workers())
         self.process.send_signal(signal.SIGHUP)
-        wait(lambda: not before & set(self.workers()) and self.all_serving(), 30, "a new generation")
+        wait(
+            lambda: not before & set(self.workers()) and self.all_serving(), 30, "a new generation"
+        )
 
     def stop(self) -> dict[str, int]:
         self.process.send_signal(signal.SIGTERM)
@@ -82,8 +100,10 @@ def calls_by_worker(scrape: str) -> dict[str, float]:
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(scrape):
         for sample in family.samples:
-            if (sample.name == "rpc_server_call_duration_seconds_count"
-                    and sample.labels.get("rpc_method") == "AppStats/get_app_stats"):
+            if (
+                sample.name == "rpc_server_call_duration_seconds_count"
+                and sample.labels.get("rpc_method") == "AppStats/get_app_stats"
+            ):
                 worker = sample.labels["worker"]
                 counts[worker] = counts.get(worker, 0.0) + sample.value
     return counts
@@ -100,5 +120,9 @@ def group_memory(group: Group) -> dict[str, float]:
 
 
 def workers_in(scrape: str) -> set[str]:
-    return {s.labels["worker"] for family in text_string_to_metric_families(scrape)
-            if family.name == "fanout_admission_limit" for s in family.samples}
+    return {
+        s.labels["worker"]
+        for family in text_string_to_metric_families(scrape)
+        if family.name == "fanout_admission_limit"
+        for s in family.samples
+    }

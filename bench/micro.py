@@ -41,12 +41,15 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["run_micro"]
 
-_GOALS = {"task_overhead_us": 25.0, "rss_per_inflight_task_kib": 12.0,
-          "rss_per_idle_connection_kib": 16.0}
+_GOALS = {
+    "task_overhead_us": 25.0,
+    "rss_per_inflight_task_kib": 12.0,
+    "rss_per_idle_connection_kib": 16.0,
+}
 _PROBE_TIMEOUT_S = 300
 _WARMUP_TASKS = 50
 
@@ -61,8 +64,9 @@ def run_micro(reps: int = 30, quick: bool = False) -> dict:
     inflight_n = 2_000 if quick else 10_000
     connections_n = 500 if quick else 2_000
     return {
-        "task_overhead_us": _probe("engine", "--reps", str(reps),
-                                   "--runs-per-rep", "20" if quick else "200"),
+        "task_overhead_us": _probe(
+            "engine", "--reps", str(reps), "--runs-per-rep", "20" if quick else "200"
+        ),
         "rss_per_inflight_task_kib": _probe("inflight", "--n", str(inflight_n)),
         "rss_per_idle_connection_kib": measure_idle_connections(connections_n),
         "goals": dict(_GOALS),
@@ -71,8 +75,14 @@ def run_micro(reps: int = 30, quick: bool = False) -> dict:
 
 def _probe(name: str, *args: str) -> dict:
     command = [sys.executable, "-m", "bench.micro", "--probe", name, *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S,
-                          cwd=_project_root(), env=_quiet_env())
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=_PROBE_TIMEOUT_S,
+        cwd=_project_root(),
+        env=_quiet_env(),
+    )
     if done.returncode != 0:
         raise RuntimeError(f"probe {name} failed ({done.returncode}): {done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -90,19 +100,25 @@ def _summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     mean = statistics.fmean(ordered)
     spread = statistics.stdev(ordered) if len(ordered) > 1 else 0.0
-    return {"p50": round(statistics.median(ordered), 3),
-            "p99": round(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)], 3),
-            "mean": round(mean, 3), "ci95": round(1.96 * spread / math.sqrt(len(ordered)), 3)}
+    return {
+        "p50": round(statistics.median(ordered), 3),
+        "p99": round(ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)], 3),
+        "mean": round(mean, 3),
+        "ci95": round(1.96 * spread / math.sqrt(len(ordered)), 3),
+    }
 
 
 # --- probes (run in their own process, monkey-patched) -----------------------------------------
+
 
 def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict:
     from service.engine import FanOut, FanOutSettings, RequestContext, Task
 
     fanout = FanOut(FanOutSettings(pool_size=tasks_per_run, max_inflight_tasks=10 * tasks_per_run))
-    tasks = [Task(name=f"t{i}", source="micro", call=_trivial, timeout_ms=1000)
-             for i in range(tasks_per_run)]
+    tasks = [
+        Task(name=f"t{i}", source="micro", call=_trivial, timeout_ms=1000)
+        for i in range(tasks_per_run)
+    ]
     samples = []
     for rep in range(reps + 3):  # the first reps warm up caches and the allocator
         began = time.perf_counter()
@@ -110,8 +126,12 @@ def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict:
             fanout.run(tasks, RequestContext.start("get_app_stats", 60_000))
         if rep >= 3:
             samples.append((time.perf_counter() - began) * 1e6 / (runs_per_rep * tasks_per_run))
-    return {**_summary(samples), "reps": reps, "runs_per_rep": runs_per_rep,
-            "tasks_per_run": tasks_per_run}
+    return {
+        **_summary(samples),
+        "reps": reps,
+        "runs_per_rep": runs_per_rep,
+        "tasks_per_run": tasks_per_run,
+    }
 
 
 def _trivial(deadline: Any) -> str:
@@ -132,12 +152,21 @@ def _probe_inflight(n: int) -> dict:
     def parked(deadline: Any) -> None:
         release.wait()
 
-    fanout = FanOut(FanOutSettings(pool_size=n, max_inflight_tasks=n, queue_timeout_ms=60_000,
-                                   request_deadline_ms=600_000, task_timeout_ms=600_000))
+    fanout = FanOut(
+        FanOutSettings(
+            pool_size=n,
+            max_inflight_tasks=n,
+            queue_timeout_ms=60_000,
+            request_deadline_ms=600_000,
+            task_timeout_ms=600_000,
+        )
+    )
     tasks = [Task(name=f"t{i}", source="micro", call=parked, timeout_ms=600_000) for i in range(n)]
     # Warm up the code paths with a few tasks only: memory a big warm-up freed would be
     # reused by the measured run and hide what each task really holds.
-    warm = spawn_in_context(fanout.run, tasks[:_WARMUP_TASKS], RequestContext.start("get_app_stats", 600_000))
+    warm = spawn_in_context(
+        fanout.run, tasks[:_WARMUP_TASKS], RequestContext.start("get_app_stats", 600_000)
+    )
     _wait_until(lambda: fanout.inflight == _WARMUP_TASKS)
     release.set()
     warm.get(timeout=60)
@@ -150,8 +179,12 @@ def _probe_inflight(n: int) -> dict:
     during = _own_rss_kib()
     release.set()
     runner.get(timeout=60)
-    return {"mean": round((during - before) / n, 3), "n": n, "rss_before_kib": before,
-            "rss_during_kib": during}
+    return {
+        "mean": round((during - before) / n, 3),
+        "n": n,
+        "rss_before_kib": before,
+        "rss_during_kib": during,
+    }
 
 
 def _wait_until(condition: Any, timeout_s: float = 60.0) -> None:
@@ -171,17 +204,27 @@ def _own_rss_kib() -> int:
 
 # --- RSS per idle connection (a real server process) -------------------------------------------
 
+
 def measure_idle_connections(n: int, warmup: int = 50) -> dict:
     """Start ``fanout serve`` (tracing off), hold ``n`` idle connections, return the server's RSS per connection."""
     # Imported here: this module's probes patch the standard library before it loads.
     from service.samples.mongo_server import stop_process
 
     _raise_fd_limit(n + warmup + 200)
-    env = {**_quiet_env(), "FANOUT_SERVER_MAX_CONNECTIONS": str(n + warmup + 100),
-           "FANOUT_SERVER_IDLE_TIMEOUT_MS": "600000", "FANOUT_MONGO_URI": "mongodb://127.0.0.1:9"}
-    server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              cwd=_project_root(), env=env)
+    env = {
+        **_quiet_env(),
+        "FANOUT_SERVER_MAX_CONNECTIONS": str(n + warmup + 100),
+        "FANOUT_SERVER_IDLE_TIMEOUT_MS": "600000",
+        "FANOUT_MONGO_URI": "mongodb://127.0.0.1:9",
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=_project_root(),
+        env=env,
+    )
     held: list[socket.socket] = []
     try:
         address = _wait_for_address(server)
@@ -196,8 +239,12 @@ def measure_idle_connections(n: int, warmup: int = 50) -> dict:
         for sock in held:
             sock.close()
         stop_process(server, timeout_s=15, kill_wait_s=10)
-    return {"mean": round((during - before) / n, 3), "n": n, "rss_before_kib": before,
-            "rss_during_kib": during}
+    return {
+        "mean": round((during - before) / n, 3),
+        "n": n,
+        "rss_before_kib": before,
+        "rss_during_kib": during,
+    }
 
 
 def _raise_fd_limit(wanted: int) -> None:
@@ -247,8 +294,10 @@ def _rss_kib(pid: int) -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.micro", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.micro", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="less work, for a smoke run")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--probe", choices=["engine", "inflight"], help=argparse.SUPPRESS)

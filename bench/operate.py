@@ -47,9 +47,11 @@ class Poller(threading.Thread):
 
     def __init__(self, probes: int, metrics: int) -> None:
         super().__init__(daemon=True)
-        self.urls = {"healthz": (f"http://127.0.0.1:{probes}/healthz", 0.5),
-                     "readyz": (f"http://127.0.0.1:{probes}/readyz", 0.5),
-                     "metrics": (f"http://127.0.0.1:{metrics}/metrics", 1.0)}
+        self.urls = {
+            "healthz": (f"http://127.0.0.1:{probes}/healthz", 0.5),
+            "readyz": (f"http://127.0.0.1:{probes}/readyz", 0.5),
+            "metrics": (f"http://127.0.0.1:{metrics}/metrics", 1.0),
+        }
         self.answers: dict[str, list[tuple[bool, float]]] = {name: [] for name in self.urls}
         self.stopped = threading.Event()
 
@@ -63,9 +65,14 @@ class Poller(threading.Thread):
             time.sleep(0.02)
 
     def report(self) -> dict[str, Any]:
-        return {name: {"polls": len(answers), "ok_within_1s": sum(ok for ok, _ in answers),
-                       "slowest_ms": round(max((ms for _, ms in answers), default=0.0), 1)}
-                for name, answers in self.answers.items()}
+        return {
+            name: {
+                "polls": len(answers),
+                "ok_within_1s": sum(ok for ok, _ in answers),
+                "slowest_ms": round(max((ms for _, ms in answers), default=0.0), 1),
+            }
+            for name, answers in self.answers.items()
+        }
 
 
 def _get(url: str) -> tuple[bool, float]:
@@ -80,16 +87,34 @@ def _get(url: str) -> tuple[bool, float]:
     return ok and elapsed_ms <= _TIMEOUT_S * 1000.0, elapsed_ms
 
 
-def _start_server(backends: DemoBackends, workers: int, log: Path) -> tuple[subprocess.Popen, dict[str, int]]:
+def _start_server(
+    backends: DemoBackends, workers: int, log: Path
+) -> tuple[subprocess.Popen, dict[str, int]]:
     ports = {"thrift": free_port(), "probes": free_port(), "metrics": free_port()}
-    keys = {**backends.settings_overrides(), "server.port": ports["thrift"],
-            "server.workers": workers, "server.probe_port": ports["probes"],
-            "server.max_connections": 4000, "metrics.exporter": "prometheus",
-            "metrics.port": ports["metrics"], "tracing.exporter": "none"}
-    env = {**os.environ, **{"FANOUT_" + k.replace(".", "_").upper(): str(v) for k, v in keys.items()}}
-    server = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], env=env,
-                              stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-    assert "serving on" in (server.stdout.readline() if server.stdout else ""), log.read_text()[-2000:]
+    keys = {
+        **backends.settings_overrides(),
+        "server.port": ports["thrift"],
+        "server.workers": workers,
+        "server.probe_port": ports["probes"],
+        "server.max_connections": 4000,
+        "metrics.exporter": "prometheus",
+        "metrics.port": ports["metrics"],
+        "tracing.exporter": "none",
+    }
+    env = {
+        **os.environ,
+        **{"FANOUT_" + k.replace(".", "_").upper(): str(v) for k, v in keys.items()},
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=log.open("w"),
+        text=True,
+    )
+    assert "serving on" in (server.stdout.readline() if server.stdout else ""), log.read_text()[
+        -2000:
+    ]
     deadline = time.monotonic() + 30
     # /healthz, not /readyz: before readiness ignored backends, a slow check could hold it.
     while not _get(f"http://127.0.0.1:{ports['probes']}/healthz")[0]:
@@ -101,15 +126,27 @@ def _start_server(backends: DemoBackends, workers: int, log: Path) -> tuple[subp
 
 def _plan(port: int, connections: int, seconds: float, backing_off: bool) -> LoadPlan:
     frame = stats_frame("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=1000)
-    return LoadPlan(address=("127.0.0.1", port), method="get_app_stats", frames=(frame,),
-                    connections=connections, processes=2, warmup_s=1.0, window_s=seconds,
-                    reps=1, honour_retry_after=backing_off, call_timeout_s=5.0)
+    return LoadPlan(
+        address=("127.0.0.1", port),
+        method="get_app_stats",
+        frames=(frame,),
+        connections=connections,
+        processes=2,
+        warmup_s=1.0,
+        window_s=seconds,
+        reps=1,
+        honour_retry_after=backing_off,
+        call_timeout_s=5.0,
+    )
 
 
 def _failures(result: Any) -> dict[str, int]:
     total: dict[str, int] = {}
-    for failures in [*(w.failures for w in result.windows), result.connect_failures,
-                     result.outside_failures]:
+    for failures in [
+        *(w.failures for w in result.windows),
+        result.connect_failures,
+        result.outside_failures,
+    ]:
         for kind, count in failures.items():
             total[kind] = total.get(kind, 0) + count
     return total
@@ -128,9 +165,13 @@ def overload(backends: DemoBackends, args: argparse.Namespace, workdir: Path) ->
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
     window = result.windows[0]
-    return {"probes_and_scrapes": poller.report(), "replies_ok": sum(window.ok),
-            "failures": _failures(result), "connected": result.connected,
-            "memory_after_overload": memory}
+    return {
+        "probes_and_scrapes": poller.report(),
+        "replies_ok": sum(window.ok),
+        "failures": _failures(result),
+        "connected": result.connected,
+        "memory_after_overload": memory,
+    }
 
 
 def _memory(master: int) -> dict[str, float]:
@@ -151,9 +192,20 @@ def reloads(backends: DemoBackends, args: argparse.Namespace, workdir: Path) -> 
     server, ports = _start_server(backends, args.workers, log)
     seconds = 3.0 * args.reloads + 4.0
     try:
-        callers = subprocess.Popen([sys.executable, "-m", "gevent.monkey", "--module",
-                                    "bench.operate_callers", str(ports["thrift"]), "32",
-                                    str(seconds)], stdout=subprocess.PIPE, text=True)
+        callers = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gevent.monkey",
+                "--module",
+                "bench.operate_callers",
+                str(ports["thrift"]),
+                "32",
+                str(seconds),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(args.reloads):
             time.sleep(3.0)
             server.send_signal(signal.SIGHUP)
@@ -162,9 +214,12 @@ def reloads(backends: DemoBackends, args: argparse.Namespace, workdir: Path) -> 
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
     text = log.read_text()
-    return {"reloads": args.reloads, "calls": json.loads(answered),
-            "tracebacks": text.count("Traceback"),
-            "address_in_use": text.count("Address already in use")}
+    return {
+        "reloads": args.reloads,
+        "calls": json.loads(answered),
+        "tracebacks": text.count("Traceback"),
+        "address_in_use": text.count("Address already in use"),
+    }
 
 
 def main() -> int:
@@ -175,8 +230,10 @@ def main() -> int:
     parser.add_argument("--reloads", type=int, default=5)
     args = parser.parse_args()
     report: dict[str, Any] = {"workers": args.workers, "connections": args.connections}
-    with tempfile.TemporaryDirectory(prefix="fanout-operate-") as workdir, \
-            DemoBackends(alerts_delay_ms=20, metrics_delay_ms=20) as backends:
+    with (
+        tempfile.TemporaryDirectory(prefix="fanout-operate-") as workdir,
+        DemoBackends(alerts_delay_ms=20, metrics_delay_ms=20) as backends,
+    ):
         report["overload"] = overload(backends, args, Path(workdir))
         if args.workers > 1 and args.reloads:
             report["reloads"] = reloads(backends, args, Path(workdir))

@@ -17,13 +17,18 @@ import argparse
 import copy
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from pymongo import monitoring
 
-from lookups.deadline import Deadline
-from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswer, RecordedAnswers, stages_after_match
+from bench.servers.mongo_answers import (
+    DEFAULT_ANSWERS_PATH,
+    RecordedAnswer,
+    RecordedAnswers,
+    stages_after_match,
+)
 from lookups.backends.collection import Backends
+from lookups.deadline import Deadline
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.samples import DEFAULT_SEED, MongoWireServer, generate_sample_data, seed_mongo_at
@@ -45,8 +50,10 @@ class AggregateRecorder(monitoring.CommandListener):
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         if event.command_name == "aggregate":
             command = event.command
-            self._pipelines[event.request_id] = (command["aggregate"],
-                                                 copy.deepcopy(list(command["pipeline"])))
+            self._pipelines[event.request_id] = (
+                command["aggregate"],
+                copy.deepcopy(list(command["pipeline"])),
+            )
 
     def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
         pipeline = self._pipelines.pop(event.request_id, None)
@@ -74,8 +81,9 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
     answers = []
     with MongoWireServer() as server:
         seed_mongo_at(server.uri, _DATABASE, generate_sample_data(seed))
-        settings = load_settings(env={}, overrides={"mongo.uri": server.uri,
-                                                    "mongo.database": _DATABASE})
+        settings = load_settings(
+            env={}, overrides={"mongo.uri": server.uri, "mongo.database": _DATABASE}
+        )
         with Backends(settings.backends) as backends:
             for name, lookup in default_registry().build(backends).items():
                 if lookup.source != "mongo":
@@ -83,22 +91,29 @@ def record_answers(window: Window, seed: int = DEFAULT_SEED) -> RecordedAnswers:
                 before = len(recorder.recorded)
                 lookup.fetch(window, Deadline.after_s(_TIMEOUT_S))
                 if len(recorder.recorded) != before + 1:
-                    raise RuntimeError(f"{name}: expected one aggregation, saw "
-                                       f"{len(recorder.recorded) - before}")
+                    raise RuntimeError(
+                        f"{name}: expected one aggregation, saw {len(recorder.recorded) - before}"
+                    )
                 collection, pipeline, documents = recorder.recorded[-1]
-                answers.append(RecordedAnswer(name, collection, stages_after_match(pipeline),
-                                              documents))
+                answers.append(
+                    RecordedAnswer(name, collection, stages_after_match(pipeline), documents)
+                )
     return RecordedAnswers.of(
-        answers, recorded_from=f"nx-27017 seeded with service.samples.seed (seed {seed})",
-        database=_DATABASE, call={"app": window.app, "start_ms": window.start_ms,
-                                  "end_ms": window.end_ms})
+        answers,
+        recorded_from=f"nx-27017 seeded with service.samples.seed (seed {seed})",
+        database=_DATABASE,
+        call={"app": window.app, "start_ms": window.start_ms, "end_ms": window.end_ms},
+    )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from bench.harness.calls import sample_call
 
-    parser = argparse.ArgumentParser(prog="python -m bench.record_mongo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.record_mongo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", default=str(DEFAULT_ANSWERS_PATH))
     args = parser.parse_args(argv)
     answers = record_answers(Window(*sample_call()))

@@ -20,8 +20,14 @@ Two flags, for two audiences:
 
 from __future__ import annotations
 
-__all__ = ["LookupFailed", "BackendUnavailable", "BackendTimeout", "BadBackendResponse",
-           "CircuitOpen", "blame_own_wait"]
+__all__ = [
+    "LookupFailed",
+    "BackendUnavailable",
+    "BackendTimeout",
+    "BadBackendResponse",
+    "CircuitOpen",
+    "blame_own_wait",
+]
 
 
 # A timeout after waiting this share of the budget for our own slot is not the backend's.
@@ -39,8 +45,9 @@ class LookupFailed(Exception):
     retryable = False
     retry_safe = False
 
-    def __init__(self, message: str = "", *, retry_safe: bool = False,
-                 backend_fault: bool = True) -> None:
+    def __init__(
+        self, message: str = "", *, retry_safe: bool = False, backend_fault: bool = True
+    ) -> None:
         super().__init__(message)
         self.retry_safe = retry_safe
         self.backend_fault = backend_fault

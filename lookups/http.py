@@ -20,18 +20,28 @@ import operator
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from lookups.deadline import Deadline
 from lookups.backends.http import HttpBackend
 from lookups.base import Lookup
+from lookups.deadline import Deadline
 from lookups.errors import BadBackendResponse, LookupFailed
 from lookups.panels import Alert, AlertList, Point, Series, Window
 
-__all__ = ["MAX_ITEMS", "MAX_POINTS", "MIN_STEP_MS", "step_ms_for", "app_path_segment",
-           "HttpLookup", "AlertsLookup", "SeriesLookup", "LatencyLookup", "VolumeLookup"]
+__all__ = [
+    "MAX_ITEMS",
+    "MAX_POINTS",
+    "MIN_STEP_MS",
+    "step_ms_for",
+    "app_path_segment",
+    "HttpLookup",
+    "AlertsLookup",
+    "SeriesLookup",
+    "LatencyLookup",
+    "VolumeLookup",
+]
 
-MAX_ITEMS = 10_000          # alerts or points in one answer
-MAX_POINTS = 120            # a series asks for at most this many buckets...
-MIN_STEP_MS = 60_000        # ...each a whole number of minutes, at least one
+MAX_ITEMS = 10_000  # alerts or points in one answer
+MAX_POINTS = 120  # a series asks for at most this many buckets...
+MIN_STEP_MS = 60_000  # ...each a whole number of minutes, at least one
 _BY_TS = operator.attrgetter("ts_ms")
 
 
@@ -98,11 +108,15 @@ class AlertsLookup(HttpLookup):
         """The service's answer for ``window``, checked, in its order."""
         params = {"start_ms": window.start_ms, "end_ms": window.end_ms}
         body = self._get_json(window, params, deadline)
-        return [Alert(id=_typed(self.name, item, "id", str),
-                      severity=_typed(self.name, item, "severity", str),
-                      title=_typed(self.name, item, "title", str),
-                      triggered_ms=_typed(self.name, item, "triggered_ms", int))
-                for item in _list_field(self.name, body, "alerts")]
+        return [
+            Alert(
+                id=_typed(self.name, item, "id", str),
+                severity=_typed(self.name, item, "severity", str),
+                title=_typed(self.name, item, "title", str),
+                triggered_ms=_typed(self.name, item, "triggered_ms", int),
+            )
+            for item in _list_field(self.name, body, "alerts")
+        ]
 
 
 class SeriesLookup(HttpLookup):

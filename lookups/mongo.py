@@ -20,7 +20,8 @@ import abc
 import contextlib
 import functools
 import re
-from typing import Any, ClassVar, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import pymongo
 import pymongo.errors
@@ -28,17 +29,28 @@ from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
 from pymongo.database import Database
 
-from lookups.deadline import Deadline
 from lookups.backends.mongo import MongoBackend
 from lookups.base import Lookup
+from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BadBackendResponse
-from lookups.panels import (TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList,
-                            Window)
+from lookups.panels import TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList, Window
 
-__all__ = ["COLLECTIONS", "QUERY_GROUP_CAP", "ensure_indexes", "window_filter", "normalise_query",
-           "aggregate_one_batch", "first_batch", "ts_range",
-           "MongoLookup", "ErrorsLookup", "TopByCountLookup", "UrlsLookup", "ControllersLookup",
-           "QueriesLookup"]
+__all__ = [
+    "COLLECTIONS",
+    "QUERY_GROUP_CAP",
+    "ensure_indexes",
+    "window_filter",
+    "normalise_query",
+    "aggregate_one_batch",
+    "first_batch",
+    "ts_range",
+    "MongoLookup",
+    "ErrorsLookup",
+    "TopByCountLookup",
+    "UrlsLookup",
+    "ControllersLookup",
+    "QueriesLookup",
+]
 
 COLLECTIONS = ("errors", "requests", "queries")
 
@@ -49,11 +61,13 @@ QUERY_GROUP_CAP = 1000
 _INTEGERS = frozenset({int, Int64})
 _NUMBERS = frozenset({int, Int64, float})
 
-def ensure_indexes(db: Database) -> None:
+
+def ensure_indexes(db: Database[Any]) -> None:
     """Create the ``(app, ts)`` index every lookup's ``$match`` uses; idempotent."""
     for name in COLLECTIONS:
-        db[name].create_index([("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)],
-                              name="app_ts")
+        db[name].create_index(
+            [("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)], name="app_ts"
+        )
 
 
 def window_filter(window: Window) -> dict[str, Any]:
@@ -77,7 +91,9 @@ def ts_range(start_ms: int, end_ms: int) -> list[dict[str, Any]]:
     return [{"ts": {"$gte": DatetimeMS(start_ms)}}, {"ts": {"$lt": DatetimeMS(end_ms)}}]
 
 
-def aggregate_one_batch(db: Database, collection: str, pipeline: list[dict[str, Any]]) -> list[Any]:
+def aggregate_one_batch(
+    db: Database[Any], collection: str, pipeline: list[dict[str, Any]]
+) -> list[Any]:
     """The documents of an aggregation whose result fits one batch, read as one command.
 
     Every lookup's pipeline ends in a ``$limit`` of at most :data:`QUERY_GROUP_CAP`, so
@@ -90,18 +106,31 @@ def aggregate_one_batch(db: Database, collection: str, pipeline: list[dict[str, 
     return found if whole else list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
 
 
-def first_batch(db: Database, collection: str, pipeline: list[dict[str, Any]],
-                size: int) -> tuple[list[Any], bool]:
+def first_batch(
+    db: Database[Any], collection: str, pipeline: list[dict[str, Any]], size: int
+) -> tuple[list[Any], bool]:
     """The first ``size`` documents of an aggregation, and whether they were all (an open
     cursor is closed)."""
-    concern = {"readConcern": db.read_concern.document} if db.read_concern.document else {}
-    cursor = db.command("aggregate", collection, pipeline=pipeline, cursor={"batchSize": size},
-                        read_preference=db.read_preference, **concern)["cursor"]
+    concern: dict[str, Any] = (
+        {"readConcern": db.read_concern.document} if db.read_concern.document else {}
+    )
+    cursor = db.command(
+        "aggregate",
+        collection,
+        pipeline=pipeline,
+        cursor={"batchSize": size},
+        read_preference=db.read_preference,
+        **concern,
+    )["cursor"]
     if cursor["id"]:
         # Best effort: on a replica set the server picked may not hold it (it drops it idle).
         with contextlib.suppress(pymongo.errors.PyMongoError):
-            db.command("killCursors", collection, cursors=[cursor["id"]],
-                       read_preference=db.read_preference)
+            db.command(
+                "killCursors",
+                collection,
+                cursors=[cursor["id"]],
+                read_preference=db.read_preference,
+            )
     return cursor["firstBatch"], not cursor["id"]
 
 
@@ -126,7 +155,8 @@ class MongoLookup(Lookup, abc.ABC):
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
         documents = self.backend.run(
-            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), deadline)
+            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), deadline
+        )
         return self.build(documents)
 
     @abc.abstractmethod
@@ -145,20 +175,29 @@ class ErrorsLookup(MongoLookup):
     collection: ClassVar[str] = "errors"
 
     def stages(self) -> list[dict[str, Any]]:
-        return [{"$facet": {
-            "total": [{"$count": "n"}],
-            "top": [{"$group": {"_id": "$message", "count": {"$sum": 1}}},
-                    {"$sort": {"count": -1, "_id": 1}},
-                    {"$limit": TOP_N}],
-        }}]
+        return [
+            {
+                "$facet": {
+                    "total": [{"$count": "n"}],
+                    "top": [
+                        {"$group": {"_id": "$message", "count": {"$sum": 1}}},
+                        {"$sort": {"count": -1, "_id": 1}},
+                        {"$limit": TOP_N},
+                    ],
+                }
+            }
+        ]
 
     def build(self, documents: Sequence[Any]) -> ErrorSummary:
         facets = _one_document(self.name, documents)
         totals = _field(self.name, facets, "total", list)
         total = _field(self.name, totals[0], "n", int) if totals else 0
-        top = tuple(MessageCount(_field(self.name, group, "_id", str),
-                                 _field(self.name, group, "count", int))
-                    for group in _field(self.name, facets, "top", list)[:TOP_N])
+        top = tuple(
+            MessageCount(
+                _field(self.name, group, "_id", str), _field(self.name, group, "count", int)
+            )
+            for group in _field(self.name, facets, "top", list)[:TOP_N]
+        )
         return ErrorSummary(total=total, top=_sorted_by(top, lambda m: (-m.count, m.message)))
 
 
@@ -169,18 +208,29 @@ class TopByCountLookup(MongoLookup):
     field: ClassVar[str]
 
     def stages(self) -> list[dict[str, Any]]:
-        return [{"$group": {"_id": f"${self.field}", "count": {"$sum": 1},
-                            "total_ms": {"$sum": "$duration_ms"},
-                            "mean_ms": {"$avg": "$duration_ms"}}},
-                {"$sort": {"count": -1, "_id": 1}},
-                {"$limit": TOP_N}]
+        return [
+            {
+                "$group": {
+                    "_id": f"${self.field}",
+                    "count": {"$sum": 1},
+                    "total_ms": {"$sum": "$duration_ms"},
+                    "mean_ms": {"$avg": "$duration_ms"},
+                }
+            },
+            {"$sort": {"count": -1, "_id": 1}},
+            {"$limit": TOP_N},
+        ]
 
     def build(self, documents: Sequence[Any]) -> TopList:
-        entries = tuple(TopEntry(key=_field(self.name, group, "_id", str),
-                                 count=_field(self.name, group, "count", int),
-                                 mean_ms=_duration(self.name, group, "mean_ms"),
-                                 total_ms=_duration(self.name, group, "total_ms"))
-                        for group in documents[:TOP_N])
+        entries = tuple(
+            TopEntry(
+                key=_field(self.name, group, "_id", str),
+                count=_field(self.name, group, "count", int),
+                mean_ms=_duration(self.name, group, "mean_ms"),
+                total_ms=_duration(self.name, group, "total_ms"),
+            )
+            for group in documents[:TOP_N]
+        )
         return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
 
 
@@ -206,18 +256,31 @@ class QueriesLookup(MongoLookup):
     collection: ClassVar[str] = "queries"
 
     def stages(self) -> list[dict[str, Any]]:
-        return [{"$group": {"_id": "$query", "count": {"$sum": 1},
-                            "total_ms": {"$sum": "$duration_ms"}}},
-                {"$sort": {"total_ms": -1, "_id": 1}},
-                {"$limit": QUERY_GROUP_CAP}]
+        return [
+            {
+                "$group": {
+                    "_id": "$query",
+                    "count": {"$sum": 1},
+                    "total_ms": {"$sum": "$duration_ms"},
+                }
+            },
+            {"$sort": {"total_ms": -1, "_id": 1}},
+            {"$limit": QUERY_GROUP_CAP},
+        ]
 
     def build(self, documents: Sequence[Any]) -> TopList:
         merged: dict[str, tuple[int, float]] = {}
         for group in documents[:QUERY_GROUP_CAP]:
             # Up to a thousand groups per call: exact BSON types checked inline, the
             # generic checks (and their messages) only for a group that fails them.
-            query, count, total = (group.get("_id"), group.get("count"), group.get("total_ms")) \
-                if type(group) is dict else (None, None, None)
+            query: Any
+            count: Any
+            total: Any
+            query, count, total = (
+                (group.get("_id"), group.get("count"), group.get("total_ms"))  # type-checked below
+                if type(group) is dict
+                else (None, None, None)
+            )
             if type(query) is not str or type(count) not in _INTEGERS:
                 query = _field(self.name, group, "_id", str)
                 count = _field(self.name, group, "count", int)
@@ -226,8 +289,12 @@ class QueriesLookup(MongoLookup):
             shape = normalise_query(query)
             known_count, known_total = merged.get(shape, (0, 0.0))
             merged[shape] = (known_count + count, known_total + total)
-        entries = [TopEntry(key=shape, count=count, mean_ms=total / count if count else 0.0,
-                            total_ms=total) for shape, (count, total) in merged.items()]
+        entries = [
+            TopEntry(
+                key=shape, count=count, mean_ms=total / count if count else 0.0, total_ms=total
+            )
+            for shape, (count, total) in merged.items()
+        ]
         return TopList(_sorted_by(entries, lambda e: (-e.total_ms, e.key))[:TOP_N])
 
 
@@ -283,8 +350,9 @@ def _field(lookup: str, document: Any, key: str, kind: type) -> Any:
     value = document.get(key) if isinstance(document, dict) else None
     # bool is an int in Python but never a count.
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise BadBackendResponse(f"{lookup}: field {key!r} is not {kind.__name__} "
-                                 f"(found {type(value).__name__})")
+        raise BadBackendResponse(
+            f"{lookup}: field {key!r} is not {kind.__name__} (found {type(value).__name__})"
+        )
     return value
 
 
@@ -295,6 +363,7 @@ def _duration(lookup: str, document: Any, key: str) -> float:
     if value is None:
         return 0.0
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise BadBackendResponse(f"{lookup}: field {key!r} is not a number "
-                                 f"(found {type(value).__name__})")
+        raise BadBackendResponse(
+            f"{lookup}: field {key!r} is not a number (found {type(value).__name__})"
+        )
     return float(value)

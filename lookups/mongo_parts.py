@@ -25,23 +25,41 @@ from __future__ import annotations
 
 import abc
 import json
-from typing import Any, ClassVar, Iterable, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
 
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 
-from lookups.mongo import (QUERY_GROUP_CAP, ErrorsLookup, MongoLookup, QueriesLookup,
-                           TopByCountLookup, ts_range)
+from lookups.mongo import (
+    QUERY_GROUP_CAP,
+    ErrorsLookup,
+    MongoLookup,
+    QueriesLookup,
+    TopByCountLookup,
+    ts_range,
+)
 from lookups.panels import TOP_N, PanelValue
 
-__all__ = ["Part", "NoPart", "PART_GROUP_CAP", "PanelParts", "parts_of", "ranges_filter", "range_condition",
-           "encode_part", "decode_part", "add_parts", "subtract_part"]
+__all__ = [
+    "Part",
+    "NoPart",
+    "PART_GROUP_CAP",
+    "PanelParts",
+    "parts_of",
+    "ranges_filter",
+    "range_condition",
+    "encode_part",
+    "decode_part",
+    "add_parts",
+    "subtract_part",
+]
 
 #: Groups per range kept whole; a range with more is answered by a direct query.
 PART_GROUP_CAP = 2000
 
 #: One range's groups: key (a string, or None where documents lack the field) to sums.
-Part = dict[Optional[str], list[float]]
+Part = dict[str | None, list[float]]
 
 _NUMBERS = (int, Int64, float)
 
@@ -68,7 +86,7 @@ def encode_part(part: Part) -> bytes:
     return json.dumps([[key, *sums] for key, sums in part.items()], separators=(",", ":")).encode()
 
 
-def decode_part(value: bytes) -> Optional[Part]:
+def decode_part(value: bytes) -> Part | None:
     """A part from :func:`encode_part`, or None when ``value`` is not one."""
     try:
         return {row[0]: row[1:] for row in json.loads(value)}
@@ -129,11 +147,13 @@ class PanelParts(abc.ABC):
     def stages(self) -> list[dict[str, Any]]:
         """The stages after the range's ``$match``: one document per group, ``_id`` and
         :attr:`fields`, at most ``PART_GROUP_CAP + 1`` of them."""
-        return [{"$group": {"_id": f"${self.key_field}", **self.sums()}},
-                {"$limit": PART_GROUP_CAP + 1}]
+        return [
+            {"$group": {"_id": f"${self.key_field}", **self.sums()}},
+            {"$limit": PART_GROUP_CAP + 1},
+        ]
 
     #: The documents' field the panel sums (durations), or None where it only counts.
-    summed: ClassVar[Optional[str]] = "duration_ms"
+    summed: ClassVar[str | None] = "duration_ms"
 
     def row_stages(self) -> list[dict[str, Any]]:
         """The stages after a range's ``$match`` that give one row per document, for
@@ -157,7 +177,9 @@ class PanelParts(abc.ABC):
             sums = part.get(key)
             if sums is None:
                 if len(part) == PART_GROUP_CAP:
-                    raise NoPart(f"{self.lookup.name}: more than {PART_GROUP_CAP} groups in a range")
+                    raise NoPart(
+                        f"{self.lookup.name}: more than {PART_GROUP_CAP} groups in a range"
+                    )
                 sums = part[key] = [0] * len(self.fields)
             sums[0] += 1
             if type(value) in _NUMBERS:
@@ -165,14 +187,16 @@ class PanelParts(abc.ABC):
                     sums[1] += value
                 if timing:
                     sums[2] += 1
-        return {key: [v if type(v) is float else int(v) for v in sums] for key, sums in part.items()}
+        return {
+            key: [v if type(v) is float else int(v) for v in sums] for key, sums in part.items()
+        }
 
     def stages_by(self, bucket: dict[str, Any]) -> list[dict[str, Any]]:
         """The groups of every bucket of a range: ``_id`` is ``{"b": bucket, "k": key}``."""
         return [{"$group": {"_id": {"b": bucket, "k": f"${self.key_field}"}, **self.sums()}}]
 
     @abc.abstractmethod
-    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+    def finish(self, total: Part, ranked: list[str | None] | None = None) -> PanelValue:
         """The panel value from the window's sum of parts (its :meth:`ranked_keys`, when
         already known)."""
 
@@ -183,7 +207,9 @@ class PanelParts(abc.ABC):
         part: Part = {}
         for group in documents:
             key = group.get("_id") if isinstance(group, dict) else None
-            sums = [group.get(name) for name in self.fields] if isinstance(group, dict) else []
+            sums: list[Any] = (
+                [group.get(name) for name in self.fields] if isinstance(group, dict) else []
+            )
             if not (key is None or type(key) is str) or not all(type(v) in _NUMBERS for v in sums):
                 raise NoPart(f"{self.lookup.name}: a group of other types than strings and numbers")
             part[key] = [v if type(v) is float else int(v) for v in sums]
@@ -194,8 +220,11 @@ class PanelParts(abc.ABC):
     rank_by: ClassVar[int] = 0
     limit: ClassVar[int] = TOP_N
 
-    def ranked_keys(self, total: Part, candidates: Optional[Iterable[Optional[str]]] = None,
-                    ) -> list[Optional[str]]:
+    def ranked_keys(
+        self,
+        total: Part,
+        candidates: Iterable[str | None] | None = None,
+    ) -> list[str | None]:
         """The :attr:`limit` first keys of ``total`` as the query ranks them (null before
         every string), looking only at ``candidates`` when given.
 
@@ -204,9 +233,9 @@ class PanelParts(abc.ABC):
         of ``P`` can overtake them, since theirs only grew."""
         index = self.rank_by
         keys = total if candidates is None else set(candidates)
-        return sorted(keys, key=lambda k: (-total[k][index], k is not None, k or ""))[:self.limit]
+        return sorted(keys, key=lambda k: (-total[k][index], k is not None, k or ""))[: self.limit]
 
-    def _documents(self, total: Part, keys: Iterable[Optional[str]]) -> list[dict[str, Any]]:
+    def _documents(self, total: Part, keys: Iterable[str | None]) -> list[dict[str, Any]]:
         return [{"_id": key, **dict(zip(self.fields, total[key]))} for key in keys]
 
 
@@ -218,10 +247,12 @@ class ErrorParts(PanelParts):
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}}
 
-    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+    def finish(self, total: Part, ranked: list[str | None] | None = None) -> PanelValue:
         top = self._documents(total, self.ranked_keys(total) if ranked is None else ranked)
-        facets = {"total": [{"n": sum(sums[0] for sums in total.values())}] if total else [],
-                  "top": top}
+        facets = {
+            "total": [{"n": sum(sums[0] for sums in total.values())}] if total else [],
+            "top": top,
+        }
         return self.lookup.build([facets])
 
 
@@ -230,15 +261,18 @@ class TopByCountParts(PanelParts):
 
     @property
     def key_field(self) -> str:
-        return self.lookup.field  # type: ignore[attr-defined, no-any-return]
+        return self.lookup.field  # type: ignore[attr-defined, no-any-return]  # TopByCount only
 
     def sums(self) -> dict[str, Any]:
-        return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"},
-                "timed": {"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}}}
+        return {
+            "count": {"$sum": 1},
+            "total_ms": {"$sum": "$duration_ms"},
+            "timed": {"$sum": {"$cond": [{"$isNumber": "$duration_ms"}, 1, 0]}},
+        }
 
-    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+    def finish(self, total: Part, ranked: list[str | None] | None = None) -> PanelValue:
         top = self._documents(total, self.ranked_keys(total) if ranked is None else ranked)
-        for entry in top:   # $avg: the sum of the numeric durations over how many there are
+        for entry in top:  # $avg: the sum of the numeric durations over how many there are
             timed = entry.pop("timed")
             entry["mean_ms"] = entry["total_ms"] / timed if timed else None
         return self.lookup.build(top)
@@ -252,18 +286,22 @@ class QueryParts(PanelParts):
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}, "total_ms": {"$sum": "$duration_ms"}}
 
-    def finish(self, total: Part, ranked: Optional[list[Optional[str]]] = None) -> PanelValue:
+    def finish(self, total: Part, ranked: list[str | None] | None = None) -> PanelValue:
         keys = self.ranked_keys(total) if ranked is None else ranked
         return self.lookup.build(self._documents(total, keys))
 
 
-def parts_of(lookup: Any) -> Optional[PanelParts]:
+def parts_of(lookup: Any) -> PanelParts | None:
     """How ``lookup`` is computed from parts, or None when it is not: HTTP lookups, plugins,
     and subclasses that change how the panel is queried or built."""
-    for kind, parts in ((ErrorsLookup, ErrorParts), (TopByCountLookup, TopByCountParts),
-                        (QueriesLookup, QueryParts)):
+    for kind, parts in (
+        (ErrorsLookup, ErrorParts),
+        (TopByCountLookup, TopByCountParts),
+        (QueriesLookup, QueryParts),
+    ):
         cls = type(lookup)
-        if isinstance(lookup, kind) and all(getattr(cls, method) is getattr(kind, method)
-                                            for method in ("fetch", "stages", "build")):
+        if isinstance(lookup, kind) and all(
+            getattr(cls, method) is getattr(kind, method) for method in ("fetch", "stages", "build")
+        ):
             return parts(lookup)
     return None

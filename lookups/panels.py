@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
-__all__ = ["Window", "MessageCount", "ErrorSummary", "TopEntry", "TopList", "Point", "Series",
-           "Alert", "AlertList", "PanelValue", "TOP_N"]
+__all__ = [
+    "Window",
+    "MessageCount",
+    "ErrorSummary",
+    "TopEntry",
+    "TopList",
+    "Point",
+    "Series",
+    "Alert",
+    "AlertList",
+    "PanelValue",
+    "TOP_N",
+]
 
 TOP_N = 10  # top lists hold the 10 largest entries, ties broken by key
 
@@ -70,4 +80,4 @@ class AlertList:
     alerts: tuple[Alert, ...]
 
 
-PanelValue = Union[ErrorSummary, TopList, Series, AlertList]
+PanelValue = ErrorSummary | TopList | Series | AlertList

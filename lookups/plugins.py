@@ -33,13 +33,23 @@ section (a frozen dataclass, declared as ``service/settings/declarations.py`` de
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any
 
 from lookups.registry import LookupFactory, LookupRegistry, settings_of, with_settings
 
-__all__ = ["ENTRY_POINT_GROUP", "PluginError", "add_entry_points", "add_configured", "load_factory",
-           "with_settings", "settings_of", "find_factory", "entry_point_factories"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginError",
+    "add_entry_points",
+    "add_configured",
+    "load_factory",
+    "with_settings",
+    "settings_of",
+    "find_factory",
+    "entry_point_factories",
+]
 
 ENTRY_POINT_GROUP = "fanout.lookups"
 
@@ -57,20 +67,22 @@ def add_entry_points(registry: LookupRegistry) -> list[str]:
     return added
 
 
-def entry_point_factories(only: Optional[str] = None) -> Iterator[tuple[str, LookupFactory]]:
+def entry_point_factories(only: str | None = None) -> Iterator[tuple[str, LookupFactory]]:
     """The installed ``fanout.lookups`` factories (or the one named ``only``), loaded, by name."""
     for point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda p: p.name):
         if only is not None and point.name != only:
             continue
         try:
             factory = point.load()
-        except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's
-            raise PluginError(f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): "
-                              f"cannot load it: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # any import failure is the plugin's
+            raise PluginError(
+                f"entry point {point.name} = {point.value!r} ({ENTRY_POINT_GROUP}): "
+                f"cannot load it: {type(exc).__name__}: {exc}"
+            ) from exc
         yield point.name, _callable(factory, f"entry point {point.name}")
 
 
-def find_factory(name: str, path: str = "") -> Optional[LookupFactory]:
+def find_factory(name: str, path: str = "") -> LookupFactory | None:
     """The factory of panel ``name``: the one ``path`` names, else its entry point, if any."""
     if path:
         return load_factory(path, f"lookups.{name}.factory")
@@ -99,9 +111,12 @@ def load_factory(path: str, key: str) -> LookupFactory:
 
 def _callable(factory: Any, key: str) -> LookupFactory:
     if not callable(factory):
-        raise PluginError(f"{key}: {factory!r} is not callable; a factory takes the backend "
-                          "clients and returns a Lookup")
-    return factory
+        raise PluginError(
+            f"{key}: {factory!r} is not callable; a factory takes the backend "
+            "clients and returns a Lookup"
+        )
+    checked: LookupFactory = factory
+    return checked
 
 
 def _register(registry: LookupRegistry, name: str, factory: LookupFactory) -> None:

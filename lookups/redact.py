@@ -21,8 +21,10 @@ REDACTED = "***"
 # scheme://userinfo@ : the userinfo runs to the last "@" before the first "/", "?" or "#".
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
 # Query options that carry credentials in MongoDB connection strings.
-_SECRET_OPTIONS = re.compile(r"(?i)(?P<key>[?&](?:password|authMechanismProperties|"
-                             r"tlsCertificateKeyFilePassword)=)[^&#]*")
+_SECRET_OPTIONS = re.compile(
+    r"(?i)(?P<key>[?&](?:password|authMechanismProperties|"
+    r"tlsCertificateKeyFilePassword)=)[^&#]*"
+)
 
 
 def redact_uri(uri: str) -> str:

@@ -10,11 +10,12 @@ no change. Its backend is a ``[backends.<name>]`` table of the configuration::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
-from lookups.base import Lookup
 from lookups.backends.collection import Backends
+from lookups.base import Lookup
 from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup
 from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup
 
@@ -29,13 +30,15 @@ def with_settings(section: type) -> Callable[[Any], Any]:
     dataclass declared as ``service/settings/declarations.py`` says): keys of its
     ``[lookups.<name>]`` table, validated like every other key and handed to the factory
     as its second argument."""
+
     def declare(factory: Any) -> Any:
         factory.settings = section
         return factory
+
     return declare
 
 
-def settings_of(factory: Any) -> Optional[type]:
+def settings_of(factory: Any) -> type | None:
     """The settings section ``factory`` declares with :func:`with_settings`, or ``None``."""
     section = getattr(factory, "settings", None)
     return section if isinstance(section, type) else None
@@ -59,8 +62,9 @@ class LookupRegistry:
         """Registered panel names, in registration order."""
         return tuple(self._factories)
 
-    def build(self, backends: Backends,
-              plugin_settings: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Lookup]:
+    def build(
+        self, backends: Backends, plugin_settings: Mapping[str, Any] = MappingProxyType({})
+    ) -> dict[str, Lookup]:
         """One lookup per registered name, in registration order, sharing ``backends``.
 
         A factory that declares settings (:func:`with_settings`) also gets its lookup's,
@@ -74,8 +78,11 @@ class LookupRegistry:
         for name, factory in self._factories.items():
             try:
                 section = settings_of(factory)
-                lookup = (factory(backends) if section is None else
-                          factory(backends, plugin_settings.get(name) or section()))
+                lookup = (
+                    factory(backends)
+                    if section is None
+                    else factory(backends, plugin_settings.get(name) or section())
+                )
             except KeyError as exc:
                 raise ValueError(f"lookup {name!r}: {exc.args[0] if exc.args else exc}") from None
             if lookup.name != name:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Any
 
 import thriftpy2
 
@@ -26,7 +27,8 @@ def idl_file() -> Traversable:
     return Path(__file__).resolve().parent.parent / "thrift" / IDL_NAME
 
 
-def _load() -> object:
+def _load() -> Any:
+    # Any: thriftpy2 makes the IDL's classes at run time, so no checker can see them.
     with resources.as_file(idl_file()) as path:
         # module_name must end in "_thrift" for thriftpy2's pickling support; loading
         # once keeps the generated classes identical everywhere (isinstance checks).

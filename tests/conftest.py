@@ -12,9 +12,15 @@ import pytest  # noqa: E402
 
 from tests.support import toolchains  # noqa: E402
 
-pytest_plugins: list[str] = ["tests.support.tracing", "tests.support.server", "tests.support.samples",
-                             "tests.support.processes", "tests.support.dist", "tests.support.redis_server",
-                                   "tests.support.pacing"]
+pytest_plugins: list[str] = [
+    "tests.support.tracing",
+    "tests.support.server",
+    "tests.support.samples",
+    "tests.support.processes",
+    "tests.support.dist",
+    "tests.support.redis_server",
+    "tests.support.pacing",
+]
 
 
 def pytest_configure(config: pytest.Config) -> None:

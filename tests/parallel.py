@@ -36,24 +36,48 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Seconds per file among the other processes in a ``make test`` run on a slow 2-core host,
 #: the tests marked solo left out, the files over 3 s.
 SECONDS = {
-    "test_worker_group.py": 106, "test_image.py": 85.5, "test_workers.py": 75, "test_lifecycle.py": 64,
-    "test_fuzz.py": 48.5, "test_results_cache.py": 46, "interop": 40, "test_cli.py": 38.5,
-    "test_cache_parts.py": 33.5, "test_trace_ui.py": 32.5, "test_packaging.py": 28,
-    "test_plugins.py": 25.5, "test_capacity.py": 21.5, "test_instances.py": 15.5,
-    "test_tracing_otlp_wire.py": 11, "test_backends.py": 10.5, "test_mutual_tls.py": 10.5,
-    "test_resilience.py": 8.5, "test_health.py": 8, "test_tls.py": 7.5, "test_lookups_mongo.py": 7.5,
-    "test_pool_advice.py": 6.5, "test_tracing_export.py": 6.5, "test_secrets.py": 6.5,
-    "test_bench_responder.py": 5.5, "test_service.py": 4, "test_lookups_http.py": 4,
-    "test_call_path.py": 3.5, "test_cache_alerts.py": 3.5, "test_logs.py": 3.5, "test_backend_tls.py": 3,
-    "test_fanout.py": 3, "test_compat.py": 3.5, "test_docs.py": 10,
+    "test_worker_group.py": 106,
+    "test_image.py": 85.5,
+    "test_workers.py": 75,
+    "test_lifecycle.py": 64,
+    "test_fuzz.py": 48.5,
+    "test_results_cache.py": 46,
+    "interop": 40,
+    "test_cli.py": 38.5,
+    "test_cache_parts.py": 33.5,
+    "test_trace_ui.py": 32.5,
+    "test_packaging.py": 28,
+    "test_plugins.py": 25.5,
+    "test_capacity.py": 21.5,
+    "test_instances.py": 15.5,
+    "test_tracing_otlp_wire.py": 11,
+    "test_backends.py": 10.5,
+    "test_mutual_tls.py": 10.5,
+    "test_resilience.py": 8.5,
+    "test_health.py": 8,
+    "test_tls.py": 7.5,
+    "test_lookups_mongo.py": 7.5,
+    "test_pool_advice.py": 6.5,
+    "test_tracing_export.py": 6.5,
+    "test_secrets.py": 6.5,
+    "test_bench_responder.py": 5.5,
+    "test_service.py": 4,
+    "test_lookups_http.py": 4,
+    "test_call_path.py": 3.5,
+    "test_cache_alerts.py": 3.5,
+    "test_logs.py": 3.5,
+    "test_backend_tls.py": 3,
+    "test_fanout.py": 3,
+    "test_compat.py": 3.5,
+    "test_docs.py": 10,
 }
 DEFAULT_S = 1
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds
@@ -81,7 +105,9 @@ def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
         lightest = loads.index(min(loads))
         groups[lightest].append(target)
         loads[lightest] += SECONDS.get(Path(target).name, DEFAULT_S)
-    return [sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group]
+    return [
+        sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group
+    ]
 
 
 def phase_arguments(pytest_args: list[str], phase: str) -> list[str]:
@@ -100,15 +126,28 @@ def phase_arguments(pytest_args: list[str], phase: str) -> list[str]:
     return [*rest, "-m", f"({chosen}) and {own}" if chosen else own]
 
 
-def run_phase(groups: list[list[str]], pytest_args: list[str], logs: list[Path],
-              env: dict[str, str]) -> list[int]:
+def run_phase(
+    groups: list[list[str]], pytest_args: list[str], logs: list[Path], env: dict[str, str]
+) -> list[int]:
     """One pytest process per group, all at once; their exit codes."""
     runs = []
     for group, log in zip(groups, logs):
-        command = [sys.executable, "-m", "gevent.monkey", "--module", "pytest",
-                   "-p", "no:cacheprovider", *pytest_args, *group]
-        runs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("w"),
-                                     stderr=subprocess.STDOUT))
+        command = [
+            sys.executable,
+            "-m",
+            "gevent.monkey",
+            "--module",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            *pytest_args,
+            *group,
+        ]
+        runs.append(
+            subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT
+            )
+        )
     return [run.wait() for run in runs]
 
 
@@ -116,8 +155,10 @@ def report(groups: list[list[str]], logs: list[Path], codes: list[int], name: st
     for index, (group, log, code) in enumerate(zip(groups, logs, codes)):
         text = log.read_text()
         tail = text if code not in (0, 5) else "\n".join(text.rstrip().splitlines()[-1:])
-        print(f"--- {name} {index} ({len(group) or 'all'} targets), exit {code}, "
-              f"log {log.relative_to(ROOT)}")
+        print(
+            f"--- {name} {index} ({len(group) or 'all'} targets), exit {code}, "
+            f"log {log.relative_to(ROOT)}"
+        )
         print(tail)
 
 
@@ -132,13 +173,17 @@ def main(argv: Sequence[str]) -> int:
         print(line)
     started = time.monotonic()
     (ROOT / ".pytest-logs").mkdir(exist_ok=True)
-    paths_given = any(not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args)
+    paths_given = any(
+        not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args
+    )
     if paths_given:  # one ordinary run
         phases = [("run", [[]], pytest_args)]
     else:
         targets = test_targets()
-        phases = [("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
-                  (SOLO, [targets], phase_arguments(pytest_args, SOLO))]
+        phases = [
+            ("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
+            (SOLO, [targets], phase_arguments(pytest_args, SOLO)),
+        ]
     codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
         # What the processes build once between them (the wheel: tests/support/dist.py).
@@ -148,8 +193,10 @@ def main(argv: Sequence[str]) -> int:
             phase_codes = run_phase(groups, phase_args, logs, env)
             report(groups, logs, phase_codes, name)
             codes += phase_codes
-    print(f"--- {sum(len(groups) for _, groups, _ in phases)} processes, "
-          f"{time.monotonic() - started:.0f} s")
+    print(
+        f"--- {sum(len(groups) for _, groups, _ in phases)} processes, "
+        f"{time.monotonic() - started:.0f} s"
+    )
     failing = [code for code in codes if code not in (0, 5)]  # 5: nothing collected (-k, -m)
     return max(failing) if failing else 0
 

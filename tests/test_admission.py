@@ -14,17 +14,23 @@ from typing import Any
 import gevent
 import pytest
 
-from service.overload.brownout import Criticality
-from service.overload.admission import AdmissionControl, Refused
-from service.overload.cpu_rule import PROBE_CALLS
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
-from tests.support.clock import Clock
+from service.overload.admission import AdmissionControl, Refused
+from service.overload.brownout import Criticality
+from service.overload.cpu_rule import PROBE_CALLS
+from tests.support.clock import FakeClock
 
 
-def control(clock: Clock, **settings: Any) -> AdmissionControl:
-    options: dict[str, Any] = {"initial_limit": 2, "min_limit": 1, "max_limit": 100,
-                               "queue_interval_ms": 60_000, "queue_target_ms": 60_000, **settings}
+def control(clock: FakeClock, **settings: Any) -> AdmissionControl:
+    options: dict[str, Any] = {
+        "initial_limit": 2,
+        "min_limit": 1,
+        "max_limit": 100,
+        "queue_interval_ms": 60_000,
+        "queue_target_ms": 60_000,
+        **settings,
+    }
     return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000, clock=clock)
 
 
@@ -44,6 +50,7 @@ def steady(admission: AdmissionControl, inflight: int, latency_s: float, calls: 
 
 def queue(admission: AdmissionControl, names: list[str], order: list[str]) -> list[gevent.Greenlet]:
     """One waiter per name, queued in that order; each appends its name once admitted."""
+
     def wait(name: str) -> None:
         admission.admit(far())
         order.append(name)
@@ -62,7 +69,7 @@ def release(admission: AdmissionControl, count: int) -> None:
 
 
 def test_a_queue_that_drained_recently_is_served_first_in_first_out() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=3)  # the queue holds as many
     for _ in range(3):
         admission.admit(far())
@@ -76,7 +83,7 @@ def test_a_queue_that_drained_recently_is_served_first_in_first_out() -> None:
 
 
 def test_a_standing_queue_serves_the_newest_first() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, queue_interval_ms=100, initial_limit=3)
     for _ in range(3):
         admission.admit(far())
@@ -91,13 +98,13 @@ def test_a_standing_queue_serves_the_newest_first() -> None:
 def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
     """Arriving at a standing queue, a waiter waits queue_target_ms (here 0: refused at once
     when nothing finishes) instead of queue_interval_ms."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, queue_interval_ms=100, queue_target_ms=0)
     admission.admit(far())
     admission.admit(far())
     order: list[str] = []
-    patient = queue(admission, ["patient"], order)   # the queue has just formed: a long wait
-    clock.now += 0.2                                 # ...and now it has stood too long
+    patient = queue(admission, ["patient"], order)  # the queue has just formed: a long wait
+    clock.now += 0.2  # ...and now it has stood too long
     with pytest.raises(Refused, match="no call finished while this one waited"):
         admission.admit(far())
     assert admission.stats.refused_queue == 1
@@ -107,7 +114,7 @@ def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
 
 
 def test_a_full_queue_refuses_at_once() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     admission.admit(far())
     admission.admit(far())
@@ -122,7 +129,7 @@ def test_a_full_queue_refuses_at_once() -> None:
 
 
 def test_a_call_that_cannot_finish_in_time_is_refused_without_queueing() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     for _ in range(2):
         admission.admit(far())
@@ -134,8 +141,13 @@ def test_a_call_that_cannot_finish_in_time_is_refused_without_queueing() -> None
     assert admission.stats.refused_deadline == 1 and admission.queued == 0
 
 
-def _window(admission: AdmissionControl, clock: Clock, admitted: int, refused: int,
-            criticality: Criticality = Criticality.CRITICAL) -> int:
+def _window(
+    admission: AdmissionControl,
+    clock: FakeClock,
+    admitted: int,
+    refused: int,
+    criticality: Criticality = Criticality.CRITICAL,
+) -> int:
     """One second of traffic with this many admissions and refusals of ``criticality``;
     retry_after_ms for it after that second."""
     for _ in range(admitted):
@@ -150,11 +162,12 @@ def _window(admission: AdmissionControl, clock: Clock, admitted: int, refused: i
 
 def test_a_flood_of_sheddable_refusals_does_not_send_critical_callers_away() -> None:
     """retry_after_ms is steered apart for the critical and the sheddable calls."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     critical = admission.retry_after_ms(Criticality.CRITICAL)
-    sheddable = _window(admission, clock, admitted=0, refused=2500,
-                        criticality=Criticality.SHEDDABLE)
+    sheddable = _window(
+        admission, clock, admitted=0, refused=2500, criticality=Criticality.SHEDDABLE
+    )
     assert sheddable == pytest.approx(critical * 22.4, rel=0.05)  # sqrt(2500 / 5 aimed at)
     assert admission.retry_after_ms(Criticality.SHEDDABLE_PLUS) == sheddable
     assert admission.retry_after_ms(Criticality.CRITICAL) <= critical
@@ -164,7 +177,7 @@ def test_a_flood_of_sheddable_refusals_does_not_send_critical_callers_away() -> 
 def test_calls_the_dimmer_sheds_steer_retry_after_but_are_not_admissions_refusals() -> None:
     """The dimmer follows admission's own refusals, so its sheds are not among them; but
     the callers it sheds are told when to come back, and that pause grows as any other."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     start = admission.retry_after_ms(Criticality.SHEDDABLE)
     for _ in range(500):
@@ -178,7 +191,7 @@ def test_calls_the_dimmer_sheds_steer_retry_after_but_are_not_admissions_refusal
 
 
 def test_retry_after_grows_while_refusals_outnumber_a_quarter_of_admissions() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     start = admission.retry_after_ms()
     grown = _window(admission, clock, admitted=100, refused=2500)  # 25 refusals aimed at
@@ -187,7 +200,7 @@ def test_retry_after_grows_while_refusals_outnumber_a_quarter_of_admissions() ->
 
 
 def test_retry_after_halves_without_refusals_down_to_its_floor() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock)
     values = []
     for _ in range(8):
@@ -202,13 +215,13 @@ def test_retry_after_halves_without_refusals_down_to_its_floor() -> None:
 
 
 def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=20)
     steady(admission, 20, 0.02)
     settled = admission.limit
     assert settled > 20 and admission.stats.latency_cuts == 0
     cuts = []
-    for _ in range(40):   # latency ten times as high: a call ends every 10 ms
+    for _ in range(40):  # latency ten times as high: a call ends every 10 ms
         clock.now += 0.01
         before = admission.limit
         admission.done(0.2)
@@ -218,20 +231,20 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
     assert admission.limit < settled * 0.6
     # Never more than half at once.
     assert cuts and min(cuts) >= 0.5, cuts
-    assert admission.stats.latency_cuts >= 1   # what the brownout dimmer reads
+    assert admission.stats.latency_cuts >= 1  # what the brownout dimmer reads
 
 
 def test_latency_cuts_are_counted_once_a_round() -> None:
     """The updates of one round (a typical call's latency) cut once, however many see the
     latency high: so the dimmer sees one signal per round, not one per few calls."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=20)
     steady(admission, 20, 0.02)
-    for _ in range(60):   # latency ten times as high, within one round (the clock stands)
+    for _ in range(60):  # latency ten times as high, within one round (the clock stands)
         admission.done(0.2)
         admission.admit(far()) if admission.inflight < int(admission.limit) else None
     assert admission.stats.latency_cuts == 1
-    clock.now += 1.0      # a round later, higher again
+    clock.now += 1.0  # a round later, higher again
     for _ in range(20):
         admission.done(2.0)
         admission.admit(far()) if admission.inflight < int(admission.limit) else None
@@ -239,7 +252,7 @@ def test_latency_cuts_are_counted_once_a_round() -> None:
 
 
 def test_a_disabled_control_admits_everything() -> None:
-    admission = control(Clock(), enabled=False, initial_limit=1)
+    admission = control(FakeClock(), enabled=False, initial_limit=1)
     for _ in range(50):
         admission.admit(Deadline.after_ms(1))
     assert admission.inflight == 50 and not admission.saturated
@@ -249,11 +262,11 @@ def test_refusals_without_a_queue_still_let_a_small_limit_grow() -> None:
     """Callers back too early are refused unread (pacing), never queued. At the smallest
     limit the refusals are the only sign of demand; without counting them the limit stayed
     at 2 with the process nearly idle (seen under 1,000 callers ignoring retry_after_ms)."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=2, min_limit=2)
     for _ in range(2):
         admission.admit(far())
-    for _ in range(200):            # steady latency; each slot freed or added is taken at once
+    for _ in range(200):  # steady latency; each slot freed or added is taken at once
         for _ in range(5):
             admission.refuse_unread()
         admission.done(0.2)
@@ -266,11 +279,11 @@ def test_callers_the_dimmer_refuses_unread_are_no_demand_for_the_limit() -> None
     """Below the limit a caller is refused unread only because the brownout dimmer refuses
     its kind: that says nothing of admission's limit, which must not grow on it (it grew
     to 657 of 1,000 beside 1,000 sheddable callers while 50 were in flight)."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=20)
     for _ in range(2):
         admission.admit(far())
-    for _ in range(200):            # steady latency, far below the limit
+    for _ in range(200):  # steady latency, far below the limit
         for _ in range(5):
             admission.refuse_unread(Criticality.SHEDDABLE)
         admission.done(0.2)
@@ -281,35 +294,46 @@ def test_callers_the_dimmer_refuses_unread_are_no_demand_for_the_limit() -> None
 class CpuDemand:
     """The loop's demand for a core, in seconds so far, as the test's clock runs at ``busy``."""
 
-    def __init__(self, clock: Clock, busy: float) -> None:
+    def __init__(self, clock: FakeClock, busy: float) -> None:
         self.clock, self.busy, self.started = clock, busy, clock.now
 
     def __call__(self) -> float:
         return (self.clock.now - self.started) * self.busy
 
 
-def limit_after_steady_load(busy: float, in_use: int = 0, least_s: float = 0.02,
-                            **settings: Any) -> tuple[float, float]:
+def limit_after_steady_load(
+    busy: float, in_use: int = 0, least_s: float = 0.02, **settings: Any
+) -> tuple[float, float]:
     """The limit before and after 2,000 calls, 10 ms apart on the test's clock, with every
     slot in use (or ``in_use`` calls in flight), while the loop wants a core ``busy`` of the
     time: calls of 50 ms, every tenth of ``least_s`` (one that met no queue)."""
-    clock = Clock()
+    clock = FakeClock()
     admission = cpu_bound(clock, busy, **{"max_limit": 200, **settings})
     before = admission.limit
     steady_load(admission, clock, 2000, 0.01, in_use, least_s)
     return before, admission.limit
 
 
-def cpu_bound(clock: Clock, busy: float, **settings: Any) -> AdmissionControl:
+def cpu_bound(clock: FakeClock, busy: float, **settings: Any) -> AdmissionControl:
     """Admission from a limit of 40 on the test's clock, while the loop wants a core
     ``busy`` of the time."""
     options: dict[str, Any] = {"initial_limit": 40, "min_limit": 2, **settings}
-    return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000,
-                            clock=clock, cpu_demand=CpuDemand(clock, busy))
+    return AdmissionControl(
+        AdmissionSettings(**options),
+        request_deadline_ms=2000,
+        clock=clock,
+        cpu_demand=CpuDemand(clock, busy),
+    )
 
 
-def steady_load(admission: AdmissionControl, clock: Clock, calls: int, apart_s: float,
-                in_use: int = 0, least_s: float = 0.02) -> float:
+def steady_load(
+    admission: AdmissionControl,
+    clock: FakeClock,
+    calls: int,
+    apart_s: float,
+    in_use: int = 0,
+    least_s: float = 0.02,
+) -> float:
     """``calls`` calls of 50 ms each, every tenth of ``least_s``, one ending every
     ``apart_s`` on the test's clock, with every slot in use (or ``in_use`` calls in
     flight); the limit after them."""
@@ -339,17 +363,18 @@ def test_a_saturated_loop_holds_the_limit_while_calls_queue_about_as_long_as_the
     it: with 50 callers and 20 ms backends, a limit of 12 kept the loop as busy as 20 but
     answered a seventh fewer calls. The CPU rule cuts past 2.2 times the least latency,
     grows a step below 1.6 times, and holds between."""
+
     def limits(least_s: float) -> tuple[float, float]:
-        clock = Clock()
+        clock = FakeClock()
         admission = cpu_bound(clock, busy=1.0)
         measured = steady_load(admission, clock, 100, 0.01, least_s=least_s)  # a window measured
         return measured, steady_load(admission, clock, 1900, 0.01, least_s=least_s)
 
-    measured, held = limits(least_s=0.025)     # calls of 47.5 ms on average: 1.9 times
+    measured, held = limits(least_s=0.025)  # calls of 47.5 ms on average: 1.9 times
     assert held == measured
-    measured, cut = limits(least_s=0.02)       # 2.35 times
+    measured, cut = limits(least_s=0.02)  # 2.35 times
     assert cut < 0.5 * measured
-    measured, grown = limits(least_s=0.032)    # 1.5 times
+    measured, grown = limits(least_s=0.032)  # 1.5 times
     assert grown > 1.5 * measured
 
 
@@ -358,21 +383,21 @@ def test_a_probe_learns_the_least_latency_a_high_limit_hid() -> None:
     least latency learnt from them is only as low as the limit: one learnt at a limit of
     30 held 30, where 20 answered more. Once an epoch a probe lets only a few calls in
     flight, and learns the call's own latency, whatever the limit."""
-    clock = Clock()
+    clock = FakeClock()
     admission = cpu_bound(clock, busy=1.0, initial_limit=60, max_limit=200)
-    ends: list[tuple[float, float]] = []   # (when it ends, its latency), for calls in flight
+    ends: list[tuple[float, float]] = []  # (when it ends, its latency), for calls in flight
     most_in_probe = 0
     for _ in range(6000):
         while not admission.saturated:
             admission.admit(far())
-            latency_s = 0.01 + 0.002 * admission.inflight   # the core's queue: 2 ms a call
+            latency_s = 0.01 + 0.002 * admission.inflight  # the core's queue: 2 ms a call
             heapq.heappush(ends, (clock.now + latency_s, latency_s))
             if admission.cpu.least.probing:
                 most_in_probe = max(most_in_probe, admission.inflight)
         clock.now, latency_s = heapq.heappop(ends)
         admission.done(latency_s)
     assert admission.cpu.least.probes >= 2 and most_in_probe <= PROBE_CALLS
-    assert admission.cpu.least.seconds <= 0.01 + 0.002 * PROBE_CALLS   # the call's own latency
+    assert admission.cpu.least.seconds <= 0.01 + 0.002 * PROBE_CALLS  # the call's own latency
     # ...and the limit holds a queue for the core of 0.6 to 1.2 times the rest of a call.
     assert 1.6 * 0.9 <= admission.cpu.window_latency_s / admission.cpu.least.seconds <= 2.2 / 0.9
 
@@ -381,24 +406,24 @@ def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() ->
     """A call ends every millisecond: about twenty updates a window of the loop's demand.
     A step at every update took the limit down by half within one window, and it then
     swung back as far: the core sat idle between the swings."""
-    clock = Clock()
+    clock = FakeClock()
     admission = cpu_bound(clock, busy=1.0)
-    first = steady_load(admission, clock, 260, 0.001)   # the first window measured: one step
+    first = steady_load(admission, clock, 260, 0.001)  # the first window measured: one step
     assert admission.cpu.least.probing
-    while admission.cpu.least.probing:                      # ...and a probe, which moves nothing
+    while admission.cpu.least.probing:  # ...and a probe, which moves nothing
         steady_load(admission, clock, 1, 0.001)
     assert admission.limit == first
-    assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9 ** 2)  # two more
+    assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9**2)  # two more
 
 
 def test_a_loop_close_to_saturated_grows_the_limit_one_step_per_window_measured() -> None:
     """A window with a moment to spare on a loop close to saturated (a probe's aftermath,
     a pause of the callers): grown at every update, the limit went from 18 to 37 within
     one window."""
-    clock = Clock()
+    clock = FakeClock()
     admission = cpu_bound(clock, busy=0.93)
-    first = steady_load(admission, clock, 260, 0.001)   # the first window measured
-    assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first / 0.9 ** 2)
+    first = steady_load(admission, clock, 260, 0.001)  # the first window measured
+    assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first / 0.9**2)
 
 
 def test_a_limit_just_past_twice_the_calls_in_use_still_falls_when_they_saturate_the_loop() -> None:
@@ -416,7 +441,7 @@ def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
     they counted, every real call afterwards would look two hundred times slower."""
     from service.overload.gate import CallGate
 
-    clock = Clock()
+    clock = FakeClock()
     gate = CallGate(AdmissionSettings(initial_limit=20), 2000)
     admission = gate.admission
     admission._clock = clock
@@ -433,14 +458,14 @@ def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
 
 def test_slow_calls_ending_together_cut_the_limit_once_not_again_and_again() -> None:
     """The calls admitted since a cut have not ended: the same latency cuts once per round."""
-    clock = Clock()
+    clock = FakeClock()
     admission = control(clock, initial_limit=40)
     steady(admission, 40, 0.01, calls=100)
     before = admission.limit
-    for _ in range(30):            # thirty slow calls end in the same instant
+    for _ in range(30):  # thirty slow calls end in the same instant
         admission.done(0.5)
     assert before / 2 <= admission.limit < before
-    clock.now += 1.0               # a round later, the next cut may come
+    clock.now += 1.0  # a round later, the next cut may come
     for _ in range(8):
         admission.admit(far())
         admission.done(0.5)

@@ -13,32 +13,38 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 from weakref import WeakSet
 
 import gevent
 import pytest
 from greenlet import greenlet
 
-from lookups.deadline import Deadline
 from lookups.backends.collection import Backends
+from lookups.deadline import Deadline
 from lookups.errors import LookupFailed
 from lookups.http import AlertsLookup
 from lookups.mongo import UrlsLookup
 from lookups.panels import Window
 from service.app import FanOutService
-from service.samples import (SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleData,
-                              seed_mongo_at)
-from service.samples.faults import FaultyHttpService, TcpFaultProxy
 from service.client import AppStatsClient
-from service.settings.config import load_settings
-from tracing.context import TaskRunners
 from service.idl import appstats
+from service.samples import (
+    SAMPLE_END_MS,
+    SAMPLE_START_MS,
+    MongoWireServer,
+    SampleData,
+    seed_mongo_at,
+)
+from service.samples.faults import FaultyHttpService, TcpFaultProxy
+from service.settings.config import load_settings
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port, wait_for
+from tracing.context import TaskRunners
 
-pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
 MONGO_PANELS = ALL_PANELS[:4]
@@ -49,17 +55,20 @@ Status = appstats.TaskStatus
 # lookup that only notices its budget every half second (pymongo's server selection) shows.
 TASK_TIMEOUT_MS = 1100
 DEADLINE_MS = 2500
-MARGIN_S = 1.0          # "within its deadline plus a small margin"
-OVERRUN_MS = 300        # how far past its budget a failed panel may report finishing
+MARGIN_S = 1.0  # "within its deadline plus a small margin"
+OVERRUN_MS = 300  # how far past its budget a failed panel may report finishing
 # ...and one step more when MongoDB goes down while pymongo thinks it is up: its server
 # selection notices the end of the budget only at its next half-second wake-up.
 SELECTION_STEP_MS = 500
 MONGO_HEARTBEAT_TIMEOUT_MS = 5000
-MONGO_SLOW_MS = 2000    # past the task budget, within the heartbeat timeout
+MONGO_SLOW_MS = 2000  # past the task budget, within the heartbeat timeout
 # Circuit breakers that never open (tests/test_resilience.py covers them).
-NO_BREAKERS = {f"{backend}.{key}": value for backend in ("mongo", "http")
-               for key, value in (("breaker_failures", 1000), ("breaker_failure_rate", 1.0))}
-SETTLE_S = 5.0          # bounded wait for stragglers to end and connections to return
+NO_BREAKERS = {
+    f"{backend}.{key}": value
+    for backend in ("mongo", "http")
+    for key, value in (("breaker_failures", 1000), ("breaker_failure_rate", 1.0))
+}
+SETTLE_S = 5.0  # bounded wait for stragglers to end and connections to return
 
 
 _PARKED = getattr(getattr(TaskRunners, "_park", None), "__code__", None)
@@ -72,9 +81,13 @@ def live_greenlets() -> list[greenlet]:
     waits for work, it has not leaked.
     """
     # type(), not isinstance(): the heap holds weak proxies, and a dead one raises on isinstance.
-    return [o for o in gc.get_objects() if issubclass(type(o), greenlet) and not o.dead
-            and not (o.gr_frame is not None and o.gr_frame.f_code is _PARKED)]
-
+    return [
+        o
+        for o in gc.get_objects()
+        if issubclass(type(o), greenlet)
+        and not o.dead
+        and not (o.gr_frame is not None and o.gr_frame.f_code is _PARKED)
+    ]
 
 
 @dataclass
@@ -85,22 +98,27 @@ class Rig:
     proxy: TcpFaultProxy
     service: FanOutService | None = None
     client: AppStatsClient | None = None
-    extra: list[Any] = field(default_factory=list)   # more backends, stopped after the test
+    extra: list[Any] = field(default_factory=list)  # more backends, stopped after the test
 
     def start(self, mongo_uri: str | None = None, **overrides: Any) -> AppStatsClient:
         host, port = self.proxy.address
-        keys = {"mongo.uri": mongo_uri or f"mongodb://{host}:{port}", "mongo.database": SAMPLE_DATABASE,
-                "http.alerts_url": self.http.url, "http.metrics_url": self.http.url,
-                "server.port": 0, "fanout.task_timeout_ms": TASK_TIMEOUT_MS,
-                # pymongo's monitor gives up on a server whose heartbeat takes this long; past
-                # it the server is "unknown" until the next heartbeat. "Slow" here means slower
-                # than a panel's budget, not so slow that the driver writes the server off.
-                "mongo.connect_timeout_ms": MONGO_HEARTBEAT_TIMEOUT_MS,
-                # These tests pin down how each fault itself is reported, call after call, and
-                # that the next call after recovery is whole; the circuit breakers, which would
-                # answer CircuitOpen instead after a few failures, are tests/test_resilience.py's.
-                **NO_BREAKERS,
-                **{key.replace("__", "."): value for key, value in overrides.items()}}
+        keys = {
+            "mongo.uri": mongo_uri or f"mongodb://{host}:{port}",
+            "mongo.database": SAMPLE_DATABASE,
+            "http.alerts_url": self.http.url,
+            "http.metrics_url": self.http.url,
+            "server.port": 0,
+            "fanout.task_timeout_ms": TASK_TIMEOUT_MS,
+            # pymongo's monitor gives up on a server whose heartbeat takes this long; past
+            # it the server is "unknown" until the next heartbeat. "Slow" here means slower
+            # than a panel's budget, not so slow that the driver writes the server off.
+            "mongo.connect_timeout_ms": MONGO_HEARTBEAT_TIMEOUT_MS,
+            # These tests pin down how each fault itself is reported, call after call, and
+            # that the next call after recovery is whole; the circuit breakers, which would
+            # answer CircuitOpen instead after a few failures, are tests/test_resilience.py's.
+            **NO_BREAKERS,
+            **{key.replace("__", "."): value for key, value in overrides.items()},
+        }
         self.service = FanOutService(load_settings(env={}, overrides=keys)).start()
         self.client = AppStatsClient(*self.service.address, timeout_ms=5000)
         return self.client
@@ -109,17 +127,22 @@ class Rig:
         """Live greenlets other than the fault servers' own (which serve the backends' side),
         the backend checks the service runs every few seconds whatever its calls, and
         gevent's thread pool."""
-        servers = [s for s in (self.http, self.proxy, *self.extra)
-                   if isinstance(s, (FaultyHttpService, TcpFaultProxy))]
+        servers = [
+            s
+            for s in (self.http, self.proxy, *self.extra)
+            if isinstance(s, (FaultyHttpService, TcpFaultProxy))
+        ]
         theirs = set().union(*(s.greenlets for s in servers))
-        return WeakSet(g for g in live_greenlets()
-                       if g not in theirs and not _checking(g) and not _threads(g))
+        return WeakSet(
+            g for g in live_greenlets() if g not in theirs and not _checking(g) and not _threads(g)
+        )
 
     def call(self, deadline_ms: int = DEADLINE_MS) -> tuple[Any, float]:
         assert self.client is not None
         started = time.monotonic()
-        response = self.client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                                             deadline_ms=deadline_ms)
+        response = self.client.get_app_stats(
+            "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=deadline_ms
+        )
         elapsed = time.monotonic() - started
         assert elapsed <= deadline_ms / 1000 + MARGIN_S, f"call took {elapsed:.3f}s"
         return response, elapsed
@@ -127,7 +150,10 @@ class Rig:
 
 @pytest.fixture
 def rig(sample_data: SampleData, mongo_server: MongoWireServer) -> Iterator[Rig]:
-    with FaultyHttpService(sample_data) as http, TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
+    with (
+        FaultyHttpService(sample_data) as http,
+        TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy,
+    ):
         made = Rig(http, proxy)
         try:
             yield made
@@ -150,14 +176,23 @@ def assert_healthy(response: Any, panels: list[str]) -> None:
     for name in panels:
         assert got[name].status == Status.OK, (name, got[name])
         data = response.panels[name]
-        assert (data.error_summary and data.error_summary.total > 0
-                or data.top_list and data.top_list.entries
-                or data.series and data.series.points
-                or data.alert_list and data.alert_list.alerts), (name, data)
+        assert (
+            (data.error_summary and data.error_summary.total > 0)
+            or (data.top_list and data.top_list.entries)
+            or (data.series and data.series.points)
+            or (data.alert_list and data.alert_list.alerts)
+        ), (name, data)
 
 
-def assert_failed(response: Any, panels: list[str], status: int, error_types: set[str],
-                  retryable: bool, deadline_ms: int = DEADLINE_MS, overrun_ms: int = OVERRUN_MS) -> None:
+def assert_failed(
+    response: Any,
+    panels: list[str],
+    status: int,
+    error_types: set[str],
+    retryable: bool,
+    deadline_ms: int = DEADLINE_MS,
+    overrun_ms: int = OVERRUN_MS,
+) -> None:
     """``panels`` failed as said, none later than its budget plus ``overrun_ms``."""
     got = outcomes(response)
     budget_ms = min(TASK_TIMEOUT_MS, deadline_ms)
@@ -168,7 +203,6 @@ def assert_failed(response: Any, panels: list[str], status: int, error_types: se
         assert outcome.error_type in error_types, (name, outcome)
         assert outcome.message and outcome.retryable is retryable, (name, outcome)
         assert name not in response.panels
-
 
 
 def _threads(greenlet_: greenlet) -> bool:
@@ -193,10 +227,15 @@ def assert_nothing_leaked(rig: Rig, greenlets_before: WeakSet[greenlet]) -> None
     assert service is not None
     assert service.fanout.wait_reapers(timeout_s=SETTLE_S)
     assert service.fanout.inflight == 0
-    wait_for(lambda: not any(service.backends.connections_in_use().values()), SETTLE_S,
-             "every backend connection back in its pool")
+    wait_for(
+        lambda: not any(service.backends.connections_in_use().values()),
+        SETTLE_S,
+        "every backend connection back in its pool",
+    )
     try:
-        wait_for(lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind")
+        wait_for(
+            lambda: not new_greenlets(rig, greenlets_before), SETTLE_S, "no greenlet left behind"
+        )
     except AssertionError as left:
         raise AssertionError(f"{left}: {new_greenlets(rig, greenlets_before)}") from None
 
@@ -232,27 +271,62 @@ _TIMEOUTS = {"BackendTimeout"}
 _DEADLINE_TIMEOUTS = {"BackendTimeout", "TIMEOUT"}
 
 FAULTS = {
-    "http 500": Fault(_http_mode("error500"), _HTTP_OK, HTTP_PANELS, Status.ERROR,
-                      {"BackendUnavailable"}, True),
-    "http invalid json": Fault(_http_mode("bad_json"), _HTTP_OK, HTTP_PANELS, Status.ERROR,
-                               {"BadBackendResponse"}, False),
-    "http hang past the task budget": Fault(_http_mode("hang"), _HTTP_OK, HTTP_PANELS,
-                                            Status.TIMEOUT, _TIMEOUTS, True),
-    "http hang past the deadline": Fault(_http_mode("hang"), _HTTP_OK, HTTP_PANELS, Status.TIMEOUT,
-                                         _DEADLINE_TIMEOUTS, True, deadline_ms=500),
-    "http slow": Fault(_http_mode("slow", delay_ms=3000), _HTTP_OK, HTTP_PANELS, Status.TIMEOUT,
-                       _TIMEOUTS, True),
-    "http reset": Fault(_http_mode("reset"), _HTTP_OK, HTTP_PANELS, Status.ERROR,
-                        {"BackendUnavailable"}, True),
-    "http reset mid-response": Fault(_http_mode("reset", partial=True), _HTTP_OK, HTTP_PANELS,
-                                     Status.ERROR, {"BackendUnavailable"}, True),
-    "http refused": Fault(lambda rig: rig.http.refuse(), lambda rig: rig.http.resume(), HTTP_PANELS,
-                          Status.ERROR, {"BackendUnavailable"}, True),
-    "mongo slow": Fault(lambda rig: rig.proxy.set_delay_ms(MONGO_SLOW_MS),
-                        lambda rig: rig.proxy.set_delay_ms(0),
-                        MONGO_PANELS, Status.TIMEOUT, _TIMEOUTS, True),
-    "mongo paused": Fault(lambda rig: rig.proxy.pause(), lambda rig: rig.proxy.resume(),
-                          MONGO_PANELS, Status.TIMEOUT, _TIMEOUTS, True),
+    "http 500": Fault(
+        _http_mode("error500"), _HTTP_OK, HTTP_PANELS, Status.ERROR, {"BackendUnavailable"}, True
+    ),
+    "http invalid json": Fault(
+        _http_mode("bad_json"), _HTTP_OK, HTTP_PANELS, Status.ERROR, {"BadBackendResponse"}, False
+    ),
+    "http hang past the task budget": Fault(
+        _http_mode("hang"), _HTTP_OK, HTTP_PANELS, Status.TIMEOUT, _TIMEOUTS, True
+    ),
+    "http hang past the deadline": Fault(
+        _http_mode("hang"),
+        _HTTP_OK,
+        HTTP_PANELS,
+        Status.TIMEOUT,
+        _DEADLINE_TIMEOUTS,
+        True,
+        deadline_ms=500,
+    ),
+    "http slow": Fault(
+        _http_mode("slow", delay_ms=3000), _HTTP_OK, HTTP_PANELS, Status.TIMEOUT, _TIMEOUTS, True
+    ),
+    "http reset": Fault(
+        _http_mode("reset"), _HTTP_OK, HTTP_PANELS, Status.ERROR, {"BackendUnavailable"}, True
+    ),
+    "http reset mid-response": Fault(
+        _http_mode("reset", partial=True),
+        _HTTP_OK,
+        HTTP_PANELS,
+        Status.ERROR,
+        {"BackendUnavailable"},
+        True,
+    ),
+    "http refused": Fault(
+        lambda rig: rig.http.refuse(),
+        lambda rig: rig.http.resume(),
+        HTTP_PANELS,
+        Status.ERROR,
+        {"BackendUnavailable"},
+        True,
+    ),
+    "mongo slow": Fault(
+        lambda rig: rig.proxy.set_delay_ms(MONGO_SLOW_MS),
+        lambda rig: rig.proxy.set_delay_ms(0),
+        MONGO_PANELS,
+        Status.TIMEOUT,
+        _TIMEOUTS,
+        True,
+    ),
+    "mongo paused": Fault(
+        lambda rig: rig.proxy.pause(),
+        lambda rig: rig.proxy.resume(),
+        MONGO_PANELS,
+        Status.TIMEOUT,
+        _TIMEOUTS,
+        True,
+    ),
 }
 
 
@@ -266,8 +340,9 @@ def test_fault_fails_only_its_panels_then_recovers(rig: Rig, name: str) -> None:
 
     fault.inject(rig)
     response, elapsed = rig.call(fault.deadline_ms)
-    assert_failed(response, fault.failing, fault.status, fault.error_types, fault.retryable,
-                  fault.deadline_ms)
+    assert_failed(
+        response, fault.failing, fault.status, fault.error_types, fault.retryable, fault.deadline_ms
+    )
     assert_healthy(response, [p for p in ALL_PANELS if p not in fault.failing])
     if fault.status == Status.TIMEOUT:
         assert elapsed >= min(TASK_TIMEOUT_MS, fault.deadline_ms) / 1000 * 0.9
@@ -287,19 +362,31 @@ def _driver_saw_it_down(rig: Rig) -> bool:
 def test_mongo_down_at_start_then_up(rig: Rig) -> None:
     port = dead_port()
     rig.start(mongo_uri=f"mongodb://127.0.0.1:{port}")
-    cold, _ = rig.call()   # pymongo learns that the server is down during this call
+    cold, _ = rig.call()  # pymongo learns that the server is down during this call
     # Cold, pymongo may spend up to two selection steps learning it; the margin is wide
     # enough for a loaded 2-core machine under coverage (1,507 ms was seen against 1,400).
-    assert_failed(cold, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
-                  overrun_ms=OVERRUN_MS + 2 * SELECTION_STEP_MS)
+    assert_failed(
+        cold,
+        MONGO_PANELS,
+        Status.ERROR,
+        {"BackendUnavailable"},
+        True,
+        overrun_ms=OVERRUN_MS + 2 * SELECTION_STEP_MS,
+    )
     # Learnt by pymongo's monitor: on a starved machine its check had not yet failed when
     # the cold call ended, and the next call spent a selection step as the cold one did.
     wait_for(lambda: _driver_saw_it_down(rig), 10, "pymongo's monitor finding the server down")
     response, _ = rig.call()
     # Known down, a panel may still end up to a step past its budget: the selection's
     # wake-ups follow the monitor's checks, not the call (docs/reference/limits.md).
-    assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
-                  overrun_ms=OVERRUN_MS + SELECTION_STEP_MS)
+    assert_failed(
+        response,
+        MONGO_PANELS,
+        Status.ERROR,
+        {"BackendUnavailable"},
+        True,
+        overrun_ms=OVERRUN_MS + SELECTION_STEP_MS,
+    )
     assert_healthy(response, HTTP_PANELS)
     greenlets_before = rig.service_greenlets()
 
@@ -318,14 +405,20 @@ def test_mongo_killed_mid_request_then_restarted(rig: Rig, sample_data: SampleDa
     assert_healthy(warm, ALL_PANELS)
     greenlets_before = rig.service_greenlets()
 
-    rig.proxy.set_delay_ms(300)   # so the aggregations are in flight when the server dies
+    rig.proxy.set_delay_ms(300)  # so the aggregations are in flight when the server dies
     call = gevent.spawn(rig.call)
-    assert wait_for(lambda: rig.http.requests_seen >= 6, 2)   # the HTTP panels answered...
-    gevent.sleep(0.1)                                          # ...the aggregations are held
+    assert wait_for(lambda: rig.http.requests_seen >= 6, 2)  # the HTTP panels answered...
+    gevent.sleep(0.1)  # ...the aggregations are held
     own.kill()
     response, _ = call.get(timeout=DEADLINE_MS / 1000 + MARGIN_S)
-    assert_failed(response, MONGO_PANELS, Status.ERROR, {"BackendUnavailable"}, True,
-                  overrun_ms=OVERRUN_MS + SELECTION_STEP_MS)
+    assert_failed(
+        response,
+        MONGO_PANELS,
+        Status.ERROR,
+        {"BackendUnavailable"},
+        True,
+        overrun_ms=OVERRUN_MS + SELECTION_STEP_MS,
+    )
     assert_healthy(response, HTTP_PANELS)
 
     restarted = MongoWireServer().start()
@@ -345,7 +438,7 @@ def test_bearer_token_is_sent_to_both_services(rig: Rig, sample_data: SampleData
     client.close()
     rig.service.stop()
 
-    rig.start()   # no token configured: the guarded services answer 401
+    rig.start()  # no token configured: the guarded services answer 401
     response, _ = rig.call()
     assert_failed(response, HTTP_PANELS, Status.ERROR, {"BadBackendResponse"}, False)
     assert all("401" in outcomes(response)[name].message for name in HTTP_PANELS)
@@ -359,8 +452,9 @@ def test_timeouts_while_the_http_pool_is_exhausted_leave_it_sound(sample_data: S
     """
     with FaultyHttpService(sample_data) as http:
         http.set_mode("slow", delay_ms=150)
-        settings = load_settings(env={}, overrides={"http.alerts_url": http.url,
-                                                    "http.pool_maxsize": 2, **NO_BREAKERS})
+        settings = load_settings(
+            env={}, overrides={"http.alerts_url": http.url, "http.pool_maxsize": 2, **NO_BREAKERS}
+        )
         with Backends(settings.backends) as backends:
             lookup = AlertsLookup(backends.http("alerts"))
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
@@ -390,18 +484,26 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
     """
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
         proxy.set_delay_ms(100)
-        settings = load_settings(env={}, overrides={
-            "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}", "mongo.database": SAMPLE_DATABASE,
-            "mongo.max_pool_size": 3})
+        settings = load_settings(
+            env={},
+            overrides={
+                "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}",
+                "mongo.database": SAMPLE_DATABASE,
+                "mongo.max_pool_size": 3,
+            },
+        )
         with Backends(settings.backends) as backends:
             lookup = UrlsLookup(backends.mongo())
             window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             for pause_s in (0.05, 0.15, 0.25, 0.35):
-                tasks = [gevent.spawn(lookup.fetch, window, Deadline.after_s(3.0)) for _ in range(12)]
+                tasks = [
+                    gevent.spawn(lookup.fetch, window, Deadline.after_s(3.0)) for _ in range(12)
+                ]
                 gevent.sleep(pause_s)
                 gevent.killall(tasks, timeout=5)
-            assert wait_for(lambda: backends.connections_in_use()["mongo"] == 0, 10), \
+            assert wait_for(lambda: backends.connections_in_use()["mongo"] == 0, 10), (
                 backends.connections_in_use()
+            )
             proxy.set_delay_ms(0)
             calls = [gevent.spawn(lookup.fetch, window, Deadline.after_s(5.0)) for _ in range(8)]
             gevent.joinall(calls, timeout=15, raise_error=True)

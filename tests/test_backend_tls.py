@@ -9,15 +9,16 @@ sidecar would front it. Certificates from ``trustme`` (:mod:`tests.support.pki`)
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
-from service.settings.config import ConfigError
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from service.samples.fault_proxy import TcpFaultProxy
+from service.settings.config import ConfigError
 from tests.support.pki import Pki, make_pki, write_leaf
 
 HTTP_PANELS = ["alerts", "latency", "volume"]
@@ -50,39 +51,56 @@ def _statuses(client: Any, panels: list[str]) -> dict[str, Any]:
 
 
 def test_https_services_behind_a_private_ca_work_with_http_ca_file(
-        start_service: Any, https_services: SampleHttpServices, pki: Pki) -> None:
+    start_service: Any, https_services: SampleHttpServices, pki: Pki
+) -> None:
     assert https_services.alerts_url.startswith("https://")
     service, client = start_service(http=https_services, http__ca_file=pki.ca_file)
     outcomes = _statuses(client, HTTP_PANELS)
     assert {name: o.status for name, o in outcomes.items()} == {
-        name: appstats.TaskStatus.OK for name in HTTP_PANELS}, outcomes
+        name: appstats.TaskStatus.OK for name in HTTP_PANELS
+    }, outcomes
     health = {b.name: b.up for b in client.health().backends}
     assert health["alerts"] and health["metrics"], health
 
 
-def test_without_http_ca_file_they_fail_typed(start_service: Any, https_services: SampleHttpServices) -> None:
+def test_without_http_ca_file_they_fail_typed(
+    start_service: Any, https_services: SampleHttpServices
+) -> None:
     service, client = start_service(http=https_services)
     outcomes = _statuses(client, HTTP_PANELS)
     for name in HTTP_PANELS:
         outcome = outcomes[name]
-        assert (outcome.status, outcome.error_type) == (appstats.TaskStatus.ERROR, "BackendUnavailable")
-        assert "TLS with the service failed" in outcome.message and "http.ca_file" in outcome.message
+        assert (outcome.status, outcome.error_type) == (
+            appstats.TaskStatus.ERROR,
+            "BackendUnavailable",
+        )
+        assert (
+            "TLS with the service failed" in outcome.message and "http.ca_file" in outcome.message
+        )
     assert not {b.name: b.up for b in client.health().backends}["alerts"]
 
 
 def test_a_service_that_asks_for_a_client_certificate_gets_http_client_cert_file(
-        start_service: Any, sample_data: Any, pki: Pki, tmp_path: Path) -> None:
+    start_service: Any, sample_data: Any, pki: Pki, tmp_path: Path
+) -> None:
     cert_file, key_file = write_leaf(pki.ca, tmp_path, "fanout-client", "fanout.internal")
-    with SampleHttpServices(sample_data, ssl_context=_server_context(pki, client_ca=pki.ca_file)) as strict:
+    with SampleHttpServices(
+        sample_data, ssl_context=_server_context(pki, client_ca=pki.ca_file)
+    ) as strict:
         _, without = start_service(http=strict, http__ca_file=pki.ca_file)
         assert _statuses(without, ["alerts"])["alerts"].status == appstats.TaskStatus.ERROR
-        _, client = start_service(http=strict, http__ca_file=pki.ca_file,
-                                  http__client_cert_file=cert_file, http__client_key_file=key_file)
+        _, client = start_service(
+            http=strict,
+            http__ca_file=pki.ca_file,
+            http__client_cert_file=cert_file,
+            http__client_key_file=key_file,
+        )
         assert _statuses(client, HTTP_PANELS)["alerts"].status == appstats.TaskStatus.OK
 
 
 def test_unreadable_https_files_are_config_errors_naming_the_key(
-        start_service: Any, https_services: SampleHttpServices, tmp_path: Path) -> None:
+    start_service: Any, https_services: SampleHttpServices, tmp_path: Path
+) -> None:
     missing = str(tmp_path / "missing.pem")
     with pytest.raises(ConfigError, match="http.ca_file: cannot load"):
         start_service(http=https_services, http__ca_file=missing)
@@ -92,41 +110,69 @@ def test_unreadable_https_files_are_config_errors_naming_the_key(
         start_service(http=https_services, http__client_key_file=missing)
 
 
-def test_mongodb_over_tls_with_the_ca_in_the_uri(start_service: Any, mongo_server: Any, pki: Pki) -> None:
-    with TcpFaultProxy(("127.0.0.1", mongo_server.port), ssl_context=_server_context(pki)) as fronted:
+def test_mongodb_over_tls_with_the_ca_in_the_uri(
+    start_service: Any, mongo_server: Any, pki: Pki
+) -> None:
+    with TcpFaultProxy(
+        ("127.0.0.1", mongo_server.port), ssl_context=_server_context(pki)
+    ) as fronted:
         host, port = fronted.address
         uri = f"mongodb://{host}:{port}/?tls=true&tlsCAFile={pki.ca_file}&directConnection=true"
         _, client = start_service(mongo__uri=uri)
         outcomes = _statuses(client, MONGO_PANELS)
         assert {name: o.status for name, o in outcomes.items()} == {
-            name: appstats.TaskStatus.OK for name in MONGO_PANELS}, outcomes
+            name: appstats.TaskStatus.OK for name in MONGO_PANELS
+        }, outcomes
         assert {b.name: b.up for b in client.health().backends}["mongo"]
 
         untrusted = f"mongodb://{host}:{port}/?tls=true&directConnection=true"  # the system's CAs
         _, refused = start_service(mongo__uri=untrusted, mongo__server_selection_timeout_ms=300)
         errors = _statuses(refused, ["errors"])["errors"]
         assert errors.status != appstats.TaskStatus.OK and errors.error_type in (
-            "BackendUnavailable", "BackendTimeout"), errors
+            "BackendUnavailable",
+            "BackendTimeout",
+        ), errors
 
 
-@pytest.mark.parametrize("env, key", [
-    ({"FANOUT_BACKENDS_JOBS_KIND": "http", "FANOUT_BACKENDS_JOBS_URL": "https://jobs.internal",
-      "FANOUT_BACKENDS_JOBS_CA_FILE": "{missing}"}, "backends.jobs.ca_file: cannot load"),
-    ({"FANOUT_BACKENDS_ALERTS_KIND": "http", "FANOUT_BACKENDS_ALERTS_CLIENT_CERT_FILE": "{missing}"},
-     "backends.alerts.client_cert_file: cannot load"),
-    ({"FANOUT_HTTP_CLIENT_CERT_FILE": "{missing}"}, "http.client_cert_file: cannot load"),
-    ({"FANOUT_MONGO_URI": "mongodb://db:port/"}, "mongo.uri: not a valid MongoDB URI"),
-    ({"FANOUT_BACKENDS_REPORTS_KIND": "mongo", "FANOUT_BACKENDS_REPORTS_URI": "mongodb://db:port/"},
-     "backends.reports.uri: not a valid MongoDB URI"),
-])
+@pytest.mark.parametrize(
+    "env, key",
+    [
+        (
+            {
+                "FANOUT_BACKENDS_JOBS_KIND": "http",
+                "FANOUT_BACKENDS_JOBS_URL": "https://jobs.internal",
+                "FANOUT_BACKENDS_JOBS_CA_FILE": "{missing}",
+            },
+            "backends.jobs.ca_file: cannot load",
+        ),
+        (
+            {
+                "FANOUT_BACKENDS_ALERTS_KIND": "http",
+                "FANOUT_BACKENDS_ALERTS_CLIENT_CERT_FILE": "{missing}",
+            },
+            "backends.alerts.client_cert_file: cannot load",
+        ),
+        ({"FANOUT_HTTP_CLIENT_CERT_FILE": "{missing}"}, "http.client_cert_file: cannot load"),
+        ({"FANOUT_MONGO_URI": "mongodb://db:port/"}, "mongo.uri: not a valid MongoDB URI"),
+        (
+            {
+                "FANOUT_BACKENDS_REPORTS_KIND": "mongo",
+                "FANOUT_BACKENDS_REPORTS_URI": "mongodb://db:port/",
+            },
+            "backends.reports.uri: not a valid MongoDB URI",
+        ),
+    ],
+)
 def test_a_backend_that_cannot_start_names_the_key_as_the_user_wrote_it(
-        tmp_path: Path, env: dict[str, str], key: str) -> None:
+    tmp_path: Path, env: dict[str, str], key: str
+) -> None:
     """A [backends.<name>] table's key, or its [mongo] / [http] alias's, never another's."""
     from service.app import FanOutService
     from service.settings.config import load_settings
 
-    settings = load_settings(env={name: value.format(missing=tmp_path / "missing.pem")
-                                  for name, value in env.items()})
+    settings = load_settings(
+        env={name: value.format(missing=tmp_path / "missing.pem") for name, value in env.items()}
+    )
     with pytest.raises(ConfigError) as caught:
         FanOutService(settings)
     assert str(caught.value).startswith(key), caught.value

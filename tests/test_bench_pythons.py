@@ -12,13 +12,15 @@ from bench.harness.stack import StackSpec
 
 
 def test_the_listed_interpreters_are_taken_by_version_and_broken_ones_skipped(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(PYTHONS_ENV, f"/bin/false:{sys.executable}:/no/such/python3.99")
     assert find_newer_pythons() == {tuple(sys.version_info[:3]): sys.executable}
 
 
 def test_the_scenario_runs_the_minimum_and_each_interpreter_found(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setenv(PYTHONS_ENV, sys.executable)
     scenario = python_versions(Scale(quick=True))
     minimum = "cpython-" + ".".join(map(str, sys.version_info[:3]))

@@ -10,17 +10,16 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from gevent.server import StreamServer
-
-from bench.baselines.refusing import serve_refusing
-from service.idl import appstats
 from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
 from thriftpy2.transport.memory import TMemoryBuffer
 
+from bench.baselines.refusing import serve_refusing
+from service.idl import appstats
 from tests.support.thrift_calls import encode_call, frame, thrift_client
 
 DEADLINE_MS = 600
@@ -58,9 +57,10 @@ def test_the_floor_answers_ping_and_refuses_each_call_held_once_the_caller_is_ea
 
 def test_the_floor_answers_with_the_seqid_of_the_call(floor) -> None:
     args = appstats.AppStats.get_app_stats_args(
-        request=appstats.StatsRequest(app="shop", start_ms=0, end_ms=1))
+        request=appstats.StatsRequest(app="shop", start_ms=0, end_ms=1)
+    )
     with socket.create_connection(floor.address, timeout=5) as sock:
-        sock.sendall(frame(encode_call("get_app_stats", args)))   # seqid 7
+        sock.sendall(frame(encode_call("get_app_stats", args)))  # seqid 7
         reply = b""
         while len(reply) < 4 or len(reply) < 4 + struct.unpack_from("!i", reply)[0]:
             reply += sock.recv(65536)
@@ -74,4 +74,4 @@ def test_the_floor_answers_with_the_seqid_of_the_call(floor) -> None:
 def test_the_floor_closes_a_connection_whose_frame_claims_more_than_the_limit(floor) -> None:
     with socket.create_connection(floor.address, timeout=5) as sock:
         sock.sendall(struct.pack("!i", 2 * 1024 * 1024) + b"x" * 64)
-        assert sock.recv(65536) == b""   # closed, nothing answered, nothing gathered
+        assert sock.recv(65536) == b""  # closed, nothing answered, nothing gathered

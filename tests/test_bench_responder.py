@@ -17,19 +17,19 @@ import pymongo
 import pytest
 from pymongo.errors import OperationFailure
 
-from lookups.deadline import Deadline
+from bench.harness.calls import sample_call
+from bench.harness.stack import StackSpec, start_stack
 from bench.servers.http_backend import BenchHttpBackends
 from bench.servers.mongo_answers import RecordedAnswers
 from bench.servers.mongo_responder import MongoResponder
-from bench.harness.calls import sample_call
-from bench.harness.stack import StackSpec, start_stack
 from lookups.backends.collection import Backends
+from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.client import AppStatsClient
-from service.settings.config import Settings, load_settings
 from service.idl import appstats
+from service.settings.config import Settings, load_settings
 
 WINDOW = Window(*sample_call())
 DELAY_MS = 150
@@ -43,14 +43,22 @@ def answers() -> RecordedAnswers:
 def _fetch_all(settings: Settings, source: str, budget_s: float = 5.0) -> dict[str, Any]:
     """Every ``source`` lookup of the default registry, fetched for the sample call."""
     with Backends(settings.backends) as backends:
-        return {name: lookup.fetch(WINDOW, Deadline.after_s(budget_s))
-                for name, lookup in default_registry().build(backends).items()
-                if lookup.source == source}
+        return {
+            name: lookup.fetch(WINDOW, Deadline.after_s(budget_s))
+            for name, lookup in default_registry().build(backends).items()
+            if lookup.source == source
+        }
 
 
 def _mongo_settings(responder: MongoResponder) -> Settings:
-    return load_settings(env={}, overrides={"mongo.uri": responder.uri, "mongo.database": "apm",
-                                            "mongo.server_selection_timeout_ms": 5000})
+    return load_settings(
+        env={},
+        overrides={
+            "mongo.uri": responder.uri,
+            "mongo.database": "apm",
+            "mongo.server_selection_timeout_ms": 5000,
+        },
+    )
 
 
 def test_the_responder_gives_the_lookups_what_nx_27017_gives(backend_settings, answers):
@@ -87,8 +95,9 @@ def test_a_budget_shorter_than_the_delay_times_out_as_with_mongodb(answers):
 
 def test_an_unrecorded_pipeline_is_refused_not_answered_wrongly(answers):
     with MongoResponder(answers) as responder:
-        client: pymongo.MongoClient = pymongo.MongoClient(responder.uri,
-                                                          serverSelectionTimeoutMS=5000)
+        client: pymongo.MongoClient = pymongo.MongoClient(
+            responder.uri, serverSelectionTimeoutMS=5000
+        )
         try:
             assert client.admin.command("ping")["ok"] == 1.0
             with pytest.raises(OperationFailure) as failure:
@@ -101,18 +110,22 @@ def test_an_unrecorded_pipeline_is_refused_not_answered_wrongly(answers):
 def test_the_lean_http_backend_answers_as_the_sample_services(backend_settings):
     expected = _fetch_all(backend_settings, "http")
     with BenchHttpBackends() as lean:
-        settings = load_settings(env={}, overrides={"http.alerts_url": lean.alerts.url,
-                                                    "http.metrics_url": lean.metrics.url})
+        settings = load_settings(
+            env={},
+            overrides={"http.alerts_url": lean.alerts.url, "http.metrics_url": lean.metrics.url},
+        )
         actual = _fetch_all(settings, "http")
-        again = _fetch_all(settings, "http")   # from its cache this time
+        again = _fetch_all(settings, "http")  # from its cache this time
     assert expected["alerts"].alerts and expected["latency"].points
     assert actual == expected == again
 
 
 def test_the_lean_http_backend_waits_its_delay():
     with BenchHttpBackends(delay_ms=DELAY_MS) as lean:
-        settings = load_settings(env={}, overrides={"http.alerts_url": lean.alerts.url,
-                                                    "http.metrics_url": lean.metrics.url})
+        settings = load_settings(
+            env={},
+            overrides={"http.alerts_url": lean.alerts.url, "http.metrics_url": lean.metrics.url},
+        )
         with Backends(settings.backends) as backends:
             lookup = default_registry().build(backends)["alerts"]
             started = time.monotonic()
@@ -121,8 +134,9 @@ def test_the_lean_http_backend_waits_its_delay():
 
 
 def test_a_fanout_stack_serves_every_panel_and_leaves_no_process_behind():
-    with start_stack(StackSpec(server="fanout", delay_ms=5, max_connections=100),
-                     timeout_s=60) as stack:
+    with start_stack(
+        StackSpec(server="fanout", delay_ms=5, max_connections=100), timeout_s=60
+    ) as stack:
         pids = [p.pid for process in stack.processes.values() for p in process.processes()]
         host, port = stack.address
         with AppStatsClient(host, port, timeout_ms=5000) as client:
@@ -130,5 +144,8 @@ def test_a_fanout_stack_serves_every_panel_and_leaves_no_process_behind():
         cpu = stack.cpu_seconds()
     assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK] * 7
     assert set(cpu) == {"server", "mongo", "http", "otlp"} and cpu["server"] > 0
-    assert not [pid for pid in pids if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        pid
+        for pid in pids
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]

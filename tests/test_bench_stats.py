@@ -13,9 +13,10 @@ from thriftpy2.thrift import TApplicationException, TMessageType
 from thriftpy2.transport import TMemoryBuffer
 
 from bench.analysis import stats
-from bench.load import frames
 from bench.analysis.goals import failures_goal, ratio_goal, value_goal
+from bench.load import frames
 from service.idl import appstats
+
 
 def test_mean_ci_is_the_student_interval() -> None:
     values = [10.0, 12.0, 11.0, 13.0, 9.0]
@@ -48,7 +49,7 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert stats.percentile(values, 0) == 15.0
     assert stats.percentile(values, 100) == 50.0
     assert stats.percentile(values, 50) == 35.0
-    assert stats.percentile(values, 40) == pytest.approx(29.0)   # numpy.percentile: 29.0
+    assert stats.percentile(values, 40) == pytest.approx(29.0)  # numpy.percentile: 29.0
     assert stats.percentile([3.0], 99) == 3.0
     with pytest.raises(ValueError):
         stats.percentile([], 50)
@@ -63,7 +64,7 @@ def test_bootstrap_ratio_brackets_the_ratio_and_is_reproducible() -> None:
     estimate = stats.bootstrap_ratio(top, bottom)
     assert estimate.value == pytest.approx(stats.ratio_of_means(top, bottom))
     assert estimate.low < estimate.value < estimate.high
-    assert 2.8 < estimate.low and estimate.high < 3.2
+    assert estimate.low > 2.8 and estimate.high < 3.2
     assert stats.bootstrap_ratio(top, bottom) == estimate
     with pytest.raises(ValueError):
         stats.bootstrap_ratio([], bottom)
@@ -83,15 +84,19 @@ def test_ratio_goal_verdicts() -> None:
     assert ratio_goal("s", "x", slow, fast, limit=0.5, at_most=True).verdict == "PASS"
     assert ratio_goal("s", "x", fast, slow, limit=None, at_most=True).verdict == "INFO"
     assert ratio_goal("s", "x", [], slow, limit=2.0, at_most=False).verdict == "ERROR"
-    close = ratio_goal("s", "x", [1.0, 1.3, 0.7, 1.1], [1.0, 1.0, 1.0, 1.0], limit=1.0,
-                       at_most=True)
+    close = ratio_goal(
+        "s", "x", [1.0, 1.3, 0.7, 1.1], [1.0, 1.0, 1.0, 1.0], limit=1.0, at_most=True
+    )
     assert "uncertain" in close.note
 
 
 def test_failures_goal_counts_every_kind() -> None:
     clean = {"failures_total": {}, "degraded_total": 2, "reps": [{"ok": 5, "degraded": 2}]}
-    broken = {"failures_total": {"timeout": 2, "transport": 1}, "degraded_total": 0,
-              "reps": [{"ok": 5, "degraded": 0}]}
+    broken = {
+        "failures_total": {"timeout": 2, "transport": 1},
+        "degraded_total": 0,
+        "reps": [{"ok": 5, "degraded": 0}],
+    }
     assert failures_goal("s", "x", clean).verdict == "PASS"
     goal = failures_goal("s", "x", broken)
     assert (goal.verdict, goal.shown) == ("GAP", "3")
@@ -107,8 +112,10 @@ def test_value_goal_against_an_upper_limit() -> None:
 
 # ---- reading replies without decoding them ------------------------------------------------------
 
-def _reply(method: str, result: object, message_type: int = TMessageType.REPLY,
-           strict: bool = True) -> bytes:
+
+def _reply(
+    method: str, result: object, message_type: int = TMessageType.REPLY, strict: bool = True
+) -> bytes:
     buffer = TMemoryBuffer()
     protocol = TBinaryProtocol(buffer, strict_write=strict)
     protocol.write_message_begin(method, message_type, 7)
@@ -118,10 +125,15 @@ def _reply(method: str, result: object, message_type: int = TMessageType.REPLY,
 
 
 def _stats_reply(statuses: list[int]) -> bytes:
-    outcomes = [appstats.TaskOutcome(name=f"p{i}", source="mongo", status=s, elapsed_ms=20.25,
-                                     retryable=False) for i, s in enumerate(statuses)]
-    response = appstats.StatsResponse(app="shop", panels={}, outcomes=outcomes, trace_id="",
-                                      elapsed_ms=21.5)
+    outcomes = [
+        appstats.TaskOutcome(
+            name=f"p{i}", source="mongo", status=s, elapsed_ms=20.25, retryable=False
+        )
+        for i, s in enumerate(statuses)
+    ]
+    response = appstats.StatsResponse(
+        app="shop", panels={}, outcomes=outcomes, trace_id="", elapsed_ms=21.5
+    )
     return _reply("get_app_stats", appstats.AppStats.get_app_stats_result(success=response))
 
 
@@ -132,8 +144,12 @@ def test_classify_reply_success_and_degraded() -> None:
     assert frames.classify_reply(_stats_reply([0] * 6 + [2]), 0, names) == "ok"
     ping = _reply("ping", appstats.AppStats.ping_result(success="pong"))
     assert frames.classify_reply(ping) == "ok"
-    assert frames.classify_reply(_reply("ping", appstats.AppStats.ping_result(success="pong"),
-                                        strict=False)) == "ok"
+    assert (
+        frames.classify_reply(
+            _reply("ping", appstats.AppStats.ping_result(success="pong"), strict=False)
+        )
+        == "ok"
+    )
 
 
 def test_classify_reply_exceptions_and_garbage() -> None:
@@ -157,8 +173,11 @@ def test_encoded_call_is_one_framed_message_the_server_can_decode() -> None:
     args = appstats.AppStats.get_app_stats_args()
     args.read(protocol)
     assert (name, message_type) == ("get_app_stats", TMessageType.CALL)
-    assert (args.request.app, args.request.panels, args.request.meta.deadline_ms) == \
-        ("shop", ["errors"], 500)
+    assert (args.request.app, args.request.panels, args.request.meta.deadline_ms) == (
+        "shop",
+        ["errors"],
+        500,
+    )
 
 
 def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
@@ -169,10 +188,10 @@ def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
     views = zipf_views(200)
     assert len(views) == 200
     by_dashboard = Counter(views)
-    assert len(by_dashboard) == ZIPF_DASHBOARDS           # every dashboard has a viewer
-    counts = [by_dashboard[view] for view in dict.fromkeys(views)]   # in rank order
+    assert len(by_dashboard) == ZIPF_DASHBOARDS  # every dashboard has a viewer
+    counts = [by_dashboard[view] for view in dict.fromkeys(views)]  # in rank order
     assert counts == sorted(counts, reverse=True) and counts[0] == 56 and counts[-1] >= 1
-    assert counts[0] / counts[1] == pytest.approx(2, rel=0.05)     # 1/k: the top one twice the next
+    assert counts[0] / counts[1] == pytest.approx(2, rel=0.05)  # 1/k: the top one twice the next
     assert {view[0] for view in views} == {"shop"}
     assert len({(view[1], view[2]) for view in views}) == ZIPF_DASHBOARDS
 
@@ -180,12 +199,20 @@ def test_zipf_viewers_watch_twenty_dashboards_by_popularity() -> None:
 def test_a_rate_relative_to_capacity_becomes_each_connections_interval() -> None:
     from bench.harness.runner import Config, at_capacity_fraction
 
-    config = Config(key="latency/open-90/c50", scenario="latency", label="open-90", spec=None,
-                    call="stats", connections=50, open_loop=True, capacity_fraction=0.9,
-                    capacity_of="latency/capacity/c50")
+    config = Config(
+        key="latency/open-90/c50",
+        scenario="latency",
+        label="open-90",
+        spec=None,
+        call="stats",
+        connections=50,
+        open_loop=True,
+        capacity_fraction=0.9,
+        capacity_of="latency/capacity/c50",
+    )
     probe = {"key": "latency/capacity/c50", "reps": [{"rps": 80.0}, {"rps": 120.0}]}
     paced = at_capacity_fraction(config, [probe])
-    assert paced.interval_s == pytest.approx(50 / (0.9 * 100.0))    # 90 calls/s over 50 connections
+    assert paced.interval_s == pytest.approx(50 / (0.9 * 100.0))  # 90 calls/s over 50 connections
     with pytest.raises(ValueError, match="no capacity measured"):
         at_capacity_fraction(config, [{"key": "latency/capacity/c50", "reps": [{"rps": 0.0}]}])
     closed = Config(key="k", scenario="s", label="l", spec=None, call="stats", connections=5)
@@ -198,8 +225,12 @@ def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts(
     from bench.harness.overload import _refusal_cpu_ms
 
     def rep(refused: int, answered: int, cpu_pct: float) -> dict:
-        return {"ok": answered, "degraded": 0, "failures": {"overloaded": refused},
-                "cpu_pct": {"server": cpu_pct}}
+        return {
+            "ok": answered,
+            "degraded": 0,
+            "failures": {"overloaded": refused},
+            "cpu_pct": {"server": cpu_pct},
+        }
 
     result = {"window_s": 1.0, "reps": [rep(10, 0, 1.0), rep(1000, 2, 8.0)]}
     # (10 ms + (80 ms - 2 admitted x 5 ms)) / 1010 refusals
@@ -217,18 +248,27 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
     from bench.harness.scenario import Scale
 
     configs = brownout._configs(Scale(quick=False))
-    assert [c.label for c in configs][:7] == ["alone-r1-cpu", "mixed-r1-cpu", "alone-r2-cpu",
-                                             "mixed-r2-cpu", "alone-r3-cpu", "mixed-r3-cpu",
-                                             "ignored-cpu"]
+    assert [c.label for c in configs][:7] == [
+        "alone-r1-cpu",
+        "mixed-r1-cpu",
+        "alone-r2-cpu",
+        "mixed-r2-cpu",
+        "alone-r3-cpu",
+        "mixed-r3-cpu",
+        "ignored-cpu",
+    ]
     full = Timing(reps=30, window_s=0.5, warmup_s=2.5)
     assert [c.timing(full).reps for c in configs if c.label.startswith("alone-r")] == [10] * 6
 
     def result(per_s: list[float], refused: int) -> dict:
         windows = [{"whole": 0, "lighter": 0, "failures": {"overloaded": refused}}] * len(per_s)
-        return {"reps": [{"p99_ms": 50.0, "failures": {}}] * len(per_s), "pooled": {"p99_ms": 60.0},
-                "essential": {"per_s": per_s, "answers": [int(x) for x in per_s]},
-                "companion": {"windows": windows, "refused": refused * len(per_s), "late": 0},
-                "brownout_levels": [[9.5, 0.6]]}
+        return {
+            "reps": [{"p99_ms": 50.0, "failures": {}}] * len(per_s),
+            "pooled": {"p99_ms": 60.0},
+            "essential": {"per_s": per_s, "answers": [int(x) for x in per_s]},
+            "companion": {"windows": windows, "refused": refused * len(per_s), "late": 0},
+            "brownout_levels": [[9.5, 0.6]],
+        }
 
     rounds = [result([100.0, 110.0], 5), result([90.0], 7)]
     joined = merged(rounds)
@@ -238,7 +278,9 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
     assert joined["brownout_levels"] == [[9.5, 0.6], [9.5, 0.6]]
     assert "error" in merged([rounds[0], {"error": "stack failed"}])
     assert merged([rounds[0], None]) == {"error": "a round did not run"}
-    ratios = round_ratios([result([95.0], 0), result([80.0], 0)],
-                          [result([100.0], 0), result([100.0, 60.0], 0)],
-                          lambda r: r["essential"]["per_s"])
+    ratios = round_ratios(
+        [result([95.0], 0), result([80.0], 0)],
+        [result([100.0], 0), result([100.0, 60.0], 0)],
+        lambda r: r["essential"]["per_s"],
+    )
     assert ratios == pytest.approx([0.95, 1.0])

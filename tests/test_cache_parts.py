@@ -8,14 +8,16 @@ Under ``make compat`` it runs on FerretDB 2 as well.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Iterator
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import pymongo
 import pytest
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pymongo import monitoring
 
 from lookups.backends.mongo import MongoBackend
@@ -25,18 +27,23 @@ from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
 from lookups.cache.stores import CacheStats, MemoryStore
 from lookups.deadline import Deadline
-from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, QueriesLookup,
-                           UrlsLookup)
+from lookups.mongo import (
+    QUERY_GROUP_CAP,
+    ControllersLookup,
+    ErrorsLookup,
+    QueriesLookup,
+    UrlsLookup,
+)
 from lookups.mongo_parts import PART_GROUP_CAP, NoPart, add_parts, parts_of, ranges_filter
 from lookups.panels import ErrorSummary, TopList, Window
 from service.samples import MongoWireServer
 from tests.support.ferretdb import selected_engine
 
 DATABASE = "cache_parts_test"
-BASE_MS = 1_767_225_600_000          # 2026-01-01T00:00Z, a multiple of every bucket below
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00Z, a multiple of every bucket below
 BUCKETS_MS = [60_000, 600_000, 3_600_000]
 SPAN_MS = 6 * 3_600_000
-NOW_MS = BASE_MS + SPAN_MS           # the cache's clock: the data's last instant
+NOW_MS = BASE_MS + SPAN_MS  # the cache's clock: the data's last instant
 LOOKUPS = (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup)
 
 
@@ -53,17 +60,29 @@ def _documents(seconds: list[int], picks: list[int]) -> dict[str, list[dict[str,
     keys that ties in the top lists are common."""
     errors, requests, queries = [], [], []
     for second, pick in zip(seconds, picks):
-        ts = datetime.fromtimestamp((BASE_MS // 1000) + second, tz=timezone.utc)
+        ts = datetime.fromtimestamp((BASE_MS // 1000) + second, tz=UTC)
         app = ("shop", "search")[pick % 2]
         errors.append({"app": app, "ts": ts, "code": 500, "message": f"boom {pick % 7}"})
-        duration = (pick % 13) * 2.5 if pick % 5 else pick % 17   # floats and integers
-        request = {"app": app, "ts": ts, "url": f"/u{pick % 11}", "controller": f"C{pick % 4}",
-                   "duration_ms": duration, "status": 200}
-        if pick % 19 == 0:   # no duration: counted, but not in the mean (nx-27017's $sum
-            del request["duration_ms"]   # refuses strings, which MongoDB's skips)
+        duration = (pick % 13) * 2.5 if pick % 5 else pick % 17  # floats and integers
+        request = {
+            "app": app,
+            "ts": ts,
+            "url": f"/u{pick % 11}",
+            "controller": f"C{pick % 4}",
+            "duration_ms": duration,
+            "status": 200,
+        }
+        if pick % 19 == 0:  # no duration: counted, but not in the mean (nx-27017's $sum
+            del request["duration_ms"]  # refuses strings, which MongoDB's skips)
         requests.append(request)
-        queries.append({"app": app, "ts": ts, "query": f"SELECT * FROM t WHERE id = {pick % 9}",
-                        "duration_ms": duration})
+        queries.append(
+            {
+                "app": app,
+                "ts": ts,
+                "query": f"SELECT * FROM t WHERE id = {pick % 9}",
+                "duration_ms": duration,
+            }
+        )
     return {"errors": errors, "requests": requests, "queries": queries}
 
 
@@ -73,17 +92,20 @@ def _seed(backend: MongoBackend, documents: dict[str, list[dict[str, Any]]]) -> 
         db[name].delete_many({})
         if rows:
             db[name].insert_many([dict(row) for row in rows])
-        db[name].create_index([("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)], name="app_ts")
+        db[name].create_index(
+            [("app", pymongo.ASCENDING), ("ts", pymongo.ASCENDING)], name="app_ts"
+        )
 
 
-def _cached(backend: MongoBackend, bucket_ms: int, settle_ms: int,
-            store: MemoryStore) -> dict[str, CachedLookup]:
+def _cached(
+    backend: MongoBackend, bucket_ms: int, settle_ms: int, store: MemoryStore
+) -> dict[str, CachedLookup]:
     lookups = {cls.name: cls(backend) for cls in LOOKUPS}
     settings = CacheSettings(enabled=True, bucket_ms=bucket_ms, settle_ms=settle_ms)
     cached = with_cache(lookups, settings, store)
     for lookup in cached.values():
         assert isinstance(lookup, CachedLookup)
-        lookup._clock = lambda: NOW_MS / 1000   # noqa: SLF001 - the test's fixed "now"
+        lookup._clock = lambda: NOW_MS / 1000
     return cached  # type: ignore[return-value]
 
 
@@ -118,15 +140,28 @@ def _same(cached: Any, direct: Any) -> None:
 _window = st.tuples(st.integers(-600, SPAN_MS // 1000 + 600), st.integers(0, SPAN_MS // 1000))
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seconds=st.lists(st.integers(0, SPAN_MS // 1000 - 1), max_size=120),
-       late=st.lists(st.integers(SPAN_MS // 1000 - 300, SPAN_MS // 1000 - 1), max_size=10),
-       picks=st.lists(st.integers(0, 1000), min_size=130, max_size=130),
-       windows=st.lists(_window, min_size=1, max_size=4),
-       aligned=st.booleans(), bucket_ms=st.sampled_from(BUCKETS_MS), app=st.sampled_from(["shop", "search"]))
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seconds=st.lists(st.integers(0, SPAN_MS // 1000 - 1), max_size=120),
+    late=st.lists(st.integers(SPAN_MS // 1000 - 300, SPAN_MS // 1000 - 1), max_size=10),
+    picks=st.lists(st.integers(0, 1000), min_size=130, max_size=130),
+    windows=st.lists(_window, min_size=1, max_size=4),
+    aligned=st.booleans(),
+    bucket_ms=st.sampled_from(BUCKETS_MS),
+    app=st.sampled_from(["shop", "search"]),
+)
 def test_panels_from_buckets_equal_the_direct_query(
-        backend: MongoBackend, seconds: list[int], late: list[int], picks: list[int],
-        windows: list[tuple[int, int]], aligned: bool, bucket_ms: int, app: str) -> None:
+    backend: MongoBackend,
+    seconds: list[int],
+    late: list[int],
+    picks: list[int],
+    windows: list[tuple[int, int]],
+    aligned: bool,
+    bucket_ms: int,
+    app: str,
+) -> None:
     _seed(backend, _documents(seconds, picks))
     store = MemoryStore(1 << 24)
     cached = _cached(backend, bucket_ms, settle_ms=300_000, store=store)
@@ -136,9 +171,9 @@ def test_panels_from_buckets_equal_the_direct_query(
         if aligned:
             start_ms -= start_ms % bucket_ms
         window = Window(app, start_ms, start_ms + length_s * 1000)
-        for name, lookup in cached.items():
+        for lookup in cached.values():
             direct = lookup.inner.fetch(window, deadline)
-            for _ in range(3):   # cold, then warmer: buckets read, then their kept sum
+            for _ in range(3):  # cold, then warmer: buckets read, then their kept sum
                 _same(lookup.fetch(window, deadline), direct)
     # Documents arriving late, within settle_ms: newer buckets are never cached, so they count.
     if late:
@@ -154,31 +189,34 @@ def test_a_window_of_whole_cached_buckets_queries_nothing_more(backend: MongoBac
     lookup = _cached(backend, 3_600_000, 0, store)["urls"]
     window = Window("shop", BASE_MS, BASE_MS + 3 * 3_600_000)
     first = lookup.fetch(window, Deadline.after_ms(10_000))
-    if lookup.groups_by_bucket:   # one query filled all three
+    if lookup.groups_by_bucket:  # one query filled all three
         assert (store.stats.misses, store.stats.fills, store.stats.hits) == (3, 3, 0)
         hits, misses = 3, 3
-    else:                         # the newest two, and then the third
+    else:  # the newest two, and then the third
         assert (store.stats.misses, store.stats.fills, store.stats.hits) == (3, 2, 0)
         assert _equal(lookup.fetch(window, Deadline.after_ms(10_000)), first)
         assert (store.stats.misses, store.stats.fills, store.stats.hits) == (4, 3, 2)
         hits, misses = 5, 4
-    backend.db.requests.delete_many({})   # what is cached no longer needs the database
+    backend.db.requests.delete_many({})  # what is cached no longer needs the database
     assert _equal(lookup.fetch(window, Deadline.after_ms(10_000)), first)
     assert (store.stats.misses, store.stats.fills, store.stats.hits) == (misses, 3, hits)
     assert lookup.inner.fetch(window, Deadline.after_ms(10_000)) == TopList(())
 
 
-def test_a_bucket_with_too_many_groups_is_answered_by_the_direct_query(backend: MongoBackend) -> None:
+def test_a_bucket_with_too_many_groups_is_answered_by_the_direct_query(
+    backend: MongoBackend,
+) -> None:
     second = [i % 3000 for i in range(PART_GROUP_CAP + 1)]
     documents = _documents(second, [0] * len(second))
     for index, row in enumerate(documents["queries"]):
-        row["query"] = f"SELECT {index}"     # every statement its own group
+        row["query"] = f"SELECT {index}"  # every statement its own group
     _seed(backend, documents)
     store = MemoryStore(1 << 24)
     lookup = _cached(backend, 3_600_000, 0, store)["queries"]
     window = Window("shop", BASE_MS, BASE_MS + 3_600_000)
-    assert lookup.fetch(window, Deadline.after_ms(30_000)) == \
-        lookup.inner.fetch(window, Deadline.after_ms(30_000))
+    assert lookup.fetch(window, Deadline.after_ms(30_000)) == lookup.inner.fetch(
+        window, Deadline.after_ms(30_000)
+    )
     assert store.stats.direct == 1 and len(store) == 0
 
 
@@ -190,25 +228,25 @@ def test_the_memory_store_stays_within_its_bytes() -> None:
         assert stats.bytes <= 1000
     assert stats.bytes == sum(len(f"key{i}") + 90 for i in range(90, 100)) and stats.evictions == 90
     assert store.get_many(["key99", "key0"]) == {"key99": b"x" * 90}
-    store.put_many({"huge": b"x" * 2000})   # larger than the bound: never kept
+    store.put_many({"huge": b"x" * 2000})  # larger than the bound: never kept
     assert "huge" not in store.get_many(["huge"]) and stats.bytes <= 1000
 
 
 def test_the_merged_runs_stay_within_their_bytes() -> None:
-    runs, parts = MergedRuns(200), parts_of(UrlsLookup(None))   # type: ignore[arg-type]
+    runs, parts = MergedRuns(200), parts_of(UrlsLookup(None))  # type: ignore[arg-type]
     assert parts is not None
     for index in range(20):
         runs.put(("urls", "shop", index, index + 5), {f"/u{index}": [index, 1.5, 1]}, parts)
         assert runs.bytes <= 200
-    assert runs.get(("urls", "shop", 0, 5)) is None                   # the oldest went first
+    assert runs.get(("urls", "shop", 0, 5)) is None  # the oldest went first
     kept = runs.get(("urls", "shop", 19, 24))
     assert kept is not None and kept.total == {"/u19": [19, 1.5, 1]} and kept.ranked == ["/u19"]
     runs.put(("urls", "shop", 0, 1), {f"/u{i}": [1, 2.0, 1] for i in range(50)}, parts)
-    assert runs.get(("urls", "shop", 0, 1)) is None and runs.bytes <= 200   # never kept
+    assert runs.get(("urls", "shop", 0, 1)) is None and runs.bytes <= 200  # never kept
 
 
 def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything() -> None:
-    parts = parts_of(QueriesLookup(None))   # type: ignore[arg-type]
+    parts = parts_of(QueriesLookup(None))  # type: ignore[arg-type]
     assert parts is not None
     rng = __import__("random").Random(3)
     for _ in range(200):
@@ -217,7 +255,7 @@ def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything()
         merged = MergedRuns(1 << 30).put(("queries", "shop", 0, 1), run, parts)
         total = add_parts([run, edge])
         ranked = merged.ranked_with(total, edge)
-        if ranked is None:   # an edge subtracted somewhere: everything is ranked
+        if ranked is None:  # an edge subtracted somewhere: everything is ranked
             assert any(sums[1] < 0 for sums in edge.values())
         else:
             assert ranked == parts.ranked_keys(total)
@@ -225,13 +263,16 @@ def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything()
 
 def test_fifty_callers_fill_each_bucket_once_on_either_engine(backend: MongoBackend) -> None:
     import gevent
+
     _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 37)), list(range(600)) * 2))
     store = MemoryStore(1 << 24)
     lookup = _cached(backend, 3_600_000, 0, store)["urls"]
-    window = Window("shop", BASE_MS, NOW_MS)   # six whole hours
+    window = Window("shop", BASE_MS, NOW_MS)  # six whole hours
     direct = lookup.inner.fetch(window, Deadline.after_ms(10_000))
-    calls = gevent.joinall([gevent.spawn(lookup.fetch, window, Deadline.after_ms(30_000))
-                            for _ in range(50)], raise_error=True)
+    calls = gevent.joinall(
+        [gevent.spawn(lookup.fetch, window, Deadline.after_ms(30_000)) for _ in range(50)],
+        raise_error=True,
+    )
     for call in calls:
         _same(call.value, direct)
     # Where the engine groups by bucket (FerretDB 2) one query fills all six; elsewhere the
@@ -248,35 +289,40 @@ def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: Mon
     """A kept sum moves with the window, a bucket added or dropped at a time."""
     _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 29)), list(range(800)) * 2))
     store = MemoryStore(1 << 24)
-    cached = _cached(backend, 600_000, 120_000, store)   # ten-minute buckets: many boundaries
+    cached = _cached(backend, 600_000, 120_000, store)  # ten-minute buckets: many boundaries
     length_ms = 3 * 3_600_000 + 7_000
-    for step in range(0, 100 * 60_000, 7 * 60_000 + 13_000):   # across ten boundaries
+    for step in range(0, 100 * 60_000, 7 * 60_000 + 13_000):  # across ten boundaries
         end_ms = BASE_MS + 4 * 3_600_000 + step
         window = Window("shop", end_ms - length_ms, end_ms)
         for lookup in cached.values():
-            lookup._clock = lambda end_ms=end_ms: end_ms / 1000   # noqa: SLF001 - "now"
+            lookup._clock = lambda end_ms=end_ms: end_ms / 1000
             if step == 0:
-                _warm(lookup, window)   # every later step moves a kept sum
-            _same(lookup.fetch(window, Deadline.after_ms(10_000)),
-                  lookup.inner.fetch(window, Deadline.after_ms(10_000)))
+                _warm(lookup, window)  # every later step moves a kept sum
+            _same(
+                lookup.fetch(window, Deadline.after_ms(10_000)),
+                lookup.inner.fetch(window, Deadline.after_ms(10_000)),
+            )
 
 
 def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directly(
-        backend: MongoBackend) -> None:
+    backend: MongoBackend,
+) -> None:
     seconds = [s for s in range(0, 7200, 50)] + [7200 + s % 3600 for s in range(PART_GROUP_CAP + 1)]
-    documents = _documents(seconds, [0] * len(seconds))   # the third hour: crowded
+    documents = _documents(seconds, [0] * len(seconds))  # the third hour: crowded
     for index, row in enumerate(documents["queries"]):
         row["query"] = f"SELECT {index}"
     _seed(backend, documents)
     store = MemoryStore(1 << 24)
     lookup = _cached(backend, 3_600_000, 0, store)["queries"]
-    for hours in (2, 3):   # the kept sum of two hours moves on to the crowded third
+    for hours in (2, 3):  # the kept sum of two hours moves on to the crowded third
         window = Window("shop", BASE_MS, BASE_MS + hours * 3_600_000)
-        lookup._clock = lambda window=window: window.end_ms / 1000   # noqa: SLF001 - "now"
+        lookup._clock = lambda window=window: window.end_ms / 1000
         if hours == 2:
             _warm(lookup, window)
-        _same(lookup.fetch(window, Deadline.after_ms(30_000)),
-              lookup.inner.fetch(window, Deadline.after_ms(30_000)))
+        _same(
+            lookup.fetch(window, Deadline.after_ms(30_000)),
+            lookup.inner.fetch(window, Deadline.after_ms(30_000)),
+        )
     assert store.stats.direct == 1
 
 
@@ -311,8 +357,11 @@ def _odd_documents() -> dict[str, list[dict[str, Any]]]:
 
 def test_rows_grouped_here_equal_the_engines_groups(backend: MongoBackend) -> None:
     _seed(backend, _odd_documents())
-    match = {"$match": ranges_filter("shop", [(BASE_MS, BASE_MS + 200_000),
-                                               (BASE_MS + 300_000, BASE_MS + 600_000)])}
+    match = {
+        "$match": ranges_filter(
+            "shop", [(BASE_MS, BASE_MS + 200_000), (BASE_MS + 300_000, BASE_MS + 600_000)]
+        )
+    }
     for cls in LOOKUPS:
         parts = parts_of(cls(backend))
         assert parts is not None
@@ -328,17 +377,30 @@ def test_rows_grouped_here_equal_the_engines_groups(backend: MongoBackend) -> No
 def test_rows_skip_what_sum_skips_and_refuse_what_a_part_refuses() -> None:
     urls = parts_of(UrlsLookup(None))  # type: ignore[arg-type]
     assert urls is not None
-    rows = [{"k": "/a", "v": 2}, {"k": "/a", "v": 1.5}, {"k": "/a", "v": True}, {"k": "/a", "v": "7"},
-            {"k": "/a", "v": [1]}, {"k": "/a"}, {"v": Int64(5)}, {"k": None, "v": None}]
+    rows = [
+        {"k": "/a", "v": 2},
+        {"k": "/a", "v": 1.5},
+        {"k": "/a", "v": True},
+        {"k": "/a", "v": "7"},
+        {"k": "/a", "v": [1]},
+        {"k": "/a"},
+        {"v": Int64(5)},
+        {"k": None, "v": None},
+    ]
     assert urls.part_of_rows(rows) == {"/a": [6, 3.5, 2], None: [2, 5, 1]}
-    for refused in ([{"k": 7}], [{"k": ["/a"]}], [{"k": "/a", "v": Decimal128("1.5")}],
-                    [{"k": f"/{n}"} for n in range(PART_GROUP_CAP + 1)]):
+    for refused in (
+        [{"k": 7}],
+        [{"k": ["/a"]}],
+        [{"k": "/a", "v": Decimal128("1.5")}],
+        [{"k": f"/{n}"} for n in range(PART_GROUP_CAP + 1)],
+    ):
         with pytest.raises(NoPart):
             urls.part_of_rows(refused)
 
 
 def test_edges_with_more_rows_than_a_batch_are_grouped_by_the_engine(
-        mongo_server: MongoWireServer) -> None:
+    mongo_server: MongoWireServer,
+) -> None:
     commands: list[str] = []
 
     class Listener(monitoring.CommandListener):
@@ -351,19 +413,26 @@ def test_edges_with_more_rows_than_a_batch_are_grouped_by_the_engine(
         def failed(self, event: Any) -> None:
             pass
 
-    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database=DATABASE),
-                           event_listeners=[Listener()])
+    backend = MongoBackend(
+        "mongo",
+        MongoBackendSettings(uri=mongo_server.uri, database=DATABASE),
+        event_listeners=[Listener()],
+    )
     try:
-        crowded = [3 * 3600 + s % 600 for s in range(2 * QUERY_GROUP_CAP + 100)]   # half of them shop's
+        crowded = [
+            3 * 3600 + s % 600 for s in range(2 * QUERY_GROUP_CAP + 100)
+        ]  # half of them shop's
         _seed(backend, _documents(list(range(0, 3 * 3600, 61)) + crowded, list(range(5000))))
         lookup = _cached(backend, 3_600_000, 0, MemoryStore(1 << 24))["errors"]
         window = Window("shop", BASE_MS + 1_000_000, BASE_MS + 3 * 3_600_000 + 700_000)
-        lookup._clock = lambda: window.end_ms / 1000   # noqa: SLF001 - "now"
-        _warm(lookup, Window("shop", window.start_ms, BASE_MS + 3 * 3_600_000))   # no end edge
-        for rows_first in (True, False):   # then the app is known to be dense: grouped at once
+        lookup._clock = lambda: window.end_ms / 1000
+        _warm(lookup, Window("shop", window.start_ms, BASE_MS + 3 * 3_600_000))  # no end edge
+        for rows_first in (True, False):  # then the app is known to be dense: grouped at once
             commands.clear()
-            _same(lookup.fetch(window, Deadline.after_ms(30_000)),
-                  lookup.inner.fetch(window, Deadline.after_ms(30_000)))
+            _same(
+                lookup.fetch(window, Deadline.after_ms(30_000)),
+                lookup.inner.fetch(window, Deadline.after_ms(30_000)),
+            )
             assert commands.count("aggregate") == (3 if rows_first else 2), commands
     finally:
         backend.client.drop_database(DATABASE)

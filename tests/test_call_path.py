@@ -18,10 +18,15 @@ def documented_path() -> list[str]:
     return re.findall(r"^\d+\. `([^`]+)`", section, re.M)
 
 
-def test_the_documented_path_of_one_warm_call_is_the_one_it_runs(mongo_server,
-                                                                 http_services) -> None:
+def test_the_documented_path_of_one_warm_call_is_the_one_it_runs(
+    mongo_server, http_services
+) -> None:
     ran = files_of_one_warm_call(backend_overrides(mongo_server, http_services))
     documented = documented_path()
     assert len(documented) == len(set(documented)), "a file listed twice"
-    assert sorted(ran - set(documented)) == [], "run, but not in docs/explanation/architecture.md's path"
-    assert sorted(set(documented) - ran) == [], "in docs/explanation/architecture.md's path, but not run"
+    assert sorted(ran - set(documented)) == [], (
+        "run, but not in docs/explanation/architecture.md's path"
+    )
+    assert sorted(set(documented) - ran) == [], (
+        "in docs/explanation/architecture.md's path, but not run"
+    )

@@ -8,9 +8,10 @@ import socket
 import statistics
 import subprocess
 import time
-from pathlib import Path
 from collections import Counter
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import gevent
 import pytest
@@ -22,17 +23,22 @@ from service.client import AppStatsClient
 from service.engine import FanOut, FanOutOverloaded, FanOutSettings, RequestContext, Task
 from service.engine.settings import AdmissionSettings
 from service.idl import appstats
+from service.overload.gate import CallGate
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
-from service.overload.gate import CallGate
 from tests.support.processes import FANOUT
 from tests.support.sockets import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_loops(fan: Any, loops: int, seconds: float, delay_s: Callable[[], float],
-              latencies: Optional[list[float]] = None) -> list[str]:
+def run_loops(
+    fan: Any,
+    loops: int,
+    seconds: float,
+    delay_s: Callable[[], float],
+    latencies: list[float] | None = None,
+) -> list[str]:
     """``loops`` callers calling ``fan.run`` back to back for ``seconds``; the outcome kinds
     (and each answered call's latency in ``latencies``, when given)."""
     ends = time.monotonic() + seconds
@@ -73,8 +79,10 @@ class GatedFanOut:
 
 @pytest.mark.solo
 def test_the_limit_falls_when_latency_is_injected_and_rises_again_after() -> None:
-    fan = GatedFanOut(FanOutSettings(pool_size=4, max_inflight_tasks=1000),
-                      AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200))
+    fan = GatedFanOut(
+        FanOutSettings(pool_size=4, max_inflight_tasks=1000),
+        AdmissionSettings(initial_limit=20, min_limit=2, max_limit=200),
+    )
     delay = {"s": 0.005}
     latencies: list[float] = []
     run_loops(fan, 40, 1.0, lambda: delay["s"], latencies)
@@ -114,10 +122,18 @@ def watch_limit(fan: Any, work: Callable[[], Any]) -> list[float]:
 
 
 def test_a_call_that_cannot_meet_its_deadline_is_refused_at_once() -> None:
-    fan = GatedFanOut(FanOutSettings(), AdmissionSettings(initial_limit=2, min_limit=2, max_limit=2))
+    fan = GatedFanOut(
+        FanOutSettings(), AdmissionSettings(initial_limit=2, min_limit=2, max_limit=2)
+    )
     run_loops(fan, 2, 0.3, lambda: 0.05)  # the admission learns that a call takes ~50 ms
-    hogs = [gevent.spawn(fan.run, [Task("hog", "test", lambda b: gevent.sleep(0.3), 2000)],
-                         RequestContext.start("test", 2000)) for _ in range(2)]
+    hogs = [
+        gevent.spawn(
+            fan.run,
+            [Task("hog", "test", lambda b: gevent.sleep(0.3), 2000)],
+            RequestContext.start("test", 2000),
+        )
+        for _ in range(2)
+    ]
     gevent.sleep(0.01)
     with pytest.raises(FanOutOverloaded) as refused:
         fan.run([Task("t", "test", lambda b: "ok", 2000)], RequestContext.start("test", 10))
@@ -138,13 +154,16 @@ def slow_alerts(sample_data: SampleData) -> Any:
 
 def burst(address: tuple[str, int], count: int, timeout_ms: int = 3000) -> list[Any]:
     """``count`` calls at once from their own clients, no retries; answers or Overloaded."""
+
     def call() -> Any:
-        with AppStatsClient(*address, pool_size=1, timeout_ms=timeout_ms,
-                            overload_retry_ratio=0) as client:
+        with AppStatsClient(
+            *address, pool_size=1, timeout_ms=timeout_ms, overload_retry_ratio=0
+        ) as client:
             try:
                 return client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
             except appstats.Overloaded as overloaded:
                 return overloaded
+
     calls = [gevent.spawn(call) for _ in range(count)]
     gevent.joinall(calls, timeout=20)
     assert all(c.ready() for c in calls), "a call hung"
@@ -153,10 +172,16 @@ def burst(address: tuple[str, int], count: int, timeout_ms: int = 3000) -> list[
 
 @pytest.mark.solo
 def test_a_burst_far_over_capacity_gets_answers_or_overloaded_and_logs_no_line_per_call(
-        start_service: Any, slow_alerts: FaultyHttpService, caplog: Any) -> None:
-    service, _ = start_service(**{
-        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 4,
-        "admission.min_limit": 2, "admission.max_limit": 4})
+    start_service: Any, slow_alerts: FaultyHttpService, caplog: Any
+) -> None:
+    service, _ = start_service(
+        **{
+            "http.alerts_url": slow_alerts.url,
+            "admission.initial_limit": 4,
+            "admission.min_limit": 2,
+            "admission.max_limit": 4,
+        }
+    )
     caplog.set_level(logging.INFO)
     answers = burst(service.address, 150)
 
@@ -170,24 +195,36 @@ def test_a_burst_far_over_capacity_gets_answers_or_overloaded_and_logs_no_line_p
 
 
 def test_fanout_pools_recommends_a_bigger_mongo_pool_when_it_is_saturated(
-        start_service: Any, mongo_server: Any) -> None:
+    start_service: Any, mongo_server: Any
+) -> None:
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
         proxy.set_delay_ms(150)
-        service, _ = start_service(**{
-            "mongo.uri": f"mongodb://{proxy.address[0]}:{proxy.address[1]}/?directConnection=true",
-            "mongo.max_pool_size": 3, "fanout.task_timeout_ms": 2500,
-            "fanout.request_deadline_ms": 2500,
-            "fanout.coalesce": False})   # identical calls must each reach MongoDB here
+        service, _ = start_service(
+            **{
+                "mongo.uri": f"mongodb://{proxy.address[0]}:{proxy.address[1]}/?directConnection=true",
+                "mongo.max_pool_size": 3,
+                "fanout.task_timeout_ms": 2500,
+                "fanout.request_deadline_ms": 2500,
+                "fanout.coalesce": False,
+            }
+        )  # identical calls must each reach MongoDB here
         # Answers are due at 2.5 s at the latest; the clients wait longer (this test is about
         # the pools' advice): under a full suite's load an answer came more than 0.5 s late.
         burst(service.address, 12, timeout_ms=10_000)
         host, port = service.address
-        shown = subprocess.run([*FANOUT, "pools", "--host", host, "--port", str(port)],
-                               capture_output=True, text=True, timeout=60)
+        shown = subprocess.run(
+            [*FANOUT, "pools", "--host", host, "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert shown.returncode == 0, shown.stderr
-    mongo = re.search(r"^mongo size=(\d+) in_use_p99=(\d+) wait_p99_ms=([\d.]+) recommended=(\d+) "
-                      r"limited_by=slots$",
-                      shown.stdout, re.M)
+    mongo = re.search(
+        r"^mongo size=(\d+) in_use_p99=(\d+) wait_p99_ms=([\d.]+) recommended=(\d+) "
+        r"limited_by=slots$",
+        shown.stdout,
+        re.M,
+    )
     assert mongo, shown.stdout
     size, in_use_p99, wait_ms, recommended = (float(g) for g in mongo.groups())
     assert size == 2 and in_use_p99 == 2 and wait_ms > 0
@@ -204,22 +241,38 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     with AppStatsClient("127.0.0.1", server.port) as client:
         client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
         client.health()
-    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                     10, "the scrape address in the log")
+    found = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    )
     scrape = requests.get(found.group(1), timeout=5)
     assert scrape.status_code == 200
     text = scrape.text
-    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} 1\.0$',
-                     text, re.M), text
-    assert re.search(r'^fanout_task_duration_seconds_count\{.*fanout_task_name="alerts".*'
-                     r'fanout_task_status="OK".*\} 1\.0$', text, re.M)
+    assert re.search(
+        r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} 1\.0$',
+        text,
+        re.M,
+    ), text
+    assert re.search(
+        r'^fanout_task_duration_seconds_count\{.*fanout_task_name="alerts".*'
+        r'fanout_task_status="OK".*\} 1\.0$',
+        text,
+        re.M,
+    )
     assert re.search(r'^fanout_pool_size\{.*fanout_pool_name="mongo".*\} 31\.0$', text, re.M)
-    assert re.search(r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M)
+    assert re.search(
+        r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M
+    )
     assert re.search(r"^fanout_admission_limit(_ratio)?(\{[^}]*\})? 100\.0$", text, re.M), text
     assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
     # The requests instrumentation's current convention, in seconds (not http.client.duration, ms).
-    assert re.search(r'^http_client_request_duration_seconds_count\{.*server_address="127\.0\.0\.1"'
-                     r'.*\} [1-9]', text, re.M), text
+    assert re.search(
+        r'^http_client_request_duration_seconds_count\{.*server_address="127\.0\.0\.1"'
+        r".*\} [1-9]",
+        text,
+        re.M,
+    ), text
     assert "http_client_duration" not in text
     # Durations in seconds, every instrument with a unit (promtool flags *_milliseconds).
     assert re.search(r'^fanout_pool_wait_p99_seconds\{.*fanout_pool_name="mongo".*\} ', text, re.M)
@@ -229,8 +282,7 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     queries = re.search(r"```promql\n(.*?)```", page, re.S)
     assert queries, "no promql block in docs/how-to/monitor.md"
     # Series, not label names (those are followed by a matcher, a comma or a parenthesis).
-    named = set(re.findall(r"\b((?:fanout|rpc|http)_[a-z0-9_]+)\b(?!\s*[!=~,)])",
-                           queries.group(1)))
+    named = set(re.findall(r"\b((?:fanout|rpc|http)_[a-z0-9_]+)\b(?!\s*[!=~,)])", queries.group(1)))
     assert len(named) >= 10, named
     missing = {name for name in named if not re.search(rf"^{name}[{{ ]", text, re.M)}
     assert not missing, missing
@@ -238,50 +290,79 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
 
 
-def test_the_task_metric_counts_exactly_the_outcomes_callers_got(serve: Any, http_services: Any) -> None:
+def test_the_task_metric_counts_exactly_the_outcomes_callers_got(
+    serve: Any, http_services: Any
+) -> None:
     """OK, REJECTED (no slot in time) and TIMEOUT (cut while running): each outcome a
     caller received is counted once, with its status; the abandoned task's end is not."""
-    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0,
-                                     "fanout.pool_size": 5, "fanout.queue_timeout_ms": 1,
-                                     "lookups.alerts.timeout_ms": 100})
+    server = serve(
+        http_services,
+        **{
+            "metrics.exporter": "prometheus",
+            "metrics.port": 0,
+            "fanout.pool_size": 5,
+            "fanout.queue_timeout_ms": 1,
+            "lookups.alerts.timeout_ms": 100,
+        },
+    )
     received: Counter[tuple[str, str]] = Counter()
     http_services.alerts.delay_ms = 400
     try:
         with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
             for _ in range(4):
                 response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
-                received.update((o.name, appstats.TaskStatus._VALUES_TO_NAMES[o.status])
-                                for o in response.outcomes)
+                received.update(
+                    (o.name, appstats.TaskStatus._VALUES_TO_NAMES[o.status])
+                    for o in response.outcomes
+                )
         gevent.sleep(0.6)  # the abandoned alerts tasks end meanwhile
     finally:
         http_services.alerts.delay_ms = 0
     assert {status for _, status in received} >= {"OK", "REJECTED", "TIMEOUT"}, received
-    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                     10, "the scrape address in the log")
+    found = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    )
     text = requests.get(found.group(1), timeout=5).text
-    counted = Counter({(name, status): int(float(count)) for name, status, count in re.findall(
-        r'^fanout_task_duration_seconds_count\{.*?fanout_task_name="(\w+)".*?'
-        r'fanout_task_status="(\w+)".*\} (\S+)$', text, re.M)})
+    counted = Counter(
+        {
+            (name, status): int(float(count))
+            for name, status, count in re.findall(
+                r'^fanout_task_duration_seconds_count\{.*?fanout_task_name="(\w+)".*?'
+                r'fanout_task_status="(\w+)".*\} (\S+)$',
+                text,
+                re.M,
+            )
+        }
+    )
     assert counted == received
 
 
-def test_calls_to_undeclared_methods_are_one_series_named_other(serve: Any, http_services: Any) -> None:
+def test_calls_to_undeclared_methods_are_one_series_named_other(
+    serve: Any, http_services: Any
+) -> None:
     """Names a caller makes up must not make series: they are recorded as rpc.method _OTHER."""
     server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0})
     for name in ("no_such_method", "drop_tables", "x" * 40):
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             sock.sendall(encode_call(name, appstats.AppStats.ping_args()))
             assert sock.recv(4096)  # TApplicationException(UNKNOWN_METHOD)
-    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                     10, "the scrape address in the log")
+    found = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    )
     text = requests.get(found.group(1), timeout=5).text
-    assert re.search(r'^rpc_server_call_duration_seconds_count\{.*rpc_method="_OTHER".*\} 3\.0$',
-                     text, re.M), text
+    assert re.search(
+        r'^rpc_server_call_duration_seconds_count\{.*rpc_method="_OTHER".*\} 3\.0$', text, re.M
+    ), text
     assert "no_such_method" not in text and "drop_tables" not in text
 
 
 def test_the_client_backs_off_on_overloaded_and_stays_within_its_retry_budget(
-        start_server: Any, handler: Any) -> None:
+    start_server: Any, handler: Any
+) -> None:
     server = start_server()
     with AppStatsClient(*server.address, timeout_ms=5000) as client:
         began = time.monotonic()

@@ -8,8 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 import gevent
 import pytest
@@ -25,7 +25,9 @@ ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
 def read_until(process: subprocess.Popen, marker: str, timeout_s: float = 30) -> list[str]:
     """Lines of ``process``'s stdout up to and including the first containing ``marker``."""
     lines: list[str] = []
-    with gevent.Timeout(timeout_s, AssertionError(f"no {marker!r} within {timeout_s}s; got {lines}")):
+    with gevent.Timeout(
+        timeout_s, AssertionError(f"no {marker!r} within {timeout_s}s; got {lines}")
+    ):
         while not lines or marker not in lines[-1]:
             line = process.stdout.readline()
             assert line, f"process ended before {marker!r}: {lines}"
@@ -52,62 +54,110 @@ def processes() -> Iterator[list[subprocess.Popen]]:
             process.wait(timeout=10)
 
 
-def spawn(processes: list[subprocess.Popen], *args: str,
-          env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-    process = subprocess.Popen([*FANOUT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env or ENV)
+def spawn(
+    processes: list[subprocess.Popen], *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [*FANOUT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ENV
+    )
     processes.append(process)
     return process
 
 
-def test_backends_serve_and_call_work_together(tmp_path: Path,
-                                               processes: list[subprocess.Popen]) -> None:
+def test_backends_serve_and_call_work_together(
+    tmp_path: Path, processes: list[subprocess.Popen]
+) -> None:
     ports = {name: free_port() for name in ("mongo", "alerts", "metrics")}
-    backends = spawn(processes, "backends", *(f"--{name}-port={port}" for name, port in ports.items()))
+    backends = spawn(
+        processes, "backends", *(f"--{name}-port={port}" for name, port in ports.items())
+    )
     printed = read_until(backends, "Press Ctrl-C")
     hint = next(line for line in printed if line.startswith("Their data is"))
-    snippet = "\n".join(printed[printed.index("[backends.mongo]"):printed.index(hint)])
+    snippet = "\n".join(printed[printed.index("[backends.mongo]") : printed.index(hint)])
     assert f"127.0.0.1:{ports['mongo']}" in snippet and f"127.0.0.1:{ports['metrics']}" in snippet
     config = tmp_path / "fanout.toml"
     config.write_text(snippet)
 
     # The snippet alone must keep the server from exporting spans to a collector not there.
     without_exporter = {k: v for k, v in ENV.items() if not k.startswith("OTEL_")}
-    server = spawn(processes, "serve", "--config", str(config), "--port", "0",
-                   "--log-level", "info", env=without_exporter)
+    server = spawn(
+        processes,
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        "0",
+        "--log-level",
+        "info",
+        env=without_exporter,
+    )
     (line,) = read_until(server, "serving on")[-1:]
     port = line.rsplit(":", 1)[1]
 
-    call = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop",
-                           "--start-ms", str(SAMPLE_START_MS), "--end-ms", str(SAMPLE_END_MS), "--json"],
-                          capture_output=True, text=True, env=ENV, timeout=60)
+    call = subprocess.run(
+        [
+            *FANOUT,
+            "call",
+            "get_app_stats",
+            "--port",
+            port,
+            "--app",
+            "shop",
+            "--start-ms",
+            str(SAMPLE_START_MS),
+            "--end-ms",
+            str(SAMPLE_END_MS),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert call.returncode == 0, call.stderr
     response = json.loads(call.stdout)
     assert {o["name"]: o["status"] for o in response["outcomes"]} == {
-        name: "OK" for name in ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]}
+        name: "OK"
+        for name in ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
+    }
     assert response["panels"]["errors"]["error_summary"]["total"] > 0
 
     # No window: the last hour, where the sample data has nothing; the hint says where it is.
-    last_hour = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop"],
-                               capture_output=True, text=True, env=ENV, timeout=60)
+    last_hour = subprocess.run(
+        [*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert last_hour.returncode == 0 and "no panel holds data" in last_hour.stderr
     window = f"--start-ms {SAMPLE_START_MS} --end-ms {SAMPLE_END_MS}"
     assert window in last_hour.stderr and hint.endswith(f"--app shop {window}")
 
-    bad = subprocess.run([*FANOUT, "call", "get_app_stats", "--port", port, "--app", "no/such"],
-                         capture_output=True, text=True, env=ENV, timeout=60)
+    bad = subprocess.run(
+        [*FANOUT, "call", "get_app_stats", "--port", port, "--app", "no/such"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert bad.returncode == 1 and "InvalidRequest" in bad.stderr and "app" in bad.stderr
 
     assert stop(server) == 0
     logged = server.stderr.read()
     assert "spans flushed" in logged and "export" not in logged.lower(), logged
-    assert "deprecated" not in logged   # what `fanout backends` prints is the current form
+    assert "deprecated" not in logged  # what `fanout backends` prints is the current form
     assert stop(backends) == 0
 
 
 def test_backends_refuse_a_port_that_is_not_one() -> None:
-    done = subprocess.run([*FANOUT, "backends", "--mongo-port", "70000"], capture_output=True,
-                          text=True, env=ENV, timeout=60)
+    done = subprocess.run(
+        [*FANOUT, "backends", "--mongo-port", "70000"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert done.returncode == 2 and "--mongo-port" in done.stderr and "65535" in done.stderr
 
 
@@ -125,8 +175,13 @@ def test_demo_exits_zero_and_prints_panels_outcomes_and_trace() -> None:
 def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "bad.toml"
     config.write_text("[fanout]\npool_size = 0\n")
-    result = subprocess.run([*FANOUT, "serve", "--config", str(config)],
-                            capture_output=True, text=True, env=ENV, timeout=60)
+    result = subprocess.run(
+        [*FANOUT, "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "fanout.pool_size" in result.stderr
 
@@ -138,13 +193,26 @@ def test_unreachable_server_and_busy_port_are_clear_errors() -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         busy_port = str(holder.getsockname()[1])
-        serve = subprocess.run([*FANOUT, "serve", "--port", busy_port], capture_output=True, text=True,
-                               env=ENV, timeout=60)
+        serve = subprocess.run(
+            [*FANOUT, "serve", "--port", busy_port],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=60,
+        )
     assert serve.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{busy_port}" in serve.stderr and "Traceback" not in serve.stderr
+    assert (
+        f"cannot listen on 127.0.0.1:{busy_port}" in serve.stderr
+        and "Traceback" not in serve.stderr
+    )
 
-    call = subprocess.run([*FANOUT, "call", "ping", "--port", busy_port], capture_output=True, text=True,
-                          env=ENV, timeout=60)
+    call = subprocess.run(
+        [*FANOUT, "call", "ping", "--port", busy_port],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=60,
+    )
     assert call.returncode == 1
     assert f"cannot reach 127.0.0.1:{busy_port}" in call.stderr and "Traceback" not in call.stderr
 
@@ -171,12 +239,15 @@ def test_every_command_and_flag_has_plain_help() -> None:
     assert set(helped) == set(commands.choices) and all(helped.values()), helped
 
 
-@pytest.mark.parametrize("argv, level", [
-    (["serve"], "warning"),
-    (["--log-level", "debug", "serve"], "debug"),
-    (["serve", "--log-level", "info"], "info"),  # as the Deployment runs it
-    (["--log-level", "error", "pools", "--log-level", "info"], "info"),
-])
+@pytest.mark.parametrize(
+    "argv, level",
+    [
+        (["serve"], "warning"),
+        (["--log-level", "debug", "serve"], "debug"),
+        (["serve", "--log-level", "info"], "info"),  # as the Deployment runs it
+        (["--log-level", "error", "pools", "--log-level", "info"], "info"),
+    ],
+)
 def test_log_level_is_taken_before_or_after_the_command(argv: list[str], level: str) -> None:
     from service.cli.main import _parser
 

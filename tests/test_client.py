@@ -21,7 +21,6 @@ from tests.support.sockets import wait_for
 _tracer = trace.get_tracer(__name__)
 
 
-
 def client_for(server: Any, **options: Any) -> AppStatsClient:
     host, port = server.address
     return AppStatsClient(host, port, **options)
@@ -106,15 +105,16 @@ def test_waiting_for_a_pooled_connection_is_bounded_by_the_deadline(start_server
 
 
 def test_a_connection_the_server_closed_is_discarded_and_the_call_retried_on_a_new_one(
-        start_server):
+    start_server,
+):
     server = start_server(idle_timeout_ms=100)
     with client_for(server) as client:
         assert client.ping() == "pong"
         # The server idles the pooled connection out from under the client.
         wait_for(lambda: server.stats.connections_open == 0)
 
-        assert client.ping() == "pong"   # failed on the dead connection, retried on a new one
-        assert client.ping() == "pong"   # and the new one is pooled
+        assert client.ping() == "pong"  # failed on the dead connection, retried on a new one
+        assert client.ping() == "pong"  # and the new one is pooled
     assert server.stats.connections_total == 2
 
 
@@ -151,8 +151,10 @@ def test_unreachable_server_fails_within_the_connect_timeout():
     assert caught.value.type == TTransportException.NOT_OPEN
 
 
-@pytest.mark.parametrize("option,value", [("transport", "http"), ("protocol", "json"),
-                                          ("pool_size", 0), ("timeout_ms", 0)])
+@pytest.mark.parametrize(
+    "option,value",
+    [("transport", "http"), ("protocol", "json"), ("pool_size", 0), ("timeout_ms", 0)],
+)
 def test_bad_options_raise(option, value):
     with pytest.raises(ValueError):
         AppStatsClient("127.0.0.1", 9, **{option: value})

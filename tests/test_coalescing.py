@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import gevent.event
@@ -20,20 +21,32 @@ class Backend:
         self.calls: list[Any] = []
         self.release = gevent.event.Event()
 
-    def fetch(self, key: Any, answer: Any = None, error: Exception | None = None) -> Callable[[], Any]:
+    def fetch(
+        self, key: Any, answer: Any = None, error: Exception | None = None
+    ) -> Callable[[], Any]:
         def call() -> Any:
             self.calls.append(key)
             self.release.wait(timeout=5)
             if error is not None:
                 raise error
             return answer if answer is not None else ("value of", key)
+
         return call
 
 
-def spawn_calls(coalescer: Coalescer, backend: Backend, keys: list[Any], budget_s: float = 5.0,
-                **fetch_args: Any) -> list[gevent.Greenlet]:
-    calls = [gevent.spawn(coalescer.call, key, Deadline.after_s(budget_s), backend.fetch(key, **fetch_args))
-             for key in keys]
+def spawn_calls(
+    coalescer: Coalescer,
+    backend: Backend,
+    keys: list[Any],
+    budget_s: float = 5.0,
+    **fetch_args: Any,
+) -> list[gevent.Greenlet]:
+    calls = [
+        gevent.spawn(
+            coalescer.call, key, Deadline.after_s(budget_s), backend.fetch(key, **fetch_args)
+        )
+        for key in keys
+    ]
     gevent.sleep(0.01)  # every caller has asked
     return calls
 
@@ -41,8 +54,12 @@ def spawn_calls(coalescer: Coalescer, backend: Backend, keys: list[Any], budget_
 def test_identical_calls_in_flight_share_one_backend_call() -> None:
     coalescer, backend = Coalescer(), Backend()
     joined: list[int] = []
-    calls = [gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"), lambda: joined.append(1))
-             for _ in range(10)]
+    calls = [
+        gevent.spawn(
+            coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"), lambda: joined.append(1)
+        )
+        for _ in range(10)
+    ]
     gevent.sleep(0.01)
     assert coalescer.in_flight == 1
     backend.release.set()
@@ -56,7 +73,7 @@ def test_identical_calls_in_flight_share_one_backend_call() -> None:
 def test_different_keys_never_share() -> None:
     coalescer, backend = Coalescer(), Backend()
     keys = [("errors", app, 0, 1) for app in ("shop", "shop", "blog", "blog", "shop")]
-    keys.append(("errors", "shop", 0, 2))   # the same app over another window
+    keys.append(("errors", "shop", 0, 2))  # the same app over another window
     calls = spawn_calls(coalescer, backend, keys)
     backend.release.set()
     assert [c.get(timeout=5) for c in calls] == [("value of", key) for key in keys]
@@ -78,7 +95,9 @@ def test_a_failure_reaches_only_those_waiting_for_it() -> None:
 def test_calls_one_after_another_are_not_cached() -> None:
     coalescer, backend = Coalescer(), Backend()
     backend.release.set()
-    assert [coalescer.call("k", Deadline.after_s(1.0), backend.fetch("k")) for _ in range(3)] == [("value of", "k")] * 3
+    assert [coalescer.call("k", Deadline.after_s(1.0), backend.fetch("k")) for _ in range(3)] == [
+        ("value of", "k")
+    ] * 3
     assert backend.calls == ["k"] * 3
 
 
@@ -90,7 +109,7 @@ def test_a_follower_waits_no_longer_than_its_own_budget() -> None:
         coalescer.call("k", Deadline.after_s(0.05), backend.fetch("k"))
     assert isinstance(caught.value, TimeoutError) and caught.value.retryable
     backend.release.set()
-    assert leader.get(timeout=5) == ("value of", "k")   # the leader carried on
+    assert leader.get(timeout=5) == ("value of", "k")  # the leader carried on
     assert backend.calls == ["k"]
 
 
@@ -98,7 +117,10 @@ def test_a_killed_leader_wakes_its_followers_with_an_error() -> None:
     coalescer, backend = Coalescer(), Backend()
     leader = gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"))
     gevent.sleep(0.01)
-    followers = [gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k")) for _ in range(3)]
+    followers = [
+        gevent.spawn(coalescer.call, "k", Deadline.after_s(5.0), backend.fetch("k"))
+        for _ in range(3)
+    ]
     gevent.sleep(0.01)
     leader.kill(GreenletExit, block=True)
     for follower in followers:

@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pymongo
 import pytest
 
 from service.client import AppStatsClient
-from service.samples import (MongoWireServer, SampleData, SampleHttpServices, SAMPLE_END_MS,
-                             SAMPLE_START_MS, seed_mongo_at)
+from service.samples import (
+    SAMPLE_END_MS,
+    SAMPLE_START_MS,
+    MongoWireServer,
+    SampleData,
+    SampleHttpServices,
+    seed_mongo_at,
+)
 from tests.support.ferretdb import FerretDbServer
 from tests.support.processes import Server, server_environment
 from tests.support.samples import SAMPLE_DATABASE
@@ -29,8 +36,10 @@ pytestmark = needs("compat")
 
 HOUR_MS = 3_600_000
 APPS = ["shop", "search", "billing", "no-such-app"]
-WINDOWS = {"day": (SAMPLE_START_MS, SAMPLE_END_MS),
-           "three_hours": (SAMPLE_START_MS + 6 * HOUR_MS, SAMPLE_START_MS + 9 * HOUR_MS)}
+WINDOWS = {
+    "day": (SAMPLE_START_MS, SAMPLE_END_MS),
+    "three_hours": (SAMPLE_START_MS + 6 * HOUR_MS, SAMPLE_START_MS + 9 * HOUR_MS),
+}
 MONGO_PANELS = ["errors", "urls", "controllers", "queries"]
 FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
 
@@ -40,8 +49,11 @@ def engines(sample_data: SampleData, mongo_server: Any) -> Iterator[dict[str, An
     """Both engines, running and seeded with the same data: the session's server is one of
     them (nx-27017, or FerretDB under ``make compat``), and the other is started here."""
     with contextlib.ExitStack() as stack:
-        found = {"ferretdb": mongo_server} if isinstance(mongo_server, FerretDbServer) \
+        found = (
+            {"ferretdb": mongo_server}
+            if isinstance(mongo_server, FerretDbServer)
             else {"nx-27017": mongo_server}
+        )
         for name, kind in (("ferretdb", FerretDbServer), ("nx-27017", MongoWireServer)):
             if name not in found:
                 found[name] = stack.enter_context(kind())
@@ -88,25 +100,34 @@ def _assert_same_panels(ferretdb: Any, nx: Any, where: str) -> None:
 
 
 def test_fanout_serve_answers_the_same_panels_on_ferretdb_as_on_nx_27017(
-        engines: dict[str, Any], http_services: SampleHttpServices, tmp_path: Path) -> None:
-    servers = {name: Server(server_environment(engine, http_services), tmp_path / f"{name}.log")
-               for name, engine in engines.items()}
-    clients = {name: AppStatsClient("127.0.0.1", server.port, timeout_ms=10_000)
-               for name, server in servers.items()}
+    engines: dict[str, Any], http_services: SampleHttpServices, tmp_path: Path
+) -> None:
+    servers = {
+        name: Server(server_environment(engine, http_services), tmp_path / f"{name}.log")
+        for name, engine in engines.items()
+    }
+    clients = {
+        name: AppStatsClient("127.0.0.1", server.port, timeout_ms=10_000)
+        for name, server in servers.items()
+    }
     try:
         non_empty = 0
         for app in APPS:
             for window_name, (start_ms, end_ms) in WINDOWS.items():
-                answers = {name: client.get_app_stats(app, start_ms, end_ms, MONGO_PANELS)
-                           for name, client in clients.items()}
+                answers = {
+                    name: client.get_app_stats(app, start_ms, end_ms, MONGO_PANELS)
+                    for name, client in clients.items()
+                }
                 where = f"{app} over {window_name}"
                 for name, answer in answers.items():
                     statuses = {o.name: (o.status, o.message) for o in answer.outcomes}
-                    assert {o.status for o in answer.outcomes} == {0}, f"{name}: {where}: {statuses}"
+                    assert {o.status for o in answer.outcomes} == {0}, (
+                        f"{name}: {where}: {statuses}"
+                    )
                     assert sorted(answer.panels) == sorted(MONGO_PANELS), f"{name}: {where}"
                 _assert_same_panels(answers["ferretdb"], answers["nx-27017"], where)
                 non_empty += answers["ferretdb"].panels["errors"].error_summary.total > 0
-        assert non_empty == 6   # three apps with data, two windows: not a comparison of empties
+        assert non_empty == 6  # three apps with data, two windows: not a comparison of empties
     finally:
         for client in clients.values():
             client.close()

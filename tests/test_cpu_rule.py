@@ -7,61 +7,61 @@ from __future__ import annotations
 import pytest
 
 from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, CpuRule, LeastLatency
-from tests.support.clock import Clock
+from tests.support.clock import FakeClock
 
 
 def test_the_least_is_the_least_of_this_epoch_and_the_last() -> None:
-    clock = Clock()
+    clock = FakeClock()
     least = LeastLatency(clock)
     least.sample(0.02)
     clock.now += EPOCH_S
     least.roll()
     least.sample(0.05)
-    assert least.seconds == 0.02          # the last epoch's still counts
+    assert least.seconds == 0.02  # the last epoch's still counts
     clock.now += EPOCH_S
     least.roll()
-    assert least.seconds == 0.05          # two epochs old: forgotten (a backend slowed)
+    assert least.seconds == 0.05  # two epochs old: forgotten (a backend slowed)
 
 
 def test_a_probe_caps_the_calls_in_flight_only_while_it_runs() -> None:
-    clock = Clock()
+    clock = FakeClock()
     least = LeastLatency(clock)
     assert least.cap(20.0) == 20
     assert least.start_probe() and least.probing
     assert least.cap(20.0) == PROBE_CALLS and least.cap(2.0) == 2
-    assert not least.start_probe()        # one at a time
+    assert not least.start_probe()  # one at a time
 
 
 def test_a_probe_waits_for_calls_that_started_under_it_not_those_before() -> None:
-    clock = Clock()
+    clock = FakeClock()
     least = LeastLatency(clock)
     least.start_probe()
     clock.now += 0.05
-    for _ in range(10):                   # calls from before the probe drain: none counts
+    for _ in range(10):  # calls from before the probe drain: none counts
         assert not least.sample(0.04)
-    least.admitted()                      # the first call under the probe: it opens
+    least.admitted()  # the first call under the probe: it opens
     clock.now += 0.02
     for number in range(PROBE_CALLS):
-        ended = least.sample(0.015)       # started 5 ms after the probe opened
+        ended = least.sample(0.015)  # started 5 ms after the probe opened
         assert ended == (number == PROBE_CALLS - 1)
     assert not least.probing and least.seconds == 0.015 and least.probes == 1
 
 
 def test_one_probe_an_epoch_and_none_runs_for_ever() -> None:
-    clock = Clock()
+    clock = FakeClock()
     least = LeastLatency(clock)
     least.start_probe()
-    clock.now += 1.0                      # no call came: the probe gives up at the next one
+    clock.now += 1.0  # no call came: the probe gives up at the next one
     assert least.sample(0.04) and not least.probing
     clock.now += EPOCH_S / 2
-    assert not least.start_probe()        # this epoch had its probe
+    assert not least.start_probe()  # this epoch had its probe
     clock.now += EPOCH_S / 2
     assert least.start_probe() and least.probes == 2
 
 
 def test_a_call_of_no_time_at_all_is_no_division_by_zero() -> None:
     """A latency of 0 (a clock's tick too coarse) must not take admission down."""
-    clock = Clock()
+    clock = FakeClock()
     rule = CpuRule(clock, lambda: clock.now - 1000.0, saturated_share=0.97)
     rule.call_ended(0.0)
     rule.call_ended(0.02)

@@ -15,14 +15,20 @@ MANIFESTS = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
-    found = [(path.name, doc) for path in sorted(MANIFESTS.glob("*.yaml"))
-             for doc in yaml.safe_load_all(path.read_text()) if doc]
+    found = [
+        (path.name, doc)
+        for path in sorted(MANIFESTS.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
     assert {doc["kind"] for _, doc in found} == {"Deployment", "Service", "PodDisruptionBudget"}
     return found
 
 
 @pytest.mark.parametrize("name, doc", documents())
-def test_each_manifest_is_valid_against_the_kubernetes_schema(name: str, doc: dict[str, Any]) -> None:
+def test_each_manifest_is_valid_against_the_kubernetes_schema(
+    name: str, doc: dict[str, Any]
+) -> None:
     kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
 
@@ -44,18 +50,29 @@ def test_the_deployment_configures_fanout_as_its_probes_and_ports_expect() -> No
     metadata, pod, fanout = container()
     env = {e["name"]: e["value"] for e in fanout["env"] if "value" in e}
     # Kubernetes adds service links for the "fanout" Service; fanout must start anyway.
-    settings = load_settings(env={**env, "FANOUT_SERVICE_HOST": "10.0.0.7",
-                                  "FANOUT_PORT_9090_TCP_ADDR": "10.0.0.7"})
+    settings = load_settings(
+        env={**env, "FANOUT_SERVICE_HOST": "10.0.0.7", "FANOUT_PORT_9090_TCP_ADDR": "10.0.0.7"}
+    )
     ports = {p["name"]: p["containerPort"] for p in fanout["ports"]}
-    assert ports == {"thrift": settings.server.port, "metrics": settings.metrics.port,
-                     "probes": settings.server.probe_port}
+    assert ports == {
+        "thrift": settings.server.port,
+        "metrics": settings.metrics.port,
+        "probes": settings.server.probe_port,
+    }
     assert fanout["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
     assert fanout["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
     assert metadata["annotations"]["prometheus.io/port"] == str(settings.metrics.port)
     pre_stop_s = int(fanout["lifecycle"]["preStop"]["exec"]["command"][-1])
-    needed_s = pre_stop_s + (settings.server.lame_duck_ms + settings.server.drain_timeout_ms
-                             + settings.fanout.abandon_grace_ms
-                             + settings.tracing.flush_timeout_ms) / 1000.0
+    needed_s = (
+        pre_stop_s
+        + (
+            settings.server.lame_duck_ms
+            + settings.server.drain_timeout_ms
+            + settings.fanout.abandon_grace_ms
+            + settings.tracing.flush_timeout_ms
+        )
+        / 1000.0
+    )
     assert pod["terminationGracePeriodSeconds"] >= needed_s
 
 
@@ -70,7 +87,9 @@ def test_the_deployment_runs_the_image_make_image_tags() -> None:
     """``make image`` tags ``fanout:<version>``; the Deployment must name that image."""
     import tomllib
 
-    version = tomllib.loads((MANIFESTS.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    version = tomllib.loads((MANIFESTS.parents[1] / "pyproject.toml").read_text())["project"][
+        "version"
+    ]
     _, pod, fanout = container()
     assert fanout["image"] == f"fanout:{version}"
     assert fanout["command"] == ["fanout", "serve"]  # the image has no ENTRYPOINT
@@ -113,8 +132,10 @@ def _mtls() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The Deployment with the mutual-TLS patch applied, and the cert-manager objects by name."""
     _, deployment = next((n, d) for n, d in documents() if d["kind"] == "Deployment")
     patch = yaml.safe_load((CERT_MANAGER / "mtls-patch.yaml").read_text())
-    objects = {doc["metadata"]["name"]: doc for doc in
-               yaml.safe_load_all((CERT_MANAGER / "certificates.yaml").read_text())}
+    objects = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all((CERT_MANAGER / "certificates.yaml").read_text())
+    }
     return _merged(deployment, patch), objects
 
 
@@ -125,7 +146,10 @@ def test_the_mutual_tls_deployment_is_valid_and_its_settings_load() -> None:
     fanout = pod["containers"][0]
     env = {e["name"]: e["value"] for e in fanout["env"] if "value" in e}
     server = load_settings(env=env).server
-    assert server.tls_client_names == ("web.default.svc", "spiffe://cluster.local/ns/default/sa/web")
+    assert server.tls_client_names == (
+        "web.default.svc",
+        "spiffe://cluster.local/ns/default/sa/web",
+    )
     # Each file comes from the serving certificate's Secret, mounted as a directory: a subPath
     # mount would never see cert-manager's renewals.
     mount = next(m for m in fanout["volumeMounts"] if m["name"] == "tls")
@@ -140,10 +164,16 @@ def test_the_mutual_tls_deployment_is_valid_and_its_settings_load() -> None:
 
 def test_cert_manager_names_what_the_server_and_its_allow_list_expect() -> None:
     deployment, certificates = _mtls()
-    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-           if "value" in e}
+    env = {
+        e["name"]: e["value"]
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e
+    }
     allowed = set(load_settings(env=env).server.tls_client_names)
-    server_cert, client_cert = certificates["fanout-server"]["spec"], certificates["web-tier-client"]["spec"]
+    server_cert, client_cert = (
+        certificates["fanout-server"]["spec"],
+        certificates["web-tier-client"]["spec"],
+    )
     assert "server auth" in server_cert["usages"] and "client auth" in client_cert["usages"]
     service = next(d for _, d in documents() if d["kind"] == "Service")
     assert service["metadata"]["name"] in server_cert["dnsNames"]
@@ -151,5 +181,9 @@ def test_cert_manager_names_what_the_server_and_its_allow_list_expect() -> None:
     assert server_cert["issuerRef"]["name"] == client_cert["issuerRef"]["name"] == "fanout-ca"
     kustomization = yaml.safe_load((CERT_MANAGER / "kustomization.yaml").read_text())
     assert {Path(r).name for r in kustomization["resources"]} == {
-        "deployment.yaml", "service.yaml", "pdb.yaml", "certificates.yaml"}
+        "deployment.yaml",
+        "service.yaml",
+        "pdb.yaml",
+        "certificates.yaml",
+    }
     assert kustomization["patches"] == [{"path": "mtls-patch.yaml"}]

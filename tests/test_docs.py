@@ -27,9 +27,14 @@ PRODUCT = ("service", "lookups", "tracing")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The manual, built as `make docs` builds it (strict), into a folder of its own."""
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -43,15 +48,25 @@ def test_the_site_works_offline_from_its_folder(site: Path) -> None:
     home = (site / "index.html").read_text()
     assert 'href="tutorial/index.html"' in home, "pages link as files, not folders"
     assert "fonts.googleapis" not in home and "fonts.gstatic" not in home
-    assert (site / "performance" / "index.html").exists() and (site / "performance" / "log.html").exists()
-    for image in re.findall(r'<img[^>]+src="([^"]+)"', (site / "how-to" / "tracing.html").read_text()):
+    assert (site / "performance" / "index.html").exists() and (
+        site / "performance" / "log.html"
+    ).exists()
+    for image in re.findall(
+        r'<img[^>]+src="([^"]+)"', (site / "how-to" / "tracing.html").read_text()
+    ):
         assert (site / "how-to" / image).resolve().exists(), image
 
 
 def test_a_newcomer_reaches_each_goal_from_the_home_page_in_one_click(site: Path) -> None:
     home = (site / "index.html").read_text()
-    for target in ("tutorial/index.html", "how-to/kubernetes.html", "how-to/real-backends.html",
-                   "how-to/monitor.html", "how-to/size-pools.html", "reference/client-api.html"):
+    for target in (
+        "tutorial/index.html",
+        "how-to/kubernetes.html",
+        "how-to/real-backends.html",
+        "how-to/monitor.html",
+        "how-to/size-pools.html",
+        "reference/client-api.html",
+    ):
         assert f'href="{target}"' in home, target
     text = page_text(site, "index.html")
     assert re.search(r"make\s+demo", text) and re.search(r"make\s+test", text)
@@ -62,9 +77,13 @@ def test_the_settings_reference_names_every_key(site: Path) -> None:
     from service.settings.config import _SECTIONS
     from service.settings.declarations import keys_of
 
-    text = page_text(site, "reference/settings.html") + page_text(site, "how-to/backends.html") \
-        + page_text(site, "how-to/tracing.html") + page_text(site, "reference/metrics.html") \
+    text = (
+        page_text(site, "reference/settings.html")
+        + page_text(site, "how-to/backends.html")
+        + page_text(site, "how-to/tracing.html")
+        + page_text(site, "reference/metrics.html")
         + page_text(site, "how-to/results-cache.html")
+    )
     sections = dict(_SECTIONS)
     assert len(sections) >= 8
     for name, section in sections.items():
@@ -106,8 +125,12 @@ def test_the_metrics_reference_names_every_instrument(site: Path) -> None:
     _import_product()
     text = page_text(site, "reference/metrics.html")
     # Our own meters; the requests instrumentation's histogram is named in the page's table.
-    names = [instrument._name for meter in otel_metrics._PROXY_METER_PROVIDER._meters
-             if meter._name.startswith("fanout") for instrument in meter._instruments]
+    names = [
+        instrument._name
+        for meter in otel_metrics._PROXY_METER_PROVIDER._meters
+        if meter._name.startswith("fanout")
+        for instrument in meter._instruments
+    ]
     assert len(names) >= 30
     assert "http_client_request_duration_seconds" in text
     for name in names:
@@ -138,7 +161,7 @@ def test_the_errors_reference_names_every_public_exception(site: Path) -> None:
     found = []
     for module in list(sys.modules.values()):
         name = getattr(module, "__name__", "")
-        if name.split(".")[0] not in PRODUCT or ".samples" in name:   # the demo's backends
+        if name.split(".")[0] not in PRODUCT or ".samples" in name:  # the demo's backends
             continue
         for exported in getattr(module, "__all__", ()):
             value = getattr(module, exported, None)
@@ -186,37 +209,48 @@ def hand_written_pages() -> list[Path]:
 def test_no_hand_written_page_quotes_a_measured_figure() -> None:
     pages = hand_written_pages()
     assert len(pages) >= 30
-    found = [f"{path.relative_to(ROOT)} {figure}" for path in pages
-             for figure in figures.in_markdown(path.read_text())]
+    found = [
+        f"{path.relative_to(ROOT)} {figure}"
+        for path in pages
+        for figure in figures.in_markdown(path.read_text())
+    ]
     assert found == [], "a figure belongs in docs/performance/*.json:\n" + "\n".join(found)
 
 
 def test_no_comment_or_docstring_in_the_product_quotes_a_measured_figure() -> None:
     modules = [path for name in PRODUCT for path in (ROOT / name).rglob("*.py")]
     assert len(modules) >= 100
-    found = [f"{path.relative_to(ROOT)} {figure}" for path in modules
-             for figure in figures.in_python(path.read_text())]
+    found = [
+        f"{path.relative_to(ROOT)} {figure}"
+        for path in modules
+        for figure in figures.in_python(path.read_text())
+    ]
     assert found == [], "a figure belongs in docs/performance/*.json:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize(("text", "kinds"), [
-    ("CPU per call 0.93x the hand-written server", ["ratio"]),
-    ("a refusal cost 92-100 µs, then 59-67 µs", ["range", "range"]),
-    ("it took the median from 521 ms to 57 ms", ["from-to"]),
-    ("about 550 refusals a second", ["rate"]),
-    ("358.9 ± 5.1, and 435 → 453", ["decimal time", "plus-minus", "arrow"][1:]),
-    ("four runs on 26 November", ["dated run"]),
-    ("an idle connection holds about 11 KiB", ["about"]),
-    ("the limit is `server.frame_timeout_ms` (5000 ms), every 500 ms", []),
-    ("`cache 99.6% of 48210 buckets read`, a sample line", []),
-])
+@pytest.mark.parametrize(
+    ("text", "kinds"),
+    [
+        ("CPU per call 0.93x the hand-written server", ["ratio"]),
+        ("a refusal cost 92-100 µs, then 59-67 µs", ["range", "range"]),
+        ("it took the median from 521 ms to 57 ms", ["from-to"]),
+        ("about 550 refusals a second", ["rate"]),
+        ("358.9 ± 5.1, and 435 → 453", ["decimal time", "plus-minus", "arrow"][1:]),
+        ("four runs on 26 November", ["dated run"]),
+        ("an idle connection holds about 11 KiB", ["about"]),
+        ("the limit is `server.frame_timeout_ms` (5000 ms), every 500 ms", []),
+        ("`cache 99.6% of 48210 buckets read`, a sample line", []),
+    ],
+)
 def test_the_figure_finder_finds_figures_and_leaves_settings(text: str, kinds: list[str]) -> None:
     assert [figure.kind for figure in figures.in_markdown(text)] == kinds
 
 
 def test_the_figure_finder_reads_comments_and_docstrings_not_code_or_samples() -> None:
-    source = ('"""A module.\n\nIt took 1.5 s.\n\nSample::\n\n    201.3 ms  3 spans\n"""\n'
-              'TIMEOUT_S = 0.5  # measured 0.4 s here\nNAME = "0.9x"\n')
+    source = (
+        '"""A module.\n\nIt took 1.5 s.\n\nSample::\n\n    201.3 ms  3 spans\n"""\n'
+        'TIMEOUT_S = 0.5  # measured 0.4 s here\nNAME = "0.9x"\n'
+    )
     assert {f.line for f in figures.in_python(source)} == {3, 9}
 
 
@@ -225,8 +259,13 @@ def test_every_path_the_contributor_pages_name_exists() -> None:
     are listed in tests/README.md, which tests/test_layout.py holds to the tree)."""
     named = set()
     for page in (DOCS / "contributing").glob("*.md"):
-        named |= set(re.findall(r"`((?:service|lookups|tracing|tests|bench|docs|deploy)/"
-                                r"[\w./-]*)`", page.read_text()))
+        named |= set(
+            re.findall(
+                r"`((?:service|lookups|tracing|tests|bench|docs|deploy)/"
+                r"[\w./-]*)`",
+                page.read_text(),
+            )
+        )
     assert len(named) >= 20
     missing = sorted(path for path in named if not (ROOT / path).exists())
     assert missing == [], missing

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import contextvars
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import gevent.event
 import pytest
 from opentelemetry import trace
 
-from lookups.errors import BackendUnavailable, BadBackendResponse
 from lookups.deadline import Deadline
+from lookups.errors import BackendUnavailable, BadBackendResponse
 from service.engine.fanout import FanOut
-from service.engine.tasks import (FanOutOverloaded, RequestContext, RequiredTaskFailed, Task,
-                                  TaskStatus)
-from tracing.context import TaskRunners
-from service.engine.settings import FanOutSettings
-from service.engine.settings import AdmissionSettings
+from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.engine.tasks import (
+    FanOutOverloaded,
+    RequestContext,
+    RequiredTaskFailed,
+    Task,
+    TaskStatus,
+)
 from service.overload.gate import CallGate
+from tracing.context import TaskRunners
 
 # A context variable the caller sets: the engine must carry it into every task.
 caller_value: contextvars.ContextVar[str] = contextvars.ContextVar("caller_value", default="unset")
@@ -32,14 +37,17 @@ def sleeper(seconds: float, value: Any = "done") -> Callable[[Deadline], Any]:
         if seconds > left_s:
             raise TimeoutError(f"needed {seconds}s, had {left_s:.3f}s")
         return value
+
     return call
 
 
 def stubborn(seconds: float) -> Callable[[Deadline], Any]:
     """A task that ignores its deadline, like a library call with no timeout."""
+
     def call(deadline: Deadline) -> Any:
         gevent.sleep(seconds)
         return "late"
+
     return call
 
 
@@ -47,11 +55,13 @@ def raiser(exc: Exception, after_s: float = 0.0) -> Callable[[Deadline], Any]:
     def call(deadline: Deadline) -> Any:
         gevent.sleep(after_s)
         raise exc
+
     return call
 
 
-def task(name: str, call: Callable[[float], Any], timeout_ms: int = 2000,
-         required: bool = False) -> Task:
+def task(
+    name: str, call: Callable[[float], Any], timeout_ms: int = 2000, required: bool = False
+) -> Task:
     return Task(name=name, source="test", call=call, timeout_ms=timeout_ms, required=required)
 
 
@@ -76,6 +86,7 @@ def test_tasks_run_in_parallel_not_in_sequence() -> None:
                 return sleeper(0.1, value)(deadline)
             finally:
                 running["now"] -= 1
+
         return call
 
     result = fan.run([task(f"t{i}", overlapping(i)) for i in range(7)], within(3000))
@@ -103,8 +114,7 @@ def test_request_pool_bounds_concurrency() -> None:
 
 def test_task_waiting_past_queue_timeout_is_rejected() -> None:
     fan = engine(pool_size=1, queue_timeout_ms=30)
-    result = fan.run([task("first", sleeper(0.2)), task("second", sleeper(0.01))],
-                     within(3000))
+    result = fan.run([task("first", sleeper(0.2)), task("second", sleeper(0.01))], within(3000))
     first, second = result.outcomes
     assert first.status is TaskStatus.OK
     assert second.status is TaskStatus.REJECTED and second.retryable
@@ -119,10 +129,9 @@ def test_no_task_can_start_raises_overloaded() -> None:
     assert fan.inflight == 1
     gate = CallGate(AdmissionSettings(), 3000)
     context = within(3000)
-    with pytest.raises(FanOutOverloaded) as caught:
-        with gate.admitted(context.deadline):
-            fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], context)
-    assert caught.value.retry_after_ms > 0    # the engine's refusal, told when by the gate
+    with pytest.raises(FanOutOverloaded) as caught, gate.admitted(context.deadline):
+        fan.run([task("a", sleeper(0.01)), task("b", sleeper(0.01))], context)
+    assert caught.value.retry_after_ms > 0  # the engine's refusal, told when by the gate
     assert hog.get(timeout=2).outcomes[0].ok
     assert fan.inflight == 0
     # The refused call counts once, as overloaded; its tasks reached no caller.
@@ -159,15 +168,18 @@ def test_a_task_cut_by_the_deadline_has_its_span_ended_as_an_error_then(spans: A
         answered = time.time_ns()
     assert [o.status for o in result.outcomes] == [TaskStatus.OK, TaskStatus.TIMEOUT]
     (cut,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task slow"]
-    assert cut.end_time <= answered           # ended when the request stopped waiting, not later
+    assert cut.end_time <= answered  # ended when the request stopped waiting, not later
     assert cut.status.status_code is trace.StatusCode.ERROR
     assert cut.status.description == "request deadline passed"
     assert cut.attributes["fanout.task.status"] == "TIMEOUT"
     assert [e.attributes["reason"] for e in cut.events if e.name == "fanout.task.cut"] == [
-        "request deadline passed"]
+        "request deadline passed"
+    ]
     (quick,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task quick"]
-    assert quick.status.status_code is trace.StatusCode.UNSET and quick.parent.span_id == \
-        root.get_span_context().span_id
+    assert (
+        quick.status.status_code is trace.StatusCode.UNSET
+        and quick.parent.span_id == root.get_span_context().span_id
+    )
     assert fan.wait_reapers(2.0)
     # The straggler finishing later changes nothing the trace already shows.
     assert len([s for s in spans.get_finished_spans() if s.name == "fanout.task slow"]) == 1
@@ -177,27 +189,32 @@ def test_a_task_cut_by_the_deadline_has_its_span_ended_as_an_error_then(spans: A
 def test_tasks_cancelled_by_a_failed_required_task_end_with_it(spans: Any) -> None:
     fan = engine()
     with pytest.raises(RequiredTaskFailed):
-        fan.run([task("must", raiser(BackendUnavailable("down"), 0.01), required=True),
-                 task("other", stubborn(0.3))], within(2000))
+        fan.run(
+            [
+                task("must", raiser(BackendUnavailable("down"), 0.01), required=True),
+                task("other", stubborn(0.3)),
+            ],
+            within(2000),
+        )
     answered = time.time_ns()
     (other,) = [s for s in spans.get_finished_spans() if s.name == "fanout.task other"]
     assert other.end_time <= answered and other.attributes["fanout.task.status"] == "CANCELLED"
     assert [e.attributes["reason"] for e in other.events if e.name == "fanout.task.cut"] == [
-        "required task 'must' failed"]
+        "required task 'must' failed"
+    ]
     assert fan.wait_reapers(2.0)
 
 
 def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     fan = engine(abandon_grace_ms=50)
     began = time.monotonic()
-    result = fan.run([task("fast", sleeper(0.01)), task("stuck", stubborn(30))],
-                     within(150))
-    assert time.monotonic() - began < 5    # the straggler would take 30 s
+    result = fan.run([task("fast", sleeper(0.01)), task("stuck", stubborn(30))], within(150))
+    assert time.monotonic() - began < 5  # the straggler would take 30 s
     fast, stuck = result.outcomes
     assert fast.status is TaskStatus.OK
     assert stuck.status is TaskStatus.TIMEOUT and stuck.retryable
     assert fan.stats.abandoned == 1
-    assert fan.inflight == 1            # the straggler still holds its slot during the grace
+    assert fan.inflight == 1  # the straggler still holds its slot during the grace
     assert fan.wait_reapers(timeout_s=3)
     assert fan.stats.killed == 1
     assert fan.inflight == 0
@@ -211,30 +228,45 @@ def test_a_tasks_deadline_is_the_sooner_of_its_timeout_and_the_requests() -> Non
         def call(deadline: Deadline) -> str:
             budgets[name] = deadline.remaining_s()
             return name
+
         return call
 
-    fan.run([task("short", record("short"), timeout_ms=50), task("long", record("long"), timeout_ms=60_000)],
-            within(400))
+    fan.run(
+        [
+            task("short", record("short"), timeout_ms=50),
+            task("long", record("long"), timeout_ms=60_000),
+        ],
+        within(400),
+    )
     assert budgets["short"] == pytest.approx(0.05, abs=0.001)
     assert 0.3 < budgets["long"] <= 0.4
 
 
 def test_every_error_kind_becomes_its_outcome() -> None:
     fan = engine()
-    result = fan.run([
-        task("unavailable", raiser(BackendUnavailable("connection refused"))),
-        task("bad", raiser(BadBackendResponse("not JSON"))),
-        task("slow", sleeper(5), timeout_ms=30),
-        task("bug", raiser(KeyError("x" * 2000))),
-        task("fine", sleeper(0)),
-    ], within(2000))
+    result = fan.run(
+        [
+            task("unavailable", raiser(BackendUnavailable("connection refused"))),
+            task("bad", raiser(BadBackendResponse("not JSON"))),
+            task("slow", sleeper(5), timeout_ms=30),
+            task("bug", raiser(KeyError("x" * 2000))),
+            task("fine", sleeper(0)),
+        ],
+        within(2000),
+    )
     by_name = {o.name: o for o in result.outcomes}
     assert [o.name for o in result.outcomes] == ["unavailable", "bad", "slow", "bug", "fine"]
-    assert (by_name["unavailable"].status, by_name["unavailable"].retryable) == (TaskStatus.ERROR, True)
+    assert (by_name["unavailable"].status, by_name["unavailable"].retryable) == (
+        TaskStatus.ERROR,
+        True,
+    )
     assert by_name["unavailable"].error_type == "BackendUnavailable"
     assert by_name["unavailable"].message == "connection refused"
     assert (by_name["bad"].status, by_name["bad"].retryable) == (TaskStatus.ERROR, False)
-    assert (by_name["slow"].status, by_name["slow"].error_type) == (TaskStatus.TIMEOUT, "TimeoutError")
+    assert (by_name["slow"].status, by_name["slow"].error_type) == (
+        TaskStatus.TIMEOUT,
+        "TimeoutError",
+    )
     assert by_name["bug"].status is TaskStatus.ERROR and by_name["bug"].error_type == "KeyError"
     assert len(by_name["bug"].message) <= 500
     assert by_name["fine"].ok
@@ -244,24 +276,32 @@ def test_required_failure_cancels_siblings_and_raises() -> None:
     fan = engine(pool_size=2, queue_timeout_ms=2000)
     began = time.monotonic()
     with pytest.raises(RequiredTaskFailed) as caught:
-        fan.run([task("slow", sleeper(10.0)),
-                 task("must", raiser(BackendUnavailable("down"), after_s=0.02), required=True),
-                 task("queued", sleeper(0.01))],
-                within(20_000))
-    assert time.monotonic() - began < 5    # "slow" would take 10 s
+        fan.run(
+            [
+                task("slow", sleeper(10.0)),
+                task("must", raiser(BackendUnavailable("down"), after_s=0.02), required=True),
+                task("queued", sleeper(0.01)),
+            ],
+            within(20_000),
+        )
+    assert time.monotonic() - began < 5  # "slow" would take 10 s
     failure = caught.value
     assert failure.failed.name == "must"
     statuses = {o.name: o.status for o in failure.result.outcomes}
-    assert statuses == {"slow": TaskStatus.CANCELLED, "must": TaskStatus.ERROR,
-                        "queued": TaskStatus.CANCELLED}
+    assert statuses == {
+        "slow": TaskStatus.CANCELLED,
+        "must": TaskStatus.ERROR,
+        "queued": TaskStatus.CANCELLED,
+    }
     assert fan.wait_reapers(timeout_s=3)
     assert fan.inflight == 0
 
 
 def test_optional_failures_never_raise() -> None:
     fan = engine()
-    result = fan.run([task("a", raiser(BackendUnavailable("down"))), task("b", sleeper(0))],
-                     within(1000))
+    result = fan.run(
+        [task("a", raiser(BackendUnavailable("down"))), task("b", sleeper(0))], within(1000)
+    )
     assert [o.status for o in result.outcomes] == [TaskStatus.ERROR, TaskStatus.OK]
 
 
@@ -297,14 +337,15 @@ def test_task_greenlets_are_reused_and_never_carry_context_over() -> None:
 
     def look(deadline: Deadline) -> str:
         seen.append((gevent.getcurrent(), leak.get()))
-        leak.set("dirty")   # set inside the task: must not reach the next task on this greenlet
+        leak.set("dirty")  # set inside the task: must not reach the next task on this greenlet
         return "ok"
 
     for _ in range(3):
-        assert all(o.ok for o in fan.run([task(f"t{i}", look) for i in range(4)],
-                                         within(1000)).outcomes)
+        assert all(
+            o.ok for o in fan.run([task(f"t{i}", look) for i in range(4)], within(1000)).outcomes
+        )
     greenlets = {id(g) for g, _ in seen}
-    assert len(greenlets) <= 4 < len(seen)          # 12 tasks ran on at most 4 greenlets
+    assert len(greenlets) <= 4 < len(seen)  # 12 tasks ran on at most 4 greenlets
     assert {value for _, value in seen} == {"clean"}
 
 

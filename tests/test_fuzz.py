@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 import socket
 import struct
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -33,25 +34,52 @@ from thriftpy2.protocol.binary import TBinaryProtocol
 from thriftpy2.protocol.compact import TCompactProtocol
 from thriftpy2.thrift import TApplicationException, TMessageType, TProcessor
 
-from service.settings.server import ServerSettings
-
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.listener.server import ThriftServer
 from service.rpc.validation import validate_stats_request
+from service.settings.server import ServerSettings
 from tests.support.server import COMBINATIONS, read_until_closed, sample_response
-from tests.test_wire_limits import (encode_call, on_the_wire, thrift_client, varint,
-                                    with_list_count, with_string_length, with_unknown_field)
+from tests.test_wire_limits import (
+    encode_call,
+    on_the_wire,
+    thrift_client,
+    varint,
+    with_list_count,
+    with_string_length,
+    with_unknown_field,
+)
 
 _FUZZ_TESTS = 2 * len(COMBINATIONS)
 TOTAL_EXAMPLES = int(os.environ.get("FANOUT_FUZZ_EXAMPLES", "3000"))
 LONG_RUN = "FANOUT_FUZZ_EXAMPLES" in os.environ
-FUZZ = settings(max_examples=max(TOTAL_EXAMPLES // _FUZZ_TESTS, 1), deadline=None,
-                derandomize=not LONG_RUN, database=None, print_blob=True)
+FUZZ = settings(
+    max_examples=max(TOTAL_EXAMPLES // _FUZZ_TESTS, 1),
+    deadline=None,
+    derandomize=not LONG_RUN,
+    database=None,
+    print_blob=True,
+)
 MEMORY_GROWTH_LIMIT = 64 * 1024 * 1024
 PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
-INTERESTING = [-1, -2**31, 0, 1, 127, 128, 255, 256, 10_000, 10_001, 65_535, 65_536, 65_537,
-               2**20, 2**20 + 1, 2**31 - 1]
+INTERESTING = [
+    -1,
+    -(2**31),
+    0,
+    1,
+    127,
+    128,
+    255,
+    256,
+    10_000,
+    10_001,
+    65_535,
+    65_536,
+    65_537,
+    2**20,
+    2**20 + 1,
+    2**31 - 1,
+]
 
 
 class FuzzHandler:
@@ -76,9 +104,17 @@ def fuzz_server() -> Iterator[Callable[[str, str], ThriftServer]]:
     servers: list[ThriftServer] = []
 
     def start(transport: str, protocol: str) -> ThriftServer:
-        server = ThriftServer(TProcessor(appstats.AppStats, FuzzHandler()), ServerSettings(
-            host="127.0.0.1", port=0, transport=transport, protocol=protocol,
-            frame_timeout_ms=2_000, max_connections=64))
+        server = ThriftServer(
+            TProcessor(appstats.AppStats, FuzzHandler()),
+            ServerSettings(
+                host="127.0.0.1",
+                port=0,
+                transport=transport,
+                protocol=protocol,
+                frame_timeout_ms=2_000,
+                max_connections=64,
+            ),
+        )
         server.start()
         servers.append(server)
         return server
@@ -114,31 +150,44 @@ def hub_errors() -> Iterator[list[Any]]:
 _requests = st.builds(
     appstats.StatsRequest,
     app=st.one_of(st.sampled_from(["shop", "", "a" * 65]), st.text(max_size=40)),
-    start_ms=st.one_of(st.just(1_000), st.integers(-2**63, 2**63 - 1)),
-    end_ms=st.one_of(st.just(90_000), st.integers(-2**63, 2**63 - 1)),
+    start_ms=st.one_of(st.just(1_000), st.integers(-(2**63), 2**63 - 1)),
+    end_ms=st.one_of(st.just(90_000), st.integers(-(2**63), 2**63 - 1)),
     panels=st.none() | st.lists(st.sampled_from(PANELS) | st.text(max_size=12), max_size=9),
-    meta=st.none() | st.builds(
+    meta=st.none()
+    | st.builds(
         appstats.RequestMeta,
         headers=st.none() | st.dictionaries(st.text(max_size=12), st.text(max_size=40), max_size=4),
-        deadline_ms=st.none() | st.integers(-2**31, 2**31 - 1),
-        request_id=st.none() | st.text(max_size=70)))
+        deadline_ms=st.none() | st.integers(-(2**31), 2**31 - 1),
+        request_id=st.none() | st.text(max_size=70),
+    ),
+)
 
 _calls = st.one_of(
-    st.sampled_from([("ping", appstats.AppStats.ping_args()),
-                     ("panels", appstats.AppStats.panels_args()),
-                     ("health", appstats.AppStats.health_args()),
-                     ("no_such_method", appstats.AppStats.ping_args())]),
-    _requests.map(lambda r: ("get_app_stats", appstats.AppStats.get_app_stats_args(request=r))))
+    st.sampled_from(
+        [
+            ("ping", appstats.AppStats.ping_args()),
+            ("panels", appstats.AppStats.panels_args()),
+            ("health", appstats.AppStats.health_args()),
+            ("no_such_method", appstats.AppStats.ping_args()),
+        ]
+    ),
+    _requests.map(lambda r: ("get_app_stats", appstats.AppStats.get_app_stats_args(request=r))),
+)
 
 
 @st.composite
 def random_frames(draw: Any, transport: str) -> bytes:
     """Random bytes, often behind the first bytes of a binary or compact call."""
-    payload = draw(st.sampled_from([b"", b"\x80\x01\x00\x01", b"\x82\x21"])) + draw(st.binary(max_size=300))
+    payload = draw(st.sampled_from([b"", b"\x80\x01\x00\x01", b"\x82\x21"])) + draw(
+        st.binary(max_size=300)
+    )
     if transport == "buffered":
         return payload
-    length = draw(st.one_of(st.just(len(payload)), st.sampled_from(INTERESTING),
-                            st.integers(-2**31, 2**31 - 1)))
+    length = draw(
+        st.one_of(
+            st.just(len(payload)), st.sampled_from(INTERESTING), st.integers(-(2**31), 2**31 - 1)
+        )
+    )
     return struct.pack("!i", length) + payload
 
 
@@ -148,19 +197,24 @@ def mutated_calls(draw: Any, transport: str, protocol: str) -> bytes:
     with a valid ping after it on the same connection."""
     method, args = draw(_calls)
     message = encode_call(method, args, protocol)
-    mutation = draw(st.sampled_from(["none", "truncate", "flip", "overwrite", "string", "count",
-                                     "nest", "frame"]))
+    mutation = draw(
+        st.sampled_from(
+            ["none", "truncate", "flip", "overwrite", "string", "count", "nest", "frame"]
+        )
+    )
     message = _MUTATIONS[mutation](draw, message, args, protocol)
     payload = on_the_wire(message, transport)
     if mutation == "frame" and transport == "framed":
         payload = struct.pack("!i", draw(st.sampled_from(INTERESTING))) + payload[4:]
     if draw(st.booleans()):
-        payload += on_the_wire(encode_call("ping", appstats.AppStats.ping_args(), protocol), transport)
+        payload += on_the_wire(
+            encode_call("ping", appstats.AppStats.ping_args(), protocol), transport
+        )
     return payload
 
 
 def _truncate(draw: Any, message: bytes, args: Any, protocol: str) -> bytes:
-    return message[:draw(st.integers(0, len(message) - 1))]
+    return message[: draw(st.integers(0, len(message) - 1))]
 
 
 def _flip(draw: Any, message: bytes, args: Any, protocol: str) -> bytes:
@@ -173,10 +227,10 @@ def _flip(draw: Any, message: bytes, args: Any, protocol: str) -> bytes:
 def _overwrite(draw: Any, message: bytes, args: Any, protocol: str) -> bytes:
     """An interesting integer written at a random place, as a length or count would be."""
     at = draw(st.integers(0, len(message) - 1))
-    value = draw(st.sampled_from(INTERESTING) | st.integers(-2**31, 2**31 - 1))
+    value = draw(st.sampled_from(INTERESTING) | st.integers(-(2**31), 2**31 - 1))
     if protocol == "binary":
-        return message[:at] + struct.pack("!i", value) + message[at + 4:]
-    return message[:at] + varint(value & 0xFFFFFFFF) + message[at + 1:]
+        return message[:at] + struct.pack("!i", value) + message[at + 4 :]
+    return message[:at] + varint(value & 0xFFFFFFFF) + message[at + 1 :]
 
 
 def _string_lie(draw: Any, message: bytes, args: Any, protocol: str) -> bytes:
@@ -206,9 +260,16 @@ def _nested(protocol: str, shape: str, depth: int) -> bytes:
     """An unknown field (id 100) holding ``depth`` levels of ``shape``."""
     if protocol == "binary":
         field = {"struct": b"\x0c", "list": b"\x0f", "map": b"\x0d"}[shape] + b"\x00\x64"
-        level = {"struct": b"\x0c\x00\x64", "list": b"\x0f\x00\x00\x00\x01",
-                 "map": b"\x08\x0d\x00\x00\x00\x01" + b"\x00\x00\x00\x07"}[shape]
-        innermost = {"struct": b"\x00", "list": b"\x08\x00\x00\x00\x00", "map": b"\x08\x08\x00\x00\x00\x00"}[shape]
+        level = {
+            "struct": b"\x0c\x00\x64",
+            "list": b"\x0f\x00\x00\x00\x01",
+            "map": b"\x08\x0d\x00\x00\x00\x01" + b"\x00\x00\x00\x07",
+        }[shape]
+        innermost = {
+            "struct": b"\x00",
+            "list": b"\x08\x00\x00\x00\x00",
+            "map": b"\x08\x08\x00\x00\x00\x00",
+        }[shape]
         closing = b"\x00" if shape == "struct" else b""
         return field + level * (depth - 1) + innermost + closing * (depth - 1)
     field = {"struct": b"\x0c", "list": b"\x09", "map": b"\x0b"}[shape] + varint(200)
@@ -218,12 +279,20 @@ def _nested(protocol: str, shape: str, depth: int) -> bytes:
     return field + level * (depth - 1) + innermost + closing * (depth - 1)
 
 
-_MUTATIONS = {"none": lambda draw, message, args, protocol: message, "truncate": _truncate,
-              "flip": _flip, "overwrite": _overwrite, "string": _string_lie, "count": _count_lie,
-              "nest": _nest, "frame": lambda draw, message, args, protocol: message}
+_MUTATIONS = {
+    "none": lambda draw, message, args, protocol: message,
+    "truncate": _truncate,
+    "flip": _flip,
+    "overwrite": _overwrite,
+    "string": _string_lie,
+    "count": _count_lie,
+    "nest": _nest,
+    "frame": lambda draw, message, args, protocol: message,
+}
 
 
 # --- One exchange, and what may come back ----------------------------------------------------
+
 
 def exchange(server: ThriftServer, payload: bytes) -> bytes:
     """Send ``payload`` on a fresh connection, half-close, and read until the server closes."""
@@ -242,7 +311,7 @@ def check_replies(received: bytes, transport: str, protocol: str) -> None:
     while position < len(received):
         if transport == "framed":
             (length,) = struct.unpack_from("!i", received, position)
-            body = received[position + 4:position + 4 + length]
+            body = received[position + 4 : position + 4 + length]
             assert len(body) == length, "a reply frame was cut short"
             assert _decode_reply(body, protocol) == length
             position += 4 + length
@@ -258,7 +327,7 @@ class _ExactReader:
         self.position = 0
 
     def read(self, size: int) -> bytes:
-        chunk = self.data[self.position:self.position + size]
+        chunk = self.data[self.position : self.position + size]
         assert len(chunk) == size, "a reply was cut short"
         self.position += size
         return chunk
@@ -307,8 +376,9 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def fuzz(server: ThriftServer, strategy: Any, transport: str, protocol: str,
-         hub_errors: list[Any]) -> None:
+def fuzz(
+    server: ThriftServer, strategy: Any, transport: str, protocol: str, hub_errors: list[Any]
+) -> None:
     """Run the examples, then check the server is whole."""
     assert thrift_client(server, transport, protocol).ping() == "pong"  # warm
     before = resident_bytes()
@@ -321,7 +391,9 @@ def fuzz(server: ThriftServer, strategy: Any, transport: str, protocol: str,
     one_example()
     client = thrift_client(server, transport, protocol)
     assert client.ping() == "pong"
-    assert client.get_app_stats(appstats.StatsRequest(app="shop", start_ms=1, end_ms=2)).app == "shop"
+    assert (
+        client.get_app_stats(appstats.StatsRequest(app="shop", start_ms=1, end_ms=2)).app == "shop"
+    )
     assert server.stats.internal_errors == 0
     assert hub_errors == []
     assert resident_bytes() - before < MEMORY_GROWTH_LIMIT

@@ -9,7 +9,8 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -21,12 +22,12 @@ from thriftpy2.transport.memory import TMemoryBuffer
 
 from lookups.backends.collection import Backends
 from service.app import FanOutService
+from service.client import AppStatsClient
+from service.idl import appstats
+from service.operations.health import HealthChecker
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
 from service.samples.http_services import serve_wsgi
-from service.client import AppStatsClient
 from service.settings.config import Settings, load_settings
-from service.operations.health import HealthChecker
-from service.idl import appstats
 from tests.support.samples import SAMPLE_DATABASE, backend_overrides
 
 State = appstats.ServingState
@@ -34,9 +35,17 @@ FANOUT = [sys.executable, "-m", "service.cli"]
 
 
 def settings_for(mongo_uri: str, alerts_url: str, metrics_url: str, **extra: Any) -> Settings:
-    return load_settings(env={}, overrides={
-        "mongo.uri": mongo_uri, "mongo.database": SAMPLE_DATABASE, "http.alerts_url": alerts_url,
-        "http.metrics_url": metrics_url, "server.port": 0, **extra})
+    return load_settings(
+        env={},
+        overrides={
+            "mongo.uri": mongo_uri,
+            "mongo.database": SAMPLE_DATABASE,
+            "http.alerts_url": alerts_url,
+            "http.metrics_url": metrics_url,
+            "server.port": 0,
+            **extra,
+        },
+    )
 
 
 @pytest.fixture
@@ -44,8 +53,9 @@ def start_with_settings(mongo_server, http_services) -> Iterator[Callable[..., F
     started: list[FanOutService] = []
 
     def start(settings: Settings | None = None) -> FanOutService:
-        settings = settings or load_settings(env={}, overrides={
-            **backend_overrides(mongo_server, http_services), "server.port": 0})
+        settings = settings or load_settings(
+            env={}, overrides={**backend_overrides(mongo_server, http_services), "server.port": 0}
+        )
         service = FanOutService(settings).start()
         started.append(service)
         return service
@@ -75,9 +85,11 @@ def silent_port() -> Iterator[int]:
 @pytest.fixture
 def failing_http() -> Iterator[str]:
     """An HTTP service that answers every request with 503."""
+
     def app(environ: dict, start_response: Callable) -> list[bytes]:
         start_response("503 Service Unavailable", [("Content-Length", "0")])
         return [b""]
+
     server = serve_wsgi(app)
     yield f"http://127.0.0.1:{server.server_port}"
     server.stop(timeout=1)
@@ -97,9 +109,13 @@ def test_all_backends_up(start_with_settings) -> None:
         assert backend.up and backend.detail is None and 0 <= backend.latency_ms < 5000
 
 
-def test_mongo_down_is_reported_without_credentials(start_with_settings, http_services, dead_port) -> None:
+def test_mongo_down_is_reported_without_credentials(
+    start_with_settings, http_services, dead_port
+) -> None:
     uri = f"mongodb://fanout:hunter2@127.0.0.1:{dead_port}/?authSource=admin"
-    service = start_with_settings(settings_for(uri, http_services.alerts_url, http_services.metrics_url))
+    service = start_with_settings(
+        settings_for(uri, http_services.alerts_url, http_services.metrics_url)
+    )
     started = time.monotonic()
     with AppStatsClient(*service.address) as client:
         health = client.health()
@@ -178,16 +194,26 @@ class _Reader:
 
 
 def test_health_answers_draining_while_a_call_keeps_the_drain_going(
-        start_with_settings, mongo_server, sample_data) -> None:
+    start_with_settings, mongo_server, sample_data
+) -> None:
     slow = SampleHttpServices(sample_data, alerts_delay_ms=1500).start()
     try:
-        service = start_with_settings(load_settings(env={}, overrides={
-            **backend_overrides(mongo_server, slow), "server.port": 0,
-            "fanout.task_timeout_ms": 5000, "fanout.request_deadline_ms": 5000,
-            "http.read_timeout_ms": 5000}))
+        service = start_with_settings(
+            load_settings(
+                env={},
+                overrides={
+                    **backend_overrides(mongo_server, slow),
+                    "server.port": 0,
+                    "fanout.task_timeout_ms": 5000,
+                    "fanout.request_deadline_ms": 5000,
+                    "http.read_timeout_ms": 5000,
+                },
+            )
+        )
         busy = AppStatsClient(*service.address, timeout_ms=8000)
-        in_flight = gevent.spawn(busy.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                                 ["alerts"], deadline_ms=5000)
+        in_flight = gevent.spawn(
+            busy.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"], deadline_ms=5000
+        )
         # Another connection has begun sending a health call when the drain starts.
         health_call = _frame("health", appstats.AppStats.health_args())
         other = socket.create_connection(service.address, timeout=10)
@@ -219,27 +245,48 @@ def test_cli_call_health(start_with_settings) -> None:
     service = start_with_settings()
     port = str(service.address[1])
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
-    as_json = subprocess.run([*FANOUT, "call", "health", "--port", port, "--json"],
-                             capture_output=True, text=True, env=env, timeout=60)
+    as_json = subprocess.run(
+        [*FANOUT, "call", "health", "--port", port, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert as_json.returncode == 0, as_json.stderr
     body = json.loads(as_json.stdout)
     assert body["state"] == "SERVING"
     assert [(b["name"], b["up"], b["detail"]) for b in body["backends"]] == [
-        ("mongo", True, ""), ("alerts", True, ""), ("metrics", True, "")]
-    text = subprocess.run([*FANOUT, "call", "health", "--port", port],
-                          capture_output=True, text=True, env=env, timeout=60)
+        ("mongo", True, ""),
+        ("alerts", True, ""),
+        ("metrics", True, ""),
+    ]
+    text = subprocess.run(
+        [*FANOUT, "call", "health", "--port", port],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert text.returncode == 0 and "SERVING" in text.stdout and "metrics" in text.stdout
 
 
 def test_an_http_backend_answering_404_at_its_url_is_down_and_health_path_is_checked(
-        http_services) -> None:
+    http_services,
+) -> None:
     # The sample alerts service answers its base URL, and 404 for a path it does not have.
     nothing_there = f"{http_services.alerts_url}/no/such/service"
-    settings = load_settings(env={}, overrides={
-        "backends.alerts.kind": "http", "backends.alerts.url": http_services.alerts_url,
-        "backends.wrong.kind": "http", "backends.wrong.url": nothing_there,
-        "backends.checked.kind": "http", "backends.checked.url": http_services.metrics_url,
-        "backends.checked.health_path": "/no/such/path"})
+    settings = load_settings(
+        env={},
+        overrides={
+            "backends.alerts.kind": "http",
+            "backends.alerts.url": http_services.alerts_url,
+            "backends.wrong.kind": "http",
+            "backends.wrong.url": nothing_there,
+            "backends.checked.kind": "http",
+            "backends.checked.url": http_services.metrics_url,
+            "backends.checked.health_path": "/no/such/path",
+        },
+    )
     with Backends(settings.backends) as backends:
         statuses = {s.name: s for s in HealthChecker(backends).check()}
     assert statuses["alerts"].up

@@ -9,24 +9,33 @@ import struct
 import termios
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gevent
-from gevent.socket import wait_read
 import pytest
 import requests
+from gevent.socket import wait_read
 from thriftpy2.transport import TCyBufferedTransport
 
 from service.idl import appstats
 from service.overload.held_connections import HOLD_TICK_S, HeldConnections, HeldReply, on_the_tick
 from service.samples.faults import FaultyHttpService
-from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
-                                  one_call_at_a_time, plain_client, reply, stats_request)
+from tests.support.pacing import (
+    CALLER_TIMEOUT_S,
+    CALLERS,
+    call_frame,
+    hammer,
+    one_call_at_a_time,
+    plain_client,
+    reply,
+    stats_request,
+)
 from tests.support.sockets import wait_for
 from tracing.spans import CallDurations
 
-pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 
 @pytest.fixture
@@ -38,10 +47,19 @@ def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Ca
 
     def start(**overrides: Any) -> Any:
         slow_alerts.set_mode("hang")
-        service = one_call_at_a_time(start_service, slow_alerts, hold=True, **{
-            "fanout.request_deadline_ms": 10_000, "fanout.task_timeout_ms": 10_000,
-            "http.read_timeout_ms": 10_000, "admission.queue_interval_ms": 0,
-            "admission.queue_target_ms": 0, **overrides})
+        service = one_call_at_a_time(
+            start_service,
+            slow_alerts,
+            hold=True,
+            **{
+                "fanout.request_deadline_ms": 10_000,
+                "fanout.task_timeout_ms": 10_000,
+                "http.read_timeout_ms": 10_000,
+                "admission.queue_interval_ms": 0,
+                "admission.queue_target_ms": 0,
+                **overrides,
+            },
+        )
         busy.append(gevent.spawn(_long_call, service.address))
         wait_for(lambda: service.gate.admission.inflight >= 1, 5, "the slot taken")
         return service
@@ -72,7 +90,8 @@ def _held(service: Any, sock: socket.socket, seqid: int) -> int:
 
 
 def test_callers_ignoring_retry_after_are_refused_from_the_loop_and_every_answer_is_theirs(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
     service = one_call_at_a_time(start_service, slow_alerts, hold=True)
     kinds = hammer(service.address, 2.0)
     refused = sum(k["overloaded"] for k in kinds)
@@ -86,7 +105,8 @@ def test_callers_ignoring_retry_after_are_refused_from_the_loop_and_every_answer
 
 
 def test_a_call_arriving_in_pieces_while_held_is_served_by_its_greenlet(
-        saturated: Callable[..., Any]) -> None:
+    saturated: Callable[..., Any],
+) -> None:
     service = saturated()
     with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S) as sock:
         _held(service, sock, 11)
@@ -100,7 +120,8 @@ def test_a_call_arriving_in_pieces_while_held_is_served_by_its_greenlet(
 
 
 def test_a_frame_over_the_limit_sent_while_held_closes_only_that_connection(
-        saturated: Callable[..., Any]) -> None:
+    saturated: Callable[..., Any],
+) -> None:
     service = saturated()
     rejected = service.server.stats.limits_exceeded
     with socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S) as sock:
@@ -123,10 +144,10 @@ def test_a_caller_gone_while_held_frees_its_connection(saturated: Callable[..., 
 
 
 def test_a_drain_answers_the_held_refusals_at_once_instead_of_killing_them(
-        saturated: Callable[..., Any]) -> None:
+    saturated: Callable[..., Any],
+) -> None:
     service = saturated()
-    socks = [socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S)
-             for _ in range(3)]
+    socks = [socket.create_connection(service.address, timeout=CALLER_TIMEOUT_S) for _ in range(3)]
     retry_after_ms = _held_together(service, socks)
     # Each hold lasts at least 0.9 x retry_after_ms, less a tick of the loop (the deadline
     # allows more): a drain that waited for them would kill them all at a quarter of that.
@@ -161,34 +182,51 @@ def _held_together(service: Any, socks: list[socket.socket]) -> int:
 
 
 def test_a_buffered_connection_is_paced_in_its_own_greenlet(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
-    service = one_call_at_a_time(start_service, slow_alerts, hold=True,
-                                 **{"server.transport": "buffered"})
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
+    service = one_call_at_a_time(
+        start_service, slow_alerts, hold=True, **{"server.transport": "buffered"}
+    )
     kinds = hammer(service.address, 2.0, transport=TCyBufferedTransport)
     assert service.gate.stats.held >= 1
     assert service.server.stats.replies_held == 0
     assert service.gate.stats.overloaded == sum(k["overloaded"] for k in kinds)
 
 
-def test_every_held_call_is_recorded_once_in_the_rpc_metric(
-        serve: Any, http_services: Any) -> None:
+def test_every_held_call_is_recorded_once_in_the_rpc_metric(serve: Any, http_services: Any) -> None:
     """Read in full or refused unread, held or not: each call a caller got an answer to is
     one count of rpc.server.call.duration, with Overloaded as its error.type when refused."""
-    server = serve(http_services, **{
-        "metrics.exporter": "prometheus", "metrics.port": 0, "admission.initial_limit": 1,
-        "admission.min_limit": 1, "admission.max_limit": 1})
+    server = serve(
+        http_services,
+        **{
+            "metrics.exporter": "prometheus",
+            "metrics.port": 0,
+            "admission.initial_limit": 1,
+            "admission.min_limit": 1,
+            "admission.max_limit": 1,
+        },
+    )
     http_services.alerts.delay_ms = 300
     try:
         kinds: Counter[str] = sum(hammer(("127.0.0.1", server.port), 2.0), Counter())
     finally:
         http_services.alerts.delay_ms = 0
     assert kinds["overloaded"] > CALLERS, kinds  # more than one refusal per caller: held ones
-    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                     10, "the scrape address in the log")
+    found = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    )
     text = requests.get(found.group(1), timeout=5).text
-    counts = {error: int(float(n)) for error, n in re.findall(
-        r'^rpc_server_call_duration_seconds_count\{(?=.*rpc_method="AppStats/get_app_stats")'
-        r'(?:.*error_type="(\w+)")?.*\} (\S+)$', text, re.M)}
+    counts = {
+        error: int(float(n))
+        for error, n in re.findall(
+            r'^rpc_server_call_duration_seconds_count\{(?=.*rpc_method="AppStats/get_app_stats")'
+            r'(?:.*error_type="(\w+)")?.*\} (\S+)$',
+            text,
+            re.M,
+        )
+    }
     assert counts.get("Overloaded") == kinds["overloaded"], (counts, kinds)
     assert sum(counts.values()) == kinds["overloaded"] + kinds["answered"], (counts, kinds)
 
@@ -198,13 +236,26 @@ def test_held_replies_due_in_a_turn_of_the_loop_wait_behind_the_calls_due_in_it(
     same deadline): the calls' I/O due in the same turn of the loop goes first, and the
     held replies after it. Here twenty holds end before a call's timer, all in one turn;
     the call still runs before any held reply is written."""
-    held = HeldConnections(lambda connection, message: None, lambda connection: False,
-                           1 << 20, CallDurations(appstats.AppStats.thrift_services))
+    held = HeldConnections(
+        lambda connection, message: None,
+        lambda connection: False,
+        1 << 20,
+        CallDurations(appstats.AppStats.thrift_services),
+    )
     pairs = [socket.socketpair() for _ in range(20)]
     reply = HeldReply("get_app_stats", "Overloaded", time.perf_counter(), b"refused", 0.02)
-    holding = [gevent.spawn(held.hold, SimpleNamespace(
-        sock=ours, channel=SimpleNamespace(idle=False),
-        caller=SimpleNamespace(early_for_s=lambda: 0.0)), reply) for ours, _ in pairs]
+    holding = [
+        gevent.spawn(
+            held.hold,
+            SimpleNamespace(
+                sock=ours,
+                channel=SimpleNamespace(idle=False),
+                caller=SimpleNamespace(early_for_s=lambda: 0.0),
+            ),
+            reply,
+        )
+        for ours, _ in pairs
+    ]
     written_when_woken: list[int] = []
 
     def call() -> None:  # a call waking on its own timer, due after every hold
@@ -212,10 +263,10 @@ def test_held_replies_due_in_a_turn_of_the_loop_wait_behind_the_calls_due_in_it(
         written_when_woken.append(sum(_unread_bytes(theirs) > 0 for _, theirs in pairs))
 
     waking = gevent.spawn(call)
-    gevent.sleep(0)                    # every hold and the call's timer armed
+    gevent.sleep(0)  # every hold and the call's timer armed
     busy_until = time.perf_counter() + 0.06
     while time.perf_counter() < busy_until:
-        pass                           # the loop held up: all of them due in its next turn
+        pass  # the loop held up: all of them due in its next turn
     gevent.joinall([waking, *holding], timeout=5, raise_error=True)
     assert written_when_woken == [0]
     assert all(_unread_bytes(theirs) == len(reply.payload) for _, theirs in pairs)
@@ -227,8 +278,12 @@ def test_held_replies_due_in_a_turn_of_the_loop_wait_behind_the_calls_due_in_it(
 def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> None:
     """Twenty holds a millisecond apart end on at most two ticks: their replies are
     written in at most two turns of the loop, not one turn each (one wake-up a tick)."""
-    held = HeldConnections(lambda connection, message: None, lambda connection: False,
-                           1 << 20, CallDurations(appstats.AppStats.thrift_services))
+    held = HeldConnections(
+        lambda connection, message: None,
+        lambda connection: False,
+        1 << 20,
+        CallDurations(appstats.AppStats.thrift_services),
+    )
     pairs = [socket.socketpair() for _ in range(20)]
     loop = gevent.get_hub().loop
     turns = [0]
@@ -242,8 +297,14 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
         # on between them), and holds counted from each start then spanned a third tick.
         hold_s = max(0.0, ends_at - loop.now())
         reply = HeldReply("get_app_stats", "Overloaded", time.perf_counter(), b"refused", hold_s)
-        held.hold(SimpleNamespace(sock=ours, channel=SimpleNamespace(idle=False),
-                                  caller=SimpleNamespace(early_for_s=lambda: 0.0)), reply)
+        held.hold(
+            SimpleNamespace(
+                sock=ours,
+                channel=SimpleNamespace(idle=False),
+                caller=SimpleNamespace(early_for_s=lambda: 0.0),
+            ),
+            reply,
+        )
 
     def read(theirs: socket.socket) -> None:
         wait_read(theirs.fileno(), timeout=5)
@@ -251,8 +312,10 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
 
     try:
         start = loop.now()
-        greenlets = [gevent.spawn(hold, ours, start + 2 * HOLD_TICK_S + 0.001 * (1 + i))
-                     for i, (ours, _) in enumerate(pairs)]
+        greenlets = [
+            gevent.spawn(hold, ours, start + 2 * HOLD_TICK_S + 0.001 * (1 + i))
+            for i, (ours, _) in enumerate(pairs)
+        ]
         greenlets += [gevent.spawn(read, theirs) for _, theirs in pairs]
         gevent.joinall(greenlets, timeout=5, raise_error=True)
     finally:
@@ -265,12 +328,16 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
 
 
 @pytest.mark.parametrize("now", [1_000.0, 1_000.013, 1_795_690_438.0693457])
-def test_a_hold_on_the_tick_ends_on_a_tick_never_later_and_at_most_a_tick_sooner(now: float) -> None:
+def test_a_hold_on_the_tick_ends_on_a_tick_never_later_and_at_most_a_tick_sooner(
+    now: float,
+) -> None:
     loop = SimpleNamespace(now=lambda: now)
     for seconds in (0.0, 0.005, 0.02, 0.0333, 1.7):
         shortened = on_the_tick(loop, seconds)
         ends = now + shortened
-        assert 0.0 <= shortened <= seconds and (seconds == 0.0 or shortened > seconds - HOLD_TICK_S - 1e-9)
+        assert 0.0 <= shortened <= seconds and (
+            seconds == 0.0 or shortened > seconds - HOLD_TICK_S - 1e-9
+        )
         assert shortened == 0.0 or abs(ends / HOLD_TICK_S - round(ends / HOLD_TICK_S)) < 1e-4
 
 

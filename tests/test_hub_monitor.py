@@ -4,21 +4,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import greenlet
 import pytest
 
-from lookups.deadline import Deadline
 from lookups.base import Lookup
+from lookups.deadline import Deadline
 from lookups.panels import AlertList, Window
 from lookups.registry import LookupRegistry
 from service.app import FanOutService
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.operations.hub_monitor import BLOCKED_EVENT, HubMonitor
 from service.idl import appstats
+from service.operations.hub_monitor import BLOCKED_EVENT, HubMonitor
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.samples import StartService
 from tests.support.sockets import wait_for
 
@@ -56,22 +57,31 @@ StartBusy = Callable[[int], tuple[FanOutService, AppStatsClient]]
 @pytest.fixture
 def start_busy(start_service: StartService) -> StartBusy:
     """A Fanout server offering only the ``busy`` panel, with the given block threshold."""
-    return lambda threshold_ms: start_service(registry=busy_registry(),
-                                              server__hub_block_threshold_ms=threshold_ms)
+    return lambda threshold_ms: start_service(
+        registry=busy_registry(), server__hub_block_threshold_ms=threshold_ms
+    )
 
 
 def blocked_lines(caplog: Any) -> list[logging.LogRecord]:
-    return [r for r in caplog.records if r.name == "service.operations.hub_monitor" and "blocked" in r.message]
+    return [
+        r
+        for r in caplog.records
+        if r.name == "service.operations.hub_monitor" and "blocked" in r.message
+    ]
 
 
 def blocked_events(spans: Any) -> list[tuple[str, Any]]:
-    return [(span.name, event) for span in spans.get_finished_spans() for event in span.events
-            if event.name == BLOCKED_EVENT]
+    return [
+        (span.name, event)
+        for span in spans.get_finished_spans()
+        for event in span.events
+        if event.name == BLOCKED_EVENT
+    ]
 
 
-
-def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBusy, caplog: Any,
-                                                            spans: Any) -> None:
+def test_blocking_lookup_is_logged_and_recorded_on_its_span(
+    start_busy: StartBusy, caplog: Any, spans: Any
+) -> None:
     caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
     service, client = start_busy(_THRESHOLD_MS)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
@@ -85,7 +95,10 @@ def test_blocking_lookup_is_logged_and_recorded_on_its_span(start_busy: StartBus
     assert service.hub_monitor.blocks_reported == 1
 
     [(span_name, event)] = blocked_events(spans)
-    assert span_name in ("fanout.task busy", "AppStats/get_app_stats")  # the task's, or its request's
+    assert span_name in (
+        "fanout.task busy",
+        "AppStats/get_app_stats",
+    )  # the task's, or its request's
     assert event.attributes["blocked_ms"] >= _THRESHOLD_MS
     assert event.attributes["threshold_ms"] == _THRESHOLD_MS
     assert event.attributes["span"] == "fanout.task busy"

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -22,13 +22,19 @@ import yaml
 from service.client import AppStatsClient
 from service.samples import MongoWireServer, SampleHttpServices
 from service.samples.mongo_server import free_port
-from tests.support.deployment import (ContainerRun, check_drain, check_serving, container_run,
-                                      deployment, fanout_container, http_get)
+from tests.support.deployment import (
+    ContainerRun,
+    check_drain,
+    check_serving,
+    container_run,
+    deployment,
+    fanout_container,
+    http_get,
+)
 from tests.support.podman import IMAGE_TOOLS, podman, run_options
 from tests.support.samples import backend_overrides
 from tests.support.sockets import wait_for
 from tests.support.toolchains import needs
-
 
 _TEST_TAG = "localhost/fanout:test"
 _BUILD_TIMEOUT_S = 900
@@ -41,20 +47,28 @@ pytestmark = [needs("image"), pytest.mark.timeout(_BUILD_TIMEOUT_S + 300)]
 @pytest.fixture(scope="module")
 def image(request: pytest.FixtureRequest) -> str:
     if named := os.environ.get("FANOUT_IMAGE"):
-        assert podman(["image", "exists", named], check=False).returncode == 0, \
+        assert podman(["image", "exists", named], check=False).returncode == 0, (
             f"FANOUT_IMAGE={named} is not an image in build/image (make image makes it)"
+        )
         return named
     dist = request.getfixturevalue("dist")
-    done = subprocess.run([str(IMAGE_TOOLS / "build"), str(dist.wheel), _TEST_TAG],
-                          capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+    done = subprocess.run(
+        [str(IMAGE_TOOLS / "build"), str(dist.wheel), _TEST_TAG],
+        capture_output=True,
+        text=True,
+        timeout=_BUILD_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return _TEST_TAG
 
 
 @pytest.fixture
 def pod_run(mongo_server: MongoWireServer, http_services: SampleHttpServices) -> ContainerRun:
-    return container_run(fanout_container(), backend_overrides(mongo_server, http_services),
-                         otlp_endpoint=f"http://127.0.0.1:{free_port()}")
+    return container_run(
+        fanout_container(),
+        backend_overrides(mongo_server, http_services),
+        otlp_endpoint=f"http://127.0.0.1:{free_port()}",
+    )
 
 
 @pytest.fixture
@@ -72,8 +86,9 @@ def _exit_code(name: str, timeout_s: float) -> int:
     return int(podman(["wait", name], timeout_s=timeout_s).stdout.strip())
 
 
-def test_the_image_serves_and_drains_as_the_deployment_runs_it(container: str,
-                                                               pod_run: ContainerRun) -> None:
+def test_the_image_serves_and_drains_as_the_deployment_runs_it(
+    container: str, pod_run: ContainerRun
+) -> None:
     check_serving(pod_run.ports)
     user = podman(["exec", container, "id", "-u"]).stdout.strip()
     assert user == str(deployment()["spec"]["template"]["spec"]["securityContext"]["runAsUser"])
@@ -81,15 +96,29 @@ def test_the_image_serves_and_drains_as_the_deployment_runs_it(container: str,
     pid1 = podman(["exec", container, "cat", "/proc/1/cmdline"]).stdout.split("\0")
     assert pid1[1:3] == ["/opt/fanout/bin/fanout", "serve"], pid1
     grace_s = deployment()["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    check_drain(pod_run.ports, lambda: podman(["kill", "--signal=TERM", container]),
-                lambda timeout_s: _exit_code(container, timeout_s), grace_s)
+    check_drain(
+        pod_run.ports,
+        lambda: podman(["kill", "--signal=TERM", container]),
+        lambda timeout_s: _exit_code(container, timeout_s),
+        grace_s,
+    )
     log = podman(["logs", container]).stderr + podman(["logs", container]).stdout
     assert "lame duck" in log and "Traceback" not in log, log[-3000:]
 
 
 def test_the_image_holds_the_wheel_not_a_checkout(image: str) -> None:
-    done = podman(["run", "--rm", "--pull=never", "--network=none", "--entrypoint=python3", image,
-                   "-c", "import service; print(service.__file__)"])
+    done = podman(
+        [
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            "--entrypoint=python3",
+            image,
+            "-c",
+            "import service; print(service.__file__)",
+        ]
+    )
     where = done.stdout.strip()
     assert where.startswith("/opt/fanout/lib/") and "/site-packages/service/" in where, where
 
@@ -115,7 +144,8 @@ def _played_manifest(image: str, pod_run: ContainerRun) -> str:
 
 
 def test_kube_play_runs_the_manifest_serves_and_stops_cleanly(
-        image: str, pod_run: ContainerRun, tmp_path: Path) -> None:
+    image: str, pod_run: ContainerRun, tmp_path: Path
+) -> None:
     played = tmp_path / "deployment.yaml"
     played.write_text(_played_manifest(image, pod_run))
     podman(["kube", "play", str(played)], timeout_s=300)
@@ -123,10 +153,15 @@ def test_kube_play_runs_the_manifest_serves_and_stops_cleanly(
     try:
         check_serving(pod_run.ports)
         # /readyz answers once one worker serves; the second may still be starting then.
-        assert wait_for(lambda: _workers(pod_run.ports) == ["serving", "serving"], 60,
-                        "both workers serving", poll_s=0.2)
-        container = podman(["pod", "inspect", "--format", "{{range .Containers}}{{.Name}} {{end}}",
-                            pod]).stdout.split()
+        assert wait_for(
+            lambda: _workers(pod_run.ports) == ["serving", "serving"],
+            60,
+            "both workers serving",
+            poll_s=0.2,
+        )
+        container = podman(
+            ["pod", "inspect", "--format", "{{range .Containers}}{{.Name}} {{end}}", pod]
+        ).stdout.split()
         fanout = next(name for name in container if name.endswith("-fanout"))
         grace_s = deployment()["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         podman(["pod", "stop", f"--time={grace_s}", pod], timeout_s=grace_s + 30)
@@ -142,8 +177,16 @@ def test_the_image_alone_answers_on_a_published_port(image: str) -> None:
     # No environment at all: the image's own defaults, as `podman run -p` users run it.
     port = free_port()
     name = f"fanout-published-{os.getpid()}-{port}"
-    podman(["run", "--detach", "--pull=never", f"--name={name}", f"--publish=127.0.0.1:{port}:9090",
-            image])
+    podman(
+        [
+            "run",
+            "--detach",
+            "--pull=never",
+            f"--name={name}",
+            f"--publish=127.0.0.1:{port}:9090",
+            image,
+        ]
+    )
     try:
         with AppStatsClient("127.0.0.1", port, timeout_ms=5_000) as client:
             assert wait_for(lambda: _pings(client), 30, "ping through the published port")
@@ -160,5 +203,5 @@ def _workers(ports: dict[str, int]) -> list[str]:
 def _pings(client: AppStatsClient) -> bool:
     try:
         return client.ping() == "pong"
-    except Exception:  # noqa: BLE001 - not listening yet
+    except Exception:
         return False

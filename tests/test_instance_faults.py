@@ -5,7 +5,7 @@ go on, each within its deadline, and none fails."""
 from __future__ import annotations
 
 import signal
-from typing import Callable
+from collections.abc import Callable
 
 import gevent
 import pytest
@@ -15,7 +15,7 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from tests.support.processes import Server
 from tests.support.sockets import wait_for
 
-pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 PANELS = ["alerts", "latency", "errors"]
 DEADLINE_MS = 1500
@@ -34,10 +34,11 @@ class Load:
     def _call(self) -> None:
         while True:
             try:
-                self.client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS,
-                                          deadline_ms=DEADLINE_MS)
+                self.client.get_app_stats(
+                    "shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=DEADLINE_MS
+                )
                 self.made += 1
-            except Exception as failure:  # noqa: BLE001 - collected and asserted on
+            except Exception as failure:
                 self.failures.append(failure)
 
     def calls_after(self, count: int, timeout_s: float = 30) -> None:
@@ -54,8 +55,13 @@ def three(serve: Callable[..., Server], http_services: SampleHttpServices) -> li
 
 
 def client_of(servers: list[Server]) -> AppStatsClient:
-    return AppStatsClient("127.0.0.1", servers[0].port, pool_size=CALLERS, eject_ms=300,
-                          addresses=[("127.0.0.1", s.port) for s in servers])
+    return AppStatsClient(
+        "127.0.0.1",
+        servers[0].port,
+        pool_size=CALLERS,
+        eject_ms=300,
+        addresses=[("127.0.0.1", s.port) for s in servers],
+    )
 
 
 def test_a_hung_instance_costs_no_call(three: list[Server]) -> None:
@@ -75,19 +81,20 @@ def test_a_hung_instance_costs_no_call(three: list[Server]) -> None:
         assert stuck.failures >= 1  # ejected for answering too slowly, over and over
 
 
-def test_kill_restart_and_drain_cost_no_call(three: list[Server], serve: Callable[..., Server],
-                                             http_services: SampleHttpServices) -> None:
+def test_kill_restart_and_drain_cost_no_call(
+    three: list[Server], serve: Callable[..., Server], http_services: SampleHttpServices
+) -> None:
     with client_of(three) as client:
         load = Load(client)
         try:
             load.calls_after(200)
-            three[1].kill()                       # SIGKILL
+            three[1].kill()  # SIGKILL
             load.calls_after(300)
             revived = serve(http_services, port=three[1].port)  # rejoins on the same port
             back = next(i for i in client.instances.all if i.port == revived.port)
             calls_before = back.calls
             wait_for(lambda: back.calls > calls_before + 20, 40, "the restarted instance in use")
-            three[0].signal(signal.SIGTERM)       # drain
+            three[0].signal(signal.SIGTERM)  # drain
             load.calls_after(300)
         finally:
             load.stop()

@@ -24,29 +24,34 @@ def load(client: AppStatsClient, callers: int, seconds: float) -> tuple[int, lis
     def caller() -> None:
         while time.monotonic() < ends:
             try:
-                client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=3000)
+                client.get_app_stats(
+                    "shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=3000
+                )
                 made[0] += 1
             except Exception as failure:  # collected and asserted on
                 failures.append(failure)
+
     gevent.joinall([gevent.spawn(caller) for _ in range(callers)], timeout=seconds + 10)
     return made[0], failures
 
 
-def test_three_instances_one_killed_mid_load_then_back(serve: Any,
-                                                        http_services: SampleHttpServices) -> None:
+def test_three_instances_one_killed_mid_load_then_back(
+    serve: Any, http_services: SampleHttpServices
+) -> None:
     servers = [serve(http_services) for _ in range(3)]
     addresses = [("127.0.0.1", s.port) for s in servers]
-    with AppStatsClient("127.0.0.1", servers[0].port, addresses=addresses, eject_ms=300,
-                        pool_size=8) as client:
+    with AppStatsClient(
+        "127.0.0.1", servers[0].port, addresses=addresses, eject_ms=300, pool_size=8
+    ) as client:
         made, failures = load(client, 8, 1.0)
         assert failures == [] and made > 0
-        assert all(i.calls > 0 for i in client.instances.all)      # all three got calls
+        assert all(i.calls > 0 for i in client.instances.all)  # all three got calls
 
         doomed = servers[1]
         killer = gevent.spawn_later(0.5, doomed.process.kill)
         made, failures = load(client, 8, 2.0)
         killer.join()
-        assert failures == [], failures[:3]                      # zero failed calls
+        assert failures == [], failures[:3]  # zero failed calls
         dead = next(i for i in client.instances.all if i.port == doomed.port)
         assert dead.failures >= 1
 
@@ -54,8 +59,11 @@ def test_three_instances_one_killed_mid_load_then_back(serve: Any,
         before = dead.calls
         # Back once its ejection ends: doubling from 300 ms while the restart is slow (a
         # loaded machine saw 10 s pass), never past the client's ceiling.
-        wait_for(lambda: load(client, 4, 0.5)[1] == [] and dead.calls > before,
-                 MAX_EJECT_S + 5, "the revived instance gets calls again")
+        wait_for(
+            lambda: load(client, 4, 0.5)[1] == [] and dead.calls > before,
+            MAX_EJECT_S + 5,
+            "the revived instance gets calls again",
+        )
     assert revived.port == doomed.port
 
 
@@ -64,7 +72,7 @@ def test_a_name_is_resolved_to_every_address(start_server: Any) -> None:
     port = server.address[1]
     with AppStatsClient("localhost", port, resolve=True, eject_ms=1000) as client:
         assert ("127.0.0.1", port) in [i.address for i in client.instances.all]
-        assert all(client.ping() == "pong" for _ in range(10))   # an address not served is ejected
+        assert all(client.ping() == "pong" for _ in range(10))  # an address not served is ejected
 
 
 def test_power_of_two_choices_prefers_the_less_busy_instance(start_server: Any) -> None:

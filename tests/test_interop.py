@@ -7,17 +7,18 @@ dicts, for every transport x protocol pair the server offers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-import thrift
 from thrift.protocol.TBinaryProtocol import TBinaryProtocol
 from thrift.protocol.TCompactProtocol import TCompactProtocol
 from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TBufferedTransport, TFramedTransport, TTransportException
 
+import thrift
 from tests.support.server import COMBINATIONS
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -25,8 +26,13 @@ _TRANSPORTS = {"framed": TFramedTransport, "buffered": TBufferedTransport}
 _PROTOCOLS = {"binary": TBinaryProtocol, "compact": TCompactProtocol}
 _MAX_FIELDS = 64  # more fields than any struct in the IDL: a bound on the read loop
 _SCALAR_READERS = {
-    TType.BOOL: "readBool", TType.BYTE: "readByte", TType.I16: "readI16", TType.I32: "readI32",
-    TType.I64: "readI64", TType.DOUBLE: "readDouble", TType.STRING: "readString",
+    TType.BOOL: "readBool",
+    TType.BYTE: "readByte",
+    TType.I16: "readI16",
+    TType.I32: "readI32",
+    TType.I64: "readI64",
+    TType.DOUBLE: "readDouble",
+    TType.STRING: "readString",
 }
 
 Reply = tuple[int, Any]
@@ -63,8 +69,15 @@ def read_struct(proto: Any) -> dict[int, Any]:
     return fields
 
 
-def call(server: Any, transport: str, protocol: str, method: str,
-         write_args: Callable[[Any], None], *, strict: bool = True) -> Reply:
+def call(
+    server: Any,
+    transport: str,
+    protocol: str,
+    method: str,
+    write_args: Callable[[Any], None],
+    *,
+    strict: bool = True,
+) -> Reply:
     """Send one call; return (message type, result fields or the TApplicationException).
 
     ``strict=False``: old-style binary, as legacy Apache Thrift clients write it.
@@ -72,8 +85,11 @@ def call(server: Any, transport: str, protocol: str, method: str,
     sock = TSocket(*server.address)
     sock.setTimeout(5000)
     trans = _TRANSPORTS[transport](sock)
-    proto = (_PROTOCOLS[protocol](trans) if strict
-             else TBinaryProtocol(trans, strictRead=False, strictWrite=False))
+    proto = (
+        _PROTOCOLS[protocol](trans)
+        if strict
+        else TBinaryProtocol(trans, strictRead=False, strictWrite=False)
+    )
     trans.open()
     try:
         proto.writeMessageBegin(method, TMessageType.CALL, 41)
@@ -123,6 +139,7 @@ def stats_request(app: str) -> Callable[[Any], None]:
         proto.writeFieldStop()
         proto.writeStructEnd()
         proto.writeFieldEnd()
+
     return write
 
 
@@ -137,7 +154,9 @@ def test_ping_and_panels(start_server, transport, protocol):
 
     assert call(server, transport, protocol, "ping", no_args) == (TMessageType.REPLY, {0: "pong"})
     assert call(server, transport, protocol, "panels", no_args) == (
-        TMessageType.REPLY, {0: ["alerts", "errors", "latency", "urls"]})
+        TMessageType.REPLY,
+        {0: ["alerts", "errors", "latency", "urls"]},
+    )
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
@@ -156,8 +175,12 @@ def test_get_app_stats(start_server, handler, transport, protocol):
     assert (timed_out[1], timed_out[3], timed_out[7]) == ("volume", 2, True)
     assert response[5] == 4.5
     sent = handler.requests[-1]
-    assert (sent.app, sent.start_ms, sent.end_ms, sent.panels) == ("shop", 1_000, 2_000,
-                                                                   ["errors", "latency"])
+    assert (sent.app, sent.start_ms, sent.end_ms, sent.panels) == (
+        "shop",
+        1_000,
+        2_000,
+        ["errors", "latency"],
+    )
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
@@ -165,9 +188,12 @@ def test_declared_and_internal_errors(start_server, transport, protocol):
     server = start_server(transport=transport, protocol=protocol)
 
     assert call(server, transport, protocol, "get_app_stats", stats_request("")) == (
-        TMessageType.REPLY, {1: {1: "app must not be empty", 2: "app"}})
-    message_type, error = call(server, transport, protocol, "get_app_stats",
-                               stats_request("internal"))
+        TMessageType.REPLY,
+        {1: {1: "app must not be empty", 2: "app"}},
+    )
+    message_type, error = call(
+        server, transport, protocol, "get_app_stats", stats_request("internal")
+    )
     assert message_type == TMessageType.EXCEPTION
     assert error.type == TApplicationException.INTERNAL_ERROR
     assert error.message.startswith("internal error (request id ")
@@ -177,12 +203,17 @@ def test_declared_and_internal_errors(start_server, transport, protocol):
 def test_old_style_binary_clients_are_served_by_default(start_server, handler, transport):
     server = start_server(transport=transport)
     assert call(server, transport, "binary", "ping", no_args, strict=False) == (
-        TMessageType.REPLY, {0: "pong"})
-    message_type, result = call(server, transport, "binary", "get_app_stats", stats_request("shop"),
-                                strict=False)
+        TMessageType.REPLY,
+        {0: "pong"},
+    )
+    message_type, result = call(
+        server, transport, "binary", "get_app_stats", stats_request("shop"), strict=False
+    )
     assert message_type == TMessageType.REPLY and result[0][1] == "shop"
     assert call(server, transport, "binary", "get_app_stats", stats_request(""), strict=False) == (
-        TMessageType.REPLY, {1: {1: "app must not be empty", 2: "app"}})
+        TMessageType.REPLY,
+        {1: {1: "app must not be empty", 2: "app"}},
+    )
 
 
 def test_old_style_binary_is_refused_with_strict_binary(start_server):

@@ -15,7 +15,8 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gevent
 import gevent.event
@@ -26,14 +27,14 @@ from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TTransportException
 from thriftpy2.transport.memory import TMemoryBuffer
 
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.settings.config import load_settings
-from tracing.settings import TracingSettings
 from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.settings.config import load_settings
 from service.workers.lifecycle import GC_YOUNG_THRESHOLD, run_server
 from tests.support.samples import backend_overrides
 from tests.support.sockets import listening_addresses, wait_for
+from tracing.settings import TracingSettings
 from tracing.setup import configure_tracing
 
 CLIENTS = 30
@@ -121,8 +122,17 @@ def test_sigterm_under_load_finishes_every_call_in_flight(serve, held: HeldAlert
     # Without coalescing: every call in flight must reach the held alerts service.
     server = serve(held.services, **{"server.drain_timeout_ms": 10_000, "fanout.coalesce": False})
     clients = [AppStatsClient("127.0.0.1", server.port, timeout_ms=40_000) for _ in range(CLIENTS)]
-    calls = [gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                          ["alerts", "errors"], deadline_ms=30_000) for client in clients]
+    calls = [
+        gevent.spawn(
+            client.get_app_stats,
+            "shop",
+            SAMPLE_START_MS,
+            SAMPLE_END_MS,
+            ["alerts", "errors"],
+            deadline_ms=30_000,
+        )
+        for client in clients
+    ]
     held.wait_for(CLIENTS)
 
     signalled = server.signal(signal.SIGTERM)
@@ -172,11 +182,13 @@ def test_sigint_closes_idle_connections_at_once(serve, http_services: SampleHttp
 
 
 def test_drain_timeout_kills_a_stuck_call_and_still_exits_zero(serve, held: HeldAlerts) -> None:
-    server = serve(held.services, **{"server.drain_timeout_ms": 500,
-                                     "fanout.abandon_grace_ms": 200})
+    server = serve(
+        held.services, **{"server.drain_timeout_ms": 500, "fanout.abandon_grace_ms": 200}
+    )
     client = AppStatsClient("127.0.0.1", server.port, timeout_ms=40_000)
-    stuck = gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"],
-                         deadline_ms=30_000)
+    stuck = gevent.spawn(
+        client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"], deadline_ms=30_000
+    )
     held.wait_for(1)
 
     signalled = server.signal(signal.SIGTERM)
@@ -186,20 +198,30 @@ def test_drain_timeout_kills_a_stuck_call_and_still_exits_zero(serve, held: Held
     assert time.monotonic() - signalled < 10
     log = server.log()
     assert logged_count(log, r"stopped accepting; (\d+) calls in flight") == 1
-    assert logged_count(log, r"WARNING .*drain: timeout of 500 ms passed; .*?(\d+) connections") == 1
+    assert (
+        logged_count(log, r"WARNING .*drain: timeout of 500 ms passed; .*?(\d+) connections") == 1
+    )
     client.close()
 
 
 def test_run_server_in_process_on_a_given_listener(mongo_server, http_services) -> None:
-    settings = load_settings(env={}, overrides={
-        **backend_overrides(mongo_server, http_services), "tracing.enabled": False})
+    settings = load_settings(
+        env={},
+        overrides={**backend_overrides(mongo_server, http_services), "tracing.enabled": False},
+    )
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(16)
     ready: list[tuple[str, int]] = []
     stop = gevent.event.Event()
-    running = gevent.spawn(run_server, settings, listener=listener, on_ready=ready.append,
-                           install_signals=False, stop=stop)
+    running = gevent.spawn(
+        run_server,
+        settings,
+        listener=listener,
+        on_ready=ready.append,
+        install_signals=False,
+        stop=stop,
+    )
     try:
         with gevent.Timeout(10):
             while not ready:
@@ -233,9 +255,12 @@ sys.exit(run_server(settings, on_ready=ready, install_signals=False, stop=stop,
 
 
 @pytest.mark.parametrize("mode", ["tune", "embed"])
-def test_a_serving_process_tunes_its_collector_and_an_embedding_one_is_left_alone(mode: str) -> None:
-    shown = subprocess.run([sys.executable, "-c", _TUNED_GC_PROBE, mode],
-                           capture_output=True, text=True, timeout=60)
+def test_a_serving_process_tunes_its_collector_and_an_embedding_one_is_left_alone(
+    mode: str,
+) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-c", _TUNED_GC_PROBE, mode], capture_output=True, text=True, timeout=60
+    )
     assert shown.returncode == 0, shown.stderr[-2000:]
     figures = json.loads(shown.stdout.strip().splitlines()[-1])
     assert figures["before"] == [700, 0]
@@ -258,9 +283,13 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
         holder.listen(8)  # accepts TCP connections, never answers
     port = holder.getsockname()[1]
     try:
-        tracing = configure_tracing(TracingSettings(exporter="otlp", otlp_protocol="http/protobuf",
-                                                    endpoint=f"http://127.0.0.1:{port}"),
-                                    set_global=False, env={})
+        tracing = configure_tracing(
+            TracingSettings(
+                exporter="otlp", otlp_protocol="http/protobuf", endpoint=f"http://127.0.0.1:{port}"
+            ),
+            set_global=False,
+            env={},
+        )
         for index in range(5):
             tracing.provider.get_tracer("test").start_span(f"pending {index}").end()
         started = time.monotonic()
@@ -271,14 +300,19 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
         holder.close()
 
 
-def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: SampleHttpServices) -> None:
+def test_a_lame_duck_reports_draining_while_still_serving(
+    serve, http_services: SampleHttpServices
+) -> None:
     server = serve(http_services, **{"server.lame_duck_ms": LAME_DUCK_MS})
     with AppStatsClient("127.0.0.1", server.port) as client:
         assert client.health().state == appstats.ServingState.SERVING
     signalled = server.signal(signal.SIGTERM)
-    with AppStatsClient("127.0.0.1", server.port) as late:   # a new connection is still accepted
-        assert wait_for(lambda: late.health().state == appstats.ServingState.DRAINING, 5,
-                        "DRAINING during the lame-duck period")
+    with AppStatsClient("127.0.0.1", server.port) as late:  # a new connection is still accepted
+        assert wait_for(
+            lambda: late.health().state == appstats.ServingState.DRAINING,
+            5,
+            "DRAINING during the lame-duck period",
+        )
         assert late.ping() == "pong"
     assert time.monotonic() - signalled < LAME_DUCK_MS / 1000
     assert refused_within(server.port)
@@ -288,14 +322,21 @@ def test_a_lame_duck_reports_draining_while_still_serving(serve, http_services: 
 
 
 def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
-        serve, http_services: SampleHttpServices) -> None:
+    serve, http_services: SampleHttpServices
+) -> None:
     server = serve(http_services, **{"server.probe_port": 0, "server.lame_duck_ms": LAME_DUCK_MS})
-    found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
-                     "the probe address in the log")
+    found = wait_for(
+        lambda: re.search(r"probes: (http://\S+)/healthz", server.log()),
+        10,
+        "the probe address in the log",
+    )
     base = found.group(1)
     # The loop's first round of backend checks reaches the probes' bodies shortly after start.
-    ready = wait_for(lambda: (r := requests.get(f"{base}/readyz", timeout=5)).json()["backends"] and r,
-                     5, "the first backend checks in /readyz")
+    ready = wait_for(
+        lambda: (r := requests.get(f"{base}/readyz", timeout=5)).json()["backends"] and r,
+        5,
+        "the first backend checks in /readyz",
+    )
     live = requests.get(f"{base}/healthz", timeout=5)
     assert live.status_code == 200 and live.json()["status"] == "ok"
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
@@ -303,52 +344,90 @@ def test_http_probes_answer_live_and_ready_and_not_ready_while_draining(
     assert requests.get(f"{base}/nope", timeout=5).status_code == 404
 
     server.signal(signal.SIGTERM)
-    draining = wait_for(lambda: requests.get(f"{base}/readyz", timeout=5).status_code == 503, 5,
-                        "/readyz 503 in the lame-duck period")
+    draining = wait_for(
+        lambda: requests.get(f"{base}/readyz", timeout=5).status_code == 503,
+        5,
+        "/readyz 503 in the lame-duck period",
+    )
     assert draining
     assert requests.get(f"{base}/readyz", timeout=5).json()["status"] == "draining"
     assert requests.get(f"{base}/healthz", timeout=5).status_code == 200  # still alive
     assert server.wait(timeout_s=20) == 0
 
 
-def test_a_backend_down_is_reported_but_readiness_stays(serve, http_services: SampleHttpServices) -> None:
+def test_a_backend_down_is_reported_but_readiness_stays(
+    serve, http_services: SampleHttpServices
+) -> None:
     """One backend down: /readyz stays 200 (every replica shares the backend), and the
     backend shows as down in /readyz's and /healthz's bodies and the fanout.backend.up gauge."""
-    server = serve(http_services, **{"server.probe_port": 0, "mongo.uri": "mongodb://127.0.0.1:1",
-                                     "metrics.exporter": "prometheus", "metrics.port": 0})
-    found = wait_for(lambda: re.search(r"probes: (http://\S+)/healthz", server.log()), 10,
-                     "the probe address in the log")
-    ready = wait_for(lambda: (r := requests.get(f"{found.group(1)}/readyz", timeout=5)).json()["backends"]
-                     and r, 5, "the first backend checks in /readyz")
+    server = serve(
+        http_services,
+        **{
+            "server.probe_port": 0,
+            "mongo.uri": "mongodb://127.0.0.1:1",
+            "metrics.exporter": "prometheus",
+            "metrics.port": 0,
+        },
+    )
+    found = wait_for(
+        lambda: re.search(r"probes: (http://\S+)/healthz", server.log()),
+        10,
+        "the probe address in the log",
+    )
+    ready = wait_for(
+        lambda: (r := requests.get(f"{found.group(1)}/readyz", timeout=5)).json()["backends"] and r,
+        5,
+        "the first backend checks in /readyz",
+    )
     assert ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
     assert ready.json()["backends"]["mongo"]["up"] is False
     assert ready.json()["backends"]["alerts"]["up"] is True
     live = requests.get(f"{found.group(1)}/healthz", timeout=5).json()
     assert live["status"] == "ok" and live["backends"]["mongo"]["up"] is False
-    scrape_url = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                          10, "the scrape address in the log").group(1)
+    scrape_url = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    ).group(1)
     scrape = requests.get(scrape_url, timeout=5).text
     # fanout_backend names a backend as every metric, pool and health() does.
     assert re.search(r'^fanout_backend_up\{fanout_backend="mongo".*\} 0\.0$', scrape, re.M), scrape
     assert re.search(r'^fanout_backend_up\{fanout_backend="alerts".*\} 1\.0$', scrape, re.M), scrape
     assert re.search(r'^fanout_circuit_state\{fanout_backend="alerts".*\} ', scrape, re.M), scrape
-    assert re.search(r'^fanout_pool_size\{fanout_pool_name="alerts".*\} 32\.0$', scrape, re.M), scrape
-
-
+    assert re.search(r'^fanout_pool_size\{fanout_pool_name="alerts".*\} 32\.0$', scrape, re.M), (
+        scrape
+    )
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_probes_and_metrics_listen_on_hosts_of_their_own(serve, http_services: SampleHttpServices,
-                                                          workers: int) -> None:
+def test_probes_and_metrics_listen_on_hosts_of_their_own(
+    serve, http_services: SampleHttpServices, workers: int
+) -> None:
     """Thrift on 127.0.0.1, probes on 127.0.0.2, metrics on 127.0.0.3 (all loopback): each
     answers on its own host only, in one process and with the master serving a group's."""
-    server = serve(http_services, **{"server.workers": workers, "server.probe_port": 0,
-                                     "server.probe_host": "127.0.0.2", "metrics.exporter": "prometheus",
-                                     "metrics.host": "127.0.0.3", "metrics.port": 0})
-    probes = wait_for(lambda: re.search(r"(?:probes: |group probes on )http://([\d.]+):(\d+)",
-                                        server.log()), 10, "the probe address in the log")
-    scrape = wait_for(lambda: re.search(r"(?:Prometheus scrape at |group metrics on )http://([\d.]+):(\d+)",
-                                        server.log()), 10, "the scrape address in the log")
+    server = serve(
+        http_services,
+        **{
+            "server.workers": workers,
+            "server.probe_port": 0,
+            "server.probe_host": "127.0.0.2",
+            "metrics.exporter": "prometheus",
+            "metrics.host": "127.0.0.3",
+            "metrics.port": 0,
+        },
+    )
+    probes = wait_for(
+        lambda: re.search(r"(?:probes: |group probes on )http://([\d.]+):(\d+)", server.log()),
+        10,
+        "the probe address in the log",
+    )
+    scrape = wait_for(
+        lambda: re.search(
+            r"(?:Prometheus scrape at |group metrics on )http://([\d.]+):(\d+)", server.log()
+        ),
+        10,
+        "the scrape address in the log",
+    )
     assert (probes.group(1), scrape.group(1)) == ("127.0.0.2", "127.0.0.3"), server.log()
     probe_port, scrape_port = int(probes.group(2)), int(scrape.group(2))
     assert requests.get(f"http://127.0.0.2:{probe_port}/healthz", timeout=5).status_code == 200

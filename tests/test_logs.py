@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import json
 import logging
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -77,18 +78,27 @@ def test_a_workers_lines_name_the_worker(root_logging: None, log_format: str) ->
         assert worker.endswith("INFO worker 1: service.test: in a worker")
 
 
-def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(serve: Any, http_services: Any) -> None:
-    server = serve(http_services, **{"logging.format": "json", "fanout.task_timeout_ms": 2000,
-                                     "fanout.request_deadline_ms": 3000,
-                                     "mongo.uri": f"mongodb://127.0.0.1:{dead_port()}",
-                                     "mongo.breaker_failures": 1})
+def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(
+    serve: Any, http_services: Any
+) -> None:
+    server = serve(
+        http_services,
+        **{
+            "logging.format": "json",
+            "fanout.task_timeout_ms": 2000,
+            "fanout.request_deadline_ms": 3000,
+            "mongo.uri": f"mongodb://127.0.0.1:{dead_port()}",
+            "mongo.breaker_failures": 1,
+        },
+    )
     with AppStatsClient("127.0.0.1", server.port, timeout_ms=5000) as client:
-        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["errors"],
-                                        request_id="web-42")
+        response = client.get_app_stats(
+            "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["errors"], request_id="web-42"
+        )
     assert response.outcomes[0].error_type == "BackendUnavailable"
     lines = json_lines(server.log())
     fields = {"time", "level", "logger", "message", "trace_id", "span_id", "request_id", "worker"}
-    assert lines and all(set(line) == fields for line in lines), lines[:3]   # each field once
+    assert lines and all(set(line) == fields for line in lines), lines[:3]  # each field once
     assert json.loads(server.first_line)["message"].startswith("serving on 127.0.0.1:")
     opened = [line for line in lines if "circuit mongo: closed -> open" in line["message"]]
     assert len(opened) == 1, lines

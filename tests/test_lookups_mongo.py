@@ -8,31 +8,38 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import datetime, timezone
 from collections import Counter, defaultdict
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import Any
 
 import gevent
-from gevent.server import StreamServer
 import pymongo
 import pytest
+from gevent.server import StreamServer
 
-from lookups.deadline import Deadline
 from lookups.backends.collection import Backends
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings, backends_from_aliases
+from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse
-from lookups.mongo import (QUERY_GROUP_CAP, ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup,
-                           aggregate_one_batch,
-                           normalise_query)
+from lookups.mongo import (
+    QUERY_GROUP_CAP,
+    ControllersLookup,
+    ErrorsLookup,
+    QueriesLookup,
+    UrlsLookup,
+    aggregate_one_batch,
+    normalise_query,
+)
 from lookups.panels import TopList, Window
+from lookups.settings import HttpSettings, MongoSettings
 from service.samples import MongoWireServer, SampleData
 from service.samples.faults import TcpFaultProxy
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from lookups.settings import HttpSettings, MongoSettings
-from tracing.context import spawn_in_context
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port
+from tracing.context import spawn_in_context
 
 HOUR_MS = 3_600_000
 FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
@@ -55,7 +62,9 @@ APPS = ["shop", "search", "billing", "no-such-app"]
 
 
 def _in_window(records: Iterable[Any], window: Window) -> list[Any]:
-    return [r for r in records if r.app == window.app and window.start_ms <= r.ts_ms < window.end_ms]
+    return [
+        r for r in records if r.app == window.app and window.start_ms <= r.ts_ms < window.end_ms
+    ]
 
 
 def _window(data: SampleData, app: str, name: str) -> Window:
@@ -63,16 +72,23 @@ def _window(data: SampleData, app: str, name: str) -> Window:
     return Window(app, start_ms, end_ms)
 
 
-def _expected_top(records: list[Any], key_of: Callable[[Any], str]) -> list[tuple[str, int, float, float]]:
+def _expected_top(
+    records: list[Any], key_of: Callable[[Any], str]
+) -> list[tuple[str, int, float, float]]:
     durations: dict[str, list[float]] = defaultdict(list)
     for record in records:
         durations[key_of(record)].append(record.duration_ms)
-    rows = [(key, len(values), sum(values) / len(values), sum(values)) for key, values in durations.items()]
+    rows = [
+        (key, len(values), sum(values) / len(values), sum(values))
+        for key, values in durations.items()
+    ]
     return sorted(rows, key=lambda row: (-row[1], row[0]))[:10]
 
 
 def _assert_top_list(actual: TopList, expected: list[tuple[str, int, float, float]]) -> None:
-    assert [(e.key, e.count) for e in actual.entries] == [(key, count) for key, count, _, _ in expected]
+    assert [(e.key, e.count) for e in actual.entries] == [
+        (key, count) for key, count, _, _ in expected
+    ]
     for entry, (_, _, mean_ms, total_ms) in zip(actual.entries, expected):
         assert entry.mean_ms == pytest.approx(mean_ms, **FLOAT_TOLERANCE)
         assert entry.total_ms == pytest.approx(total_ms, **FLOAT_TOLERANCE)
@@ -86,7 +102,9 @@ def test_narrow_window_bounds_fall_on_records(sample_data: SampleData) -> None:
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_errors_panel(
+    backends: Backends, sample_data: SampleData, app: str, window_name: str
+) -> None:
     window = _window(sample_data, app, window_name)
     records = _in_window(sample_data.errors, window)
     counts = Counter(r.message for r in records)
@@ -100,7 +118,9 @@ def test_errors_panel(backends: Backends, sample_data: SampleData, app: str, win
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_urls_panel(
+    backends: Backends, sample_data: SampleData, app: str, window_name: str
+) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
     _assert_top_list(UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
@@ -108,27 +128,34 @@ def test_urls_panel(backends: Backends, sample_data: SampleData, app: str, windo
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_controllers_panel(backends: Backends, sample_data: SampleData, app: str,
-                           window_name: str) -> None:
+def test_controllers_panel(
+    backends: Backends, sample_data: SampleData, app: str, window_name: str
+) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
-    _assert_top_list(ControllersLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
+    _assert_top_list(
+        ControllersLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected
+    )
 
 
 @pytest.mark.parametrize("app", APPS)
 @pytest.mark.parametrize("window_name", WINDOW_NAMES)
-def test_queries_panel(backends: Backends, sample_data: SampleData, app: str, window_name: str) -> None:
+def test_queries_panel(
+    backends: Backends, sample_data: SampleData, app: str, window_name: str
+) -> None:
     window = _window(sample_data, app, window_name)
     totals: dict[str, list[float]] = defaultdict(list)
     for record in _in_window(sample_data.queries, window):
         totals[record.shape].append(record.duration_ms)
-    expected = sorted(((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
-                      key=lambda row: (-row[3], row[0]))[:10]
+    expected = sorted(
+        ((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
+        key=lambda row: (-row[3], row[0]),
+    )[:10]
     _assert_top_list(QueriesLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
 
 
 def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
-    window = Window("search", 0, 4_102_444_800_000)   # 1970 to 2100
+    window = Window("search", 0, 4_102_444_800_000)  # 1970 to 2100
     summary = ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0))
     assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
 
@@ -141,16 +168,24 @@ def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) 
     assert len(ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)).top) == 10
 
 
-@pytest.mark.parametrize(("raw", "shape"), [
-    ("SELECT * FROM orders WHERE id = 4812", "SELECT * FROM orders WHERE id = ?"),
-    ("SELECT * FROM users WHERE name = 'O''Brien' AND age > 30.5",
-     "SELECT * FROM users WHERE name = ? AND age > ?"),
-    ("SELECT * FROM t1 WHERE id IN (1, 2,3)", "SELECT * FROM t1 WHERE id IN (?)"),
-    ("select * from t where id in(7)", "select * from t where id in (?)"),
-    ("INSERT INTO e (a, b) VALUES ('x', 2)", "INSERT INTO e (a, b) VALUES (?, ?)"),
-    ("SELECT id FROM audit_2025\n    WHERE user_id = 7", "SELECT id FROM audit_2025 WHERE user_id = ?"),
-    ("UPDATE t SET v = 'it\\'s' WHERE k = 1e3", "UPDATE t SET v = ? WHERE k = ?"),
-])
+@pytest.mark.parametrize(
+    ("raw", "shape"),
+    [
+        ("SELECT * FROM orders WHERE id = 4812", "SELECT * FROM orders WHERE id = ?"),
+        (
+            "SELECT * FROM users WHERE name = 'O''Brien' AND age > 30.5",
+            "SELECT * FROM users WHERE name = ? AND age > ?",
+        ),
+        ("SELECT * FROM t1 WHERE id IN (1, 2,3)", "SELECT * FROM t1 WHERE id IN (?)"),
+        ("select * from t where id in(7)", "select * from t where id in (?)"),
+        ("INSERT INTO e (a, b) VALUES ('x', 2)", "INSERT INTO e (a, b) VALUES (?, ?)"),
+        (
+            "SELECT id FROM audit_2025\n    WHERE user_id = 7",
+            "SELECT id FROM audit_2025 WHERE user_id = ?",
+        ),
+        ("UPDATE t SET v = 'it\\'s' WHERE k = 1e3", "UPDATE t SET v = ? WHERE k = ?"),
+    ],
+)
 def test_normalise_query(raw: str, shape: str) -> None:
     assert normalise_query(raw) == shape
 
@@ -158,8 +193,12 @@ def test_normalise_query(raw: str, shape: str) -> None:
 @pytest.fixture
 def scratch(mongo_server: MongoWireServer) -> Iterator[MongoBackend]:
     """A backend on a scratch database of the session's server, dropped afterwards."""
-    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database="malformed_test",
-                                                         server_selection_timeout_ms=5000))
+    backend = MongoBackend(
+        "mongo",
+        MongoBackendSettings(
+            uri=mongo_server.uri, database="malformed_test", server_selection_timeout_ms=5000
+        ),
+    )
     try:
         yield backend
     finally:
@@ -169,10 +208,11 @@ def scratch(mongo_server: MongoWireServer) -> Iterator[MongoBackend]:
 
 def test_malformed_documents_are_a_bad_response(scratch: MongoBackend) -> None:
     malformed_db = scratch.db
-    ts = datetime(2026, 1, 1, 1, tzinfo=timezone.utc)
-    malformed_db.requests.insert_one({"app": "shop", "ts": ts, "url": 404, "controller": None,
-                                      "duration_ms": 5.0})
-    malformed_db.errors.insert_one({"app": "shop", "ts": ts, "code": 1})   # no message
+    ts = datetime(2026, 1, 1, 1, tzinfo=UTC)
+    malformed_db.requests.insert_one(
+        {"app": "shop", "ts": ts, "url": 404, "controller": None, "duration_ms": 5.0}
+    )
+    malformed_db.errors.insert_one({"app": "shop", "ts": ts, "code": 1})  # no message
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     for lookup in (UrlsLookup(scratch), ControllersLookup(scratch), ErrorsLookup(scratch)):
         with pytest.raises(BadBackendResponse) as caught:
@@ -185,9 +225,10 @@ def test_a_result_past_one_batch_comes_back_whole(scratch: MongoBackend) -> None
     # The lookups' pipelines end in a $limit that one batch holds; a result that needs
     # a second batch still comes back whole (through Collection.aggregate).
     malformed_db.many.insert_many([{"n": n} for n in range(QUERY_GROUP_CAP + 500)])
-    reply = malformed_db.command("aggregate", "many", pipeline=[{"$sort": {"n": 1}}],
-                                 cursor={"batchSize": QUERY_GROUP_CAP})
-    assert reply["cursor"]["id"] != 0           # the server did split it
+    reply = malformed_db.command(
+        "aggregate", "many", pipeline=[{"$sort": {"n": 1}}], cursor={"batchSize": QUERY_GROUP_CAP}
+    )
+    assert reply["cursor"]["id"] != 0  # the server did split it
     documents = aggregate_one_batch(malformed_db, "many", [{"$sort": {"n": 1}}])
     assert [d["n"] for d in documents] == list(range(QUERY_GROUP_CAP + 500))
     one_batch = aggregate_one_batch(malformed_db, "many", [{"$sort": {"n": 1}}, {"$limit": 3}])
@@ -200,7 +241,9 @@ def test_unreachable_mongo_is_unavailable_within_budget() -> None:
     with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendUnavailable) as caught:
-            ErrorsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5))
+            ErrorsLookup(backends.mongo()).fetch(
+                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5)
+            )
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -210,6 +253,7 @@ def test_unreachable_mongo_is_unavailable_within_budget() -> None:
 @pytest.fixture
 def silent_server() -> Iterator[int]:
     """A TCP server that accepts connections and never answers; yields its port."""
+
     def hold(connection: socket.socket, address: Any) -> None:
         connection.recv(65536)
         gevent.sleep(30)
@@ -224,12 +268,17 @@ def silent_server() -> Iterator[int]:
 
 def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
     """A server that accepts but never answers is slow, not known to be down."""
-    settings = MongoSettings(uri=f"mongodb://127.0.0.1:{silent_server}", connect_timeout_ms=10_000,
-                             server_selection_timeout_ms=10_000)
+    settings = MongoSettings(
+        uri=f"mongodb://127.0.0.1:{silent_server}",
+        connect_timeout_ms=10_000,
+        server_selection_timeout_ms=10_000,
+    )
     with Backends(backends_from_aliases(settings, HttpSettings())) as backends:
         started = time.monotonic()
         with pytest.raises(BackendTimeout) as caught:
-            UrlsLookup(backends.mongo()).fetch(Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5))
+            UrlsLookup(backends.mongo()).fetch(
+                Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(0.5)
+            )
         elapsed = time.monotonic() - started
     assert elapsed < 0.5 + 1.5
     assert caught.value.retryable is True
@@ -238,10 +287,12 @@ def test_silent_mongo_is_a_timeout_within_budget(silent_server: int) -> None:
 def test_mongo_killed_mid_session_is_unavailable() -> None:
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     with MongoWireServer() as server:
-        with Backends(backends_from_aliases(MongoSettings(uri=server.uri), HttpSettings())) as backends:
+        with Backends(
+            backends_from_aliases(MongoSettings(uri=server.uri), HttpSettings())
+        ) as backends:
             assert UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)) == TopList(())
             server.kill()
-            for _ in range(2):   # first on the pooled connection, then on selection
+            for _ in range(2):  # first on the pooled connection, then on selection
                 with pytest.raises(BackendUnavailable):
                     UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(0.5))
             assert backends.connections_in_use()["mongo"] == 0
@@ -270,9 +321,14 @@ def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_s
     window = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     budgets = _AggregateBudgets()
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
-        backend = MongoBackend("mongo", MongoBackendSettings(
-            uri=f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
-            database=SAMPLE_DATABASE), event_listeners=[budgets])
+        backend = MongoBackend(
+            "mongo",
+            MongoBackendSettings(
+                uri=f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+                database=SAMPLE_DATABASE,
+            ),
+            event_listeners=[budgets],
+        )
         try:
             lookup = ErrorsLookup(backend)
             lookup.fetch(window, Deadline.after_s(5.0))
@@ -282,7 +338,7 @@ def test_after_a_restart_the_query_keeps_the_budget_left_after_selection(mongo_s
         finally:
             backend.close()
     sent_at, max_time_ms = budgets.sent[-1]
-    assert len(budgets.sent) >= 3           # the first call, the reset one, the retry
+    assert len(budgets.sent) >= 3  # the first call, the reset one, the retry
     # The retry's query may run until the task's budget ends (less a round trip), past
     # the 1.5 s that whole steps would leave it.
     assert sent_at + max_time_ms / 1000 - began > 1.7
@@ -296,15 +352,21 @@ def test_spent_budget_is_a_timeout(backends: Backends) -> None:
         assert caught.value.retryable is True and isinstance(caught.value, TimeoutError)
 
 
-def test_connections_are_returned_after_a_burst(backends: Backends, sample_data: SampleData) -> None:
+def test_connections_are_returned_after_a_burst(
+    backends: Backends, sample_data: SampleData
+) -> None:
     window = _window(sample_data, "shop", "day")
-    lookups = [ErrorsLookup(backends.mongo()), UrlsLookup(backends.mongo()), ControllersLookup(backends.mongo()),
-               QueriesLookup(backends.mongo())]
+    lookups = [
+        ErrorsLookup(backends.mongo()),
+        UrlsLookup(backends.mongo()),
+        ControllersLookup(backends.mongo()),
+        QueriesLookup(backends.mongo()),
+    ]
     most_in_use = 0
     timed_out: set[int] = set()
 
     def run(index: int) -> None:
-        budget = 1e-6 if index % 3 == 0 else 5.0    # every third one times out
+        budget = 1e-6 if index % 3 == 0 else 5.0  # every third one times out
         try:
             lookups[index % len(lookups)].fetch(window, Deadline.after_s(budget))
         except BackendTimeout:
@@ -317,7 +379,7 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
             break
         gevent.sleep(0.001)
     gevent.joinall(workers, timeout=30, raise_error=True)
-    assert timed_out == set(range(0, 24, 3))       # those and only those, each as a timeout
+    assert timed_out == set(range(0, 24, 3))  # those and only those, each as a timeout
     assert most_in_use >= 1, "the counter never saw a connection checked out"
     assert backends.connections_in_use()["mongo"] == 0
 
@@ -325,7 +387,10 @@ def test_connections_are_returned_after_a_burst(backends: Backends, sample_data:
 def test_normalise_query_long_statements_bypass_the_cache_with_the_same_result() -> None:
     padding = "col_" + "x" * 3000
     long_statement = f"SELECT {padding} FROM orders WHERE id = 4812 AND tag IN ('a', 'b')"
-    assert normalise_query(long_statement) == f"SELECT {padding} FROM orders WHERE id = ? AND tag IN (?)"
+    assert (
+        normalise_query(long_statement)
+        == f"SELECT {padding} FROM orders WHERE id = ? AND tag IN (?)"
+    )
     short = "SELECT * FROM t WHERE id = 7"
     assert normalise_query(short) == normalise_query(short) == "SELECT * FROM t WHERE id = ?"
 
@@ -355,7 +420,8 @@ backends.close()
 
 
 def test_mongo_lookups_from_plain_threads_give_the_same_panels(
-        backends: Backends, mongo_server, http_services) -> None:
+    backends: Backends, mongo_server, http_services
+) -> None:
     import json
     import subprocess
     import sys
@@ -365,9 +431,17 @@ def test_mongo_lookups_from_plain_threads_give_the_same_panels(
 
     window = ("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     done = subprocess.run(
-        [sys.executable, "-c", _UNPATCHED_THREADS_SCRIPT,
-         json.dumps(backend_overrides(mongo_server, http_services)), json.dumps(window)],
-        capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-c",
+            _UNPATCHED_THREADS_SCRIPT,
+            json.dumps(backend_overrides(mongo_server, http_services)),
+            json.dumps(window),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     from_threads = json.loads(done.stdout.strip().splitlines()[-1])
     lookups = default_registry().build(backends)
@@ -381,7 +455,10 @@ def test_a_pipeline_the_server_refuses_fails_once_as_a_bad_response(backends: Ba
     mongo = backends.mongo()
     attempts_before = mongo.guard.attempts
     with pytest.raises(BadBackendResponse) as refused:
-        mongo.run("errors", lambda db: list(db["errors"].aggregate([{"$noSuchStage": {}}])),
-                  Deadline.after_s(5.0))
+        mongo.run(
+            "errors",
+            lambda db: list(db["errors"].aggregate([{"$noSuchStage": {}}])),
+            Deadline.after_s(5.0),
+        )
     assert not refused.value.retry_safe and "refused or garbled" in str(refused.value)
     assert mongo.guard.attempts - attempts_before == 1

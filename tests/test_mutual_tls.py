@@ -13,8 +13,9 @@ import ssl
 import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import gevent
 import pytest
@@ -24,14 +25,14 @@ from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.transport import TTransportException
 
 from service.client import AppStatsClient
-from service.settings.config import ConfigError, ServerSettings, load_settings
 from service.listener.server import ThriftServer
+from service.settings.config import ConfigError, ServerSettings, load_settings
 from service.wire.certificates import RotatingContext
 from service.wire.tls import TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki, swap_secret, write_leaf, write_uri_leaf
 from tests.support.processes import FANOUT
-from tests.support.thrift_calls import apache_thrift_ping
 from tests.support.sockets import wait_for
+from tests.support.thrift_calls import apache_thrift_ping
 
 WEB_TIER = "web.internal"
 WEB_TIER_ID = "spiffe://cluster.local/ns/shop/sa/web"
@@ -47,24 +48,36 @@ def clients(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tup
     """Client certificates: by our CA for the web tier (DNS and SPIFFE), another name, and
     the web tier's name by a CA the server does not trust."""
     directory = tmp_path_factory.mktemp("mtls-clients")
-    return {"web": write_leaf(pki.ca, directory, "web", WEB_TIER),
-            "spiffe": write_uri_leaf(pki.ca, directory, "spiffe", WEB_TIER_ID),
-            "batch": write_leaf(pki.ca, directory, "batch", "batch.internal"),
-            "stranger": write_leaf(trustme.CA(), directory, "stranger", WEB_TIER)}
+    return {
+        "web": write_leaf(pki.ca, directory, "web", WEB_TIER),
+        "spiffe": write_uri_leaf(pki.ca, directory, "spiffe", WEB_TIER_ID),
+        "batch": write_leaf(pki.ca, directory, "batch", "batch.internal"),
+        "stranger": write_leaf(trustme.CA(), directory, "stranger", WEB_TIER),
+    }
 
 
 @pytest.fixture
 def mtls_server(start_server: Callable[..., ThriftServer], pki: Pki) -> Callable[..., ThriftServer]:
     def start(**settings: Any) -> ThriftServer:
-        return start_server(tls_cert_file=pki.cert_file, tls_key_file=pki.key_file,
-                            tls_client_ca_file=pki.ca_file, **settings)
+        return start_server(
+            tls_cert_file=pki.cert_file,
+            tls_key_file=pki.key_file,
+            tls_client_ca_file=pki.ca_file,
+            **settings,
+        )
+
     return start
 
 
-def ping_as(server: ThriftServer, pki: Pki, certificate: Optional[tuple[str, str]]) -> str:
+def ping_as(server: ThriftServer, pki: Pki, certificate: tuple[str, str] | None) -> str:
     cert_file, key_file = certificate or (None, None)
-    with AppStatsClient(*server.address, tls_ca_file=pki.ca_file, tls_cert_file=cert_file,
-                        tls_key_file=key_file, timeout_ms=5000) as client:
+    with AppStatsClient(
+        *server.address,
+        tls_ca_file=pki.ca_file,
+        tls_cert_file=cert_file,
+        tls_key_file=key_file,
+        timeout_ms=5000,
+    ) as client:
         return client.ping()
 
 
@@ -78,6 +91,7 @@ def refusals(server: ThriftServer, caplog: pytest.LogCaptureFixture) -> str:
 
 
 # --- who gets in --------------------------------------------------------------------------------
+
 
 def test_a_client_without_a_certificate_is_refused(mtls_server, pki: Pki, clients, caplog) -> None:
     server = mtls_server()
@@ -103,8 +117,10 @@ def test_a_name_not_on_the_allow_list_is_refused(mtls_server, pki: Pki, clients,
     with pytest.raises(TTransportException):
         ping_as(server, pki, clients["batch"])
     assert server.stats.tls_refused == server.stats.connections_total >= 1
-    assert (f"name_not_allowed x{server.stats.tls_refused} (e.g. 127.0.0.1: batch.internal)"
-            in refusals(server, caplog))
+    assert (
+        f"name_not_allowed x{server.stats.tls_refused} (e.g. 127.0.0.1: batch.internal)"
+        in refusals(server, caplog)
+    )
 
 
 def test_allowed_clients_are_served_by_dns_or_spiffe_id(mtls_server, pki: Pki, clients) -> None:
@@ -114,8 +130,9 @@ def test_allowed_clients_are_served_by_dns_or_spiffe_id(mtls_server, pki: Pki, c
     assert server.stats.tls_refused == 0
 
 
-def test_any_certificate_of_the_ca_gets_in_without_an_allow_list(mtls_server, pki: Pki,
-                                                                 clients) -> None:
+def test_any_certificate_of_the_ca_gets_in_without_an_allow_list(
+    mtls_server, pki: Pki, clients
+) -> None:
     server = mtls_server()
     assert ping_as(server, pki, clients["batch"]) == "pong"
 
@@ -123,11 +140,20 @@ def test_any_certificate_of_the_ca_gets_in_without_an_allow_list(mtls_server, pk
 def test_apache_thrift_client_with_a_client_certificate(mtls_server, pki: Pki, clients) -> None:
     server = mtls_server(tls_client_names=(WEB_TIER,))
     cert_file, key_file = clients["web"]
-    apache_thrift_ping(TSSLSocket(*server.address, ca_certs=pki.ca_file, server_hostname="localhost",
-                                  certfile=cert_file, keyfile=key_file), seqid=7)
+    apache_thrift_ping(
+        TSSLSocket(
+            *server.address,
+            ca_certs=pki.ca_file,
+            server_hostname="localhost",
+            certfile=cert_file,
+            keyfile=key_file,
+        ),
+        seqid=7,
+    )
 
 
 # --- rotation ----------------------------------------------------------------------------------
+
 
 def _server_pem(pki: Pki, directory: Path, stem: str) -> dict[str, bytes]:
     cert_file, key_file = write_leaf(pki.ca, directory, stem, "localhost", "127.0.0.1")
@@ -138,33 +164,44 @@ def _serial_seen(server: ThriftServer, pki: Pki, client: tuple[str, str]) -> int
     """The serial number of the certificate a new connection is shown."""
     context = ssl.create_default_context(cafile=pki.ca_file)
     context.load_cert_chain(*client)
-    with socket.create_connection(server.address, timeout=5) as raw, \
-            context.wrap_socket(raw, server_hostname="localhost") as secured:
+    with (
+        socket.create_connection(server.address, timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="localhost") as secured,
+    ):
         return int(secured.getpeercert()["serialNumber"], 16)
 
 
 def _serial_of(pem: bytes) -> int:
     from cryptography import x509
+
     return x509.load_pem_x509_certificate(pem).serial_number
 
 
 def test_certificates_swapped_by_symlink_reach_new_connections_without_a_failed_call(
-        start_server: Callable[..., ThriftServer], pki: Pki, clients, tmp_path: Path) -> None:
+    start_server: Callable[..., ThriftServer], pki: Pki, clients, tmp_path: Path
+) -> None:
     volume = tmp_path / "secret"
     volume.mkdir()
     generations = [_server_pem(pki, tmp_path, f"gen{n}") for n in range(4)]
     swap_secret(volume, generations[0], 0)
-    server = start_server(tls_cert_file=str(volume / "tls.crt"), tls_key_file=str(volume / "tls.key"),
-                          tls_client_ca_file=pki.ca_file)
+    server = start_server(
+        tls_cert_file=str(volume / "tls.crt"),
+        tls_key_file=str(volume / "tls.key"),
+        tls_client_ca_file=pki.ca_file,
+    )
     results: Counter[str] = Counter()
     running = True
 
     def caller(fresh_connections: bool) -> None:
         client = None
         while running:
-            client = client or AppStatsClient(*server.address, tls_ca_file=pki.ca_file, timeout_ms=5000,
-                                              tls_cert_file=clients["web"][0],
-                                              tls_key_file=clients["web"][1])
+            client = client or AppStatsClient(
+                *server.address,
+                tls_ca_file=pki.ca_file,
+                timeout_ms=5000,
+                tls_cert_file=clients["web"][0],
+                tls_key_file=clients["web"][1],
+            )
             try:
                 results["ok" if client.ping() == "pong" else "wrong"] += 1
             except Exception as exc:  # every failure counts: the assertion names them
@@ -182,8 +219,11 @@ def test_certificates_swapped_by_symlink_reach_new_connections_without_a_failed_
         for generation in (1, 2, 3):
             swap_secret(volume, generations[generation], generation)
             expected = _serial_of(generations[generation]["tls.crt"])
-            wait_for(lambda: _serial_seen(server, pki, clients["web"]) == expected, 10,
-                     f"generation {generation} on new connections")
+            wait_for(
+                lambda: _serial_seen(server, pki, clients["web"]) == expected,
+                10,
+                f"generation {generation} on new connections",
+            )
     finally:
         running = False
         gevent.joinall(callers, timeout=20, raise_error=True)
@@ -192,15 +232,25 @@ def test_certificates_swapped_by_symlink_reach_new_connections_without_a_failed_
 
 
 def test_a_bad_new_key_keeps_the_previous_certificate_and_logs_an_error(
-        start_server: Callable[..., ThriftServer], pki: Pki, clients, tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
+    start_server: Callable[..., ThriftServer],
+    pki: Pki,
+    clients,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     volume = tmp_path / "secret"
     volume.mkdir()
     first = _server_pem(pki, tmp_path, "first")
     swap_secret(volume, first, 0)
-    server = start_server(tls_cert_file=str(volume / "tls.crt"), tls_key_file=str(volume / "tls.key"),
-                          tls_client_ca_file=pki.ca_file)
-    mismatched = {"tls.crt": _server_pem(pki, tmp_path, "second")["tls.crt"], "tls.key": first["tls.key"]}
+    server = start_server(
+        tls_cert_file=str(volume / "tls.crt"),
+        tls_key_file=str(volume / "tls.key"),
+        tls_client_ca_file=pki.ca_file,
+    )
+    mismatched = {
+        "tls.crt": _server_pem(pki, tmp_path, "second")["tls.crt"],
+        "tls.key": first["tls.key"],
+    }
     with caplog.at_level(logging.ERROR, logger="service.wire.certificates"):
         swap_secret(volume, mismatched, 1)
         time.sleep(1.2)  # past the once-a-second look at the files
@@ -212,7 +262,9 @@ def test_a_bad_new_key_keeps_the_previous_certificate_and_logs_an_error(
     assert ping_as(server, pki, clients["web"]) == "pong"
 
 
-def test_rotating_context_looks_at_the_files_at_most_once_per_interval(pki: Pki, tmp_path: Path) -> None:
+def test_rotating_context_looks_at_the_files_at_most_once_per_interval(
+    pki: Pki, tmp_path: Path
+) -> None:
     now = [0.0]
     cert = tmp_path / "tls.crt"
     cert.write_bytes(Path(pki.cert_file).read_bytes())
@@ -225,7 +277,9 @@ def test_rotating_context_looks_at_the_files_at_most_once_per_interval(pki: Pki,
         built.append(context)
         return context
 
-    rotating = RotatingContext(build, [str(cert), pki.key_file], check_every_s=1.0, clock=lambda: now[0])
+    rotating = RotatingContext(
+        build, [str(cert), pki.key_file], check_every_s=1.0, clock=lambda: now[0]
+    )
     first = rotating.current()
     cert.write_bytes(Path(pki.cert_file).read_bytes() + b"\n")  # changed: size and mtime
     now[0] = 0.5
@@ -238,11 +292,16 @@ def test_rotating_context_looks_at_the_files_at_most_once_per_interval(pki: Pki,
 
 # --- configuration, the CLI, the metric --------------------------------------------------------
 
-def test_client_names_come_from_a_toml_list_or_a_comma_separated_variable(pki: Pki, tmp_path: Path) -> None:
+
+def test_client_names_come_from_a_toml_list_or_a_comma_separated_variable(
+    pki: Pki, tmp_path: Path
+) -> None:
     config = tmp_path / "fanout.toml"
-    config.write_text(f'[server]\ntls_cert_file = "{pki.cert_file}"\ntls_key_file = "{pki.key_file}"\n'
-                      f'tls_client_ca_file = "{pki.ca_file}"\n'
-                      f'tls_client_names = ["{WEB_TIER}", "{WEB_TIER_ID}"]\n')
+    config.write_text(
+        f'[server]\ntls_cert_file = "{pki.cert_file}"\ntls_key_file = "{pki.key_file}"\n'
+        f'tls_client_ca_file = "{pki.ca_file}"\n'
+        f'tls_client_names = ["{WEB_TIER}", "{WEB_TIER_ID}"]\n'
+    )
     assert load_settings(config, env={}).server.tls_client_names == (WEB_TIER, WEB_TIER_ID)
     env = {"FANOUT_SERVER_TLS_CLIENT_NAMES": f"{WEB_TIER}, {WEB_TIER_ID}"}
     assert load_settings(config, env=env).server.tls_client_names == (WEB_TIER, WEB_TIER_ID)
@@ -252,9 +311,14 @@ def test_client_names_come_from_a_toml_list_or_a_comma_separated_variable(pki: P
 
 def test_client_names_without_a_client_ca_is_a_config_error(pki: Pki) -> None:
     with pytest.raises(ConfigError, match="server.tls_client_names: needs tls_client_ca_file"):
-        load_settings(env={}, overrides={"server.tls_cert_file": pki.cert_file,
-                                         "server.tls_key_file": pki.key_file,
-                                         "server.tls_client_names": WEB_TIER})
+        load_settings(
+            env={},
+            overrides={
+                "server.tls_cert_file": pki.cert_file,
+                "server.tls_key_file": pki.key_file,
+                "server.tls_client_names": WEB_TIER,
+            },
+        )
     with pytest.raises(ConfigError, match="server.tls_client_ca_file: needs tls_cert_file"):
         load_settings(env={}, overrides={"server.tls_client_ca_file": pki.ca_file})
 
@@ -265,30 +329,60 @@ def test_an_unreadable_client_ca_stops_start_up_naming_the_key(pki: Pki, tmp_pat
 
 
 def test_fanout_serve_with_mutual_tls_counts_refusals_and_fanout_call_presents_a_certificate(
-        serve: Any, http_services: Any, pki: Pki, clients) -> None:
-    server = serve(http_services, **{
-        "server.tls_cert_file": pki.cert_file, "server.tls_key_file": pki.key_file,
-        "server.tls_client_ca_file": pki.ca_file, "server.tls_client_names": WEB_TIER,
-        "metrics.exporter": "prometheus", "metrics.port": 0})
+    serve: Any, http_services: Any, pki: Pki, clients
+) -> None:
+    server = serve(
+        http_services,
+        **{
+            "server.tls_cert_file": pki.cert_file,
+            "server.tls_key_file": pki.key_file,
+            "server.tls_client_ca_file": pki.ca_file,
+            "server.tls_client_names": WEB_TIER,
+            "metrics.exporter": "prometheus",
+            "metrics.port": 0,
+        },
+    )
     call = [*FANOUT, "call", "ping", "--port", str(server.port), "--tls-ca", pki.ca_file]
     web_cert, web_key = clients["web"]
-    served = subprocess.run([*call, "--tls-cert", web_cert, "--tls-key", web_key],
-                            capture_output=True, text=True, timeout=60)
+    served = subprocess.run(
+        [*call, "--tls-cert", web_cert, "--tls-key", web_key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (served.returncode, served.stdout.strip()) == (0, "pong"), served.stderr
     refused = subprocess.run(call, capture_output=True, text=True, timeout=60)  # no certificate
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
-    batch = subprocess.run([*call, "--tls-cert", clients["batch"][0], "--tls-key", clients["batch"][1]],
-                           capture_output=True, text=True, timeout=60)
+    batch = subprocess.run(
+        [*call, "--tls-cert", clients["batch"][0], "--tls-key", clients["batch"][1]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert batch.returncode == 1, batch.stdout
-    scrape_at = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                         10, "the scrape address in the log").group(1)
+    scrape_at = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    ).group(1)
 
     def refused_series() -> dict[str, float]:
         text = requests.get(scrape_at, timeout=5).text
-        return {m.group(1): float(m.group(2)) for m in re.finditer(
-            r'^fanout_tls_handshakes_refused_total\{.*fanout_tls_reason="(\w+)".*\} (\S+)$', text, re.M)}
+        return {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'^fanout_tls_handshakes_refused_total\{.*fanout_tls_reason="(\w+)".*\} (\S+)$',
+                text,
+                re.M,
+            )
+        }
 
     # Each refused call is counted once per connection it tried (the client tries a new one again).
-    counted = wait_for(lambda: (lambda series: series if set(series) == {
-        "no_certificate", "name_not_allowed"} else None)(refused_series()), 10, "the refusals")
+    counted = wait_for(
+        lambda: (
+            lambda series: series if set(series) == {"no_certificate", "name_not_allowed"} else None
+        )(refused_series()),
+        10,
+        "the refusals",
+    )
     assert all(1 <= count <= 2 for count in counted.values()), counted

@@ -9,7 +9,8 @@ could come before the block ends, and the wait would run out.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -19,12 +20,12 @@ from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client import CollectorRegistry
 
 from lookups.backends.collection import Backends
-from service.settings.config import load_settings
 from service.operations.health import HealthChecker
 from service.operations.metrics_endpoint import COLLECT_TIMEOUT_S, MetricsEndpoint
 from service.operations.native_http import native_lock
 from service.operations.probes import ProbeServer
 from service.samples import MongoWireServer, SampleHttpServices
+from service.settings.config import load_settings
 from tests.support.samples import backend_overrides
 
 _NativeSocket = monkey.get_original("socket", "socket")
@@ -71,7 +72,9 @@ def answered_while_the_loop_is_blocked(port: int, path: str) -> tuple[int, str]:
 
 
 @pytest.fixture
-def health(mongo_server: MongoWireServer, http_services: SampleHttpServices) -> Iterator[HealthChecker]:
+def health(
+    mongo_server: MongoWireServer, http_services: SampleHttpServices
+) -> Iterator[HealthChecker]:
     settings = load_settings(env={}, overrides=backend_overrides(mongo_server, http_services))
     clients = Backends(settings.backends, settings.lookups)
     checker = HealthChecker(clients)
@@ -97,7 +100,7 @@ def test_probes_answer_while_the_event_loop_is_blocked(health: HealthChecker) ->
 def test_a_loop_silent_past_its_limit_is_not_live(health: HealthChecker) -> None:
     probes = ProbeServer("127.0.0.1", 0, health, lambda: False, stale_after_s=0.001).start()
     try:
-        probes._beat -= 60.0  # as if the loop had not run for a minute  # noqa: SLF001
+        probes._beat -= 60.0  # as if the loop had not run for a minute
         status, body = answered_while_the_loop_is_blocked(probes.address[1], "/healthz")
         assert status == 503 and "event loop silent" in body
     finally:

@@ -11,8 +11,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -21,12 +22,12 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TSocket
 from thriftpy2.transport.framed import TCyFramedTransport
 
-from service.wire.accept import fd_headroom_warning
 from service.app import FanOutService
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
-from service.settings.config import load_settings
 from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.settings.config import load_settings
+from service.wire.accept import fd_headroom_warning
 from tests.support.samples import backend_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,7 +65,9 @@ _CLIENTS = 120  # well over the limit, and under the listen backlog (128) plus w
 
 def ping_over(sock: socket.socket) -> str:
     sock.settimeout(10)
-    return TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(TSocket(sock=sock)))).ping()
+    return TClient(
+        appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(TSocket(sock=sock)))
+    ).ping()
 
 
 def connect_and_ping(port: int) -> str:
@@ -82,15 +85,22 @@ def read_until(stream: Any, marker: str, seen: list[str], timeout_s: float = 20.
 
 
 def test_running_out_of_file_descriptors_pauses_accepting_and_recovers() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", _LOW_FD_SERVER, str(_FD_LIMIT)], cwd=ROOT,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LOW_FD_SERVER, str(_FD_LIMIT)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     clients: list[socket.socket] = []
     try:
         with gevent.Timeout(30):
             port = int(proc.stdout.readline())
         log: list[str] = []
-        clients = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(_CLIENTS)]
+        clients = [
+            socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(_CLIENTS)
+        ]
         read_until(proc.stderr, "accept() failed", log)
         assert ping_over(clients[0]) == "pong"  # connections already accepted are still served
 
@@ -140,14 +150,26 @@ _DEADLINE_MS = 6_000
 
 @pytest.mark.solo
 def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
-        mongo_server: Any, slow_http: SampleHttpServices) -> None:
-    settings = load_settings(env={}, overrides={
-        **backend_overrides(mongo_server, slow_http), "server.port": 0,
-        "fanout.max_inflight_tasks": 8, "fanout.pool_size": 4,
-        "fanout.queue_timeout_ms": _QUEUE_TIMEOUT_MS, "fanout.request_deadline_ms": _DEADLINE_MS})
+    mongo_server: Any, slow_http: SampleHttpServices
+) -> None:
+    settings = load_settings(
+        env={},
+        overrides={
+            **backend_overrides(mongo_server, slow_http),
+            "server.port": 0,
+            "fanout.max_inflight_tasks": 8,
+            "fanout.pool_size": 4,
+            "fanout.queue_timeout_ms": _QUEUE_TIMEOUT_MS,
+            "fanout.request_deadline_ms": _DEADLINE_MS,
+        },
+    )
     service = FanOutService(settings).start()
-    clients = [AppStatsClient(*service.address, pool_size=1, timeout_ms=_DEADLINE_MS, overload_retry_ratio=0)
-               for _ in range(_BURST)]
+    clients = [
+        AppStatsClient(
+            *service.address, pool_size=1, timeout_ms=_DEADLINE_MS, overload_retry_ratio=0
+        )
+        for _ in range(_BURST)
+    ]
 
     def call(client: AppStatsClient) -> tuple[str, float, Any]:
         began = time.monotonic()
@@ -165,7 +187,9 @@ def test_burst_far_over_the_task_budget_gets_answers_or_overloaded_fast(
 
         kinds = {kind for kind, _, _ in results}
         assert kinds == {"StatsResponse", "Overloaded"}, kinds
-        overloaded = [(elapsed, answer) for kind, elapsed, answer in results if kind == "Overloaded"]
+        overloaded = [
+            (elapsed, answer) for kind, elapsed, answer in results if kind == "Overloaded"
+        ]
         assert all(answer.retry_after_ms > 0 for _, answer in overloaded)
         # Fail fast: rejected without waiting for a slot (queue_timeout_ms).
         slowest = max(elapsed for elapsed, _ in overloaded)

@@ -10,16 +10,23 @@ from typing import Any
 import gevent
 import pytest
 
-from service.client import AppStatsClient
 from lookups.deadline import Deadline
-from service.overload.gate import CallerPacing
+from service.client import AppStatsClient
 from service.idl import appstats
+from service.overload.gate import CallerPacing
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
-from tests.support.pacing import (CALLER_TIMEOUT_S, CALLERS, call_frame, hammer,
-                                  impatient_caller, one_call_at_a_time, reply)
+from tests.support.pacing import (
+    CALLER_TIMEOUT_S,
+    CALLERS,
+    call_frame,
+    hammer,
+    impatient_caller,
+    one_call_at_a_time,
+    reply,
+)
 
-pytestmark = pytest.mark.solo   # make test runs it alone: tests/parallel.py
+pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 
 def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not() -> None:
@@ -46,7 +53,8 @@ def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not
 
 
 def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
     unpaced = one_call_at_a_time(start_service, slow_alerts, hold=False)
     unpaced_kinds = hammer(unpaced.address, 2.0)
     assert unpaced.gate.stats.held == 0
@@ -69,14 +77,16 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
 
 
 def test_callers_honouring_retry_after_are_never_held(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
     service = one_call_at_a_time(start_service, slow_alerts, hold=True)
 
     def polite() -> Counter[str]:
         kinds: Counter[str] = Counter()
         # A client that sleeps retry_after_ms x U(0.5, 1.5), within its deadline and budget.
-        with AppStatsClient(*service.address, pool_size=1, timeout_ms=3000,
-                            overload_retry_ratio=1.0) as client:
+        with AppStatsClient(
+            *service.address, pool_size=1, timeout_ms=3000, overload_retry_ratio=1.0
+        ) as client:
             ends = time.monotonic() + 2.0
             while time.monotonic() < ends:
                 try:
@@ -95,7 +105,8 @@ def test_callers_honouring_retry_after_are_never_held(
 
 
 def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqid(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
     service = one_call_at_a_time(start_service, slow_alerts, hold=True)
     busy = gevent.spawn(impatient_caller, service.address, 2.0)  # keeps the one slot taken
     gevent.sleep(0.2)
@@ -117,13 +128,16 @@ def test_a_caller_back_early_while_saturated_is_refused_unread_with_its_own_seqi
 
 
 def test_the_web_tier_client_rests_a_connection_told_to_wait_so_it_is_never_held(
-        start_service: Any, slow_alerts: FaultyHttpService) -> None:
+    start_service: Any, slow_alerts: FaultyHttpService
+) -> None:
     """Many calls through one pooled client: a connection answered Overloaded is not lent
     again before its retry_after_ms, so no call of this client is held by pacing."""
     service = one_call_at_a_time(start_service, slow_alerts, hold=True)
     kinds: Counter[str] = Counter()
-    with AppStatsClient(*service.address, pool_size=4, timeout_ms=3000,
-                        overload_retry_ratio=1.0) as client:
+    with AppStatsClient(
+        *service.address, pool_size=4, timeout_ms=3000, overload_retry_ratio=1.0
+    ) as client:
+
         def web_requests() -> None:
             ends = time.monotonic() + 2.0
             while time.monotonic() < ends:

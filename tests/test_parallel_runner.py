@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests import parallel   # the module: its test_targets() is no test
+from tests import parallel  # the module: its test_targets() is no test
 from tests.parallel import SOLO, deal, phase_arguments
 
 
@@ -10,7 +10,12 @@ def test_each_phase_gets_its_marker_joined_with_the_callers() -> None:
     assert phase_arguments(["-x"], "rest") == ["-x", "-m", f"not {SOLO}"]
     assert phase_arguments([], SOLO) == ["-m", SOLO]
     assert phase_arguments(["-k", "tls", "-m", "a or b", "-q"], "rest") == [
-        "-k", "tls", "-q", "-m", f"(a or b) and not {SOLO}"]
+        "-k",
+        "tls",
+        "-q",
+        "-m",
+        f"(a or b) and not {SOLO}",
+    ]
     assert phase_arguments(["-mslow"], SOLO) == ["-m", f"(slow) and {SOLO}"]
 
 

@@ -17,18 +17,20 @@ from tracing.pools import MeteredSlots, PoolMeter
 
 def hold_slots(slots: MeteredSlots, takers: int, hold_s: float, timeout_s: float) -> list[bool]:
     """``takers`` greenlets at once, each holding a slot for ``hold_s`` if it gets one in time."""
+
     def take() -> bool:
         if not slots.acquire(timeout=timeout_s):
             return False
         gevent.sleep(hold_s)
         slots.release()
         return True
+
     return [g.get() for g in [gevent.spawn(take) for _ in range(takers)]]
 
 
 def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger() -> None:
     # Holds alone would understate the need: two slots busy for half the window.
-    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2))
+    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2, clock=time.monotonic))
     gevent.sleep(0.3)
     assert all(hold_slots(slots, takers=8, hold_s=0.05, timeout_s=5))
     report = slots.meter.report()
@@ -37,7 +39,7 @@ def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger()
 
 
 def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
-    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1))
+    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1, clock=time.monotonic))
     got = hold_slots(slots, takers=4, hold_s=0.2, timeout_s=0.05)
     report = slots.meter.report()
     assert got.count(True) == 1 and report.timeouts == 3
@@ -45,7 +47,7 @@ def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
 
 
 def test_a_pool_that_never_waits_is_recommended_about_what_it_uses() -> None:
-    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10))
+    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10, clock=time.monotonic))
     for _ in range(5):
         assert all(hold_slots(slots, takers=2, hold_s=0.03, timeout_s=1))
     report = slots.meter.report()
@@ -62,11 +64,14 @@ def keep_taking(slots: MeteredSlots, takers: int, hold_s: float, seconds: float)
             assert slots.acquire(timeout=5)
             gevent.sleep(hold_s)
             slots.release()
+
     gevent.joinall([gevent.spawn(loop) for _ in range(takers)], raise_error=True)
 
 
 def test_idle_time_counts_as_idle_and_a_burst_after_it_is_recommended_what_it_used() -> None:
-    slots = MeteredSlots(BoundedSemaphore(4), PoolMeter("idle-then-burst", 4, window_s=1.2))
+    slots = MeteredSlots(
+        BoundedSemaphore(4), PoolMeter("idle-then-burst", 4, window_s=1.2, clock=time.monotonic)
+    )
     assert all(hold_slots(slots, takers=4, hold_s=0.05, timeout_s=1))
     gevent.sleep(1.5)  # longer than the window: the first burst has left it
     idle = slots.meter.report()
@@ -83,7 +88,9 @@ def test_idle_time_counts_as_idle_and_a_burst_after_it_is_recommended_what_it_us
 
 def test_advice_is_never_below_what_was_in_use_at_p99() -> None:
     # Ten slots in use for an instant, once, in a long window: Little's law alone says 1.
-    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("spike", 10, window_s=2.0))
+    slots = MeteredSlots(
+        BoundedSemaphore(10), PoolMeter("spike", 10, window_s=2.0, clock=time.monotonic)
+    )
     assert all(hold_slots(slots, takers=10, hold_s=0.01, timeout_s=1))
     gevent.sleep(0.5)
     report = slots.meter.report()
@@ -95,9 +102,20 @@ def test_advice_is_never_below_what_was_in_use_at_p99() -> None:
 def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow(shared: bool) -> None:
     """Saturated whether the loop has a core to itself or shares the cores with busy
     processes (then it runs part of the time and waits, ready, the rest)."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 3\n"
-                              "while time.time() < end: pass"]) for _ in range(os.cpu_count() or 2)
-            ] if shared else []
+    hogs = (
+        [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import time\nend = time.time() + 3\nwhile time.time() < end: pass",
+                ]
+            )
+            for _ in range(os.cpu_count() or 2)
+        ]
+        if shared
+        else []
+    )
     try:
         _cpu_starved_pool_is_told_cpu()
     finally:
@@ -107,7 +125,9 @@ def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow(shared
 
 
 def _cpu_starved_pool_is_told_cpu() -> None:
-    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0))
+    slots = MeteredSlots(
+        BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0, clock=time.monotonic)
+    )
     stop = time.monotonic() + 1.0
 
     def burn() -> None:  # the event loop's work: no idle moment while it runs
@@ -125,32 +145,68 @@ def _cpu_starved_pool_is_told_cpu() -> None:
 
 
 def _pool(name: str, **values: object) -> dict:
-    base = {"name": name, "size": 10, "in_use": 0, "in_use_p99": 0, "wait_p99_ms": 0.0,
-            "offered_per_s": 0.0, "hold_ms": 0.0, "timeouts": 0, "recommended": 10,
-            "window_s": 60.0, "limited_by": ""}
+    base = {
+        "name": name,
+        "size": 10,
+        "in_use": 0,
+        "in_use_p99": 0,
+        "wait_p99_ms": 0.0,
+        "offered_per_s": 0.0,
+        "hold_ms": 0.0,
+        "timeouts": 0,
+        "recommended": 10,
+        "window_s": 60.0,
+        "limited_by": "",
+    }
     return {**base, **values}
 
 
 def _report(pools: list, limit: int, in_flight: int) -> dict:
-    return {"pools": pools, "admission_limit": limit, "calls_in_flight": in_flight,
-            "calls_queued": 0, "tasks_started": 100, "tasks_coalesced": 5}
+    return {
+        "pools": pools,
+        "admission_limit": limit,
+        "calls_in_flight": in_flight,
+        "calls_queued": 0,
+        "tasks_started": 100,
+        "tasks_coalesced": 5,
+    }
 
 
 def test_a_group_report_adds_the_workers_up_and_keeps_each_one_labelled() -> None:
     from service.rpc.pool_report import group_report
 
     reports = {
-        "1": _report([_pool("mongo", in_use=4, offered_per_s=30.0, hold_ms=20.0, wait_p99_ms=5.0,
-                            recommended=12, limited_by="slots")], 40, 3),
-        "0": _report([_pool("mongo", in_use=1, offered_per_s=10.0, hold_ms=60.0, wait_p99_ms=1.0),
-                      _pool("alerts", size=20, recommended=20)], 30, 1)}
+        "1": _report(
+            [
+                _pool(
+                    "mongo",
+                    in_use=4,
+                    offered_per_s=30.0,
+                    hold_ms=20.0,
+                    wait_p99_ms=5.0,
+                    recommended=12,
+                    limited_by="slots",
+                )
+            ],
+            40,
+            3,
+        ),
+        "0": _report(
+            [
+                _pool("mongo", in_use=1, offered_per_s=10.0, hold_ms=60.0, wait_p99_ms=1.0),
+                _pool("alerts", size=20, recommended=20),
+            ],
+            30,
+            1,
+        ),
+    }
     group = group_report("1", reports)
     assert group.worker == "1" and [w.worker for w in group.workers] == ["0", "1"]
     assert (group.admission_limit, group.calls_in_flight, group.tasks_started) == (70, 4, 200)
     mongo, alerts = group.pools
     assert (mongo.name, mongo.size, mongo.in_use, mongo.recommended) == ("mongo", 20, 5, 22)
     assert mongo.offered_per_s == 40.0 and mongo.wait_p99_ms == 5.0 and mongo.limited_by == "slots"
-    assert mongo.hold_ms == 30.0            # weighted by arrivals: (30 x 20 + 10 x 60) / 40
+    assert mongo.hold_ms == 30.0  # weighted by arrivals: (30 x 20 + 10 x 60) / 40
     assert (alerts.name, alerts.size) == ("alerts", 20)
     assert [p.name for p in group.workers[0].pools] == ["mongo", "alerts"]
     assert group.workers[1].admission_limit == 40

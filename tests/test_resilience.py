@@ -5,16 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
-
+from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import gevent
 import pytest
 
-from lookups.deadline import Deadline
 from lookups.backends.http import HttpBackend
 from lookups.backends.settings import HttpBackendSettings
+from lookups.deadline import Deadline
 from lookups.errors import BackendUnavailable, CircuitOpen
 from lookups.http import AlertsLookup
 from lookups.panels import Window
@@ -33,18 +33,21 @@ PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volu
 @contextmanager
 def alerts_lookup(url: str, hedge: bool = False, **settings: Any) -> Iterator[AlertsLookup]:
     """The alerts panel on a backend of its own at ``url``, closed afterwards."""
-    backend = HttpBackend("alerts", HttpBackendSettings(url=url, **settings),
-                          {"alerts": RetryPolicy(hedge=hedge)})
+    backend = HttpBackend(
+        "alerts", HttpBackendSettings(url=url, **settings), {"alerts": RetryPolicy(hedge=hedge)}
+    )
     try:
         yield AlertsLookup(backend)
     finally:
         backend.close()
 
 
-def fetch_many(lookup: AlertsLookup, callers: int, each: int, budget_s: float,
-               pause_s: float = 0.0) -> list[Any]:
+def fetch_many(
+    lookup: AlertsLookup, callers: int, each: int, budget_s: float, pause_s: float = 0.0
+) -> list[Any]:
     """``callers`` greenlets each fetching ``each`` times (``pause_s`` apart); the values or
     the exceptions."""
+
     def caller() -> list[Any]:
         results = []
         for _ in range(each):
@@ -54,6 +57,7 @@ def fetch_many(lookup: AlertsLookup, callers: int, each: int, budget_s: float,
             except Exception as failure:  # collected, asserted on by the test
                 results.append(failure)
         return results
+
     greenlets = [gevent.spawn(caller) for _ in range(callers)]
     gevent.joinall(greenlets, timeout=120)
     return [result for g in greenlets for result in g.get()]
@@ -85,8 +89,12 @@ sys.stdin.read()
 @pytest.fixture
 def backlog5() -> Iterator[str]:
     """The URL of a real single-threaded HTTP/1.0 server with a listen backlog of 5."""
-    process = subprocess.Popen([sys.executable, "-c", _BACKLOG5_SERVER], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _BACKLOG5_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         with gevent.Timeout(20, AssertionError("the backlog-5 server did not start")):
             port = int(process.stdout.readline())
@@ -118,13 +126,16 @@ def test_a_service_flapping_503s_costs_few_panels_and_few_requests(sample_data: 
     assert requests_made / len(results) <= 1.6
 
 
-@pytest.mark.parametrize("mode, requests_made, fails", [("error500", 1, True), ("flaky503", 2, False)])
-def test_a_503_is_retried_and_a_500_is_not(sample_data: SampleData, mode: str, requests_made: int,
-                                           fails: bool) -> None:
+@pytest.mark.parametrize(
+    "mode, requests_made, fails", [("error500", 1, True), ("flaky503", 2, False)]
+)
+def test_a_503_is_retried_and_a_500_is_not(
+    sample_data: SampleData, mode: str, requests_made: int, fails: bool
+) -> None:
     # A 503 says the service did not take the request: another attempt is safe. A 500 may
     # come after the service acted on it: the panel fails, retryable by the caller.
     with FaultyHttpService(sample_data) as service, alerts_lookup(service.url) as lookup:
-        service.set_mode(mode)                     # flaky503: the first answer only is a 503
+        service.set_mode(mode)  # flaky503: the first answer only is a 503
         try:
             lookup.fetch(WINDOW, Deadline.after_s(2.0))
             failed = None
@@ -167,10 +178,10 @@ def test_the_breaker_opens_fails_fast_probes_and_closes() -> None:
         breaker.check()
     assert fast.value.retryable
     time.sleep(0.15)
-    assert breaker.check() is True                  # the one probe
+    assert breaker.check() is True  # the one probe
     with pytest.raises(CircuitOpen):
-        breaker.check()                             # others still fail fast meanwhile
-    breaker.record(failed=True, probe=True)         # probe failed: open again
+        breaker.check()  # others still fail fast meanwhile
+    breaker.record(failed=True, probe=True)  # probe failed: open again
     assert breaker.state is CircuitState.OPEN
     time.sleep(0.15)
     assert breaker.check() is True
@@ -179,17 +190,20 @@ def test_the_breaker_opens_fails_fast_probes_and_closes() -> None:
 
 
 def test_the_failure_rate_opens_the_breaker_too() -> None:
-    breaker = CircuitBreaker("rate", BreakerPolicy(consecutive_failures=3, failure_rate=0.5,
-                                                   min_calls=10))
+    breaker = CircuitBreaker(
+        "rate", BreakerPolicy(consecutive_failures=3, failure_rate=0.5, min_calls=10)
+    )
     for n in range(10):
         breaker.check()
-        breaker.record(failed=n % 3 != 2)           # 7 of 10, never three in a row
+        breaker.record(failed=n % 3 != 2)  # 7 of 10, never three in a row
     assert breaker.state is CircuitState.OPEN
 
 
 def call_all(client: AppStatsClient) -> tuple[Any, float]:
     began = time.monotonic()
-    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=8000)
+    response = client.get_app_stats(
+        "shop", SAMPLE_START_MS, SAMPLE_END_MS, PANELS, deadline_ms=8000
+    )
     return response, time.monotonic() - began
 
 
@@ -199,13 +213,19 @@ def status_of(response: Any, panel: str) -> Any:
 
 @pytest.mark.solo
 def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
-        start_service: Any, sample_data: SampleData) -> None:
+    start_service: Any, sample_data: SampleData
+) -> None:
     with FaultyHttpService(sample_data) as hole:
         # Without coalescing, so the six concurrent callers' calls each reach the hole. The
         # MongoDB panels get budgets that 24 aggregations queued on the embedded (serial)
         # server fit in on a loaded machine: the test is about the hole's circuit alone.
-        service, client = start_service(**{"http.alerts_url": hole.url, "fanout.coalesce": False,
-                                           **{f"lookups.{p}.timeout_ms": 5000 for p in PANELS[:4]}})
+        service, client = start_service(
+            **{
+                "http.alerts_url": hole.url,
+                "fanout.coalesce": False,
+                **{f"lookups.{p}.timeout_ms": 5000 for p in PANELS[:4]},
+            }
+        )
         hole.set_mode("hang")
         gevent.joinall([gevent.spawn(call_all, client) for _ in range(6)], timeout=30)
 
@@ -220,28 +240,38 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
         # budget, and that probe gave up before it had sent anything.
         assert hole.requests_seen - seen <= len(alerts) - len(refused)
         response = call_all(client)[0]
-        assert all(status_of(response, p).status == appstats.TaskStatus.OK
-                   for p in PANELS if p != "alerts")
+        assert all(
+            status_of(response, p).status == appstats.TaskStatus.OK for p in PANELS if p != "alerts"
+        )
         circuits = {b.name: b.circuit for b in client.health().backends}
         assert circuits["alerts"] in ("open", "half_open") and circuits["mongo"] == "closed"
 
         hole.set_mode("ok")
-        healed = wait_for(lambda: all(o.status == appstats.TaskStatus.OK
-                                      for o in call_all(client)[0].outcomes), 20,
-                          "all seven panels OK after the service healed", poll_s=0.5)
+        healed = wait_for(
+            lambda: all(o.status == appstats.TaskStatus.OK for o in call_all(client)[0].outcomes),
+            20,
+            "all seven panels OK after the service healed",
+            poll_s=0.5,
+        )
         assert healed
         assert service.fanout.wait_reapers(timeout_s=5) and service.fanout.inflight == 0
-        wait_for(lambda: not any(service.backends.connections_in_use().values()), 5,
-                 "every connection back in its pool")
+        wait_for(
+            lambda: not any(service.backends.connections_in_use().values()),
+            5,
+            "every connection back in its pool",
+        )
 
 
 def test_a_restarted_mongo_costs_no_panel(start_service: Any, mongo_server: Any) -> None:
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
-        service, client = start_service(**{
-            "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
-            "mongo.database": SAMPLE_DATABASE})
+        service, client = start_service(
+            **{
+                "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+                "mongo.database": SAMPLE_DATABASE,
+            }
+        )
         assert all(o.status == appstats.TaskStatus.OK for o in call_all(client)[0].outcomes)
-        proxy.reset_all()       # every pooled connection dies, as when the server restarts
+        proxy.reset_all()  # every pooled connection dies, as when the server restarts
         response, _ = call_all(client)
         assert all(o.status == appstats.TaskStatus.OK for o in response.outcomes), response.outcomes
         wait_for(lambda: service.backends.connections_in_use()["mongo"] == 0, 5, "mongo pool idle")
@@ -254,8 +284,13 @@ def sometimes_slow() -> Iterator[dict[str, Any]]:
     from gevent.event import Event
     from gevent.pywsgi import WSGIServer
 
-    state: dict[str, Any] = {"requests": 0, "slow": False, "held": 0, "slow_answered": 0,
-                             "release": Event()}
+    state: dict[str, Any] = {
+        "requests": 0,
+        "slow": False,
+        "held": 0,
+        "slow_answered": 0,
+        "release": Event(),
+    }
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         state["requests"] += 1
@@ -280,7 +315,7 @@ def sometimes_slow() -> Iterator[dict[str, Any]]:
 def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: dict[str, Any]) -> None:
     backend_state = sometimes_slow
     with alerts_lookup(backend_state["url"], hedge=True) as lookup:
-        for _ in range(40):                      # learn the p95 (about 2 ms)
+        for _ in range(40):  # learn the p95 (about 2 ms)
             lookup.fetch(WINDOW, Deadline.after_s(2.0))
         backend_state["slow"] = True
         answers = [lookup.fetch(WINDOW, Deadline.after_s(2.0)) for _ in range(30)]
@@ -289,8 +324,11 @@ def test_hedging_cuts_the_tail_without_leaking_slots(sometimes_slow: dict[str, A
         assert lookup.backend.guard.hedges >= backend_state["held"]
         assert all(answer == answers[0] for answer in answers)
         backend_state["release"].set()
-        wait_for(lambda: backend_state["slow_answered"] == backend_state["held"], 5,
-                 "the held answers given")
+        wait_for(
+            lambda: backend_state["slow_answered"] == backend_state["held"],
+            5,
+            "the held answers given",
+        )
     wait_for(lambda: lookup.backend.meter.in_use == 0, 2, "every HTTP slot given back")
 
 
@@ -299,17 +337,17 @@ def test_the_client_expires_idle_connections_before_the_server_does(start_server
     with AppStatsClient(*server.address, pool_size=1, max_idle_ms=100) as client:
         assert client.ping() == "pong"
         assert client.ping() == "pong"
-        assert server.stats.connections_total == 1   # reused while fresh
+        assert server.stats.connections_total == 1  # reused while fresh
         gevent.sleep(0.3)
         assert client.ping() == "pong"
-        assert server.stats.connections_total == 2   # a new one, not the aged one
+        assert server.stats.connections_total == 2  # a new one, not the aged one
 
 
 def test_each_attempt_shows_in_the_task_span(sample_data: SampleData, spans: Any) -> None:
     from opentelemetry import trace
 
     with FaultyHttpService(sample_data) as flaky, alerts_lookup(flaky.url) as lookup:
-        flaky.set_mode("flaky503")               # the first request is a 503, the next is fine
+        flaky.set_mode("flaky503")  # the first request is a 503, the next is fine
         with trace.get_tracer("test").start_as_current_span("fanout.task alerts"):
             lookup.fetch(WINDOW, Deadline.after_s(2.0))
         assert flaky.requests_seen == 2
@@ -320,19 +358,29 @@ def test_each_attempt_shows_in_the_task_span(sample_data: SampleData, spans: Any
 
 
 def test_a_saturated_pool_of_our_own_does_not_open_the_backends_circuit(
-        start_service: Any, mongo_server: Any) -> None:
+    start_service: Any, mongo_server: Any
+) -> None:
     with TcpFaultProxy(("127.0.0.1", mongo_server.port)) as proxy:
-        service, client = start_service(**{
-            "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
-            "mongo.database": SAMPLE_DATABASE, "mongo.max_pool_size": 3,
-            "fanout.task_timeout_ms": 400, "mongo.breaker_failures": 2,
-            "fanout.coalesce": False})            # eight identical calls must each reach MongoDB
-        call_all(client)                          # connections made while the backend is quick
-        proxy.set_delay_ms(150)                   # slower, yet well within a task's budget
+        service, client = start_service(
+            **{
+                "mongo.uri": f"mongodb://127.0.0.1:{proxy.address[1]}/?directConnection=true",
+                "mongo.database": SAMPLE_DATABASE,
+                "mongo.max_pool_size": 3,
+                "fanout.task_timeout_ms": 400,
+                "mongo.breaker_failures": 2,
+                "fanout.coalesce": False,
+            }
+        )  # eight identical calls must each reach MongoDB
+        call_all(client)  # connections made while the backend is quick
+        proxy.set_delay_ms(150)  # slower, yet well within a task's budget
         calls = [gevent.spawn(call_all, client) for _ in range(8)]
         gevent.joinall(calls, timeout=30, raise_error=True)
-        timed_out = [o for c in calls for o in c.value[0].outcomes
-                     if o.source == "mongo" and o.status == appstats.TaskStatus.TIMEOUT]
-        assert len(timed_out) >= 4                # most of them waited for one of two slots
+        timed_out = [
+            o
+            for c in calls
+            for o in c.value[0].outcomes
+            if o.source == "mongo" and o.status == appstats.TaskStatus.TIMEOUT
+        ]
+        assert len(timed_out) >= 4  # most of them waited for one of two slots
         assert service.backends.mongo().guard.breaker.state is CircuitState.CLOSED
         assert {b.name: b.circuit for b in client.health().backends}["mongo"] == "closed"

@@ -8,7 +8,8 @@ and a Redis that is down, slow or flushed costing no call.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -33,10 +34,10 @@ from tests.support.sockets import wait_for
 from tests.support.toolchains import needs
 
 HOUR_MS = 3_600_000
-DAY = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)          # 24 whole hours
+DAY = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)  # 24 whole hours
 UNEVEN = Window("shop", SAMPLE_START_MS + 1_234_000, SAMPLE_END_MS - 2_345_000)
 MONGO_PANELS = ("errors", "urls", "controllers", "queries")
-CACHED_PANELS = (*MONGO_PANELS, "alerts")   # alerts: lookups/cache/alerts.py
+CACHED_PANELS = (*MONGO_PANELS, "alerts")  # alerts: lookups/cache/alerts.py
 # A cold fill on nx-27017 can take seconds on a loaded machine: these tests are about
 # answers, not deadlines.
 PATIENT = {"fanout__task_timeout_ms": 30_000, "fanout__request_deadline_ms": 30_000}
@@ -64,8 +65,11 @@ class Aggregations(monitoring.CommandListener):
 @pytest.fixture
 def counted(mongo_server: MongoWireServer) -> Iterator[tuple[MongoBackend, Aggregations]]:
     listener = Aggregations()
-    backend = MongoBackend("mongo", MongoBackendSettings(uri=mongo_server.uri, database=SAMPLE_DATABASE),
-                           event_listeners=[listener])
+    backend = MongoBackend(
+        "mongo",
+        MongoBackendSettings(uri=mongo_server.uri, database=SAMPLE_DATABASE),
+        event_listeners=[listener],
+    )
     yield backend, listener
     backend.close()
 
@@ -87,9 +91,14 @@ def _close(mine: Any, theirs: Any) -> bool:
     if isinstance(theirs, (list, tuple)):
         return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
     if hasattr(theirs, "__dict__") or hasattr(theirs, "__dataclass_fields__"):
-        fields = vars(theirs) if hasattr(theirs, "__dict__") else {
-            name: getattr(theirs, name) for name in theirs.__dataclass_fields__}
-        return type(mine) is type(theirs) and all(_close(getattr(mine, k), v) for k, v in fields.items())
+        fields = (
+            vars(theirs)
+            if hasattr(theirs, "__dict__")
+            else {name: getattr(theirs, name) for name in theirs.__dataclass_fields__}
+        )
+        return type(mine) is type(theirs) and all(
+            _close(getattr(mine, k), v) for k, v in fields.items()
+        )
     return mine == theirs
 
 
@@ -111,16 +120,18 @@ def test_fifty_callers_arriving_together_fill_each_bucket_once(counted: Any) -> 
     rounds = 24 // FILL_FACETS
     for round_ in range(1, rounds + 2):
         aggregations.count, fills = 0, store.stats.fills
-        answers = gevent.joinall([gevent.spawn(lookup.fetch, DAY, _deadline()) for _ in range(50)],
-                                 raise_error=True)
+        answers = gevent.joinall(
+            [gevent.spawn(lookup.fetch, DAY, _deadline()) for _ in range(50)], raise_error=True
+        )
         assert all(_close(answer.value, expected) for answer in answers)
         # nx-27017 does not group by bucket (the first fill tries, one query more): each
         # round one fill of the newest missing buckets and one query for the rest, shared
         # by the fifty; the last round finds every bucket cached and queries nothing.
         assert lookup.groups_by_bucket is False
         assert store.stats.fills - fills == (FILL_FACETS if round_ <= rounds else 0)
-        assert aggregations.count == ((round_ == 1) + 2 if round_ < rounds else
-                                      1 if round_ == rounds else 0)
+        assert aggregations.count == (
+            (round_ == 1) + 2 if round_ < rounds else 1 if round_ == rounds else 0
+        )
     assert store.stats.fills == 24 and len(store) == 24
 
 
@@ -138,8 +149,12 @@ def test_an_uneven_window_once_warm_queries_only_its_edges(counted: Any) -> None
     assert store.stats.hits - hits == 22 * len(lookups)
 
 
-def _ask(client: AppStatsClient, start_ms: int = SAMPLE_START_MS, end_ms: int = SAMPLE_END_MS,
-         **options: Any) -> Any:
+def _ask(
+    client: AppStatsClient,
+    start_ms: int = SAMPLE_START_MS,
+    end_ms: int = SAMPLE_END_MS,
+    **options: Any,
+) -> Any:
     """``shop``'s panels, every one of them gathered."""
     response = client.get_app_stats("shop", start_ms, end_ms, deadline_ms=30_000, **options)
     failed = [outcome for outcome in response.outcomes if outcome.status != appstats.TaskStatus.OK]
@@ -171,7 +186,7 @@ def test_answers_with_the_cache_equal_answers_without(start_service: StartServic
     _, plain = start_service(**PATIENT)
     _, cached = start_service(**QUARTERS)
     for start_ms, end_ms in ((UNEVEN.start_ms, UNEVEN.end_ms), (SAMPLE_START_MS, SAMPLE_END_MS)):
-        for _ in range(6 // FILL_FACETS + 1):   # cold, warming, warm
+        for _ in range(6 // FILL_FACETS + 1):  # cold, warming, warm
             mine, theirs = _ask(cached, start_ms, end_ms), _ask(plain, start_ms, end_ms)
             for name in CACHED_PANELS:
                 assert _close(mine.panels[name], theirs.panels[name])
@@ -179,7 +194,8 @@ def test_answers_with_the_cache_equal_answers_without(start_service: StartServic
 
 @needs("redis")
 def test_instances_sharing_redis_fill_once_and_read_each_others_buckets(
-        counted: Any, redis_server: RedisServer) -> None:
+    counted: Any, redis_server: RedisServer
+) -> None:
     backend, aggregations = counted
     first = _cached(backend, RedisStore(redis_server.url, 200, 60), UrlsLookup)["urls"]
     second_store = RedisStore(redis_server.url, 200, 60)
@@ -189,11 +205,15 @@ def test_instances_sharing_redis_fill_once_and_read_each_others_buckets(
     aggregations.count = 0
     assert _close(second.fetch(DAY, _deadline()), expected) and aggregations.count == 0
     assert second_store.stats.hits == 24 and second_store.stats.redis_errors == 0
-    assert all(0 < redis_server.client.ttl(key) <= 60 for key in redis_server.client.keys("fanout:*"))
+    assert all(
+        0 < redis_server.client.ttl(key) <= 60 for key in redis_server.client.keys("fanout:*")
+    )
 
 
 @needs("redis")
-def test_a_redis_flushed_between_calls_is_filled_again(counted: Any, redis_server: RedisServer) -> None:
+def test_a_redis_flushed_between_calls_is_filled_again(
+    counted: Any, redis_server: RedisServer
+) -> None:
     backend, _ = counted
     store = RedisStore(redis_server.url, 200, 60)
     lookup = _cached(backend, store, ErrorsLookup)["errors"]
@@ -214,7 +234,7 @@ def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: R
     store = RedisStore(redis_server.url, 50, 60)
     lookup = _cached(backend, store, UrlsLookup)["urls"]
     expected = lookup.inner.fetch(DAY, _deadline())
-    redis_server.pause()   # it accepts connections and answers nothing: each command times out
+    redis_server.pause()  # it accepts connections and answers nothing: each command times out
     try:
         for _ in range(3):
             assert _close(lookup.fetch(DAY, Deadline.after_ms(5_000)), expected)
@@ -226,6 +246,7 @@ def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: R
 def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None:
     backend, _ = counted
     from service.samples.mongo_server import free_port
+
     # A pause longer than the three calls: on a slow host they outlasted the default second,
     # and the third tried Redis again, as it should.
     store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", 50, 60, pause_s=60.0)
@@ -242,45 +263,69 @@ def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None
 def test_a_bad_cache_url_fails_the_start_naming_the_key() -> None:
     from service.errors import ConfigError
     from service.settings.config import load_settings
+
     with pytest.raises(ConfigError, match="cache.url"):
         load_settings(env={"FANOUT_CACHE_URL": "memcached://127.0.0.1:11211"})
     assert CacheStats().hits == 0
 
 
 def test_each_task_span_says_how_many_buckets_were_cached_and_queried(
-        start_service: StartService, spans: Any) -> None:
+    start_service: StartService, spans: Any
+) -> None:
     _, client = start_service(**CACHE_ON)
     for _ in range(2):
         spans.clear()
         _ask(client)
-    tasks = {s.attributes["fanout.task.name"]: s for s in spans.get_finished_spans()
-             if s.name.startswith("fanout.task ")}
-    for name in MONGO_PANELS:   # the second call: two buckets read, twenty-two missing
+    tasks = {
+        s.attributes["fanout.task.name"]: s
+        for s in spans.get_finished_spans()
+        if s.name.startswith("fanout.task ")
+    }
+    for name in MONGO_PANELS:  # the second call: two buckets read, twenty-two missing
         assert tasks[name].attributes["fanout.cache.buckets_cached"] == FILL_FACETS
         assert tasks[name].attributes["fanout.cache.buckets_queried"] == 24 - FILL_FACETS
     # The alerts filled every bucket in the first call's one request.
     assert tasks["alerts"].attributes["fanout.cache.buckets_cached"] == 24
     assert tasks["alerts"].attributes["fanout.cache.buckets_queried"] == 0
-    assert "fanout.cache.buckets_cached" not in tasks["latency"].attributes   # a series: not split
+    assert "fanout.cache.buckets_cached" not in tasks["latency"].attributes  # a series: not split
 
 
 def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any) -> None:
-    server = serve(http_services, **{"metrics.exporter": "prometheus", "metrics.port": 0,
-                                     "cache.enabled": "true", "cache.bucket_ms": HOUR_MS,
-                                     "cache.settle_ms": 0,
-                                     **{key.replace("__", "."): value for key, value in PATIENT.items()}})
+    server = serve(
+        http_services,
+        **{
+            "metrics.exporter": "prometheus",
+            "metrics.port": 0,
+            "cache.enabled": "true",
+            "cache.bucket_ms": HOUR_MS,
+            "cache.settle_ms": 0,
+            **{key.replace("__", "."): value for key, value in PATIENT.items()},
+        },
+    )
     with AppStatsClient("127.0.0.1", server.port) as client:
         for _ in range(2):
             _ask(client)
-    found = wait_for(lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
-                     10, "the scrape address in the log")
+    found = wait_for(
+        lambda: re.search(r"Prometheus scrape at (http://\S+/metrics)", server.log()),
+        10,
+        "the scrape address in the log",
+    )
     text = requests.get(found.group(1), timeout=5).text
-    panels = len(MONGO_PANELS)   # and the alerts: 24 buckets filled by the first call, read by the second
-    for series, value in (("hits", FILL_FACETS * panels + 24), ("fills", 2 * FILL_FACETS * panels + 24),
-                          ("misses", (24 + 24 - FILL_FACETS) * panels + 24), ("evictions", 0),
-                          ("direct", 0), ("redis_errors", 0)):
-        assert re.search(rf"^fanout_cache_{series}_total(\{{[^}}]*\}})? {value}\.0$", text, re.M), \
-            (series, [line for line in text.splitlines() if "fanout_cache" in line])
+    panels = len(
+        MONGO_PANELS
+    )  # and the alerts: 24 buckets filled by the first call, read by the second
+    for series, value in (
+        ("hits", FILL_FACETS * panels + 24),
+        ("fills", 2 * FILL_FACETS * panels + 24),
+        ("misses", (24 + 24 - FILL_FACETS) * panels + 24),
+        ("evictions", 0),
+        ("direct", 0),
+        ("redis_errors", 0),
+    ):
+        assert re.search(rf"^fanout_cache_{series}_total(\{{[^}}]*\}})? {value}\.0$", text, re.M), (
+            series,
+            [line for line in text.splitlines() if "fanout_cache" in line],
+        )
     held = re.search(r"^fanout_cache_bytes(?:_bytes)?(?:\{[^}]*\})? (\d+)\.0$", text, re.M)
     assert held and 0 < int(held.group(1)) <= 64 * 1024 * 1024, text
 
@@ -288,21 +333,36 @@ def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any
 def test_fanout_pools_shows_the_cache_and_a_group_adds_it_up(start_service: StartService) -> None:
     from service.cli.pools import format_pools, pools_to_json
     from service.rpc.pool_report import group_report
+
     service, client = start_service(**{**QUARTERS, "cache__max_bytes": 1 << 20})
     for _ in range(2):
         _ask(client)
     report = client.pool_stats()
     stats = service.cache.stats
-    assert (report.cache_hits, report.cache_misses, report.cache_bytes, report.cache_max_bytes) == \
-        (stats.hits, stats.misses, stats.bytes, 1 << 20) and stats.hits > 0
+    assert (report.cache_hits, report.cache_misses, report.cache_bytes, report.cache_max_bytes) == (
+        stats.hits,
+        stats.misses,
+        stats.bytes,
+        1 << 20,
+    ) and stats.hits > 0
     share = 100 * stats.hits / (stats.hits + stats.misses)
-    assert f"cache {share:.1f}% of {stats.hits + stats.misses} buckets read, " \
-           f"{stats.bytes / 2**20:.1f} MiB of 1.0 MiB" in format_pools(report)
+    assert (
+        f"cache {share:.1f}% of {stats.hits + stats.misses} buckets read, "
+        f"{stats.bytes / 2**20:.1f} MiB of 1.0 MiB" in format_pools(report)
+    )
     assert pools_to_json(report)["cache"]["hits"] == stats.hits
-    own = {"pools": [], "cache_hits": 3, "cache_misses": 1, "cache_evictions": 2,
-           "cache_bytes": 10, "cache_max_bytes": 100}
+    own = {
+        "pools": [],
+        "cache_hits": 3,
+        "cache_misses": 1,
+        "cache_evictions": 2,
+        "cache_bytes": 10,
+        "cache_max_bytes": 100,
+    }
     group = group_report("0", {"0": own, "1": own})
     assert (group.cache_hits, group.cache_evictions, group.cache_max_bytes) == (6, 4, 200)
     assert "4 evicted: raise cache.max_bytes" in format_pools(group)
     _, plain = start_service(**PATIENT)
-    assert plain.pool_stats().cache_max_bytes is None and "cache" not in format_pools(plain.pool_stats())
+    assert plain.pool_stats().cache_max_bytes is None and "cache" not in format_pools(
+        plain.pool_stats()
+    )

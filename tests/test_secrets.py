@@ -14,26 +14,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import gevent
 import pytest
 
+from lookups.redact import redact_uri
 from service.app import FanOutService
+from service.client import AppStatsClient
+from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService
-from service.client import AppStatsClient
 from service.settings.config import ConfigError, load_settings
-from service.idl import appstats
-from lookups.redact import redact_uri
 from tests.support.sockets import dead_port
 
 PASSWORD = "s3cr3t-pw"
 TOKEN = "tok-s3cr3t"
 SECRETS = (PASSWORD, TOKEN)
 Status = appstats.TaskStatus
-
 
 
 def leaked(text: str) -> list[str]:
@@ -50,17 +50,23 @@ def guarded_http(sample_data: SampleData) -> Iterator[FaultyHttpService]:
 
 @pytest.fixture
 def secret_settings(guarded_http: FaultyHttpService) -> dict[str, str]:
-    return {"mongo.uri": f"mongodb://user:{PASSWORD}@127.0.0.1:{dead_port()}/?authSource=admin",
-            "http.auth_token": TOKEN, "http.alerts_url": guarded_http.url,
-            "http.metrics_url": f"http://127.0.0.1:{dead_port()}", "fanout.task_timeout_ms": "600"}
+    return {
+        "mongo.uri": f"mongodb://user:{PASSWORD}@127.0.0.1:{dead_port()}/?authSource=admin",
+        "http.auth_token": TOKEN,
+        "http.alerts_url": guarded_http.url,
+        "http.metrics_url": f"http://127.0.0.1:{dead_port()}",
+        "fanout.task_timeout_ms": "600",
+    }
 
 
 def assert_failed_as_expected(outcomes: list[Any]) -> None:
     by_name = {o.name: o for o in outcomes}
     assert {by_name[n].error_type for n in ("errors", "urls", "controllers", "queries")} <= {
-        "BackendUnavailable", "CANCELLED"}
+        "BackendUnavailable",
+        "CANCELLED",
+    }
     assert by_name["alerts"].error_type == "BackendUnavailable"
-    assert "HTTP 500" in by_name["alerts"].message   # 500, not 401: the token was sent
+    assert "HTTP 500" in by_name["alerts"].message  # 500, not 401: the token was sent
     assert by_name["latency"].status in (Status.ERROR, Status.CANCELLED)
 
 
@@ -69,8 +75,9 @@ def span_texts(spans: Any) -> list[str]:
     return [span.to_json() for span in spans.get_finished_spans()]
 
 
-def test_secrets_stay_out_of_logs_spans_and_answers(caplog: pytest.LogCaptureFixture, spans: Any,
-                                                    secret_settings: dict[str, str]) -> None:
+def test_secrets_stay_out_of_logs_spans_and_answers(
+    caplog: pytest.LogCaptureFixture, spans: Any, secret_settings: dict[str, str]
+) -> None:
     caplog.set_level(logging.DEBUG)
     answers: list[str] = []
     for required in (False, True):
@@ -111,19 +118,33 @@ def wait_for_port(out_path: Path, server: subprocess.Popen, timeout_s: float = 3
     raise AssertionError(f"the server did not start: {out_path.read_text()}")
 
 
-def test_fanout_serve_at_debug_level_never_prints_secrets(tmp_path: Path,
-                                                          secret_settings: dict[str, str]) -> None:
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", "FANOUT_TRACING_EXPORTER": "console",
-           **{"FANOUT_" + key.upper().replace(".", "_"): value for key, value in secret_settings.items()}}
+def test_fanout_serve_at_debug_level_never_prints_secrets(
+    tmp_path: Path, secret_settings: dict[str, str]
+) -> None:
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "none",
+        "FANOUT_TRACING_EXPORTER": "console",
+        **{
+            "FANOUT_" + key.upper().replace(".", "_"): value
+            for key, value in secret_settings.items()
+        },
+    }
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     # Files, not pipes: debug logging writes more than a pipe holds while nobody reads it.
     with out_path.open("w") as out_file, err_path.open("w") as err_file:
-        server = subprocess.Popen([sys.executable, "-m", "service.cli", "--log-level", "debug",
-                                   "serve", "--port", "0"], stdout=out_file, stderr=err_file, env=env)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "--log-level", "debug", "serve", "--port", "0"],
+            stdout=out_file,
+            stderr=err_file,
+            env=env,
+        )
     try:
         port = wait_for_port(out_path, server)
         with AppStatsClient("127.0.0.1", port, timeout_ms=5000) as client:
-            assert_failed_as_expected(client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS).outcomes)
+            assert_failed_as_expected(
+                client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS).outcomes
+            )
             client.health()
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0, err_path.read_text()[-2000:]
@@ -134,22 +155,34 @@ def test_fanout_serve_at_debug_level_never_prints_secrets(tmp_path: Path,
     out, err = out_path.read_text(), err_path.read_text()
     assert leaked(out) == [] and leaked(err) == []
     assert "DEBUG" in err and redact_uri(secret_settings["mongo.uri"]) in err
-    assert '"name": "fanout.task alerts"' in out          # the spans were printed
+    assert '"name": "fanout.task alerts"' in out  # the spans were printed
 
 
-@pytest.mark.parametrize("uri, shown", [
-    (f"mongodb://user:{PASSWORD}@db-1:27017,db-2/?replicaSet=rs0",
-     "mongodb://***@db-1:27017,db-2/?replicaSet=rs0"),
-    (f"mongodb+srv://us%40er:{PASSWORD}@cluster.example/apm", "mongodb+srv://***@cluster.example/apm"),
-    (f"mongodb://db/?authMechanismProperties=AWS_SESSION_TOKEN:{TOKEN}&w=1",
-     "mongodb://db/?authMechanismProperties=***&w=1"),
-    ("mongodb://127.0.0.1:27017", "mongodb://127.0.0.1:27017"),
-])
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        (
+            f"mongodb://user:{PASSWORD}@db-1:27017,db-2/?replicaSet=rs0",
+            "mongodb://***@db-1:27017,db-2/?replicaSet=rs0",
+        ),
+        (
+            f"mongodb+srv://us%40er:{PASSWORD}@cluster.example/apm",
+            "mongodb+srv://***@cluster.example/apm",
+        ),
+        (
+            f"mongodb://db/?authMechanismProperties=AWS_SESSION_TOKEN:{TOKEN}&w=1",
+            "mongodb://db/?authMechanismProperties=***&w=1",
+        ),
+        ("mongodb://127.0.0.1:27017", "mongodb://127.0.0.1:27017"),
+    ],
+)
 def test_redact_uri_hides_credentials_and_keeps_hosts(uri: str, shown: str) -> None:
     assert redact_uri(uri) == shown
 
 
-@pytest.mark.parametrize("token", [f"{TOKEN} x", f"{TOKEN}\tx", f"{TOKEN}\u00e9", f"{TOKEN}\r\nX-Evil: 1"])
+@pytest.mark.parametrize(
+    "token", [f"{TOKEN} x", f"{TOKEN}\tx", f"{TOKEN}\u00e9", f"{TOKEN}\r\nX-Evil: 1"]
+)
 def test_a_token_that_is_not_a_bearer_token_is_refused_without_quoting_it(token: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(env={}, overrides={"http.auth_token": token})

@@ -18,15 +18,21 @@ from thriftpy2.transport.buffered import TCyBufferedTransport
 from thriftpy2.transport.framed import TCyFramedTransport
 
 from service.client import AppStatsClient
-from service.settings.server import ServerSettings
 from service.idl import appstats
 from service.listener.server import ThriftServer
+from service.settings.server import ServerSettings
 from service.wire.channel import FramedChannel, FrameRejected, MessageRejected
 from service.wire.channels import BufferedChannel, protocol_for
-from tests.support.server import (COMBINATIONS, SECRET, RecordingHandler, read_until_closed,
-                                  sample_response)
+from tests.support.server import (
+    COMBINATIONS,
+    SECRET,
+    RecordingHandler,
+    read_until_closed,
+    sample_response,
+)
 from tests.support.sockets import raw_connection, wait_for
 from tests.support.thrift_calls import encode_call, frame, thrift_client
+
 
 def request(app: str) -> Any:
     return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000, panels=["errors", "urls"])
@@ -35,18 +41,19 @@ def request(app: str) -> Any:
 def truncated_call(protocol: str) -> bytes:
     """A get_app_stats call cut inside its ``app`` string: the struct claims more than it holds."""
     app = "A" * 300
-    call = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)),
-                       protocol)
+    call = encode_call(
+        "get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)), protocol
+    )
     return call[: call.index(app.encode()) + 10]
 
 
 def call_with_string_length(claimed: int) -> bytes:
     """A binary get_app_stats call whose ``app`` string declares ``claimed`` bytes but holds 4."""
-    call = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("AAAA")))
+    call = encode_call(
+        "get_app_stats", appstats.AppStats.get_app_stats_args(request=request("AAAA"))
+    )
     start = call.index(b"AAAA")
     return call[: start - 4] + struct.pack("!i", claimed) + call[start:]
-
-
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
@@ -73,9 +80,11 @@ def test_message_larger_than_the_read_buffer_round_trips(start_server, transport
 
 def test_pipelined_frames_are_answered_in_order(start_server):
     server = start_server()
-    calls = [encode_call("ping", appstats.AppStats.ping_args()),
-             encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("x"))),
-             encode_call("panels", appstats.AppStats.panels_args())]
+    calls = [
+        encode_call("ping", appstats.AppStats.ping_args()),
+        encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("x"))),
+        encode_call("panels", appstats.AppStats.panels_args()),
+    ]
     with raw_connection(server) as sock:
         sock.sendall(b"".join(frame(call) for call in calls))
         client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
@@ -88,8 +97,10 @@ def test_pipelined_frames_are_answered_in_order(start_server):
 def test_frames_straddling_the_read_buffer_are_reassembled(start_server):
     server = start_server()
     apps = [f"{index}" * 5_000 for index in range(10)]  # ~50 kB in one burst
-    calls = [encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)))
-             for app in apps]
+    calls = [
+        encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app)))
+        for app in apps
+    ]
     with raw_connection(server) as sock:
         sock.sendall(b"".join(frame(call) for call in calls))
         client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
@@ -103,7 +114,7 @@ def test_frame_arriving_in_pieces(start_server):
     with raw_connection(server) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for index in range(len(call)):
-            sock.sendall(call[index:index + 1])
+            sock.sendall(call[index : index + 1])
             gevent.sleep(0.001)
         client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
 
@@ -139,7 +150,9 @@ def test_bad_frame_length_closes_only_that_connection(start_server, handler, len
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
-def test_struct_claiming_more_than_its_frame_is_rejected(start_server, handler, transport, protocol):
+def test_struct_claiming_more_than_its_frame_is_rejected(
+    start_server, handler, transport, protocol
+):
     server = start_server(transport=transport, protocol=protocol)
     ping = encode_call("ping", appstats.AppStats.ping_args(), protocol)
     sock = raw_connection(server)
@@ -158,13 +171,16 @@ def test_struct_claiming_more_than_its_frame_is_rejected(start_server, handler, 
     assert thrift_client(server, transport, protocol).ping() == "pong"
 
 
-@pytest.mark.parametrize("protocol,bad_call", [
-    ("binary", truncated_call("binary")),
-    ("compact", truncated_call("compact")),
-    ("binary", call_with_string_length(2**31 - 1)),
-    ("binary", call_with_string_length(1_000_000)),
-    ("binary", call_with_string_length(-5)),
-])
+@pytest.mark.parametrize(
+    "protocol,bad_call",
+    [
+        ("binary", truncated_call("binary")),
+        ("compact", truncated_call("compact")),
+        ("binary", call_with_string_length(2**31 - 1)),
+        ("binary", call_with_string_length(1_000_000)),
+        ("binary", call_with_string_length(-5)),
+    ],
+)
 def test_decoder_never_reads_past_the_frame(protocol, bad_call):
     server_side, peer = socket.socketpair()
     with server_side, peer:
@@ -175,7 +191,7 @@ def test_decoder_never_reads_past_the_frame(protocol, bad_call):
         processor = TProcessor(appstats.AppStats, RecordingHandler())
 
         assert channel.next_message()
-        with pytest.raises(MessageRejected) as caught:   # the wire scan refuses it
+        with pytest.raises(MessageRejected) as caught:  # the wire scan refuses it
             processor.process_in(protocol_for(protocol)(channel.input))
         assert not isinstance(caught.value, OSError)  # a decode failure, not a socket one
         # The following frame is intact, untouched by the failed decode.
@@ -197,8 +213,9 @@ def test_string_length_beyond_the_frame_is_rejected(start_server, handler, claim
 
 def test_buffered_message_is_bounded_by_max_frame_bytes(start_server, handler):
     server = start_server(transport="buffered", max_frame_bytes=1024, max_string_bytes=512)
-    big = encode_call("get_app_stats",
-                      appstats.AppStats.get_app_stats_args(request=request("A" * 8000)))
+    big = encode_call(
+        "get_app_stats", appstats.AppStats.get_app_stats_args(request=request("A" * 8000))
+    )
     sock = raw_connection(server)
     sock.sendall(big)
 
@@ -209,14 +226,18 @@ def test_buffered_message_is_bounded_by_max_frame_bytes(start_server, handler):
 
 @pytest.mark.parametrize("transport", ["framed", "buffered"])
 def test_a_message_exactly_at_max_frame_bytes_is_served_and_one_byte_more_is_not(
-        start_server, handler, transport):
+    start_server, handler, transport
+):
     def app_of(size: int) -> str:
-        base = encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("")))
+        base = encode_call(
+            "get_app_stats", appstats.AppStats.get_app_stats_args(request=request(""))
+        )
         return "A" * (size - len(base))
 
     def call_of(size: int) -> bytes:
-        return encode_call("get_app_stats",
-                           appstats.AppStats.get_app_stats_args(request=request(app_of(size))))
+        return encode_call(
+            "get_app_stats", appstats.AppStats.get_app_stats_args(request=request(app_of(size)))
+        )
 
     limit = 2048
     server = start_server(transport=transport, max_frame_bytes=limit, max_string_bytes=limit)
@@ -225,8 +246,14 @@ def test_a_message_exactly_at_max_frame_bytes_is_served_and_one_byte_more_is_not
     assert (len(exact), len(over)) == (limit, limit + 1)
     with raw_connection(server) as sock:
         sock.sendall(wire(exact))
-        client = TClient(appstats.AppStats, TCyBinaryProtocol(
-            (TCyFramedTransport if transport == "framed" else TCyBufferedTransport)(_Socket(sock))))
+        client = TClient(
+            appstats.AppStats,
+            TCyBinaryProtocol(
+                (TCyFramedTransport if transport == "framed" else TCyBufferedTransport)(
+                    _Socket(sock)
+                )
+            ),
+        )
         assert client._recv("get_app_stats") == sample_response(app_of(limit))
     assert len(handler.requests) == 1 and server.stats.frames_rejected == 0
     with raw_connection(server) as sock:
@@ -240,8 +267,11 @@ def test_buffered_channel_rejects_past_its_budget():
     with server_side, peer:
         server_side.settimeout(5)
         channel = BufferedChannel(server_side, 1024)
-        peer.sendall(encode_call("get_app_stats",
-                                 appstats.AppStats.get_app_stats_args(request=request("A" * 8000))))
+        peer.sendall(
+            encode_call(
+                "get_app_stats", appstats.AppStats.get_app_stats_args(request=request("A" * 8000))
+            )
+        )
         processor = TProcessor(appstats.AppStats, RecordingHandler())
         assert channel.next_message()
         with pytest.raises(FrameRejected):
@@ -383,15 +413,16 @@ def test_a_call_that_arrived_as_the_drain_began_is_answered_not_dropped(start_se
     with raw_connection(server) as pooled, raw_connection(server) as fresh:
         client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(pooled))))
         pooled.sendall(ping)
-        assert client._recv("ping") == "pong"   # now idle, waiting for its next call
-        gevent.sleep(0.05)                      # and the fresh one accepted, waiting for its first
+        assert client._recv("ping") == "pong"  # now idle, waiting for its next call
+        gevent.sleep(0.05)  # and the fresh one accepted, waiting for its first
         # Sent, then the drain starts before any connection greenlet runs again.
         pooled.sendall(ping)
         fresh.sendall(ping)
         report = server.stop(timeout_s=5.0)
         assert client._recv("ping") == "pong"
-        fresh_client = TClient(appstats.AppStats,
-                               TCyBinaryProtocol(TCyFramedTransport(_Socket(fresh))))
+        fresh_client = TClient(
+            appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(fresh)))
+        )
         assert fresh_client._recv("ping") == "pong"
         assert read_until_closed(pooled) == b"" and read_until_closed(fresh) == b""
     assert report.idle_closed == 0 and server.stats.connections_open == 0
@@ -419,9 +450,9 @@ def test_connections_older_than_max_connection_age_are_closed_between_calls(star
     try:
         assert client.ping() == "pong"
         gevent.sleep(0.3)
-        assert client.ping() == "pong"           # served, then the aged connection is closed
+        assert client.ping() == "pong"  # served, then the aged connection is closed
         wait_for(lambda: server.stats.connections_open == 0, what="the aged connection closed")
-        assert client.ping() == "pong"           # on a new connection (the client retries)
+        assert client.ping() == "pong"  # on a new connection (the client retries)
         assert server.stats.connections_total == 2
     finally:
         client.close()
@@ -435,13 +466,14 @@ def test_message_waiting_polls_without_reading_and_a_closed_socket_has_none():
     assert channel.message_waiting() is False
     peer.sendall(frame(encode_call("ping", appstats.AppStats.ping_args())))
     assert channel.message_waiting() is True
-    assert channel.message_waiting() is True     # polled, not read
+    assert channel.message_waiting() is True  # polled, not read
     ours.close()
     peer.close()
-    assert channel.message_waiting() is False    # closed under it: no error, nothing waiting
+    assert channel.message_waiting() is False  # closed under it: no error, nothing waiting
 
 
 # --- connections that move to another server (service.listener.handover) -----------------------------
+
 
 def _into(server: ThriftServer, moved: list[bytes]):
     """A sink handing a connection to ``server`` as a worker's control line does: a copy of
@@ -451,6 +483,7 @@ def _into(server: ThriftServer, moved: list[bytes]):
     def sink(sock: socket.socket, unread: bytes) -> bool:
         moved.append(unread)
         return server.adopt(socket.socket(fileno=os.dup(sock.fileno())), unread)
+
     return sink
 
 
@@ -468,20 +501,23 @@ def test_an_idle_connection_moves_at_once_and_goes_on_answering(start_server):
 
 
 def test_a_busy_connection_moves_after_its_reply_with_the_next_call_it_had_read(
-        start_server, handler):
+    start_server, handler
+):
     first, second = start_server(), start_server()
     moved: list[bytes] = []
-    calls = [encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("slow"))),
-             encode_call("ping", appstats.AppStats.ping_args())]
+    calls = [
+        encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request("slow"))),
+        encode_call("ping", appstats.AppStats.ping_args()),
+    ]
     with raw_connection(first) as sock:
-        sock.sendall(b"".join(frame(call) for call in calls))   # read together, in one recv
+        sock.sendall(b"".join(frame(call) for call in calls))  # read together, in one recv
         assert handler.entered.wait(5)
         assert first.move_some(1, _into(second, moved)) == 1
-        assert first.stats.connections_moved == 0                # not while its call runs
+        assert first.stats.connections_moved == 0  # not while its call runs
         handler.released.set()
         client = TClient(appstats.AppStats, TCyBinaryProtocol(TCyFramedTransport(_Socket(sock))))
         assert client._recv("get_app_stats") == sample_response("slow")
-        assert client._recv("ping") == "pong"                    # answered by the second server
+        assert client._recv("ping") == "pong"  # answered by the second server
     assert moved == [frame(calls[1])]
     assert first.stats.connections_moved == 1 and second.stats.connections_adopted == 1
 

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gevent
 import pytest
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from service.client import AppStatsClient
 from service.idl import appstats
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.samples import StartService
 
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
@@ -30,7 +31,9 @@ def slow_http(sample_data: SampleData) -> Iterator[Callable[[int], SampleHttpSer
     made: list[SampleHttpServices] = []
 
     def make(delay_ms: int) -> SampleHttpServices:
-        services = SampleHttpServices(sample_data, alerts_delay_ms=delay_ms, metrics_delay_ms=delay_ms)
+        services = SampleHttpServices(
+            sample_data, alerts_delay_ms=delay_ms, metrics_delay_ms=delay_ms
+        )
         made.append(services.start())
         return services
 
@@ -55,15 +58,21 @@ def test_seven_panels_end_to_end(start_service: StartService, sample_data: Sampl
 
     errors = [e for e in sample_data.errors if e.app == "shop" and start <= e.ts_ms < end]
     assert response.panels["errors"].error_summary.total == len(errors)
-    top_messages = sorted(Counter(e.message for e in errors).items(), key=lambda kv: (-kv[1], kv[0]))[:10]
-    assert [(m.message, m.count) for m in response.panels["errors"].error_summary.top] == top_messages
+    top_messages = sorted(
+        Counter(e.message for e in errors).items(), key=lambda kv: (-kv[1], kv[0])
+    )[:10]
+    assert [
+        (m.message, m.count) for m in response.panels["errors"].error_summary.top
+    ] == top_messages
 
     hits = [r for r in sample_data.requests if r.app == "shop" and start <= r.ts_ms < end]
     top_urls = sorted(Counter(r.url for r in hits).items(), key=lambda kv: (-kv[1], kv[0]))[:10]
     assert [(e.key, e.count) for e in response.panels["urls"].top_list.entries] == top_urls
 
-    alerts = sorted((a for a in sample_data.alerts if a.app == "shop" and start <= a.triggered_ms < end),
-                    key=lambda a: (a.triggered_ms, a.id))
+    alerts = sorted(
+        (a for a in sample_data.alerts if a.app == "shop" and start <= a.triggered_ms < end),
+        key=lambda a: (a.triggered_ms, a.id),
+    )
     assert [a.id for a in response.panels["alerts"].alert_list.alerts] == [a.id for a in alerts]
 
     # Bucketing moves volume between points but never loses or invents any.
@@ -73,8 +82,9 @@ def test_seven_panels_end_to_end(start_service: StartService, sample_data: Sampl
     assert all(start <= p.ts_ms < end for p in volume.points)
 
 
-def test_http_lookups_run_in_parallel(start_service: StartService,
-                                      slow_http: Callable[[int], SampleHttpServices]) -> None:
+def test_http_lookups_run_in_parallel(
+    start_service: StartService, slow_http: Callable[[int], SampleHttpServices]
+) -> None:
     http = slow_http(200)
     _, client = start_service(http=http)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, HTTP_PANELS)
@@ -86,15 +96,18 @@ def test_http_lookups_run_in_parallel(start_service: StartService,
 
 
 def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
-        start_service: StartService, slow_http: Callable[[int], SampleHttpServices]) -> None:
+    start_service: StartService, slow_http: Callable[[int], SampleHttpServices]
+) -> None:
     service, _ = start_service(http=slow_http(5000))
     # A burst of concurrent calls, each cut by its own deadline while HTTP hangs.
     burst = AppStatsClient(*service.address, pool_size=10, timeout_ms=5000)
     began = time.monotonic()
-    calls = [gevent.spawn(burst.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=400)
-             for _ in range(10)]
+    calls = [
+        gevent.spawn(burst.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=400)
+        for _ in range(10)
+    ]
     gevent.joinall(calls, timeout=10, raise_error=True)
-    assert time.monotonic() - began < 4.0   # HTTP answers after 5 s
+    assert time.monotonic() - began < 4.0  # HTTP answers after 5 s
     burst.close()
     for call in calls:
         got = statuses(call.value)
@@ -114,12 +127,22 @@ def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
     assert set(statuses(again).values()) == {Status.OK}
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS, panels=["errors", "cpu"]), "panels"),
-    (dict(app="../etc", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS), "app"),
-    (dict(app="shop", start_ms=SAMPLE_END_MS, end_ms=SAMPLE_START_MS), "end_ms"),
-])
-def test_bad_requests_get_invalid_request(start_service: StartService, kwargs: dict, field: str) -> None:
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (
+            dict(
+                app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS, panels=["errors", "cpu"]
+            ),
+            "panels",
+        ),
+        (dict(app="../etc", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS), "app"),
+        (dict(app="shop", start_ms=SAMPLE_END_MS, end_ms=SAMPLE_START_MS), "end_ms"),
+    ],
+)
+def test_bad_requests_get_invalid_request(
+    start_service: StartService, kwargs: dict, field: str
+) -> None:
     _, client = start_service()
     with pytest.raises(appstats.InvalidRequest) as caught:
         client.get_app_stats(**kwargs)
@@ -128,7 +151,9 @@ def test_bad_requests_get_invalid_request(start_service: StartService, kwargs: d
 
 
 def test_required_panel_failure_raises_panel_failed(start_service: StartService) -> None:
-    _, client = start_service(**{"http__alerts_url": "http://127.0.0.1:9", "lookups__alerts__required": True})
+    _, client = start_service(
+        **{"http__alerts_url": "http://127.0.0.1:9", "lookups__alerts__required": True}
+    )
     with pytest.raises(appstats.PanelFailed) as caught:
         client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     failure = caught.value
@@ -145,7 +170,9 @@ def test_optional_panel_failure_keeps_the_rest(start_service: StartService) -> N
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
     got = statuses(response)
     assert got["latency"] == got["volume"] == Status.ERROR
-    assert {got[name] for name in ["errors", "urls", "controllers", "queries", "alerts"]} == {Status.OK}
+    assert {got[name] for name in ["errors", "urls", "controllers", "queries", "alerts"]} == {
+        Status.OK
+    }
     assert "latency" not in response.panels and "errors" in response.panels
 
 
@@ -158,10 +185,12 @@ def test_disabled_panel_is_skipped_and_not_offered(start_service: StartService) 
     assert statuses(asked) == {"volume": Status.SKIPPED, "errors": Status.OK}
 
 
-def test_no_free_slot_answers_overloaded(start_service: StartService,
-                                         slow_http: Callable[[int], SampleHttpServices]) -> None:
-    _, client = start_service(http=slow_http(800), **{"fanout__max_inflight_tasks": 1,
-                                                      "fanout__queue_timeout_ms": 50})
+def test_no_free_slot_answers_overloaded(
+    start_service: StartService, slow_http: Callable[[int], SampleHttpServices]
+) -> None:
+    _, client = start_service(
+        http=slow_http(800), **{"fanout__max_inflight_tasks": 1, "fanout__queue_timeout_ms": 50}
+    )
     hog = gevent.spawn(client.get_app_stats, "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"])
     gevent.sleep(0.2)
     with pytest.raises(appstats.Overloaded) as caught:
@@ -177,8 +206,9 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     caller_trace = format(caller.get_span_context().trace_id, "032x")
     assert response.trace_id == caller_trace
 
-    finished = [s for s in spans.get_finished_spans()
-                if format(s.context.trace_id, "032x") == caller_trace]
+    finished = [
+        s for s in spans.get_finished_spans() if format(s.context.trace_id, "032x") == caller_trace
+    ]
     by_id = {s.context.span_id: s for s in finished}
     (server,) = [s for s in finished if s.kind is SpanKind.SERVER]
     assert server.name == "AppStats/get_app_stats"
@@ -186,7 +216,9 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     tasks = [s for s in finished if s.name.startswith("fanout.task ")]
     assert sorted(t.attributes["fanout.task.name"] for t in tasks) == sorted(ALL_PANELS)
     assert {t.parent.span_id for t in tasks} == {server.context.span_id}
-    assert all(t.attributes["fanout.async"] and t.attributes["fanout.task.status"] == "OK" for t in tasks)
+    assert all(
+        t.attributes["fanout.async"] and t.attributes["fanout.task.status"] == "OK" for t in tasks
+    )
     # The server span descends from the caller's span (directly or via the client's span).
     ancestor = server
     while ancestor.parent is not None and ancestor.parent.span_id in by_id:
@@ -194,7 +226,9 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     assert ancestor.context.span_id == caller.get_span_context().span_id
 
     for task in tasks:
-        children = [s for s in finished if s.parent is not None and s.parent.span_id == task.context.span_id]
+        children = [
+            s for s in finished if s.parent is not None and s.parent.span_id == task.context.span_id
+        ]
         assert children, f"no library span under {task.name}"
         assert all(c.kind is SpanKind.CLIENT for c in children)
         if task.attributes["fanout.task.source"] == "mongo":
@@ -204,7 +238,9 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     # Within the call the caller saw, with the connection's endpoints on the server span.
     assert all(t.end_time <= server.end_time for t in tasks)
     assert server.attributes["rpc.system.name"] == "apache_thrift"
-    assert server.attributes["server.port"] > 0 and server.attributes["client.address"] == "127.0.0.1"
+    assert (
+        server.attributes["server.port"] > 0 and server.attributes["client.address"] == "127.0.0.1"
+    )
 
 
 def test_every_method_opens_a_server_span(start_service: StartService, spans: Any) -> None:
@@ -223,46 +259,68 @@ def test_every_method_opens_a_server_span(start_service: StartService, spans: An
     assert all(servers[f"AppStats/{m}"].parent is None for m in ("ping", "panels", "health"))
 
 
-def test_client_spans_name_their_call_and_the_service(start_service: StartService, spans: Any) -> None:
+def test_client_spans_name_their_call_and_the_service(
+    start_service: StartService, spans: Any
+) -> None:
     _, client = start_service()
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
-    clients = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CLIENT
-               and format(s.context.trace_id, "032x") == response.trace_id
-               and s.attributes.get("peer.service") != "fanout"]
+    clients = [
+        s
+        for s in spans.get_finished_spans()
+        if s.kind is SpanKind.CLIENT
+        and format(s.context.trace_id, "032x") == response.trace_id
+        and s.attributes.get("peer.service") != "fanout"
+    ]
     by_name = {s.name: s.attributes["peer.service"] for s in clients}
     assert {name: service for name, service in by_name.items() if name.startswith("GET ")} == {
         "GET /apps/{app}/alerts": "alerts",
         "GET /apps/{app}/series/latency": "metrics",
-        "GET /apps/{app}/series/volume": "metrics"}
+        "GET /apps/{app}/series/volume": "metrics",
+    }
     mongo = [s.name for s in clients if s.attributes["peer.service"] == "mongodb"]
     # Four Mongo panels over three collections: operation and collection in each name.
-    assert sorted(mongo) == ["aggregate errors", "aggregate queries", "aggregate requests",
-                             "aggregate requests"]
+    assert sorted(mongo) == [
+        "aggregate errors",
+        "aggregate queries",
+        "aggregate requests",
+        "aggregate requests",
+    ]
     http = [s for s in clients if s.name.startswith("GET ")]
-    assert all(s.attributes["url.template"] == s.name[4:] and s.attributes["server.port"] > 0
-               for s in http)
+    assert all(
+        s.attributes["url.template"] == s.name[4:] and s.attributes["server.port"] > 0 for s in http
+    )
 
 
 def test_viewers_of_one_app_share_lookups_and_never_get_another_apps_data(
-        start_service: StartService, slow_http: Callable[[int], SampleHttpServices],
-        spans: Any) -> None:
-    http = slow_http(150)    # long enough that the viewers' calls overlap
+    start_service: StartService, slow_http: Callable[[int], SampleHttpServices], spans: Any
+) -> None:
+    http = slow_http(150)  # long enough that the viewers' calls overlap
     # Budgets that twelve viewers on a starved machine do not run out of: a panel cut by
     # its budget would be missing from the viewer's answer, which this compares whole.
-    generous = {"fanout__task_timeout_ms": 10_000, "fanout__request_deadline_ms": 10_000,
-                "http__read_timeout_ms": 10_000}
+    generous = {
+        "fanout__task_timeout_ms": 10_000,
+        "fanout__request_deadline_ms": 10_000,
+        "http__read_timeout_ms": 10_000,
+    }
     _, alone = start_service(http=http, **{"fanout__coalesce": False}, **generous)
-    expected = {app: alone.get_app_stats(app, SAMPLE_START_MS, SAMPLE_END_MS).panels
-                for app in ("shop", "search")}
+    expected = {
+        app: alone.get_app_stats(app, SAMPLE_START_MS, SAMPLE_END_MS).panels
+        for app in ("shop", "search")
+    }
     _, client = start_service(http=http, **generous)
     spans.clear()
     apps = ["shop", "search"] * 6
-    viewers = [gevent.spawn(client.get_app_stats, app, SAMPLE_START_MS, SAMPLE_END_MS) for app in apps]
+    viewers = [
+        gevent.spawn(client.get_app_stats, app, SAMPLE_START_MS, SAMPLE_END_MS) for app in apps
+    ]
     gevent.joinall(viewers, timeout=30, raise_error=True)
     for app, viewer in zip(apps, viewers):
         assert viewer.value.app == app and viewer.value.panels == expected[app]
-    alerts_calls = [s for s in spans.get_finished_spans()
-                    if s.name == "GET /apps/{app}/alerts" and s.kind is SpanKind.CLIENT]
+    alerts_calls = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "GET /apps/{app}/alerts" and s.kind is SpanKind.CLIENT
+    ]
     shared = [s for s in spans.get_finished_spans() if s.attributes.get("fanout.task.coalesced")]
     # Twelve viewers, two apps: far fewer calls than viewers, and at least one per app.
     assert 2 <= len(alerts_calls) < len(apps)

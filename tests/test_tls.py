@@ -25,21 +25,21 @@ from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.thrift import TApplicationException, TProcessor
 from thriftpy2.transport import TTransportException
 
-from lookups.deadline import Deadline
 from lookups.base import Lookup
+from lookups.deadline import Deadline
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.app import FanOutService
-from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from service.settings.config import ServerSettings, Settings, load_settings
 from service.idl import appstats
 from service.listener.server import ThriftServer
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
+from service.settings.config import ServerSettings, Settings, load_settings
 from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki
-from tests.support.thrift_calls import apache_thrift_ping
 from tests.support.samples import backend_overrides
 from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
+from tests.support.thrift_calls import apache_thrift_ping
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 
@@ -53,6 +53,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def tls_server(start_server, pki: Pki):
     def start(**settings: Any) -> ThriftServer:
         return start_server(tls_cert_file=pki.cert_file, tls_key_file=pki.key_file, **settings)
+
     return start
 
 
@@ -61,6 +62,7 @@ def request(app: str) -> Any:
 
 
 # --- TLS --------------------------------------------------------------------------------
+
 
 def test_our_client_over_tls(tls_server, pki: Pki) -> None:
     server = tls_server()
@@ -87,8 +89,11 @@ def test_plain_tcp_client_fails_cleanly_and_others_are_served(tls_server, pki: P
     with caplog.at_level(logging.WARNING, logger="service.listener.handshakes"):
         server.stop(timeout_s=5.0)
     assert server.stats.internal_errors == 0 and server.stats.tls_refused >= 1
-    assert any("TLS handshakes refused" in record.getMessage() and "handshake_failed" in
-               record.getMessage() for record in caplog.records)
+    assert any(
+        "TLS handshakes refused" in record.getMessage()
+        and "handshake_failed" in record.getMessage()
+        for record in caplog.records
+    )
 
 
 def test_client_that_does_not_trust_the_ca_fails(tls_server, tmp_path: Path) -> None:
@@ -103,13 +108,15 @@ def test_client_that_does_not_trust_the_ca_fails(tls_server, tmp_path: Path) -> 
 
 def test_certificate_must_name_the_server(tls_server, pki: Pki) -> None:
     server = tls_server()
-    with AppStatsClient(*server.address, tls_ca_file=pki.ca_file,
-                        tls_server_hostname="fanout.example.com") as client:
+    with AppStatsClient(
+        *server.address, tls_ca_file=pki.ca_file, tls_server_hostname="fanout.example.com"
+    ) as client:
         with pytest.raises(TTransportException) as caught:
             client.ping()
     assert "CERTIFICATE_VERIFY_FAILED" in caught.value.message
-    with AppStatsClient(*server.address, tls_ca_file=pki.ca_file,
-                        tls_server_hostname="localhost") as client:
+    with AppStatsClient(
+        *server.address, tls_ca_file=pki.ca_file, tls_server_hostname="localhost"
+    ) as client:
         assert client.ping() == "pong"
 
 
@@ -134,7 +141,8 @@ def _client_hello() -> bytes:
 
 
 def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
-        tls_server, pki: Pki) -> None:
+    tls_server, pki: Pki
+) -> None:
     # Each byte comes well within frame_timeout_ms of the last: only a deadline on the
     # whole handshake ends it before the hello is complete.
     server = tls_server(frame_timeout_ms=400, idle_timeout_ms=60_000)
@@ -148,7 +156,7 @@ def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
                 time.sleep(0.1)
                 readable, _, _ = select.select([slow], [], [], 0)
                 closed = bool(readable) and slow.recv(1, socket.MSG_PEEK) == b""
-            except OSError:           # reset by the server
+            except OSError:  # reset by the server
                 closed = True
             if closed:
                 break
@@ -158,10 +166,11 @@ def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
 
 
 def test_a_tcp_check_that_connects_and_closes_is_no_refused_handshake(
-        tls_server, pki: Pki, caplog) -> None:
+    tls_server, pki: Pki, caplog
+) -> None:
     server = tls_server()
     for _ in range(3):
-        socket.create_connection(server.address, timeout=5).close()   # a tcpSocket probe
+        socket.create_connection(server.address, timeout=5).close()  # a tcpSocket probe
     with AppStatsClient(*server.address, tls_ca_file=pki.ca_file) as client:
         assert client.ping() == "pong"
     with caplog.at_level(logging.INFO, logger="service.listener.handshakes"):
@@ -186,14 +195,16 @@ def test_idle_tls_connections_close_at_once_on_stop(tls_server, pki: Pki, handle
 def test_unreadable_certificate_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
     missing = str(tmp_path / "missing.pem")
     with pytest.raises(TlsConfigError, match="server.tls_cert_file"):
-        ThriftServer(TProcessor(appstats.AppStats, RecordingHandler()),
-                     ServerSettings(port=0, tls_cert_file=missing, tls_key_file=missing))
+        ThriftServer(
+            TProcessor(appstats.AppStats, RecordingHandler()),
+            ServerSettings(port=0, tls_cert_file=missing, tls_key_file=missing),
+        )
 
 
 def test_server_requires_tls_1_2_or_later(pki: Pki) -> None:
     context = server_context(pki.cert_file, pki.key_file)
     assert context is not None and context.minimum_version >= ssl.TLSVersion.TLSv1_2
-    assert MINIMUM_VERSION == ssl.TLSVersion.TLSv1_2
+    assert ssl.TLSVersion.TLSv1_2 == MINIMUM_VERSION
     assert server_context(ServerSettings().tls_cert_file, ServerSettings().tls_key_file) is None
 
 
@@ -201,17 +212,28 @@ def test_cli_call_over_tls(tls_server, pki: Pki, tmp_path: Path) -> None:
     server = tls_server()
     port = str(server.address[1])
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
-    ok = subprocess.run([*FANOUT, "call", "ping", "--port", port, "--tls-ca", pki.ca_file],
-                        capture_output=True, text=True, env=env, timeout=60)
+    ok = subprocess.run(
+        [*FANOUT, "call", "ping", "--port", port, "--tls-ca", pki.ca_file],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert (ok.returncode, ok.stdout.strip()) == (0, "pong"), ok.stderr
     untrusted = make_pki(tmp_path)
-    refused = subprocess.run([*FANOUT, "call", "ping", "--port", port, "--tls-ca", untrusted.ca_file],
-                             capture_output=True, text=True, env=env, timeout=60)
+    refused = subprocess.run(
+        [*FANOUT, "call", "ping", "--port", port, "--tls-ca", untrusted.ca_file],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert refused.returncode == 1
     assert "CERTIFICATE_VERIFY_FAILED" in refused.stderr and "Traceback" not in refused.stderr
 
 
 # --- listen on loopback unless told otherwise -------------------------------------------------
+
 
 def test_default_settings_bind_loopback_only() -> None:
     assert ServerSettings().host == "127.0.0.1"
@@ -227,9 +249,8 @@ def test_default_settings_bind_loopback_only() -> None:
 
 
 def test_cli_and_demo_default_to_loopback() -> None:
-    from service.cli.main import _parser, _settings
-
     from service.cli.demo import _demo_settings
+    from service.cli.main import _parser, _settings
 
     args = _parser().parse_args(["serve", "--port", "0"])
     assert _settings(args).server.host == "127.0.0.1"
@@ -237,6 +258,7 @@ def test_cli_and_demo_default_to_loopback() -> None:
 
 
 # --- no stack trace reaches a caller ---------------------------------------------------------
+
 
 class _BrokenLookup(Lookup):
     """A lookup plugin with a bug: an unexpected exception carrying internal details."""
@@ -261,36 +283,47 @@ class _MisdeclaredLookup(Lookup):
 def _service_with(lookup: type[Lookup], mongo_server: Any, http_services: Any) -> FanOutService:
     registry = default_registry()
     registry.register(lookup.name, lambda backends: lookup())
-    settings: Settings = load_settings(env={}, overrides={
-        **backend_overrides(mongo_server, http_services), "server.port": 0})
+    settings: Settings = load_settings(
+        env={}, overrides={**backend_overrides(mongo_server, http_services), "server.port": 0}
+    )
     return FanOutService(settings, registry=registry).start()
 
 
 def test_unexpected_lookup_error_is_that_panels_error_without_traceback(
-        mongo_server, http_services, caplog) -> None:
+    mongo_server, http_services, caplog
+) -> None:
     service = _service_with(_BrokenLookup, mongo_server, http_services)
     try:
-        with AppStatsClient(*service.address, timeout_ms=5000) as client, \
-                caplog.at_level(logging.ERROR, logger="service.engine.fanout"):
-            response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                                             ["broken", "errors"])
+        with (
+            AppStatsClient(*service.address, timeout_ms=5000) as client,
+            caplog.at_level(logging.ERROR, logger="service.engine.fanout"),
+        ):
+            response = client.get_app_stats(
+                "shop", SAMPLE_START_MS, SAMPLE_END_MS, ["broken", "errors"]
+            )
     finally:
         service.stop()
     by_name = {o.name: o for o in response.outcomes}
     assert by_name["errors"].status == appstats.TaskStatus.OK
     broken = by_name["broken"]
     assert (broken.status, broken.error_type, broken.retryable) == (
-        appstats.TaskStatus.ERROR, "KeyError", False)
+        appstats.TaskStatus.ERROR,
+        "KeyError",
+        False,
+    )
     assert "Traceback" not in (broken.message or "") and 'File "' not in (broken.message or "")
     assert any(record.exc_info is not None for record in caplog.records)  # the trace is logged
 
 
 def test_handler_bug_is_internal_error_with_a_request_id_in_the_logs(
-        mongo_server, http_services, caplog) -> None:
+    mongo_server, http_services, caplog
+) -> None:
     service = _service_with(_MisdeclaredLookup, mongo_server, http_services)
     try:
-        with AppStatsClient(*service.address, timeout_ms=5000) as client, \
-                caplog.at_level(logging.ERROR, logger="service.listener.server"):
+        with (
+            AppStatsClient(*service.address, timeout_ms=5000) as client,
+            caplog.at_level(logging.ERROR, logger="service.listener.server"),
+        ):
             with pytest.raises(TApplicationException) as caught:
                 client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["misdeclared"])
             assert client.ping() == "pong"  # the same pooled connection still works

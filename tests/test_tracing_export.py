@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
 from concurrent import futures
-from typing import Iterator, Mapping, Optional
+from contextlib import contextmanager
 
 import gevent
 import grpc
@@ -17,8 +17,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind
 
-from tracing.settings import TracingSettings
 from tracing.exporters import prepare_grpc_for_gevent
+from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing
 
 RECEIVE_TIMEOUT_S = 10
@@ -43,9 +43,14 @@ class Received:
             resource = _attributes(resource_spans.resource.attributes)
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    found[span.name] = {"trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                                        "parent_span_id": span.parent_span_id.hex(), "kind": span.kind,
-                                        "attributes": _attributes(span.attributes), "resource": resource}
+                    found[span.name] = {
+                        "trace_id": span.trace_id.hex(),
+                        "span_id": span.span_id.hex(),
+                        "parent_span_id": span.parent_span_id.hex(),
+                        "kind": span.kind,
+                        "attributes": _attributes(span.attributes),
+                        "resource": resource,
+                    }
         return found
 
 
@@ -67,8 +72,10 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
         gevent.sleep(received.delay_s)
         received.requests.put(ExportTraceServiceRequest.FromString(body))
         reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
-        start_response("200 OK", [("Content-Type", "application/x-protobuf"),
-                                  ("Content-Length", str(len(reply)))])
+        start_response(
+            "200 OK",
+            [("Content-Type", "application/x-protobuf"), ("Content-Length", str(len(reply)))],
+        )
         return [reply]
 
     server = WSGIServer(("127.0.0.1", 0), application, log=None, error_log=None)
@@ -84,9 +91,10 @@ def configure() -> Iterator:
     """configure_tracing for standalone providers, each shut down after the test."""
     handles: list[Tracing] = []
 
-    def _configure(env: Optional[Mapping[str, str]] = None, **settings: object) -> Tracing:
-        handle = configure_tracing(TracingSettings(service_name="export-test", **settings),
-                                   set_global=False, env=env or {})
+    def _configure(env: Mapping[str, str] | None = None, **settings: object) -> Tracing:
+        handle = configure_tracing(
+            TracingSettings(service_name="export-test", **settings), set_global=False, env=env or {}
+        )
         handles.append(handle)
         return handle
 
@@ -114,10 +122,12 @@ def ticking() -> Iterator[list[float]]:
 
 def make_trace(handle: Tracing) -> None:
     tracer = handle.provider.get_tracer("export-test")
-    with tracer.start_as_current_span("AppStats/getStats", kind=SpanKind.SERVER,
-                                      attributes={"rpc.method": "getStats"}):
-        with tracer.start_as_current_span("fanout.task errors",
-                                          attributes={"fanout.async": True, "fanout.pool.wait_ms": 0.5}):
+    with tracer.start_as_current_span(
+        "AppStats/getStats", kind=SpanKind.SERVER, attributes={"rpc.method": "getStats"}
+    ):
+        with tracer.start_as_current_span(
+            "fanout.task errors", attributes={"fanout.async": True, "fanout.pool.wait_ms": 0.5}
+        ):
             pass
 
 
@@ -140,10 +150,13 @@ def test_otlp_http_export_through_the_batch_processor(configure, http_receiver) 
     assert received.paths == ["/v1/traces"]
 
 
-@pytest.mark.parametrize("env_name, suffix", [
-    ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
-    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/v1/traces"),
-])
+@pytest.mark.parametrize(
+    "env_name, suffix",
+    [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ""),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/v1/traces"),
+    ],
+)
 def test_otlp_http_endpoint_from_otel_env(configure, http_receiver, env_name, suffix) -> None:
     url, received = http_receiver
     handle = configure({env_name: url + suffix})
@@ -152,8 +165,9 @@ def test_otlp_http_endpoint_from_otel_env(configure, http_receiver, env_name, su
     assert_trace_arrived(received.spans())
 
 
-def test_batch_worker_exports_on_its_own_without_blocking_the_hub(configure, http_receiver,
-                                                                  monkeypatch) -> None:
+def test_batch_worker_exports_on_its_own_without_blocking_the_hub(
+    configure, http_receiver, monkeypatch
+) -> None:
     url, received = http_receiver
     received.delay_s = 0.5
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
@@ -183,7 +197,7 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self, received: Received) -> None:
         self.received = received
 
-    def Export(self, request, context):  # noqa: N802 - the generated service's name
+    def Export(self, request, context):
         gevent.sleep(self.received.delay_s)
         self.received.requests.put(request)
         return trace_service_pb2.ExportTraceServiceResponse()
@@ -198,7 +212,9 @@ def test_otlp_grpc_export_under_gevent(configure) -> None:
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        handle = configure(exporter="otlp", otlp_protocol="grpc", endpoint=f"http://127.0.0.1:{port}")
+        handle = configure(
+            exporter="otlp", otlp_protocol="grpc", endpoint=f"http://127.0.0.1:{port}"
+        )
         received.delay_s = 0.5
         make_trace(handle)
         with ticking() as ticks:

@@ -3,7 +3,7 @@ and the batch processor's sizes."""
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping, Optional
+from collections.abc import Iterator, Mapping
 
 import pytest
 from opentelemetry import trace
@@ -11,17 +11,24 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-
-from tracing.settings import TracingSettings
 from tracing.batching import batch_processor
+from tracing.settings import TracingSettings
 from tracing.setup import DEFAULT_SERVICE_NAME, Tracing, TracingAlreadyConfigured, configure_tracing
 
-SAMPLED_REMOTE_PARENT = SpanContext(trace_id=0x5B8AA5A2D2C872E8321CF37308D69DF2, span_id=0x051581BF3CB55C13,
-                                    is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+SAMPLED_REMOTE_PARENT = SpanContext(
+    trace_id=0x5B8AA5A2D2C872E8321CF37308D69DF2,
+    span_id=0x051581BF3CB55C13,
+    is_remote=True,
+    trace_flags=TraceFlags(TraceFlags.SAMPLED),
+)
 
 
 @pytest.fixture
@@ -29,7 +36,7 @@ def build() -> Iterator:
     """Build standalone providers and shut every one down after the test."""
     handles: list[Tracing] = []
 
-    def _build(env: Optional[Mapping[str, str]] = None, **settings: object) -> Tracing:
+    def _build(env: Mapping[str, str] | None = None, **settings: object) -> Tracing:
         handle = configure_tracing(TracingSettings(**settings), set_global=False, env=env or {})
         handles.append(handle)
         return handle
@@ -43,33 +50,46 @@ def exporter_types(handle: Tracing) -> list[type]:
     return [type(exporter) for exporter in handle.exporters]
 
 
-@pytest.mark.parametrize("settings, expected", [
-    ({"exporter": "console"}, [ConsoleSpanExporter]),
-    ({"exporter": "none"}, []),
-    ({"exporter": "otlp"}, [HttpExporter]),
-    ({"exporter": "otlp", "otlp_protocol": "http/protobuf"}, [HttpExporter]),
-    ({"exporter": "otlp", "otlp_protocol": "grpc"}, [GrpcExporter]),
-    ({}, [HttpExporter]),
-])
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({"exporter": "console"}, [ConsoleSpanExporter]),
+        ({"exporter": "none"}, []),
+        ({"exporter": "otlp"}, [HttpExporter]),
+        ({"exporter": "otlp", "otlp_protocol": "http/protobuf"}, [HttpExporter]),
+        ({"exporter": "otlp", "otlp_protocol": "grpc"}, [GrpcExporter]),
+        ({}, [HttpExporter]),
+    ],
+)
 def test_exporter_is_chosen_from_settings(build, settings, expected) -> None:
     assert exporter_types(build(**settings)) == expected
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({"OTEL_TRACES_EXPORTER": "console"}, [ConsoleSpanExporter]),
-    ({"OTEL_TRACES_EXPORTER": "none"}, []),
-    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, [HttpExporter, ConsoleSpanExporter]),
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [GrpcExporter]),
-    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
-     [GrpcExporter]),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"OTEL_TRACES_EXPORTER": "console"}, [ConsoleSpanExporter]),
+        ({"OTEL_TRACES_EXPORTER": "none"}, []),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, [HttpExporter, ConsoleSpanExporter]),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, [GrpcExporter]),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            [GrpcExporter],
+        ),
+    ],
+)
 def test_exporter_and_protocol_are_chosen_from_otel_env(build, env, expected) -> None:
     assert exporter_types(build(env)) == expected
 
 
 def test_settings_win_over_otel_env(build) -> None:
     env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
-    assert exporter_types(build(env, exporter="otlp", otlp_protocol="http/protobuf")) == [HttpExporter]
+    assert exporter_types(build(env, exporter="otlp", otlp_protocol="http/protobuf")) == [
+        HttpExporter
+    ]
     assert exporter_types(build(env, exporter="none")) == []
 
 
@@ -92,30 +112,38 @@ def test_zipkin_exporter_is_the_official_one_with_remote_endpoints(build, monkey
     assert isinstance(from_env, ZipkinExporter)
     assert from_env.endpoint == "http://zipkin.example:9411/api/v2/spans"
     assert type(from_env.encoder).__name__ == "RemoteEndpointEncoder"
-    (from_settings,) = build(exporter="zipkin", zipkin_endpoint="http://127.0.0.1:1/api/v2/spans").exporters
+    (from_settings,) = build(
+        exporter="zipkin", zipkin_endpoint="http://127.0.0.1:1/api/v2/spans"
+    ).exporters
     assert from_settings.endpoint == "http://127.0.0.1:1/api/v2/spans"
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER"),
-    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"OTEL_TRACES_EXPORTER": "jaeger"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    ],
+)
 def test_unsupported_otel_env_values_fail_at_start_up(build, env, message) -> None:
     with pytest.raises(ValueError, match=message):
         build(env)
 
 
-@pytest.mark.parametrize("settings, env, expected", [
-    ({"service_name": "from-settings"}, {"OTEL_SERVICE_NAME": "from-env"}, "from-settings"),
-    ({}, {"OTEL_SERVICE_NAME": "from-env"}, "from-env"),
-    ({}, {}, DEFAULT_SERVICE_NAME),
-])
+@pytest.mark.parametrize(
+    "settings, env, expected",
+    [
+        ({"service_name": "from-settings"}, {"OTEL_SERVICE_NAME": "from-env"}, "from-settings"),
+        ({}, {"OTEL_SERVICE_NAME": "from-env"}, "from-env"),
+        ({}, {}, DEFAULT_SERVICE_NAME),
+    ],
+)
 def test_service_name_precedence(build, settings, env, expected) -> None:
     handle = build(env, exporter="none", **settings)
     assert handle.provider.resource.attributes["service.name"] == expected
 
 
-def recorded(handle: Tracing, parent: Optional[SpanContext] = None) -> bool:
+def recorded(handle: Tracing, parent: SpanContext | None = None) -> bool:
     """Whether the provider records a span started as a root, or under ``parent``."""
     context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
     span = handle.provider.get_tracer("test").start_span("probe", context=context)
@@ -131,15 +159,22 @@ def test_sample_ratio_setting_is_parent_based(build) -> None:
     assert recorded(handle, SAMPLED_REMOTE_PARENT)
 
 
-@pytest.mark.parametrize("env, root_recorded, under_sampled_parent", [
-    ({}, True, True),
-    ({"OTEL_TRACES_SAMPLER": "always_off"}, False, False),
-    ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, False, True),
-    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, False, False),
-    ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, False, True),
-    ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "lots"}, True, True),
-    ({"OTEL_TRACES_SAMPLER": "no_such_sampler"}, True, True),
-])
+@pytest.mark.parametrize(
+    "env, root_recorded, under_sampled_parent",
+    [
+        ({}, True, True),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, False, False),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, False, True),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, False, False),
+        (
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"},
+            False,
+            True,
+        ),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "lots"}, True, True),
+        ({"OTEL_TRACES_SAMPLER": "no_such_sampler"}, True, True),
+    ],
+)
 def test_sampler_from_otel_env(build, env, root_recorded, under_sampled_parent) -> None:
     handle = build(env, exporter="none")
     assert recorded(handle) is root_recorded
@@ -148,13 +183,19 @@ def test_sampler_from_otel_env(build, env, root_recorded, under_sampled_parent) 
 
 def test_ratio_from_otel_env_reaches_the_sampler(build) -> None:
     env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}
-    assert "TraceIdRatioBased{0.25}" in build(env, exporter="none").provider.sampler.get_description()
+    assert (
+        "TraceIdRatioBased{0.25}" in build(env, exporter="none").provider.sampler.get_description()
+    )
 
 
 def test_extra_processors_receive_spans_and_shutdown_stops_them(build) -> None:
     memory = InMemorySpanExporter()
-    handle = configure_tracing(TracingSettings(exporter="none"), set_global=False, env={},
-                               extra_processors=[SimpleSpanProcessor(memory)])
+    handle = configure_tracing(
+        TracingSettings(exporter="none"),
+        set_global=False,
+        env={},
+        extra_processors=[SimpleSpanProcessor(memory)],
+    )
     handle.provider.get_tracer("test").start_span("before").end()
     assert handle.force_flush(1000)
     handle.shutdown()
@@ -197,10 +238,15 @@ def batch_sizes(processor: BatchSpanProcessor) -> tuple[int, int, float]:
 
 
 def test_batch_processor_sizes_come_from_otel_bsp_else_fanout_defaults() -> None:
-    env = {"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "500",
-           "OTEL_BSP_SCHEDULE_DELAY": "junk"}
-    defaults, configured = (batch_processor(InMemorySpanExporter(), {}),
-                            batch_processor(InMemorySpanExporter(), env))
+    env = {
+        "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "500",
+        "OTEL_BSP_SCHEDULE_DELAY": "junk",
+    }
+    defaults, configured = (
+        batch_processor(InMemorySpanExporter(), {}),
+        batch_processor(InMemorySpanExporter(), env),
+    )
     try:
         assert batch_sizes(defaults) == (8192, 512, 5000)
         # A batch larger than the queue is cut to it; junk falls back to the default.
@@ -208,4 +254,3 @@ def test_batch_processor_sizes_come_from_otel_bsp_else_fanout_defaults() -> None
     finally:
         defaults.shutdown()
         configured.shutdown()
-

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gevent
 import pymongo
@@ -15,9 +16,9 @@ from opentelemetry import baggage, trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_id, format_trace_id
 
+from lookups.deadline import Deadline
 from tracing.context import MAX_HEADER_CHARS, extract_context, inject_headers, spawn_in_context
 from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
-from lookups.deadline import Deadline
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
 PARENT_ID = "b7ad6b7169203331"
@@ -45,7 +46,11 @@ def test_request_span_continues_the_callers_trace_from_injected_headers(spans) -
 
 
 def test_request_span_honours_a_literal_w3c_header_with_state_and_baggage(spans) -> None:
-    headers = {"traceparent": TRACEPARENT, "tracestate": "congo=t61rcWkgMzE", "baggage": "tenant=acme"}
+    headers = {
+        "traceparent": TRACEPARENT,
+        "tracestate": "congo=t61rcWkgMzE",
+        "baggage": "tenant=acme",
+    }
     with request_span("getStats", headers, "req-2") as span:
         assert trace.get_current_span() is span
         assert baggage.get_baggage("tenant") == "acme"
@@ -94,7 +99,9 @@ def test_junk_headers_give_a_fresh_root_never_an_exception(spans, headers) -> No
 
 
 def test_header_names_match_without_case_and_oversized_tracestate_is_dropped() -> None:
-    context = extract_context({"TraceParent": TRACEPARENT, "tracestate": "a=" + "b" * MAX_HEADER_CHARS})
+    context = extract_context(
+        {"TraceParent": TRACEPARENT, "tracestate": "a=" + "b" * MAX_HEADER_CHARS}
+    )
     span_context = trace.get_current_span(context).get_span_context()
     assert format_trace_id(span_context.trace_id) == TRACE_ID
     assert len(span_context.trace_state) == 0
@@ -102,9 +109,8 @@ def test_header_names_match_without_case_and_oversized_tracestate_is_dropped() -
 
 def test_request_span_records_an_escaping_exception_and_reraises_it(spans) -> None:
     failure = ValueError("no such application")
-    with pytest.raises(ValueError) as raised:
-        with request_span("getStats", {}, "req-5"):
-            raise failure
+    with pytest.raises(ValueError) as raised, request_span("getStats", {}, "req-5"):
+        raise failure
     assert raised.value is failure
     server = finished(spans, "AppStats/getStats")
     assert server.status.status_code is StatusCode.ERROR
@@ -112,10 +118,9 @@ def test_request_span_records_an_escaping_exception_and_reraises_it(spans) -> No
 
 
 def test_request_span_lets_a_gevent_timeout_through_unrecorded(spans) -> None:
-    with pytest.raises(gevent.Timeout):
-        with gevent.Timeout(0.01):
-            with request_span("getStats", {}, "req-timeout"):
-                gevent.sleep(5)
+    with pytest.raises(gevent.Timeout), gevent.Timeout(0.01):
+        with request_span("getStats", {}, "req-timeout"):
+            gevent.sleep(5)
     server = finished(spans, "AppStats/getStats")
     assert server.events == () and server.status.status_code is StatusCode.UNSET
 
@@ -154,14 +159,11 @@ def test_plain_gevent_spawn_loses_the_request_span(spans) -> None:
 
 def test_task_span_passes_exceptions_through_and_marks_unmarked_spans(spans) -> None:
     failure = KeyError("panel")
-    with pytest.raises(KeyError) as raised:
-        with task_span("errors", "mongo", 0):
-            raise failure
+    with pytest.raises(KeyError) as raised, task_span("errors", "mongo", 0):
+        raise failure
     assert raised.value is failure
-    with pytest.raises(gevent.Timeout):
-        with task_span("alerts", "http", 0):
-            with gevent.Timeout(0.01):
-                gevent.sleep(5)
+    with pytest.raises(gevent.Timeout), task_span("alerts", "http", 0), gevent.Timeout(0.01):
+        gevent.sleep(5)
     errors, alerts = finished(spans, "fanout.task errors"), finished(spans, "fanout.task alerts")
     assert errors.attributes["fanout.task.status"] == "ERROR"
     assert errors.status.status_code is StatusCode.ERROR
@@ -180,10 +182,9 @@ def test_killed_task_span_is_marked_cancelled(spans) -> None:
 
 
 def test_an_explicit_outcome_is_not_overwritten_by_the_escaping_exception(spans) -> None:
-    with pytest.raises(RuntimeError):
-        with task_span("volume", "http", 0) as span:
-            mark_task_outcome(span, "CANCELLED")
-            raise RuntimeError("sibling failed")
+    with pytest.raises(RuntimeError), task_span("volume", "http", 0) as span:
+        mark_task_outcome(span, "CANCELLED")
+        raise RuntimeError("sibling failed")
     volume = finished(spans, "fanout.task volume")
     assert volume.attributes["fanout.task.status"] == "CANCELLED"
     assert volume.status.status_code is StatusCode.UNSET
@@ -213,7 +214,9 @@ def test_an_unsampled_task_span_leaves_the_request_span_current(spans) -> None:
             assert trace.get_current_span() is span
             headers = inject_headers()
     # Calls made in the task still tell the next service the trace is not sampled.
-    assert headers["traceparent"].startswith(f"00-{TRACE_ID}-") and headers["traceparent"].endswith("-00")
+    assert headers["traceparent"].startswith(f"00-{TRACE_ID}-") and headers["traceparent"].endswith(
+        "-00"
+    )
 
 
 class LookupBroke(Exception):
@@ -228,19 +231,21 @@ def fail_with_a_cause() -> None:
 
 
 def test_exception_event_carries_type_message_and_a_stack_trace_of_frames(spans) -> None:
-    with pytest.raises(LookupBroke):
-        with request_span("getStats", {}, "req-10"):
-            fail_with_a_cause()
+    with pytest.raises(LookupBroke), request_span("getStats", {}, "req-10"):
+        fail_with_a_cause()
     event = finished(spans, "AppStats/getStats").events[0]
     assert event.name == "exception"
     assert event.attributes["exception.type"] == f"{__name__}.LookupBroke"
     assert event.attributes["exception.message"] == "panel lookup broke"
     stack = event.attributes["exception.stacktrace"]
     # Cause first, then the exception, each with its frames (file, line, function), as Python prints them.
-    assert stack.index("KeyError: 'missing'") < stack.index("direct cause") < stack.index(
-        f"{__name__}.LookupBroke: panel lookup broke")
+    assert (
+        stack.index("KeyError: 'missing'")
+        < stack.index("direct cause")
+        < stack.index(f"{__name__}.LookupBroke: panel lookup broke")
+    )
     assert f'File "{__file__}"' in stack and "in fail_with_a_cause" in stack
-    assert '{}["missing"]' not in stack    # no source lines: formatting them is what costs
+    assert '{}["missing"]' not in stack  # no source lines: formatting them is what costs
 
 
 def test_the_requests_instrumentations_exception_event_has_no_source_lines(spans) -> None:
@@ -263,12 +268,17 @@ def test_trace_id_hex() -> None:
     assert trace_id_hex(INVALID_SPAN) == ""
     with trace.get_tracer("test").start_as_current_span("probe") as span:
         text = trace_id_hex(span)
-    assert len(text) == 32 and text == text.lower() and int(text, 16) == span.get_span_context().trace_id
+    assert (
+        len(text) == 32
+        and text == text.lower()
+        and int(text, 16) == span.get_span_context().trace_id
+    )
 
 
 @pytest.fixture
 def echo_server() -> Iterator[str]:
     """A real HTTP server on 127.0.0.1 that answers with the headers it received."""
+
     def application(environ, start_response):
         seen = {"traceparent": environ.get("HTTP_TRACEPARENT", "")}
         start_response("200 OK", [("Content-Type", "application/json")])
@@ -282,7 +292,9 @@ def echo_server() -> Iterator[str]:
         server.stop(timeout=2)
 
 
-def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(spans, echo_server) -> None:
+def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(
+    spans, echo_server
+) -> None:
     def lookup() -> dict:
         with task_span("alerts", "http", 0):
             return requests.get(echo_server, timeout=5).json()
@@ -293,16 +305,19 @@ def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(spa
     clients = [span for span in spans.get_finished_spans() if span.kind is SpanKind.CLIENT]
     assert len(clients) == 1
     assert clients[0].parent.span_id == task.context.span_id
-    assert seen["traceparent"].split("-")[1:3] == [TRACE_ID, format_span_id(clients[0].context.span_id)]
+    assert seen["traceparent"].split("-")[1:3] == [
+        TRACE_ID,
+        format_span_id(clients[0].context.span_id),
+    ]
 
 
 def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
     from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 
-    from lookups.http import AlertsLookup
-    from lookups.panels import Window
     from lookups.backends.http import HttpBackend
     from lookups.backends.settings import HttpBackendSettings
+    from lookups.http import AlertsLookup
+    from lookups.panels import Window
 
     seen: list[str] = []
 
@@ -313,7 +328,9 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
 
     server = WSGIServer(("127.0.0.1", 0), alerts_service, log=None, error_log=None)
     server.start()
-    lookup = AlertsLookup(HttpBackend("alerts", HttpBackendSettings(url=f"http://127.0.0.1:{server.server_port}")))
+    lookup = AlertsLookup(
+        HttpBackend("alerts", HttpBackendSettings(url=f"http://127.0.0.1:{server.server_port}"))
+    )
 
     def fetch() -> Any:
         with task_span("alerts", "http", 0):
@@ -337,8 +354,9 @@ def test_pymongo_spans_nest_under_the_task_span(spans, mongo_server) -> None:
         with task_span("errors", "mongo", 0):
             return client["apm"]["errors"].count_documents({})
 
-    client = pymongo.MongoClient(mongo_server.uri, connectTimeoutMS=5000, socketTimeoutMS=5000,
-                                 serverSelectionTimeoutMS=5000)
+    client = pymongo.MongoClient(
+        mongo_server.uri, connectTimeoutMS=5000, socketTimeoutMS=5000, serverSelectionTimeoutMS=5000
+    )
     try:
         with request_span("getStats", {}, "req-9"):
             spawn_in_context(lookup).get(timeout=10)
@@ -346,8 +364,11 @@ def test_pymongo_spans_nest_under_the_task_span(spans, mongo_server) -> None:
         client.close()
     task = finished(spans, "fanout.task errors")
     # client.close() sends endSessions outside any request: a root of its own, left out here.
-    commands = [span for span in spans.get_finished_spans()
-                if span.kind is SpanKind.CLIENT and span.parent is not None]
+    commands = [
+        span
+        for span in spans.get_finished_spans()
+        if span.kind is SpanKind.CLIENT and span.parent is not None
+    ]
     # Named by operation and collection (tracing.clients), not the instrumentation's "apm.aggregate".
     assert [span.name for span in commands] == ["aggregate errors"]
     command = commands[0]
@@ -355,8 +376,10 @@ def test_pymongo_spans_nest_under_the_task_span(spans, mongo_server) -> None:
     assert command.attributes["db.collection.name"] == "errors"
     assert command.attributes["db.system.name"] == "mongodb"
     assert command.attributes["peer.service"] == "mongodb"
-    assert (command.attributes["server.address"], command.attributes["server.port"]) == \
-        ("127.0.0.1", mongo_server.port)
+    assert (command.attributes["server.address"], command.attributes["server.port"]) == (
+        "127.0.0.1",
+        mongo_server.port,
+    )
     # The client's first connection was opened in the task: its set-up shows on the task span.
     events = {event.name: event for event in task.events}
     assert "mongodb.connection.created" in events

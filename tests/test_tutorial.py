@@ -37,15 +37,19 @@ def test_every_command_of_the_tutorial_runs(tmp_path: Path) -> None:
     tutorial = Tutorial(ROOT, tmp_path)
     try:
         for step in steps(page):
-            step = type(step)(step.kind, tutorial.with_free_ports(step.text, _ports(page)),
-                              step.name)
+            step = type(step)(
+                step.kind, tutorial.with_free_ports(step.text, _ports(page)), step.name
+            )
             tutorial.run(step, timeout_s=600 if "make" in step.text else 120)
     finally:
         tutorial.close()
     outputs = dict(tutorial.outputs)
     demo = outputs["make demo"]
-    calls = [out for line, out in tutorial.outputs
-             if "--start-ms 1767225600000" in line and "--panels" not in line]
+    calls = [
+        out
+        for line, out in tutorial.outputs
+        if "--start-ms 1767225600000" in line and "--panels" not in line
+    ]
     assert len(calls) == 2, "one whole call on the sample backends, one on FerretDB"
     for answer in [demo, *calls]:
         for panel in PANELS:

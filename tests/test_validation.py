@@ -14,10 +14,10 @@ from thriftpy2.thrift import TClient
 from thriftpy2.transport import TCyFramedTransport, TSocket
 
 from service.app import FanOutService
-from service.settings.config import load_settings
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.rpc.validation import validate_stats_request
+from service.settings.config import load_settings
 from tests.support.samples import backend_overrides
 from tracing.context import inject_headers
 
@@ -36,13 +36,27 @@ def validate(req: Any, default: tuple[str, ...] = KNOWN) -> Any:
 
 
 def test_a_good_request_becomes_trusted_values() -> None:
-    valid = validate(request(panels=["alerts", "errors"], meta=appstats.RequestMeta(
-        deadline_ms=500, request_id="abc-1",
-        headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "Cookie": "secret"})))
-    assert (valid.window.app, valid.window.start_ms, valid.window.end_ms) == ("shop", 1_000, 1_000 + DAY_MS)
+    valid = validate(
+        request(
+            panels=["alerts", "errors"],
+            meta=appstats.RequestMeta(
+                deadline_ms=500,
+                request_id="abc-1",
+                headers={
+                    "traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+                    "Cookie": "secret",
+                },
+            ),
+        )
+    )
+    assert (valid.window.app, valid.window.start_ms, valid.window.end_ms) == (
+        "shop",
+        1_000,
+        1_000 + DAY_MS,
+    )
     assert valid.panels == ("alerts", "errors")
     assert valid.deadline_ms == 500 and valid.request_id == "abc-1"
-    assert set(valid.headers) == {"traceparent"}     # nothing but propagation headers is kept
+    assert set(valid.headers) == {"traceparent"}  # nothing but propagation headers is kept
 
 
 def test_defaults_all_offered_panels_and_server_deadline() -> None:
@@ -52,30 +66,36 @@ def test_defaults_all_offered_panels_and_server_deadline() -> None:
     assert validate(request(meta=appstats.RequestMeta(deadline_ms=60_000))).deadline_ms == 2000
 
 
-@pytest.mark.parametrize("fields, field", [
-    (dict(app=""), "app"),
-    (dict(app=None), "app"),
-    (dict(app="x" * 65), "app"),
-    (dict(app="shop/../admin"), "app"),
-    (dict(app='{"$ne": 1}'), "app"),
-    (dict(app="-leading-dash"), "app"),
-    (dict(start_ms=None), "start_ms"),
-    (dict(start_ms=-1), "start_ms"),
-    (dict(start_ms=2**62, end_ms=2**62 + 1), "start_ms"),
-    (dict(end_ms=500), "end_ms"),
-    (dict(end_ms=1_000), "end_ms"),
-    (dict(end_ms=1_000 + 40 * DAY_MS), "end_ms"),
-    (dict(panels=[]), "panels"),
-    (dict(panels=["errors", "nope"]), "panels"),
-    (dict(panels=["errors", "errors"]), "panels"),
-    (dict(panels=["errors"] * 10), "panels"),
-    (dict(meta=appstats.RequestMeta(deadline_ms=0)), "meta.deadline_ms"),
-    (dict(meta=appstats.RequestMeta(deadline_ms=-5)), "meta.deadline_ms"),
-    (dict(meta=appstats.RequestMeta(deadline_ms=2**31 - 1)), "meta.deadline_ms"),
-    (dict(meta=appstats.RequestMeta(request_id="has space")), "meta.request_id"),
-    (dict(meta=appstats.RequestMeta(headers={f"h{i}": "v" for i in range(100)})), "meta.headers"),
-    (dict(meta=appstats.RequestMeta(headers={"traceparent": "x" * 10_000})), "meta.headers"),
-])
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        (dict(app=""), "app"),
+        (dict(app=None), "app"),
+        (dict(app="x" * 65), "app"),
+        (dict(app="shop/../admin"), "app"),
+        (dict(app='{"$ne": 1}'), "app"),
+        (dict(app="-leading-dash"), "app"),
+        (dict(start_ms=None), "start_ms"),
+        (dict(start_ms=-1), "start_ms"),
+        (dict(start_ms=2**62, end_ms=2**62 + 1), "start_ms"),
+        (dict(end_ms=500), "end_ms"),
+        (dict(end_ms=1_000), "end_ms"),
+        (dict(end_ms=1_000 + 40 * DAY_MS), "end_ms"),
+        (dict(panels=[]), "panels"),
+        (dict(panels=["errors", "nope"]), "panels"),
+        (dict(panels=["errors", "errors"]), "panels"),
+        (dict(panels=["errors"] * 10), "panels"),
+        (dict(meta=appstats.RequestMeta(deadline_ms=0)), "meta.deadline_ms"),
+        (dict(meta=appstats.RequestMeta(deadline_ms=-5)), "meta.deadline_ms"),
+        (dict(meta=appstats.RequestMeta(deadline_ms=2**31 - 1)), "meta.deadline_ms"),
+        (dict(meta=appstats.RequestMeta(request_id="has space")), "meta.request_id"),
+        (
+            dict(meta=appstats.RequestMeta(headers={f"h{i}": "v" for i in range(100)})),
+            "meta.headers",
+        ),
+        (dict(meta=appstats.RequestMeta(headers={"traceparent": "x" * 10_000})), "meta.headers"),
+    ],
+)
 def test_bad_fields_are_named(fields: dict, field: str) -> None:
     with pytest.raises(appstats.InvalidRequest) as caught:
         validate(request(**fields))
@@ -107,7 +127,9 @@ def test_headers_of_the_configured_propagators_are_kept() -> None:
     original = propagate.get_global_textmap()
     propagate.set_global_textmap(CompositePropagator([original, _B3Single()]))
     try:
-        valid = validate(request(meta=appstats.RequestMeta(headers={"B3": "a-b-1", "x-other": "1"})))
+        valid = validate(
+            request(meta=appstats.RequestMeta(headers={"B3": "a-b-1", "x-other": "1"}))
+        )
     finally:
         propagate.set_global_textmap(original)
     assert dict(valid.headers) == {"b3": "a-b-1"}
@@ -116,22 +138,26 @@ def test_headers_of_the_configured_propagators_are_kept() -> None:
 HOUR_MS = 3600 * 1000
 
 
-@pytest.mark.parametrize("fields, field", [
-    (dict(app="a" * 100_000), "app"),                                       # huge
-    (dict(app="shop\x00"), "app"),
-    (dict(start_ms=5_000, end_ms=4_999), "end_ms"),                         # start after end
-    (dict(start_ms=1_000, end_ms=1_000 + HOUR_MS + 1), "end_ms"),           # over max_window_ms
-    (dict(panels=["x" * 60_000]), "panels"),                                # unknown, huge
-    (dict(meta=appstats.RequestMeta(deadline_ms=600_001)), "meta.deadline_ms"),
-    (dict(meta=appstats.RequestMeta(deadline_ms=-2**31)), "meta.deadline_ms"),
-    (dict(meta=appstats.RequestMeta(request_id="r" * 65)), "meta.request_id"),
-    (dict(meta=appstats.RequestMeta(headers={"traceparent": 7})), "meta.headers"),
-])
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        (dict(app="a" * 100_000), "app"),  # huge
+        (dict(app="shop\x00"), "app"),
+        (dict(start_ms=5_000, end_ms=4_999), "end_ms"),  # start after end
+        (dict(start_ms=1_000, end_ms=1_000 + HOUR_MS + 1), "end_ms"),  # over max_window_ms
+        (dict(panels=["x" * 60_000]), "panels"),  # unknown, huge
+        (dict(meta=appstats.RequestMeta(deadline_ms=600_001)), "meta.deadline_ms"),
+        (dict(meta=appstats.RequestMeta(deadline_ms=-(2**31))), "meta.deadline_ms"),
+        (dict(meta=appstats.RequestMeta(request_id="r" * 65)), "meta.request_id"),
+        (dict(meta=appstats.RequestMeta(headers={"traceparent": 7})), "meta.headers"),
+    ],
+)
 def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None:
     settings = FanOutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
     with pytest.raises(appstats.InvalidRequest) as caught:
-        validate_stats_request(request(**{"end_ms": 1_000 + HOUR_MS, **fields}), KNOWN, KNOWN,
-                               settings)
+        validate_stats_request(
+            request(**{"end_ms": 1_000 + HOUR_MS, **fields}), KNOWN, KNOWN, settings
+        )
     assert caught.value.field == field
     assert len(caught.value.message) < 300  # a huge value is never echoed back whole
 
@@ -139,21 +165,38 @@ def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None
 def test_limits_are_inclusive() -> None:
     settings = FanOutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
     valid = validate_stats_request(
-        request(app="a" * 64, start_ms=0, end_ms=HOUR_MS,
-                meta=appstats.RequestMeta(deadline_ms=600_000, request_id="r" * 64)),
-        KNOWN, KNOWN, settings)
+        request(
+            app="a" * 64,
+            start_ms=0,
+            end_ms=HOUR_MS,
+            meta=appstats.RequestMeta(deadline_ms=600_000, request_id="r" * 64),
+        ),
+        KNOWN,
+        KNOWN,
+        settings,
+    )
     assert valid.window.end_ms - valid.window.start_ms == HOUR_MS
     assert valid.deadline_ms == 2000  # capped by the server's own deadline
 
 
-@pytest.mark.parametrize("app, start_ms, end_ms, deadline_ms, field", [
-    ("", 1_000, 2_000, 1_000, "app"),
-    ("shop", 2_000, 1_000, 1_000, "end_ms"),
-    ("shop", 1_000, 2_000, 0, "meta.deadline_ms"),
-])
+@pytest.mark.parametrize(
+    "app, start_ms, end_ms, deadline_ms, field",
+    [
+        ("", 1_000, 2_000, 1_000, "app"),
+        ("shop", 2_000, 1_000, 1_000, "end_ms"),
+        ("shop", 1_000, 2_000, 0, "meta.deadline_ms"),
+    ],
+)
 def test_an_invalid_request_gets_an_error_span_naming_the_field(
-        mongo_server: Any, http_services: Any, spans: Any, app: str, start_ms: int, end_ms: int,
-        deadline_ms: int, field: str) -> None:
+    mongo_server: Any,
+    http_services: Any,
+    spans: Any,
+    app: str,
+    start_ms: int,
+    end_ms: int,
+    deadline_ms: int,
+    field: str,
+) -> None:
     overrides = {**backend_overrides(mongo_server, http_services), "server.port": 0}
     service = FanOutService(load_settings(env={}, overrides=overrides)).start()
     transport = TCyFramedTransport(TSocket(*service.address, socket_timeout=5000))
@@ -163,8 +206,9 @@ def test_an_invalid_request_gets_an_error_span_naming_the_field(
         with trace.get_tracer("test").start_as_current_span("caller") as caller:
             meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=deadline_ms)
             with pytest.raises(appstats.InvalidRequest) as caught:
-                client.get_app_stats(appstats.StatsRequest(
-                    app=app, start_ms=start_ms, end_ms=end_ms, meta=meta))
+                client.get_app_stats(
+                    appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms, meta=meta)
+                )
     finally:
         transport.close()
         service.stop()

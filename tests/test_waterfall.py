@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 import gevent
 import pytest
@@ -25,17 +24,27 @@ def parse(text: str) -> list[dict]:
         match = LINE.match(line)
         assert match, line
         bar = match["bar"]
-        rows.append({"label": match["label"], "name": match["label"].strip(),
-                     "depth": (len(match["label"]) - len(match["label"].lstrip())) // 2,
-                     "first": bar.index("#"), "last": bar.rindex("#"), "width": len(bar),
-                     "ms": float(match["ms"]), "flag": match["flag"].strip()})
+        rows.append(
+            {
+                "label": match["label"],
+                "name": match["label"].strip(),
+                "depth": (len(match["label"]) - len(match["label"].lstrip())) // 2,
+                "first": bar.index("#"),
+                "last": bar.rindex("#"),
+                "width": len(bar),
+                "ms": float(match["ms"]),
+                "flag": match["flag"].strip(),
+            }
+        )
     return rows
 
 
-def span_at(name: str, start_ms: float, end_ms: float, parent: Optional[Span] = None) -> Span:
+def span_at(name: str, start_ms: float, end_ms: float, parent: Span | None = None) -> Span:
     base = 1_700_000_000_000 * MS
     context = trace.set_span_in_context(parent) if parent is not None else None
-    span = trace.get_tracer("test").start_span(name, context=context, start_time=base + int(start_ms * MS))
+    span = trace.get_tracer("test").start_span(
+        name, context=context, start_time=base + int(start_ms * MS)
+    )
     span.end(end_time=base + int(end_ms * MS))
     return span
 
@@ -47,7 +56,11 @@ def test_tree_order_indentation_and_exact_placement(spans) -> None:
     span_at("GET", 60, 80, parent=late)
     rows = parse(render_waterfall(spans.get_finished_spans(), width=20))
     assert [(row["name"], row["depth"]) for row in rows] == [
-        ("AppStats/getStats", 0), ("fanout.task early", 1), ("fanout.task late", 1), ("GET", 2)]
+        ("AppStats/getStats", 0),
+        ("fanout.task early", 1),
+        ("fanout.task late", 1),
+        ("GET", 2),
+    ]
     assert [(row["first"], row["last"]) for row in rows] == [(0, 19), (0, 4), (10, 19), (12, 15)]
     assert [row["ms"] for row in rows] == [100.0, 25.0, 50.0, 20.0]
     assert all(row["width"] == 20 for row in rows)
@@ -80,7 +93,9 @@ def run_request(spawn_all: bool) -> None:
 
     with request_span("getStats", {}, "req-waterfall"):
         if spawn_all:
-            gevent.joinall([spawn_in_context(lookup, name) for name in PANELS], timeout=10, raise_error=True)
+            gevent.joinall(
+                [spawn_in_context(lookup, name) for name in PANELS], timeout=10, raise_error=True
+            )
         else:
             for name in PANELS:
                 lookup(name)
@@ -119,5 +134,15 @@ def test_empty_input_and_bad_width(spans) -> None:
 def test_width_one_and_zero_length_spans(spans) -> None:
     span_at("instant", 5, 5)
     rows = parse(render_waterfall(spans.get_finished_spans(), width=1))
-    assert rows == [{"label": "instant", "name": "instant", "depth": 0, "first": 0, "last": 0,
-                     "width": 1, "ms": 0.0, "flag": ""}]
+    assert rows == [
+        {
+            "label": "instant",
+            "name": "instant",
+            "depth": 0,
+            "first": 0,
+            "last": 0,
+            "width": 1,
+            "ms": 0.0,
+            "flag": "",
+        }
+    ]

@@ -23,13 +23,20 @@ def _message(protocol_class: type, name: str, kind: int, seqid: int, **options: 
 @pytest.mark.parametrize("seqid", [0, 7, 2**31 - 1, -5])
 def test_the_name_and_seqid_of_a_call_in_each_encoding(seqid: int) -> None:
     for protocol, message in (
-            ("binary", _message(TBinaryProtocol, "get_app_stats", TMessageType.CALL, seqid)),
-            ("binary", _message(TBinaryProtocol, "get_app_stats", TMessageType.CALL, seqid,
-                                strict_write=False)),
-            # As Apache Thrift writes it: the seqid's 32 bits, unsigned (thriftpy2's compact
-            # writer never ends on a negative number).
-            ("compact", _message(TCompactProtocol, "get_app_stats", TMessageType.CALL,
-                                 seqid & 0xFFFFFFFF))):
+        ("binary", _message(TBinaryProtocol, "get_app_stats", TMessageType.CALL, seqid)),
+        (
+            "binary",
+            _message(
+                TBinaryProtocol, "get_app_stats", TMessageType.CALL, seqid, strict_write=False
+            ),
+        ),
+        # As Apache Thrift writes it: the seqid's 32 bits, unsigned (thriftpy2's compact
+        # writer never ends on a negative number).
+        (
+            "compact",
+            _message(TCompactProtocol, "get_app_stats", TMessageType.CALL, seqid & 0xFFFFFFFF),
+        ),
+    ):
         assert call_header(message, protocol) == ("get_app_stats", seqid), protocol
         assert call_header(memoryview(message), protocol) == ("get_app_stats", seqid)
 
@@ -40,9 +47,9 @@ def test_anything_but_a_whole_call_header_is_none() -> None:
     call = _message(TBinaryProtocol, "get_app_stats", TMessageType.CALL, 1)
     assert call_header(reply, "binary") is None
     assert call_header(compact_reply, "compact") is None
-    assert call_header(call[:10], "binary") is None           # the name cut short
+    assert call_header(call[:10], "binary") is None  # the name cut short
     assert call_header(call[:4], "binary") is None
     assert call_header(b"", "binary") is None
     assert call_header(b"GET / HTTP/1.1\r\n", "binary") is None
-    assert call_header(call, "compact") is None               # the wrong protocol
+    assert call_header(call, "compact") is None  # the wrong protocol
     assert call_header(b"\x82\x21\xff\xff\xff\xff\xff\xff", "compact") is None  # endless varint

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import socket
 import struct
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -24,19 +25,25 @@ from service.wire.channels import BufferedChannel
 from service.wire.codec import HubCodec, decoder_for
 from service.wire.errors import LimitExceeded, MalformedMessage
 from service.wire.scan import MessageScan, WireLimits, check_frame
-from tests.support.server import (COMBINATIONS, RecordingHandler, read_until_closed,
-                                  sample_response)
+from tests.support.server import COMBINATIONS, RecordingHandler, read_until_closed, sample_response
 from tests.support.sockets import raw_connection, wait_for
 from tests.support.thrift_calls import encode_call, thrift_client
 
 PROTOCOLS = ["binary", "compact"]
+
+
 def request(app: str, panels: tuple[str, ...] = ("errors", "urls")) -> Any:
     return appstats.StatsRequest(app=app, start_ms=1_000, end_ms=2_000, panels=list(panels))
 
 
-def stats_call(protocol: str, app: str = "shop", panels: tuple[str, ...] = ("errors", "urls")) -> bytes:
-    return encode_call("get_app_stats",
-                       appstats.AppStats.get_app_stats_args(request=request(app, panels)), protocol)
+def stats_call(
+    protocol: str, app: str = "shop", panels: tuple[str, ...] = ("errors", "urls")
+) -> bytes:
+    return encode_call(
+        "get_app_stats",
+        appstats.AppStats.get_app_stats_args(request=request(app, panels)),
+        protocol,
+    )
 
 
 def ping_call(protocol: str) -> bytes:
@@ -72,24 +79,26 @@ def with_string_length(message: bytes, protocol: str, text: str, claimed: int) -
     """``message`` with the length prefix of the string ``text`` replaced by ``claimed``."""
     start = message.index(text.encode())
     if protocol == "binary":
-        return message[:start - 4] + struct.pack("!i", claimed) + message[start:]
-    return message[:start - len(varint(len(text)))] + varint(claimed) + message[start:]
+        return message[: start - 4] + struct.pack("!i", claimed) + message[start:]
+    return message[: start - len(varint(len(text)))] + varint(claimed) + message[start:]
 
 
 def with_list_count(message: bytes, protocol: str, first: str, claimed: int) -> bytes:
     """``message`` with the count of the list<string> whose first item is ``first`` replaced."""
     start = message.index(first.encode())
     if protocol == "binary":  # [element type][i32 count][i32 length][first]
-        return message[:start - 8] + struct.pack("!i", claimed) + message[start - 4:]
+        return message[: start - 8] + struct.pack("!i", claimed) + message[start - 4 :]
     at = start - len(varint(len(first))) - 1  # [count << 4 | type][varint length][first]
-    return message[:at] + bytes([0xF0 | message[at] & 0x0F]) + varint(claimed) + message[at + 1:]
-
-
+    return message[:at] + bytes([0xF0 | message[at] & 0x0F]) + varint(claimed) + message[at + 1 :]
 
 
 @contextmanager
-def call_in_flight(server: ThriftServer, handler: RecordingHandler, transport: str = "framed",
-                   protocol: str = "binary") -> Iterator[None]:
+def call_in_flight(
+    server: ThriftServer,
+    handler: RecordingHandler,
+    transport: str = "framed",
+    protocol: str = "binary",
+) -> Iterator[None]:
     """A second connection, busy in a call while the test misbehaves on its own; it must
     get its answer and go on working."""
     client = thrift_client(server, transport, protocol)
@@ -114,6 +123,7 @@ def only_slow_call_reached(handler: RecordingHandler) -> bool:
 
 
 # --- Each limit against the live server ------------------------------------------------------
+
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
 def test_string_over_max_string_bytes(start_server, handler, transport, protocol):
@@ -164,16 +174,20 @@ def test_nesting_deeper_than_max_nesting_depth(start_server, handler, transport,
     assert client.ping() == "pong"
 
 
-@pytest.mark.parametrize("transport,protocol,claimed,counter", [
-    ("framed", "binary", 1_000, "malformed_messages"),
-    ("framed", "compact", 1_000, "malformed_messages"),
-    ("framed", "binary", 2**31 - 1, "limits_exceeded"),
-    ("buffered", "binary", 2**31 - 1, "limits_exceeded"),
-    ("buffered", "compact", 2**31 - 1, "limits_exceeded"),
-    ("buffered", "compact", 2**35, "malformed_messages"),  # a 6-byte varint: not a length
-])
-def test_string_claiming_more_than_its_frame(start_server, handler, transport, protocol,
-                                             claimed, counter):
+@pytest.mark.parametrize(
+    "transport,protocol,claimed,counter",
+    [
+        ("framed", "binary", 1_000, "malformed_messages"),
+        ("framed", "compact", 1_000, "malformed_messages"),
+        ("framed", "binary", 2**31 - 1, "limits_exceeded"),
+        ("buffered", "binary", 2**31 - 1, "limits_exceeded"),
+        ("buffered", "compact", 2**31 - 1, "limits_exceeded"),
+        ("buffered", "compact", 2**35, "malformed_messages"),  # a 6-byte varint: not a length
+    ],
+)
+def test_string_claiming_more_than_its_frame(
+    start_server, handler, transport, protocol, claimed, counter
+):
     server = start_server(transport=transport, protocol=protocol)
     lie = with_string_length(stats_call(protocol, app="shop"), protocol, "shop", claimed)
     with call_in_flight(server, handler, transport, protocol):
@@ -182,17 +196,21 @@ def test_string_claiming_more_than_its_frame(start_server, handler, transport, p
     assert server.stats.frames_rejected == 1 and only_slow_call_reached(handler)
 
 
-@pytest.mark.parametrize("protocol,field", [
-    # An unknown field: a map of 2**31 - 1 VOID -> VOID pairs, which take no bytes at all.
-    ("binary", b"\x0d\x00\x64" + b"\x01\x01" + struct.pack("!i", 2**31 - 1)),
-    # An unknown field: a list of 2**32 - 1 STOP "elements" (the pure-Python decoder loops on them).
-    ("compact", b"\x09\xc8\x01" + b"\xf0" + varint(2**32 - 1)),
-])
+@pytest.mark.parametrize(
+    "protocol,field",
+    [
+        # An unknown field: a map of 2**31 - 1 VOID -> VOID pairs, which take no bytes at all.
+        ("binary", b"\x0d\x00\x64" + b"\x01\x01" + struct.pack("!i", 2**31 - 1)),
+        # An unknown field: a list of 2**32 - 1 STOP "elements" (the pure-Python decoder loops on them).
+        ("compact", b"\x09\xc8\x01" + b"\xf0" + varint(2**32 - 1)),
+    ],
+)
 def test_elements_that_take_no_bytes_are_refused_at_once(start_server, handler, protocol, field):
     server = start_server(protocol=protocol)
     with call_in_flight(server, handler, protocol=protocol):
-        send_and_expect_closed(server, on_the_wire(with_unknown_field(ping_call(protocol), field),
-                                                   "framed"))
+        send_and_expect_closed(
+            server, on_the_wire(with_unknown_field(ping_call(protocol), field), "framed")
+        )
         wait_for(lambda: server.stats.malformed_messages == 1)
     assert server.stats.frames_rejected == 1
 
@@ -206,7 +224,7 @@ def test_slow_drip_is_closed_at_frame_timeout(start_server, handler, transport):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             for index in range(len(payload)):  # ~1 s in all, > 300 ms
                 try:
-                    sock.sendall(payload[index:index + 1])
+                    sock.sendall(payload[index : index + 1])
                 except OSError:
                     break  # closed under us: fine
                 assert thrift_client(server, transport).ping() == "pong"  # others are served
@@ -235,8 +253,11 @@ def test_reply_never_read_is_dropped_at_frame_timeout(start_server, handler):
 
 
 def _summaries(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and "closed for what they sent" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "closed for what they sent" in r.getMessage()
+    ]
 
 
 def test_rejections_are_logged_at_warning(start_server, caplog):
@@ -262,15 +283,24 @@ def test_http_sent_to_the_thrift_port_is_summarised_once_not_per_connection(star
 
 # --- The scanner and the decoder's input, directly -------------------------------------------
 
+
 def _valid_messages(protocol: str) -> list[bytes]:
-    meta = appstats.RequestMeta(headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
-                                deadline_ms=500, request_id="r-1")
-    full = appstats.StatsRequest(app="shop", start_ms=0, end_ms=1, panels=["errors", "urls"], meta=meta)
-    return [ping_call(protocol), encode_call("panels", appstats.AppStats.panels_args(), protocol),
-            encode_call("health", appstats.AppStats.health_args(), protocol),
-            encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=full), protocol),
-            encode_call("no_such_method", appstats.AppStats.get_app_stats_args(request=full), protocol),
-            with_nested_unknown_field(stats_call(protocol), protocol, 30)]
+    meta = appstats.RequestMeta(
+        headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        deadline_ms=500,
+        request_id="r-1",
+    )
+    full = appstats.StatsRequest(
+        app="shop", start_ms=0, end_ms=1, panels=["errors", "urls"], meta=meta
+    )
+    return [
+        ping_call(protocol),
+        encode_call("panels", appstats.AppStats.panels_args(), protocol),
+        encode_call("health", appstats.AppStats.health_args(), protocol),
+        encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=full), protocol),
+        encode_call("no_such_method", appstats.AppStats.get_app_stats_args(request=full), protocol),
+        with_nested_unknown_field(stats_call(protocol), protocol, 30),
+    ]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -333,7 +363,7 @@ def test_scan_resumes_byte_by_byte_and_finds_the_end(protocol):
         scan = MessageScan(WireLimits(), framed=False)
         ends = [scan.advance(stream, available, 1 << 20) for available in range(len(stream) + 1)]
         assert ends.index(len(message)) == len(message)  # complete exactly when it is all here
-        assert all(end is None for end in ends[:len(message)])
+        assert all(end is None for end in ends[: len(message)])
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -355,7 +385,7 @@ def test_buffered_channel_splits_pipelined_messages_arriving_in_pieces(protocol)
 
 def _send_in_pieces(sock: socket.socket, data: bytes, size: int) -> None:
     for start in range(0, len(data), size):
-        sock.sendall(data[start:start + size])
+        sock.sendall(data[start : start + size])
         gevent.sleep(0.001)
 
 
@@ -364,7 +394,7 @@ def test_decoder_input_ends_hard_even_without_the_scan(protocol):
     """Belt and braces: fed a message cut inside a string, bypassing the scan, the decoder
     raises end-of-file instead of returning bytes from outside the message."""
     cut = stats_call(protocol, app="A" * 300)
-    cut = cut[:cut.index(b"A" * 300) + 10]
+    cut = cut[: cut.index(b"A" * 300) + 10]
     processor = TProcessor(appstats.AppStats, RecordingHandler())
     decode = decoder_for(protocol, HubCodec())
     with pytest.raises(TTransportException) as caught:
@@ -372,9 +402,10 @@ def test_decoder_input_ends_hard_even_without_the_scan(protocol):
     assert caught.value.type == TTransportException.END_OF_FILE
 
 
-
-@pytest.mark.parametrize("head, looks_like", [(b"POST", "HTTP"), (b"PRI ", "HTTP"),
-                                              (b"\x16\x03\x01\x02", "TLS"), (b"\x7f\x00\x00\x00", "")])
+@pytest.mark.parametrize(
+    "head, looks_like",
+    [(b"POST", "HTTP"), (b"PRI ", "HTTP"), (b"\x16\x03\x01\x02", "TLS"), (b"\x7f\x00\x00\x00", "")],
+)
 def test_a_rejected_frame_length_says_what_its_bytes_looked_like(head, looks_like):
     from service.wire.errors import FrameRejected
 

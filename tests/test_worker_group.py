@@ -9,7 +9,8 @@ import re
 import signal
 import socket
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import psutil
@@ -31,8 +32,11 @@ def group_ports() -> dict[str, int]:
 
 
 def group_env(ports: dict[str, int]) -> dict[str, str]:
-    return {"FANOUT_SERVER_PROBE_PORT": str(ports["probes"]), "FANOUT_METRICS_EXPORTER": "prometheus",
-            "FANOUT_METRICS_PORT": str(ports["metrics"])}
+    return {
+        "FANOUT_SERVER_PROBE_PORT": str(ports["probes"]),
+        "FANOUT_METRICS_EXPORTER": "prometheus",
+        "FANOUT_METRICS_PORT": str(ports["metrics"]),
+    }
 
 
 def probe(ports: dict[str, int], path: str) -> requests.Response:
@@ -51,30 +55,45 @@ def reload_and_wait(server: Server, ports: dict[str, int]) -> None:
     """SIGHUP, then wait until two new workers serve and the old ones are gone."""
     before = set(server.workers())
     server.process.send_signal(signal.SIGHUP)
-    wait_for(lambda: not before & set(server.workers()) and all_serving(ports, 2), 30,
-             "two new workers serving, the old ones gone")
+    wait_for(
+        lambda: not before & set(server.workers()) and all_serving(ports, 2),
+        30,
+        "two new workers serving, the old ones gone",
+    )
 
 
 def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
-        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    serve: Callable[..., Server], group_ports: dict[str, int]
+) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
     ready = probe(group_ports, "/readyz")
     assert ready.status_code == 200 and ready.json() == {
-        "status": "ready", "workers": {"0": "serving", "1": "serving"},
-        "backends": {name: {"up": True, "circuit": "closed", "detail": ""}
-                     for name in ("mongo", "alerts", "metrics")}}
+        "status": "ready",
+        "workers": {"0": "serving", "1": "serving"},
+        "backends": {
+            name: {"up": True, "circuit": "closed", "detail": ""}
+            for name in ("mongo", "alerts", "metrics")
+        },
+    }
     for _ in range(8):  # new connections: the kernel spreads them over both workers
         with AppStatsClient(*server.address, timeout_ms=10_000) as client:
             client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 
     scrape = requests.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text
     for worker in ("0", "1"):
-        assert re.search(rf'^fanout_worker_scraped\{{worker="{worker}"\}} 1\.0$', scrape, re.M), scrape
+        assert re.search(rf'^fanout_worker_scraped\{{worker="{worker}"\}} 1\.0$', scrape, re.M), (
+            scrape
+        )
         assert re.search(rf'^fanout_admission_limit\S*\{{.*worker="{worker}".*\}} ', scrape, re.M)
-    calls = [float(value) for value in re.findall(
-        r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} (\S+)$',
-        scrape, re.M)]
+    calls = [
+        float(value)
+        for value in re.findall(
+            r'^rpc_server_call_duration_seconds_count\{.*rpc_method="AppStats/get_app_stats".*\} (\S+)$',
+            scrape,
+            re.M,
+        )
+    ]
     assert sum(calls) == 8, scrape
     assert scrape.count("# TYPE rpc_server_call_duration_seconds histogram") == 1  # one family
     assert server.stop() == 0
@@ -84,26 +103,32 @@ def _caller(address: tuple[str, int], outcomes: list[str]) -> None:
     with AppStatsClient(*address, timeout_ms=5_000) as client:
         while True:
             try:
-                response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                                                deadline_ms=3_000)
+                response = client.get_app_stats(
+                    "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=3_000
+                )
                 statuses = {o.name: o.status for o in response.outcomes}
                 outcomes.append("ok" if statuses == {name: 0 for name in ALL_PANELS} else "partial")
-            except Exception as exc:  # noqa: BLE001 - every failure is counted, by kind
+            except Exception as exc:
                 outcomes.append(f"{type(exc).__name__}: {exc}")
             gevent.sleep(0.02)
 
 
 def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
-        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    serve: Callable[..., Server], group_ports: dict[str, int]
+) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
     outcomes: list[str] = []
     callers = [gevent.spawn(_caller, server.address, outcomes) for _ in range(4)]
     try:
-        for _ in range(2):   # the second reloads workers that a reload started
+        for _ in range(2):  # the second reloads workers that a reload started
             reload_and_wait(server, group_ports)
-            assert requests.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics",
-                                timeout=5).status_code == 200
+            assert (
+                requests.get(
+                    f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5
+                ).status_code
+                == 200
+            )
         calls_after = len(outcomes) + 20
         wait_for(lambda: len(outcomes) >= calls_after, 20, "calls after the last reload")
     finally:
@@ -119,21 +144,27 @@ def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 @pytest.mark.parametrize("taken", ["probes", "metrics"])
-def test_a_taken_port_fails_the_start_naming_it(workers: str, taken: str,
-                                                group_ports: dict[str, int]) -> None:
+def test_a_taken_port_fails_the_start_naming_it(
+    workers: str, taken: str, group_ports: dict[str, int]
+) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", group_ports[taken]))
         holder.listen(1)
-        done = subprocess.run([*FANOUT, "serve", "--port", "0", "--workers", workers],
-                              env={**ENV, **group_env(group_ports)}, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [*FANOUT, "serve", "--port", "0", "--workers", workers],
+            env={**ENV, **group_env(group_ports)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1, done.stderr[-3000:]
     assert f"fanout: cannot listen on 127.0.0.1:{group_ports[taken]}" in done.stderr
     assert "Traceback" not in done.stderr and "restarting" not in done.stderr, done.stderr[-3000:]
 
 
 def test_fanout_pools_describes_every_worker_of_the_group(
-        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    serve: Callable[..., Server], group_ports: dict[str, int]
+) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
 
@@ -148,15 +179,21 @@ def test_fanout_pools_describes_every_worker_of_the_group(
     assert report.worker in ("0", "1")
     for name in ("fanout.request", "mongo"):
         group = next(pool for pool in report.pools if pool.name == name)
-        each = [next(pool for pool in worker.pools if pool.name == name) for worker in report.workers]
+        each = [
+            next(pool for pool in worker.pools if pool.name == name) for worker in report.workers
+        ]
         assert group.size == sum(pool.size for pool in each) > 0
 
-
     def shown_by_cli() -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([*FANOUT, "pools", "--port", str(server.address[1])], env=ENV,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [*FANOUT, "pools", "--port", str(server.address[1])],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
-        return done.stdout.startswith("group of 2 workers\n") and done   # whichever answers
+        return done.stdout.startswith("group of 2 workers\n") and done  # whichever answers
 
     shown = wait_for(shown_by_cli, 20, "fanout pools answering for both workers")
     assert re.search(r"^worker=0 mongo size=\d+", shown.stdout, re.M), shown.stdout
@@ -166,27 +203,47 @@ def test_fanout_pools_describes_every_worker_of_the_group(
 
 def _workers_in(scrape: str) -> set[str]:
     """The workers whose own series a merged scrape carries (it must parse)."""
-    return {sample.labels["worker"] for family in text_string_to_metric_families(scrape)
-            if family.name == "fanout_admission_limit" for sample in family.samples}
+    return {
+        sample.labels["worker"]
+        for family in text_string_to_metric_families(scrape)
+        if family.name == "fanout_admission_limit"
+        for sample in family.samples
+    }
 
 
 def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_reloads_and_a_kill(
-        serve: Callable[..., Server], group_ports: dict[str, int]) -> None:
+    serve: Callable[..., Server], group_ports: dict[str, int]
+) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
     wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
-    scrapes, readiness = requests.Session(), requests.Session()   # one connection each, kept
-    wait_for(lambda: _workers_in(scrapes.get(
-        f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text) == {"0", "1"}, 20,
-        "a first scrape carrying both workers' series")
+    scrapes, readiness = requests.Session(), requests.Session()  # one connection each, kept
+    wait_for(
+        lambda: (
+            _workers_in(
+                scrapes.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text
+            )
+            == {"0", "1"}
+        ),
+        20,
+        "a first scrape carrying both workers' series",
+    )
     seen: list[set[str]] = []
     ready: list[int] = []
 
     def poll() -> None:
         while True:
-            seen.append(_workers_in(scrapes.get(
-                f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text))
-            ready.append(readiness.get(f"http://127.0.0.1:{group_ports['probes']}/readyz",
-                                       timeout=5).status_code)
+            seen.append(
+                _workers_in(
+                    scrapes.get(
+                        f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5
+                    ).text
+                )
+            )
+            ready.append(
+                readiness.get(
+                    f"http://127.0.0.1:{group_ports['probes']}/readyz", timeout=5
+                ).status_code
+            )
             gevent.sleep(0.5)
 
     poller = gevent.spawn(poll)
@@ -195,8 +252,11 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
             reload_and_wait(server, group_ports)
         victim = server.workers()[0]
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: victim not in server.workers() and all_serving(group_ports, 2), 30,
-                 "the killed worker replaced")
+        wait_for(
+            lambda: victim not in server.workers() and all_serving(group_ports, 2),
+            30,
+            "the killed worker replaced",
+        )
         polls = len(seen)
         wait_for(lambda: len(seen) >= polls + 2, 10, "scrapes after the kill")
     finally:
@@ -205,9 +265,12 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
     assert len(seen) >= 4 and all(workers == {"0", "1"} for workers in seen), seen
     assert set(ready) == {200}, ready
     ports = {group_ports["probes"], group_ports["metrics"]}
-    for pid in server.workers():   # no worker holds a socket of the master's ports
-        assert not [c for c in psutil.Process(pid).net_connections(kind="tcp")
-                    if c.laddr.port in ports or (c.raddr and c.raddr.port in ports)]
+    for pid in server.workers():  # no worker holds a socket of the master's ports
+        assert not [
+            c
+            for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.laddr.port in ports or (c.raddr and c.raddr.port in ports)
+        ]
     assert server.stop() == 0
     assert "Traceback" not in server.process.stderr.read()
 
@@ -216,7 +279,9 @@ def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:
     """What the probes, the merged scrape and health() each say of backend ``name``."""
     said = {"probe": probe(ports, "/healthz").json()["backends"][name]["up"]}
     scrape = requests.get(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5).text
-    gauges = re.findall(rf'^fanout_backend_up\{{.*fanout_backend="{name}".*\}} (\S+)$', scrape, re.M)
+    gauges = re.findall(
+        rf'^fanout_backend_up\{{.*fanout_backend="{name}".*\}} (\S+)$', scrape, re.M
+    )
     said["metrics"] = bool(gauges) and all(float(value) == 1.0 for value in gauges)
     said["metrics_down"] = len(gauges) == 2 and all(float(value) == 0.0 for value in gauges)
     with AppStatsClient(*server.address, timeout_ms=5_000) as client:
@@ -225,7 +290,8 @@ def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:
 
 
 def test_a_backend_going_down_with_no_calls_shows_everywhere_and_comes_back(
-        serve: Callable[..., Server], group_ports: dict[str, int], mongo_server: Any) -> None:
+    serve: Callable[..., Server], group_ports: dict[str, int], mongo_server: Any
+) -> None:
     port = free_port()
     target = ("127.0.0.1", mongo_server.port)
     proxy = TcpFaultProxy(target, port=port).start()
@@ -233,17 +299,32 @@ def test_a_backend_going_down_with_no_calls_shows_everywhere_and_comes_back(
     server = serve("--workers", "2", env=env)
     try:
         wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
-        wait_for(lambda: _backend_up(group_ports, server, "mongo") == {
-            "probe": True, "metrics": True, "metrics_down": False, "health": True}, 15,
-            "mongo up in the probes, both workers' gauges and health()")
-        proxy.stop()   # the backend goes away; nobody calls get_app_stats
-        wait_for(lambda: _backend_up(group_ports, server, "mongo") == {
-            "probe": False, "metrics": False, "metrics_down": True, "health": False}, 20,
-            "mongo down in the probes, both workers' gauges and health()")
+        wait_for(
+            lambda: (
+                _backend_up(group_ports, server, "mongo")
+                == {"probe": True, "metrics": True, "metrics_down": False, "health": True}
+            ),
+            15,
+            "mongo up in the probes, both workers' gauges and health()",
+        )
+        proxy.stop()  # the backend goes away; nobody calls get_app_stats
+        wait_for(
+            lambda: (
+                _backend_up(group_ports, server, "mongo")
+                == {"probe": False, "metrics": False, "metrics_down": True, "health": False}
+            ),
+            20,
+            "mongo down in the probes, both workers' gauges and health()",
+        )
         proxy = TcpFaultProxy(target, port=port).start()
-        wait_for(lambda: _backend_up(group_ports, server, "mongo")["probe"] is True
-                 and _backend_up(group_ports, server, "mongo")["metrics"] is True, 20,
-                 "mongo up again")
+        wait_for(
+            lambda: (
+                _backend_up(group_ports, server, "mongo")["probe"] is True
+                and _backend_up(group_ports, server, "mongo")["metrics"] is True
+            ),
+            20,
+            "mongo up again",
+        )
     finally:
         proxy.stop()
     assert server.stop() == 0

@@ -8,8 +8,9 @@ import signal
 import socket
 import struct
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gevent
 import psutil
@@ -31,11 +32,16 @@ def open_idle_connection(address: tuple[str, int]) -> socket.socket:
 
 
 def connections_of(pid: int, port: int) -> int:
-    return sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
-               if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+    return sum(
+        1
+        for c in psutil.Process(pid).net_connections(kind="tcp")
+        if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+    )
 
 
-def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(serve: Callable[..., Server]) -> None:
+def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(
+    serve: Callable[..., Server],
+) -> None:
     server = serve("--workers", "2")
     assert server.line.endswith("(2 workers)")
     workers = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 10, "two workers")
@@ -44,16 +50,26 @@ def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(serve: Callable
     # Both workers accept from the one shared port.
     held = [open_idle_connection(server.address) for _ in range(40)]
     try:
-        counts = wait_for(lambda: (c := [connections_of(p, server.address[1]) for p in workers])
-                          and sum(c) == 40 and c, 10, "40 connections accepted")
+        counts = wait_for(
+            lambda: (
+                (c := [connections_of(p, server.address[1]) for p in workers])
+                and sum(c) == 40
+                and c
+            ),
+            10,
+            "40 connections accepted",
+        )
         assert all(count > 0 for count in counts), counts
     finally:
         for sock in held:
             sock.close()
 
     os.kill(workers[0], signal.SIGKILL)
-    replaced = wait_for(lambda: (now := server.workers()) and len(now) == 2
-                        and workers[0] not in now and now, 10, "a replacement worker")
+    replaced = wait_for(
+        lambda: (now := server.workers()) and len(now) == 2 and workers[0] not in now and now,
+        10,
+        "a replacement worker",
+    )
     assert workers[1] in replaced
     for _ in range(3):
         gather_all_panels(server.address)
@@ -62,7 +78,9 @@ def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(serve: Callable
     wait_for(lambda: not any(psutil.pid_exists(pid) for pid in replaced), 5, "workers gone")
     # Every line says which process wrote it (here the master's warning about the kill).
     logged = server.process.stderr.read()
-    assert re.search(r"WARNING master: service\.workers\.master: .*killed by SIGKILL", logged), logged
+    assert re.search(r"WARNING master: service\.workers\.master: .*killed by SIGKILL", logged), (
+        logged
+    )
 
 
 def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -> None:
@@ -79,14 +97,14 @@ def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     delays = []
     for pid in range(100, 110):
         master._positions.started(position, pid, pid)
-        assert master._on_exit(pid, -signal.SIGKILL) is None         # killed by a signal: restart
+        assert master._on_exit(pid, -signal.SIGKILL) is None  # killed by a signal: restart
         delays.append(round(position.restart_at - time.monotonic(), 1))
     assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
-    assert master._positions.due() == []                                  # none due yet
+    assert master._positions.due() == []  # none due yet
     master._positions.started(position, 110, 110)
-    assert master._on_exit(110, 1) == 1                               # the 11th in a minute: give up
+    assert master._on_exit(110, 1) == 1  # the 11th in a minute: give up
     master._positions.started(other, 200, 200)
-    assert master._on_exit(200, 2) == 2                               # a configuration error: stop
+    assert master._on_exit(200, 2) == 2  # a configuration error: stop
 
 
 def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:
@@ -96,7 +114,9 @@ def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:
     assert positions.storm_limit == 10 and positions.holding(300) is not None
     assert positions.remove_last().pid == 300 and len(positions) == 2
     old = positions.replace(4)
-    assert len(old) == 2 and [s.pid for s in positions] == [0, 0, 0, 0] and positions.storm_limit == 12
+    assert (
+        len(old) == 2 and [s.pid for s in positions] == [0, 0, 0, 0] and positions.storm_limit == 12
+    )
 
 
 def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> None:
@@ -104,12 +124,18 @@ def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> No
     server = serve("--workers", "2")
     first = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
     held = [open_idle_connection(server.address) for _ in range(16)]
-    wait_for(lambda: all(connections_of(pid, server.address[1]) for pid in first), 10,
-             "both workers serving")
+    wait_for(
+        lambda: all(connections_of(pid, server.address[1]) for pid in first),
+        10,
+        "both workers serving",
+    )
     stuck = first[0]
-    os.kill(stuck, signal.SIGSTOP)   # its event loop stops: no more heartbeats
-    replaced = wait_for(lambda: stuck not in server.workers() and len(server.workers()) == 2
-                        and server.workers(), 15, "the stuck worker replaced")
+    os.kill(stuck, signal.SIGSTOP)  # its event loop stops: no more heartbeats
+    replaced = wait_for(
+        lambda: stuck not in server.workers() and len(server.workers()) == 2 and server.workers(),
+        15,
+        "the stuck worker replaced",
+    )
     assert first[1] in replaced
     gather_all_panels(server.address)
     for sock in held:
@@ -120,15 +146,20 @@ def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> No
     assert f"master: worker {stuck} (position 0) has not answered for" in logged, logged[-3000:]
 
 
-def test_sighup_reloads_the_configuration_and_replaces_every_worker(serve: Any, tmp_path: Path) -> None:
+def test_sighup_reloads_the_configuration_and_replaces_every_worker(
+    serve: Any, tmp_path: Path
+) -> None:
     config = tmp_path / "fanout.toml"
     set_server_keys(config, workers=2)
     server = serve()
     old = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
     set_server_keys(config, workers=3)
     server.process.send_signal(signal.SIGHUP)
-    new = wait_for(lambda: (w := server.workers()) and len(w) == 3 and not set(w) & set(old) and w,
-                   20, "three new workers, the old ones gone")
+    new = wait_for(
+        lambda: (w := server.workers()) and len(w) == 3 and not set(w) & set(old) and w,
+        20,
+        "three new workers, the old ones gone",
+    )
     assert len(new) == 3
     gather_all_panels(server.address)
     assert server.stop() == 0
@@ -139,7 +170,7 @@ def test_sigttin_and_sigttou_add_and_retire_a_worker(serve: Any) -> None:
     before = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
     server.process.send_signal(signal.SIGTTIN)
     grown = wait_for(lambda: len(server.workers()) == 3 and server.workers(), 15, "three workers")
-    assert set(before) <= set(grown)   # the running workers stay
+    assert set(before) <= set(grown)  # the running workers stay
     server.process.send_signal(signal.SIGTTOU)
     wait_for(lambda: len(server.workers()) == 2, 15, "two workers again")
     gather_all_panels(server.address)
@@ -149,22 +180,23 @@ def test_sigttin_and_sigttou_add_and_retire_a_worker(serve: Any) -> None:
 def test_connections_spread_only_on_a_clear_imbalance() -> None:
     from service.workers.balance import excess
 
-    assert excess({1: 32, 2: 0}) == {1: 16}                  # a replaced worker takes half
-    assert excess({1: 20, 2: 6, 3: 6}) == {1: 9}             # down to the mean, rounded up
+    assert excess({1: 32, 2: 0}) == {1: 16}  # a replaced worker takes half
+    assert excess({1: 20, 2: 6, 3: 6}) == {1: 9}  # down to the mean, rounded up
     assert excess({1: 2, 2: 0}) == {1: 1}
-    assert excess({1: 17, 2: 15}) == {} and excess({1: 1, 2: 0}) == {}   # near enough: no churn
-    assert excess({1: 40}) == {}                              # one worker: nowhere to go
+    assert excess({1: 17, 2: 15}) == {} and excess({1: 1, 2: 0}) == {}  # near enough: no churn
+    assert excess({1: 40}) == {}  # one worker: nowhere to go
 
 
 def test_a_reload_whose_backends_cannot_be_built_is_refused_and_the_workers_stay(
-        serve: Any, tmp_path: Path) -> None:
+    serve: Any, tmp_path: Path
+) -> None:
     config = tmp_path / "fanout.toml"
     server = serve("--workers", "2")
     before = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
-    with config.open("a") as toml:   # the last table is [http]: a CA file that is not there
+    with config.open("a") as toml:  # the last table is [http]: a CA file that is not there
         toml.write(f'ca_file = "{tmp_path / "no-such-ca.pem"}"\n')
     server.process.send_signal(signal.SIGHUP)
-    gevent.sleep(2.0)   # what a reload takes here: the new workers would have started by now
+    gevent.sleep(2.0)  # what a reload takes here: the new workers would have started by now
     assert server.workers() == before and server.process.poll() is None
     gather_all_panels(server.address)
     assert server.stop() == 0

@@ -25,15 +25,21 @@ instrumentations, and :func:`remote_call` only sets a context variable.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from opentelemetry import trace
 from pymongo import monitoring
 
-__all__ = ["MONGODB_SERVICE", "remote_call", "requests_request_hook", "pymongo_request_hook",
-           "MongoConnectionEvents"]
+__all__ = [
+    "MONGODB_SERVICE",
+    "remote_call",
+    "requests_request_hook",
+    "pymongo_request_hook",
+    "MongoConnectionEvents",
+]
 
 #: ``peer.service`` of MongoDB commands unless a lookup names the call otherwise.
 MONGODB_SERVICE = "mongodb"
@@ -42,7 +48,7 @@ URL_TEMPLATE = "url.template"
 # Check-outs and set-ups quicker than this leave no event: only the ones a reader would ask about.
 _NOTABLE_MS = 1.0
 
-_current_call: ContextVar[Optional[tuple[str, str]]] = ContextVar("fanout_remote_call", default=None)
+_current_call: ContextVar[tuple[str, str] | None] = ContextVar("fanout_remote_call", default=None)
 
 
 @contextmanager
@@ -97,17 +103,33 @@ class MongoConnectionEvents(monitoring.ConnectionPoolListener):
         _add_event("mongodb.connection.checkout", {"duration_ms": _ms(event)})
 
     def connection_check_out_failed(self, event: monitoring.ConnectionCheckOutFailedEvent) -> None:
-        _add_event("mongodb.connection.checkout_failed", {"reason": str(event.reason),
-                                                          "duration_ms": _ms(event)}, always=True)
+        _add_event(
+            "mongodb.connection.checkout_failed",
+            {"reason": str(event.reason), "duration_ms": _ms(event)},
+            always=True,
+        )
 
     # The rest of the listener interface says nothing a request's trace needs.
-    def pool_created(self, event: Any) -> None: pass
-    def pool_ready(self, event: Any) -> None: pass
-    def pool_cleared(self, event: Any) -> None: pass
-    def pool_closed(self, event: Any) -> None: pass
-    def connection_closed(self, event: Any) -> None: pass
-    def connection_check_out_started(self, event: Any) -> None: pass
-    def connection_checked_in(self, event: Any) -> None: pass
+    def pool_created(self, event: Any) -> None:
+        pass
+
+    def pool_ready(self, event: Any) -> None:
+        pass
+
+    def pool_cleared(self, event: Any) -> None:
+        pass
+
+    def pool_closed(self, event: Any) -> None:
+        pass
+
+    def connection_closed(self, event: Any) -> None:
+        pass
+
+    def connection_check_out_started(self, event: Any) -> None:
+        pass
+
+    def connection_checked_in(self, event: Any) -> None:
+        pass
 
 
 def _add_event(name: str, attributes: dict[str, Any], *, always: bool = False) -> None:

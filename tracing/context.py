@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextvars
 import logging
 import sys
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import gevent
 from gevent import Greenlet
@@ -30,8 +31,15 @@ from greenlet import greenlet as RawGreenlet
 from opentelemetry import propagate
 from opentelemetry.context import Context
 
-__all__ = ["MAX_HEADER_CHARS", "MAX_HEADERS", "extract_context", "inject_headers",
-           "propagation_fields", "spawn_in_context", "TaskRunners"]
+__all__ = [
+    "MAX_HEADER_CHARS",
+    "MAX_HEADERS",
+    "extract_context",
+    "inject_headers",
+    "propagation_fields",
+    "spawn_in_context",
+    "TaskRunners",
+]
 
 # W3C caps tracestate at 32 members (~512 chars useful) and baggage at 8192 bytes;
 # anything longer is not a header a well-behaved caller sends.
@@ -94,7 +102,7 @@ def spawn_in_context(function: Callable[..., Any], *args: Any, **kwargs: Any) ->
     return gevent.spawn(context.run, function, *args, **kwargs)
 
 
-_Job = tuple  # (contextvars.Context, function, args)
+_Job = tuple[Any, ...]  # (contextvars.Context, function, args)
 
 
 class TaskRunners:
@@ -139,23 +147,22 @@ class TaskRunners:
             runner = RawGreenlet(self._serve, get_hub())
         runner.switch(job)
 
-    def _serve(self, job: _Job) -> None:
+    def _serve(self, first: _Job) -> None:
         me, hub = getcurrent(), get_hub()
-        while True:
+        job: _Job | None = first
+        while job is not None:
             context, function, args = job
             try:
                 context.run(function, *args)
-            except Exception:
+            except Exception:  # noqa: BLE001 - reported to the hub, as a greenlet's own failure is
                 hub.handle_error(me, *sys.exc_info())
             job = context = function = args = None  # a parked runner holds nothing of its job
             if len(self._idle) >= self._max_idle:
                 return
             self._idle.append(me)
             job = self._park(me, hub)
-            if job is None:
-                return
 
-    def _park(self, me: RawGreenlet, hub: Any) -> Optional[_Job]:
+    def _park(self, me: RawGreenlet, hub: Any) -> _Job | None:
         """Wait in the hub for the next job; ``None`` if woken by anything but :meth:`_resume`."""
         woken_by_start = False
         try:
@@ -167,4 +174,5 @@ class TaskRunners:
         if not woken_by_start:
             _log.warning("a parked task runner was woken by %r; ending it", job)
             return None
-        return job
+        started: _Job = job
+        return started

@@ -20,47 +20,63 @@ from __future__ import annotations
 
 import traceback
 import types
-from typing import Any, Optional
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.trace import Status, StatusCode
 
-__all__ = ["ExceptionEventsWithoutSource", "exception_attributes", "stacktrace", "record_error",
-           "MAX_STATUS_DESCRIPTION"]
+__all__ = [
+    "ExceptionEventsWithoutSource",
+    "exception_attributes",
+    "stacktrace",
+    "record_error",
+    "MAX_STATUS_DESCRIPTION",
+]
 
-_MAX_STACK_FRAMES = 40     # the innermost ones, per exception
+_MAX_STACK_FRAMES = 40  # the innermost ones, per exception
 #: Characters of a span status description, at most.
 MAX_STATUS_DESCRIPTION = 200
-_MAX_CHAINED = 3           # exceptions of a __cause__ / __context__ chain in one stack trace
+_MAX_CHAINED = 3  # exceptions of a __cause__ / __context__ chain in one stack trace
 
 
 def exception_attributes(error: BaseException, escaped: bool = False) -> dict[str, str]:
     """The ``exception`` event's attributes (semantic conventions) for ``error``."""
-    return {"exception.type": type_name(error), "exception.message": str(error),
-            "exception.stacktrace": stacktrace(error), "exception.escaped": str(escaped)}
+    return {
+        "exception.type": type_name(error),
+        "exception.message": str(error),
+        "exception.stacktrace": stacktrace(error),
+        "exception.escaped": str(escaped),
+    }
 
 
 def stacktrace(error: BaseException) -> str:
-    """Like ``traceback.format_exception``, without source lines: file, line and function per frame."""
+    """Like ``traceback.format_exception``, without source lines: file, line and function per
+    frame."""
     chain = [error]
     while len(chain) < _MAX_CHAINED:
-        cause = chain[-1].__cause__ or (None if chain[-1].__suppress_context__ else chain[-1].__context__)
+        cause = chain[-1].__cause__ or (
+            None if chain[-1].__suppress_context__ else chain[-1].__context__
+        )
         if cause is None or cause in chain:
             break
         chain.append(cause)
     parts: list[str] = []
     for position, exc in enumerate(reversed(chain)):
         if position:
-            parts.append("\nThe above exception was the direct cause of the following exception:\n\n"
-                         if exc.__cause__ is not None else
-                         "\nDuring handling of the above exception, another exception occurred:\n\n")
+            parts.append(
+                "\nThe above exception was the direct cause of the following exception:\n\n"
+                if exc.__cause__ is not None
+                else "\nDuring handling of the above exception, another exception occurred:\n\n"
+            )
         frames = list(traceback.walk_tb(exc.__traceback__))[-_MAX_STACK_FRAMES:]
         if frames:
             parts.append("Traceback (most recent call last):\n")
-            parts.extend(f'  File "{frame.f_code.co_filename}", line {lineno}, in {frame.f_code.co_name}\n'
-                         for frame, lineno in frames)
+            parts.extend(
+                f'  File "{frame.f_code.co_filename}", line {lineno}, in {frame.f_code.co_name}\n'
+                for frame, lineno in frames
+            )
         message = str(exc)
         parts.append(f"{type_name(exc)}: {message}\n" if message else f"{type_name(exc)}\n")
     return "".join(parts)
@@ -70,11 +86,20 @@ def type_name(error: BaseException) -> str:
     """``module.QualName`` of the error's type (builtins unqualified), as the conventions want."""
     kind = type(error)
     module = kind.__module__
-    return kind.__qualname__ if module in ("builtins", "__main__", None) else f"{module}.{kind.__qualname__}"
+    return (
+        kind.__qualname__
+        if module in ("builtins", "__main__", None)
+        else f"{module}.{kind.__qualname__}"
+    )
 
 
-def _record_exception(span: Span, exception: BaseException, attributes: Any = None,
-                      timestamp: Optional[int] = None, escaped: bool = False) -> None:
+def _record_exception(
+    span: Span,
+    exception: BaseException,
+    attributes: Any = None,
+    timestamp: int | None = None,
+    escaped: bool = False,
+) -> None:
     """``Span.record_exception``'s signature and event, from :func:`stacktrace`."""
     event = exception_attributes(exception, escaped)
     if attributes:
@@ -85,8 +110,8 @@ def _record_exception(span: Span, exception: BaseException, attributes: Any = No
 class ExceptionEventsWithoutSource(SpanProcessor):
     """Gives every span started ``record_exception`` without source lines (module doc)."""
 
-    def on_start(self, span: Span, parent_context: Optional[Context] = None) -> None:
-        span.record_exception = types.MethodType(_record_exception, span)  # type: ignore[method-assign]
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        span.record_exception = types.MethodType(_record_exception, span)  # type: ignore[method-assign]  # per span, by design
 
     def on_end(self, span: ReadableSpan) -> None:
         pass
@@ -99,7 +124,8 @@ class ExceptionEventsWithoutSource(SpanProcessor):
 
 
 def record_error(span: trace.Span, error: BaseException) -> None:
-    """The ``exception`` event (OpenTelemetry semantic conventions) and status ERROR; never raises."""
+    """The ``exception`` event (OpenTelemetry semantic conventions) and status ERROR; never
+    raises."""
     if not span.is_recording():
         return
     try:

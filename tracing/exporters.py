@@ -7,7 +7,7 @@ Settings win over the environment; the environment over SDK defaults.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import gevent.monkey
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
@@ -43,11 +43,13 @@ def _exporter_names(settings: TracingSettings, env: Mapping[str, str]) -> set[st
         return {settings.exporter}
     raw = env.get("OTEL_TRACES_EXPORTER", "").strip().lower() or "otlp"
     # The variable is a comma-separated list; a short one is all we ever need to look at.
-    names = {name.strip() for name in raw.split(",")[:len(EXPORTERS) + 1] if name.strip()}
+    names = {name.strip() for name in raw.split(",")[: len(EXPORTERS) + 1] if name.strip()}
     unknown = names - set(EXPORTERS)
     if unknown:
-        raise ValueError(f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
-                          f"expected one of {', '.join(EXPORTERS)}")
+        raise ValueError(
+            f"OTEL_TRACES_EXPORTER: unsupported exporter {sorted(unknown)[0]!r}; "
+            f"expected one of {', '.join(EXPORTERS)}"
+        )
     return names
 
 
@@ -58,13 +60,15 @@ def _otlp_protocol(settings: TracingSettings, env: Mapping[str, str]) -> str:
         protocol = env.get(variable, "").strip().lower()
         if protocol:
             if protocol not in OTLP_PROTOCOLS:
-                raise ValueError(f"{variable}: unsupported protocol {protocol!r}; "
-                                  f"expected one of {', '.join(OTLP_PROTOCOLS)}")
+                raise ValueError(
+                    f"{variable}: unsupported protocol {protocol!r}; "
+                    f"expected one of {', '.join(OTLP_PROTOCOLS)}"
+                )
             return protocol
     return "http/protobuf"
 
 
-def _otlp_endpoint(settings: TracingSettings, env: Mapping[str, str], protocol: str) -> Optional[str]:
+def _otlp_endpoint(settings: TracingSettings, env: Mapping[str, str], protocol: str) -> str | None:
     """The endpoint to hand the exporter, or ``None`` for the SDK default."""
     base = settings.endpoint
     if not base:
@@ -82,7 +86,10 @@ def _build_otlp_exporter(settings: TracingSettings, env: Mapping[str, str]) -> S
     endpoint = _otlp_endpoint(settings, env, protocol)
     if protocol == "grpc":
         prepare_grpc_for_gevent()
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
         return GrpcExporter(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.http import trace_exporter
 
@@ -100,5 +107,6 @@ def prepare_grpc_for_gevent() -> None:
     if _grpc_gevent_ready or not gevent.monkey.is_module_patched("socket"):
         return
     from grpc.experimental import gevent as grpc_gevent
+
     grpc_gevent.init_gevent()
     _grpc_gevent_ready = True

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
@@ -39,14 +40,19 @@ log = logging.getLogger(__name__)
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 9464
-_REPORT_REUSE_S = 0.5   # one collection reads all pool gauges well within this
+_REPORT_REUSE_S = 0.5  # one collection reads all pool gauges well within this
 
 
 class Metrics:
     """The handle on a configured meter provider; :meth:`shutdown` at exit."""
 
-    def __init__(self, provider: Optional[MeterProvider], exporter: str, registry: Any = None,
-                 scrape_at: Optional[tuple[str, int]] = None) -> None:
+    def __init__(
+        self,
+        provider: MeterProvider | None,
+        exporter: str,
+        registry: Any = None,
+        scrape_at: tuple[str, int] | None = None,
+    ) -> None:
         self.provider = provider
         self.exporter = exporter
         #: The Prometheus registry to serve, and where (host, port; 0 any); None otherwise.
@@ -60,8 +66,12 @@ class Metrics:
             provider.shutdown(timeout_millis=timeout_ms)
 
 
-def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, str]] = None,
-                      resource: Optional[Resource] = None) -> Metrics:
+def configure_metrics(
+    settings: MetricsSettings,
+    *,
+    env: Mapping[str, str] | None = None,
+    resource: Resource | None = None,
+) -> Metrics:
     """Install the global meter provider ``settings`` describes, if any, with ``resource``
     (the traces' own, so both name the same ``service.name``).
 
@@ -77,45 +87,65 @@ def configure_metrics(settings: MetricsSettings, *, env: Optional[Mapping[str, s
         reader, registry, scrape_at = _prometheus_reader(settings, environment)
     else:
         reader = _otlp_reader(settings)
-    views = [View(instrument_name="*duration*",
-                  aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS))]
-    provider = MeterProvider(metric_readers=[reader], views=views,
-                             **({"resource": resource} if resource is not None else {}))
+    views = [
+        View(
+            instrument_name="*duration*",
+            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
+        )
+    ]
+    provider = MeterProvider(
+        metric_readers=[reader],
+        views=views,
+        resource=resource if resource is not None else Resource.create({}),
+    )
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
         log.warning("a meter provider was already installed; metrics go to that one")
     return Metrics(provider, name, registry, scrape_at)
 
 
-def exporter_name(settings: MetricsSettings, env: Optional[Mapping[str, str]] = None) -> str:
-    """The metric exporter ``settings`` and ``OTEL_METRICS_EXPORTER`` choose; ValueError if unknown."""
+def exporter_name(settings: MetricsSettings, env: Mapping[str, str] | None = None) -> str:
+    """The metric exporter ``settings`` and ``OTEL_METRICS_EXPORTER`` choose; ValueError if
+    unknown."""
     environment = os.environ if env is None else env
-    name = settings.exporter or environment.get("OTEL_METRICS_EXPORTER", "").strip().lower() or "none"
+    name = (
+        settings.exporter or environment.get("OTEL_METRICS_EXPORTER", "").strip().lower() or "none"
+    )
     if name not in METRIC_EXPORTERS:
-        raise ValueError(f"OTEL_METRICS_EXPORTER: unsupported exporter {name!r}; "
-                         f"expected one of {', '.join(METRIC_EXPORTERS)}")
+        raise ValueError(
+            f"OTEL_METRICS_EXPORTER: unsupported exporter {name!r}; "
+            f"expected one of {', '.join(METRIC_EXPORTERS)}"
+        )
     return name
 
 
-def scrape_address(settings: MetricsSettings,
-                   env: Optional[Mapping[str, str]] = None) -> Optional[tuple[str, int]]:
+def scrape_address(
+    settings: MetricsSettings, env: Mapping[str, str] | None = None
+) -> tuple[str, int] | None:
     """Where Prometheus scrapes (host, port; 0 any free port), or None without that exporter."""
     environment = os.environ if env is None else env
     if exporter_name(settings, environment) != "prometheus":
         return None
-    host = settings.host or environment.get("OTEL_EXPORTER_PROMETHEUS_HOST", "").strip() or _DEFAULT_HOST
+    host = (
+        settings.host
+        or environment.get("OTEL_EXPORTER_PROMETHEUS_HOST", "").strip()
+        or _DEFAULT_HOST
+    )
     port = settings.port
     if port < 0:
         raw = environment.get("OTEL_EXPORTER_PROMETHEUS_PORT", "").strip()
         try:
             port = int(raw) if raw else _DEFAULT_PORT
         except ValueError:
-            raise ValueError(f"OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got {raw!r}") from None
+            raise ValueError(
+                f"OTEL_EXPORTER_PROMETHEUS_PORT: must be a port number, got {raw!r}"
+            ) from None
     return host, port
 
 
-def _prometheus_reader(settings: MetricsSettings,
-                       env: Mapping[str, str]) -> tuple[MetricReader, Any, tuple[str, int]]:
+def _prometheus_reader(
+    settings: MetricsSettings, env: Mapping[str, str]
+) -> tuple[MetricReader, Any, tuple[str, int]]:
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from prometheus_client import CollectorRegistry
 
@@ -129,5 +159,6 @@ def _prometheus_reader(settings: MetricsSettings,
 def _otlp_reader(settings: MetricsSettings) -> MetricReader:
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return PeriodicExportingMetricReader(OTLPMetricExporter(),
-                                         export_interval_millis=settings.export_interval_ms)
+    return PeriodicExportingMetricReader(
+        OTLPMetricExporter(), export_interval_millis=settings.export_interval_ms
+    )

@@ -20,7 +20,7 @@ import logging
 import struct
 from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["encode_spans", "EncodedRequest", "use_for_http_export"]
 
@@ -38,7 +38,7 @@ _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)
 # Link.flags (field 6, fixed32).
 _LINK_FLAGS_LOCAL = b"\x35" + struct.pack("<I", 0x100)
 _LINK_FLAGS_REMOTE = b"\x35" + struct.pack("<I", 0x300)
-_MAX_CACHED = 4096                      # encoded constant attributes and key names kept
+_MAX_CACHED = 4096  # encoded constant attributes and key names kept
 # Span.status (field 15) without a description, by status code (UNSET, OK, ERROR).
 _EMPTY_STATUS = [b"\x7a\x00", b"\x7a\x02\x18\x01", b"\x7a\x02\x18\x02"]
 _constant_attributes: dict[tuple[bytes, str, Any], bytes] = {}
@@ -54,10 +54,10 @@ class EncodedRequest:
     def __init__(self, data: bytes) -> None:
         self._data = data
 
-    def SerializeToString(self) -> bytes:  # noqa: N802 - the protobuf message method names
+    def SerializeToString(self) -> bytes:
         return self._data
 
-    def SerializePartialToString(self) -> bytes:  # noqa: N802
+    def SerializePartialToString(self) -> bytes:
         return self._data
 
 
@@ -66,7 +66,7 @@ def use_for_http_export(exporter_module: ModuleType) -> bool:
     if not callable(getattr(exporter_module, "encode_spans", None)):
         _log.debug("%s has no encode_spans; keeping the SDK's encoder", exporter_module.__name__)
         return False
-    exporter_module.encode_spans = _encode_request  # type: ignore[attr-defined]
+    exporter_module.encode_spans = _encode_request  # type: ignore[attr-defined]  # checked above
     return True
 
 
@@ -75,11 +75,14 @@ def _encode_request(spans: Sequence[Any]) -> EncodedRequest:
 
 
 def encode_spans(spans: Sequence[Any]) -> bytes:
-    """``ExportTraceServiceRequest`` bytes for finished SDK spans, grouped by resource, then scope."""
+    """``ExportTraceServiceRequest`` bytes for finished SDK spans, grouped by resource, then
+    scope."""
     requests = []
     for resource, scopes in _grouped(spans).items():
         body = [_field(b"\x0a", _attributes(b"\x0a", resource.attributes))]
-        body.extend(_field(b"\x12", _scope_spans(scope, encoded)) for scope, encoded in scopes.items())
+        body.extend(
+            _field(b"\x12", _scope_spans(scope, encoded)) for scope, encoded in scopes.items()
+        )
         body.append(_string(b"\x1a", resource.schema_url))
         requests.append(_field(b"\x0a", b"".join(body)))
     return b"".join(requests)
@@ -125,8 +128,12 @@ def _scope_spans(scope: Any, encoded: list[bytes]) -> bytes:
         head = b"\x0a\x00"  # an empty InstrumentationScope, as the SDK encoder sends
         schema_url = ""
     else:
-        head = _field(b"\x0a", _string(b"\x0a", scope.name) + _string(b"\x12", scope.version)
-                      + _attributes(b"\x1a", scope.attributes))
+        head = _field(
+            b"\x0a",
+            _string(b"\x0a", scope.name)
+            + _string(b"\x12", scope.version)
+            + _attributes(b"\x1a", scope.attributes),
+        )
         schema_url = scope.schema_url
     spans = b"".join(b"\x12" + _varint(len(span)) + span for span in encoded)
     return head + spans + _string(b"\x1a", schema_url)
@@ -135,7 +142,12 @@ def _scope_spans(scope: Any, encoded: list[bytes]) -> bytes:
 def _span(span: Any) -> bytes:
     context = span.get_span_context()
     parent = span.parent
-    out = b"\x0a\x10" + context.trace_id.to_bytes(16, "big") + b"\x12\x08" + context.span_id.to_bytes(8, "big")
+    out = (
+        b"\x0a\x10"
+        + context.trace_id.to_bytes(16, "big")
+        + b"\x12\x08"
+        + context.span_id.to_bytes(8, "big")
+    )
     if context.trace_state:
         out += _string(b"\x1a", ",".join(f"{k}={v}" for k, v in context.trace_state.items()))
     if parent is not None:
@@ -156,8 +168,12 @@ def _span(span: Any) -> bytes:
         out += _field(b"\x6a", _link(link))
     if span.dropped_links:
         out += b"\x70" + _varint(span.dropped_links)
-    return out + _status(span.status) + (_FLAGS_REMOTE if parent is not None and parent.is_remote
-                                         else _FLAGS_LOCAL)
+    result: bytes = (
+        out
+        + _status(span.status)
+        + (_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+    )
+    return result
 
 
 def _name(name: str) -> bytes:
@@ -166,28 +182,39 @@ def _name(name: str) -> bytes:
 
 def _event(event: Any) -> bytes:
     time = b"\x09" + _pack_fixed64(event.timestamp) if event.timestamp else b""
-    return (time + _string(b"\x12", event.name) + _attributes(b"\x1a", event.attributes)
-            + _count(b"\x20", event.dropped_attributes))
+    return (
+        time
+        + _string(b"\x12", event.name)
+        + _attributes(b"\x1a", event.attributes)
+        + _count(b"\x20", event.dropped_attributes)
+    )
 
 
 def _link(link: Any) -> bytes:
     context = link.context
-    return (b"\x0a\x10" + context.trace_id.to_bytes(16, "big") + b"\x12\x08"
-            + context.span_id.to_bytes(8, "big") + _attributes(b"\x22", link.attributes)
-            + _count(b"\x28", link.dropped_attributes)
-            + (_LINK_FLAGS_REMOTE if context.is_remote else _LINK_FLAGS_LOCAL))
+    result: bytes = (
+        b"\x0a\x10"
+        + context.trace_id.to_bytes(16, "big")
+        + b"\x12\x08"
+        + context.span_id.to_bytes(8, "big")
+        + _attributes(b"\x22", link.attributes)
+        + _count(b"\x28", link.dropped_attributes)
+        + (_LINK_FLAGS_REMOTE if context.is_remote else _LINK_FLAGS_LOCAL)
+    )
+    return result
 
 
 def _status(status: Any) -> bytes:
     if status is None:
         return b""
     if not status.description:
-        return _EMPTY_STATUS[status.status_code.value]
+        result: bytes = _EMPTY_STATUS[status.status_code.value]
+        return result
     body = _string(b"\x12", status.description) + _count(b"\x18", status.status_code.value)
     return _field(b"\x7a", body)
 
 
-def _attributes(tag: bytes, attributes: Optional[Mapping[str, Any]]) -> bytes:
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     """Repeated ``KeyValue`` under ``tag``; a value the SDK encoder rejects is left out, logged."""
     if not attributes:
         return b""
@@ -242,13 +269,14 @@ def _any_value(value: Any) -> bytes:
         values = b"".join(_field(b"\x0a", _any_value(item)) for item in value)
         return _field(b"\x2a", values)
     if isinstance(value, Mapping):
-        pairs = b"".join(_field(b"\x0a", _key(str(k)) + _field(b"\x12", _any_value(v)))
-                         for k, v in value.items())
+        pairs = b"".join(
+            _field(b"\x0a", _key(str(k)) + _field(b"\x12", _any_value(v))) for k, v in value.items()
+        )
         return _field(b"\x32", pairs)
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
-def _string(tag: bytes, text: Optional[str], keep_empty: bool = False) -> bytes:
+def _string(tag: bytes, text: str | None, keep_empty: bool = False) -> bytes:
     """A string field; empty is left out (proto3), except inside a oneof (``keep_empty``)."""
     if not text and not keep_empty:
         return b""

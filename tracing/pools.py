@@ -27,11 +27,19 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional, Protocol
+from typing import Protocol
 
-__all__ = ["WINDOW_S", "HEADROOM", "PoolMeter", "DemandMeter", "PoolReport", "MeteredSlots",
-           "cpu_demand_s"]
+__all__ = [
+    "WINDOW_S",
+    "HEADROOM",
+    "PoolMeter",
+    "DemandMeter",
+    "PoolReport",
+    "MeteredSlots",
+    "cpu_demand_s",
+]
 
 #: The rolling window the report covers, in seconds, kept as BUCKETS buckets.
 WINDOW_S = 60.0
@@ -46,7 +54,6 @@ _SCHEDSTAT = "/proc/self/schedstat"
 # Wait times are counted in power-of-two buckets of microseconds: 1 us .. ~1.1 h.
 _WAIT_BUCKETS = 32
 _DEMANDS_KEPT = 4096
-
 
 
 def cpu_demand_s() -> float:
@@ -66,7 +73,7 @@ def cpu_demand_s() -> float:
 
 
 class Semaphore(Protocol):
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool: ...
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
     def release(self) -> None: ...
 
 
@@ -85,34 +92,48 @@ class PoolReport:
     timeouts: int
     recommended: int
     window_s: float
-    limited_by: str = ""   # "slots": too few; "cpu": waits came from a saturated CPU; "" neither
+    limited_by: str = ""  # "slots": too few; "cpu": waits came from a saturated CPU; "" neither
 
 
 class _Bucket:
-    __slots__ = ("started", "cpu_started", "attempts", "acquired", "timeouts", "busy_s",
-                 "wanted_s", "in_use_counts", "in_use_top", "wait_counts")
+    __slots__ = (
+        "started",
+        "cpu_started",
+        "attempts",
+        "acquired",
+        "timeouts",
+        "busy_s",
+        "wanted_s",
+        "in_use_counts",
+        "in_use_top",
+        "wait_counts",
+    )
 
     def __init__(self, started: float, size: int) -> None:
         self.started = started
         self.cpu_started = cpu_demand_s()
         self.attempts = self.acquired = self.timeouts = 0
         self.busy_s = self.wanted_s = 0.0
-        self.in_use_counts = [0] * (size + 2)      # in use seen by each arrival, 0..size(+1)
-        self.in_use_top = 0   # the highest index counted: a report sums no further
+        self.in_use_counts = [0] * (size + 2)  # in use seen by each arrival, 0..size(+1)
+        self.in_use_top = 0  # the highest index counted: a report sums no further
         self.wait_counts = [0] * _WAIT_BUCKETS
 
 
 class PoolMeter:
     """The rolling statistics of one named pool of ``size`` slots, over the last
-    ``window_s`` seconds (:data:`WINDOW_S`)."""
+    ``window_s`` seconds (:data:`WINDOW_S`), timed by ``clock`` (a monotonic reading in
+    seconds: the service's clock, ``lookups.clock``)."""
 
-    def __init__(self, name: str, size: int, window_s: float = WINDOW_S) -> None:
+    def __init__(
+        self, name: str, size: int, window_s: float = WINDOW_S, *, clock: Callable[[], float]
+    ) -> None:
         self.name = name
+        self._clock = clock
         self.size = size
         self.window_s = window_s
         self.in_use = 0
         self.waiting = 0
-        self._changed_at = self._created_at = time.monotonic()
+        self._changed_at = self._created_at = clock()
         self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
 
     def _current(self, now: float) -> _Bucket:
@@ -136,7 +157,7 @@ class PoolMeter:
 
     def arriving(self) -> float:
         """Note an attempt to take a slot; returns the moment, for :meth:`taken`."""
-        now = time.monotonic()
+        now = self._clock()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting += 1
@@ -149,7 +170,7 @@ class PoolMeter:
 
     def taken(self, since: float) -> None:
         """A slot was taken after waiting since ``since``."""
-        now = time.monotonic()
+        now = self._clock()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting -= 1
@@ -159,7 +180,7 @@ class PoolMeter:
 
     def gave_up(self, since: float) -> None:
         """No slot came free before the taker's timeout."""
-        now = time.monotonic()
+        now = self._clock()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting -= 1
@@ -167,13 +188,13 @@ class PoolMeter:
         bucket.wait_counts[_wait_bucket(now - since)] += 1
 
     def returned(self) -> None:
-        now = time.monotonic()
+        now = self._clock()
         self._integrate(now, self._current(now))
         self.in_use -= 1
 
     def report(self) -> PoolReport:
         """The pool over the rolling window (to now)."""
-        now = time.monotonic()
+        now = self._clock()
         self._integrate(now, self._current(now))
         buckets = self._buckets
         # The whole window (idle time without buckets counts as idle), or since the
@@ -185,21 +206,38 @@ class PoolMeter:
         offered = attempts / window_s
         hold_s = busy_s / acquired if acquired else 0.0
         wanted = sum(b.wanted_s for b in buckets) / window_s
-        in_use_p99 = min(_p99_index(_sum_columns(b.in_use_counts[:b.in_use_top + 1]
-                                                 for b in buckets)), self.size)
+        in_use_p99 = min(
+            _p99_index(_sum_columns(b.in_use_counts[: b.in_use_top + 1] for b in buckets)),
+            self.size,
+        )
         wait_index = _p99_index(_sum_columns(b.wait_counts for b in buckets))
-        wait_p99_ms = 0.0 if wait_index <= 0 else round((2 ** wait_index) / 1000.0, 3)
+        wait_p99_ms = 0.0 if wait_index <= 0 else round((2**wait_index) / 1000.0, 3)
         timeouts = sum(b.timeouts for b in buckets)
         cpu_share = (cpu_demand_s() - buckets[0].cpu_started) / max(now - buckets[0].started, 1e-3)
-        recommended, limited_by = self._advice(attempts, wanted, in_use_p99,
-                                               waited=wait_p99_ms > 0 or timeouts > 0,
-                                               cpu_saturated=cpu_share >= CPU_SATURATED)
-        return PoolReport(self.name, self.size, self.in_use, in_use_p99,
-                          wait_p99_ms, round(offered, 2), round(hold_s * 1000.0, 3),
-                          timeouts, recommended, round(window_s, 1), limited_by)
+        recommended, limited_by = self._advice(
+            attempts,
+            wanted,
+            in_use_p99,
+            waited=wait_p99_ms > 0 or timeouts > 0,
+            cpu_saturated=cpu_share >= CPU_SATURATED,
+        )
+        return PoolReport(
+            self.name,
+            self.size,
+            self.in_use,
+            in_use_p99,
+            wait_p99_ms,
+            round(offered, 2),
+            round(hold_s * 1000.0, 3),
+            timeouts,
+            recommended,
+            round(window_s, 1),
+            limited_by,
+        )
 
-    def _advice(self, attempts: int, wanted: float, in_use_p99: int, waited: bool,
-                cpu_saturated: bool) -> tuple[int, str]:
+    def _advice(
+        self, attempts: int, wanted: float, in_use_p99: int, waited: bool, cpu_saturated: bool
+    ) -> tuple[int, str]:
         """The recommended size and what is short ("slots", "cpu" or nothing)."""
         if not attempts:
             return self.size, ""  # nothing measured: nothing to change
@@ -222,22 +260,33 @@ class DemandMeter(PoolMeter):
     recommendation is its 99th percentile.
     """
 
-    def __init__(self, name: str, size: int) -> None:
-        super().__init__(name, size)
+    def __init__(self, name: str, size: int, *, clock: Callable[[], float]) -> None:
+        super().__init__(name, size, clock=clock)
         self._demands: deque[int] = deque(maxlen=_DEMANDS_KEPT)
 
     def wanted(self, slots: int) -> None:
-        self._current(time.monotonic()).attempts += 1
+        self._current(self._clock()).attempts += 1
         self._demands.append(slots)
 
     def report(self) -> PoolReport:
         base = super().report()
         demands = sorted(self._demands)
-        want_p99 = demands[min(len(demands) - 1, math.ceil(len(demands) * 0.99) - 1)] if demands else 0
-        return PoolReport(base.name, self.size, base.in_use, min(want_p99, self.size),
-                          base.wait_p99_ms, base.offered_per_s, base.hold_ms, base.timeouts,
-                          max(1, want_p99), base.window_s,
-                          "slots" if want_p99 > self.size else "")
+        want_p99 = (
+            demands[min(len(demands) - 1, math.ceil(len(demands) * 0.99) - 1)] if demands else 0
+        )
+        return PoolReport(
+            base.name,
+            self.size,
+            base.in_use,
+            min(want_p99, self.size),
+            base.wait_p99_ms,
+            base.offered_per_s,
+            base.hold_ms,
+            base.timeouts,
+            max(1, want_p99),
+            base.window_s,
+            "slots" if want_p99 > self.size else "",
+        )
 
 
 def _wait_bucket(seconds: float) -> int:
@@ -281,7 +330,7 @@ class MeteredSlots:
         self._slots = slots
         self.meter = meter
 
-    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
         since = self.meter.arriving()
         if self._slots.acquire(blocking, timeout):
             self.meter.taken(since)

@@ -21,32 +21,62 @@ OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 class TracingSettings:
     """Tracing. Empty strings defer to the standard ``OTEL_*`` variables, then SDK defaults."""
 
-    enabled: bool = field(default=True, metadata={
-        "help": "`false`: no provider, spans are no-ops"})
-    exporter: str = field(default="", metadata={
-        "help": "`otlp`, `zipkin`, `console` or `none`; empty: `OTEL_TRACES_EXPORTER`, "
-                "else `otlp`", "choices": ("", *EXPORTERS)})
-    otlp_protocol: str = field(default="", metadata={
-        "help": "`http/protobuf` or `grpc`; empty: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then "
-                "`OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`",
-        "choices": ("", *OTLP_PROTOCOLS)})
-    endpoint: str = field(default="", metadata={
-        "help": "collector base URL, e.g. `http://collector:4318` (`/v1/traces` is appended "
-                "for HTTP) or `http://collector:4317` for gRPC; empty: "
-                "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is), then "
-                "`OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4318` / `:4317`"})
-    zipkin_endpoint: str = field(default="", metadata={
-        "help": "where `zipkin` posts spans (Zipkin v2 JSON); empty: "
-                "`OTEL_EXPORTER_ZIPKIN_ENDPOINT`, else `http://localhost:9411/api/v2/spans`"})
-    service_name: str = field(default="", metadata={
-        "help": "the `service.name` resource attribute; empty: `OTEL_SERVICE_NAME`, "
-                "else `fanout`"})
-    sample_ratio: float = field(default=-1.0, metadata={
-        "help": "`0..1`: parent-based trace-id-ratio sampling; below 0: `OTEL_TRACES_SAMPLER` "
-                "and `OTEL_TRACES_SAMPLER_ARG`, else parent-based always-on", "max": 1.0})
-    flush_timeout_ms: int = field(default=2_000, metadata={
-        "help": "at shutdown, how long to wait for pending spans to export; the rest are "
-                "dropped with a warning", "min": 0})
+    enabled: bool = field(default=True, metadata={"help": "`false`: no provider, spans are no-ops"})
+    exporter: str = field(
+        default="",
+        metadata={
+            "help": "`otlp`, `zipkin`, `console` or `none`; empty: `OTEL_TRACES_EXPORTER`, "
+            "else `otlp`",
+            "choices": ("", *EXPORTERS),
+        },
+    )
+    otlp_protocol: str = field(
+        default="",
+        metadata={
+            "help": "`http/protobuf` or `grpc`; empty: `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`, then "
+            "`OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`",
+            "choices": ("", *OTLP_PROTOCOLS),
+        },
+    )
+    endpoint: str = field(
+        default="",
+        metadata={
+            "help": "collector base URL, e.g. `http://collector:4318` (`/v1/traces` is appended "
+            "for HTTP) or `http://collector:4317` for gRPC; empty: "
+            "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is), then "
+            "`OTEL_EXPORTER_OTLP_ENDPOINT`, else `localhost:4318` / `:4317`"
+        },
+    )
+    zipkin_endpoint: str = field(
+        default="",
+        metadata={
+            "help": "where `zipkin` posts spans (Zipkin v2 JSON); empty: "
+            "`OTEL_EXPORTER_ZIPKIN_ENDPOINT`, else `http://localhost:9411/api/v2/spans`"
+        },
+    )
+    service_name: str = field(
+        default="",
+        metadata={
+            "help": "the `service.name` resource attribute; empty: `OTEL_SERVICE_NAME`, "
+            "else `fanout`"
+        },
+    )
+    sample_ratio: float = field(
+        default=-1.0,
+        metadata={
+            "help": "`0..1`: parent-based trace-id-ratio sampling; below 0: `OTEL_TRACES_SAMPLER` "
+            "and `OTEL_TRACES_SAMPLER_ARG`, else parent-based always-on",
+            "max": 1.0,
+        },
+    )
+    flush_timeout_ms: int = field(
+        default=2_000,
+        metadata={
+            "help": "at shutdown, how long to wait for pending spans to export; the rest are "
+            "dropped with a warning",
+            "min": 0,
+        },
+    )
 
 
 #: Metric exporters, by their ``OTEL_METRICS_EXPORTER`` names.
@@ -62,14 +92,30 @@ class MetricsSettings:
     serves the scrape port for the whole group.
     """
 
-    exporter: str = field(default="", metadata={
-        "help": "`prometheus`, `otlp` or `none`; empty: `OTEL_METRICS_EXPORTER`, else `none` "
-                "(see [Metrics](../reference/metrics.md))", "choices": ("", *METRIC_EXPORTERS)})
-    host: str = field(default="", metadata={
-        "help": "where Prometheus scrapes; empty: `OTEL_EXPORTER_PROMETHEUS_HOST`, "
-                "else `127.0.0.1`"})
-    port: int = field(default=-1, metadata={
-        "help": "the scrape port (`0`: any free one, logged); `-1`: "
-                "`OTEL_EXPORTER_PROMETHEUS_PORT`, else `9464`", "min": -1, "max": 65535})
-    export_interval_ms: int = field(default=10_000, metadata={
-        "help": "`otlp`: how often metrics are pushed", "min": 1})
+    exporter: str = field(
+        default="",
+        metadata={
+            "help": "`prometheus`, `otlp` or `none`; empty: `OTEL_METRICS_EXPORTER`, else `none` "
+            "(see [Metrics](../reference/metrics.md))",
+            "choices": ("", *METRIC_EXPORTERS),
+        },
+    )
+    host: str = field(
+        default="",
+        metadata={
+            "help": "where Prometheus scrapes; empty: `OTEL_EXPORTER_PROMETHEUS_HOST`, "
+            "else `127.0.0.1`"
+        },
+    )
+    port: int = field(
+        default=-1,
+        metadata={
+            "help": "the scrape port (`0`: any free one, logged); `-1`: "
+            "`OTEL_EXPORTER_PROMETHEUS_PORT`, else `9464`",
+            "min": -1,
+            "max": 65535,
+        },
+    )
+    export_interval_ms: int = field(
+        default=10_000, metadata={"help": "`otlp`: how often metrics are pushed", "min": 1}
+    )

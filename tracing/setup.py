@@ -1,4 +1,5 @@
-"""Tracing set-up: one ``TracerProvider`` per process, from settings and the standard ``OTEL_*`` variables.
+"""Tracing set-up: one ``TracerProvider`` per process, from settings and the standard ``OTEL_*``
+variables.
 
 Precedence for every choice: the ``[tracing]`` settings, then the standard
 OpenTelemetry environment variable, then the SDK default.
@@ -6,7 +7,8 @@ OpenTelemetry environment variable, then the SDK default.
 * service name: ``tracing.service_name``, ``OTEL_SERVICE_NAME``, ``"fanout"``;
 * sampler: ``tracing.sample_ratio >= 0`` gives ``ParentBased(TraceIdRatioBased(ratio))``;
   otherwise ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``; otherwise parent-based always-on;
-* exporter: ``tracing.exporter``, ``OTEL_TRACES_EXPORTER``, ``"otlp"`` (``otlp``, ``console``, ``none``);
+* exporter: ``tracing.exporter``, ``OTEL_TRACES_EXPORTER``, ``"otlp"`` (``otlp``, ``console``,
+  ``none``);
 * OTLP protocol: ``tracing.otlp_protocol``, ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``,
   ``OTEL_EXPORTER_OTLP_PROTOCOL``, ``"http/protobuf"``;
 * OTLP endpoint: ``tracing.endpoint`` (a collector base URL, like ``OTEL_EXPORTER_OTLP_ENDPOINT``),
@@ -30,8 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Mapping, Optional, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import gevent
 import gevent.monkey
@@ -43,9 +44,12 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased,
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
 )
-
 from pymongo import monitoring
 
 from tracing.batching import batch_processor
@@ -56,11 +60,16 @@ from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
 
-__all__ = ["DEFAULT_SERVICE_NAME", "Tracing", "TracingAlreadyConfigured", "build_resource",
-           "configure_tracing"]
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "Tracing",
+    "TracingAlreadyConfigured",
+    "build_resource",
+    "configure_tracing",
+]
 
 DEFAULT_SERVICE_NAME = "fanout"
-_RATIO_SAMPLERS = {
+_RATIO_SAMPLERS: dict[str, Callable[[float], Sampler]] = {
     "traceidratio": lambda ratio: TraceIdRatioBased(ratio),
     "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
 }
@@ -77,7 +86,8 @@ _log = logging.getLogger(__name__)
 
 
 class TracingAlreadyConfigured(RuntimeError):
-    """Raised by :func:`configure_tracing` when this process already has a global tracer provider."""
+    """Raised by :func:`configure_tracing` when this process already has a global tracer
+    provider."""
 
 
 class Tracing:
@@ -86,8 +96,12 @@ class Tracing:
     ``provider`` is ``None`` when tracing is disabled; every method is then a no-op.
     """
 
-    def __init__(self, provider: Optional[TracerProvider], exporters: Sequence[SpanExporter] = (),
-                 instrumentors: Sequence[BaseInstrumentor] = ()) -> None:
+    def __init__(
+        self,
+        provider: TracerProvider | None,
+        exporters: Sequence[SpanExporter] = (),
+        instrumentors: Sequence[BaseInstrumentor] = (),
+    ) -> None:
         self.provider = provider
         self.exporters: tuple[SpanExporter, ...] = tuple(exporters)
         self._instrumentors = tuple(instrumentors)
@@ -107,8 +121,9 @@ class Tracing:
             return True
         return self.provider.force_flush(timeout_ms)
 
-    def shutdown(self, timeout_ms: Optional[int] = None) -> bool:
-        """Undo the instrumentation this handle did, flush pending spans, stop exporting. Idempotent.
+    def shutdown(self, timeout_ms: int | None = None) -> bool:
+        """Undo the instrumentation this handle did, flush pending spans, stop exporting.
+        Idempotent.
 
         With ``timeout_ms`` (``tracing.flush_timeout_ms`` at shutdown) this returns
         within about that long even when the collector is down or hangs: an export
@@ -128,18 +143,29 @@ class Tracing:
 
     def _shutdown_within(self, timeout_s: float) -> bool:
         assert self.provider is not None
-        deadline = time.monotonic() + timeout_s
+        # The budget is a timer greenlet: both steps wait on it, and nothing reads the time.
+        budget = gevent.spawn_later(timeout_s, lambda: None)
+        try:
+            return self._flush_and_close(budget, timeout_s)
+        finally:
+            budget.kill(block=False)
+
+    def _flush_and_close(self, budget: gevent.Greenlet, timeout_s: float) -> bool:
+        assert self.provider is not None
         # The SDK's flush ignores its timeout once an export runs, so bound it from outside.
         flush = gevent.spawn(self.provider.force_flush)
-        flush.join(timeout=timeout_s)
+        gevent.wait([flush, budget], count=1)
         flushed = flush.ready() and flush.successful() and bool(flush.value)
         if not flush.ready():
-            _log.warning("tracing: spans not exported within %.0f ms; dropping the rest",
-                         timeout_s * 1000.0)
+            _log.warning(
+                "tracing: spans not exported within %.0f ms; dropping the rest", timeout_s * 1000.0
+            )
             for exporter in self.exporters:
                 exporter.shutdown()  # ends the exporter's retry wait; further batches are dropped
         close = gevent.spawn(self.provider.shutdown)
-        close.join(timeout=max(deadline - time.monotonic(), 0.05))
+        gevent.wait([close, budget], count=1)
+        if not close.ready():
+            close.join(timeout=0.05)  # a last moment, should the budget have gone on the flush
         return flushed and close.ready()
 
     def __repr__(self) -> str:
@@ -148,12 +174,18 @@ class Tracing:
         return f"<Tracing {state}>"
 
 
-def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[SpanProcessor] = (),
-                      set_global: bool = True, env: Optional[Mapping[str, str]] = None) -> Tracing:
+def configure_tracing(
+    settings: TracingSettings,
+    *,
+    extra_processors: Sequence[SpanProcessor] = (),
+    set_global: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Tracing:
     """Build the tracer provider described by ``settings`` and, by default, install it globally.
 
     ``env`` stands in for ``os.environ`` when choosing the service name, sampler,
-    exporter, protocol, endpoint and batch sizes (``OTEL_BSP_*``). With ``set_global`` the pymongo and requests
+    exporter, protocol, endpoint and batch sizes (``OTEL_BSP_*``). With ``set_global`` the pymongo
+    and requests
     instrumentations are switched on (unless already on) and bound to the provider;
     pymongo only traces clients created after this call.
 
@@ -167,10 +199,13 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
     if set_global and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         raise TracingAlreadyConfigured(
             "a global tracer provider is already installed in this process; "
-            "use set_global=False for a standalone provider")
+            "use set_global=False for a standalone provider"
+        )
     exporters = build_exporters(settings, environment)
-    provider = TracerProvider(resource=build_resource(settings, environment),
-                              sampler=_build_sampler(settings, environment))
+    provider = TracerProvider(
+        resource=build_resource(settings, environment),
+        sampler=_build_sampler(settings, environment),
+    )
     provider.add_span_processor(ExceptionEventsWithoutSource())  # first: before any span records
     for exporter in exporters:
         provider.add_span_processor(batch_processor(exporter, environment))
@@ -183,17 +218,23 @@ def configure_tracing(settings: TracingSettings, *, extra_processors: Sequence[S
         # Another installer won between our check and our set; the API ignored ours.
         provider.shutdown()
         raise TracingAlreadyConfigured("another tracer provider was installed concurrently")
-    # Every ParentBased sampler built here keeps the default: an unsampled parent's children are dropped.
-    follow_parent_sampling(isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF)
+    # Every ParentBased sampler built here keeps the default: an unsampled parent's children are
+    # dropped.
+    follow_parent_sampling(
+        isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF
+    )
     return Tracing(provider, exporters, _instrument(provider))
 
 
-def build_resource(settings: TracingSettings, env: Optional[Mapping[str, str]] = None) -> Resource:
+def build_resource(settings: TracingSettings, env: Mapping[str, str] | None = None) -> Resource:
     """The process's resource: ``service.name`` from ``tracing.service_name``,
     ``OTEL_SERVICE_NAME`` or ``fanout``; the metrics carry the same one."""
     environment = os.environ if env is None else env
-    name = (settings.service_name or environment.get("OTEL_SERVICE_NAME", "").strip()
-            or DEFAULT_SERVICE_NAME)
+    name = (
+        settings.service_name
+        or environment.get("OTEL_SERVICE_NAME", "").strip()
+        or DEFAULT_SERVICE_NAME
+    )
     return Resource.create({SERVICE_NAME: name})
 
 
@@ -238,8 +279,10 @@ def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
         monitoring.register(MongoConnectionEvents())
         _mongo_events_registered = True
     switched_on = []
-    for instrumentor, hooks in ((PymongoInstrumentor(), {"request_hook": pymongo_request_hook}),
-                                (RequestsInstrumentor(), {"request_hook": requests_request_hook})):
+    for instrumentor, hooks in (
+        (PymongoInstrumentor(), {"request_hook": pymongo_request_hook}),
+        (RequestsInstrumentor(), {"request_hook": requests_request_hook}),
+    ):
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(tracer_provider=provider, **hooks)
             switched_on.append(instrumentor)

@@ -46,10 +46,11 @@ the abandoned task still does shows as its client spans running on past it.
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any
 
 import gevent
 from gevent import GreenletExit
@@ -58,13 +59,26 @@ from opentelemetry import metrics, trace
 from opentelemetry.semconv._incubating.metrics.rpc_metrics import create_rpc_server_call_duration
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, format_trace_id
 
-from tracing.exceptions import MAX_STATUS_DESCRIPTION, record_error
 from tracing.context import extract_context
+from tracing.exceptions import MAX_STATUS_DESCRIPTION, record_error
 
-__all__ = ["RPC_SERVICE", "RPC_SYSTEM", "rpc_attributes", "request_span", "task_span",
-           "mark_task_outcome", "cut_task_span", "skipped_task_span", "mark_coalesced",
-           "trace_id_hex", "follow_parent_sampling", "set_call_endpoints",
-           "connection_endpoints", "CallDurations", "OTHER_METHOD"]
+__all__ = [
+    "RPC_SERVICE",
+    "RPC_SYSTEM",
+    "rpc_attributes",
+    "request_span",
+    "task_span",
+    "mark_task_outcome",
+    "cut_task_span",
+    "skipped_task_span",
+    "mark_coalesced",
+    "trace_id_hex",
+    "follow_parent_sampling",
+    "set_call_endpoints",
+    "connection_endpoints",
+    "CallDurations",
+    "OTHER_METHOD",
+]
 
 RPC_SERVICE = "AppStats"
 #: ``rpc.system.name`` of every Fanout call, as the conventions spelled it for Thrift.
@@ -78,7 +92,10 @@ _unsampled_is_final = False
 OTHER_METHOD = "_OTHER"
 _call_duration = create_rpc_server_call_duration(metrics.get_meter("fanout.server"))
 # The network attributes of the connection a call came in on; set by the server per call.
-_call_endpoints: ContextVar[Mapping[str, Any]] = ContextVar("fanout_call_endpoints", default={})
+_NO_ENDPOINTS: Mapping[str, Any] = MappingProxyType({})
+_call_endpoints: ContextVar[Mapping[str, Any]] = ContextVar(
+    "fanout_call_endpoints", default=_NO_ENDPOINTS
+)
 
 
 def rpc_attributes(method: str) -> dict[str, str]:
@@ -100,11 +117,17 @@ def connection_endpoints(sock: socket.socket) -> Mapping[str, Any]:
         return {}
     if not (isinstance(local, tuple) and isinstance(peer, tuple)):
         return {}
-    return MappingProxyType({
-        "server.address": local[0], "server.port": local[1],
-        "client.address": peer[0], "client.port": peer[1],
-        "network.peer.address": peer[0], "network.peer.port": peer[1],
-        "network.transport": "tcp"})
+    return MappingProxyType(
+        {
+            "server.address": local[0],
+            "server.port": local[1],
+            "client.address": peer[0],
+            "client.port": peer[1],
+            "network.peer.address": peer[0],
+            "network.peer.port": peer[1],
+            "network.transport": "tcp",
+        }
+    )
 
 
 def follow_parent_sampling(enabled: bool) -> None:
@@ -120,8 +143,9 @@ def follow_parent_sampling(enabled: bool) -> None:
 
 def _no_provider() -> bool:
     """True while no SDK tracer provider is installed: every span would be a no-op."""
-    return isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider,
-                                                     trace.NoOpTracerProvider))
+    return isinstance(
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    )
 
 
 def _unsampled(span: Span) -> bool:
@@ -132,7 +156,8 @@ def _unsampled(span: Span) -> bool:
 
 @contextmanager
 def request_span(method: str, headers: Mapping[str, str], request_id: str) -> Iterator[Span]:
-    """Open the SERVER span for one RPC, a child of the caller's W3C context when ``headers`` carry one.
+    """Open the SERVER span for one RPC, a child of the caller's W3C context when ``headers`` carry
+    one.
 
     The caller's context (with its baggage) and the span are current for the block.
     An exception escaping the block is recorded, sets status ERROR and is re-raised;
@@ -151,12 +176,21 @@ def request_span(method: str, headers: Mapping[str, str], request_id: str) -> It
         return
     try:
         # An explicit (possibly empty) parent: no traceparent means a new root, whatever is current.
-        with _tracer.start_as_current_span(f"{RPC_SERVICE}/{method}", context=parent,
-                                           kind=SpanKind.SERVER, record_exception=False,
-                                           set_status_on_exception=False) as span:
+        with _tracer.start_as_current_span(
+            f"{RPC_SERVICE}/{method}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
             if span.is_recording():
-                span.set_attributes({**rpc_attributes(method), **_call_endpoints.get(),
-                                     "fanout.request_id": request_id})
+                span.set_attributes(
+                    {
+                        **rpc_attributes(method),
+                        **_call_endpoints.get(),
+                        "fanout.request_id": request_id,
+                    }
+                )
             try:
                 if _unsampled(span):
                     # Imported here: the module loads ssl, which must wait for gevent's patching.
@@ -176,7 +210,8 @@ def request_span(method: str, headers: Mapping[str, str], request_id: str) -> It
 
 @contextmanager
 def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
-    """Open the INTERNAL span of one fan-out task, a child of the current span, current for the block.
+    """Open the INTERNAL span of one fan-out task, a child of the current span, current for the
+    block.
 
     Run it in a greenlet started in a copy of the request's context, or it becomes
     a root of its own. Call :func:`mark_task_outcome` inside the block: the span ends
@@ -188,17 +223,25 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
     if _unsampled(current):
         yield current  # a task span would not be sampled either: skip making one
         return
-    span = _tracer.start_span(f"fanout.task {name}", kind=SpanKind.INTERNAL, attributes={
-        "fanout.async": True, "fanout.task.name": name,
-        "fanout.task.source": source, "fanout.pool.wait_ms": round(float(pool_wait_ms), 2),
-    })
+    span = _tracer.start_span(
+        f"fanout.task {name}",
+        kind=SpanKind.INTERNAL,
+        attributes={
+            "fanout.async": True,
+            "fanout.task.name": name,
+            "fanout.task.source": source,
+            "fanout.pool.wait_ms": round(float(pool_wait_ms), 2),
+        },
+    )
     if not span.is_recording():
         # Tracing is off or the trace is not sampled. The request's span stays current,
         # so calls made in the task still pass the (unsampled) trace context on.
         yield span
         return
     # Ended here unless cut_task_span ended it first, when the request stopped waiting.
-    with trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False):
+    with trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    ):
         try:
             yield span
         except Exception as error:
@@ -224,12 +267,19 @@ def skipped_task_span(name: str, source: str, reason: str) -> None:
     ``disabled``)."""
     if _no_provider() or _unsampled(trace.get_current_span()):
         return
-    _tracer.start_span(f"fanout.task {name}", kind=SpanKind.INTERNAL, attributes={
-        "fanout.task.name": name, "fanout.task.source": source,
-        "fanout.task.status": "SKIPPED", "fanout.task.skip_reason": reason}).end()
+    _tracer.start_span(
+        f"fanout.task {name}",
+        kind=SpanKind.INTERNAL,
+        attributes={
+            "fanout.task.name": name,
+            "fanout.task.source": source,
+            "fanout.task.status": "SKIPPED",
+            "fanout.task.skip_reason": reason,
+        },
+    ).end()
 
 
-def mark_task_outcome(span: Span, status: str, error: Optional[BaseException] = None) -> None:
+def mark_task_outcome(span: Span, status: str, error: BaseException | None = None) -> None:
     """Record a task's outcome (``"OK"``, ``"ERROR"``, ``"TIMEOUT"``, ...) on its span.
 
     With ``error`` the exception is recorded and the span status set to ERROR. Never raises.

@@ -13,7 +13,7 @@ that share columns::
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind, StatusCode, format_trace_id
@@ -36,7 +36,7 @@ def render_waterfall(spans: Sequence[ReadableSpan], width: int = 50) -> str:
     started = [span for span in spans if span.start_time is not None]
     if not started:
         return ""
-    origin = min(span.start_time for span in started)
+    origin = min(_start_ns(span) for span in started)
     finish = max(_end_ns(span) for span in started)
     total_ns = max(finish - origin, 1)
     ordered = _tree_order(started)
@@ -44,8 +44,8 @@ def render_waterfall(spans: Sequence[ReadableSpan], width: int = 50) -> str:
     label_width = max(len(label) for label in labels)
     lines = [_header(started, total_ns)]
     for label, (_, span) in zip(labels, ordered):
-        bar = _bar(span.start_time - origin, _end_ns(span) - origin, total_ns, width)
-        duration_ms = (_end_ns(span) - span.start_time) / 1e6
+        bar = _bar(_start_ns(span) - origin, _end_ns(span) - origin, total_ns, width)
+        duration_ms = (_end_ns(span) - _start_ns(span)) / 1e6
         lines.append(f"{label:<{label_width}} |{bar}| {duration_ms:8.1f} ms{_flag(span)}")
     return "\n".join(lines)
 
@@ -53,7 +53,7 @@ def render_waterfall(spans: Sequence[ReadableSpan], width: int = 50) -> str:
 def _tree_order(spans: Sequence[ReadableSpan]) -> list[tuple[int, ReadableSpan]]:
     """Depth-first, parents before children, siblings by start time."""
     by_key = {_key(span): span for span in spans}
-    children: dict[Optional[_SpanKey], list[ReadableSpan]] = {}
+    children: dict[_SpanKey | None, list[ReadableSpan]] = {}
     for span in spans:
         parent = _parent_key(span)
         children.setdefault(parent if parent in by_key else None, []).append(span)
@@ -88,7 +88,7 @@ def _header(spans: Sequence[ReadableSpan], total_ns: int) -> str:
 
 def _label(depth: int, name: str) -> str:
     if len(name) > _MAX_LABEL_CHARS:
-        name = name[:_MAX_LABEL_CHARS - 3] + "..."
+        name = name[: _MAX_LABEL_CHARS - 3] + "..."
     return _INDENT * depth + name
 
 
@@ -100,14 +100,20 @@ def _flag(span: ReadableSpan) -> str:
     return kind + ("  ERROR" if span.status.status_code is StatusCode.ERROR else "")
 
 
+def _start_ns(span: ReadableSpan) -> int:
+    return span.start_time or 0  # only started spans are drawn
+
+
 def _end_ns(span: ReadableSpan) -> int:
     # An unfinished span is drawn as an instant at its start rather than guessed at.
-    return span.end_time if span.end_time is not None else span.start_time
+    return span.end_time if span.end_time is not None else _start_ns(span)
 
 
 def _key(span: ReadableSpan) -> _SpanKey:
-    return (span.context.trace_id, span.context.span_id) if span.context is not None else (0, id(span))
+    return (
+        (span.context.trace_id, span.context.span_id) if span.context is not None else (0, id(span))
+    )
 
 
-def _parent_key(span: ReadableSpan) -> Optional[_SpanKey]:
+def _parent_key(span: ReadableSpan) -> _SpanKey | None:
     return (span.parent.trace_id, span.parent.span_id) if span.parent is not None else None

@@ -17,7 +17,8 @@ does: ``serviceName`` from ``peer.service``, the address from
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry.trace import SpanKind
 
@@ -40,7 +41,7 @@ def build_zipkin_exporter(endpoint: str) -> Any:
     class RemoteEndpointEncoder(JsonV2Encoder):
         """Zipkin v2 JSON with ``remoteEndpoint`` on CLIENT spans (see the module doc)."""
 
-        def _encode_span(self, span: Any, encoded_local_endpoint: dict) -> dict:
+        def _encode_span(self, span: Any, encoded_local_endpoint: Any) -> dict[str, Any]:
             encoded = super()._encode_span(span, encoded_local_endpoint)
             if span.kind is SpanKind.CLIENT:
                 remote = remote_endpoint(span.attributes or {})
@@ -49,11 +50,12 @@ def build_zipkin_exporter(endpoint: str) -> Any:
             return encoded
 
     exporter = ZipkinExporter(endpoint=endpoint or None)
-    exporter.encoder = RemoteEndpointEncoder(exporter.encoder.max_tag_value_length)
+    encoder = RemoteEndpointEncoder(exporter.encoder.max_tag_value_length)
+    exporter.encoder = encoder  # type: ignore[assignment]  # declared as the v1 encoder; any fits
     return exporter
 
 
-def remote_endpoint(attributes: Mapping[str, Any]) -> Optional[dict[str, Any]]:
+def remote_endpoint(attributes: Mapping[str, Any]) -> dict[str, Any] | None:
     """A Zipkin ``remoteEndpoint`` from a CLIENT span's attributes; None when they name none."""
     endpoint: dict[str, Any] = {}
     service = attributes.get("peer.service")
@@ -72,7 +74,7 @@ def remote_endpoint(attributes: Mapping[str, Any]) -> Optional[dict[str, Any]]:
     return endpoint or None
 
 
-def _ip(value: Any) -> Optional[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+def _ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if not isinstance(value, str):
         return None
     try:

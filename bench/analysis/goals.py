@@ -9,8 +9,9 @@ limit are reported figures ("INFO"); rows whose configurations failed are "ERROR
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from bench.analysis import stats
 
@@ -21,54 +22,94 @@ __all__ = ["Goal", "ratio_goal", "failures_goal", "value_goal", "info_row", "mic
 class Goal:
     scenario: str
     text: str
-    verdict: str                         # PASS | GAP | INFO | ERROR
-    shown: str                           # the figure as printed
-    estimate: Optional[stats.Estimate] = None
-    limit: Optional[float] = None
+    verdict: str  # PASS | GAP | INFO | ERROR
+    shown: str  # the figure as printed
+    estimate: stats.Estimate | None = None
+    limit: float | None = None
     at_most: bool = True
     note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "text": self.text, "verdict": self.verdict,
-                "shown": self.shown, "limit": self.limit, "at_most": self.at_most,
-                "estimate": self.estimate.as_dict() if self.estimate else None, "note": self.note}
+        return {
+            "scenario": self.scenario,
+            "text": self.text,
+            "verdict": self.verdict,
+            "shown": self.shown,
+            "limit": self.limit,
+            "at_most": self.at_most,
+            "estimate": self.estimate.as_dict() if self.estimate else None,
+            "note": self.note,
+        }
 
 
-def _verdict(estimate: stats.Estimate, limit: Optional[float], at_most: bool) -> tuple[str, str]:
+def _verdict(estimate: stats.Estimate, limit: float | None, at_most: bool) -> tuple[str, str]:
     if limit is None:
         return "INFO", ""
     met = estimate.value <= limit if at_most else estimate.value >= limit
     straddles = estimate.low <= limit <= estimate.high
-    return ("PASS" if met else "GAP"), ("uncertain: the 95% interval contains the limit"
-                                        if straddles else "")
+    return ("PASS" if met else "GAP"), (
+        "uncertain: the 95% interval contains the limit" if straddles else ""
+    )
 
 
-def _limit_text(limit: Optional[float], at_most: bool, unit: str = "x") -> str:
+def _limit_text(limit: float | None, at_most: bool, unit: str = "x") -> str:
     if limit is None:
         return ""
     return f" (goal {'<=' if at_most else '>='} {limit:g}{unit})"
 
 
-def ratio_goal(scenario: str, text: str, numerator: Sequence[float],
-               denominator: Sequence[float], *, limit: Optional[float], at_most: bool,
-               note: str = "") -> Goal:
+def ratio_goal(
+    scenario: str,
+    text: str,
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    *,
+    limit: float | None,
+    at_most: bool,
+    note: str = "",
+) -> Goal:
     """The ratio of the means of two configurations' per-repetition figures, with a
     bootstrap interval; ERROR when either side has no repetitions."""
     if not numerator or not denominator:
-        return Goal(scenario, text + _limit_text(limit, at_most), "ERROR", "n/a", None, limit,
-                    at_most, "a configuration it needs did not run")
+        return Goal(
+            scenario,
+            text + _limit_text(limit, at_most),
+            "ERROR",
+            "n/a",
+            None,
+            limit,
+            at_most,
+            "a configuration it needs did not run",
+        )
     estimate = stats.bootstrap_ratio(list(numerator), list(denominator))
     if math.isnan(estimate.value):
-        return Goal(scenario, text + _limit_text(limit, at_most), "GAP" if limit else "INFO",
-                    "0/0", estimate, limit, at_most, "both configurations measured zero")
+        return Goal(
+            scenario,
+            text + _limit_text(limit, at_most),
+            "GAP" if limit else "INFO",
+            "0/0",
+            estimate,
+            limit,
+            at_most,
+            "both configurations measured zero",
+        )
     verdict, caveat = _verdict(estimate, limit, at_most)
     shown = f"{estimate.value:.2f}x [{estimate.low:.2f}, {estimate.high:.2f}]"
-    return Goal(scenario, text + _limit_text(limit, at_most), verdict, shown, estimate, limit,
-                at_most, "; ".join(n for n in (note, caveat) if n))
+    return Goal(
+        scenario,
+        text + _limit_text(limit, at_most),
+        verdict,
+        shown,
+        estimate,
+        limit,
+        at_most,
+        "; ".join(n for n in (note, caveat) if n),
+    )
 
 
-def failures_goal(scenario: str, text: str, result: Optional[dict[str, Any]],
-                  ignore: Sequence[str] = ()) -> Goal:
+def failures_goal(
+    scenario: str, text: str, result: dict[str, Any] | None, ignore: Sequence[str] = ()
+) -> Goal:
     """Zero failed calls (transport errors, timeouts, exceptions, connect failures) over
     the whole run of one configuration, warm-up included; degraded replies are shown.
     Failure kinds in ``ignore`` (an expected ``overloaded``) are shown, not counted."""
@@ -83,43 +124,84 @@ def failures_goal(scenario: str, text: str, result: Optional[dict[str, Any]],
     note = f"{calls} measured calls; {degraded} degraded (some panel not OK)"
     if kinds:
         note += f"; failures: {kinds}"
-    return Goal(scenario, text + " (goal 0)", "PASS" if total == 0 else "GAP", str(total),
-                stats.Estimate(total, total, total, 1), 0, True, note)
+    return Goal(
+        scenario,
+        text + " (goal 0)",
+        "PASS" if total == 0 else "GAP",
+        str(total),
+        stats.Estimate(total, total, total, 1),
+        0,
+        True,
+        note,
+    )
 
 
-def value_goal(scenario: str, text: str, estimate: Optional[stats.Estimate], unit: str,
-               limit: float, note: str = "") -> Goal:
+def value_goal(
+    scenario: str,
+    text: str,
+    estimate: stats.Estimate | None,
+    unit: str,
+    limit: float,
+    note: str = "",
+) -> Goal:
     """A measured value against an upper limit (micro-benchmarks)."""
     if estimate is None:
-        return Goal(scenario, text + _limit_text(limit, True, " " + unit), "ERROR", "n/a",
-                    note=note or "not measured")
+        return Goal(
+            scenario,
+            text + _limit_text(limit, True, " " + unit),
+            "ERROR",
+            "n/a",
+            note=note or "not measured",
+        )
     verdict, caveat = _verdict(estimate, limit, True)
     shown = f"{estimate.value:.1f} {unit}"
     if estimate.high > estimate.low:
         shown += f" [{estimate.low:.1f}, {estimate.high:.1f}]"
-    return Goal(scenario, text + _limit_text(limit, True, " " + unit), verdict, shown, estimate,
-                limit, True, "; ".join(n for n in (note, caveat) if n))
+    return Goal(
+        scenario,
+        text + _limit_text(limit, True, " " + unit),
+        verdict,
+        shown,
+        estimate,
+        limit,
+        True,
+        "; ".join(n for n in (note, caveat) if n),
+    )
 
 
 def info_row(scenario: str, text: str, shown: str, note: str = "") -> Goal:
     return Goal(scenario, text, "INFO", shown, note=note)
 
 
-def micro_goals(figures: Optional[dict[str, Any]], error: str = "") -> list[Goal]:
+def micro_goals(figures: dict[str, Any] | None, error: str = "") -> list[Goal]:
     """The goals on the figures of :func:`bench.micro.run_micro`: engine overhead, memory."""
     figures = figures or {}
     task = figures.get("task_overhead_us")
-    p50 = (stats.Estimate(task["p50"], task["p50"], task["p50"], task.get("reps", 0))
-           if task else None)
-    out = [value_goal(
-        "micro", "per-task engine overhead p50, no tracing", p50, "us", 25.0,
-        note=(f"mean {task['mean']:.1f} +/- {task['ci95']:.1f} us, p99 {task['p99']:.1f} us"
-              if task else error))]
-    for key, text, limit in (("rss_per_idle_connection_kib", "RSS per idle connection", 16.0),
-                             ("rss_per_inflight_task_kib", "RSS per in-flight task", 12.0)):
+    p50 = (
+        stats.Estimate(task["p50"], task["p50"], task["p50"], task.get("reps", 0)) if task else None
+    )
+    out = [
+        value_goal(
+            "micro",
+            "per-task engine overhead p50, no tracing",
+            p50,
+            "us",
+            25.0,
+            note=(
+                f"mean {task['mean']:.1f} +/- {task['ci95']:.1f} us, p99 {task['p99']:.1f} us"
+                if task
+                else error
+            ),
+        )
+    ]
+    for key, text, limit in (
+        ("rss_per_idle_connection_kib", "RSS per idle connection", 16.0),
+        ("rss_per_inflight_task_kib", "RSS per in-flight task", 12.0),
+    ):
         memory = figures.get(key)
-        estimate = (stats.Estimate(memory["mean"], memory["mean"], memory["mean"], 1)
-                    if memory else None)
+        estimate = (
+            stats.Estimate(memory["mean"], memory["mean"], memory["mean"], 1) if memory else None
+        )
         note = f"(during - before) / n over n = {memory['n']}" if memory else error
         out.append(value_goal("micro", text, estimate, "KiB", limit, note=note))
     return out

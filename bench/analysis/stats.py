@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from scipy.stats import t as student_t
 
-__all__ = ["Estimate", "mean_ci", "percentile", "bootstrap_ratio",
-           "ratio_of_means"]
+__all__ = ["Estimate", "mean_ci", "percentile", "bootstrap_ratio", "ratio_of_means"]
 
 _BOOTSTRAP_SEED = 20260101
 _BOOTSTRAP_SAMPLES = 2000
@@ -66,7 +65,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"q must be within 0..100, got {q}")
     rank = (len(sorted_values) - 1) * q / 100.0
-    below = int(math.floor(rank))
+    below = math.floor(rank)
     above = min(below + 1, len(sorted_values) - 1)
     fraction = rank - below
     low, high = sorted_values[below], sorted_values[above]
@@ -85,10 +84,15 @@ def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float]) -> 
     return math.inf if bottom == 0 else _mean(numerator) / bottom
 
 
-def bootstrap_ratio(numerator: Sequence[float], denominator: Sequence[float], *,
-                    statistic: Callable[[Sequence[float]], float] = _mean,
-                    level: float = 0.95, samples: int = _BOOTSTRAP_SAMPLES,
-                    seed: int = _BOOTSTRAP_SEED) -> Estimate:
+def bootstrap_ratio(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    *,
+    statistic: Callable[[Sequence[float]], float] = _mean,
+    level: float = 0.95,
+    samples: int = _BOOTSTRAP_SAMPLES,
+    seed: int = _BOOTSTRAP_SEED,
+) -> Estimate:
     """statistic(numerator) / statistic(denominator) with a percentile-bootstrap interval.
 
     The two samples are independent repetitions of two configurations, so each is
@@ -106,8 +110,12 @@ def bootstrap_ratio(numerator: Sequence[float], denominator: Sequence[float], *,
 
     point = ratio(numerator, denominator)
     rng = random.Random(seed)
-    draws = [ratio(rng.choices(numerator, k=len(numerator)),
-                   rng.choices(denominator, k=len(denominator))) for _ in range(samples)]
+    draws = [
+        ratio(
+            rng.choices(numerator, k=len(numerator)), rng.choices(denominator, k=len(denominator))
+        )
+        for _ in range(samples)
+    ]
     draws = sorted(d for d in draws if not math.isnan(d))  # 0/0: no ratio at all
     n = min(len(numerator), len(denominator))
     if not draws:

@@ -15,19 +15,20 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import socket  # noqa: E402
-from typing import Any, Callable, Optional, Sequence  # noqa: E402
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from gevent.pool import Pool  # noqa: E402
-from gevent.server import StreamServer  # noqa: E402
-from thriftpy2.protocol import TCyBinaryProtocol  # noqa: E402
-from thriftpy2.thrift import TProcessor  # noqa: E402
-from thriftpy2.transport import TCyFramedTransport, TSocket, TTransportException  # noqa: E402
+from gevent.pool import Pool
+from gevent.server import StreamServer
+from thriftpy2.protocol import TCyBinaryProtocol
+from thriftpy2.thrift import TProcessor
+from thriftpy2.transport import TCyFramedTransport, TSocket, TTransportException
 
-from bench.baselines.common import settings_from_argv  # noqa: E402
-from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from lookups.registry import default_registry  # noqa: E402
-from service.idl import appstats  # noqa: E402
+from bench.baselines.common import settings_from_argv
+from bench.servers.ready import announce_ready, wait_for_stop_signal
+from lookups.registry import default_registry
+from service.idl import appstats
 
 __all__ = ["BareHandler", "serve_with", "serve_until_stopped", "main"]
 
@@ -50,6 +51,7 @@ _PROCESSOR = TProcessor(appstats.AppStats, BareHandler())
 
 def serve_with(processor: TProcessor) -> Callable[[socket.socket, Any], None]:
     """A ``StreamServer`` handler running ``processor`` on each connection until it ends."""
+
     def serve(sock: socket.socket, peer: Any) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport = TCyFramedTransport(TSocket(sock=sock))
@@ -61,14 +63,18 @@ def serve_with(processor: TProcessor) -> Callable[[socket.socket, Any], None]:
             pass
         finally:
             transport.close()
+
     return serve
 
 
 def serve_until_stopped(settings: Any, processor: TProcessor, name: str) -> int:
     """Serve ``processor`` on the configured address, ``server.max_connections`` at once;
     announce READY as ``name``, and stop on SIGTERM or SIGINT."""
-    server = StreamServer((settings.server.host, settings.server.port), serve_with(processor),
-                          spawn=Pool(settings.server.max_connections))
+    server = StreamServer(
+        (settings.server.host, settings.server.port),
+        serve_with(processor),
+        spawn=Pool(settings.server.max_connections),
+    )
     server.start()
     host, port = server.address[:2]
     announce_ready(host=host, port=port, server=name)
@@ -77,7 +83,7 @@ def serve_until_stopped(settings: Any, processor: TProcessor, name: str) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.bare", argv)
     return serve_until_stopped(settings, _PROCESSOR, "bare")
 

@@ -17,27 +17,33 @@ import abc
 import argparse
 import logging
 import time
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from lookups.base import Lookup
-from lookups.panels import Window
-from service.settings.config import Settings, load_settings
 from lookups.deadline import Deadline
+from lookups.panels import Window
+from service.engine.tasks import TaskOutcome, TaskStatus
 from service.idl import appstats
 from service.rpc.handler import to_panel_data, to_thrift_outcomes
-from service.engine.tasks import TaskOutcome, TaskStatus
 from service.rpc.validation import validate_stats_request
+from service.settings.config import Settings, load_settings
 
-__all__ = ["PlannedLookup", "BaselineHandler", "lookup_outcome", "timeout_outcome",
-           "settings_from_argv"]
+__all__ = [
+    "PlannedLookup",
+    "BaselineHandler",
+    "lookup_outcome",
+    "timeout_outcome",
+    "settings_from_argv",
+]
 
 log = logging.getLogger(__name__)
 
 _MESSAGE_LIMIT = 500
-PlannedLookup = tuple[Lookup, int]   # the lookup and its timeout_ms
+PlannedLookup = tuple[Lookup, int]  # the lookup and its timeout_ms
 
 
-def settings_from_argv(prog: str, argv: Optional[Sequence[str]] = None) -> Settings:
+def settings_from_argv(prog: str, argv: Sequence[str] | None = None) -> Settings:
     """``--config FILE`` (the same TOML as ``fanout serve``), loaded and validated.
 
     Raises :class:`service.settings.config.ConfigError` for a bad file.
@@ -49,8 +55,9 @@ def settings_from_argv(prog: str, argv: Optional[Sequence[str]] = None) -> Setti
     return load_settings(args.config)
 
 
-def lookup_outcome(lookup: Lookup, window: Window, timeout_ms: int,
-                   deadline: Deadline) -> TaskOutcome:
+def lookup_outcome(
+    lookup: Lookup, window: Window, timeout_ms: int, deadline: Deadline
+) -> TaskOutcome:
     """Run one lookup within ``min(timeout_ms, time left)``; every failure becomes an outcome.
 
     Classified as Fanout's engine does: ``TimeoutError`` is ``TIMEOUT``, anything else
@@ -69,18 +76,34 @@ def lookup_outcome(lookup: Lookup, window: Window, timeout_ms: int,
             log.warning("task %s failed: %s: %s", lookup.name, type(exc).__name__, exc)
         else:
             log.error("task %s raised an unexpected error", lookup.name, exc_info=exc)
-        return TaskOutcome(lookup.name, lookup.source,
-                           TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR, elapsed_ms,
-                           error_type=type(exc).__name__,
-                           message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
-                           retryable=bool(getattr(exc, "retryable", timed_out)))
-    return TaskOutcome(lookup.name, lookup.source, TaskStatus.OK,
-                       (time.monotonic() - started) * 1000.0, value=value)
+        return TaskOutcome(
+            lookup.name,
+            lookup.source,
+            TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
+            elapsed_ms,
+            error_type=type(exc).__name__,
+            message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
+            retryable=bool(getattr(exc, "retryable", timed_out)),
+        )
+    return TaskOutcome(
+        lookup.name,
+        lookup.source,
+        TaskStatus.OK,
+        (time.monotonic() - started) * 1000.0,
+        value=value,
+    )
 
 
 def timeout_outcome(lookup: Lookup, elapsed_ms: float, message: str) -> TaskOutcome:
-    return TaskOutcome(lookup.name, lookup.source, TaskStatus.TIMEOUT, elapsed_ms,
-                       error_type="TIMEOUT", message=message, retryable=True)
+    return TaskOutcome(
+        lookup.name,
+        lookup.source,
+        TaskStatus.TIMEOUT,
+        elapsed_ms,
+        error_type="TIMEOUT",
+        message=message,
+        retryable=True,
+    )
 
 
 class BaselineHandler(abc.ABC):
@@ -102,8 +125,9 @@ class BaselineHandler(abc.ABC):
     def get_app_stats(self, request: Any) -> Any:
         """Gather the requested panels. Raises ``InvalidRequest`` for bad input."""
         started = time.monotonic()
-        valid = validate_stats_request(request, list(self._lookups), self.panels(),
-                                       self._settings.fanout)
+        valid = validate_stats_request(
+            request, list(self._lookups), self.panels(), self._settings.fanout
+        )
         deadline = Deadline.after_ms(valid.deadline_ms)
         planned, outcomes = [], {}
         for name in valid.panels:
@@ -111,17 +135,22 @@ class BaselineHandler(abc.ABC):
             if self._settings.lookup(name).enabled:
                 planned.append((lookup, self._settings.task_timeout_ms(name)))
             else:
-                outcomes[name] = TaskOutcome(name, lookup.source, TaskStatus.SKIPPED, 0.0,
-                                             message="disabled on this server")
+                outcomes[name] = TaskOutcome(
+                    name, lookup.source, TaskStatus.SKIPPED, 0.0, message="disabled on this server"
+                )
         for outcome in self.gather(valid.window, planned, deadline):
             outcomes[outcome.name] = outcome
         ordered = [outcomes[name] for name in valid.panels]
         return appstats.StatsResponse(
-            app=valid.window.app, panels={o.name: o.value for o in ordered if o.ok},
-            outcomes=to_thrift_outcomes(ordered), trace_id="",
-            elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+            app=valid.window.app,
+            panels={o.name: o.value for o in ordered if o.ok},
+            outcomes=to_thrift_outcomes(ordered),
+            trace_id="",
+            elapsed_ms=round((time.monotonic() - started) * 1000.0, 3),
+        )
 
     @abc.abstractmethod
-    def gather(self, window: Window, planned: Sequence[PlannedLookup],
-               deadline: Deadline) -> list[TaskOutcome]:
+    def gather(
+        self, window: Window, planned: Sequence[PlannedLookup], deadline: Deadline
+    ) -> list[TaskOutcome]:
         """One outcome per planned lookup, all settled by ``deadline``."""

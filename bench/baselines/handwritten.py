@@ -22,24 +22,29 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import time  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+import time
+from collections.abc import Sequence
+from typing import Any
 
-import gevent  # noqa: E402
-import pymongo  # noqa: E402
-import requests  # noqa: E402
-from thriftpy2.thrift import TProcessor  # noqa: E402
+import gevent
+import pymongo
+import requests
+from thriftpy2.thrift import TProcessor
 
-from bench.baselines.bare import serve_until_stopped  # noqa: E402
-from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
-                                    settings_from_argv, timeout_outcome)
-from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup, app_path_segment  # noqa: E402
-from lookups.mongo import (ControllersLookup, ErrorsLookup, QueriesLookup,  # noqa: E402
-                           UrlsLookup, window_filter)
-from lookups.panels import Window  # noqa: E402
-from lookups.deadline import Deadline  # noqa: E402
-from service.engine.tasks import TaskOutcome  # noqa: E402
-from service.idl import appstats  # noqa: E402
+from bench.baselines.bare import serve_until_stopped
+from bench.baselines.common import (
+    BaselineHandler,
+    PlannedLookup,
+    lookup_outcome,
+    settings_from_argv,
+    timeout_outcome,
+)
+from lookups.deadline import Deadline
+from lookups.http import AlertsLookup, LatencyLookup, VolumeLookup, app_path_segment
+from lookups.mongo import ControllersLookup, ErrorsLookup, QueriesLookup, UrlsLookup, window_filter
+from lookups.panels import Window
+from service.engine.tasks import TaskOutcome
+from service.idl import appstats
 
 __all__ = ["HandwrittenHandler", "main"]
 
@@ -53,9 +58,13 @@ def _plain_mongo(base: type) -> type:
 
         def fetch(self, window: Window, deadline: Deadline) -> Any:
             pipeline = [{"$match": window_filter(window)}, *self.stages()]
-            documents = list(self._db[self.collection].aggregate(
-                pipeline, maxTimeMS=max(1, int(deadline.remaining_ms()))))
+            documents = list(
+                self._db[self.collection].aggregate(
+                    pipeline, maxTimeMS=max(1, int(deadline.remaining_ms()))
+                )
+            )
             return self.build(documents)
+
     return Plain
 
 
@@ -69,33 +78,44 @@ def _plain_http(base: type) -> type:
 
         def _get_json(self, window: Window, params: dict[str, int], deadline: Deadline) -> Any:
             path = self.route.format(app=app_path_segment(window.app))
-            response = self._session.get(self._base_url + path, params=params,
-                                         timeout=max(deadline.remaining_s(), 0.001))
+            response = self._session.get(
+                self._base_url + path, params=params, timeout=max(deadline.remaining_s(), 0.001)
+            )
             response.raise_for_status()
             return response.json()
+
     return Plain
 
 
 class HandwrittenHandler(BaselineHandler):
     """One plain greenlet per lookup; whatever has not finished at the deadline is TIMEOUT."""
 
-    def gather(self, window: Window, planned: Sequence[PlannedLookup],
-               deadline: Deadline) -> list[TaskOutcome]:
+    def gather(
+        self, window: Window, planned: Sequence[PlannedLookup], deadline: Deadline
+    ) -> list[TaskOutcome]:
         started = time.monotonic()
-        jobs = [gevent.spawn(lookup_outcome, lookup, window, timeout_ms, deadline)
-                for lookup, timeout_ms in planned]
+        jobs = [
+            gevent.spawn(lookup_outcome, lookup, window, timeout_ms, deadline)
+            for lookup, timeout_ms in planned
+        ]
         gevent.joinall(jobs, timeout=deadline.remaining_s())
-        return [job.value if job.ready() and job.value is not None
-                else timeout_outcome(lookup, (time.monotonic() - started) * 1000.0,
-                                     "request deadline passed")
-                for (lookup, _), job in zip(planned, jobs)]
+        return [
+            job.value
+            if job.ready() and job.value is not None
+            else timeout_outcome(
+                lookup, (time.monotonic() - started) * 1000.0, "request deadline passed"
+            )
+            for (lookup, _), job in zip(planned, jobs)
+        ]
 
 
 def _lookups(settings: Any) -> dict[str, Any]:
     client: pymongo.MongoClient = pymongo.MongoClient(
-        settings.mongo.uri, maxPoolSize=settings.mongo.max_pool_size,
+        settings.mongo.uri,
+        maxPoolSize=settings.mongo.max_pool_size,
         connectTimeoutMS=settings.mongo.connect_timeout_ms,
-        serverSelectionTimeoutMS=settings.mongo.server_selection_timeout_ms)
+        serverSelectionTimeoutMS=settings.mongo.server_selection_timeout_ms,
+    )
     db = client[settings.mongo.database]
     session = requests.Session()
     adapter = requests.adapters.HTTPAdapter(pool_maxsize=settings.http.pool_maxsize)
@@ -104,11 +124,13 @@ def _lookups(settings: Any) -> dict[str, Any]:
     for lookup in (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup):
         lookups[lookup.name] = _plain_mongo(lookup)(db)
     for lookup in (AlertsLookup, LatencyLookup, VolumeLookup):
-        lookups[lookup.name] = _plain_http(lookup)(session, settings.backends[lookup.backend_name].url)
+        lookups[lookup.name] = _plain_http(lookup)(
+            session, settings.backends[lookup.backend_name].url
+        )
     return lookups
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.handwritten", argv)
     processor = TProcessor(appstats.AppStats, HandwrittenHandler(settings, _lookups(settings)))
     return serve_until_stopped(settings, processor, "handwritten")

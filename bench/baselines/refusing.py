@@ -20,26 +20,27 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import os  # noqa: E402
-import socket  # noqa: E402
-import struct  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+import os
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
 
-from gevent.event import Event  # noqa: E402
-from gevent.hub import get_hub  # noqa: E402
-from gevent.pool import Pool  # noqa: E402
-from gevent.server import StreamServer  # noqa: E402
-from thriftpy2.protocol import TCyBinaryProtocol  # noqa: E402
-from thriftpy2.thrift import TMessageType  # noqa: E402
-from thriftpy2.transport import TCyMemoryBuffer  # noqa: E402
+from gevent.event import Event
+from gevent.hub import get_hub
+from gevent.pool import Pool
+from gevent.server import StreamServer
+from thriftpy2.protocol import TCyBinaryProtocol
+from thriftpy2.thrift import TMessageType
+from thriftpy2.transport import TCyMemoryBuffer
 
-from bench.baselines.common import settings_from_argv  # noqa: E402
-from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from lookups.deadline import Deadline  # noqa: E402
-from service.overload.gate import CallerPacing  # noqa: E402
-from service.overload.held_connections import on_the_tick  # noqa: E402
-from service.idl import appstats  # noqa: E402
-from service.wire.header import call_header  # noqa: E402
+from bench.baselines.common import settings_from_argv
+from bench.servers.ready import announce_ready, wait_for_stop_signal
+from lookups.deadline import Deadline
+from service.idl import appstats
+from service.overload.gate import CallerPacing
+from service.overload.held_connections import on_the_tick
+from service.wire.header import call_header
 
 __all__ = ["encoded_replies", "serve_refusing", "main"]
 
@@ -54,9 +55,12 @@ def encoded_replies() -> dict[str, tuple[bytes, int]]:
     ``Overloaded``, and ``ping`` (the harness pings a server before it loads it)."""
     ping = appstats.AppStats.ping_result(success="pong")
     refusal = appstats.AppStats.get_app_stats_result(
-        overloaded=appstats.Overloaded(message="overloaded", retry_after_ms=_RETRY_AFTER_MS))
-    return {name: _encoded(name, result) for name, result in
-            (("ping", ping), ("get_app_stats", refusal))}
+        overloaded=appstats.Overloaded(message="overloaded", retry_after_ms=_RETRY_AFTER_MS)
+    )
+    return {
+        name: _encoded(name, result)
+        for name, result in (("ping", ping), ("get_app_stats", refusal))
+    }
 
 
 def _encoded(method: str, result: Any) -> tuple[bytes, int]:
@@ -74,8 +78,13 @@ class _RefusingConnection:
     """One connection, served from callbacks of the hub's loop: a read when the caller
     sends, a timer for the hold, a write when it ends (as service.overload.held_connections does)."""
 
-    def __init__(self, sock: socket.socket, replies: dict[str, tuple[bytes, int]],
-                 deadline_ms: int, max_frame_bytes: int) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        replies: dict[str, tuple[bytes, int]],
+        deadline_ms: int,
+        max_frame_bytes: int,
+    ) -> None:
         self._fd = sock.fileno()
         self._replies = replies
         self._deadline_ms = deadline_ms
@@ -117,7 +126,7 @@ class _RefusingConnection:
         if len(self._buffer) < _FRAME.size + length:
             return
         end = _FRAME.size + length
-        body, self._buffer = self._buffer[_FRAME.size:end], self._buffer[end:]
+        body, self._buffer = self._buffer[_FRAME.size : end], self._buffer[end:]
         header = call_header(body, "binary")
         if header is None:
             self.done.set()
@@ -131,7 +140,8 @@ class _RefusingConnection:
         self._pacing.arrived(deadline)
         self._io.stop()
         self._timer = self._loop.timer(
-            on_the_tick(self._loop, self._pacing.refused(_RETRY_AFTER_MS, deadline)))
+            on_the_tick(self._loop, self._pacing.refused(_RETRY_AFTER_MS, deadline))
+        )
         self._timer.start(self._due)
 
     def _due(self) -> None:
@@ -141,7 +151,7 @@ class _RefusingConnection:
 
     def _write(self, method: str) -> None:
         reply, seqid_at = self._replies[method]
-        payload = reply[:seqid_at] + _FRAME.pack(self._seqid) + reply[seqid_at + 4:]
+        payload = reply[:seqid_at] + _FRAME.pack(self._seqid) + reply[seqid_at + 4 :]
         try:
             sent = os.write(self._fd, payload)
         except OSError:
@@ -162,15 +172,17 @@ def serve_refusing(deadline_ms: int, max_frame_bytes: int = 1024 * 1024) -> Any:
         finally:
             connection.close()
             sock.close()
+
     return serve
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.refusing", argv)
-    server = StreamServer((settings.server.host, settings.server.port),
-                          serve_refusing(settings.fanout.request_deadline_ms,
-                                         settings.server.max_frame_bytes),
-                          spawn=Pool(settings.server.max_connections))
+    server = StreamServer(
+        (settings.server.host, settings.server.port),
+        serve_refusing(settings.fanout.request_deadline_ms, settings.server.max_frame_bytes),
+        spawn=Pool(settings.server.max_connections),
+    )
     server.start()
     host, port = server.address[:2]
     announce_ready(host=host, port=port, server="refusing")

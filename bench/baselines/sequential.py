@@ -15,20 +15,24 @@ from gevent import monkey
 
 monkey.patch_all()
 
-from typing import Optional, Sequence  # noqa: E402
+from collections.abc import Sequence
 
-from thriftpy2.thrift import TProcessor  # noqa: E402
+from thriftpy2.thrift import TProcessor
 
-from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,  # noqa: E402
-                                    settings_from_argv)
-from bench.servers.ready import announce_ready, wait_for_stop_signal  # noqa: E402
-from lookups.backends.collection import Backends  # noqa: E402
-from lookups.panels import Window  # noqa: E402
-from lookups.registry import default_registry  # noqa: E402
-from lookups.deadline import Deadline  # noqa: E402
-from service.idl import appstats  # noqa: E402
-from service.engine.tasks import TaskOutcome  # noqa: E402
-from service.listener.server import ThriftServer  # noqa: E402
+from bench.baselines.common import (
+    BaselineHandler,
+    PlannedLookup,
+    lookup_outcome,
+    settings_from_argv,
+)
+from bench.servers.ready import announce_ready, wait_for_stop_signal
+from lookups.backends.collection import Backends
+from lookups.deadline import Deadline
+from lookups.panels import Window
+from lookups.registry import default_registry
+from service.engine.tasks import TaskOutcome
+from service.idl import appstats
+from service.listener.server import ThriftServer
 
 __all__ = ["SequentialHandler", "main"]
 
@@ -36,13 +40,15 @@ __all__ = ["SequentialHandler", "main"]
 class SequentialHandler(BaselineHandler):
     """Runs the planned lookups in order, each within min(its timeout, time left)."""
 
-    def gather(self, window: Window, planned: Sequence[PlannedLookup],
-               deadline: Deadline) -> list[TaskOutcome]:
-        return [lookup_outcome(lookup, window, timeout_ms, deadline)
-                for lookup, timeout_ms in planned]
+    def gather(
+        self, window: Window, planned: Sequence[PlannedLookup], deadline: Deadline
+    ) -> list[TaskOutcome]:
+        return [
+            lookup_outcome(lookup, window, timeout_ms, deadline) for lookup, timeout_ms in planned
+        ]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_argv("python -m bench.baselines.sequential", argv)
     with Backends(settings.backends) as backends:
         handler = SequentialHandler(settings, default_registry().build(backends))

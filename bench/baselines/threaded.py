@@ -25,41 +25,50 @@ import signal
 import socket
 import sys
 import time
-from typing import Any, NoReturn, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.server import TThreadedServer
 from thriftpy2.thrift import TProcessor
 from thriftpy2.transport import TCyFramedTransportFactory, TServerSocket, TSocket
 
-from bench.baselines.common import (BaselineHandler, PlannedLookup, lookup_outcome,
-                                    settings_from_argv, timeout_outcome)
+from bench.baselines.common import (
+    BaselineHandler,
+    PlannedLookup,
+    lookup_outcome,
+    settings_from_argv,
+    timeout_outcome,
+)
 from bench.servers.ready import announce_ready
 from lookups.backends.collection import Backends
+from lookups.deadline import Deadline
 from lookups.panels import Window
 from lookups.registry import default_registry
-from lookups.deadline import Deadline
-from service.idl import appstats
 from service.engine.tasks import TaskOutcome
+from service.idl import appstats
 
 __all__ = ["DEFAULT_MAX_WORKERS", "ThreadedHandler", "main"]
 
 DEFAULT_MAX_WORKERS = 32
-_BACKLOG = 256    # gevent StreamServer's default, as the other servers have
+_BACKLOG = 256  # gevent StreamServer's default, as the other servers have
 
 # Created in main() with --max-workers; module-level, as such code usually has it.
-EXECUTOR: Optional[concurrent.futures.ThreadPoolExecutor] = None
+EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 class ThreadedHandler(BaselineHandler):
     """Submits the planned lookups to :data:`EXECUTOR` and waits until the deadline."""
 
-    def gather(self, window: Window, planned: Sequence[PlannedLookup],
-               deadline: Deadline) -> list[TaskOutcome]:
+    def gather(
+        self, window: Window, planned: Sequence[PlannedLookup], deadline: Deadline
+    ) -> list[TaskOutcome]:
         assert EXECUTOR is not None, "main() creates the executor"
         started = time.monotonic()
-        futures = [EXECUTOR.submit(lookup_outcome, lookup, window, timeout_ms, deadline)
-                   for lookup, timeout_ms in planned]
+        futures = [
+            EXECUTOR.submit(lookup_outcome, lookup, window, timeout_ms, deadline)
+            for lookup, timeout_ms in planned
+        ]
         done, _ = concurrent.futures.wait(futures, timeout=deadline.remaining_s())
         outcomes = []
         for (lookup, _), future in zip(planned, futures):
@@ -67,8 +76,11 @@ class ThreadedHandler(BaselineHandler):
                 outcomes.append(future.result())
             else:
                 future.cancel()
-                outcomes.append(timeout_outcome(lookup, (time.monotonic() - started) * 1000.0,
-                                                "request deadline passed"))
+                outcomes.append(
+                    timeout_outcome(
+                        lookup, (time.monotonic() - started) * 1000.0, "request deadline passed"
+                    )
+                )
         return outcomes
 
 
@@ -100,21 +112,27 @@ def _exit_on_signal(signum: int, frame: Any) -> NoReturn:
     raise SystemExit(0)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     global EXECUTOR
     own = argparse.ArgumentParser(add_help=False)
     own.add_argument("--max-workers", type=int, default=DEFAULT_MAX_WORKERS)
     args, rest = own.parse_known_args(argv if argv is not None else sys.argv[1:])
     settings = settings_from_argv("python -m bench.baselines.threaded", rest)
-    EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=args.max_workers,
-                                                     thread_name_prefix="lookup")
+    EXECUTOR = concurrent.futures.ThreadPoolExecutor(
+        max_workers=args.max_workers, thread_name_prefix="lookup"
+    )
     backends = Backends(settings.backends)
     handler = ThreadedHandler(settings, default_registry().build(backends))
-    listener = _BoundServerSocket(settings.server.host, settings.server.port,
-                                  settings.server.idle_timeout_ms)
-    server = TThreadedServer(TProcessor(appstats.AppStats, handler), listener,
-                             itrans_factory=TCyFramedTransportFactory(),
-                             iprot_factory=TCyBinaryProtocolFactory(), daemon=True)
+    listener = _BoundServerSocket(
+        settings.server.host, settings.server.port, settings.server.idle_timeout_ms
+    )
+    server = TThreadedServer(
+        TProcessor(appstats.AppStats, handler),
+        listener,
+        itrans_factory=TCyFramedTransportFactory(),
+        iprot_factory=TCyBinaryProtocolFactory(),
+        daemon=True,
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_on_signal)
     host, port = listener.address

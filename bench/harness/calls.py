@@ -33,8 +33,11 @@ def zipf_views(viewers: int) -> list[tuple[str, int, int]]:
     left = max(0, viewers - sum(counts))
     for k in sorted(range(ZIPF_DASHBOARDS), key=lambda k: counts[k] - shares[k])[:left]:
         counts[k] += 1
-    views = [(app, start_ms + k * 60_000, end_ms + k * 60_000)
-             for k, count in enumerate(counts) for _ in range(count)]
+    views = [
+        (app, start_ms + k * 60_000, end_ms + k * 60_000)
+        for k, count in enumerate(counts)
+        for _ in range(count)
+    ]
     return views[:viewers]
 
 

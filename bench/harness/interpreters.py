@@ -14,8 +14,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
-
 
 __all__ = ["PYTHONS_ENV", "find_newer_pythons", "server_interpreter"]
 
@@ -29,11 +27,12 @@ _PROBE = "import platform, sys; print(platform.python_implementation(), platform
 _INSTALL_TIMEOUT_S = 900
 
 
-def _probe(path: str) -> Optional[tuple[int, ...]]:
+def _probe(path: str) -> tuple[int, ...] | None:
     """The CPython version of the interpreter at ``path``, or None (not CPython, broken)."""
     try:
-        shown = subprocess.run([path, "-c", _PROBE], capture_output=True, text=True,
-                               timeout=30, check=True).stdout.split()
+        shown = subprocess.run(
+            [path, "-c", _PROBE], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.split()
     except (OSError, subprocess.SubprocessError):
         return None
     if len(shown) != 2 or shown[0] != "CPython":
@@ -67,8 +66,11 @@ def find_newer_pythons() -> dict[tuple[int, ...], str]:
 
 def _constraints() -> str:
     """``name==version`` for every distribution in the benchmark's environment but the project."""
-    pins = {f"{d.metadata['Name'].lower()}=={d.version}" for d in importlib.metadata.distributions()
-            if d.metadata["Name"] and d.metadata["Name"].lower() not in ("fanout", "pip", "setuptools")}
+    pins = {
+        f"{d.metadata['Name'].lower()}=={d.version}"
+        for d in importlib.metadata.distributions()
+        if d.metadata["Name"] and d.metadata["Name"].lower() not in ("fanout", "pip", "setuptools")
+    }
     return "\n".join(sorted(pins)) + "\n"
 
 
@@ -83,7 +85,9 @@ def server_interpreter(base: str) -> str:
     venv = _VENVS / f"cpython-{'.'.join(map(str, version))}"
     python = venv / "bin" / "python"
     constraints = _constraints()
-    wanted = hashlib.sha256(constraints.encode() + (_REPO / "pyproject.toml").read_bytes()).hexdigest()
+    wanted = hashlib.sha256(
+        constraints.encode() + (_REPO / "pyproject.toml").read_bytes()
+    ).hexdigest()
     stamp = venv / _STAMP
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return str(python)
@@ -91,10 +95,21 @@ def server_interpreter(base: str) -> str:
     venv.mkdir(parents=True)
     (venv / "constraints.txt").write_text(constraints)
     log.info("making %s for the python scenario (once)", venv)
-    for argv in ([base, "-m", "venv", str(venv)],
-                 [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-                 [str(python), "-m", "pip", "install", "--quiet", "-c", str(venv / "constraints.txt"),
-                  "-e", str(_REPO)]):
+    for argv in (
+        [base, "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "-c",
+            str(venv / "constraints.txt"),
+            "-e",
+            str(_REPO),
+        ],
+    ):
         done = subprocess.run(argv, capture_output=True, text=True, timeout=_INSTALL_TIMEOUT_S)
         if done.returncode != 0:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])

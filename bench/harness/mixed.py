@@ -14,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from lookups.settings import SHIPPED_OPTIONAL
 
@@ -34,8 +35,9 @@ class Companion:
     overloaded_pause_s: float = 0.0
 
 
-def run_mixed(config: Any, timing: Any, result: dict[str, Any],
-              on_window: Callable[[], None], runner: Any) -> None:
+def run_mixed(
+    config: Any, timing: Any, result: dict[str, Any], on_window: Callable[[], None], runner: Any
+) -> None:
     """Measure ``config`` (a :class:`~bench.harness.runner.Config` with a companion) into
     ``result``: the primary group's windows as usual, the companion's, the levels.
 
@@ -54,8 +56,11 @@ def run_mixed(config: Any, timing: Any, result: dict[str, Any],
         if companion.connections:
             plan = dataclasses.replace(
                 runner.plan_of(_as_primary(config, companion), stack.address, timing),
-                warmup_s=timing.warmup_s + 1.0)
-            thread = threading.Thread(target=_run_companion, args=(plan, second, ready), daemon=True)
+                warmup_s=timing.warmup_s + 1.0,
+            )
+            thread = threading.Thread(
+                target=_run_companion, args=(plan, second, ready), daemon=True
+            )
             thread.start()
             ready.wait(timeout=120)
         with LoadGenerator(runner.loadgen_processes(config.connections)) as generator:
@@ -73,10 +78,15 @@ def run_mixed(config: Any, timing: Any, result: dict[str, Any],
 
 def _as_primary(config: Any, companion: Companion) -> Any:
     return dataclasses.replace(
-        config, call="stats", connections=companion.connections,
+        config,
+        call="stats",
+        connections=companion.connections,
         criticality=companion.criticality,
-        honour_retry_after=companion.honour_retry_after, decode_every=0,
-        overloaded_pause_s=companion.overloaded_pause_s, companion=None)
+        honour_retry_after=companion.honour_retry_after,
+        decode_every=0,
+        overloaded_pause_s=companion.overloaded_pause_s,
+        companion=None,
+    )
 
 
 def _run_companion(plan: Any, out: dict[str, Any], ready: threading.Event) -> None:
@@ -90,16 +100,21 @@ def _run_companion(plan: Any, out: dict[str, Any], ready: threading.Event) -> No
         ready.set()
 
 
-def _summary(load: Optional[Any], timing: Any) -> dict[str, Any]:
+def _summary(load: Any | None, timing: Any) -> dict[str, Any]:
     """The companion's replies per window: whole (every panel OK), lighter, failures."""
     if load is None:
         return {}
-    windows = [{"whole": sum(w.ok), "lighter": sum(w.degraded), "failures": dict(w.failures)}
-               for w in load.windows]
-    return {"connected": load.connected, "windows": windows,
-            "whole_per_s": sum(w["whole"] for w in windows) / (timing.window_s * len(windows)),
-            "refused": sum(w["failures"].get("overloaded", 0) for w in windows),
-            "late": sum(w["failures"].get("timeout", 0) for w in windows)}
+    windows = [
+        {"whole": sum(w.ok), "lighter": sum(w.degraded), "failures": dict(w.failures)}
+        for w in load.windows
+    ]
+    return {
+        "connected": load.connected,
+        "windows": windows,
+        "whole_per_s": sum(w["whole"] for w in windows) / (timing.window_s * len(windows)),
+        "refused": sum(w["failures"].get("overloaded", 0) for w in windows),
+        "late": sum(w["failures"].get("timeout", 0) for w in windows),
+    }
 
 
 def _essential(samples: list[dict[str, Any]], timing: Any) -> dict[str, Any]:
@@ -118,11 +133,14 @@ def _essential(samples: list[dict[str, Any]], timing: Any) -> dict[str, Any]:
         counts[2] += len(optional & ok)
         counts[3] += names <= ok
     windows = [per_window.get(w, [0, 0, 0, 0]) for w in range(timing.reps)]
-    return {"per_s": [w[1] / timing.window_s for w in windows],
-            "answers": [w[0] for w in windows], "essential_ok": [w[1] for w in windows],
-            "whole": [w[3] for w in windows],
-            "optional_run": [w[2] for w in windows], "optional_asked": [w[0] * len(optional)
-                                                                          for w in windows]}
+    return {
+        "per_s": [w[1] / timing.window_s for w in windows],
+        "answers": [w[0] for w in windows],
+        "essential_ok": [w[1] for w in windows],
+        "whole": [w[3] for w in windows],
+        "optional_run": [w[2] for w in windows],
+        "optional_asked": [w[0] * len(optional) for w in windows],
+    }
 
 
 class _LevelSampler:
@@ -131,11 +149,11 @@ class _LevelSampler:
     def __init__(self, address: tuple[str, int]) -> None:
         self._address = address
         self.levels: list[tuple[float, float]] = []
-        self.admission: list[tuple[int, int, int]] = []   # limit, in flight, queued
+        self.admission: list[tuple[int, int, int]] = []  # limit, in flight, queued
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def start(self) -> "_LevelSampler":
+    def start(self) -> _LevelSampler:
         self._thread.start()
         return self
 
@@ -155,15 +173,21 @@ class _LevelSampler:
         while not self._stop.wait(_LEVEL_POLL_S):
             try:
                 if client is None:
-                    client = make_client(appstats.AppStats, *self._address, timeout=3000,
-                                         trans_factory=TFramedTransportFactory(),
-                                         proto_factory=TBinaryProtocolFactory())
+                    client = make_client(
+                        appstats.AppStats,
+                        *self._address,
+                        timeout=3000,
+                        trans_factory=TFramedTransportFactory(),
+                        proto_factory=TBinaryProtocolFactory(),
+                    )
                 report = client.pool_stats()
-                self.levels.append((round(time.monotonic() - started, 2),
-                                    report.brownout_level or 0.0))
-                self.admission.append((report.admission_limit, report.calls_in_flight,
-                                       report.calls_queued))
-            except Exception:  # noqa: BLE001 - a missed reading, not a failed run
+                self.levels.append(
+                    (round(time.monotonic() - started, 2), report.brownout_level or 0.0)
+                )
+                self.admission.append(
+                    (report.admission_limit, report.calls_in_flight, report.calls_queued)
+                )
+            except Exception:
                 if client is not None:
                     client.close()
                 client = None

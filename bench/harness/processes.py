@@ -22,8 +22,9 @@ import resource
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import psutil
 
@@ -68,14 +69,20 @@ def _prepare_child() -> None:
 class ManagedProcess:
     """A child process with a role (``"server"``, ``"mongo"``, ...) and a log file."""
 
-    def __init__(self, role: str, argv: Sequence[str], log_path: Path,
-                 env: Optional[dict[str, str]] = None, cwd: Optional[Path] = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.role = role
         self.argv = list(argv)
         self.log_path = log_path
         self._env = env
         self._cwd = cwd
-        self._popen: Optional[subprocess.Popen[bytes]] = None
+        self._popen: subprocess.Popen[bytes] | None = None
         self.facts: dict[str, Any] = {}
 
     @property
@@ -84,12 +91,18 @@ class ManagedProcess:
             raise RuntimeError(f"{self.role}: not started")
         return self._popen.pid
 
-    def spawn(self) -> "ManagedProcess":
+    def spawn(self) -> ManagedProcess:
         """Start the process (it is not ready yet: see :meth:`wait_ready`)."""
         with self.log_path.open("ab") as log_file:
-            self._popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log_file,
-                                           stderr=subprocess.STDOUT, env=self._env, cwd=self._cwd,
-                                           preexec_fn=_prepare_child)
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self._env,
+                cwd=self._cwd,
+                preexec_fn=_prepare_child,
+            )
         return self
 
     def wait_ready(self, deadline: float) -> dict[str, Any]:
@@ -115,11 +128,14 @@ class ManagedProcess:
                     self.facts = facts
                     return facts
             if self._popen.poll() is not None:
-                raise ProcessStartError(f"{self.role} exited with status {self._popen.returncode} "
-                                        f"before it was ready; log tail:\n{self.log_tail()}")
+                raise ProcessStartError(
+                    f"{self.role} exited with status {self._popen.returncode} "
+                    f"before it was ready; log tail:\n{self.log_tail()}"
+                )
             if time.monotonic() >= deadline:
-                raise ProcessStartError(f"{self.role} was not ready in time; log tail:\n"
-                                        f"{self.log_tail()}")
+                raise ProcessStartError(
+                    f"{self.role} was not ready in time; log tail:\n{self.log_tail()}"
+                )
             time.sleep(_POLL_S)
 
     def processes(self) -> list[psutil.Process]:
@@ -155,7 +171,7 @@ class ManagedProcess:
                 continue
         return total // 1024
 
-    def nofile_limit(self) -> Optional[int]:
+    def nofile_limit(self) -> int | None:
         """The process's soft ``RLIMIT_NOFILE``, or ``None`` if it cannot be read."""
         if self._popen is None:
             return None
@@ -164,7 +180,7 @@ class ManagedProcess:
         except (psutil.Error, AttributeError):
             return None
 
-    def stop(self, timeout_s: float) -> Optional[int]:
+    def stop(self, timeout_s: float) -> int | None:
         """SIGTERM, wait up to ``timeout_s``, then SIGKILL; the same for leftover descendants.
 
         Returns the exit status (negative: killed by that signal); idempotent.
@@ -182,7 +198,9 @@ class ManagedProcess:
             try:
                 popen.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s of SIGTERM; killing it", self.role, timeout_s)
+                log.warning(
+                    "%s did not stop within %.0f s of SIGTERM; killing it", self.role, timeout_s
+                )
                 popen.kill()
                 popen.wait(timeout=timeout_s)
         _end_processes(descendants, timeout_s)
@@ -216,7 +234,7 @@ def _end_processes(processes: list[psutil.Process], timeout_s: float) -> None:
     psutil.wait_procs(still_alive, timeout=timeout_s)
 
 
-def child_environment(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+def child_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment without ``FANOUT_*`` and ``OTEL_*`` (the config file decides)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FANOUT_", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"

@@ -39,8 +39,10 @@ def python_versions(scale: Scale) -> Scenario:
     minimum = _label(tuple(sys.version_info[:3]))
     newer = find_newer_pythons()
     configs = [_config(name, "fanout", "stats", CONNECTIONS, label=minimum)]
-    configs += [_config(name, "fanout", "stats", CONNECTIONS, label=_label(v), python=path)
-                for v, path in newer.items()]
+    configs += [
+        _config(name, "fanout", "stats", CONNECTIONS, label=_label(v), python=path)
+        for v, path in newer.items()
+    ]
 
     def goals(results: dict[str, dict[str, Any]]) -> list[Goal]:
         base = results.get(f"{name}/{minimum}/c{CONNECTIONS}")
@@ -48,23 +50,52 @@ def python_versions(scale: Scale) -> Scenario:
         for version in newer:
             other = results.get(f"{name}/{_label(version)}/c{CONNECTIONS}")
             if other and other.get("error"):
-                out.append(Goal(name, f"{_label(version)}: could not serve", "ERROR", "n/a",
-                                note=other["error"][:300]))
+                out.append(
+                    Goal(
+                        name,
+                        f"{_label(version)}: could not serve",
+                        "ERROR",
+                        "n/a",
+                        note=other["error"][:300],
+                    )
+                )
                 continue
-            out.append(ratio_goal(name, f"server CPU per call, {_label(version)} / {minimum}",
-                                  _cpu_ms_per_reply(other), _cpu_ms_per_reply(base),
-                                  limit=None, at_most=True))
-            out.append(ratio_goal(name, f"calls/s, {_label(version)} / {minimum}",
-                                  _per_rep(other, "rps"), _per_rep(base, "rps"),
-                                  limit=None, at_most=False))
+            out.append(
+                ratio_goal(
+                    name,
+                    f"server CPU per call, {_label(version)} / {minimum}",
+                    _cpu_ms_per_reply(other),
+                    _cpu_ms_per_reply(base),
+                    limit=None,
+                    at_most=True,
+                )
+            )
+            out.append(
+                ratio_goal(
+                    name,
+                    f"calls/s, {_label(version)} / {minimum}",
+                    _per_rep(other, "rps"),
+                    _per_rep(base, "rps"),
+                    limit=None,
+                    at_most=False,
+                )
+            )
         if not newer:
-            out.append(info_row(name, "newer CPython found", "none",
-                                note=f"looked on PATH and in pyenv; set {PYTHONS_ENV} to choose"))
+            out.append(
+                info_row(
+                    name,
+                    "newer CPython found",
+                    "none",
+                    note=f"looked on PATH and in pyenv; set {PYTHONS_ENV} to choose",
+                )
+            )
         return out
 
-    notes = [f"Closed loop of get_app_stats at {CONNECTIONS} connections (20 ms backends, tracing "
-             f"off), the server on each CPython found ({minimum} is the interpreter the benchmark "
-             "and the tests run on); the backends and load generator stay on that one. Each "
-             "other interpreter serves from build/bench-pythons/, with the same dependency "
-             "versions."]
+    notes = [
+        f"Closed loop of get_app_stats at {CONNECTIONS} connections (20 ms backends, tracing "
+        f"off), the server on each CPython found ({minimum} is the interpreter the benchmark "
+        "and the tests run on); the backends and load generator stay on that one. Each "
+        "other interpreter serves from build/bench-pythons/, with the same dependency "
+        "versions."
+    ]
     return Scenario(name, "Python versions", configs, goals, notes)

@@ -12,7 +12,8 @@ one run); :func:`round_ratios` gives the ratio of each round, for how far they s
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from bench.analysis.stats import ratio_of_means
 
@@ -33,32 +34,38 @@ def interleaved(rounds: int, *make: Callable[[int, float], Any]) -> list[Any]:
     return [build(n, 1.0 / rounds) for n in range(1, rounds + 1) for build in make]
 
 
-def merged(results: Sequence[Optional[dict[str, Any]]]) -> dict[str, Any]:
+def merged(results: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
     """One result from the rounds of one configuration: the windows, the decoded replies'
     per-window figures, the companion's windows and the dimmer's levels of every round,
     in order. A round missing or failed makes the whole an error."""
     for result in results:
         if result is None or "reps" not in result:
             return {"error": (result or {}).get("error", "a round did not run")}
-    out: dict[str, Any] = {"reps": [rep for r in results for rep in r["reps"]],
-                           "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in results],
-                           "brownout_levels": [lv for r in results
-                                               for lv in r.get("brownout_levels", [])]}
+    out: dict[str, Any] = {
+        "reps": [rep for r in results for rep in r["reps"]],
+        "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in results],
+        "brownout_levels": [lv for r in results for lv in r.get("brownout_levels", [])],
+    }
     essentials = [r.get("essential") or {} for r in results]
     if any(essentials):
-        out["essential"] = {key: [v for e in essentials for v in e.get(key, [])]
-                            for key in _ESSENTIAL}
+        out["essential"] = {
+            key: [v for e in essentials for v in e.get(key, [])] for key in _ESSENTIAL
+        }
     companions = [r.get("companion") or {} for r in results]
     if any(c.get("windows") for c in companions):
-        out["companion"] = {"windows": [w for c in companions for w in c.get("windows", [])],
-                            "refused": sum(c.get("refused", 0) for c in companions),
-                            "late": sum(c.get("late", 0) for c in companions)}
+        out["companion"] = {
+            "windows": [w for c in companions for w in c.get("windows", [])],
+            "refused": sum(c.get("refused", 0) for c in companions),
+            "late": sum(c.get("late", 0) for c in companions),
+        }
     return out
 
 
-def round_ratios(numerators: Sequence[Optional[dict[str, Any]]],
-                 denominators: Sequence[Optional[dict[str, Any]]],
-                 figure: Callable[[Optional[dict[str, Any]]], list[float]]) -> list[float]:
+def round_ratios(
+    numerators: Sequence[dict[str, Any] | None],
+    denominators: Sequence[dict[str, Any] | None],
+    figure: Callable[[dict[str, Any] | None], list[float]],
+) -> list[float]:
     """Per round, the mean of ``figure`` over the numerator's windows over the
     denominator's (NaN for a round where either measured nothing)."""
     ratios = []

@@ -13,26 +13,37 @@ import dataclasses
 import sys
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 
 from bench.analysis import stats
-from lookups.settings import SHIPPED_OPTIONAL
 from bench.harness.calls import panel_names, sample_call, zipf_views
 from bench.load import frames
 from bench.load.loadgen import LoadGenerator, LoadPlan, LoadResult, Window
+from lookups.settings import SHIPPED_OPTIONAL
 
-__all__ = ["Config", "Timing", "run_config", "loadgen_processes", "panel_names",
-           "at_capacity_fraction", "plan_of", "measure", "DEADLINE_MS", "CALL_TIMEOUT_S"]
+__all__ = [
+    "Config",
+    "Timing",
+    "run_config",
+    "loadgen_processes",
+    "panel_names",
+    "at_capacity_fraction",
+    "plan_of",
+    "measure",
+    "DEADLINE_MS",
+    "CALL_TIMEOUT_S",
+]
 
-DEADLINE_MS = 2000   # the deadline of every get_app_stats call (meta.deadline_ms), as the web tier's
+DEADLINE_MS = 2000  # the deadline of every get_app_stats call (meta.deadline_ms), as the web tier's
 #: How long a caller waits for any reply: the deadline plus AppStatsClient's reply margin;
 #: a later reply is useless to the web tier, so it counts as a failed call ("timeout").
 CALL_TIMEOUT_S = (DEADLINE_MS + 250) / 1000.0
 
-_MACHINE = "machine"   # key of the machine-wide busy CPU among the samples
+_MACHINE = "machine"  # key of the machine-wide busy CPU among the samples
 
 
 @dataclass(frozen=True)
@@ -55,29 +66,32 @@ class Config:
     key: str
     scenario: str
     label: str
-    spec: Any                      # bench.harness.stack.StackSpec
+    spec: Any  # bench.harness.stack.StackSpec
     call: str
     connections: int
     interval_s: float = 0.0
     decode_every: int = 0
-    window_scale: float = 1.0          # this configuration's windows are this much longer
-    reps_share: float = 1.0            # ...and it runs this share of the repetitions (rounds)
-    processes: int = 0                 # 0: loadgen_processes(connections)
-    honour_retry_after: bool = False   # callers wait retry_after_ms after an Overloaded
-    overloaded_pause_s: float = 0.0    # ...or else this long, whatever the reply asked for
-    open_loop: bool = False            # with interval_s: keep the schedule (no coordinated omission)
+    window_scale: float = 1.0  # this configuration's windows are this much longer
+    reps_share: float = 1.0  # ...and it runs this share of the repetitions (rounds)
+    processes: int = 0  # 0: loadgen_processes(connections)
+    honour_retry_after: bool = False  # callers wait retry_after_ms after an Overloaded
+    overloaded_pause_s: float = 0.0  # ...or else this long, whatever the reply asked for
+    open_loop: bool = False  # with interval_s: keep the schedule (no coordinated omission)
     # > 0: interval_s is set when the run reaches this configuration: all connections offer
     # this fraction of the complete calls/s measured by ``capacity_of``.
     capacity_fraction: float = 0.0
     capacity_of: str = ""
-    warmup_s: float = 0.0              # > 0: this configuration's own warm-up
-    criticality: str = ""              # RequestMeta.criticality of every call ("": none)
-    companion: Any = None              # a second group of callers (bench.harness.mixed)
+    warmup_s: float = 0.0  # > 0: this configuration's own warm-up
+    criticality: str = ""  # RequestMeta.criticality of every call ("": none)
+    companion: Any = None  # a second group of callers (bench.harness.mixed)
 
     def timing(self, base: Timing) -> Timing:
-        return dataclasses.replace(base, window_s=base.window_s * self.window_scale,
-                                   warmup_s=self.warmup_s or base.warmup_s,
-                                   reps=max(1, round(base.reps * self.reps_share)))
+        return dataclasses.replace(
+            base,
+            window_s=base.window_s * self.window_scale,
+            warmup_s=self.warmup_s or base.warmup_s,
+            reps=max(1, round(base.reps * self.reps_share)),
+        )
 
 
 def at_capacity_fraction(config: Config, earlier: list[dict[str, Any]]) -> Config:
@@ -109,12 +123,17 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
     elif config.call == "stats_zipf":
         method, expect_ok = "get_app_stats", len(panel_names())
-        encoded = tuple(frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
-                        for view in zipf_views(config.connections))
+        encoded = tuple(
+            frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
+            for view in zipf_views(config.connections)
+        )
     elif config.call in ("stats", "stats_essential") and config.criticality:
         method, expect_ok = "get_app_stats", _expect_ok(config.call)
-        encoded = (frames.stats_frame(*sample_call(), deadline_ms=DEADLINE_MS,
-                                      criticality=config.criticality),)
+        encoded = (
+            frames.stats_frame(
+                *sample_call(), deadline_ms=DEADLINE_MS, criticality=config.criticality
+            ),
+        )
     else:
         app, start_ms, end_ms = sample_call()
         method = "get_app_stats"
@@ -122,17 +141,28 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
             encoded = (frames.stats_frame(app, start_ms, end_ms, deadline_ms=DEADLINE_MS),)
             expect_ok = _expect_ok(config.call)
         else:
-            encoded = tuple(frames.stats_frame(app, start_ms, end_ms, [p], deadline_ms=DEADLINE_MS)
-                            for p in panel_names())
+            encoded = tuple(
+                frames.stats_frame(app, start_ms, end_ms, [p], deadline_ms=DEADLINE_MS)
+                for p in panel_names()
+            )
             expect_ok = 1
-    return LoadPlan(address=address, method=method, frames=encoded,
-                    connections=config.connections,
-                    processes=config.processes or loadgen_processes(config.connections),
-                    warmup_s=timing.warmup_s, window_s=timing.window_s, reps=timing.reps,
-                    interval_s=config.interval_s, expect_ok=expect_ok,
-                    decode_every=config.decode_every, call_timeout_s=CALL_TIMEOUT_S,
-                    honour_retry_after=config.honour_retry_after, open_loop=config.open_loop,
-                    overloaded_pause_s=config.overloaded_pause_s)
+    return LoadPlan(
+        address=address,
+        method=method,
+        frames=encoded,
+        connections=config.connections,
+        processes=config.processes or loadgen_processes(config.connections),
+        warmup_s=timing.warmup_s,
+        window_s=timing.window_s,
+        reps=timing.reps,
+        interval_s=config.interval_s,
+        expect_ok=expect_ok,
+        decode_every=config.decode_every,
+        call_timeout_s=CALL_TIMEOUT_S,
+        honour_retry_after=config.honour_retry_after,
+        open_loop=config.open_loop,
+        overloaded_pause_s=config.overloaded_pause_s,
+    )
 
 
 def _expect_ok(call: str) -> int:
@@ -144,36 +174,54 @@ def _percentiles(values: array) -> dict[str, float]:
     ordered = sorted(values)
     if not ordered:
         return {"p50_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan"), "n": 0}
-    return {"p50_ms": stats.percentile(ordered, 50), "p99_ms": stats.percentile(ordered, 99),
-            "mean_ms": sum(ordered) / len(ordered), "n": len(ordered)}
+    return {
+        "p50_ms": stats.percentile(ordered, 50),
+        "p99_ms": stats.percentile(ordered, 99),
+        "mean_ms": sum(ordered) / len(ordered),
+        "n": len(ordered),
+    }
 
 
 def _cpu_pct(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
-    return {role: 100.0 * (after.get(role, 0.0) - before.get(role, 0.0)) / seconds
-            for role in after}
+    return {
+        role: 100.0 * (after.get(role, 0.0) - before.get(role, 0.0)) / seconds for role in after
+    }
 
 
 def _machine_busy_s() -> float:
     """CPU seconds the whole machine has spent busy (all processes, all CPUs)."""
     times = psutil.cpu_times()
-    return times.user + times.system + getattr(times, "nice", 0.0) + getattr(times, "irq", 0.0) \
-        + getattr(times, "softirq", 0.0) + getattr(times, "steal", 0.0)
+    return (
+        times.user
+        + times.system
+        + getattr(times, "nice", 0.0)
+        + getattr(times, "irq", 0.0)
+        + getattr(times, "softirq", 0.0)
+        + getattr(times, "steal", 0.0)
+    )
 
 
-def _rep_figures(window: Window, window_s: float, cpu_before: dict[str, float],
-                 cpu_after: dict[str, float]) -> dict[str, Any]:
+def _rep_figures(
+    window: Window, window_s: float, cpu_before: dict[str, float], cpu_after: dict[str, float]
+) -> dict[str, Any]:
     pooled = array("d")
     for part in window.latencies_ms:
         pooled.extend(part)
     cpu = _cpu_pct(cpu_before, cpu_after, window_s)
     machine = cpu.pop(_MACHINE)
     loadgen = 100.0 * window.loadgen_cpu_s / window_s
-    figures = {"rps": sum(window.ok) / window_s, "ok": sum(window.ok),
-               "replies_per_s": (sum(window.ok) + sum(window.degraded)) / window_s,
-               "degraded": sum(window.degraded), "failures": dict(window.failures),
-               **_percentiles(pooled), "cpu_pct": cpu, "loadgen_cpu_pct": loadgen,
-               # What else ran on the machine meanwhile (other users, the harness itself).
-               "other_cpu_pct": max(0.0, machine - loadgen - sum(cpu.values()))}
+    figures = {
+        "rps": sum(window.ok) / window_s,
+        "ok": sum(window.ok),
+        "replies_per_s": (sum(window.ok) + sum(window.degraded)) / window_s,
+        "degraded": sum(window.degraded),
+        "failures": dict(window.failures),
+        **_percentiles(pooled),
+        "cpu_pct": cpu,
+        "loadgen_cpu_pct": loadgen,
+        # What else ran on the machine meanwhile (other users, the harness itself).
+        "other_cpu_pct": max(0.0, machine - loadgen - sum(cpu.values())),
+    }
     if len(window.latencies_ms) > 1:
         figures["frames"] = [_percentiles(part) for part in window.latencies_ms]
     return figures
@@ -206,8 +254,11 @@ def _server_side(samples: list[dict[str, Any]]) -> dict[str, Any]:
         if sample["outcomes_ms"]:
             slowest.append(max(sample["outcomes_ms"].values()))
     median = {name: stats.percentile(sorted(v), 50) for name, v in by_panel.items()}
-    return {"samples": len(samples), "panel_p50_ms": median,
-            "slowest_outcome_p50_ms": stats.percentile(sorted(slowest), 50) if slowest else None}
+    return {
+        "samples": len(samples),
+        "panel_p50_ms": median,
+        "slowest_outcome_p50_ms": stats.percentile(sorted(slowest), 50) if slowest else None,
+    }
 
 
 def _sum_failures(load: LoadResult) -> dict[str, int]:
@@ -218,18 +269,28 @@ def _sum_failures(load: LoadResult) -> dict[str, int]:
     return total
 
 
-def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lambda: None,
-               ) -> dict[str, Any]:
+def run_config(
+    config: Config,
+    base: Timing,
+    on_window: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
     """Run ``config`` on a fresh stack and return its figures; never raises for a
     failed run: the result then carries ``"error"`` (and whatever was measured)."""
     from bench.harness.stack import start_stack
 
     timing = config.timing(base)
-    result: dict[str, Any] = {"key": config.key, "scenario": config.scenario,
-                              "label": config.label, "spec": dataclasses.asdict(config.spec),
-                              "call": config.call, "connections": config.connections,
-                              "interval_s": config.interval_s, "reps_planned": timing.reps,
-                              "window_s": timing.window_s, "warmup_s": timing.warmup_s}
+    result: dict[str, Any] = {
+        "key": config.key,
+        "scenario": config.scenario,
+        "label": config.label,
+        "spec": dataclasses.asdict(config.spec),
+        "call": config.call,
+        "connections": config.connections,
+        "interval_s": config.interval_s,
+        "reps_planned": timing.reps,
+        "window_s": timing.window_s,
+        "warmup_s": timing.warmup_s,
+    }
     started = time.monotonic()
     try:
         if config.companion is not None:
@@ -250,9 +311,14 @@ def run_config(config: Config, base: Timing, on_window: Callable[[], None] = lam
     return result
 
 
-
-def measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timing,
-            result: dict[str, Any], on_window: Callable[[], None]) -> None:
+def measure(
+    config: Config,
+    stack: Any,
+    generator: LoadGenerator,
+    timing: Timing,
+    result: dict[str, Any],
+    on_window: Callable[[], None],
+) -> None:
     """Run ``config``'s load from ``generator`` on ``stack``; its figures into ``result``."""
     if hasattr(stack, "describe"):
         result["stack"] = stack.describe()
@@ -270,18 +336,27 @@ def measure(config: Config, stack: Any, generator: LoadGenerator, timing: Timing
     plan = plan_of(config, stack.address, timing)
     load = generator.run(plan, on_ready=ready, on_boundary=boundary)
     rss["end_of_load"] = stack.rss_kib()
-    reps = [_rep_figures(w, timing.window_s, cpu[i], cpu[i + 1])
-            for i, w in enumerate(load.windows)]
+    reps = [
+        _rep_figures(w, timing.window_s, cpu[i], cpu[i + 1]) for i, w in enumerate(load.windows)
+    ]
     result.update(
-        processes=plan.processes, address=list(stack.address), reps=reps,
-        pooled=_pooled(load), failures_total=_sum_failures(load),
-        degraded_total=sum(r["degraded"] for r in reps), connected=load.connected,
-        connect_s=load.connect_s, unfinished_at_end=load.unfinished, rss_kib=rss,
-        server_side=_server_side(load.samples), server_pids=len(stack.server_pids()))
+        processes=plan.processes,
+        address=list(stack.address),
+        reps=reps,
+        pooled=_pooled(load),
+        failures_total=_sum_failures(load),
+        degraded_total=sum(r["degraded"] for r in reps),
+        connected=load.connected,
+        connect_s=load.connect_s,
+        unfinished_at_end=load.unfinished,
+        rss_kib=rss,
+        server_side=_server_side(load.samples),
+        server_pids=len(stack.server_pids()),
+    )
     if config.spec.server == "fanout":
         result["tasks"] = _task_counts(stack.address)
     if config.companion is not None:
-        result["samples"] = load.samples   # every decoded reply, for bench.harness.mixed
+        result["samples"] = load.samples  # every decoded reply, for bench.harness.mixed
 
 
 def _task_counts(address: tuple[str, int]) -> dict[str, int]:
@@ -291,6 +366,6 @@ def _task_counts(address: tuple[str, int]) -> dict[str, int]:
     try:
         with AppStatsClient(address[0], address[1], timeout_ms=5000) as client:
             report = client.pool_stats()
-    except Exception as exc:  # noqa: BLE001 - a figure missing, not a failed configuration
+    except Exception as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     return {"started": report.tasks_started or 0, "coalesced": report.tasks_coalesced or 0}

@@ -5,8 +5,9 @@ scenarios in ``cost.py``, ``overload.py`` and ``pythons.py`` build on this modul
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from bench.analysis.goals import Goal, ratio_goal
 from bench.harness.runner import Config, panel_names
@@ -43,28 +44,57 @@ def _spec(**kwargs: Any) -> Any:
     return StackSpec(**kwargs)
 
 
-def _config(scenario: str, server: str, call: str, connections: int, *, label: str = "",
-            **kwargs: Any) -> Config:
-    spec_keys = {"mongo", "delay_ms", "workers", "tracing", "pool_size", "admission", "coalesce",
-                 "python", "brownout"}
+def _config(
+    scenario: str, server: str, call: str, connections: int, *, label: str = "", **kwargs: Any
+) -> Config:
+    spec_keys = {
+        "mongo",
+        "delay_ms",
+        "workers",
+        "tracing",
+        "pool_size",
+        "admission",
+        "coalesce",
+        "python",
+        "brownout",
+    }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
     key = f"{scenario}/{label or server}/c{connections}"
-    return Config(key=key, scenario=scenario, label=label or server, spec=spec, call=call,
-                  connections=connections, **rest)
+    return Config(
+        key=key,
+        scenario=scenario,
+        label=label or server,
+        spec=spec,
+        call=call,
+        connections=connections,
+        **rest,
+    )
 
 
-def over_slowest_lookup(scenario: str, text: str, calls: Optional[dict[str, Any]], pct: str,
-                        single: Optional[dict[str, Any]], limit: Optional[float]) -> Goal:
+def over_slowest_lookup(
+    scenario: str,
+    text: str,
+    calls: dict[str, Any] | None,
+    pct: str,
+    single: dict[str, Any] | None,
+    limit: float | None,
+) -> Goal:
     """``pct`` latency of ``calls`` over the p50 of the slowest panel asked for alone
     (``single``: a "stats_each_panel" result), with its interval."""
     slowest = _slowest_panel(single)
-    return ratio_goal(scenario, text, _per_rep(calls, f"{pct}_ms"),
-                      _per_rep_frame(single, slowest, "p50_ms"), limit=limit, at_most=True,
-                      note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}")
+    return ratio_goal(
+        scenario,
+        text,
+        _per_rep(calls, f"{pct}_ms"),
+        _per_rep_frame(single, slowest, "p50_ms"),
+        limit=limit,
+        at_most=True,
+        note="" if slowest is None else f"slowest lookup: {panel_names()[slowest]}",
+    )
 
 
-def _slowest_panel(single: Optional[dict[str, Any]]) -> Optional[int]:
+def _slowest_panel(single: dict[str, Any] | None) -> int | None:
     if not single or "pooled" not in single:
         return None
     p50s = [f["p50_ms"] for f in single["pooled"]["frames"]]
@@ -72,21 +102,24 @@ def _slowest_panel(single: Optional[dict[str, Any]]) -> Optional[int]:
     return max(valid)[1] if valid else None
 
 
-def _per_rep(result: Optional[dict[str, Any]], key: str) -> list[float]:
+def _per_rep(result: dict[str, Any] | None, key: str) -> list[float]:
     if not result or "reps" not in result:
         return []
     return [r[key] for r in result["reps"] if not math.isnan(r.get(key, math.nan))]
 
 
-def _cpu_ms_per_reply(result: Optional[dict[str, Any]]) -> list[float]:
+def _cpu_ms_per_reply(result: dict[str, Any] | None) -> list[float]:
     """Per repetition, the server's CPU milliseconds per reply (complete or degraded)."""
     if not result or "reps" not in result:
         return []
-    return [10.0 * r["cpu_pct"]["server"] / r["replies_per_s"] for r in result["reps"]
-            if r.get("replies_per_s")]
+    return [
+        10.0 * r["cpu_pct"]["server"] / r["replies_per_s"]
+        for r in result["reps"]
+        if r.get("replies_per_s")
+    ]
 
 
-def _per_rep_frame(result: Optional[dict[str, Any]], frame: Optional[int], key: str) -> list[float]:
+def _per_rep_frame(result: dict[str, Any] | None, frame: int | None, key: str) -> list[float]:
     if frame is None or not result or "reps" not in result:
         return []
     values = [r["frames"][frame][key] for r in result["reps"]]

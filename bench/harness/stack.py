@@ -31,26 +31,37 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from thriftpy2.protocol import TCyBinaryProtocolFactory
 from thriftpy2.rpc import make_client
 from thriftpy2.transport import TCyFramedTransportFactory, TTransportException
 
-from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
-from bench.harness.processes import ManagedProcess, ProcessStartError, child_environment, raise_nofile_limit
+from bench.harness.processes import (
+    ManagedProcess,
+    ProcessStartError,
+    child_environment,
+    raise_nofile_limit,
+)
 from bench.harness.stack_config import stack_config
+from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
 from service.idl import appstats
 
-__all__ = ["SERVERS", "MONGO_BACKENDS", "TRACING_MODES", "StackSpec", "Stack", "StackError",
-           "start_stack"]
+__all__ = [
+    "SERVERS",
+    "MONGO_BACKENDS",
+    "TRACING_MODES",
+    "StackSpec",
+    "Stack",
+    "StackError",
+    "start_stack",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +69,17 @@ SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "refusing"
 MONGO_BACKENDS = ("responder", "nx")
 TRACING_MODES = ("off", "ratio10", "full")
 ROLES = ("server", "mongo", "http", "otlp")
-_SERVER_MODULES = {"fanout": ["service.cli", "serve"], "sequential": ["bench.baselines.sequential"],
-                   "threaded": ["bench.baselines.threaded"], "bare": ["bench.baselines.bare"],
-                   "handwritten": ["bench.baselines.handwritten"],
-                   "refusing": ["bench.baselines.refusing"]}
+_SERVER_MODULES = {
+    "fanout": ["service.cli", "serve"],
+    "sequential": ["bench.baselines.sequential"],
+    "threaded": ["bench.baselines.threaded"],
+    "bare": ["bench.baselines.bare"],
+    "handwritten": ["bench.baselines.handwritten"],
+    "refusing": ["bench.baselines.refusing"],
+}
 _REPO = Path(__file__).resolve().parents[2]
-_FD_HEADROOM = 1000        # descriptors beyond the connections: backends, logs, the listener
-_STOP_TIMEOUT_S = 15.0     # the server drains for up to 2 s (server.drain_timeout_ms)
+_FD_HEADROOM = 1000  # descriptors beyond the connections: backends, logs, the listener
+_STOP_TIMEOUT_S = 15.0  # the server drains for up to 2 s (server.drain_timeout_ms)
 _PING_TIMEOUT_MS = 1000
 _POLL_S = 0.02
 
@@ -77,35 +92,42 @@ class StackError(RuntimeError):
 class StackSpec:
     """What one benchmark configuration runs. Construction raises ``ValueError`` for bad values."""
 
-    server: str                 # one of SERVERS
-    mongo: str = "responder"    # "responder" | "nx"
-    delay_ms: int = 20          # added to every MongoDB-wire (responder only) and HTTP operation
-    workers: int = 1            # fanout only
-    tracing: str = "off"        # "off" | "ratio10" | "full"; fanout only
+    server: str  # one of SERVERS
+    mongo: str = "responder"  # "responder" | "nx"
+    delay_ms: int = 20  # added to every MongoDB-wire (responder only) and HTTP operation
+    workers: int = 1  # fanout only
+    tracing: str = "off"  # "off" | "ratio10" | "full"; fanout only
     max_connections: int = 12_000
-    pool_size: int = 200        # mongo.max_pool_size and http.pool_maxsize
+    pool_size: int = 200  # mongo.max_pool_size and http.pool_maxsize
     # "adaptive" (the defaults) | "one" (a limit of one call, refusals not held) | "one-held"
     admission: str = "adaptive"
     # Off unless a scenario is about it: every other scenario sends the same app and window
     # on every call, and sharing those calls would compare unequal work with the baselines.
-    coalesce: bool = False      # fanout.coalesce
+    coalesce: bool = False  # fanout.coalesce
     # Another CPython for the server alone (bench.harness.pythons); "" = this interpreter.
     python: str = ""
-    brownout: bool = True       # admission.brownout: false is the server before brownout
+    brownout: bool = True  # admission.brownout: false is the server before brownout
 
     def __post_init__(self) -> None:
-        for name, value, choices in (("server", self.server, SERVERS),
-                                     ("mongo", self.mongo, MONGO_BACKENDS),
-                                     ("tracing", self.tracing, TRACING_MODES)):
+        for name, value, choices in (
+            ("server", self.server, SERVERS),
+            ("mongo", self.mongo, MONGO_BACKENDS),
+            ("tracing", self.tracing, TRACING_MODES),
+        ):
             if value not in choices:
                 raise ValueError(f"StackSpec.{name}: one of {', '.join(choices)}, got {value!r}")
         if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1 or self.pool_size < 2:
-            raise ValueError("StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, "
-                             "pool_size >= 2")
+            raise ValueError(
+                "StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, pool_size >= 2"
+            )
         if self.admission not in ("adaptive", "one", "one-held"):
-            raise ValueError(f"StackSpec.admission: adaptive, one or one-held, got {self.admission!r}")
+            raise ValueError(
+                f"StackSpec.admission: adaptive, one or one-held, got {self.admission!r}"
+            )
         if self.server != "fanout" and (self.workers != 1 or self.tracing != "off" or self.python):
-            raise ValueError("StackSpec: workers, tracing and python apply to the fanout server only")
+            raise ValueError(
+                "StackSpec: workers, tracing and python apply to the fanout server only"
+            )
 
 
 class Stack:
@@ -121,28 +143,32 @@ class Stack:
 
     def cpu_seconds(self) -> dict[str, float]:
         """Cumulative user+system CPU per role (0.0 for a role not running in this stack)."""
-        return {role: self.processes[role].cpu_seconds() if role in self.processes else 0.0
-                for role in ROLES}
+        return {
+            role: self.processes[role].cpu_seconds() if role in self.processes else 0.0
+            for role in ROLES
+        }
 
     def rss_kib(self) -> dict[str, int]:
         """Current RSS per role, in KiB; the server's is the sum over its workers."""
-        return {role: self.processes[role].rss_kib() if role in self.processes else 0
-                for role in ROLES}
+        return {
+            role: self.processes[role].rss_kib() if role in self.processes else 0 for role in ROLES
+        }
 
     def server_pids(self) -> list[int]:
         """The server process and its live descendants (pre-forked workers)."""
         return [process.pid for process in self.processes["server"].processes()]
 
-    def nofile_limit(self) -> Optional[int]:
+    def nofile_limit(self) -> int | None:
         """The server process's soft RLIMIT_NOFILE."""
         return self.processes["server"].nofile_limit()
 
-    def otlp_stats(self) -> Optional[dict[str, int]]:
+    def otlp_stats(self) -> dict[str, int] | None:
         """``{"requests", "bytes"}`` the OTLP sink received so far; ``None`` without a sink."""
         sink = self.processes.get("otlp")
         if sink is None:
             return None
         from urllib.request import urlopen
+
         with urlopen(sink.facts["stats_url"], timeout=5) as answer:
             return json.loads(answer.read())
 
@@ -150,13 +176,20 @@ class Stack:
         """The spec and, in words, which backends this stack used (for the results)."""
         spec = self.spec
         delay = f"+{spec.delay_ms} ms per operation"
-        mongo = (f"light MongoDB-wire responder replaying answers recorded from nx-27017, {delay}"
-                 if spec.mongo == "responder" else
-                 "nx-27017 (MongoDB wire over SQLite, in memory), real queries, no added delay")
-        return {**asdict(spec), "startup_s": round(self.startup_s, 3), "backends": {
-            "mongo": mongo,
-            "http": f"lean gevent HTTP responder with the sample alerts/metrics answers, {delay}",
-            "otlp": "local OTLP/HTTP sink" if "otlp" in self.processes else "none"}}
+        mongo = (
+            f"light MongoDB-wire responder replaying answers recorded from nx-27017, {delay}"
+            if spec.mongo == "responder"
+            else "nx-27017 (MongoDB wire over SQLite, in memory), real queries, no added delay"
+        )
+        return {
+            **asdict(spec),
+            "startup_s": round(self.startup_s, 3),
+            "backends": {
+                "mongo": mongo,
+                "http": f"lean gevent HTTP responder with the sample alerts/metrics answers, {delay}",
+                "otlp": "local OTLP/HTTP sink" if "otlp" in self.processes else "none",
+            },
+        }
 
     def close(self) -> None:
         """Stop the server (it drains and flushes spans), then the sink and the backends."""
@@ -167,12 +200,13 @@ class Stack:
             process = self.processes.get(role)
             if process is not None:
                 status = process.stop(_STOP_TIMEOUT_S)
-                if status not in (0, None, -15):   # -15: ended by our SIGTERM
-                    log.warning("%s exited with status %s; log tail:\n%s", role, status,
-                                process.log_tail())
+                if status not in (0, None, -15):  # -15: ended by our SIGTERM
+                    log.warning(
+                        "%s exited with status %s; log tail:\n%s", role, status, process.log_tail()
+                    )
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -189,10 +223,10 @@ def start_stack(spec: StackSpec, timeout_s: float = 60.0) -> Stack:
     Raises :class:`StackError` (with the failing process's log tail) when a process
     exits or is not ready within ``timeout_s``; whatever had started is stopped first.
     """
-    interpreter = _server_interpreter(spec)   # first: making its environment may take minutes
+    interpreter = _server_interpreter(spec)  # first: making its environment may take minutes
     started = time.monotonic()
     deadline = started + timeout_s
-    raise_nofile_limit()   # for the load generator in this process; children raise their own
+    raise_nofile_limit()  # for the load generator in this process; children raise their own
     stack = Stack(spec, Path(tempfile.mkdtemp(prefix=f"fanout-bench-{spec.server}-")))
     try:
         _start_backends(stack, deadline)
@@ -226,9 +260,19 @@ def _start_backends(stack: Stack, deadline: float) -> None:
     spec = stack.spec
     delay = str(spec.delay_ms)
     commands = {
-        "mongo": (_python_module("bench.servers.mongo_responder", "--port", "0", "--delay-ms", delay,
-                                 "--answers", str(DEFAULT_ANSWERS_PATH))
-                  if spec.mongo == "responder" else _python_module("bench.servers.nx_backend")),
+        "mongo": (
+            _python_module(
+                "bench.servers.mongo_responder",
+                "--port",
+                "0",
+                "--delay-ms",
+                delay,
+                "--answers",
+                str(DEFAULT_ANSWERS_PATH),
+            )
+            if spec.mongo == "responder"
+            else _python_module("bench.servers.nx_backend")
+        ),
         "http": _python_module("bench.servers.http_backend", "--delay-ms", delay),
     }
     if spec.tracing != "off":
@@ -243,9 +287,15 @@ def _start_backends(stack: Stack, deadline: float) -> None:
 def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
     facts = {role: process.facts for role, process in stack.processes.items()}
     config = stack.workdir / "bench.toml"
-    config.write_text(stack_config(stack.spec, facts["mongo"]["uri"], facts["http"]["alerts_url"],
-                                   facts["http"]["metrics_url"],
-                                   facts.get("otlp", {}).get("endpoint")))
+    config.write_text(
+        stack_config(
+            stack.spec,
+            facts["mongo"]["uri"],
+            facts["http"]["alerts_url"],
+            facts["http"]["metrics_url"],
+            facts.get("otlp", {}).get("endpoint"),
+        )
+    )
     argv = [interpreter, "-m", *_SERVER_MODULES[stack.spec.server], "--config", str(config)]
     server = stack.processes["server"] = _process(stack, "server", argv).spawn()
     ready = server.wait_ready(deadline)
@@ -254,8 +304,9 @@ def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
 
 
 def _process(stack: Stack, role: str, argv: list[str]) -> ManagedProcess:
-    return ManagedProcess(role, argv, stack.workdir / f"{role}.log", env=child_environment(),
-                          cwd=_REPO)
+    return ManagedProcess(
+        role, argv, stack.workdir / f"{role}.log", env=child_environment(), cwd=_REPO
+    )
 
 
 def _wait_for_ping(address: tuple[str, int], server: ManagedProcess, deadline: float) -> None:
@@ -263,19 +314,25 @@ def _wait_for_ping(address: tuple[str, int], server: ManagedProcess, deadline: f
     host, port = address
     while True:
         try:
-            client = make_client(appstats.AppStats, host, port,
-                                 proto_factory=TCyBinaryProtocolFactory(),
-                                 trans_factory=TCyFramedTransportFactory(), timeout=_PING_TIMEOUT_MS)
+            client = make_client(
+                appstats.AppStats,
+                host,
+                port,
+                proto_factory=TCyBinaryProtocolFactory(),
+                trans_factory=TCyFramedTransportFactory(),
+                timeout=_PING_TIMEOUT_MS,
+            )
             try:
                 if client.ping() == "pong":
                     return
             finally:
                 client.close()
-        except (TTransportException, OSError, socket.timeout):
+        except (TimeoutError, TTransportException, OSError):
             pass
         if not server.processes() or time.monotonic() >= deadline:
-            raise ProcessStartError(f"server on {host}:{port} did not answer ping; log tail:\n"
-                                    f"{server.log_tail()}")
+            raise ProcessStartError(
+                f"server on {host}:{port} did not answer ping; log tail:\n{server.log_tail()}"
+            )
         time.sleep(_POLL_S)
 
 
@@ -283,5 +340,10 @@ def _check_nofile_limit(stack: Stack) -> None:
     limit = stack.nofile_limit()
     wanted = stack.spec.max_connections + _FD_HEADROOM
     if limit is not None and limit < wanted:
-        log.warning("server RLIMIT_NOFILE is %d, below the %d that %d connections need; "
-                    "raise the hard limit (ulimit -Hn)", limit, wanted, stack.spec.max_connections)
+        log.warning(
+            "server RLIMIT_NOFILE is %d, below the %d that %d connections need; "
+            "raise the hard limit (ulimit -Hn)",
+            limit,
+            wanted,
+            stack.spec.max_connections,
+        )

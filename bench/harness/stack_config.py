@@ -4,37 +4,66 @@ the baselines), made from its :class:`~bench.harness.stack.StackSpec`."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["stack_config"]
 
 
-def stack_config(spec: Any, mongo_uri: str, alerts_url: str, metrics_url: str,
-                 otlp_endpoint: Optional[str]) -> str:
+def stack_config(
+    spec: Any, mongo_uri: str, alerts_url: str, metrics_url: str, otlp_endpoint: str | None
+) -> str:
     """The TOML every server of the stack reads (``fanout serve --config`` and the baselines)."""
-    q = json.dumps   # a JSON string is a valid TOML basic string
-    lines = ["[server]", 'host = "127.0.0.1"', "port = 0",
-             f"max_connections = {spec.max_connections}", f"workers = {spec.workers}",
-             "hub_block_threshold_ms = 0", "drain_timeout_ms = 2000", "idle_timeout_ms = 600000",
-             "", "[fanout]", "pool_size = 16", "max_inflight_tasks = 20000",
-             "request_deadline_ms = 2000", f"coalesce = {str(spec.coalesce).lower()}",
-             "", "[mongo]", f"uri = {q(mongo_uri)}", 'database = "apm"',
-             f"max_pool_size = {spec.pool_size}",
-             "", "[http]", f"alerts_url = {q(alerts_url)}", f"metrics_url = {q(metrics_url)}",
-             f"pool_maxsize = {spec.pool_size}", ""]
+    q = json.dumps  # a JSON string is a valid TOML basic string
+    lines = [
+        "[server]",
+        'host = "127.0.0.1"',
+        "port = 0",
+        f"max_connections = {spec.max_connections}",
+        f"workers = {spec.workers}",
+        "hub_block_threshold_ms = 0",
+        "drain_timeout_ms = 2000",
+        "idle_timeout_ms = 600000",
+        "",
+        "[fanout]",
+        "pool_size = 16",
+        "max_inflight_tasks = 20000",
+        "request_deadline_ms = 2000",
+        f"coalesce = {str(spec.coalesce).lower()}",
+        "",
+        "[mongo]",
+        f"uri = {q(mongo_uri)}",
+        'database = "apm"',
+        f"max_pool_size = {spec.pool_size}",
+        "",
+        "[http]",
+        f"alerts_url = {q(alerts_url)}",
+        f"metrics_url = {q(metrics_url)}",
+        f"pool_maxsize = {spec.pool_size}",
+        "",
+    ]
     lines += ["[admission]", f"brownout = {str(spec.brownout).lower()}"]
     if spec.admission != "adaptive":
         # Nearly every call refused: what one refusal costs, read in full and answered at
         # once ("one"), or as callers ignoring retry_after_ms get it ("one-held").
-        lines += ["initial_limit = 1", "min_limit = 1", "max_limit = 1",
-                  f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}"]
+        lines += [
+            "initial_limit = 1",
+            "min_limit = 1",
+            "max_limit = 1",
+            f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}",
+        ]
     lines.append("")
     lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")
     else:
         ratio = 0.1 if spec.tracing == "ratio10" else 1.0
-        lines += ["enabled = true", 'exporter = "otlp"', 'otlp_protocol = "http/protobuf"',
-                  f"endpoint = {q(otlp_endpoint or '')}", f"sample_ratio = {ratio}",
-                  'service_name = "fanout-bench"', "flush_timeout_ms = 2000"]
+        lines += [
+            "enabled = true",
+            'exporter = "otlp"',
+            'otlp_protocol = "http/protobuf"',
+            f"endpoint = {q(otlp_endpoint or '')}",
+            f"sample_ratio = {ratio}",
+            'service_name = "fanout-bench"',
+            "flush_timeout_ms = 2000",
+        ]
     return "\n".join(lines) + "\n"

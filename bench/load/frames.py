@@ -20,7 +20,7 @@ benchmark do not do.
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional
+from typing import Any
 
 from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
@@ -28,8 +28,15 @@ from thriftpy2.transport import TMemoryBuffer
 
 from service.idl import appstats
 
-__all__ = ["encode_call", "classify_reply", "exception_names", "decode_result", "ping_frame",
-           "stats_frame", "OK_OUTCOME_BYTES"]
+__all__ = [
+    "encode_call",
+    "classify_reply",
+    "exception_names",
+    "decode_result",
+    "ping_frame",
+    "stats_frame",
+    "OK_OUTCOME_BYTES",
+]
 
 #: Field header (type i32 = 8, id 3) and value 0 (TaskStatus.OK) of a TaskOutcome.
 OK_OUTCOME_BYTES = b"\x08\x00\x03\x00\x00\x00\x00"
@@ -52,15 +59,25 @@ def ping_frame() -> bytes:
     return encode_call("ping", appstats.AppStats.ping_args())
 
 
-def stats_frame(app: str, start_ms: int, end_ms: int, panels: Optional[list[str]] = None,
-                deadline_ms: Optional[int] = None, criticality: str = "") -> bytes:
+def stats_frame(
+    app: str,
+    start_ms: int,
+    end_ms: int,
+    panels: list[str] | None = None,
+    deadline_ms: int | None = None,
+    criticality: str = "",
+) -> bytes:
     """A get_app_stats call; without ``deadline_ms`` the server's default deadline applies,
     and without ``criticality`` (a name: ``"SHEDDABLE"``) the server takes it as CRITICAL."""
     level = getattr(appstats.Criticality, criticality) if criticality else None
-    meta = (None if deadline_ms is None and level is None
-            else appstats.RequestMeta(deadline_ms=deadline_ms, criticality=level))
-    request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms, panels=panels,
-                                    meta=meta)
+    meta = (
+        None
+        if deadline_ms is None and level is None
+        else appstats.RequestMeta(deadline_ms=deadline_ms, criticality=level)
+    )
+    request = appstats.StatsRequest(
+        app=app, start_ms=start_ms, end_ms=end_ms, panels=panels, meta=meta
+    )
     return encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(request=request))
 
 
@@ -82,8 +99,9 @@ def _result_offset(body: bytes) -> tuple[int, int]:
     return body[4 + name_len], 4 + name_len + 1 + 4
 
 
-def classify_reply(body: bytes, expect_ok: int = 0,
-                   exceptions: Optional[dict[int, str]] = None) -> str:
+def classify_reply(
+    body: bytes, expect_ok: int = 0, exceptions: dict[int, str] | None = None
+) -> str:
     """Classify one reply message (without its frame header) as described in the module doc.
 
     ``expect_ok`` > 0 requires that many OK outcomes for "ok"; ``exceptions`` maps

@@ -21,15 +21,16 @@ import sys
 import threading
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import psutil
 
 __all__ = ["LoadPlan", "Window", "LoadResult", "LoadError", "LoadGenerator", "run_load"]
 
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_START_DELAY_S = 0.3   # between "go" and the start, so every process has it in time
+_START_DELAY_S = 0.3  # between "go" and the start, so every process has it in time
 _RESULT_TIMEOUT_S = 60.0
 
 
@@ -91,7 +92,7 @@ class LoadResult:
     windows: list[Window]
     connected: int
     connect_failures: dict[str, int]
-    outside_failures: dict[str, int]     # during warm-up or after the last window
+    outside_failures: dict[str, int]  # during warm-up or after the last window
     samples: list[dict[str, Any]]
     unfinished: int
     connect_s: float
@@ -103,9 +104,14 @@ class _Child:
 
     def __init__(self) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.load.loadgen_worker"], cwd=_PROJECT_ROOT,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+            [sys.executable, "-m", "bench.load.loadgen_worker"],
+            cwd=_PROJECT_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._read_stdout, daemon=True).start()
         threading.Thread(target=self._read_stderr, daemon=True).start()
@@ -118,7 +124,7 @@ class _Child:
 
     def _read_stderr(self) -> None:
         for line in self.process.stderr:
-            self.stderr_tail = (self.stderr_tail + [line])[-30:]
+            self.stderr_tail = ([*self.stderr_tail, line])[-30:]
 
     def send(self, line: str) -> None:
         self.process.stdin.write(line + "\n")
@@ -129,11 +135,14 @@ class _Child:
         try:
             line = self.lines.get(timeout=timeout_s)
         except queue.Empty:
-            raise LoadError(f"load generator {self.process.pid}: no {event!r} "
-                            f"within {timeout_s:.0f} s") from None
+            raise LoadError(
+                f"load generator {self.process.pid}: no {event!r} within {timeout_s:.0f} s"
+            ) from None
         if line is None:
-            raise LoadError(f"load generator exited ({self.process.wait(5)}): "
-                            + "".join(self.stderr_tail)[-2000:])
+            raise LoadError(
+                f"load generator exited ({self.process.wait(5)}): "
+                + "".join(self.stderr_tail)[-2000:]
+            )
         message = json.loads(line)
         if message.get("event") != event:
             raise LoadError(f"load generator: expected {event!r}, got {message.get('event')!r}")
@@ -153,20 +162,30 @@ class _Child:
 
 
 def _plans(plan: LoadPlan) -> list[dict[str, Any]]:
-    base = {"host": plan.address[0], "port": plan.address[1], "method": plan.method,
-            "frames": [base64.b64encode(f).decode("ascii") for f in plan.frames],
-            "warmup_s": plan.warmup_s, "window_s": plan.window_s, "reps": plan.reps,
-            "interval_s": plan.interval_s, "expect_ok": plan.expect_ok,
-            "decode_every": plan.decode_every, "call_timeout_s": plan.call_timeout_s,
-            "honour_retry_after": plan.honour_retry_after, "open_loop": plan.open_loop,
-            "overloaded_pause_s": plan.overloaded_pause_s,
-            "connect_timeout_s": plan.connect_timeout_s,
-            "connect_concurrency": plan.connect_concurrency}
+    base = {
+        "host": plan.address[0],
+        "port": plan.address[1],
+        "method": plan.method,
+        "frames": [base64.b64encode(f).decode("ascii") for f in plan.frames],
+        "warmup_s": plan.warmup_s,
+        "window_s": plan.window_s,
+        "reps": plan.reps,
+        "interval_s": plan.interval_s,
+        "expect_ok": plan.expect_ok,
+        "decode_every": plan.decode_every,
+        "call_timeout_s": plan.call_timeout_s,
+        "honour_retry_after": plan.honour_retry_after,
+        "open_loop": plan.open_loop,
+        "overloaded_pause_s": plan.overloaded_pause_s,
+        "connect_timeout_s": plan.connect_timeout_s,
+        "connect_concurrency": plan.connect_concurrency,
+    }
     shares, offset = [], 0
     for i in range(plan.processes):
         count = plan.connections // plan.processes + (i < plan.connections % plan.processes)
-        shares.append({**base, "connections": count, "conn_offset": offset,
-                       "seed": plan.seed * 1000 + i})
+        shares.append(
+            {**base, "connections": count, "conn_offset": offset, "seed": plan.seed * 1000 + i}
+        )
         offset += count
     return shares
 
@@ -175,8 +194,13 @@ def _merge(plan: LoadPlan, results: list[dict[str, Any]], cpu: list[float]) -> l
     frames = len(plan.frames)
     windows = []
     for w in range(plan.reps):
-        window = Window([0] * frames, [0] * frames, {}, [array("d") for _ in range(frames)],
-                        loadgen_cpu_s=cpu[w + 1] - cpu[w])
+        window = Window(
+            [0] * frames,
+            [0] * frames,
+            {},
+            [array("d") for _ in range(frames)],
+            loadgen_cpu_s=cpu[w + 1] - cpu[w],
+        )
         for result in results:
             part = result["windows"][w]
             for f in range(frames):
@@ -216,8 +240,12 @@ class LoadGenerator:
             self.close()
             raise
 
-    def run(self, plan: LoadPlan, on_ready: Callable[[], None] = lambda: None,
-            on_boundary: Callable[[int], None] = lambda i: None) -> LoadResult:
+    def run(
+        self,
+        plan: LoadPlan,
+        on_ready: Callable[[], None] = lambda: None,
+        on_boundary: Callable[[int], None] = lambda i: None,
+    ) -> LoadResult:
         """Run ``plan``; ``on_ready`` is called once every connection is open (before the
         load), ``on_boundary(i)`` at the start of window i and ``on_boundary(reps)`` at
         the end. Raises LoadError if a process fails or does not answer in time, and
@@ -244,27 +272,33 @@ class LoadGenerator:
         finally:
             self.close()
         return LoadResult(
-            windows=_merge(plan, results, cpu), connected=sum(r["connected"] for r in ready),
+            windows=_merge(plan, results, cpu),
+            connected=sum(r["connected"] for r in ready),
             connect_failures=_sum_dicts([r["connect_failures"] for r in ready]),
             outside_failures=_sum_dicts([r["outside_failures"] for r in results]),
             samples=[s for r in results for s in r["samples"]],
             unfinished=sum(r["unfinished"] for r in results),
-            connect_s=max(r["connect_s"] for r in ready), pids=[r["pid"] for r in ready])
+            connect_s=max(r["connect_s"] for r in ready),
+            pids=[r["pid"] for r in ready],
+        )
 
     def close(self) -> None:
         """Kill the processes that are still running; idempotent."""
         for child in self._children:
             child.stop()
 
-    def __enter__(self) -> "LoadGenerator":
+    def __enter__(self) -> LoadGenerator:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
-def run_load(plan: LoadPlan, on_ready: Callable[[], None] = lambda: None,
-             on_boundary: Callable[[int], None] = lambda i: None) -> LoadResult:
+def run_load(
+    plan: LoadPlan,
+    on_ready: Callable[[], None] = lambda: None,
+    on_boundary: Callable[[int], None] = lambda i: None,
+) -> LoadResult:
     """Start ``plan.processes`` processes and :meth:`LoadGenerator.run` the plan on them."""
     with LoadGenerator(plan.processes) as generator:
         return generator.run(plan, on_ready, on_boundary)

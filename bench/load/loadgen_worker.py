@@ -30,7 +30,7 @@ import struct
 import sys
 import time
 from array import array
-from typing import Any, Optional
+from typing import Any
 
 import gevent
 import gevent.socket
@@ -41,7 +41,7 @@ from bench.load.frames import classify_reply, decode_result, exception_names
 __all__ = ["main"]
 
 _RECV_BYTES = 65536
-_END_GRACE_S = 0.5   # after the last window, before calls still in flight are dropped
+_END_GRACE_S = 0.5  # after the last window, before calls still in flight are dropped
 
 
 class _Recorder:
@@ -95,8 +95,9 @@ def _exchange(sock: Any, frame: bytes) -> bytes:
 
 
 def _connect(plan: dict[str, Any]) -> Any:
-    sock = gevent.socket.create_connection((plan["host"], plan["port"]),
-                                           timeout=plan["connect_timeout_s"])
+    sock = gevent.socket.create_connection(
+        (plan["host"], plan["port"]), timeout=plan["connect_timeout_s"]
+    )
     sock.setsockopt(stdlib_socket.IPPROTO_TCP, stdlib_socket.TCP_NODELAY, 1)
     sock.settimeout(plan["call_timeout_s"])
     return sock
@@ -122,15 +123,21 @@ def _failure_kind(exc: BaseException) -> str:
 class _Caller:
     """One connection's calling loop."""
 
-    def __init__(self, index: int, plan: dict[str, Any], frames: list[bytes],
-                 recorder: _Recorder, sock: Optional[Any]) -> None:
+    def __init__(
+        self,
+        index: int,
+        plan: dict[str, Any],
+        frames: list[bytes],
+        recorder: _Recorder,
+        sock: Any | None,
+    ) -> None:
         self.frame_index = (plan["conn_offset"] + index) % len(frames)
         self.frame = frames[self.frame_index]
         self.plan = plan
         self.recorder = recorder
         self.sock = sock
         self.exceptions = exception_names(plan["method"])
-        self.resume_at = 0.0   # after an Overloaded: when to call again (honour_retry_after)
+        self.resume_at = 0.0  # after an Overloaded: when to call again (honour_retry_after)
 
     def run(self, start_at: float, end_at: float, phase_s: float) -> None:
         interval = self.plan["interval_s"]
@@ -144,7 +151,7 @@ class _Caller:
                     break
                 if next_at > now:
                     gevent.sleep(next_at - now)
-                if open_loop:   # keep the schedule; a late call's latency counts from it
+                if open_loop:  # keep the schedule; a late call's latency counts from it
                     scheduled, next_at = next_at, next_at + interval
                 else:
                     next_at = max(next_at + interval, time.monotonic())
@@ -157,7 +164,7 @@ class _Caller:
         if self.sock is not None:
             self.sock.close()
 
-    def call_once(self, scheduled: Optional[float] = None) -> None:
+    def call_once(self, scheduled: float | None = None) -> None:
         """One call; with ``scheduled`` (open loop) its latency counts from that moment."""
         recorder = self.recorder
         try:
@@ -204,13 +211,17 @@ class _Caller:
         except Exception:  # a sample that fails to decode is just not a sample
             return
         self.recorder.samples.append(
-            {"window": window, "frame": self.frame_index,
-             "outcomes_ms": {o.name: o.elapsed_ms for o in outcomes if o.status == 0}})
+            {
+                "window": window,
+                "frame": self.frame_index,
+                "outcomes_ms": {o.name: o.elapsed_ms for o in outcomes if o.status == 0},
+            }
+        )
 
 
-def _open_connections(plan: dict[str, Any]) -> tuple[list[Optional[Any]], dict[str, int]]:
+def _open_connections(plan: dict[str, Any]) -> tuple[list[Any | None], dict[str, int]]:
     gate = Semaphore(plan["connect_concurrency"])
-    sockets: list[Optional[Any]] = [None] * plan["connections"]
+    sockets: list[Any | None] = [None] * plan["connections"]
     failures: dict[str, int] = {}
 
     def open_one(index: int) -> None:
@@ -221,8 +232,10 @@ def _open_connections(plan: dict[str, Any]) -> tuple[list[Optional[Any]], dict[s
                 kind = "connect_" + _failure_kind(exc).removeprefix("connect_")
                 failures[kind] = failures.get(kind, 0) + 1
 
-    gevent.joinall([gevent.spawn(open_one, i) for i in range(plan["connections"])],
-                   timeout=plan["connect_timeout_s"] * 3 + plan["connections"] / 100)
+    gevent.joinall(
+        [gevent.spawn(open_one, i) for i in range(plan["connections"])],
+        timeout=plan["connect_timeout_s"] * 3 + plan["connections"] / 100,
+    )
     return sockets, failures
 
 
@@ -233,13 +246,24 @@ def _raise_fd_limit() -> None:
 
 
 def _result(recorder: _Recorder, unfinished: int) -> dict[str, Any]:
-    windows = [{"ok": recorder.ok[w], "degraded": recorder.degraded[w],
-                "failures": recorder.failures[w],
-                "latencies_ms": [base64.b64encode(a.tobytes()).decode("ascii")
-                                 for a in recorder.latencies[w]]}
-               for w in range(recorder.reps)]
-    return {"event": "result", "windows": windows, "outside_failures": recorder.outside_failures,
-            "samples": recorder.samples, "unfinished": unfinished}
+    windows = [
+        {
+            "ok": recorder.ok[w],
+            "degraded": recorder.degraded[w],
+            "failures": recorder.failures[w],
+            "latencies_ms": [
+                base64.b64encode(a.tobytes()).decode("ascii") for a in recorder.latencies[w]
+            ],
+        }
+        for w in range(recorder.reps)
+    ]
+    return {
+        "event": "result",
+        "windows": windows,
+        "outside_failures": recorder.outside_failures,
+        "samples": recorder.samples,
+        "unfinished": unfinished,
+    }
 
 
 def _write(message: dict[str, Any]) -> None:
@@ -254,17 +278,25 @@ def main() -> int:
     random.seed(plan["seed"])
     started = time.monotonic()
     sockets, connect_failures = _open_connections(plan)
-    _write({"event": "ready", "connected": sum(s is not None for s in sockets),
-            "connect_failures": connect_failures, "connect_s": time.monotonic() - started,
-            "pid": os.getpid()})
+    _write(
+        {
+            "event": "ready",
+            "connected": sum(s is not None for s in sockets),
+            "connect_failures": connect_failures,
+            "connect_s": time.monotonic() - started,
+            "pid": os.getpid(),
+        }
+    )
     go_at = json.loads(sys.stdin.readline())["go"]  # blocks the loop: the load has not begun
     recorder = _Recorder(plan, len(frames))
     recorder.measure_start = go_at + plan["warmup_s"]
     end_at = recorder.measure_start + plan["reps"] * plan["window_s"]
     callers = [_Caller(i, plan, frames, recorder, sock) for i, sock in enumerate(sockets)]
     interval = plan["interval_s"]
-    greenlets = [gevent.spawn(c.run, go_at, end_at, random.uniform(0, interval) if interval else 0)
-                 for c in callers]
+    greenlets = [
+        gevent.spawn(c.run, go_at, end_at, random.uniform(0, interval) if interval else 0)
+        for c in callers
+    ]
     gevent.sleep(max(0.0, end_at - time.monotonic()))
     # Calls still in flight now would land after the last window: not waited for.
     done = gevent.joinall(greenlets, timeout=_END_GRACE_S)

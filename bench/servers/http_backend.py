@@ -23,7 +23,8 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import unquote
 
 import gevent
@@ -50,8 +51,9 @@ class _BadRequest(Exception):
 class LeanHttpServer:
     """Serves one WSGI app's ``GET`` answers, cached per request target; ``with`` or start/stop."""
 
-    def __init__(self, app: WsgiApp, *, host: str = "127.0.0.1", port: int = 0,
-                 delay_ms: float = 0) -> None:
+    def __init__(
+        self, app: WsgiApp, *, host: str = "127.0.0.1", port: int = 0, delay_ms: float = 0
+    ) -> None:
         self._app = app
         self._delay_s = max(0.0, delay_ms / 1000.0)
         self._server = StreamServer((host, port), self._serve_connection)
@@ -63,7 +65,7 @@ class LeanHttpServer:
         host, port = self._server.address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "LeanHttpServer":
+    def start(self) -> LeanHttpServer:
         """Bind and accept in the background. Raises ``OSError`` if the address is taken."""
         self._server.start()
         return self
@@ -108,8 +110,12 @@ class LeanHttpServer:
     def _call_app(self, method: bytes, target: bytes) -> tuple[str, bytes]:
         raw = target.decode("latin-1")
         path, _, query = raw.partition("?")
-        environ = {"REQUEST_METHOD": method.decode("latin-1"), "RAW_URI": raw,
-                   "PATH_INFO": unquote(path), "QUERY_STRING": query}
+        environ = {
+            "REQUEST_METHOD": method.decode("latin-1"),
+            "RAW_URI": raw,
+            "PATH_INFO": unquote(path),
+            "QUERY_STRING": query,
+        }
         status: list[str] = []
         try:
             body = b"".join(self._app(environ, lambda s, headers, exc_info=None: status.append(s)))
@@ -119,13 +125,13 @@ class LeanHttpServer:
         return status[0], body
 
 
-def _read_head(sock: socket.socket, buffered: bytes) -> tuple[Optional[bytes], bytes]:
+def _read_head(sock: socket.socket, buffered: bytes) -> tuple[bytes | None, bytes]:
     """One request head (without the blank line) and what followed it; ``None`` at end of stream."""
     searched = 0
     while True:
         end = buffered.find(b"\r\n\r\n", searched)
         if end >= 0:
-            return buffered[:end], buffered[end + 4:]
+            return buffered[:end], buffered[end + 4 :]
         if len(buffered) > MAX_HEAD_BYTES:
             raise _BadRequest("request head too large")
         searched = max(0, len(buffered) - 3)
@@ -147,8 +153,9 @@ def _parse_head(head: bytes) -> tuple[bytes, bytes, bool, int]:
         name, _, value = line.partition(b":")
         headers[name.strip().lower()] = value.strip().lower()
     connection = headers.get(b"connection", b"")
-    keep_alive = (b"close" not in connection if version == b"HTTP/1.1"
-                  else b"keep-alive" in connection)
+    keep_alive = (
+        b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
+    )
     length = headers.get(b"content-length", b"0")
     if not length.isdigit():
         raise _BadRequest("bad Content-Length")
@@ -166,20 +173,26 @@ def _skip_body(sock: socket.socket, buffered: bytes, length: int) -> bytes:
 
 def _http_response(status: str, body: bytes, *, keep_alive: bool) -> bytes:
     connection = b"" if keep_alive else b"Connection: close\r\n"
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n".encode("latin-1") + connection + b"\r\n" + body)
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n".encode("latin-1")
+        + connection
+        + b"\r\n"
+        + body
+    )
 
 
 class BenchHttpBackends:
     """The sample alerts and metrics services (seeded), each on its own port of ``host``."""
 
-    def __init__(self, *, host: str = "127.0.0.1", delay_ms: float = 0,
-                 seed: int = DEFAULT_SEED) -> None:
+    def __init__(
+        self, *, host: str = "127.0.0.1", delay_ms: float = 0, seed: int = DEFAULT_SEED
+    ) -> None:
         data = generate_sample_data(seed)
         self.alerts = LeanHttpServer(AlertsService(data), host=host, delay_ms=delay_ms)
         self.metrics = LeanHttpServer(MetricsService(data), host=host, delay_ms=delay_ms)
 
-    def start(self) -> "BenchHttpBackends":
+    def start(self) -> BenchHttpBackends:
         self.alerts.start()
         try:
             self.metrics.start()
@@ -192,16 +205,19 @@ class BenchHttpBackends:
         self.alerts.stop()
         self.metrics.stop()
 
-    def __enter__(self) -> "BenchHttpBackends":
+    def __enter__(self) -> BenchHttpBackends:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.servers.http_backend", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.servers.http_backend",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--delay-ms", type=float, default=0.0)
     args = parser.parse_args(argv)

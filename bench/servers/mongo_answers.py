@@ -17,14 +17,20 @@ The JSON is MongoDB Extended JSON (relaxed), read and written with ``bson.json_u
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 from bson import json_util
 
-__all__ = ["DEFAULT_ANSWERS_PATH", "RecordedAnswer", "RecordedAnswers", "pipeline_key",
-           "stages_after_match"]
+__all__ = [
+    "DEFAULT_ANSWERS_PATH",
+    "RecordedAnswer",
+    "RecordedAnswers",
+    "pipeline_key",
+    "stages_after_match",
+]
 
 DEFAULT_ANSWERS_PATH = Path(__file__).resolve().parents[1] / "fixtures" / "mongo_answers.json"
 
@@ -69,7 +75,7 @@ class RecordedAnswers:
     def __post_init__(self) -> None:
         self._by_key = {answer.key: answer for answer in self.answers}
 
-    def documents_for(self, collection: str, stages: Sequence[Any]) -> Optional[list[Any]]:
+    def documents_for(self, collection: str, stages: Sequence[Any]) -> list[Any] | None:
         """The recorded documents for this collection and these stages, or ``None``."""
         answer = self._by_key.get(pipeline_key(collection, stages))
         return None if answer is None else answer.documents
@@ -78,13 +84,19 @@ class RecordedAnswers:
         return [answer.lookup for answer in self.answers]
 
     @classmethod
-    def load(cls, path: str | Path = DEFAULT_ANSWERS_PATH) -> "RecordedAnswers":
+    def load(cls, path: str | Path = DEFAULT_ANSWERS_PATH) -> RecordedAnswers:
         """Read a fixture file. Raises ``OSError`` if unreadable, ``ValueError`` if malformed."""
         document = json_util.loads(Path(path).read_text(encoding="utf-8"))
         try:
-            answers = [RecordedAnswer(lookup=item["lookup"], collection=item["collection"],
-                                      stages=list(item["stages"]), documents=list(item["documents"]))
-                       for item in document["answers"]]
+            answers = [
+                RecordedAnswer(
+                    lookup=item["lookup"],
+                    collection=item["collection"],
+                    stages=list(item["stages"]),
+                    documents=list(item["documents"]),
+                )
+                for item in document["answers"]
+            ]
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a recorded-answers file ({exc!r})") from None
         meta = {key: value for key, value in document.items() if key != "answers"}
@@ -92,6 +104,7 @@ class RecordedAnswers:
 
     def save(self, path: str | Path) -> None:
         """Write the fixture file: relaxed Extended JSON, one recorded document per line."""
+
         def compact(value: Any) -> str:
             return json_util.dumps(value, json_options=json_util.RELAXED_JSON_OPTIONS)
 
@@ -99,14 +112,16 @@ class RecordedAnswers:
         answers = []
         for answer in self.answers:
             documents = ",\n".join(f"    {compact(d)}" for d in answer.documents)
-            answers.append(f'  {{"lookup": {compact(answer.lookup)}, '
-                           f'"collection": {compact(answer.collection)},\n'
-                           f'   "stages": {compact(answer.stages)},\n'
-                           f'   "documents": [\n{documents}\n   ]}}')
+            answers.append(
+                f'  {{"lookup": {compact(answer.lookup)}, '
+                f'"collection": {compact(answer.collection)},\n'
+                f'   "stages": {compact(answer.stages)},\n'
+                f'   "documents": [\n{documents}\n   ]}}'
+            )
         text = "{\n" + "\n".join(meta) + '\n "answers": [\n' + ",\n".join(answers) + "\n ]\n}\n"
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(text, encoding="utf-8")
 
     @classmethod
-    def of(cls, answers: Iterable[RecordedAnswer], **meta: Any) -> "RecordedAnswers":
+    def of(cls, answers: Iterable[RecordedAnswer], **meta: Any) -> RecordedAnswers:
         return cls(list(answers), dict(meta))

@@ -35,7 +35,7 @@ import itertools
 import logging
 import socket
 import struct
-from typing import Any, Optional
+from typing import Any
 
 import bson
 import gevent
@@ -45,13 +45,20 @@ from gevent.server import StreamServer
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH, RecordedAnswers, stages_after_match
 from bench.servers.ready import announce_ready, wait_for_stop_signal
 
-__all__ = ["OP_MSG", "MAX_WIRE_VERSION", "WireProtocolError", "MongoResponder",
-           "decode_op_msg", "encode_op_msg", "main"]
+__all__ = [
+    "OP_MSG",
+    "MAX_WIRE_VERSION",
+    "WireProtocolError",
+    "MongoResponder",
+    "decode_op_msg",
+    "encode_op_msg",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 
 OP_MSG = 2013
-MAX_WIRE_VERSION = 21            # MongoDB 7.0; pymongo 4.20 needs at least 9
+MAX_WIRE_VERSION = 21  # MongoDB 7.0; pymongo 4.20 needs at least 9
 MAX_MESSAGE_BYTES = 48_000_000
 _HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
 _CHECKSUM_PRESENT = 1
@@ -72,18 +79,21 @@ def decode_op_msg(payload: bytes) -> dict[str, Any]:
     """
     flags = int.from_bytes(payload[:4], "little")
     end = len(payload) - (4 if flags & _CHECKSUM_PRESENT else 0)
-    command: Optional[dict[str, Any]] = None
+    command: dict[str, Any] | None = None
     sequences: dict[str, list[Any]] = {}
     position = 4
     while position < end:
-        kind, size = payload[position], int.from_bytes(payload[position + 1:position + 5], "little")
-        section = payload[position + 1:position + 1 + size]
+        kind, size = (
+            payload[position],
+            int.from_bytes(payload[position + 1 : position + 5], "little"),
+        )
+        section = payload[position + 1 : position + 1 + size]
         position += 1 + size
         if kind == 0:
             command = bson.decode(section)
         elif kind == 1:
             name_end = section.index(b"\x00", 4)
-            sequences[section[4:name_end].decode()] = bson.decode_all(section[name_end + 1:])
+            sequences[section[4:name_end].decode()] = bson.decode_all(section[name_end + 1 :])
         else:
             raise WireProtocolError(f"unknown OP_MSG section kind {kind}")
     if command is None or not command:
@@ -104,15 +114,21 @@ def _error(code: int, code_name: str, message: str) -> bytes:
 class MongoResponder:
     """Serves recorded aggregation answers over the MongoDB wire protocol; ``with`` or start/stop."""
 
-    def __init__(self, answers: RecordedAnswers, *, host: str = "127.0.0.1", port: int = 0,
-                 delay_ms: float = 0) -> None:
+    def __init__(
+        self,
+        answers: RecordedAnswers,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay_ms: float = 0,
+    ) -> None:
         self._answers = answers
         self._delay_s = max(0.0, delay_ms / 1000.0)
         self._server = StreamServer((host, port), self._serve_connection)
         self._replies: dict[tuple[Any, ...], bytes] = {}
         self._request_ids = itertools.count(1)
         self._connection_ids = itertools.count(1)
-        self.operations = 0      # commands answered, handshakes included
+        self.operations = 0  # commands answered, handshakes included
         self.aggregations = 0
 
     @property
@@ -125,7 +141,7 @@ class MongoResponder:
         host, port = self.address
         return f"mongodb://{host}:{port}"
 
-    def start(self) -> "MongoResponder":
+    def start(self) -> MongoResponder:
         """Bind and accept in the background. Raises ``OSError`` if the address is taken."""
         self._server.start()
         return self
@@ -134,7 +150,7 @@ class MongoResponder:
         """Stop accepting and end every connection after ``timeout_s``; idempotent."""
         self._server.stop(timeout=timeout_s)
 
-    def __enter__(self) -> "MongoResponder":
+    def __enter__(self) -> MongoResponder:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -151,8 +167,12 @@ class MongoResponder:
                     return
                 length, request_id, _, opcode = _HEADER.unpack(header)
                 if opcode != OP_MSG or not 21 <= length <= MAX_MESSAGE_BYTES:
-                    log.warning("closing %s: opcode %d, length %d is not an OP_MSG we serve",
-                                peer, opcode, length)
+                    log.warning(
+                        "closing %s: opcode %d, length %d is not an OP_MSG we serve",
+                        peer,
+                        opcode,
+                        length,
+                    )
                     return
                 payload = reader.read(length - 16)
                 if len(payload) < length - 16:
@@ -184,8 +204,15 @@ class MongoResponder:
             self.aggregations += 1
             return self._aggregate(command)
         if lowered == "killcursors":
-            return bson.encode({"cursorsKilled": [], "cursorsNotFound": command.get("cursors", []),
-                                "cursorsAlive": [], "cursorsUnknown": [], "ok": 1.0})
+            return bson.encode(
+                {
+                    "cursorsKilled": [],
+                    "cursorsNotFound": command.get("cursors", []),
+                    "cursorsAlive": [],
+                    "cursorsUnknown": [],
+                    "ok": 1.0,
+                }
+            )
         return _error(59, "CommandNotFound", f"no such command: '{name}'")
 
     def _wait(self, command: dict[str, Any]) -> bool:
@@ -200,13 +227,23 @@ class MongoResponder:
         return True
 
     def _hello(self, connection_id: int) -> bytes:
-        return bson.encode({
-            "helloOk": True, "isWritablePrimary": True, "ismaster": True,
-            "maxBsonObjectSize": 16 * 1024 * 1024, "maxMessageSizeBytes": MAX_MESSAGE_BYTES,
-            "maxWriteBatchSize": 100_000,
-            "localTime": datetime.datetime.now(datetime.timezone.utc),
-            "logicalSessionTimeoutMinutes": 30, "connectionId": connection_id,
-            "minWireVersion": 0, "maxWireVersion": MAX_WIRE_VERSION, "readOnly": False, "ok": 1.0})
+        return bson.encode(
+            {
+                "helloOk": True,
+                "isWritablePrimary": True,
+                "ismaster": True,
+                "maxBsonObjectSize": 16 * 1024 * 1024,
+                "maxMessageSizeBytes": MAX_MESSAGE_BYTES,
+                "maxWriteBatchSize": 100_000,
+                "localTime": datetime.datetime.now(datetime.UTC),
+                "logicalSessionTimeoutMinutes": 30,
+                "connectionId": connection_id,
+                "minWireVersion": 0,
+                "maxWireVersion": MAX_WIRE_VERSION,
+                "readOnly": False,
+                "ok": 1.0,
+            }
+        )
 
     def _aggregate(self, command: dict[str, Any]) -> bytes:
         collection, database = command.get("aggregate"), command.get("$db", "test")
@@ -228,23 +265,38 @@ class MongoResponder:
     def _encode_aggregate(self, database: str, collection: str, stages: list[Any]) -> bytes:
         documents = self._answers.documents_for(collection, stages)
         if documents is None:
-            return _error(2, "BadValue", f"bench responder: no recorded answer for "
-                                         f"{collection} with these stages")
-        return bson.encode({"cursor": {"firstBatch": documents, "id": Int64(0),
-                                       "ns": f"{database}.{collection}"}, "ok": 1.0})
+            return _error(
+                2,
+                "BadValue",
+                f"bench responder: no recorded answer for {collection} with these stages",
+            )
+        return bson.encode(
+            {
+                "cursor": {
+                    "firstBatch": documents,
+                    "id": Int64(0),
+                    "ns": f"{database}.{collection}",
+                },
+                "ok": 1.0,
+            }
+        )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.servers.mongo_responder", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.servers.mongo_responder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--answers", default=str(DEFAULT_ANSWERS_PATH))
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    responder = MongoResponder(RecordedAnswers.load(args.answers), host=args.host,
-                               port=args.port, delay_ms=args.delay_ms).start()
+    responder = MongoResponder(
+        RecordedAnswers.load(args.answers), host=args.host, port=args.port, delay_ms=args.delay_ms
+    ).start()
     host, port = responder.address
     announce_ready(host=host, port=port, uri=responder.uri)
     wait_for_stop_signal()

@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from gevent.pywsgi import WSGIServer
 
@@ -42,14 +43,14 @@ class OtlpSink:
         host, port = self._server.address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "OtlpSink":
+    def start(self) -> OtlpSink:
         self._server.start()
         return self
 
     def stop(self, timeout_s: float = 1.0) -> None:
         self._server.stop(timeout=timeout_s)
 
-    def __enter__(self) -> "OtlpSink":
+    def __enter__(self) -> OtlpSink:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -61,13 +62,15 @@ class OtlpSink:
             size = _drain(environ["wsgi.input"])
             self.requests += 1
             self.bytes += size
-            start_response("200 OK", [("Content-Type", "application/x-protobuf"),
-                                      ("Content-Length", "0")])
+            start_response(
+                "200 OK", [("Content-Type", "application/x-protobuf"), ("Content-Length", "0")]
+            )
             return [b""]
         if method == "GET" and path == "/stats":
             body = json.dumps({"requests": self.requests, "bytes": self.bytes}).encode()
-            start_response("200 OK", [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(body)))])
+            start_response(
+                "200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            )
             return [body]
         start_response("404 Not Found", [("Content-Length", "0")])
         return [b""]
@@ -82,9 +85,12 @@ def _drain(stream: Any) -> int:
         size += len(chunk)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.servers.otlp_sink", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.servers.otlp_sink",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ import json
 import re
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["READY_PREFIX", "announce_ready", "parse_ready", "wait_for_stop_signal"]
 
@@ -26,14 +26,14 @@ def announce_ready(**facts: Any) -> None:
     sys.stdout.flush()
 
 
-def parse_ready(line: str) -> Optional[dict[str, Any]]:
+def parse_ready(line: str) -> dict[str, Any] | None:
     """The facts announced on ``line``, or ``None`` when it is not a readiness line.
 
     ``fanout serve``'s ``serving on HOST:PORT`` gives ``{"host": HOST, "port": PORT}``.
     """
     if line.startswith(READY_PREFIX):
         try:
-            facts = json.loads(line[len(READY_PREFIX):])
+            facts = json.loads(line[len(READY_PREFIX) :])
         except ValueError:
             return None
         return facts if isinstance(facts, dict) else None

@@ -19,8 +19,16 @@ from service.samples.faults import FaultyHttpService, TcpFaultProxy
 __all__ = ["cycle_http", "cycle_mongo", "GARBAGE_KINDS", "send_garbage", "run_garbage"]
 
 # (mode, weight): mostly healthy, every fault now and then.
-_HTTP_MODES = [("ok", 10), ("slow", 3), ("error500", 1), ("bad_json", 1), ("hang", 1),
-               ("reset", 1), ("reset_partial", 1), ("refuse", 1)]
+_HTTP_MODES = [
+    ("ok", 10),
+    ("slow", 3),
+    ("error500", 1),
+    ("bad_json", 1),
+    ("hang", 1),
+    ("reset", 1),
+    ("reset_partial", 1),
+    ("refuse", 1),
+]
 _MONGO_MODES = [("ok", 10), ("spike", 4), ("pause", 1), ("reset_all", 1)]
 _PHASE_S = (2.0, 8.0)
 
@@ -29,8 +37,9 @@ def _pick(rng: random.Random, modes: list[tuple[str, int]]) -> str:
     return rng.choices([m for m, _ in modes], [w for _, w in modes])[0]
 
 
-def cycle_http(name: str, service: FaultyHttpService, rng: random.Random, stop: Event,
-               tally: Counter[str]) -> None:
+def cycle_http(
+    name: str, service: FaultyHttpService, rng: random.Random, stop: Event, tally: Counter[str]
+) -> None:
     """Switch ``service`` between healthy and each fault mode, a few seconds at a time."""
     try:
         while not stop.is_set():
@@ -74,7 +83,7 @@ def cycle_mongo(proxy: TcpFaultProxy, rng: random.Random, stop: Event, tally: Co
 
 
 GARBAGE_KINDS = ("random_bytes", "truncated_frame", "slow_drip", "oversized_length", "idle")
-_READ_LIMIT_S = 10.0       # past server.frame_timeout_ms (5 s by default)
+_READ_LIMIT_S = 10.0  # past server.frame_timeout_ms (5 s by default)
 _DRIP_PAUSE_S = 0.3
 
 
@@ -129,11 +138,11 @@ def _how_it_ends(sock: socket.socket) -> str:
         return "open"
 
 
-def run_garbage(address: tuple[str, int], rng: random.Random, stop: Event,
-                tally: Counter[str]) -> None:
+def run_garbage(
+    address: tuple[str, int], rng: random.Random, stop: Event, tally: Counter[str]
+) -> None:
     """Open misbehaving connections one after another until ``stop``."""
     while not stop.is_set():
         kind = rng.choice(GARBAGE_KINDS)
         tally[f"{kind} {send_garbage(address, kind, rng)}"] += 1
         stop.wait(rng.uniform(0.0, 0.5))
-

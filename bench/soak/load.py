@@ -12,7 +12,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import gevent
 from gevent.event import Event
@@ -20,13 +20,20 @@ from greenlet import greenlet
 from thriftpy2.thrift import TApplicationException
 from thriftpy2.transport import TTransportException
 
-from service.samples import APPS, SAMPLE_END_MS, SAMPLE_START_MS
 from service.client import AppStatsClient
-from tracing.context import TaskRunners
 from service.idl import appstats
+from service.samples import APPS, SAMPLE_END_MS, SAMPLE_START_MS
+from tracing.context import TaskRunners
 
-__all__ = ["HUNG_AFTER_S", "LATE_AFTER_S", "LoadStats", "run_worker", "sample_hub_lag",
-           "live_greenlets", "rss_kib"]
+__all__ = [
+    "HUNG_AFTER_S",
+    "LATE_AFTER_S",
+    "LoadStats",
+    "run_worker",
+    "sample_hub_lag",
+    "live_greenlets",
+    "rss_kib",
+]
 
 HUNG_AFTER_S = 5.0
 LATE_AFTER_S = 1.0
@@ -46,7 +53,7 @@ class LoadStats:
     """Everything the callers saw."""
 
     started: float = field(default_factory=time.monotonic)
-    ended: Optional[float] = None
+    ended: float | None = None
     calls: int = 0
     answers: Counter[str] = field(default_factory=Counter)
     statuses: Counter[str] = field(default_factory=Counter)
@@ -73,18 +80,20 @@ class LoadStats:
         self.ended = time.monotonic()
 
     def progress(self) -> str:
-        return (f"calls={self.calls} ok={self.answers['ok']} late={self.late} hung={self.hung}")
+        return f"calls={self.calls} ok={self.answers['ok']} late={self.late} hung={self.hung}"
 
     def summary(self) -> list[str]:
         rate = self.calls / self.duration_s if self.duration_s else 0.0
-        return [f"calls made: {self.calls} ({rate:.1f}/s)",
-                "answers: " + _counts(self.answers),
-                "outcomes by status: " + _counts(self.statuses),
-                "errors by kind: " + _counts(self.errors),
-                f"late (past deadline + {LATE_AFTER_S:.0f} s): {self.late}; "
-                f"hung (past deadline + {HUNG_AFTER_S:.0f} s): {self.hung}; "
-                f"worst overrun past the deadline: {self.worst_overrun_s * 1000:.0f} ms",
-                f"event-loop lag (100 ms sleeps): {_lag_summary(self.hub_lag_ms)}"]
+        return [
+            f"calls made: {self.calls} ({rate:.1f}/s)",
+            "answers: " + _counts(self.answers),
+            "outcomes by status: " + _counts(self.statuses),
+            "errors by kind: " + _counts(self.errors),
+            f"late (past deadline + {LATE_AFTER_S:.0f} s): {self.late}; "
+            f"hung (past deadline + {HUNG_AFTER_S:.0f} s): {self.hung}; "
+            f"worst overrun past the deadline: {self.worst_overrun_s * 1000:.0f} ms",
+            f"event-loop lag (100 ms sleeps): {_lag_summary(self.hub_lag_ms)}",
+        ]
 
 
 def _lag_summary(lags_ms: list[float]) -> str:
@@ -104,8 +113,13 @@ def _random_call(rng: random.Random) -> dict[str, Any]:
     start_ms = SAMPLE_START_MS + rng.randrange(24) * _HOUR_MS
     end_ms = min(start_ms + rng.choice([1, 2, 6, 12, 24]) * _HOUR_MS, SAMPLE_END_MS)
     panels = None if rng.random() < 0.4 else rng.sample(_PANELS, rng.randint(1, len(_PANELS)))
-    return {"app": app, "start_ms": start_ms, "end_ms": end_ms, "panels": panels,
-            "deadline_ms": rng.choice(_DEADLINES_MS)}
+    return {
+        "app": app,
+        "start_ms": start_ms,
+        "end_ms": end_ms,
+        "panels": panels,
+        "deadline_ms": rng.choice(_DEADLINES_MS),
+    }
 
 
 def _call_once(client: AppStatsClient, rng: random.Random, stats: LoadStats) -> None:

@@ -48,16 +48,28 @@ def command_line() -> dict[str, Any]:
     parser = _parser()
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in subparsers._choices_actions}
-    commands = [{"name": "fanout", "help": parser.description, "usage": _usage(parser),
-                 "options": _options(parser)}]
+    commands = [
+        {
+            "name": "fanout",
+            "help": parser.description,
+            "usage": _usage(parser),
+            "options": _options(parser),
+        }
+    ]
     for name, sub in subparsers.choices.items():
-        commands.append({"name": f"fanout {name}", "help": helps.get(name, ""),
-                         "usage": _usage(sub), "options": _options(sub)})
+        commands.append(
+            {
+                "name": f"fanout {name}",
+                "help": helps.get(name, ""),
+                "usage": _usage(sub),
+                "options": _options(sub),
+            }
+        )
     return {"commands": commands}
 
 
 def _usage(parser: argparse.ArgumentParser) -> str:
-    return " ".join(parser.format_usage().split())[len("usage: "):]
+    return " ".join(parser.format_usage().split())[len("usage: ") :]
 
 
 def _options(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
@@ -65,10 +77,14 @@ def _options(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
     for action in parser._actions:
         if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
             continue
-        options.append({"flags": list(action.option_strings) or [action.dest],
-                        "metavar": action.metavar if isinstance(action.metavar, str) else None,
-                        "choices": [str(c) for c in action.choices] if action.choices else None,
-                        "help": action.help or ""})
+        options.append(
+            {
+                "flags": list(action.option_strings) or [action.dest],
+                "metavar": action.metavar if isinstance(action.metavar, str) else None,
+                "choices": [str(c) for c in action.choices] if action.choices else None,
+                "help": action.help or "",
+            }
+        )
     return options
 
 
@@ -82,7 +98,7 @@ def metrics() -> list[dict[str, str]]:
 
     found = []
     for meter in otel_metrics._PROXY_METER_PROVIDER._meters:
-        if not meter._name.startswith("fanout"):     # an instrumentation's, if one is on
+        if not meter._name.startswith("fanout"):  # an instrumentation's, if one is on
             continue
         for instrument in meter._instruments:
             kind = type(instrument).__name__.replace("_Proxy", "")
@@ -92,12 +108,27 @@ def metrics() -> list[dict[str, str]]:
                 name += "_" + unit
             if "Counter" in kind and "UpDown" not in kind:
                 name += "_total"
-            found.append({"otel": instrument._name, "prometheus": name, "kind": kind,
-                          "unit": instrument._unit or "", "help": instrument._description,
-                          "meter": meter._name})
+            found.append(
+                {
+                    "otel": instrument._name,
+                    "prometheus": name,
+                    "kind": kind,
+                    "unit": instrument._unit or "",
+                    "help": instrument._description,
+                    "meter": meter._name,
+                }
+            )
     for name, help_text, kind in GROUP_SERIES:
-        found.append({"otel": "", "prometheus": name, "kind": kind, "unit": "",
-                      "help": help_text, "meter": "worker group (master)"})
+        found.append(
+            {
+                "otel": "",
+                "prometheus": name,
+                "kind": kind,
+                "unit": "",
+                "help": help_text,
+                "meter": "worker group (master)",
+            }
+        )
     return found
 
 
@@ -117,28 +148,44 @@ def idl() -> dict[str, Any]:
     for name in service.thrift_services:
         args = getattr(service, f"{name}_args")
         result = getattr(service, f"{name}_result")
-        methods.append({"name": name, "args": _fields(args),
-                        "returns": _type_name(result.thrift_spec.get(0)) if 0 in
-                        result.thrift_spec else "void",
-                        "throws": [f["name"] + ": " + f["type"] for f in _fields(result)
-                                   if f["id"] != 0]})
+        methods.append(
+            {
+                "name": name,
+                "args": _fields(args),
+                "returns": _type_name(result.thrift_spec.get(0))
+                if 0 in result.thrift_spec
+                else "void",
+                "throws": [f["name"] + ": " + f["type"] for f in _fields(result) if f["id"] != 0],
+            }
+        )
     kinds: dict[str, list[Any]] = {"struct": [], "union": [], "exception": [], "enum": []}
     for name, value in sorted(vars(appstats).items()):
         if not inspect.isclass(value) or name.startswith("_") or value is service:
             continue
         if hasattr(value, "_VALUES_TO_NAMES"):
-            kinds["enum"].append({"name": name, "values": [
-                f"{v} = {k}" for k, v in sorted(value._VALUES_TO_NAMES.items())]})
+            kinds["enum"].append(
+                {
+                    "name": name,
+                    "values": [f"{v} = {k}" for k, v in sorted(value._VALUES_TO_NAMES.items())],
+                }
+            )
         elif hasattr(value, "thrift_spec"):
-            kind = ("exception" if issubclass(value, Exception) else
-                    "union" if f"union {name}" in text else "struct")
+            kind = (
+                "exception"
+                if issubclass(value, Exception)
+                else "union"
+                if f"union {name}" in text
+                else "struct"
+            )
             kinds[kind].append({"name": name, "fields": _fields(value)})
     return {"text": text, "methods": methods, **kinds}
 
 
 def _fields(cls: Any) -> list[dict[str, Any]]:
-    return [{"id": fid, "name": spec[1], "type": _type_name(spec)}
-            for fid, spec in sorted(cls.thrift_spec.items())]
+    return [
+        {"id": fid, "name": spec[1], "type": _type_name(spec)}
+        for fid, spec in sorted(cls.thrift_spec.items())
+    ]
 
 
 _TTYPES = {2: "bool", 3: "byte", 4: "double", 6: "i16", 8: "i32", 10: "i64", 11: "string"}
@@ -169,22 +216,33 @@ def exceptions(modules: list[Any]) -> list[dict[str, Any]]:
     for module in modules:
         for name in getattr(module, "__all__", ()):
             value = getattr(module, name, None)
-            if (inspect.isclass(value) and issubclass(value, BaseException)
-                    and value.__module__ == module.__name__):
+            if (
+                inspect.isclass(value)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+            ):
                 doc = inspect.getdoc(value) or ""
                 found[f"{module.__name__}.{name}"] = {
-                    "name": name, "module": module.__name__,
+                    "name": name,
+                    "module": module.__name__,
                     "bases": [b.__name__ for b in value.__bases__],
                     "retryable": getattr(value, "retryable", None),
-                    "doc": doc.split("\n\n")[0].replace("\n", " ")}
+                    "doc": doc.split("\n\n")[0].replace("\n", " "),
+                }
     return sorted(found.values(), key=lambda e: (e["module"], e["name"]))
 
 
 def collect() -> dict[str, Any]:
     sys.path.insert(0, str(ROOT))
     modules = import_everything()
-    return {"settings": settings_tables(), "cli": command_line(), "metrics": metrics(),
-            "log_fields": log_fields(), "idl": idl(), "exceptions": exceptions(modules)}
+    return {
+        "settings": settings_tables(),
+        "cli": command_line(),
+        "metrics": metrics(),
+        "log_fields": log_fields(),
+        "idl": idl(),
+        "exceptions": exceptions(modules),
+    }
 
 
 if __name__ == "__main__":

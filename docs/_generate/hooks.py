@@ -26,14 +26,16 @@ from mkdocs.structure.files import File
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import performance  # noqa: E402 (docs/_generate/performance.py, beside this hook)
+
 _collected: dict[str, Any] = {}
 _SETTINGS = re.compile(r"<!-- settings:(\w+) -->\n?.*?<!-- /settings:\1 -->", re.DOTALL)
 _GENERATED = re.compile(r"<!-- generated:([\w-]+) -->")
 
 
 def on_config(config: Any) -> Any:
-    out = subprocess.run([sys.executable, str(HERE / "collect.py")], check=True,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(HERE / "collect.py")], check=True, capture_output=True, text=True
+    )
     _collected.clear()
     _collected.update(json.loads(out.stdout))
     return config
@@ -61,26 +63,44 @@ def _settings(name: str, page: Any) -> str:
 def _cli(data: dict[str, Any]) -> str:
     parts = []
     for command in data["cli"]["commands"]:
-        parts += [f"### `{command['name']}`", "", command["help"] or "", "",
-                  "```text", command["usage"], "```", "",
-                  "| option | values | meaning |", "| --- | --- | --- |"]
+        parts += [
+            f"### `{command['name']}`",
+            "",
+            command["help"] or "",
+            "",
+            "```text",
+            command["usage"],
+            "```",
+            "",
+            "| option | values | meaning |",
+            "| --- | --- | --- |",
+        ]
         for option in command["options"]:
             flags = ", ".join(f"`{f}`" for f in option["flags"])
-            values = (", ".join(f"`{c}`" for c in option["choices"]) if option["choices"]
-                      else f"`{option['metavar']}`" if option["metavar"] else "")
+            values = (
+                ", ".join(f"`{c}`" for c in option["choices"])
+                if option["choices"]
+                else f"`{option['metavar']}`"
+                if option["metavar"]
+                else ""
+            )
             parts.append(f"| {flags} | {values} | {performance.cell(option['help'])} |")
         parts.append("")
     return "\n".join(parts)
 
 
 def _metrics(data: dict[str, Any]) -> str:
-    rows = ["| series (Prometheus) | instrument (OpenTelemetry) | type | unit | meaning |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "| series (Prometheus) | instrument (OpenTelemetry) | type | unit | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for metric in sorted(data["metrics"], key=lambda m: m["prometheus"]):
         otel = f"`{metric['otel']}`" if metric["otel"] else metric["meter"]
         unit = f"`{metric['unit']}`" if metric["unit"] else ""
-        rows.append(f"| `{metric['prometheus']}` | {otel} | {metric['kind']} | {unit} | "
-                    f"{performance.cell(metric['help'])} |")
+        rows.append(
+            f"| `{metric['prometheus']}` | {otel} | {metric['kind']} | {unit} | "
+            f"{performance.cell(metric['help'])} |"
+        )
     return "\n".join(rows) + "\n"
 
 
@@ -90,12 +110,18 @@ def _log_fields(data: dict[str, Any]) -> str:
 
 def _idl(data: dict[str, Any]) -> str:
     idl = data["idl"]
-    parts = ["## Methods of `AppStats`", "", "| method | arguments | returns | throws |",
-             "| --- | --- | --- | --- |"]
+    parts = [
+        "## Methods of `AppStats`",
+        "",
+        "| method | arguments | returns | throws |",
+        "| --- | --- | --- | --- |",
+    ]
     for method in idl["methods"]:
         args = ", ".join(f"{a['id']}: {a['type']} {a['name']}" for a in method["args"])
-        parts.append(f"| `{method['name']}` | {args} | `{method['returns']}` | "
-                     f"{', '.join(method['throws'])} |")
+        parts.append(
+            f"| `{method['name']}` | {args} | `{method['returns']}` | "
+            f"{', '.join(method['throws'])} |"
+        )
     for kind in ("exception", "struct", "union"):
         parts += ["", f"## {kind.capitalize()}s", ""]
         for struct in idl[kind]:
@@ -108,14 +134,23 @@ def _idl(data: dict[str, Any]) -> str:
 
 
 def _errors(data: dict[str, Any]) -> str:
-    rows = ["| exception | module | parent | retry may help | what it means |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = [
+        "| exception | module | parent | retry may help | what it means |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for error in data["exceptions"]:
         retry = {True: "yes", False: "no", None: ""}[error["retryable"]]
-        rows.append(f"| `{error['name']}` | `{error['module']}` | {', '.join(error['bases'])} "
-                    f"| {retry} | {performance.cell(error['doc'])} |")
+        rows.append(
+            f"| `{error['name']}` | `{error['module']}` | {', '.join(error['bases'])} "
+            f"| {retry} | {performance.cell(error['doc'])} |"
+        )
     return "\n".join(rows) + "\n"
 
 
-_RENDER = {"cli": _cli, "metrics": _metrics, "log-fields": _log_fields, "idl": _idl,
-           "errors": _errors}
+_RENDER = {
+    "cli": _cli,
+    "metrics": _metrics,
+    "log-fields": _log_fields,
+    "idl": _idl,
+    "errors": _errors,
+}

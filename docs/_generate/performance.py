@@ -11,16 +11,17 @@ run the files hold, newest first. Figures are never copied into a hand-written p
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["pages", "cell"]
 
 #: What each results file measures, by its name (a file not named here shows its name).
 TITLES = {
     "results.json": "The whole benchmark (`make bench`)",
-    "brownout.json": "Brownout and criticality (`make bench BENCH_ARGS=\"--only brownout\"`)",
-    "cpu.json": "CPU per call (`make bench BENCH_ARGS=\"--only cpu\"`)",
+    "brownout.json": 'Brownout and criticality (`make bench BENCH_ARGS="--only brownout"`)',
+    "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
     "cost.json": "CPU, tracing, efficiency, latency and coalescing",
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
@@ -34,74 +35,112 @@ LOOSE_TEXT_REPORTS = {"overload.txt": "The overload scenario's table (`--only ov
 def pages(results: Path) -> dict[str, str]:
     """``{"index.md": ..., "log.md": ...}`` from the results files in ``results``."""
     runs = [(path, json.loads(path.read_text())) for path in sorted(results.glob("*.json"))]
-    dated = sorted((r for r in runs if "machine" in r[1]),
-                   key=lambda r: r[1]["machine"].get("date_utc", ""), reverse=True)
+    dated = sorted(
+        (r for r in runs if "machine" in r[1]),
+        key=lambda r: r[1]["machine"].get("date_utc", ""),
+        reverse=True,
+    )
     undated = [r for r in runs if "machine" not in r[1]]
     return {"index.md": _index(results, dated, undated), "log.md": _log(dated, undated)}
 
 
 def _index(results: Path, dated: list[Any], undated: list[Any]) -> str:
-    lines = ["# Performance", "",
-             "Every figure here is read from a results file in `docs/performance/` when the "
-             "manual is built; [Running the benchmarks](running.md) says how each is made. "
-             "A ratio is shown with its 95% interval; `PASS` and `GAP` compare the interval "
-             "with the goal. [The log](log.md) lists every run these files hold.", ""]
+    lines = [
+        "# Performance",
+        "",
+        "Every figure here is read from a results file in `docs/performance/` when the "
+        "manual is built; [Running the benchmarks](running.md) says how each is made. "
+        "A ratio is shown with its 95% interval; `PASS` and `GAP` compare the interval "
+        "with the goal. [The log](log.md) lists every run these files hold.",
+        "",
+    ]
     for path, data in dated:
         lines += _dated_section(results, path, data)
     for path, data in undated:
-        lines += [f"## {TITLES.get(path.name, path.name)}", "",
-                  f"From `{path.name}` (the file records no machine).", "",
-                  "| figure | value |", "| --- | --- |"]
+        lines += [
+            f"## {TITLES.get(path.name, path.name)}",
+            "",
+            f"From `{path.name}` (the file records no machine).",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+        ]
         lines += [f"| {key} | {_value(value)} |" for key, value in _flatten(data)]
         lines.append("")
     for name, title in LOOSE_TEXT_REPORTS.items():
         if (results / name).exists():
-            lines += [f"## {title}", "", "```text", (results / name).read_text().rstrip(),
-                      "```", ""]
+            lines += [
+                f"## {title}",
+                "",
+                "```text",
+                (results / name).read_text().rstrip(),
+                "```",
+                "",
+            ]
     return "\n".join(lines)
 
 
 def _dated_section(results: Path, path: Path, data: dict[str, Any]) -> list[str]:
-    lines = [f"## {TITLES.get(path.name, path.name)}", "", _machine_line(path, data), "",
-             "| goal | figure [95% interval] | verdict |", "| --- | --- | --- |"]
+    lines = [
+        f"## {TITLES.get(path.name, path.name)}",
+        "",
+        _machine_line(path, data),
+        "",
+        "| goal | figure [95% interval] | verdict |",
+        "| --- | --- | --- |",
+    ]
     for goal in data.get("goals", []):
         lines.append(f"| {cell(goal['text'])} | {goal['shown']} | {goal['verdict']} |")
     lines.append("")
     plots = data.get("plots") or []
-    for plot in (plots if isinstance(plots, list) else list(plots)):
+    for plot in plots if isinstance(plots, list) else list(plots):
         if (results / plot).exists():
             lines += [f"![{plot}]({plot})", ""]
     report = TEXT_REPORTS.get(path.name)
     if report and (results / report).exists():
-        lines += ["??? note \"The benchmark's own table\"", "",
-                  *("    " + line for line in ["```text",
-                                                *(results / report).read_text().splitlines(),
-                                                "```"]), ""]
+        lines += [
+            '??? note "The benchmark\'s own table"',
+            "",
+            *(
+                "    " + line
+                for line in ["```text", *(results / report).read_text().splitlines(), "```"]
+            ),
+            "",
+        ]
     return lines
 
 
 def _machine_line(path: Path, data: dict[str, Any]) -> str:
     machine = data["machine"]
     load = machine.get("load_average_at_start") or []
-    return (f"From `{path.name}`: run {machine.get('date_utc', '?')} at commit "
-            f"`{machine.get('git_commit', '?')}`, `{machine.get('command', '?')}`; "
-            f"{machine.get('cpu_model', '?')}, {machine.get('usable_cpus', '?')} usable cores, "
-            f"{machine.get('memory_gib', '?')} GiB, Python {machine.get('python', '?')}; "
-            f"load average at start {', '.join(str(x) for x in load)}.")
+    return (
+        f"From `{path.name}`: run {machine.get('date_utc', '?')} at commit "
+        f"`{machine.get('git_commit', '?')}`, `{machine.get('command', '?')}`; "
+        f"{machine.get('cpu_model', '?')}, {machine.get('usable_cpus', '?')} usable cores, "
+        f"{machine.get('memory_gib', '?')} GiB, Python {machine.get('python', '?')}; "
+        f"load average at start {', '.join(str(x) for x in load)}."
+    )
 
 
 def _log(dated: list[Any], undated: list[Any]) -> str:
-    lines = ["# Performance log", "", "Every run the results files hold, newest first.", "",
-             "| date (UTC) | file | commit | command | load at start | goals met |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "# Performance log",
+        "",
+        "Every run the results files hold, newest first.",
+        "",
+        "| date (UTC) | file | commit | command | load at start | goals met |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for path, data in dated:
         machine = data["machine"]
         goals = data.get("goals", [])
         met = sum(1 for g in goals if g.get("verdict") == "PASS")
-        lines.append(f"| {machine.get('date_utc', '?')} | `{path.name}` | "
-                     f"`{machine.get('git_commit', '?')}` | `{machine.get('command', '?')}` | "
-                     f"{', '.join(str(x) for x in machine.get('load_average_at_start') or [])}"
-                     f" | {met} of {len(goals)} |")
+        lines.append(
+            f"| {machine.get('date_utc', '?')} | `{path.name}` | "
+            f"`{machine.get('git_commit', '?')}` | `{machine.get('command', '?')}` | "
+            f"{', '.join(str(x) for x in machine.get('load_average_at_start') or [])}"
+            f" | {met} of {len(goals)} |"
+        )
     for path, _ in undated:
         lines.append(f"| (not recorded) | `{path.name}` | | | | |")
     return "\n".join(lines) + "\n"

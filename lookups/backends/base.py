@@ -19,23 +19,25 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import Any, Callable, ClassVar, Mapping, TypeVar, Union
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 import gevent.lock
 from gevent import monkey
 
-from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
+from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
 from tracing.pools import MeteredSlots, PoolMeter
 
 __all__ = ["Backend", "Slots", "new_slots"]
 
 T = TypeVar("T")
 
-Slots = Union[MeteredSlots, gevent.lock.BoundedSemaphore, threading.BoundedSemaphore]
+Slots = MeteredSlots | gevent.lock.BoundedSemaphore | threading.BoundedSemaphore
 
 
-def new_slots(size: int, name: str) -> MeteredSlots:
+def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots:
     """A bounded semaphore of ``size`` for the running concurrency model, metered as ``name``.
 
     Under gevent's patching (the server), a gevent semaphore: waiting on it is safe to
@@ -43,8 +45,10 @@ def new_slots(size: int, name: str) -> MeteredSlots:
     Either way its use shows in ``fanout pools`` and the ``fanout.pool.*`` metrics.
     """
     if monkey.is_module_patched("threading"):
-        return MeteredSlots(gevent.lock.BoundedSemaphore(size), PoolMeter(name, size))
-    return MeteredSlots(threading.BoundedSemaphore(size), PoolMeter(name, size))
+        semaphore: Any = gevent.lock.BoundedSemaphore(size)
+    else:
+        semaphore = threading.BoundedSemaphore(size)
+    return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock.monotonic))
 
 
 class Backend(abc.ABC):
@@ -52,20 +56,34 @@ class Backend(abc.ABC):
     ``slots``, its ``guard``, and its clients.
 
     ``settings`` is its ``[backends.<name>]`` table; ``policies`` each lookup's attempts
-    and hedging (``[lookups.<name>]``).
+    and hedging (``[lookups.<name>]``); ``clock`` the service's (:mod:`lookups.clock`).
     """
 
     kind: ClassVar[str]
 
-    def __init__(self, name: str, settings: Any, slot_count: int,
-                 policies: Mapping[str, RetryPolicy]) -> None:
+    def __init__(
+        self,
+        name: str,
+        settings: Any,
+        slot_count: int,
+        policies: Mapping[str, RetryPolicy],
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.name = name
         self.settings = settings
-        self.slots = new_slots(slot_count, name)
-        self.guard = BackendGuard(name, BreakerPolicy(
-            consecutive_failures=settings.breaker_failures,
-            failure_rate=settings.breaker_failure_rate, open_ms=settings.breaker_open_ms),
-            settings.retry_budget_ratio, policies)
+        self.clock = clock
+        self.slots = new_slots(slot_count, name, clock)
+        self.guard = BackendGuard(
+            name,
+            BreakerPolicy(
+                consecutive_failures=settings.breaker_failures,
+                failure_rate=settings.breaker_failure_rate,
+                open_ms=settings.breaker_open_ms,
+            ),
+            settings.retry_budget_ratio,
+            policies,
+            clock,
+        )
 
     def call(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
         """``attempt(deadline)`` for ``lookup`` through the guard, each try holding a slot.
@@ -73,8 +91,12 @@ class Backend(abc.ABC):
         Raises :class:`~lookups.errors.LookupFailed` (typed) when every try failed, or
         :class:`~lookups.errors.CircuitOpen` at once while the circuit is open.
         """
-        return self.guard.call(lookup, lambda attempt_deadline: self.attempt(
-            lookup, attempt, attempt_deadline), deadline)
+        result: T = self.guard.call(
+            lookup,
+            lambda attempt_deadline: self.attempt(lookup, attempt, attempt_deadline),
+            deadline,
+        )
+        return result
 
     @abc.abstractmethod
     def attempt(self, lookup: str, operation: Callable[[Deadline], T], deadline: Deadline) -> T:

@@ -12,16 +12,20 @@ to Fanout.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Iterator, Mapping
+from typing import TypeVar
 
 from lookups.backends.base import Backend
 from lookups.backends.http import HttpBackend
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import BackendSettings, HttpBackendSettings
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.redact import redact_uri
 from lookups.resilience import RetryPolicy
 from lookups.settings import LookupSettings
+
+_B = TypeVar("_B", bound=Backend)
 
 __all__ = ["Backends"]
 
@@ -36,31 +40,45 @@ class Backends:
     or where ``sections`` says the backend's keys were written (``{"alerts": "http"}``).
     """
 
-    def __init__(self, settings: Mapping[str, BackendSettings],
-                 lookups: Mapping[str, LookupSettings] = MappingProxyType({}),
-                 sections: Mapping[str, str] = MappingProxyType({})) -> None:
+    def __init__(
+        self,
+        settings: Mapping[str, BackendSettings],
+        lookups: Mapping[str, LookupSettings] = MappingProxyType({}),
+        sections: Mapping[str, str] = MappingProxyType({}),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         policies = {name: RetryPolicy(p.attempts, p.hedge) for name, p in lookups.items()}
         self._backends: dict[str, Backend] = {}
         try:
             for name, backend_settings in settings.items():
-                kind = HttpBackend if isinstance(backend_settings, HttpBackendSettings) else MongoBackend
+                kind = (
+                    HttpBackend
+                    if isinstance(backend_settings, HttpBackendSettings)
+                    else MongoBackend
+                )
                 try:
-                    self._backends[name] = kind(name, backend_settings, policies)  # type: ignore[arg-type]
+                    self._backends[name] = kind(name, backend_settings, policies, clock=clock)  # type: ignore[arg-type]  # matched above
                 except ValueError as exc:
                     raise ValueError(f"{sections.get(name, f'backends.{name}')}.{exc}") from None
         except Exception:
             self.close()
             raise
-        log.debug("backends: %s", ", ".join(
-            f"{name} ({backend.kind} {redact_uri(getattr(backend.settings, 'uri', None) or backend.settings.url)})"
-            for name, backend in self._backends.items()))
+        log.debug(
+            "backends: %s",
+            ", ".join(
+                f"{name} ({backend.kind} {redact_uri(_address(backend.settings))})"
+                for name, backend in self._backends.items()
+            ),
+        )
 
     def __getitem__(self, name: str) -> Backend:
         try:
             return self._backends[name]
         except KeyError:
-            raise KeyError(f"no backend {name!r}; configured: {', '.join(self._backends)} "
-                           f"(add a [backends.{name}] table)") from None
+            raise KeyError(
+                f"no backend {name!r}; configured: {', '.join(self._backends)} "
+                f"(add a [backends.{name}] table)"
+            ) from None
 
     def mongo(self, name: str = "mongo") -> MongoBackend:
         """Backend ``name``, which must be a MongoDB one; ``KeyError`` saying why otherwise."""
@@ -88,14 +106,19 @@ class Backends:
         for backend in self._backends.values():
             backend.close()
 
-    def __enter__(self) -> "Backends":
+    def __enter__(self) -> Backends:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _of_kind(self, name: str, kind: type) -> Backend:
+    def _of_kind(self, name: str, kind: type[_B]) -> _B:
         backend = self[name]
         if not isinstance(backend, kind):
-            raise KeyError(f"backend {name!r} is {backend.kind}, not {kind.kind}")  # type: ignore[attr-defined]
+            raise KeyError(f"backend {name!r} is {backend.kind}, not {kind.kind}")
         return backend
+
+
+def _address(settings: BackendSettings) -> str:
+    """Where a backend is: a MongoDB backend's ``uri``, an HTTP backend's ``url``."""
+    return settings.url if isinstance(settings, HttpBackendSettings) else settings.uri

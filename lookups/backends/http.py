@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import functools
 import json
-import time
+from collections.abc import Callable, Mapping
 from http.cookiejar import DefaultCookiePolicy
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping, NoReturn, Optional, TypeVar
+from typing import Any, ClassVar, NoReturn, TypeVar
 from urllib.parse import urlencode
 
 import gevent
@@ -37,11 +37,17 @@ from requests.structures import CaseInsensitiveDict
 
 from lookups.backends.base import Backend
 from lookups.backends.settings import HttpBackendSettings
-from lookups.errors import (BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed,
-                            blame_own_wait)
-from lookups.resilience import RetryPolicy
 from lookups.backends.tls import HttpsFiles, load_https_files
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
+from lookups.errors import (
+    BackendTimeout,
+    BackendUnavailable,
+    BadBackendResponse,
+    LookupFailed,
+    blame_own_wait,
+)
+from lookups.resilience import RetryPolicy
 from tracing.clients import remote_call
 from tracing.context import inject_headers
 
@@ -75,9 +81,14 @@ class HttpBackend(Backend):
 
     kind: ClassVar[str] = "http"
 
-    def __init__(self, name: str, settings: HttpBackendSettings,
-                 policies: Mapping[str, RetryPolicy] = MappingProxyType({})) -> None:
-        super().__init__(name, settings, settings.pool_size, policies)
+    def __init__(
+        self,
+        name: str,
+        settings: HttpBackendSettings,
+        policies: Mapping[str, RetryPolicy] = MappingProxyType({}),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(name, settings, settings.pool_size, policies, clock)
         https = load_https_files(settings)
         self.session = _session(settings, https, settings.pool_size)
         # The health check's own small session: a full lookup pool cannot delay it.
@@ -85,16 +96,20 @@ class HttpBackend(Backend):
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
 
-    def get_json(self, lookup: str, path: str, params: dict[str, int], deadline: Deadline,
-                 route: str = "") -> Any:
+    def get_json(
+        self, lookup: str, path: str, params: dict[str, int], deadline: Deadline, route: str = ""
+    ) -> Any:
         """The JSON answer to ``GET <url><path>?<params>``, guarded, by ``deadline``.
 
         ``path`` is already quoted; ``route`` is its template (``/apps/{app}/alerts``),
         which names the call's span.
         """
         url = self._base + path
-        body = self.call(lookup, lambda attempt_deadline: self._get_body(
-            lookup, url, params, route, attempt_deadline), deadline)
+        body = self.call(
+            lookup,
+            lambda attempt_deadline: self._get_body(lookup, url, params, route, attempt_deadline),
+            deadline,
+        )
         try:
             return json.loads(body, parse_constant=_reject_constant)
         except ValueError as exc:
@@ -106,28 +121,31 @@ class HttpBackend(Backend):
         left_s = deadline.remaining_s()
         if left_s <= 0:
             raise BackendTimeout(f"{lookup}: no time left to call the service", backend_fault=False)
-        began = time.monotonic()
-        waited_s: Optional[float] = None  # known once the slot is ours
+        began = deadline.now()
+        waited_s: float | None = None  # known once the slot is ours
         timer = gevent.Timeout(left_s)
         timer.start()
         try:
             if not self.slots.acquire(timeout=left_s):
-                raise BackendTimeout(f"{lookup}: no free connection to the service within "
-                                     f"{left_s:.3f}s", backend_fault=False)
-            waited_s = time.monotonic() - began
+                raise BackendTimeout(
+                    f"{lookup}: no free connection to the service within {left_s:.3f}s",
+                    backend_fault=False,
+                )
+            waited_s = deadline.now() - began
             try:
                 # The timer ends the exchange at the deadline anyway.
                 return operation(deadline)
             except BackendTimeout as slow:
-                raise blame_own_wait(slow, waited_s, left_s)
+                raise blame_own_wait(slow, waited_s, left_s) from slow
         except gevent.Timeout as fired:
             if fired is not timer:
                 raise
             # Blamed on the service unless our own slot took a tenth of the budget or more.
-            raise blame_own_wait(BackendTimeout(f"{lookup}: no complete answer within "
-                                                f"{left_s:.3f}s"),
-                                 time.monotonic() - began if waited_s is None else waited_s,
-                                 left_s) from None
+            raise blame_own_wait(
+                BackendTimeout(f"{lookup}: no complete answer within {left_s:.3f}s"),
+                deadline.now() - began if waited_s is None else waited_s,
+                left_s,
+            ) from None
         finally:
             timer.close()
             if waited_s is not None:
@@ -137,11 +155,16 @@ class HttpBackend(Backend):
         """GET ``url`` (or ``url`` + ``health_path``): up on a 2xx or 3xx answer. A 404 is
         down: something answers, but not the service the lookups were pointed at."""
         settings = self.settings
-        url = settings.url.rstrip("/") + settings.health_path if settings.health_path else settings.url
+        url = (
+            settings.url.rstrip("/") + settings.health_path
+            if settings.health_path
+            else settings.url
+        )
         # requests' timeouts are per read; the timer bounds the whole exchange.
         with gevent.Timeout(timeout_s, TimeoutError(f"no answer within {timeout_s:.3f}s")):
-            response = self._probe_session.get(url, timeout=(timeout_s, timeout_s),
-                                               allow_redirects=False, stream=True)
+            response = self._probe_session.get(
+                url, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True
+            )
             response.close()  # the status line is all a check needs
         if not 200 <= response.status_code < 400:
             raise HttpStatusError(response.status_code)
@@ -153,22 +176,28 @@ class HttpBackend(Backend):
         self.session.close()
         self._probe_session.close()
 
-    def _get_body(self, lookup: str, url: str, params: dict[str, int], route: str,
-                  deadline: Deadline) -> bytes:
+    def _get_body(
+        self, lookup: str, url: str, params: dict[str, int], route: str, deadline: Deadline
+    ) -> bytes:
         settings = self.settings
-        left_s = max(deadline.remaining_s(), 0.001)   # requests takes seconds
-        timeouts = (connect_timeout_s(settings, left_s),
-                    min(settings.read_timeout_ms / 1000.0, left_s))
+        left_s = max(deadline.remaining_s(), 0.001)  # requests takes seconds
+        timeouts = (
+            connect_timeout_s(settings, left_s),
+            min(settings.read_timeout_ms / 1000.0, left_s),
+        )
         try:
             with remote_call(self.name, route):
-                response = self.session.send(self._prepare(url, params), timeout=timeouts,
-                                             stream=True, allow_redirects=False)
+                response = self.session.send(
+                    self._prepare(url, params), timeout=timeouts, stream=True, allow_redirects=False
+                )
         except requests.RequestException as exc:
             _raise_transport_error(lookup, exc, before_response=True)
         try:
             if response.status_code >= 500:
-                raise BackendUnavailable(f"{lookup}: service answered HTTP {response.status_code}",
-                                         retry_safe=response.status_code in _RETRY_SAFE_STATUS)
+                raise BackendUnavailable(
+                    f"{lookup}: service answered HTTP {response.status_code}",
+                    retry_safe=response.status_code in _RETRY_SAFE_STATUS,
+                )
             if response.status_code >= 300:
                 raise BadBackendResponse(f"{lookup}: service answered HTTP {response.status_code}")
             return _read_bounded(lookup, response)
@@ -197,8 +226,9 @@ class HttpBackend(Backend):
         prepared.url = f"{url}?{urlencode(params)}"
         # The trace context, also when unsampled: the requests instrumentation is off then,
         # and overwrites it when on.
-        prepared.headers = CaseInsensitiveDict({**self.session.headers, "Accept": "application/json",
-                                                **inject_headers()})
+        prepared.headers = CaseInsensitiveDict(
+            {**self.session.headers, "Accept": "application/json", **inject_headers()}
+        )
         prepared.hooks = default_hooks()
         # Read by requests only for a redirect's next request (which is never sent);
         # it copies the jar before writing to it, so this empty one stays empty.
@@ -221,8 +251,9 @@ def _session(settings: HttpBackendSettings, https: HttpsFiles, pool_size: int) -
     session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
     if settings.authorization:
         session.headers["Authorization"] = settings.authorization
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool_size, pool_block=True,
-                          max_retries=0)
+    adapter = HTTPAdapter(
+        pool_connections=1, pool_maxsize=pool_size, pool_block=True, max_retries=0
+    )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     https.apply(session)
@@ -242,24 +273,28 @@ def _read_bounded(lookup: str, response: requests.Response) -> bytes:
     return b"".join(chunks)
 
 
-def _raise_transport_error(lookup: str, exc: requests.RequestException, *,
-                           before_response: bool) -> NoReturn:
+def _raise_transport_error(
+    lookup: str, exc: requests.RequestException, *, before_response: bool
+) -> NoReturn:
     """Typed; ``retry_safe`` when nothing of an answer came yet and the cause was the
     connection (refused, connect timeout, reset), not a slow server."""
     kind = type(exc).__name__
     if isinstance(exc, requests.ConnectTimeout):
-        raise BackendTimeout(f"{lookup}: no connection to the service ({kind})",
-                             retry_safe=True) from exc
+        raise BackendTimeout(
+            f"{lookup}: no connection to the service ({kind})", retry_safe=True
+        ) from exc
     if isinstance(exc, requests.Timeout):
         raise BackendTimeout(f"{lookup}: service too slow ({kind})") from exc
     if isinstance(exc, requests.exceptions.SSLError):
         # An untrusted certificate stays untrusted: no retry within the task.
-        raise BackendUnavailable(f"{lookup}: TLS with the service failed; does http.ca_file "
-                                 f"hold its CA? ({kind})") from exc
+        raise BackendUnavailable(
+            f"{lookup}: TLS with the service failed; does http.ca_file hold its CA? ({kind})"
+        ) from exc
     if isinstance(exc, (requests.ConnectionError, requests.exceptions.ChunkedEncodingError)):
         safe = before_response and isinstance(exc, requests.ConnectionError)
-        raise BackendUnavailable(f"{lookup}: cannot reach the service ({kind})",
-                                 retry_safe=safe) from exc
+        raise BackendUnavailable(
+            f"{lookup}: cannot reach the service ({kind})", retry_safe=safe
+        ) from exc
     if isinstance(exc, requests.exceptions.ContentDecodingError):
         raise BadBackendResponse(f"{lookup}: undecodable response body ({kind})") from exc
     raise LookupFailed(f"{lookup}: HTTP request failed ({kind})") from exc
@@ -270,7 +305,7 @@ def _prepared_base(base_url: str) -> str:
     """``base_url`` as requests prepares a URL (IDNA host, quoting), without a final ``/``."""
     prepared = requests.PreparedRequest()
     prepared.prepare_url(base_url.rstrip("/"), None)
-    return prepared.url.rstrip("/")
+    return (prepared.url or "").rstrip("/")
 
 
 def _reject_constant(name: str) -> NoReturn:

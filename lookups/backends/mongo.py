@@ -13,9 +13,9 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import time
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pymongo
 from gevent import monkey
@@ -26,9 +26,10 @@ from pymongo.errors import ConfigurationError, PyMongoError
 from lookups.backends.base import Backend, Slots
 from lookups.backends.mongo_errors import MONGO_ERRORS, selection_failed, translated
 from lookups.backends.settings import MongoBackendSettings
-from lookups.resilience import RetryPolicy
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, blame_own_wait
+from lookups.resilience import RetryPolicy
 from tracing.context import spawn_in_context
 
 __all__ = ["MongoBackend", "CheckedOutCounter"]
@@ -50,20 +51,25 @@ class MongoBackend(Backend):
 
     kind: ClassVar[str] = "mongo"
 
-    def __init__(self, name: str, settings: MongoBackendSettings,
-                 policies: Mapping[str, RetryPolicy] = MappingProxyType({}),
-                 event_listeners: Sequence[Any] = ()) -> None:
-        super().__init__(name, settings, max(1, settings.pool_size - 1), policies)
+    def __init__(
+        self,
+        name: str,
+        settings: MongoBackendSettings,
+        policies: Mapping[str, RetryPolicy] = MappingProxyType({}),
+        event_listeners: Sequence[Any] = (),
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        super().__init__(name, settings, max(1, settings.pool_size - 1), policies, clock)
         self._checked_out = CheckedOutCounter()
         self.client = _open_client(settings, [self._checked_out, *event_listeners])
         self._closed = False
 
     @property
-    def db(self) -> Database:
+    def db(self) -> Database[Any]:
         """The configured database (``database``)."""
         return self.client[self.settings.database]
 
-    def run(self, lookup: str, operation: Callable[[Database], T], deadline: Deadline) -> T:
+    def run(self, lookup: str, operation: Callable[[Database[Any]], T], deadline: Deadline) -> T:
         """``operation(db)`` for ``lookup``: guarded, retried, ended by ``deadline``."""
         return self.call(lookup, lambda _deadline: operation(self.db), deadline)
 
@@ -83,20 +89,22 @@ class MongoBackend(Backend):
             self.client.close()
 
 
-def _open_client(settings: MongoBackendSettings, listeners: list[Any]) -> pymongo.MongoClient:
+def _open_client(settings: MongoBackendSettings, listeners: list[Any]) -> pymongo.MongoClient[Any]:
     try:
         return pymongo.MongoClient(
-            settings.uri, connect=False, appname=_APP_NAME,
+            settings.uri,
+            connect=False,
+            appname=_APP_NAME,
             maxPoolSize=settings.pool_size,
             # No waiting on pymongo's "connecting" limit (default 2): see lookups.backends.base.
             maxConnecting=settings.pool_size,
             connectTimeoutMS=settings.connect_timeout_ms,
             serverSelectionTimeoutMS=settings.server_selection_timeout_ms,
-            event_listeners=listeners)
+            event_listeners=listeners,
+        )
     except (ConfigurationError, ValueError) as exc:  # pymongo raises both for a bad URI
         # The library's message may quote the URI, credentials included.
-        raise ValueError(f"uri: not a valid MongoDB URI "
-                         f"({type(exc).__name__})") from None
+        raise ValueError(f"uri: not a valid MongoDB URI ({type(exc).__name__})") from None
 
 
 class CheckedOutCounter(monitoring.ConnectionPoolListener):
@@ -140,9 +148,11 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
 _SELECTION_STEP_S = 0.5
 
 
-def _run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
-                operation: Callable[[], T]) -> T:
-    """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under ``pymongo.timeout``.
+def _run_bounded(
+    lookup: str, db: Database[Any], slots: Slots, deadline: Deadline, operation: Callable[[], T]
+) -> T:
+    """``operation()`` (pymongo calls on ``db``) with one of ``slots`` held, under
+    ``pymongo.timeout``.
 
     Ends by ``deadline``, or at most a selection step after it: the slot wait is bounded
     by it, and when pymongo already knows that no server is usable (each has a recorded
@@ -156,15 +166,17 @@ def _run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
     many times`` in other tasks, connections never checked back in). So, under gevent,
     the operation runs in a greenlet of its own that nothing kills. If the calling task
     is killed, the operation still ends by itself within its budget, gives its
-    connection back and releases its slot. Raises what :func:`~lookups.backends.mongo_errors.translated` gives,
+    connection back and releases its slot. Raises what
+    :func:`~lookups.backends.mongo_errors.translated` gives,
     and :class:`BackendTimeout` when no slot frees up in time.
     """
-    began = time.monotonic()
+    began = deadline.now()
     left_s = deadline.remaining_s()
     if not slots.acquire(timeout=left_s):
-        raise BackendTimeout(f"{lookup}: no free MongoDB connection within the budget",
-                             backend_fault=False)
-    waited_s = time.monotonic() - began
+        raise BackendTimeout(
+            f"{lookup}: no free MongoDB connection within the budget", backend_fault=False
+        )
+    waited_s = deadline.now() - began
     call = functools.partial(_run_releasing, lookup, db, slots, deadline, operation)
     if monkey.is_module_patched("threading"):
         succeeded, result = spawn_in_context(call).get()
@@ -174,12 +186,15 @@ def _run_bounded(lookup: str, db: Database, slots: Slots, deadline: Deadline,
         if isinstance(result, BackendTimeout):
             blame_own_wait(result, waited_s, left_s)
         raise result
-    return result
+    value: T = result
+    return value
 
 
-def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: Deadline,
-                   operation: Callable[[], T]) -> tuple[bool, Any]:
-    """(True, value) or (False, the exception): a failure is the caller's to raise, not the hub's."""
+def _run_releasing(
+    lookup: str, db: Database[Any], slots: Slots, deadline: Deadline, operation: Callable[[], T]
+) -> tuple[bool, Any]:
+    """(True, value) or (False, the exception): a failure is the caller's to raise, not the
+    hub's."""
     try:
         _await_usable_server(lookup, db, deadline)
         with pymongo.timeout(_budget_left(lookup, deadline)):
@@ -188,13 +203,13 @@ def _run_releasing(lookup: str, db: Database, slots: Slots, deadline: Deadline,
         error = translated(lookup, exc, db.client)
         error.__cause__ = exc
         return False, error
-    except Exception as exc:  # handed to the caller, which raises it
+    except Exception as exc:  # noqa: BLE001 - handed to the caller, which raises it
         return False, exc
     finally:
         slots.release()
 
 
-def _await_usable_server(lookup: str, db: Database, deadline: Deadline) -> None:
+def _await_usable_server(lookup: str, db: Database[Any], deadline: Deadline) -> None:
     """When every server has a recorded error, select one within whole selection steps.
 
     pymongo's server selection looks at its budget only when it wakes: at most a step
@@ -229,7 +244,7 @@ def _budget_left(lookup: str, deadline: Deadline) -> float:
     return left_s
 
 
-def _no_server_usable(client: pymongo.MongoClient) -> bool:
+def _no_server_usable(client: pymongo.MongoClient[Any]) -> bool:
     """Every server has a recorded error (its last check failed): none can be selected now."""
     servers = client.topology_description.server_descriptions().values()
     return bool(servers) and all(server.error is not None for server in servers)

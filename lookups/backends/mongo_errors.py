@@ -13,10 +13,17 @@ credentials) nor pymongo's own message (it lists hosts and options).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pymongo
 from bson.errors import BSONError
-from pymongo.errors import (ConnectionFailure, OperationFailure, ProtocolError, PyMongoError,
-                            ServerSelectionTimeoutError)
+from pymongo.errors import (
+    ConnectionFailure,
+    OperationFailure,
+    ProtocolError,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+)
 
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 
@@ -26,13 +33,13 @@ __all__ = ["translated", "selection_failed", "MONGO_ERRORS"]
 MONGO_ERRORS = (PyMongoError, BSONError)
 
 
-def selection_failed(lookup: str, client: pymongo.MongoClient) -> LookupFailed:
+def selection_failed(lookup: str, client: pymongo.MongoClient[Any]) -> LookupFailed:
     if _server_known_down(client):
         return BackendUnavailable(f"{lookup}: no MongoDB server available")
     return BackendTimeout(f"{lookup}: no MongoDB server answered within the budget")
 
 
-def translated(lookup: str, exc: Exception, client: pymongo.MongoClient) -> LookupFailed:
+def translated(lookup: str, exc: Exception, client: pymongo.MongoClient[Any]) -> LookupFailed:
     """``exc`` (a pymongo or BSON error) as one of :mod:`lookups.errors`, free of the URI.
 
     Server selection failing is reported as :class:`BackendUnavailable` when pymongo
@@ -57,12 +64,13 @@ def translated(lookup: str, exc: Exception, client: pymongo.MongoClient) -> Look
         return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})", retry_safe=True)
     if isinstance(exc, (OperationFailure, ProtocolError)):
         code = getattr(exc, "code", None)
-        return BadBackendResponse(f"{lookup}: MongoDB refused or garbled the aggregation "
-                                  f"(code {code}, {kind})")
+        return BadBackendResponse(
+            f"{lookup}: MongoDB refused or garbled the aggregation (code {code}, {kind})"
+        )
     return LookupFailed(f"{lookup}: MongoDB client error ({kind})")
 
 
-def _recorded_errors(client: pymongo.MongoClient) -> list[Exception]:
+def _recorded_errors(client: pymongo.MongoClient[Any]) -> list[Exception]:
     servers = client.topology_description.server_descriptions().values()
     return [server.error for server in servers if server.error is not None]
 
@@ -71,12 +79,12 @@ def _is_timeout(error: Exception) -> bool:
     return bool(getattr(error, "timeout", False))
 
 
-def _server_known_down(client: pymongo.MongoClient) -> bool:
+def _server_known_down(client: pymongo.MongoClient[Any]) -> bool:
     """pymongo recorded a reason other than slowness (refused, reset, unresolvable)."""
     return any(not _is_timeout(error) for error in _recorded_errors(client))
 
 
-def _server_only_slow(client: pymongo.MongoClient) -> bool:
+def _server_only_slow(client: pymongo.MongoClient[Any]) -> bool:
     """pymongo recorded errors, and every one is a timeout."""
     errors = _recorded_errors(client)
     return bool(errors) and all(_is_timeout(error) for error in errors)

@@ -22,28 +22,41 @@ release, the older sections still define them when no table of that name does:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping, Union
+from typing import Any
 
-from lookups.settings import (HttpOptions, HttpSettings, MongoOptions, MongoSettings, Resilience,
-                              check_url)
+from lookups.settings import (
+    HttpOptions,
+    HttpSettings,
+    MongoOptions,
+    MongoSettings,
+    Resilience,
+    check_url,
+)
 
-__all__ = ["MongoBackendSettings", "HttpBackendSettings", "BackendSettings", "BACKEND_KINDS",
-           "ALIAS_SECTIONS", "backends_from_aliases"]
+__all__ = [
+    "MongoBackendSettings",
+    "HttpBackendSettings",
+    "BackendSettings",
+    "BACKEND_KINDS",
+    "ALIAS_SECTIONS",
+    "backends_from_aliases",
+]
 
 # Keys both kinds have, meaning the same.
 _KIND_HELP = "`mongo` or `http` (required)"
-_POOL_SIZE_HELP = ("calls in flight at most (MongoDB: one fewer, the health check's connection "
-                   "is the last)")
+_POOL_SIZE_HELP = (
+    "calls in flight at most (MongoDB: one fewer, the health check's connection is the last)"
+)
 
 
 @dataclass(frozen=True)
 class MongoBackendSettings(MongoOptions, Resilience):
     """A MongoDB backend: its URI (TLS options included), database, pool and timeouts."""
 
-    kind: str = field(default="mongo", metadata={
-        "help": _KIND_HELP, "choices": ("mongo",)})
+    kind: str = field(default="mongo", metadata={"help": _KIND_HELP, "choices": ("mongo",)})
     pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
 
     def __post_init__(self) -> None:
@@ -54,14 +67,19 @@ class MongoBackendSettings(MongoOptions, Resilience):
 class HttpBackendSettings(HttpOptions, Resilience):
     """An HTTP service: its base URL and pool; timeouts, bearer token and TLS files."""
 
-    kind: str = field(default="http", metadata={
-        "help": _KIND_HELP, "choices": ("http",)})
-    url: str = field(default="http://127.0.0.1:8081", metadata={
-        "help": "base URL; lookups call paths under it only"})
+    kind: str = field(default="http", metadata={"help": _KIND_HELP, "choices": ("http",)})
+    url: str = field(
+        default="http://127.0.0.1:8081",
+        metadata={"help": "base URL; lookups call paths under it only"},
+    )
     pool_size: int = field(default=32, metadata={"help": _POOL_SIZE_HELP, "min": 1})
-    health_path: str = field(default="", metadata={
-        "help": "the health check's path under `url` (empty: `url` itself); a `2xx` or `3xx` "
-                "answer there is up, anything else down (a `404`: nothing at that URL)"})
+    health_path: str = field(
+        default="",
+        metadata={
+            "help": "the health check's path under `url` (empty: `url` itself); a `2xx` or `3xx` "
+            "answer there is up, anything else down (a `404`: nothing at that URL)"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_url("url", self.url)
@@ -71,34 +89,48 @@ class HttpBackendSettings(HttpOptions, Resilience):
         self._check_resilience()
 
 
-BackendSettings = Union[MongoBackendSettings, HttpBackendSettings]
+BackendSettings = MongoBackendSettings | HttpBackendSettings
 
 #: ``kind`` -> the settings class of a ``[backends.<name>]`` table.
 BACKEND_KINDS: Mapping[str, type] = MappingProxyType(
-    {"mongo": MongoBackendSettings, "http": HttpBackendSettings})
+    {"mongo": MongoBackendSettings, "http": HttpBackendSettings}
+)
 
 
 #: The backends :func:`backends_from_aliases` defines, and the older section each comes from.
 ALIAS_SECTIONS: Mapping[str, str] = MappingProxyType(
-    {"mongo": "mongo", "alerts": "http", "metrics": "http"})
+    {"mongo": "mongo", "alerts": "http", "metrics": "http"}
+)
 
 
 def backends_from_aliases(mongo: MongoSettings, http: HttpSettings) -> dict[str, BackendSettings]:
-    """The backends ``mongo``, ``alerts`` and ``metrics`` as ``[mongo]`` and ``[http]`` define them."""
-    shared = dict(pool_size=http.pool_maxsize, connect_timeout_ms=http.connect_timeout_ms,
-                  read_timeout_ms=http.read_timeout_ms, auth_token=http.auth_token,
-                  ca_file=http.ca_file, client_cert_file=http.client_cert_file,
-                  client_key_file=http.client_key_file, retry_budget_ratio=http.retry_budget_ratio,
-                  breaker_failures=http.breaker_failures,
-                  breaker_failure_rate=http.breaker_failure_rate,
-                  breaker_open_ms=http.breaker_open_ms)
+    """The backends ``mongo``, ``alerts`` and ``metrics`` as ``[mongo]`` and ``[http]`` define
+    them."""
+    shared: dict[str, Any] = dict(
+        pool_size=http.pool_maxsize,
+        connect_timeout_ms=http.connect_timeout_ms,
+        read_timeout_ms=http.read_timeout_ms,
+        auth_token=http.auth_token,
+        ca_file=http.ca_file,
+        client_cert_file=http.client_cert_file,
+        client_key_file=http.client_key_file,
+        retry_budget_ratio=http.retry_budget_ratio,
+        breaker_failures=http.breaker_failures,
+        breaker_failure_rate=http.breaker_failure_rate,
+        breaker_open_ms=http.breaker_open_ms,
+    )
     return {
         "mongo": MongoBackendSettings(
-            uri=mongo.uri, database=mongo.database, pool_size=mongo.max_pool_size,
+            uri=mongo.uri,
+            database=mongo.database,
+            pool_size=mongo.max_pool_size,
             connect_timeout_ms=mongo.connect_timeout_ms,
             server_selection_timeout_ms=mongo.server_selection_timeout_ms,
-            retry_budget_ratio=mongo.retry_budget_ratio, breaker_failures=mongo.breaker_failures,
-            breaker_failure_rate=mongo.breaker_failure_rate, breaker_open_ms=mongo.breaker_open_ms),
+            retry_budget_ratio=mongo.retry_budget_ratio,
+            breaker_failures=mongo.breaker_failures,
+            breaker_failure_rate=mongo.breaker_failure_rate,
+            breaker_open_ms=mongo.breaker_open_ms,
+        ),
         "alerts": HttpBackendSettings(url=http.alerts_url, **shared),
         "metrics": HttpBackendSettings(url=http.metrics_url, **shared),
     }

@@ -3,7 +3,8 @@
 An HTTP backend's ``ca_file`` (``[backends.<name>]``, or ``http.ca_file``) replaces
 the system's trusted CAs for its lookups' session and its health check's (a
 service behind a private CA); its ``client_cert_file`` and ``client_key_file`` are
-presented to a service that asks for a client certificate. Verification is never turned off. MongoDB's TLS is set in
+presented to a service that asks for a client certificate. Verification is never turned off.
+MongoDB's TLS is set in
 ``mongo.uri`` (``tls=true&tlsCAFile=...``), where pymongo reads it.
 
 The files are loaded once here, at start-up, so a missing or mismatched file is a
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass
-from typing import Union
 
 import requests
 
@@ -29,8 +29,8 @@ class HttpsFiles:
     """What a ``requests.Session`` is given: ``verify`` (the CA file, or ``True`` for the
     system's CAs) and ``cert`` (the client certificate and key, if any)."""
 
-    verify: Union[str, bool] = True
-    cert: Union[None, str, tuple[str, str]] = None
+    verify: str | bool = True
+    cert: str | tuple[str, str] | None = None
 
     def apply(self, session: requests.Session) -> None:
         session.verify = self.verify
@@ -44,8 +44,8 @@ def load_https_files(settings: HttpBackendSettings) -> HttpsFiles:
     does not.
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    verify: Union[str, bool] = True
-    cert: Union[None, str, tuple[str, str]] = None
+    verify: str | bool = True
+    cert: str | tuple[str, str] | None = None
     if settings.ca_file:
         try:
             context.load_verify_locations(cafile=settings.ca_file)
@@ -56,10 +56,14 @@ def load_https_files(settings: HttpBackendSettings) -> HttpsFiles:
         try:
             context.load_cert_chain(settings.client_cert_file, settings.client_key_file or None)
         except (OSError, ssl.SSLError) as exc:
-            raise ValueError(f"client_cert_file: cannot load {settings.client_cert_file}: "
-                             f"{_reason(exc)}") from None
-        cert = ((settings.client_cert_file, settings.client_key_file)
-                if settings.client_key_file else settings.client_cert_file)
+            raise ValueError(
+                f"client_cert_file: cannot load {settings.client_cert_file}: {_reason(exc)}"
+            ) from None
+        cert = (
+            (settings.client_cert_file, settings.client_key_file)
+            if settings.client_key_file
+            else settings.client_cert_file
+        )
     return HttpsFiles(verify, cert)
 
 

@@ -14,7 +14,7 @@ The parts themselves, and why their sum is exactly the panel's one query, are in
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from lookups.base import Lookup
 from lookups.cache.alerts import CachedAlerts
@@ -24,32 +24,49 @@ from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
 from lookups.http import AlertsLookup
+from lookups.mongo import MongoLookup
 from lookups.mongo_parts import parts_of
 
-__all__ = ["CachedAlerts", "CachedLookup", "CachedPanel", "CacheSettings", "CacheStats",
-           "BucketStore", "with_cache", "open_store"]
+__all__ = [
+    "CachedAlerts",
+    "CachedLookup",
+    "CachedPanel",
+    "CacheSettings",
+    "CacheStats",
+    "BucketStore",
+    "with_cache",
+    "open_store",
+]
 
 
-def with_cache(lookups: Mapping[str, Lookup], settings: CacheSettings,
-               store: BucketStore) -> dict[str, Lookup]:
+def with_cache(
+    lookups: Mapping[str, Lookup], settings: CacheSettings, store: BucketStore
+) -> dict[str, Lookup]:
     """``lookups`` with each MongoDB panel that is made of parts, and the alerts panel,
     answered through ``store``; the others as they are."""
     cached: dict[str, Lookup] = {}
     merged = MergedRuns(settings.max_bytes // 8, store.stats)
     for name, lookup in lookups.items():
         if type(lookup) is AlertsLookup:
-            backend = lookup.backend
-            cached[name] = CachedAlerts(lookup, store, settings,
-                                        f"{backend.name}/{backend.settings.url}")
+            service = lookup.backend
+            cached[name] = CachedAlerts(
+                lookup, store, settings, f"{service.name}/{service.settings.url}"
+            )
             continue
         parts = parts_of(lookup)
-        if parts is None:
-            cached[name] = lookup
+        if parts is None or not isinstance(lookup, MongoLookup):
+            cached[name] = lookup  # only MongoDB lookups have parts
             continue
-        backend = lookup.backend  # type: ignore[attr-defined]
+        backend = lookup.backend
         namespace = f"{backend.name}/{backend.settings.database}"
-        cached[name] = CachedLookup(lookup, parts, store, settings, namespace,  # type: ignore[arg-type]
-                                    merged)
+        cached[name] = CachedLookup(
+            lookup,
+            parts,
+            store,
+            settings,
+            namespace,
+            merged,
+        )
     return cached
 
 

@@ -33,11 +33,13 @@ def plan_buckets(start_ms: int, end_ms: int, bucket_ms: int, settled_before_ms: 
     settled bucket is one edge, the whole window (none when it is empty)."""
     if bucket_ms <= 0:
         raise ValueError(f"bucket_ms: must be positive, got {bucket_ms}")
-    first = -(-start_ms // bucket_ms) * bucket_ms            # the first boundary at or after start
-    last = (min(end_ms, settled_before_ms) // bucket_ms) * bucket_ms   # the last one a bucket may end on
+    first = -(-start_ms // bucket_ms) * bucket_ms  # the first boundary at or after start
+    last = (
+        min(end_ms, settled_before_ms) // bucket_ms
+    ) * bucket_ms  # the last one a bucket may end on
     if last - first < bucket_ms:
-        edges = ((start_ms, end_ms),) if start_ms < end_ms else ()
-        return BucketPlan(bucket_ms, (), edges)
+        only: tuple[tuple[int, int], ...] = ((start_ms, end_ms),) if start_ms < end_ms else ()
+        return BucketPlan(bucket_ms, (), only)
     buckets = tuple(range(first, last, bucket_ms))
     edges = tuple((a, b) for a, b in ((start_ms, first), (last, end_ms)) if a < b)
     return BucketPlan(bucket_ms, buckets, edges)

@@ -14,19 +14,29 @@ store never fails a call: what it cannot give is queried.
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any, TypeVar
 
 from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
+from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
+from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
-from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch, first_batch
-from lookups.mongo_parts import (NoPart, PanelParts, Part, add_parts, decode_part, encode_part,
-                                 ranges_filter, subtract_part)
+from lookups.mongo_parts import (
+    NoPart,
+    PanelParts,
+    Part,
+    add_parts,
+    decode_part,
+    encode_part,
+    ranges_filter,
+    subtract_part,
+)
 from lookups.panels import PanelValue, Window
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
@@ -46,34 +56,48 @@ _DENSE_APPS = 1024
 class CachedLookup(CachedPanel):
     """``inner``'s panel from cached buckets; ``inner`` itself answers fresh calls."""
 
-    def __init__(self, inner: MongoLookup, parts: PanelParts, store: BucketStore,
-                 settings: CacheSettings, namespace: str, merged: MergedRuns,
-                 clock: Callable[[], float] = time.time) -> None:
-        super().__init__(inner, store, settings,
-                         f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}", clock)
+    def __init__(
+        self,
+        inner: MongoLookup,
+        parts: PanelParts,
+        store: BucketStore,
+        settings: CacheSettings,
+        namespace: str,
+        merged: MergedRuns,
+        clock: Callable[[], float] = SYSTEM_CLOCK.wall,
+    ) -> None:
+        super().__init__(
+            inner,
+            store,
+            settings,
+            f"fanout:{KEY_VERSION}:{namespace}:{inner.name}:{settings.bucket_ms}",
+            clock,
+        )
         self.inner: MongoLookup = inner
         self._parts, self._merged = parts, merged
         #: Whether the engine groups by bucket (one query fills them all): None until tried.
-        self._grouped: Optional[bool] = None
+        self._grouped: bool | None = None
         #: Ranges read as rows at most this long together: a window's two uneven edges.
         self._rows_span_ms = 2 * settings.bucket_ms + settings.settle_ms
         #: Apps whose edges held more rows than one batch, until when they are grouped.
         self._dense: dict[str, float] = {}
 
     def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
-        plan = plan_buckets(window.start_ms, window.end_ms, self._bucket_ms, self._settled_before_ms())
+        plan = plan_buckets(
+            window.start_ms, window.end_ms, self._bucket_ms, self._settled_before_ms()
+        )
         if not plan.buckets:
             return self.inner.fetch(window, deadline)
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
         try:
             known = self._merged.get(run)
             if known is None and not self.store.available():
-                self.store.stats.direct += 1   # the store is down: the panel's own query, no fill
+                self.store.stats.direct += 1  # the store is down: the panel's own query, no fill
                 return self.inner.fetch(window, deadline)
             if known is None:
                 known = self._shifted(window.app, run, deadline)
             if known is not None:
-                parts, unread = [known.total], []
+                parts, unread = [known.total], list[int]()  # every bucket known
                 self._counted(len(plan.buckets), 0)
             else:
                 parts, unread = self._bucket_parts(window.app, plan, deadline)
@@ -83,22 +107,28 @@ class CachedLookup(CachedPanel):
             ranges = bucket_runs(unread, self._bucket_ms) + list(plan.edges)
             rest: Part = {}
             if ranges:
-                rest = self._shared(("rest", window.app, tuple(sorted(ranges))), deadline,
-                                    lambda: self._query(window.app, ranges, deadline))
+                rest = self._shared(
+                    ("rest", window.app, tuple(sorted(ranges))),
+                    deadline,
+                    lambda: self._query(window.app, ranges, deadline),
+                )
             total = add_parts([*parts, rest])
             return self._parts.finish(total, known.ranked_with(total, rest) if known else None)
         except NoPart:
             self.store.stats.direct += 1
             return self.inner.fetch(window, deadline)
 
-    def _shifted(self, app: str, run: tuple[str, str, int, int],
-                 deadline: Deadline) -> Optional[MergedRun]:
+    def _shifted(
+        self, app: str, run: tuple[str, str, int, int], deadline: Deadline
+    ) -> MergedRun | None:
         """The sum of ``run`` from a kept run one bucket shorter or longer at one end (a
         sliding window crossed a boundary): that sum plus or minus one bucket, not 96."""
         _, _, first, last = run
         step = self._bucket_ms
-        for previous, start, adding in (((self.name, app, first, last - step), last, True),
-                                        ((self.name, app, first - step, last), first - step, False)):
+        for previous, start, adding in (
+            ((self.name, app, first, last - step), last, True),
+            ((self.name, app, first - step, last), first - step, False),
+        ):
             old = self._merged.get(previous)
             if old is None:
                 continue
@@ -107,20 +137,23 @@ class CachedLookup(CachedPanel):
             missing = int(part is None)
             self._counted((last - first) // step + 1 - missing, missing)
             if part is None:
-                part = self._shared(("fill", app, (start,)), deadline,
-                                    lambda: self._fill(app, (start,), deadline))[start]
+                edge = (start,)
+                part = self._shared(
+                    ("fill", app, edge), deadline, partial(self._fill, app, edge, deadline)
+                )[start]
             total = add_parts([old.total, part]) if adding else subtract_part(old.total, part)
             return self._merged.put(run, total, self._parts)
         return None
 
     @property
-    def groups_by_bucket(self) -> Optional[bool]:
+    def groups_by_bucket(self) -> bool | None:
         """Whether the engine groups by bucket, so that one query fills every missing
         bucket (MongoDB, FerretDB 2); None until a fill has tried."""
         return self._grouped
 
-    def _bucket_parts(self, app: str, plan: BucketPlan,
-                      deadline: Deadline) -> tuple[list[Part], list[int]]:
+    def _bucket_parts(
+        self, app: str, plan: BucketPlan, deadline: Deadline
+    ) -> tuple[list[Part], list[int]]:
         """The parts found or filled now, and the starts of the buckets neither."""
         keys = [self.key(app, start) for start in plan.buckets]
         found = self.store.get_many(keys)
@@ -137,14 +170,16 @@ class CachedLookup(CachedPanel):
         filling = tuple(missing if self._grouped is not False else missing[-FILL_FACETS:])
         filled: dict[int, Part] = {}
         if filling:
-            filled = self._shared(("fill", app, filling), deadline,
-                                  lambda: self._fill(app, filling, deadline))
+            filled = self._shared(
+                ("fill", app, filling), deadline, lambda: self._fill(app, filling, deadline)
+            )
             parts.extend(filled.values())
         return parts, [start for start in missing if start not in filled]
 
     def _fill(self, app: str, starts: tuple[int, ...], deadline: Deadline) -> dict[int, Part]:
         """Query the parts of the buckets at ``starts`` (or of the newest few, where the
         engine does not group by bucket) and store them."""
+
         def aggregate(pipeline: list[dict[str, Any]]) -> list[Any]:
             return self._aggregate(pipeline, deadline)
 
@@ -156,8 +191,9 @@ class CachedLookup(CachedPanel):
             starts = starts[-FILL_FACETS:]
             found = fill_faceted(self._parts, aggregate, app, starts, self._bucket_ms)
         filled = dict(zip(starts, found))
-        self.store.put_many({self.key(app, start): encode_part(part)
-                             for start, part in filled.items()})
+        self.store.put_many(
+            {self.key(app, start): encode_part(part) for start, part in filled.items()}
+        )
         self.store.stats.fills += len(filled)
         return filled
 
@@ -168,11 +204,16 @@ class CachedLookup(CachedPanel):
         docs/explanation/results-cache.md); an app with more rows than one batch there is
         grouped by the engine for a bucket's time."""
         match = {"$match": ranges_filter(app, ranges)}
-        if (sum(end - start for start, end in ranges) <= self._rows_span_ms
-                and self._dense.get(app, 0.0) <= self._clock()):
-            rows, whole = self._run(lambda db: first_batch(
-                db, self.inner.collection, [match, *self._parts.row_stages()], QUERY_GROUP_CAP),
-                deadline)
+        if (
+            sum(end - start for start, end in ranges) <= self._rows_span_ms
+            and self._dense.get(app, 0.0) <= self._clock()
+        ):
+            rows, whole = self._run(
+                lambda db: first_batch(
+                    db, self.inner.collection, [match, *self._parts.row_stages()], QUERY_GROUP_CAP
+                ),
+                deadline,
+            )
             if whole:
                 return self._parts.part_of_rows(rows)
             if len(self._dense) >= _DENSE_APPS:
@@ -185,5 +226,5 @@ class CachedLookup(CachedPanel):
         return self._run(lambda db: aggregate_one_batch(db, collection, pipeline), deadline)
 
     def _run(self, operation: Callable[[Any], T], deadline: Deadline) -> T:
-        return self.inner.backend.run(self.name, operation, deadline)  # type: ignore[no-any-return]
-
+        result: T = self.inner.backend.run(self.name, operation, deadline)
+        return result

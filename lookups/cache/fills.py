@@ -12,13 +12,20 @@ of the query's range, so only a few buckets a call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from bson.int64 import Int64
 
 from lookups.errors import BadBackendResponse
-from lookups.mongo_parts import (PART_GROUP_CAP, NoPart, PanelParts, Part, range_condition,
-                                 ranges_filter)
+from lookups.mongo_parts import (
+    PART_GROUP_CAP,
+    NoPart,
+    PanelParts,
+    Part,
+    range_condition,
+    ranges_filter,
+)
 
 __all__ = ["fill_grouped", "fill_faceted", "Aggregate"]
 
@@ -26,35 +33,46 @@ __all__ = ["fill_grouped", "fill_faceted", "Aggregate"]
 Aggregate = Callable[[list[dict[str, Any]]], list[Any]]
 
 
-def fill_grouped(parts: PanelParts, aggregate: Aggregate, app: str, starts: Sequence[int],
-                 bucket_ms: int) -> Optional[list[Part]]:
+def fill_grouped(
+    parts: PanelParts, aggregate: Aggregate, app: str, starts: Sequence[int], bucket_ms: int
+) -> list[Part] | None:
     """The parts of the buckets starting at ``starts`` (ascending, not before 1970), or
     None when the engine does not compute buckets. NoPart when a bucket's groups are too many."""
     ts = {"$toLong": "$ts"}
     bucket = {"$subtract": [ts, {"$mod": [ts, bucket_ms]}]}
     limit = (PART_GROUP_CAP + 1) * len(starts)
-    pipeline = [{"$match": ranges_filter(app, [(starts[0], starts[-1] + bucket_ms)])},
-                *parts.stages_by(bucket), {"$limit": limit}]
+    pipeline = [
+        {"$match": ranges_filter(app, [(starts[0], starts[-1] + bucket_ms)])},
+        *parts.stages_by(bucket),
+        {"$limit": limit},
+    ]
     documents = aggregate(pipeline)
-    wanted = {start: [] for start in range(starts[0], starts[-1] + bucket_ms, bucket_ms)}
+    wanted: dict[int, list[dict[str, Any]]] = {
+        start: [] for start in range(starts[0], starts[-1] + bucket_ms, bucket_ms)
+    }
     for document in documents:
         key = document.get("_id") if isinstance(document, dict) else None
         start = key.get("b") if isinstance(key, dict) else None
         if type(start) not in (int, Int64) or start not in wanted:
             return None
-        wanted[start].append({**document, "_id": key.get("k")})
+        wanted[start].append({**document, "_id": key.get("k") if isinstance(key, dict) else None})
     if len(documents) >= limit:
         raise NoPart(f"{parts.lookup.name}: more than {PART_GROUP_CAP} groups in a bucket")
     return [parts.part(wanted[start]) for start in starts]
 
 
-def fill_faceted(parts: PanelParts, aggregate: Aggregate, app: str, starts: Sequence[int],
-                 bucket_ms: int) -> list[Part]:
+def fill_faceted(
+    parts: PanelParts, aggregate: Aggregate, app: str, starts: Sequence[int], bucket_ms: int
+) -> list[Part]:
     """The parts of the buckets starting at ``starts`` (ascending), a ``$facet`` each."""
-    facets = {f"b{start}": [{"$match": range_condition(start, start + bucket_ms)}, *parts.stages()]
-              for start in starts}
-    pipeline = [{"$match": ranges_filter(app, [(starts[0], starts[-1] + bucket_ms)])},
-                {"$facet": facets}]
+    facets = {
+        f"b{start}": [{"$match": range_condition(start, start + bucket_ms)}, *parts.stages()]
+        for start in starts
+    }
+    pipeline = [
+        {"$match": ranges_filter(app, [(starts[0], starts[-1] + bucket_ms)])},
+        {"$facet": facets},
+    ]
     documents = aggregate(pipeline)
     reply = documents[0] if len(documents) == 1 and isinstance(documents[0], dict) else {}
     if not all(isinstance(reply.get(f"b{start}"), list) for start in starts):

@@ -12,8 +12,8 @@ bytes (each entry counts the length of its JSON form), least recently used out f
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Hashable, Optional
 
 from lookups.cache.stores import CacheStats, SizedLRU
 from lookups.mongo_parts import PanelParts, Part, encode_part
@@ -26,10 +26,10 @@ class MergedRun:
     """The sum of a run of buckets, and its keys as its panel ranks them."""
 
     total: Part
-    ranked: list[Optional[str]]
+    ranked: list[str | None]
     parts: PanelParts
 
-    def ranked_with(self, total: Part, added: Part) -> Optional[list[Optional[str]]]:
+    def ranked_with(self, total: Part, added: Part) -> list[str | None] | None:
         """The ranked keys of ``total`` (this run plus ``added``), or None when ``added``
         subtracts from the ranking field somewhere (then the whole sum is ranked)."""
         index = self.parts.rank_by
@@ -43,14 +43,14 @@ class MergedRuns:
     counted at the length of its JSON form); what they hold is counted in ``stats.bytes``
     too, beside the store's buckets."""
 
-    def __init__(self, max_bytes: int, stats: Optional[CacheStats] = None) -> None:
+    def __init__(self, max_bytes: int, stats: CacheStats | None = None) -> None:
         self._lru: SizedLRU[MergedRun] = SizedLRU(max_bytes, stats or CacheStats(), evictions=False)
 
     @property
     def bytes(self) -> int:
         return self._lru.bytes
 
-    def get(self, key: Hashable) -> Optional[MergedRun]:
+    def get(self, key: Hashable) -> MergedRun | None:
         return self._lru.get(key)
 
     def put(self, key: Hashable, total: Part, parts: PanelParts) -> MergedRun:

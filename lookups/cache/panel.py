@@ -3,7 +3,8 @@ store of aligned buckets, whose fills are shared by the callers that need them a
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gevent.event import AsyncResult
 from opentelemetry import trace
@@ -23,11 +24,17 @@ class CachedPanel(Lookup):
     """A panel answered from cached buckets; :attr:`inner`, the panel's own lookup, answers
     a call that asks for a fresh answer (``RequestMeta.fresh``)."""
 
-    def __init__(self, inner: Lookup, store: BucketStore, settings: CacheSettings, prefix: str,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        inner: Lookup,
+        store: BucketStore,
+        settings: CacheSettings,
+        prefix: str,
+        clock: Callable[[], float],
+    ) -> None:
         """``prefix`` starts every key of this panel's buckets; ``clock`` is epoch seconds."""
         self.inner, self.store = inner, store
-        self.name, self.source = inner.name, inner.source  # type: ignore[misc]
+        self.name, self.source = inner.name, inner.source  # type: ignore[misc]  # ClassVars of the class, copied per instance
         self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
         self._prefix, self._clock = prefix, clock
         self._fills: dict[tuple[Any, ...], AsyncResult] = {}
@@ -53,18 +60,24 @@ class CachedPanel(Lookup):
         pending = self._fills.get(key)
         if pending is not None:  # another caller is filling them: wait for it, within our deadline
             if pending.wait(deadline.remaining_s()) is None and not pending.ready():
-                raise BackendTimeout(f"{self.name}: no time left waiting for a bucket fill",
-                                     backend_fault=False)
-            return pending.get()  # type: ignore[no-any-return]
+                raise BackendTimeout(
+                    f"{self.name}: no time left waiting for a bucket fill", backend_fault=False
+                )
+            value: T = pending.get()  # gevent is untyped: the fill's own result type
+            return value
         pending = self._fills[key] = AsyncResult()
         try:
             answer = query()
             pending.set(answer)
             return answer
         except BaseException as exc:
-            pending.set_exception(exc if isinstance(exc, Exception) else
-                                  BackendTimeout(f"{self.name}: the bucket fill was stopped",
-                                                 backend_fault=False))
+            pending.set_exception(
+                exc
+                if isinstance(exc, Exception)
+                else BackendTimeout(
+                    f"{self.name}: the bucket fill was stopped", backend_fault=False
+                )
+            )
             raise
         finally:
             del self._fills[key]

@@ -15,28 +15,58 @@ __all__ = ["CacheSettings"]
 class CacheSettings:
     """The results cache: which buckets are kept, for how long, and where."""
 
-    enabled: bool = field(default=False, metadata={
-        "help": "`true`: the MongoDB panels and the alerts are merged from cached buckets "
-                "and a query for the window's edges (see "
-                "[Results cache](../explanation/results-cache.md))"})
-    bucket_ms: int = field(default=900_000, metadata={
-        "help": "the buckets' length, aligned to the epoch: a refresh queries at most about "
-                "one bucket plus `settle_ms` of documents", "min": 1000})
-    settle_ms: int = field(default=120_000, metadata={
-        "help": "a bucket is cached only once it ended this long ago: documents may arrive "
-                "this late", "min": 0})
-    max_bytes: int = field(default=64 * 1024 * 1024, metadata={
-        "help": "the in-process cache's bound: keys and values, least recently used out first",
-        "min": 0})
-    url: str = field(default="", metadata={
-        "help": "`redis://host:port/db` (or `rediss://`): buckets shared by every instance "
-                "in Redis, through redis-py; empty: in this process only"})
-    redis_timeout_ms: int = field(default=50, metadata={
-        "help": "each Redis command's timeout; a slow or absent Redis counts as misses",
-        "min": 1})
-    ttl_s: int = field(default=172_800, metadata={
-        "help": "how long Redis keeps a bucket (the in-process cache keeps it until evicted)",
-        "min": 1})
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "help": "`true`: the MongoDB panels and the alerts are merged from cached buckets "
+            "and a query for the window's edges (see "
+            "[Results cache](../explanation/results-cache.md))"
+        },
+    )
+    bucket_ms: int = field(
+        default=900_000,
+        metadata={
+            "help": "the buckets' length, aligned to the epoch: a refresh queries at most about "
+            "one bucket plus `settle_ms` of documents",
+            "min": 1000,
+        },
+    )
+    settle_ms: int = field(
+        default=120_000,
+        metadata={
+            "help": "a bucket is cached only once it ended this long ago: documents may arrive "
+            "this late",
+            "min": 0,
+        },
+    )
+    max_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata={
+            "help": "the in-process cache's bound: keys and values, least recently used out first",
+            "min": 0,
+        },
+    )
+    url: str = field(
+        default="",
+        metadata={
+            "help": "`redis://host:port/db` (or `rediss://`): buckets shared by every instance "
+            "in Redis, through redis-py; empty: in this process only"
+        },
+    )
+    redis_timeout_ms: int = field(
+        default=50,
+        metadata={
+            "help": "each Redis command's timeout; a slow or absent Redis counts as misses",
+            "min": 1,
+        },
+    )
+    ttl_s: int = field(
+        default=172_800,
+        metadata={
+            "help": "how long Redis keeps a bucket (the in-process cache keeps it until evicted)",
+            "min": 1,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Hashable, Mapping, Optional, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+from lookups.clock import SYSTEM_CLOCK, Clock
 
 __all__ = ["CacheStats", "BucketStore", "SizedLRU", "MemoryStore", "RedisStore"]
 
@@ -62,7 +64,7 @@ class SizedLRU(Generic[V]):
         self._stats, self._evictions = stats, evictions
         self._entries: collections.OrderedDict[Hashable, tuple[V, int]] = collections.OrderedDict()
 
-    def get(self, key: Hashable) -> Optional[V]:
+    def get(self, key: Hashable) -> V | None:
         entry = self._entries.get(key)
         if entry is None:
             return None
@@ -133,17 +135,25 @@ class RedisStore:
     Redis, so a Redis that is down costs one timeout per pause, not one per call.
     """
 
-    def __init__(self, url: str, timeout_ms: int, ttl_s: int, stats: CacheStats | None = None,
-                 pause_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout_ms: int,
+        ttl_s: int,
+        stats: CacheStats | None = None,
+        pause_s: float = 1.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         import redis  # only where a Redis is configured: it adds to every process's start
 
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
         timeout_s = timeout_ms / 1000
-        self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                            socket_connect_timeout=timeout_s,
-                                            retry_on_timeout=False)
+        self._client: Any = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False
+        )
         self._ttl_s = ttl_s
         self._pause_s = pause_s
+        self._clock = clock
         self._paused_until = 0.0
         self._warned_at = float("-inf")
         self.stats = stats or CacheStats()
@@ -170,16 +180,19 @@ class RedisStore:
             self._failed("write", exc)
 
     def available(self) -> bool:
-        return time.monotonic() >= self._paused_until
+        return self._clock.monotonic() >= self._paused_until
 
     def close(self) -> None:
         self._client.close()
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.stats.redis_errors += 1
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if now - self._warned_at >= 60:  # one line a minute at most, never one per call
             self._warned_at = now
-            log.warning("cache: Redis %s failed (%s); panels are queried meanwhile", what,
-                        type(exc).__name__)
+            log.warning(
+                "cache: Redis %s failed (%s); panels are queried meanwhile",
+                what,
+                type(exc).__name__,
+            )
         self._paused_until = now + self._pause_s

@@ -1,9 +1,9 @@
 """How lookups survive misbehaving backends.
 
-    breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
-    guard.py     BackendGuard: retries before the task's deadline, the breaker, hedged
-                 requests; one per backend (lookups.backends), shared by its lookups; and
-                 RetryBudget: retries at most a share of calls (a token bucket)
+breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
+guard.py     BackendGuard: retries before the task's deadline, the breaker, hedged
+             requests; one per backend (lookups.backends), shared by its lookups; and
+             RetryBudget: retries at most a share of calls (a token bucket)
 """
 
 from __future__ import annotations
@@ -13,8 +13,12 @@ from typing import Any
 
 # Loaded on first use, not on import: the web-tier client imports guard.py alone.
 _EXPORTS = {
-    "RetryBudget": "guard", "BreakerPolicy": "breaker", "CircuitBreaker": "breaker",
-    "CircuitState": "breaker", "BackendGuard": "guard", "RetryPolicy": "guard",
+    "RetryBudget": "guard",
+    "BreakerPolicy": "breaker",
+    "CircuitBreaker": "breaker",
+    "CircuitState": "breaker",
+    "BackendGuard": "guard",
+    "RetryPolicy": "guard",
 }
 
 __all__ = list(_EXPORTS)

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.errors import CircuitOpen
 
 __all__ = ["BreakerPolicy", "CircuitBreaker", "CircuitState"]
@@ -41,23 +41,26 @@ class CircuitState(enum.Enum):
 class BreakerPolicy:
     """When a breaker opens, and for how long."""
 
-    consecutive_failures: int = 5      # this many failures in a row open it
-    failure_rate: float = 0.5          # ...or more than this share of the calls in the window
+    consecutive_failures: int = 5  # this many failures in a row open it
+    failure_rate: float = 0.5  # ...or more than this share of the calls in the window
     window_s: float = 10.0
-    min_calls: int = 20                # the rate counts once the window holds this many
-    open_ms: int = 2000                # how long it stays open before a probe
+    min_calls: int = 20  # the rate counts once the window holds this many
+    open_ms: int = 2000  # how long it stays open before a probe
 
 
 class CircuitBreaker:
     """The breaker of one backend (``name``: the backend's, ``mongo``, ``alerts``, ...)."""
 
-    def __init__(self, name: str, policy: BreakerPolicy = BreakerPolicy()) -> None:
+    def __init__(
+        self, name: str, policy: BreakerPolicy = BreakerPolicy(), clock: Clock = SYSTEM_CLOCK
+    ) -> None:
         self.name = name
+        self._clock = clock
         self.policy = policy
         self.state = CircuitState.CLOSED
-        self.opened = 0                                 # times it has opened
+        self.opened = 0  # times it has opened
         self._consecutive = 0
-        self._recent: deque[tuple[float, bool]] = deque()   # (when, failed) within the window
+        self._recent: deque[tuple[float, bool]] = deque()  # (when, failed) within the window
         self._failures_in_window = 0
         self._open_until = 0.0
         self._probing = False
@@ -66,14 +69,15 @@ class CircuitBreaker:
         """Before a call: raise :class:`CircuitOpen` if it may not go; True if it is a probe."""
         if self.state is CircuitState.CLOSED:
             return False
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if self.state is CircuitState.OPEN and now >= self._open_until:
             self._move(CircuitState.HALF_OPEN)
         if self.state is CircuitState.HALF_OPEN and not self._probing:
             self._probing = True
             return True
-        raise CircuitOpen(f"{self.name}: circuit open after repeated failures; failing fast",
-                          retry_safe=False)
+        raise CircuitOpen(
+            f"{self.name}: circuit open after repeated failures; failing fast", retry_safe=False
+        )
 
     def record(self, failed: bool, probe: bool = False) -> None:
         """After a call that :meth:`check` let through: did the backend fail it?"""
@@ -86,13 +90,14 @@ class CircuitBreaker:
             return
         if self.state is not CircuitState.CLOSED:
             return  # an answer to a call started before the circuit opened
-        now = time.monotonic()
+        now = self._clock.monotonic()
         self._remember(now, failed)
         self._consecutive = self._consecutive + 1 if failed else 0
         policy = self.policy
         if self._consecutive >= policy.consecutive_failures or (
-                len(self._recent) >= policy.min_calls
-                and self._failures_in_window > policy.failure_rate * len(self._recent)):
+            len(self._recent) >= policy.min_calls
+            and self._failures_in_window > policy.failure_rate * len(self._recent)
+        ):
             self._open()
 
     def _remember(self, now: float, failed: bool) -> None:
@@ -103,7 +108,7 @@ class CircuitBreaker:
             self._failures_in_window -= recent.popleft()[1]
 
     def _open(self) -> None:
-        self._open_until = time.monotonic() + self.policy.open_ms / 1000.0
+        self._open_until = self._clock.monotonic() + self.policy.open_ms / 1000.0
         self.opened += 1
         self._move(CircuitState.OPEN)
 
@@ -118,8 +123,12 @@ class CircuitBreaker:
             return
         previous, self.state = self.state, state
         if state is CircuitState.OPEN:
-            log.warning("circuit %s: %s -> open for %d ms (failing fast)", self.name,
-                        previous.value, self.policy.open_ms)
+            log.warning(
+                "circuit %s: %s -> open for %d ms (failing fast)",
+                self.name,
+                previous.value,
+                self.policy.open_ms,
+            )
         else:
             log.info("circuit %s: %s -> %s", self.name, previous.value, state.value)
 

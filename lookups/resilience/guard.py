@@ -36,12 +36,14 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, TypeVar
+from typing import TypeVar
 
 import gevent
 from opentelemetry import trace
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, CircuitOpen, LookupFailed
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker
@@ -87,19 +89,27 @@ def _is_backend_fault(error: BaseException, given_s: float) -> bool:
 class BackendGuard:
     """Retries, retry budget, breaker and hedging for the backend ``name``."""
 
-    def __init__(self, name: str, breaker: BreakerPolicy, retry_budget_ratio: float,
-                 policies: Optional[Mapping[str, RetryPolicy]] = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        breaker: BreakerPolicy,
+        retry_budget_ratio: float,
+        policies: Mapping[str, RetryPolicy] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         """``breaker`` and ``retry_budget_ratio`` are the backend's settings (no default here,
-        so that there is one: ``[backends.<name>]``'s)."""
+        so that there is one: ``[backends.<name>]``'s); ``clock`` times the breaker, the
+        budget's refill and the latencies hedging waits on."""
         self.name = name
-        self.breaker = CircuitBreaker(name, breaker)
+        self._clock = clock
+        self.breaker = CircuitBreaker(name, breaker, clock)
         # A few retries a second on top of the ratio, as Finagle's default budget allows.
-        self.budget = RetryBudget(retry_budget_ratio, min_per_s=_MIN_RETRIES_PER_S)
+        self.budget = RetryBudget(retry_budget_ratio, min_per_s=_MIN_RETRIES_PER_S, clock=clock)
         self._policies = dict(policies or {})
         # The p95 latency is only wanted for hedging: not kept when no lookup hedges.
         self._hedging = any(p.hedge for p in self._policies.values())
         self._latencies: deque[float] = deque(maxlen=_LATENCIES_KEPT)
-        self._p95_s: Optional[float] = None
+        self._p95_s: float | None = None
         self._since_p95 = 0
         self.attempts = self.hedges = 0
 
@@ -139,11 +149,14 @@ class BackendGuard:
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _may_retry(self, failure: LookupFailed, number: int, policy: RetryPolicy,
-                   deadline: Deadline) -> bool:
+    def _may_retry(
+        self, failure: LookupFailed, number: int, policy: RetryPolicy, deadline: Deadline
+    ) -> bool:
         if not failure.retry_safe or number >= policy.attempts:
             return False
-        backoff_ms = random.uniform(0, min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * 2 ** (number - 1)))
+        backoff_ms = random.uniform(
+            0, min(RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS * 2 ** (number - 1))
+        )
         if deadline.remaining_ms() < backoff_ms + MIN_ATTEMPT_MS:
             return False
         if not self.budget.try_retry():
@@ -153,10 +166,10 @@ class BackendGuard:
 
     def _once(self, attempt: Callable[[Deadline], T], deadline: Deadline, hedge: bool) -> T:
         self.attempts += 1
-        began = time.monotonic()
+        began = self._clock.monotonic()
         value = self._hedged(attempt, deadline) if hedge else attempt(deadline)
         if self._hedging:
-            self._observe(time.monotonic() - began)
+            self._observe(self._clock.monotonic() - began)
         return value
 
     def _hedged(self, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
@@ -166,7 +179,8 @@ class BackendGuard:
         first = spawn_in_context(attempt, deadline)
         first.join(timeout=delay_s)
         if first.ready() or not self.budget.try_retry():
-            return first.get()
+            result: T = first.get()
+            return result
         self.hedges += 1
         second = spawn_in_context(attempt, deadline)
         racing = [first, second]
@@ -175,7 +189,8 @@ class BackendGuard:
                 done = gevent.wait(racing, count=1)[0]
                 racing.remove(done)
                 if done.successful() or not racing:
-                    return done.get()
+                    winner: T = done.get()
+                    return winner
             raise AssertionError("unreachable")
         finally:
             for loser in racing:
@@ -193,14 +208,16 @@ class BackendGuard:
         return f"<BackendGuard {self.name} {self.breaker.state.value} {self.budget!r}>"
 
 
-def _annotate(span: trace.Span, attempts: int, failure: Optional[LookupFailed]) -> None:
+def _annotate(span: trace.Span, attempts: int, failure: LookupFailed | None) -> None:
     if not span.is_recording() or (attempts == 1 and failure is None):
         return
     span.set_attribute("fanout.attempts", attempts)
     if failure is not None:
         span.set_attribute("fanout.last_error", type(failure).__name__)
-        span.add_event("retry" if failure.retry_safe else "attempt failed",
-                       {"attempt": attempts, "error": type(failure).__name__})
+        span.add_event(
+            "retry" if failure.retry_safe else "attempt failed",
+            {"attempt": attempts, "error": type(failure).__name__},
+        )
 
 
 class RetryBudget:
@@ -209,8 +226,14 @@ class RetryBudget:
     A ``ratio`` of 0 allows no retry at all: the reserve and ``min_per_s`` are then ignored.
     """
 
-    def __init__(self, ratio: float, reserve: float = 3.0, max_tokens: float = 10.0,
-                 min_per_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        ratio: float,
+        reserve: float = 3.0,
+        max_tokens: float = 10.0,
+        min_per_s: float = 0.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         if not 0.0 <= ratio <= 1.0:
             raise ValueError(f"ratio: must be within 0..1, got {ratio}")
         if reserve < 0 or max_tokens < max(reserve, 1.0):
@@ -219,7 +242,8 @@ class RetryBudget:
         self.max_tokens = max_tokens
         self.min_per_s = min_per_s if ratio else 0.0
         self._tokens = reserve if ratio else 0.0
-        self._refilled_at = time.monotonic()
+        self._clock = clock
+        self._refilled_at = clock.monotonic()
         self.calls = 0
         self.retries = 0
         self.refused = 0
@@ -234,11 +258,13 @@ class RetryBudget:
         self._tokens = min(self.max_tokens, self._tokens + self.ratio)
 
     def try_retry(self) -> bool:
-        """Withdraw a token for one retry; False (and nothing withdrawn) when the budget is spent."""
+        """Withdraw a token for one retry; False (and nothing withdrawn) when the budget is
+        spent."""
         if self.min_per_s:
-            now = time.monotonic()
-            self._tokens = min(self.max_tokens,
-                               self._tokens + (now - self._refilled_at) * self.min_per_s)
+            now = self._clock.monotonic()
+            self._tokens = min(
+                self.max_tokens, self._tokens + (now - self._refilled_at) * self.min_per_s
+            )
             self._refilled_at = now
         if self._tokens < 1.0:
             self.refused += 1
@@ -248,5 +274,7 @@ class RetryBudget:
         return True
 
     def __repr__(self) -> str:
-        return (f"<RetryBudget {self.ratio:.0%} balance={self._tokens:.1f} calls={self.calls} "
-                f"retries={self.retries} refused={self.refused}>")
+        return (
+            f"<RetryBudget {self.ratio:.0%} balance={self._tokens:.1f} calls={self.calls} "
+            f"retries={self.retries} refused={self.refused}>"
+        )

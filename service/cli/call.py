@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from lookups.clock import SYSTEM_CLOCK
 from service.settings.config import ConfigError, Settings
 
 __all__ = ["run_call", "sample_window"]
@@ -22,7 +23,9 @@ class _CallFailed(Exception):
     """The server answered a call with a declared exception; ``str`` says which."""
 
 
-def run_call(args: argparse.Namespace, settings_of: Callable[[argparse.Namespace], Settings]) -> int:
+def run_call(
+    args: argparse.Namespace, settings_of: Callable[[argparse.Namespace], Settings]
+) -> int:
     """``fanout call`` and ``fanout pools``: call the server, print the answer; the exit code."""
     from thriftpy2.transport import TTransportException
 
@@ -36,24 +39,37 @@ def run_call(args: argparse.Namespace, settings_of: Callable[[argparse.Namespace
     try:
         result = _call_server(args, settings)
     except TTransportException as exc:
-        print(f"fanout call: cannot reach {settings.server.host}:{settings.server.port}: {exc.message}",
-              file=sys.stderr)
+        print(
+            f"fanout call: cannot reach {settings.server.host}:{settings.server.port}: "
+            f"{exc.message}",
+            file=sys.stderr,
+        )
         return 1
     except _CallFailed as exc:
         print(f"fanout call: {exc}", file=sys.stderr)
         return 1
     if args.method == "get_app_stats":
-        print(json.dumps(response_to_json(result), indent=2) if args.json else format_response(result))
+        print(
+            json.dumps(response_to_json(result), indent=2) if args.json else format_response(result)
+        )
         if args.start_ms is None and args.end_ms is None and not _holds_data(result):
             print(_EMPTY_DEFAULT_WINDOW, file=sys.stderr)
     elif args.method == "health":
-        print(json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result))
+        print(
+            json.dumps(_health_to_json(result), indent=2) if args.json else _format_health(result)
+        )
     elif args.method == "pool_stats":
         print(format_pools(result, args.json))
     elif args.method == "panel_info":
-        print(json.dumps([vars(panel) for panel in result]) if args.json else "\n".join(
-            f"{p.name} ({p.source}): {'optional' if p.is_optional else 'essential'}"
-            f"{', required' if p.is_required else ''}" for p in result))
+        print(
+            json.dumps([vars(panel) for panel in result])
+            if args.json
+            else "\n".join(
+                f"{p.name} ({p.source}): {'optional' if p.is_optional else 'essential'}"
+                f"{', required' if p.is_required else ''}"
+                for p in result
+            )
+        )
     else:
         print(json.dumps(result) if args.json else result)
     return 0
@@ -68,16 +84,19 @@ def sample_window() -> str:
 _EMPTY_DEFAULT_WINDOW = (
     "fanout call: no panel holds data in the default window (the last hour); the embedded "
     "sample backends (fanout demo, fanout backends) hold the day 2026-01-01 UTC: "
-    f"{sample_window()}")
+    f"{sample_window()}"
+)
 
 
 def _holds_data(response: Any) -> bool:
     """Whether any panel of ``response`` holds something to show."""
     for panel in response.panels.values():
-        if ((panel.error_summary and panel.error_summary.total)
-                or (panel.top_list and panel.top_list.entries)
-                or (panel.series and panel.series.points)
-                or (panel.alert_list and panel.alert_list.alerts)):
+        if (
+            (panel.error_summary and panel.error_summary.total)
+            or (panel.top_list and panel.top_list.entries)
+            or (panel.series and panel.series.points)
+            or (panel.alert_list and panel.alert_list.alerts)
+        ):
             return True
     return False
 
@@ -89,20 +108,31 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
 
     if (args.tls_cert or args.tls_key) and not args.tls_ca:
         raise ConfigError("--tls-cert and --tls-key need --tls-ca (mutual TLS is TLS first)")
-    with AppStatsClient(settings.server.host, settings.server.port,
-                        transport=settings.server.transport, protocol=settings.server.protocol,
-                        timeout_ms=args.deadline_ms, tls_ca_file=args.tls_ca,
-                        tls_server_hostname=args.tls_server_name, tls_cert_file=args.tls_cert,
-                        tls_key_file=args.tls_key) as client:
+    with AppStatsClient(
+        settings.server.host,
+        settings.server.port,
+        transport=settings.server.transport,
+        protocol=settings.server.protocol,
+        timeout_ms=args.deadline_ms,
+        tls_ca_file=args.tls_ca,
+        tls_server_hostname=args.tls_server_name,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+    ) as client:
         if args.method != "get_app_stats":
             return getattr(client, args.method)()
-        now_ms = int(time.time() * 1000)
+        now_ms = int(SYSTEM_CLOCK.wall() * 1000)
         panels = [p.strip() for p in args.panels.split(",")] if args.panels else None
         try:
             return client.get_app_stats(
-                args.app, args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
-                args.end_ms if args.end_ms is not None else now_ms, panels,
-                deadline_ms=args.deadline_ms, criticality=args.criticality, fresh=args.fresh)
+                args.app,
+                args.start_ms if args.start_ms is not None else now_ms - 3_600_000,
+                args.end_ms if args.end_ms is not None else now_ms,
+                panels,
+                deadline_ms=args.deadline_ms,
+                criticality=args.criticality,
+                fresh=args.fresh,
+            )
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
             raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
 
@@ -110,18 +140,32 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
 def _health_to_json(health: Any) -> dict[str, Any]:
     from service.idl import appstats
 
-    return {"state": appstats.ServingState._VALUES_TO_NAMES[health.state],
-            "backends": [{"name": b.name, "up": b.up, "latency_ms": b.latency_ms,
-                          "circuit": b.circuit or "", "detail": b.detail or ""}
-                         for b in health.backends]}
+    return {
+        "state": appstats.ServingState._VALUES_TO_NAMES[health.state],
+        "backends": [
+            {
+                "name": b.name,
+                "up": b.up,
+                "latency_ms": b.latency_ms,
+                "circuit": b.circuit or "",
+                "detail": b.detail or "",
+            }
+            for b in health.backends
+        ],
+    }
 
 
 def _format_health(health: Any) -> str:
     body = _health_to_json(health)
-    lines = [f"state  {body['state']}", "",
-             f"  {'backend':<10} {'up':<4} {'latency_ms':>10}  {'circuit':<9}  detail"]
+    lines = [
+        f"state  {body['state']}",
+        "",
+        f"  {'backend':<10} {'up':<4} {'latency_ms':>10}  {'circuit':<9}  detail",
+    ]
     for backend in body["backends"]:
-        lines.append(f"  {backend['name']:<10} {'yes' if backend['up'] else 'no':<4} "
-                     f"{backend['latency_ms']:>10.1f}  {backend['circuit']:<9}  "
-                     f"{backend['detail']}".rstrip())
+        lines.append(
+            f"  {backend['name']:<10} {'yes' if backend['up'] else 'no':<4} "
+            f"{backend['latency_ms']:>10.1f}  {backend['circuit']:<9}  "
+            f"{backend['detail']}".rstrip()
+        )
     return "\n".join(lines)

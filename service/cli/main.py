@@ -5,27 +5,29 @@ from gevent import monkey
 
 monkey.patch_all()
 
-import argparse  # noqa: E402
-import logging  # noqa: E402
-import signal  # noqa: E402
-import sys  # noqa: E402
-from typing import Any, Optional, Sequence  # noqa: E402
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
 
-import gevent  # noqa: E402
-from gevent.event import Event  # noqa: E402
+import gevent
+from gevent.event import Event
 
-from service.settings.config import ConfigError, Settings, load_settings  # noqa: E402
-from service.wire.formats import PROTOCOLS, TRANSPORTS  # noqa: E402
+from service.settings.config import ConfigError, Settings, load_settings
+from service.wire.formats import PROTOCOLS, TRANSPORTS
 
 __all__ = ["main"]
 
 log = logging.getLogger("fanout")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         return int(args.run(args) or 0)
     except ConfigError as exc:
@@ -33,9 +35,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
-_DESCRIPTION = ("Fanout gathers a dashboard's panels in parallel (MongoDB aggregations, HTTP "
-                "services) and serves them over Thrift RPC. Settings come from a TOML file "
-                "(--config), FANOUT_<SECTION>_<KEY> variables and these flags, in rising order.")
+_DESCRIPTION = (
+    "Fanout gathers a dashboard's panels in parallel (MongoDB aggregations, HTTP "
+    "services) and serves them over Thrift RPC. Settings come from a TOML file "
+    "(--config), FANOUT_<SECTION>_<KEY> variables and these flags, in rising order."
+)
 
 
 def _version() -> str:
@@ -57,45 +61,67 @@ def _common_flags() -> argparse.ArgumentParser:
     before the command's name is not overwritten by a default.
     """
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=_LOG_LEVELS,
-                        help="the lowest level logged to stderr (default: warning)")
+    common.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=_LOG_LEVELS,
+        help="the lowest level logged to stderr (default: warning)",
+    )
     return common
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fanout", description=_DESCRIPTION,
-                                     epilog="'fanout <command> --help' describes each command.")
+    parser = argparse.ArgumentParser(
+        prog="fanout",
+        description=_DESCRIPTION,
+        epilog="'fanout <command> --help' describes each command.",
+    )
     parser.add_argument("--version", action="version", version=f"fanout {_version()}")
-    parser.add_argument("--log-level", default="warning", choices=_LOG_LEVELS,
-                        help="the lowest level logged to stderr (default: warning)")
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=_LOG_LEVELS,
+        help="the lowest level logged to stderr (default: warning)",
+    )
     commands = _Commands(parser.add_subparsers(dest="command", required=True), _common_flags())
 
     serve = commands.add_parser("serve", help="run the Thrift server")
     _server_flags(serve, with_config=True)
-    serve.add_argument("--workers", metavar="N|auto",
-                       help="pre-forked worker processes sharing the port; auto: one per core "
-                            "(default 1)")
+    serve.add_argument(
+        "--workers",
+        metavar="N|auto",
+        help="pre-forked worker processes sharing the port; auto: one per core (default 1)",
+    )
     serve.set_defaults(run=_serve)
 
     call = commands.add_parser("call", help="call a running server, as the web tier would")
-    call.add_argument("method", choices=["ping", "health", "panels", "panel_info", "pool_stats",
-                                         "get_app_stats"], help="the RPC method to call")
+    call.add_argument(
+        "method",
+        choices=["ping", "health", "panels", "panel_info", "pool_stats", "get_app_stats"],
+        help="the RPC method to call",
+    )
     _server_flags(call, with_config=False)
     call.add_argument("--app", help="application name (get_app_stats)")
     call.add_argument("--start-ms", type=int, help="window start, epoch ms (default: an hour ago)")
     call.add_argument("--end-ms", type=int, help="window end, epoch ms, exclusive (default: now)")
     call.add_argument("--panels", help="comma-separated panel names (default: all)")
-    call.add_argument("--criticality", choices=["CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS",
-                                                "SHEDDABLE"],
-                      help="what the server may shed first under overload (default: CRITICAL)")
-    call.add_argument("--fresh", action="store_true",
-                      help="an answer that reads no cached bucket (the results cache)")
+    call.add_argument(
+        "--criticality",
+        choices=["CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE"],
+        help="what the server may shed first under overload (default: CRITICAL)",
+    )
+    call.add_argument(
+        "--fresh",
+        action="store_true",
+        help="an answer that reads no cached bucket (the results cache)",
+    )
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     _client_flags(call)
     call.set_defaults(run=_call)
 
-    pools = commands.add_parser("pools", help="ask a running server how full its pools are "
-                                               "and what size they should be")
+    pools = commands.add_parser(
+        "pools", help="ask a running server how full its pools are and what size they should be"
+    )
     _server_flags(pools, with_config=False)
     pools.add_argument("--json", action="store_true", help="print the report as JSON")
     _client_flags(pools)
@@ -103,8 +129,13 @@ def _parser() -> argparse.ArgumentParser:
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
     for name in ("mongo", "alerts", "metrics"):
-        backends.add_argument(f"--{name}-port", type=_port, default=0, metavar="PORT",
-                              help=f"the {name} backend's port (default: 0, a free port)")
+        backends.add_argument(
+            f"--{name}-port",
+            type=_port,
+            default=0,
+            metavar="PORT",
+            help=f"the {name} backend's port (default: 0, a free port)",
+        )
     backends.set_defaults(run=_backends)
 
     demo = commands.add_parser("demo", help="start backends and server, call once, print, stop")
@@ -112,14 +143,23 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--app", default="shop", help="sample application to show")
     demo.set_defaults(run=_demo)
 
-    trace_ui = commands.add_parser("trace-ui", help="show the demo's traces in a local Zipkin UI "
-                                                     "(needs Java 17)")
-    trace_ui.add_argument("--screenshots", metavar="DIR",
-                          help="save PNGs of the traces and the dependency graph (needs Chromium)")
-    trace_ui.add_argument("--zipkin", metavar="URL", default="",
-                          help="use the Zipkin already running at URL instead of starting one")
-    trace_ui.add_argument("--exit", action="store_true",
-                          help="stop Zipkin at once instead of waiting for Ctrl-C")
+    trace_ui = commands.add_parser(
+        "trace-ui", help="show the demo's traces in a local Zipkin UI (needs Java 17)"
+    )
+    trace_ui.add_argument(
+        "--screenshots",
+        metavar="DIR",
+        help="save PNGs of the traces and the dependency graph (needs Chromium)",
+    )
+    trace_ui.add_argument(
+        "--zipkin",
+        metavar="URL",
+        default="",
+        help="use the Zipkin already running at URL instead of starting one",
+    )
+    trace_ui.add_argument(
+        "--exit", action="store_true", help="stop Zipkin at once instead of waiting for Ctrl-C"
+    )
     trace_ui.set_defaults(run=_trace_ui)
     return parser
 
@@ -132,7 +172,10 @@ class _Commands:
         self._common = common
 
     def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-        return self._commands.add_parser(name, parents=[self._common], **kwargs)
+        parser: argparse.ArgumentParser = self._commands.add_parser(
+            name, parents=[self._common], **kwargs
+        )
+        return parser
 
 
 def _trace_ui(args: argparse.Namespace) -> int:
@@ -141,8 +184,9 @@ def _trace_ui(args: argparse.Namespace) -> int:
     from service.cli.trace_ui import run_trace_ui
 
     screenshots = Path(args.screenshots) if args.screenshots else None
-    return run_trace_ui(sys.stdout, zipkin_url=args.zipkin, screenshots=screenshots,
-                        keep=not args.exit)
+    return run_trace_ui(
+        sys.stdout, zipkin_url=args.zipkin, screenshots=screenshots, keep=not args.exit
+    )
 
 
 def _port(text: str) -> int:
@@ -161,35 +205,60 @@ def _server_flags(parser: argparse.ArgumentParser, with_config: bool) -> None:
         parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     parser.add_argument("--host", help="server host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="server port (default 9090)")
-    parser.add_argument("--transport", choices=TRANSPORTS,
-                        help="Thrift transport; must match the server's (default framed)")
-    parser.add_argument("--protocol", choices=PROTOCOLS,
-                        help="Thrift protocol; must match the server's (default binary)")
+    parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        help="Thrift transport; must match the server's (default framed)",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=PROTOCOLS,
+        help="Thrift protocol; must match the server's (default binary)",
+    )
 
 
 def _client_flags(parser: argparse.ArgumentParser) -> None:
     """The flags of a command that calls a running server: its budget and TLS."""
-    parser.add_argument("--deadline-ms", type=int, default=2000,
-                        help="the call's budget in milliseconds (default 2000)")
-    parser.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)")
-    parser.add_argument("--tls-server-name", metavar="NAME",
-                        help="the name the server's certificate must hold (default: --host)")
-    parser.add_argument("--tls-cert", metavar="FILE",
-                        help="mutual TLS: present this client certificate (PEM; with --tls-ca)")
-    parser.add_argument("--tls-key", metavar="FILE",
-                        help="the key of --tls-cert, if not in the same file")
+    parser.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=2000,
+        help="the call's budget in milliseconds (default 2000)",
+    )
+    parser.add_argument(
+        "--tls-ca", metavar="FILE", help="speak TLS, trusting the CAs in FILE (PEM)"
+    )
+    parser.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="the name the server's certificate must hold (default: --host)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="mutual TLS: present this client certificate (PEM; with --tls-ca)",
+    )
+    parser.add_argument(
+        "--tls-key", metavar="FILE", help="the key of --tls-cert, if not in the same file"
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(getattr(args, "config", None), overrides={
-        "server.host": args.host, "server.port": args.port,
-        "server.transport": args.transport, "server.protocol": args.protocol,
-        "server.workers": getattr(args, "workers", None)})
+    return load_settings(
+        getattr(args, "config", None),
+        overrides={
+            "server.host": args.host,
+            "server.port": args.port,
+            "server.transport": args.transport,
+            "server.protocol": args.protocol,
+            "server.workers": getattr(args, "workers", None),
+        },
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from service.workers.lifecycle import run_server
     from service.operations.logs import configure_logging
+    from service.workers.lifecycle import run_server
 
     settings = _settings(args)
     configure_logging(settings.logging, args.log_level)
@@ -197,8 +266,9 @@ def _serve(args: argparse.Namespace) -> int:
         if settings.server.workers > 1:
             from service.workers.master import run_workers
 
-            return run_workers(settings, on_ready=_print_serving_workers,
-                               reload=lambda: _settings(args))
+            return run_workers(
+                settings, on_ready=_print_serving_workers, reload=lambda: _settings(args)
+            )
         return run_server(settings, on_ready=_print_serving, tune_gc=True)
     except OSError as exc:  # a port that cannot be bound (the text names it): exit, no restarts
         print(f"fanout: {exc.strerror or exc}", file=sys.stderr)
@@ -237,15 +307,19 @@ def _backends(args: argparse.Namespace) -> int:
     from service.cli.call import sample_window
     from service.samples import DemoBackends
 
-    with DemoBackends(mongo_port=args.mongo_port, alerts_port=args.alerts_port,
-                      metrics_port=args.metrics_port) as backends:
+    with DemoBackends(
+        mongo_port=args.mongo_port, alerts_port=args.alerts_port, metrics_port=args.metrics_port
+    ) as backends:
         print("Sample backends are running (seeded, deterministic):")
         for key, value in backends.settings_overrides().items():
             print(f"  {key:<24} {value}")
         print("\nPoint a server at them with this config (fanout serve --config FILE):\n")
         print(backends.config_snippet())
-        print(f"Their data is the day 2026-01-01 UTC: fanout call get_app_stats --app shop "
-              f"{sample_window()}\n", flush=True)
+        print(
+            f"Their data is the day 2026-01-01 UTC: fanout call get_app_stats --app shop "
+            f"{sample_window()}\n",
+            flush=True,
+        )
         print("Press Ctrl-C to stop.", flush=True)
         _wait_for_signal()
     return 0

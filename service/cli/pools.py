@@ -37,17 +37,28 @@ __all__ = ["format_pools", "pools_to_json"]
 
 def pools_to_json(report: Any) -> dict[str, Any]:
     """A ``PoolReport`` (or one worker's ``WorkerPools``) as plain values."""
-    plain = {"pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
-             "admission": {"limit": report.admission_limit,
-                           "calls_in_flight": report.calls_in_flight,
-                           "calls_queued": report.calls_queued},
-             "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced},
-             "brownout": {"level": report.brownout_level, "peak": report.brownout_peak,
-                          "calls_lighter": report.calls_lighter,
-                          "calls_shed": report.calls_shed},
-             "cache": {"hits": report.cache_hits, "misses": report.cache_misses,
-                       "evictions": report.cache_evictions, "bytes": report.cache_bytes,
-                       "max_bytes": report.cache_max_bytes}}
+    plain = {
+        "pools": [{key: getattr(pool, key) for key in pool.__dict__} for pool in report.pools],
+        "admission": {
+            "limit": report.admission_limit,
+            "calls_in_flight": report.calls_in_flight,
+            "calls_queued": report.calls_queued,
+        },
+        "tasks": {"started": report.tasks_started, "coalesced": report.tasks_coalesced},
+        "brownout": {
+            "level": report.brownout_level,
+            "peak": report.brownout_peak,
+            "calls_lighter": report.calls_lighter,
+            "calls_shed": report.calls_shed,
+        },
+        "cache": {
+            "hits": report.cache_hits,
+            "misses": report.cache_misses,
+            "evictions": report.cache_evictions,
+            "bytes": report.cache_bytes,
+            "max_bytes": report.cache_max_bytes,
+        },
+    }
     if getattr(report, "workers", None):
         plain["answered_by"] = report.worker
         plain["workers"] = {worker.worker: pools_to_json(worker) for worker in report.workers}
@@ -61,7 +72,7 @@ def format_pools(report: Any, as_json: bool = False) -> str:
         return json.dumps(pools_to_json(report), indent=2)
     if not getattr(report, "workers", None):
         return "\n".join(_block(report))
-    lines = [f"group of {len(report.workers)} workers"] + _block(report)
+    lines = [f"group of {len(report.workers)} workers", *_block(report)]
     for worker in report.workers:
         lines.extend(f"worker={worker.worker} {line}" for line in _block(worker))
     lines.append(f"(answered by worker {report.worker})")
@@ -69,19 +80,27 @@ def format_pools(report: Any, as_json: bool = False) -> str:
 
 
 def _block(report: Any) -> list[str]:
-    lines = [f"{pool.name} size={pool.size} in_use_p99={pool.in_use_p99} "
-             f"wait_p99_ms={pool.wait_p99_ms:.1f} recommended={pool.recommended}"
-             + _short(pool) for pool in report.pools]
-    lines.append(f"admission limit={report.admission_limit} in_flight={report.calls_in_flight} "
-                 f"queued={report.calls_queued} (adaptive)")
+    lines = [
+        f"{pool.name} size={pool.size} in_use_p99={pool.in_use_p99} "
+        f"wait_p99_ms={pool.wait_p99_ms:.1f} recommended={pool.recommended}" + _short(pool)
+        for pool in report.pools
+    ]
+    lines.append(
+        f"admission limit={report.admission_limit} in_flight={report.calls_in_flight} "
+        f"queued={report.calls_queued} (adaptive)"
+    )
     if report.tasks_started is not None:
-        lines.append(f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}")
+        lines.append(
+            f"tasks started={report.tasks_started} coalesced={report.tasks_coalesced or 0}"
+        )
     if report.cache_max_bytes is not None:
         lines.append(_cache_line(report))
     if report.brownout_peak:
-        lines.append(f"brownout level={report.brownout_level:.2f} peak={report.brownout_peak:.2f} "
-                     f"over 60 s: {report.calls_lighter or 0} calls answered lighter, "
-                     f"{report.calls_shed or 0} refused ({_brownout_bound(report.pools)})")
+        lines.append(
+            f"brownout level={report.brownout_level:.2f} peak={report.brownout_peak:.2f} "
+            f"over 60 s: {report.calls_lighter or 0} calls answered lighter, "
+            f"{report.calls_shed or 0} refused ({_brownout_bound(report.pools)})"
+        )
     return lines
 
 
@@ -97,13 +116,21 @@ def _brownout_bound(pools: Any) -> str:
 def _cache_line(report: Any) -> str:
     """The results cache: the share of buckets read rather than queried, and its memory."""
     seen = (report.cache_hits or 0) + (report.cache_misses or 0)
-    read = f"{100 * (report.cache_hits or 0) / seen:.1f}% of {seen} buckets read" if seen else \
-        "no bucket asked for yet"
+    read = (
+        f"{100 * (report.cache_hits or 0) / seen:.1f}% of {seen} buckets read"
+        if seen
+        else "no bucket asked for yet"
+    )
     if not report.cache_max_bytes:
         return f"cache {read} (buckets in Redis)"
-    held = f"{(report.cache_bytes or 0) / 2**20:.1f} MiB of {report.cache_max_bytes / 2**20:.1f} MiB"
-    advice = (f", {report.cache_evictions} evicted: raise cache.max_bytes or share Redis"
-              if report.cache_evictions else "")
+    held = (
+        f"{(report.cache_bytes or 0) / 2**20:.1f} MiB of {report.cache_max_bytes / 2**20:.1f} MiB"
+    )
+    advice = (
+        f", {report.cache_evictions} evicted: raise cache.max_bytes or share Redis"
+        if report.cache_evictions
+        else ""
+    )
     return f"cache {read}, {held}{advice}"
 
 

@@ -7,14 +7,16 @@ from the declarations.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+import inspect
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from lookups.backends.settings import BACKEND_KINDS
 from lookups.cache.settings import CacheSettings
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.settings.declarations import Key, keys_of
 from service.engine.settings import AdmissionSettings, FanOutSettings
 from service.operations.logs import LoggingSettings
+from service.settings.declarations import Key, keys_of
 from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
@@ -22,15 +24,18 @@ __all__ = ["tables"]
 
 #: Which sections each table shows, under which key prefix.
 _TABLES: dict[str, Sequence[tuple[str, type]]] = {
-    "config": (("server", ServerSettings), ("fanout", FanOutSettings),
-               ("admission", AdmissionSettings), ("lookups.<name>", LookupSettings),
-               ("logging", LoggingSettings)),
+    "config": (
+        ("server", ServerSettings),
+        ("fanout", FanOutSettings),
+        ("admission", AdmissionSettings),
+        ("lookups.<name>", LookupSettings),
+        ("logging", LoggingSettings),
+    ),
     "aliases": (("mongo", MongoSettings), ("http", HttpSettings)),
     "tracing": (("tracing", TracingSettings),),
     "metrics": (("metrics", MetricsSettings),),
     "cache": (("cache", CacheSettings),),
 }
-
 
 
 def tables() -> dict[str, str]:
@@ -44,8 +49,9 @@ def _section_table(sections: Iterable[tuple[str, type]]) -> str:
     lines = ["| key | values | default | meaning |", "| --- | --- | --- | --- |"]
     for prefix, section in sections:
         for key in _own_keys_first(section):
-            lines.append(f"| `{prefix}.{key.name}` | {_values(key)} | {_default(key)} | "
-                         f"{key.help} |")
+            lines.append(
+                f"| `{prefix}.{key.name}` | {_values(key)} | {_default(key)} | {key.help} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -63,8 +69,11 @@ def _backends_table() -> str:
         else:
             values = _values(first)
             defaults = {_default(key) for _, key in kinds}
-            default = (_default(first) if len(defaults) == 1 else
-                       ", ".join(f"{_default(key)} {kind}" for kind, key in kinds))
+            default = (
+                _default(first)
+                if len(defaults) == 1
+                else ", ".join(f"{_default(key)} {kind}" for kind, key in kinds)
+            )
         which = "both" if len(kinds) == len(BACKEND_KINDS) else kinds[0][0]
         lines.append(f"| `{name}` | {which} | {values} | {default} | {first.help} |")
     return "\n".join(lines) + "\n"
@@ -72,7 +81,7 @@ def _backends_table() -> str:
 
 def _own_keys_first(section: type) -> list[Key]:
     """The keys of ``section`` itself, then those of its bases (retries, breaker: last)."""
-    own = section.__dict__.get("__annotations__", {})
+    own = inspect.get_annotations(section)
     keys = keys_of(section)
     return [k for k in keys if k.name in own] + [k for k in keys if k.name not in own]
 

@@ -17,7 +17,8 @@ What a call raises::
 
 Several instances: pass ``addresses=[(host, port), ...]``, or ``resolve=True`` to use
 every address ``host`` resolves to (re-resolved every ``resolve_interval_ms``); calls go
-to the less busy of two instances picked at random; an instance that refuses or resets new connections, or is too slow
+to the less busy of two instances picked at random; an instance that refuses or resets new
+connections, or is too slow
 three times in a row, is left out for a while, and comes back once it answers a
 ``ping`` (:mod:`service.client.instances`). With several instances a
 ``get_app_stats`` whose first attempt is slower than the 99th percentile of
@@ -48,20 +49,21 @@ may shed first (the manual: docs/explanation/brownout.md).
 from __future__ import annotations
 
 import random
-import time
+from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import gevent
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.transport import TTransportException
 
+from lookups.clock import SYSTEM_CLOCK
+from lookups.deadline import Deadline
 from lookups.resilience.guard import RetryBudget
 from service.client.connections import Connection, ConnectionPool, Connector
 from service.client.hedging import BackupRequests, race_with_backup
 from service.client.instances import Instance, Instances
-from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 from service.wire.tls import client_context
@@ -75,7 +77,7 @@ REPLY_MARGIN_MS = 250
 
 #: Attempts of one call answered Overloaded, the first included.
 MAX_OVERLOAD_ATTEMPTS = 3
-_MIN_RETRY_BUDGET_MS = 50   # the least a retried call should have left, besides the back-off
+_MIN_RETRY_BUDGET_MS = 50  # the least a retried call should have left, besides the back-off
 
 
 class AppStatsClient:
@@ -88,17 +90,31 @@ class AppStatsClient:
     :class:`service.wire.tls.TlsConfigError` when it cannot be read.
     """
 
-    def __init__(self, host: str, port: int, *, transport: str = "framed", protocol: str = "binary",
-                 pool_size: int = 8, connect_timeout_ms: int = 1000, timeout_ms: int = 3000,
-                 tracer_provider: Optional[TracerProvider] = None,
-                 tls_ca_file: Optional[str] = None,
-                 tls_server_hostname: Optional[str] = None,
-                 tls_cert_file: Optional[str] = None, tls_key_file: Optional[str] = None,
-                 overload_retry_ratio: float = 0.1, max_idle_ms: int = 50_000,
-                 addresses: Optional[Sequence[tuple[str, int]]] = None, resolve: bool = False,
-                 resolve_interval_ms: int = 30_000, eject_ms: int = 5_000,
-                 peer_service: str = "fanout", backup_percentile: float = 0.99,
-                 backup_ratio: float = 0.05) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        transport: str = "framed",
+        protocol: str = "binary",
+        pool_size: int = 8,
+        connect_timeout_ms: int = 1000,
+        timeout_ms: int = 3000,
+        tracer_provider: TracerProvider | None = None,
+        tls_ca_file: str | None = None,
+        tls_server_hostname: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        overload_retry_ratio: float = 0.1,
+        max_idle_ms: int = 50_000,
+        addresses: Sequence[tuple[str, int]] | None = None,
+        resolve: bool = False,
+        resolve_interval_ms: int = 30_000,
+        eject_ms: int = 5_000,
+        peer_service: str = "fanout",
+        backup_percentile: float = 0.99,
+        backup_ratio: float = 0.05,
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
         if protocol not in PROTOCOLS:
@@ -111,27 +127,40 @@ class AppStatsClient:
         tls = client_context(tls_ca_file, tls_cert_file, tls_key_file) if tls_ca_file else None
 
         def make_pool(address_host: str, address_port: int) -> ConnectionPool:
-            connector = Connector(address_host, address_port, transport=transport,
-                                  protocol=protocol, connect_timeout_ms=connect_timeout_ms,
-                                  timeout_ms=timeout_ms, tls=tls,
-                                  tls_server_hostname=tls_server_hostname or host)
+            connector = Connector(
+                address_host,
+                address_port,
+                transport=transport,
+                protocol=protocol,
+                connect_timeout_ms=connect_timeout_ms,
+                timeout_ms=timeout_ms,
+                tls=tls,
+                tls_server_hostname=tls_server_hostname or host,
+            )
             return ConnectionPool(connector, pool_size, max_idle_ms / 1000.0)
 
-        options: dict[str, Any] = {"resolve_interval_s": resolve_interval_ms / 1000.0,
-                                   "eject_s": eject_ms / 1000.0, "prober": self._answers_ping}
+        options: dict[str, Any] = {
+            "resolve_interval_s": resolve_interval_ms / 1000.0,
+            "eject_s": eject_ms / 1000.0,
+            "prober": self._answers_ping,
+        }
         #: Backup requests for get_app_stats (``backup_ratio`` 0: none).
         self.backups = BackupRequests(backup_percentile, backup_ratio)
         self._probe_timeout_ms = connect_timeout_ms + REPLY_MARGIN_MS
-        self.instances = (Instances.from_name(host, port, make_pool, **options) if resolve
-                          else Instances(addresses or [(host, port)], make_pool, **options))
-        self.retry_budget = RetryBudget(overload_retry_ratio)   # 0: no retries at all
+        self.instances = (
+            Instances.from_name(host, port, make_pool, **options)
+            if resolve
+            else Instances(addresses or [(host, port)], make_pool, **options)
+        )
+        self.retry_budget = RetryBudget(overload_retry_ratio)  # 0: no retries at all
         self._tracer = trace.get_tracer("service.client", tracer_provider=tracer_provider)
         #: ``peer.service`` of the client's spans: what trace views name the server in their graphs.
         self.peer_service = peer_service
 
     def ping(self) -> str:
         """The server's liveness answer. Raises as described in the module doc."""
-        return self._call("ping", self._timeout_ms, lambda remaining_ms: ())
+        result: str = self._call("ping", self._timeout_ms, lambda remaining_ms: ())
+        return result
 
     def health(self) -> Any:
         """The server's ``appstats.Health``: serving state and each backend's status.
@@ -146,16 +175,26 @@ class AppStatsClient:
 
     def panels(self) -> list[str]:
         """Names of the panels the server can gather. Raises as described in the module doc."""
-        return self._call("panels", self._timeout_ms, lambda remaining_ms: ())
+        result: list[str] = self._call("panels", self._timeout_ms, lambda remaining_ms: ())
+        return result
 
     def panel_info(self) -> list[Any]:
         """The panels as ``appstats.PanelInfo``: name, source, whether optional or required."""
-        return self._call("panel_info", self._timeout_ms, lambda remaining_ms: ())
+        result: list[Any] = self._call("panel_info", self._timeout_ms, lambda remaining_ms: ())
+        return result
 
-    def get_app_stats(self, app: str, start_ms: int, end_ms: int,
-                      panels: Optional[Sequence[str]] = None, *, deadline_ms: Optional[int] = None,
-                      request_id: Optional[str] = None, criticality: Optional[str] = None,
-                      fresh: bool = False) -> Any:
+    def get_app_stats(
+        self,
+        app: str,
+        start_ms: int,
+        end_ms: int,
+        panels: Sequence[str] | None = None,
+        *,
+        deadline_ms: int | None = None,
+        request_id: str | None = None,
+        criticality: str | None = None,
+        fresh: bool = False,
+    ) -> Any:
         """``app``'s panels over ``[start_ms, end_ms)`` as an ``appstats.StatsResponse``.
 
         ``panels`` defaults to every panel the server offers; ``deadline_ms`` (default
@@ -167,12 +206,20 @@ class AppStatsClient:
         level = _criticality(criticality)
 
         def build_args(remaining_ms: int) -> tuple[Any, ...]:
-            meta = appstats.RequestMeta(headers=inject_headers(), deadline_ms=remaining_ms,
-                                        request_id=request_id, criticality=level,
-                                        fresh=True if fresh else None)
-            request = appstats.StatsRequest(app=app, start_ms=start_ms, end_ms=end_ms,
-                                            panels=None if panels is None else list(panels),
-                                            meta=meta)
+            meta = appstats.RequestMeta(
+                headers=inject_headers(),
+                deadline_ms=remaining_ms,
+                request_id=request_id,
+                criticality=level,
+                fresh=True if fresh else None,
+            )
+            request = appstats.StatsRequest(
+                app=app,
+                start_ms=start_ms,
+                end_ms=end_ms,
+                panels=None if panels is None else list(panels),
+                meta=meta,
+            )
             return (request,)
 
         deadline = Deadline.after_ms(self._timeout_ms if deadline_ms is None else deadline_ms)
@@ -180,15 +227,17 @@ class AppStatsClient:
         self.backups.budget.record_call()
         for attempt in range(1, MAX_OVERLOAD_ATTEMPTS + 1):
             try:
-                return self._call("get_app_stats", int(deadline.remaining_ms()), build_args,
-                                  hedged=True)
+                return self._call(
+                    "get_app_stats", int(deadline.remaining_ms()), build_args, hedged=True
+                )
             except appstats.Overloaded as overloaded:
                 if attempt == MAX_OVERLOAD_ATTEMPTS or not self._back_off(overloaded, deadline):
                     raise
         raise AssertionError("unreachable")
 
     def _back_off(self, overloaded: Any, deadline: Deadline) -> bool:
-        """Sleep the jittered ``retry_after_ms`` if time and the retry budget allow; True if slept."""
+        """Sleep the jittered ``retry_after_ms`` if time and the retry budget allow; True if
+        slept."""
         delay_ms = (overloaded.retry_after_ms or 0) * random.uniform(0.5, 1.5)
         if deadline.remaining_ms() < delay_ms + _MIN_RETRY_BUDGET_MS:
             return False
@@ -201,25 +250,41 @@ class AppStatsClient:
         """Close the pooled connections; later calls raise TTransportException(NOT_OPEN)."""
         self.instances.close()
 
-    def __enter__(self) -> "AppStatsClient":
+    def __enter__(self) -> AppStatsClient:
         return self
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
-                 traceback: Optional[TracebackType]) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.close()
 
-    def _call(self, method: str, deadline_ms: int, build_args: Callable[[int], tuple[Any, ...]],
-              hedged: bool = False) -> Any:
+    def _call(
+        self,
+        method: str,
+        deadline_ms: int,
+        build_args: Callable[[int], tuple[Any, ...]],
+        hedged: bool = False,
+    ) -> Any:
         deadline = Deadline.after_ms(deadline_ms)
         delay_s = self.backups.delay_s() if hedged and len(self.instances.all) > 1 else None
         if delay_s is None or delay_s * 1000.0 >= deadline.remaining_ms():
-            return self._call_retrying(self.instances.pick(), method, deadline, deadline_ms,
-                                       build_args)
+            return self._call_retrying(
+                self.instances.pick(), method, deadline, deadline_ms, build_args
+            )
         return race_with_backup(self, method, deadline, deadline_ms, build_args, delay_s)
 
-    def _call_retrying(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
-                       build_args: Callable[[int], tuple[Any, ...]],
-                       tried: Optional[list[Instance]] = None) -> Any:
+    def _call_retrying(
+        self,
+        instance: Instance,
+        method: str,
+        deadline: Deadline,
+        deadline_ms: int,
+        build_args: Callable[[int], tuple[Any, ...]],
+        tried: list[Instance] | None = None,
+    ) -> Any:
         """The call on ``instance``, tried once more on another after a transport failure;
         ``tried`` gets each instance used."""
         tried = [] if tried is None else tried
@@ -239,62 +304,94 @@ class AppStatsClient:
         """For :class:`Instances`: does ``instance`` answer a ping on a new connection?"""
         deadline = Deadline.after_ms(self._probe_timeout_ms)
         try:
-            return self._call_on(instance, "ping", deadline, self._probe_timeout_ms,
-                                 lambda remaining_ms: (), fresh=True) == "pong"
+            result: bool = (
+                self._call_on(
+                    instance,
+                    "ping",
+                    deadline,
+                    self._probe_timeout_ms,
+                    lambda remaining_ms: (),
+                    fresh=True,
+                )
+                == "pong"
+            )
+            return result
         except Exception:  # noqa: BLE001 - any failure means "not yet"
             return False
 
-    def _call_on(self, instance: Instance, method: str, deadline: Deadline, deadline_ms: int,
-                 build_args: Callable[[int], tuple[Any, ...]], fresh: bool) -> Any:
-        attributes = {**rpc_attributes(method), "peer.service": self.peer_service,
-                      "server.address": instance.host, "server.port": instance.port}
+    def _call_on(
+        self,
+        instance: Instance,
+        method: str,
+        deadline: Deadline,
+        deadline_ms: int,
+        build_args: Callable[[int], tuple[Any, ...]],
+        fresh: bool,
+    ) -> Any:
+        attributes: dict[str, Any] = {
+            **rpc_attributes(method),
+            "peer.service": self.peer_service,
+            "server.address": instance.host,
+            "server.port": instance.port,
+        }
         instance.inflight += 1
         instance.calls += 1
         reused = exchanging = False
-        started = time.monotonic()
+        started = SYSTEM_CLOCK.monotonic()
         try:
-            with self._tracer.start_as_current_span(f"AppStats/{method}", kind=SpanKind.CLIENT,
-                                                    attributes=attributes):
-                with instance.pool.connection(deadline, fresh) as connection:
-                    reused, exchanging = connection.reused, True
-                    value = self._exchange(connection, method, deadline, deadline_ms, build_args)
+            with (
+                self._tracer.start_as_current_span(
+                    f"AppStats/{method}", kind=SpanKind.CLIENT, attributes=attributes
+                ),
+                instance.pool.connection(deadline, fresh) as connection,
+            ):
+                reused, exchanging = connection.reused, True
+                value = self._exchange(connection, method, deadline, deadline_ms, build_args)
             instance.succeeded()
             if method == "get_app_stats":
-                self.backups.record(time.monotonic() - started)
+                self.backups.record(SYSTEM_CLOCK.monotonic() - started)
             return value
         except TTransportException as failure:
             if failure.type == TTransportException.TIMED_OUT:
                 if exchanging:  # no reply in time (not: no free pooled connection here)
                     self.instances.slow(instance)
             elif not reused:
-                self.instances.eject(instance)   # a new connection failed: the instance is away
+                self.instances.eject(instance)  # a new connection failed: the instance is away
             raise
         finally:
             instance.inflight -= 1
 
     @staticmethod
-    def _exchange(connection: Connection, method: str, deadline: Deadline, deadline_ms: int,
-                  build_args: Callable[[int], tuple[Any, ...]]) -> Any:
+    def _exchange(
+        connection: Connection,
+        method: str,
+        deadline: Deadline,
+        deadline_ms: int,
+        build_args: Callable[[int], tuple[Any, ...]],
+    ) -> Any:
         remaining_ms = int(deadline.remaining_ms())
         if remaining_ms <= 0:
-            raise TTransportException(TTransportException.TIMED_OUT,
-                                      f"{method}: deadline passed before sending")
+            raise TTransportException(
+                TTransportException.TIMED_OUT, f"{method}: deadline passed before sending"
+            )
         connection.set_timeout_ms(remaining_ms + REPLY_MARGIN_MS)
         args = build_args(remaining_ms)
         try:
             return getattr(connection.client, method)(*args)
         except TimeoutError as exc:
-            raise TTransportException(TTransportException.TIMED_OUT,
-                                      f"{method}: no reply within {deadline_ms} ms") from exc
+            raise TTransportException(
+                TTransportException.TIMED_OUT, f"{method}: no reply within {deadline_ms} ms"
+            ) from exc
         except OSError as exc:
             raise TTransportException(TTransportException.UNKNOWN, f"{method}: {exc}") from exc
 
 
-def _criticality(name: Optional[str]) -> Optional[int]:
+def _criticality(name: str | None) -> int | None:
     if name is None:
         return None
     value = getattr(appstats.Criticality, str(name).upper(), None)
     if not isinstance(value, int):
-        raise ValueError(f"criticality: one of CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, "
-                         f"SHEDDABLE; got {name!r}")
+        raise ValueError(
+            f"criticality: one of CRITICAL_PLUS, CRITICAL, SHEDDABLE_PLUS, SHEDDABLE; got {name!r}"
+        )
     return value

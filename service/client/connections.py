@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import socket as _socket
 import ssl
-import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
 
 import gevent.lock
 from thriftpy2.protocol import TCompactProtocol, TCyBinaryProtocol
 from thriftpy2.thrift import TApplicationException, TClient
-from thriftpy2.transport import TCyBufferedTransport, TCyFramedTransport, TSocket, TTransportException
+from thriftpy2.transport import (
+    TCyBufferedTransport,
+    TCyFramedTransport,
+    TSocket,
+    TTransportException,
+)
 
+from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
@@ -31,8 +36,12 @@ __all__ = ["Connection", "ConnectionPool", "Connector"]
 _TRANSPORT_CLASSES = dict(zip(TRANSPORTS, (TCyFramedTransport, TCyBufferedTransport)))
 _PROTOCOL_CLASSES = dict(zip(PROTOCOLS, (TCyBinaryProtocol, TCompactProtocol)))
 # Errors that arrive as a complete reply: the connection is still in step.
-_REPLY_ERRORS = (TApplicationException, appstats.InvalidRequest, appstats.Overloaded,
-                 appstats.PanelFailed)
+_REPLY_ERRORS = (
+    TApplicationException,
+    appstats.InvalidRequest,
+    appstats.Overloaded,
+    appstats.PanelFailed,
+)
 
 
 class Connection:
@@ -43,8 +52,8 @@ class Connection:
     def __init__(self, socket: TSocket, client: TClient) -> None:
         self.socket = socket
         self.client = client
-        self.idle_since = time.monotonic()
-        self.reused = False   # lent from the pool's idle ones, not opened for this call
+        self.idle_since = SYSTEM_CLOCK.monotonic()
+        self.reused = False  # lent from the pool's idle ones, not opened for this call
         self.rest_until = 0.0  # answered Overloaded: not lent again before this moment
 
     def set_timeout_ms(self, timeout_ms: float) -> None:
@@ -57,8 +66,15 @@ class Connection:
 class _TlsSocket(TSocket):
     """A client TSocket that verifies the server against ``context`` and ``server_hostname``."""
 
-    def __init__(self, host: str, port: int, context: ssl.SSLContext, server_hostname: str,
-                 socket_timeout: float, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        context: ssl.SSLContext,
+        server_hostname: str,
+        socket_timeout: float,
+        connect_timeout: float,
+    ) -> None:
         super().__init__(host, port, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
         self._context = context
         self._server_hostname = server_hostname
@@ -71,24 +87,28 @@ class _TlsSocket(TSocket):
         try:
             raw = _socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         except OSError as exc:
-            raise TTransportException(TTransportException.NOT_OPEN,
-                                      f"Could not connect to {self.host}:{self.port}: {exc}") from None
+            raise TTransportException(
+                TTransportException.NOT_OPEN, f"Could not connect to {self.host}:{self.port}: {exc}"
+            ) from None
         try:
             raw.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             self.sock = self._context.wrap_socket(raw, server_hostname=self._server_hostname)
         except (OSError, ssl.SSLError) as exc:
             raw.close()
-            raise TTransportException(TTransportException.NOT_OPEN,
-                                      f"TLS handshake with {self.host}:{self.port} failed: "
-                                      f"{getattr(exc, 'reason', None) or exc}") from None
+            raise TTransportException(
+                TTransportException.NOT_OPEN,
+                f"TLS handshake with {self.host}:{self.port} failed: "
+                f"{getattr(exc, 'reason', None) or exc}",
+            ) from None
         self.sock.settimeout(self.socket_timeout)
 
 
 class ConnectionPool:
     """At most ``size`` open connections; idle ones are reused, broken ones closed."""
 
-    def __init__(self, connect: Callable[[Deadline], Connection], size: int,
-                 max_idle_s: float) -> None:
+    def __init__(
+        self, connect: Callable[[Deadline], Connection], size: int, max_idle_s: float
+    ) -> None:
         self._connect = connect
         self._size = size
         self._max_idle_s = max_idle_s
@@ -104,9 +124,11 @@ class ConnectionPool:
         if self._closed:
             raise TTransportException(TTransportException.NOT_OPEN, "client is closed")
         if not self._slots.acquire(timeout=deadline.remaining_s()):
-            raise TTransportException(TTransportException.TIMED_OUT,
-                                      "no pooled connection became free before the deadline")
-        connection: Optional[Connection] = None
+            raise TTransportException(
+                TTransportException.TIMED_OUT,
+                "no pooled connection became free before the deadline",
+            )
+        connection: Connection | None = None
         in_step = False
         try:
             connection = None if fresh else self._reusable()
@@ -119,7 +141,9 @@ class ConnectionPool:
         except appstats.Overloaded as overloaded:
             in_step = True
             if connection is not None:
-                connection.rest_until = time.monotonic() + (overloaded.retry_after_ms or 0) / 1000.0
+                connection.rest_until = (
+                    SYSTEM_CLOCK.monotonic() + (overloaded.retry_after_ms or 0) / 1000.0
+                )
             raise
         except _REPLY_ERRORS:
             in_step = True
@@ -133,15 +157,15 @@ class ConnectionPool:
             self._slots.release()
 
     def _give_back(self, connection: Connection) -> None:
-        connection.idle_since = time.monotonic()
+        connection.idle_since = SYSTEM_CLOCK.monotonic()
         self._idle.append(connection)
         if len(self._idle) > self._size:  # resting ones made room for new ones: keep size
             self._idle.pop(0).close()
 
-    def _reusable(self) -> Optional[Connection]:
+    def _reusable(self) -> Connection | None:
         """The most recently used idle connection that is not too old nor resting after an
         ``Overloaded``; older ones are closed."""
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         for index in range(len(self._idle) - 1, -1, -1):
             connection = self._idle[index]
             if now - connection.idle_since >= self._max_idle_s:
@@ -163,9 +187,18 @@ class ConnectionPool:
 class Connector:
     """Opens connections to one ``host:port`` with the client's transport, protocol and TLS."""
 
-    def __init__(self, host: str, port: int, *, transport: str, protocol: str,
-                 connect_timeout_ms: int, timeout_ms: int, tls: Optional[ssl.SSLContext],
-                 tls_server_hostname: str) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        transport: str,
+        protocol: str,
+        connect_timeout_ms: int,
+        timeout_ms: int,
+        tls: ssl.SSLContext | None,
+        tls_server_hostname: str,
+    ) -> None:
         self._host, self._port = host, port
         self._make_transport = _TRANSPORT_CLASSES[transport]
         self._make_protocol = _PROTOCOL_CLASSES[protocol]
@@ -177,15 +210,26 @@ class Connector:
     def __call__(self, deadline: Deadline) -> Connection:
         connect_timeout_ms = min(self._connect_timeout_ms, deadline.remaining_ms())
         if connect_timeout_ms < 1:
-            raise TTransportException(TTransportException.TIMED_OUT,
-                                      "deadline passed before connecting")
+            raise TTransportException(
+                TTransportException.TIMED_OUT, "deadline passed before connecting"
+            )
         socket: TSocket
         if self._tls is not None:
-            socket = _TlsSocket(self._host, self._port, self._tls, self._tls_server_hostname,
-                                socket_timeout=self._timeout_ms, connect_timeout=connect_timeout_ms)
+            socket = _TlsSocket(
+                self._host,
+                self._port,
+                self._tls,
+                self._tls_server_hostname,
+                socket_timeout=self._timeout_ms,
+                connect_timeout=connect_timeout_ms,
+            )
         else:
-            socket = TSocket(self._host, self._port, socket_timeout=self._timeout_ms,
-                             connect_timeout=connect_timeout_ms)
+            socket = TSocket(
+                self._host,
+                self._port,
+                socket_timeout=self._timeout_ms,
+                connect_timeout=connect_timeout_ms,
+            )
         transport = self._make_transport(socket)
         transport.open()  # raises TTransportException(NOT_OPEN) on failure
         return Connection(socket, TClient(appstats.AppStats, self._make_protocol(transport)))

@@ -20,7 +20,8 @@ and every AppStats method only reads, so a second attempt is safe.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from thriftpy2.transport import TTransportException
@@ -57,7 +58,7 @@ class BackupRequests:
         self.won = 0
         self._latencies: deque[float] = deque(maxlen=WINDOW)
         self._since_refresh = 0
-        self._delay_s: Optional[float] = None
+        self._delay_s: float | None = None
 
     def record(self, latency_s: float) -> None:
         """A call answered after ``latency_s`` (the attempt that answered)."""
@@ -66,10 +67,11 @@ class BackupRequests:
         if self._since_refresh >= _REFRESH_EVERY and len(self._latencies) >= MIN_SAMPLES:
             self._since_refresh = 0
             ordered = sorted(self._latencies)
-            self._delay_s = max(_MIN_DELAY_S, ordered[min(len(ordered) - 1,
-                                                          int(len(ordered) * self.percentile))])
+            self._delay_s = max(
+                _MIN_DELAY_S, ordered[min(len(ordered) - 1, int(len(ordered) * self.percentile))]
+            )
 
-    def delay_s(self) -> Optional[float]:
+    def delay_s(self) -> float | None:
         """How long a call waits before its backup; None while the tail is unknown."""
         return self._delay_s
 
@@ -78,8 +80,14 @@ class BackupRequests:
         return self.budget.try_retry()
 
 
-def race_with_backup(client: Any, method: str, deadline: Deadline, deadline_ms: int,
-                     build_args: Callable[[int], tuple[Any, ...]], delay_s: float) -> Any:
+def race_with_backup(
+    client: Any,
+    method: str,
+    deadline: Deadline,
+    deadline_ms: int,
+    build_args: Callable[[int], tuple[Any, ...]],
+    delay_s: float,
+) -> Any:
     """For ``client`` (an :class:`~service.client.AppStatsClient`): the first attempt, and
     after ``delay_s`` without an answer a backup on another instance if the budget allows;
     the first answer wins, the other attempt is stopped."""
@@ -88,8 +96,9 @@ def race_with_backup(client: Any, method: str, deadline: Deadline, deadline_ms: 
     def attempt(instance: Instance) -> tuple[bool, Any]:
         # Returns what happened: a greenlet that raised would be reported by the hub.
         try:
-            return True, client._call_retrying(instance, method, deadline, deadline_ms,
-                                             build_args, tried)
+            return True, client._call_retrying(
+                instance, method, deadline, deadline_ms, build_args, tried
+            )
         except Exception as raised:  # noqa: BLE001 - handed to the caller below
             return False, raised
 
@@ -101,7 +110,7 @@ def race_with_backup(client: Any, method: str, deadline: Deadline, deadline_ms: 
             client.backups.sent += 1
             attempts[spawn_in_context(attempt, second)] = second
     pending = list(attempts)
-    failure: Optional[BaseException] = None
+    failure: BaseException | None = None
     try:
         while pending:
             for done in gevent.wait(pending, count=1):

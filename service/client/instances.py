@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import random
 import socket
-import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import Any
 
 import gevent
 
+from lookups.clock import SYSTEM_CLOCK
 from service.client.connections import ConnectionPool
 
 __all__ = ["Instance", "Instances", "MAX_EJECT_S", "SLOW_EJECT_AFTER"]
@@ -74,29 +75,37 @@ class Instance:
         self.slow_in_a_row = 0
         self.unproven = True
         self._eject_s = min(MAX_EJECT_S, self._eject_s * 2 if self._eject_s else base_s)
-        self.ejected_until = time.monotonic() + self._eject_s
+        self.ejected_until = SYSTEM_CLOCK.monotonic() + self._eject_s
 
 
 class Instances:
     """The instances of one client; :meth:`pick` chooses one for a call."""
 
-    def __init__(self, addresses: Iterable[tuple[str, int]], make_pool: Callable[[str, int], ConnectionPool],
-                 *, resolve: Optional[str] = None, resolve_interval_s: float = 30.0,
-                 eject_s: float = 5.0, prober: Optional[Callable[[Instance], bool]] = None) -> None:
+    def __init__(
+        self,
+        addresses: Iterable[tuple[str, int]],
+        make_pool: Callable[[str, int], ConnectionPool],
+        *,
+        resolve: str | None = None,
+        resolve_interval_s: float = 30.0,
+        eject_s: float = 5.0,
+        prober: Callable[[Instance], bool] | None = None,
+    ) -> None:
         self._make_pool = make_pool
         self._prober = prober
         self._resolve_name, self._resolve_port = (resolve, 0)
         self._resolve_interval_s = resolve_interval_s
         self._eject_s = eject_s
-        self._resolved_at = time.monotonic()
+        self._resolved_at = SYSTEM_CLOCK.monotonic()
         self._by_address: dict[tuple[str, int], Instance] = {}
         self._update(list(addresses))
         for instance in self._by_address.values():
             instance.unproven = False  # the ones given at the start are called at once
 
     @classmethod
-    def from_name(cls, host: str, port: int, make_pool: Callable[[str, int], ConnectionPool],
-                  **options: float) -> "Instances":
+    def from_name(
+        cls, host: str, port: int, make_pool: Callable[[str, int], ConnectionPool], **options: Any
+    ) -> Instances:
         """Every address ``host`` resolves to, on ``port``; resolved again periodically."""
         instances = cls(_resolve(host, port), make_pool, resolve=host, **options)
         instances._resolve_port = port
@@ -109,7 +118,7 @@ class Instances:
     def pick(self, exclude: Iterable[Instance] = ()) -> Instance:
         """Power of two choices among the eligible instances, ``exclude`` left out if possible."""
         self._maybe_resolve()
-        now, excluded = time.monotonic(), set(map(id, exclude))
+        now, excluded = SYSTEM_CLOCK.monotonic(), set(map(id, exclude))
         self._probe_due(now)
         candidates = [i for i in self._by_address.values() if id(i) not in excluded] or self.all
         eligible = [i for i in candidates if i.eligible(now)]
@@ -146,7 +155,7 @@ class Instances:
             if self._prober(instance):
                 instance.unproven = False
                 instance.succeeded()
-            elif instance.ejected_until <= time.monotonic():
+            elif instance.ejected_until <= SYSTEM_CLOCK.monotonic():
                 self.eject(instance)
         finally:
             instance.probing = False
@@ -156,9 +165,12 @@ class Instances:
             instance.pool.close()
 
     def _maybe_resolve(self) -> None:
-        if self._resolve_name is None or time.monotonic() - self._resolved_at < self._resolve_interval_s:
+        if (
+            self._resolve_name is None
+            or SYSTEM_CLOCK.monotonic() - self._resolved_at < self._resolve_interval_s
+        ):
             return
-        self._resolved_at = time.monotonic()
+        self._resolved_at = SYSTEM_CLOCK.monotonic()
         try:
             addresses = _resolve(self._resolve_name, self._resolve_port)
         except OSError:
@@ -171,8 +183,9 @@ class Instances:
         fresh = {}
         for host, port in addresses:
             known = self._by_address.get((host, port))
-            fresh[(host, port)] = known or Instance(host, port, self._make_pool(host, port),
-                                                    unproven=True)
+            fresh[(host, port)] = known or Instance(
+                host, port, self._make_pool(host, port), unproven=True
+            )
         for address, gone in self._by_address.items():
             if address not in fresh:
                 gone.pool.close()
@@ -183,5 +196,5 @@ def _resolve(host: str, port: int) -> list[tuple[str, int]]:
     """The distinct addresses ``host`` resolves to for TCP, in the resolver's order."""
     seen: dict[tuple[str, int], None] = {}
     for *_, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
-        seen[(sockaddr[0], port)] = None
+        seen[(str(sockaddr[0]), port)] = None
     return list(seen)

@@ -15,10 +15,18 @@ from typing import Any
 
 # Loaded on first use, not on import: nothing is loaded that the caller does not use.
 _EXPORTS = {
-    "FanOut": "fanout", "FanOutStats": "fanout", "FanOutSettings": "settings",
-    "RequestContext": "tasks", "Deadline": "lookups.deadline", "Task": "tasks",
-    "TaskOutcome": "tasks", "TaskStatus": "tasks", "FanOutResult": "tasks",
-    "FanOutError": "tasks", "FanOutOverloaded": "tasks", "RequiredTaskFailed": "tasks",
+    "FanOut": "fanout",
+    "FanOutStats": "fanout",
+    "FanOutSettings": "settings",
+    "RequestContext": "tasks",
+    "Deadline": "lookups.deadline",
+    "Task": "tasks",
+    "TaskOutcome": "tasks",
+    "TaskStatus": "tasks",
+    "FanOutResult": "tasks",
+    "FanOutError": "tasks",
+    "FanOutOverloaded": "tasks",
+    "RequiredTaskFailed": "tasks",
 }
 
 __all__ = list(_EXPORTS)

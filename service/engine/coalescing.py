@@ -29,10 +29,12 @@ every follower receives the same object.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Optional
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from gevent.event import AsyncResult
 
 from lookups.deadline import Deadline
-from gevent.event import AsyncResult
 
 __all__ = ["Coalescer", "CoalescedWaitTimeout", "LeaderGone", "CoalescingStats"]
 
@@ -73,8 +75,13 @@ class Coalescer:
         """Keys with a call running now."""
         return len(self._flights)
 
-    def call(self, key: Hashable, deadline: Deadline, fetch: Callable[[], Any],
-             joined: Optional[Callable[[], None]] = None) -> Any:
+    def call(
+        self,
+        key: Hashable,
+        deadline: Deadline,
+        fetch: Callable[[], Any],
+        joined: Callable[[], None] | None = None,
+    ) -> Any:
         """``fetch()``'s value, shared with every caller of the same ``key`` meanwhile.
 
         ``joined`` is called when this caller becomes a follower (to mark its span).

@@ -27,9 +27,8 @@ or HTTP.
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import gevent
 from gevent import Greenlet, GreenletExit
@@ -40,11 +39,20 @@ from greenlet import getcurrent
 from greenlet import greenlet as RawGreenlet
 from opentelemetry.trace import Span
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
-from service.engine.tasks import (FanOutOverloaded, FanOutResult, RequestContext,
-                                  RequiredTaskFailed, Task, TaskOutcome, TaskStatus, task_ended)
 from service.engine.settings import FanOutSettings
 from service.engine.summary import FailureSummary
+from service.engine.tasks import (
+    FanOutOverloaded,
+    FanOutResult,
+    RequestContext,
+    RequiredTaskFailed,
+    Task,
+    TaskOutcome,
+    TaskStatus,
+    task_ended,
+)
 from tracing.context import TaskRunners, spawn_in_context
 from tracing.pools import DemandMeter, MeteredSlots, PoolMeter
 from tracing.spans import cut_task_span, mark_task_outcome, task_span
@@ -54,7 +62,7 @@ __all__ = ["FanOut", "FanOutStats"]
 log = logging.getLogger(__name__)
 
 _MESSAGE_LIMIT = 500  # characters of an exception message carried in an outcome
-_KILL_WAIT_S = 1.0    # how long the reaper waits for a killed greenlet to unwind
+_KILL_WAIT_S = 1.0  # how long the reaper waits for a killed greenlet to unwind
 
 
 @dataclass
@@ -63,30 +71,41 @@ class FanOutStats:
 
     started: int = 0
     rejected: int = 0
-    abandoned: int = 0   # still running when their request answered
-    killed: int = 0      # abandoned and still running after the grace period
+    abandoned: int = 0  # still running when their request answered
+    killed: int = 0  # abandoned and still running after the grace period
 
 
 class _Run:
     """The state of one request's fan-out. Outcomes settle once; the first one wins."""
 
-    __slots__ = ("tasks", "deadline", "outcomes", "started_at", "failed_required", "wake",
-                 "_pending", "unfinished", "running", "ended", "spans")
+    __slots__ = (
+        "tasks",
+        "deadline",
+        "outcomes",
+        "started_at",
+        "failed_required",
+        "wake",
+        "_pending",
+        "unfinished",
+        "running",
+        "ended",
+        "spans",
+    )
 
     def __init__(self, tasks: Sequence[Task], deadline: Deadline) -> None:
         self.tasks = tasks
         self.deadline = deadline
-        self.outcomes: list[Optional[TaskOutcome]] = [None] * len(tasks)
-        self.started_at: list[Optional[float]] = [None] * len(tasks)
-        self.failed_required: Optional[TaskOutcome] = None
+        self.outcomes: list[TaskOutcome | None] = [None] * len(tasks)
+        self.started_at: list[float | None] = [None] * len(tasks)
+        self.failed_required: TaskOutcome | None = None
         self.wake = Event()
         self._pending = len(tasks)
         if not tasks:
             self.wake.set()
-        self.unfinished = 0                           # tasks started whose body has not ended
-        self.running: dict[int, RawGreenlet] = {}     # task index -> the greenlet running it
-        self.ended: Optional[Event] = None            # set once unfinished is 0, when someone waits
-        self.spans: dict[int, Span] = {}              # task index -> its span, while it runs
+        self.unfinished = 0  # tasks started whose body has not ended
+        self.running: dict[int, RawGreenlet] = {}  # task index -> the greenlet running it
+        self.ended: Event | None = None  # set once unfinished is 0, when someone waits
+        self.spans: dict[int, Span] = {}  # task index -> its span, while it runs
 
     def task_ended(self, index: int) -> None:
         self.running.pop(index, None)
@@ -109,15 +128,24 @@ class _Run:
 
     def elapsed_ms(self, index: int) -> float:
         started = self.started_at[index]
-        return 0.0 if started is None else (time.monotonic() - started) * 1000.0
+        return 0.0 if started is None else (self.deadline.now() - started) * 1000.0
 
     def settle_rest(self, status: TaskStatus, message: str) -> None:
         """Settle every task not settled yet; the spans of those still running end now."""
         for index, task in enumerate(self.tasks):
             if self.outcomes[index] is None:
-                self.settle(index, TaskOutcome(task.name, task.source, status, self.elapsed_ms(index),
-                                               error_type=status.value, message=message,
-                                               retryable=status is TaskStatus.TIMEOUT))
+                self.settle(
+                    index,
+                    TaskOutcome(
+                        task.name,
+                        task.source,
+                        status,
+                        self.elapsed_ms(index),
+                        error_type=status.value,
+                        message=message,
+                        retryable=status is TaskStatus.TIMEOUT,
+                    ),
+                )
                 span = self.spans.get(index)
                 if span is not None:
                     cut_task_span(span, status.value, message)
@@ -126,12 +154,15 @@ class _Run:
 class FanOut:
     """Runs the tasks of one request at a time; one instance serves the whole process."""
 
-    def __init__(self, settings: FanOutSettings) -> None:
+    def __init__(self, settings: FanOutSettings, clock: Clock = SYSTEM_CLOCK) -> None:
+        """``clock`` times the pools' meters; a call's own times come from its deadline's."""
         self.settings = settings
         self.stats = FanOutStats()
-        self._inflight = MeteredSlots(BoundedSemaphore(settings.max_inflight_tasks),
-                                      PoolMeter("fanout.tasks", settings.max_inflight_tasks))
-        self.request_pool = DemandMeter("fanout.request", settings.pool_size)
+        self._inflight = MeteredSlots(
+            BoundedSemaphore(settings.max_inflight_tasks),
+            PoolMeter("fanout.tasks", settings.max_inflight_tasks, clock=clock.monotonic),
+        )
+        self.request_pool = DemandMeter("fanout.request", settings.pool_size, clock=clock.monotonic)
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
         self.failures = FailureSummary(log, "task failures")
@@ -154,22 +185,26 @@ class FanOut:
         :class:`RequiredTaskFailed` when a required task did not finish OK. Every other
         failure is an outcome, never an exception.
         """
-        return self._run(tasks, request.deadline, time.monotonic())
+        return self._run(tasks, request.deadline, request.deadline.now())
 
     def _run(self, tasks: Sequence[Task], deadline: Deadline, started: float) -> FanOutResult:
         run = _Run(tasks, deadline)
         try:
             self._start_all(run)
-            run.wake.wait(timeout=deadline.remaining_s())
+            deadline.wait(run.wake)
         finally:
             # Also when the caller itself is killed mid-wait: its children still get reaped.
             self._abandon_stragglers(run)
         if run.failed_required is not None:
-            run.settle_rest(TaskStatus.CANCELLED, f"required task {run.failed_required.name!r} failed")
+            run.settle_rest(
+                TaskStatus.CANCELLED, f"required task {run.failed_required.name!r} failed"
+            )
         else:
             run.settle_rest(TaskStatus.TIMEOUT, "request deadline passed")
-        result = FanOutResult(tuple(o for o in run.outcomes if o is not None),
-                              (time.monotonic() - started) * 1000.0)
+        result = FanOutResult(
+            tuple(o for o in run.outcomes if o is not None),
+            (deadline.now() - started) * 1000.0,
+        )
         # Once per outcome a caller gets, whatever became of its task: rejected, cut before
         # it ran, still running, or done (counted when it ended, some went missing).
         for task, outcome in zip(run.tasks, result.outcomes):
@@ -190,18 +225,28 @@ class FanOut:
         pool = BoundedSemaphore(self.settings.pool_size)
         # All tasks queue at once, so each may wait for a slot until the same moment.
         queue_until = run.deadline.earlier(self.settings.queue_timeout_ms)
-        queued_at = time.monotonic()
+        queued_at = run.deadline.now()
         for index, task in enumerate(run.tasks):
             if run.failed_required is not None:
                 return  # the rest are settled CANCELLED by run()
             if not self._acquire(pool, queue_until):
-                wait_ms = (time.monotonic() - queued_at) * 1000.0
-                run.settle(index, TaskOutcome(
-                    task.name, task.source, TaskStatus.REJECTED, wait_ms, error_type="REJECTED",
-                    message="no pool slot became free in time", retryable=True, pool_wait_ms=wait_ms))
+                wait_ms = (run.deadline.now() - queued_at) * 1000.0
+                run.settle(
+                    index,
+                    TaskOutcome(
+                        task.name,
+                        task.source,
+                        TaskStatus.REJECTED,
+                        wait_ms,
+                        error_type="REJECTED",
+                        message="no pool slot became free in time",
+                        retryable=True,
+                        pool_wait_ms=wait_ms,
+                    ),
+                )
                 continue
             self.stats.started += 1
-            run.started_at[index] = now = time.monotonic()
+            run.started_at[index] = now = run.deadline.now()
             run.unfinished += 1
             self._runners.start(self._run_task, run, index, pool, (now - queued_at) * 1000.0)
 
@@ -232,22 +277,36 @@ class FanOut:
             self._inflight.release()
             run.task_ended(index)
 
-    def _call(self, run: _Run, index: int,
-              wait_ms: float) -> tuple[TaskOutcome, Optional[Exception]]:
+    def _call(self, run: _Run, index: int, wait_ms: float) -> tuple[TaskOutcome, Exception | None]:
         task = run.tasks[index]
         deadline = run.deadline.earlier(task.timeout_ms)
         if deadline.expired:
-            return TaskOutcome(task.name, task.source, TaskStatus.TIMEOUT, 0.0, error_type="TIMEOUT",
-                               message="no time left before the request deadline",
-                               retryable=True, pool_wait_ms=wait_ms), None
+            return TaskOutcome(
+                task.name,
+                task.source,
+                TaskStatus.TIMEOUT,
+                0.0,
+                error_type="TIMEOUT",
+                message="no time left before the request deadline",
+                retryable=True,
+                pool_wait_ms=wait_ms,
+            ), None
         try:
             value = task.call(deadline)
-        except Exception as exc:  # every task failure becomes an outcome
+        except Exception as exc:  # noqa: BLE001 - every task failure becomes an outcome
             return self._failure(task, exc, run.elapsed_ms(index), wait_ms), exc
-        return TaskOutcome(task.name, task.source, TaskStatus.OK, run.elapsed_ms(index),
-                           value=value, pool_wait_ms=wait_ms), None
+        return TaskOutcome(
+            task.name,
+            task.source,
+            TaskStatus.OK,
+            run.elapsed_ms(index),
+            value=value,
+            pool_wait_ms=wait_ms,
+        ), None
 
-    def _failure(self, task: Task, exc: Exception, elapsed_ms: float, wait_ms: float) -> TaskOutcome:
+    def _failure(
+        self, task: Task, exc: Exception, elapsed_ms: float, wait_ms: float
+    ) -> TaskOutcome:
         timed_out = isinstance(exc, TimeoutError)
         declared = timed_out or hasattr(exc, "retryable")
         if declared:
@@ -255,10 +314,15 @@ class FanOut:
         else:
             self.failures.count(f"{task.name} unexpected {type(exc).__name__}", str(exc), exc)
         return TaskOutcome(
-            task.name, task.source, TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
-            elapsed_ms, error_type=type(exc).__name__,
+            task.name,
+            task.source,
+            TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
+            elapsed_ms,
+            error_type=type(exc).__name__,
             message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
-            retryable=bool(getattr(exc, "retryable", timed_out)), pool_wait_ms=wait_ms)
+            retryable=bool(getattr(exc, "retryable", timed_out)),
+            pool_wait_ms=wait_ms,
+        )
 
     def _abandon_stragglers(self, run: _Run) -> None:
         if run.unfinished == 0:
@@ -277,8 +341,11 @@ class FanOut:
         if not alive:
             return
         self.stats.killed += len(alive)
-        self.failures.count("killed after the abandon grace", f"{len(alive)} task(s) still running "
-                            f"{self.settings.abandon_grace_ms} ms after their request ended")
+        self.failures.count(
+            "killed after the abandon grace",
+            f"{len(alive)} task(s) still running "
+            f"{self.settings.abandon_grace_ms} ms after their request ended",
+        )
         loop = get_hub().loop
         for index, runner in alive:
             loop.run_callback(_kill_task, run, index, runner)
@@ -296,5 +363,6 @@ def _kill_task(run: _Run, index: int, runner: RawGreenlet) -> None:
     Runs in the hub, so the check and the throw happen with no switch in between:
     a runner that finished this task meanwhile may already run another request's.
     """
-    if run.running.get(index) is runner:
-        runner.throw(GreenletExit)
+    running = run.running.get(index)
+    if running is not None and running is runner:
+        running.throw(GreenletExit)

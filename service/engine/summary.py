@@ -6,18 +6,19 @@ counts by kind (``"Overloaded"``, ``"task alerts TIMEOUT"``, ...) and writes at
 most one WARNING per ``interval_s`` naming the counts since the last one. The
 first occurrence of a kind that was not seen in the previous interval is part
 of the next summary, never lost: a timer writes the line when no later failure
-does, and :meth:`flush` writes what is pending (at shutdown). Every failure stays visible per call in outcomes, spans and metrics.
+does, and :meth:`flush` writes what is pending (at shutdown). Every failure stays visible per call
+in outcomes, spans and metrics.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 from gevent.hub import get_hub
 
+from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
 __all__ = ["FailureSummary"]
@@ -35,12 +36,13 @@ class FailureSummary:
         self._interval_s = interval_s
         self._counts: Counter[str] = Counter()
         self._examples: dict[str, str] = {}
-        self._since = time.monotonic()
-        self._timer: Optional[Any] = None
+        self._since = SYSTEM_CLOCK.monotonic()
+        self._timer: Any | None = None
         self.total = 0
 
-    def count(self, kind: str, detail: Optional[object] = None,
-              error: Optional[BaseException] = None) -> None:
+    def count(
+        self, kind: str, detail: object | None = None, error: BaseException | None = None
+    ) -> None:
         """One failure of ``kind``. ``detail`` (one example) is kept for the next line;
         it is formatted with ``str`` only then, not on every call.
 
@@ -48,13 +50,18 @@ class FailureSummary:
         stack trace the first time its kind occurs in an interval.
         """
         if error is not None and kind not in self._counts:
-            self._log.error("%s: %s (later ones in the next %.0f s are counted)", self._what, kind,
-                            self._interval_s, exc_info=error)
+            self._log.error(
+                "%s: %s (later ones in the next %.0f s are counted)",
+                self._what,
+                kind,
+                self._interval_s,
+                exc_info=error,
+            )
         self.tally(kind, detail)
-        if time.monotonic() - self._since >= self._interval_s:
+        if SYSTEM_CLOCK.monotonic() - self._since >= self._interval_s:
             self.flush()
 
-    def tally(self, kind: str, detail: Optional[object] = None) -> None:
+    def tally(self, kind: str, detail: object | None = None) -> None:
         """:meth:`count` without ever logging here: the line is left to the timer. Safe
         in a callback of the hub's loop, which must not block."""
         self._counts[kind] += 1
@@ -71,14 +78,16 @@ class FailureSummary:
         if self._timer is not None:
             self._timer.close()
             self._timer = None
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         counts, self._counts = self._counts, Counter()
         examples, self._examples = self._examples, {}
         elapsed, self._since = now - self._since, now
         if not counts:
             return
-        parts = [f"{kind} x{n}" + (f" (e.g. {examples[kind]})" if kind in examples else "")
-                 for kind, n in counts.most_common(_KINDS_SHOWN)]
+        parts = [
+            f"{kind} x{n}" + (f" (e.g. {examples[kind]})" if kind in examples else "")
+            for kind, n in counts.most_common(_KINDS_SHOWN)
+        ]
         rest = len(counts) - _KINDS_SHOWN
         if rest > 0:
             parts.append(f"and {rest} more kinds")

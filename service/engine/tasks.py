@@ -21,22 +21,35 @@ from __future__ import annotations
 import contextvars
 import enum
 import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional
+from typing import Any
 
 from opentelemetry import metrics
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 
-__all__ = ["RequestContext", "new_request_id", "current_request_id", "TaskStatus", "Task",
-           "TaskOutcome", "FanOutResult", "FanOutError", "FanOutOverloaded",
-           "RequiredTaskFailed", "task_ended"]
+__all__ = [
+    "RequestContext",
+    "new_request_id",
+    "current_request_id",
+    "TaskStatus",
+    "Task",
+    "TaskOutcome",
+    "FanOutResult",
+    "FanOutError",
+    "FanOutOverloaded",
+    "RequiredTaskFailed",
+    "task_ended",
+]
 
 #: The request id of the call being served, for its log lines (service.operations.logs):
 #: each call runs in a context of its own, and its tasks in copies of it.
 current_request_id: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "fanout_request_id", default="")
+    "fanout_request_id", default=""
+)
 
 
 def new_request_id() -> str:
@@ -58,25 +71,38 @@ class RequestContext:
     headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def start(cls, method: str, deadline_ms: float, request_id: Optional[str] = None,
-              headers: Optional[Mapping[str, str]] = None) -> "RequestContext":
-        """A context for a call starting now, due ``deadline_ms`` from now."""
-        return cls(request_id or new_request_id(), method, Deadline.after_ms(deadline_ms),
-                   MappingProxyType(dict(headers or {})))
+    def start(
+        cls,
+        method: str,
+        deadline_ms: float,
+        request_id: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> RequestContext:
+        """A context for a call starting now on ``clock``, due ``deadline_ms`` from now."""
+        return cls(
+            request_id or new_request_id(),
+            method,
+            Deadline.after_ms(deadline_ms, clock),
+            MappingProxyType(dict(headers or {})),
+        )
 
     def __repr__(self) -> str:
-        return (f"<RequestContext {self.method} id={self.request_id} "
-                f"remaining={self.deadline.remaining_ms():.0f}ms>")
+        return (
+            f"<RequestContext {self.method} id={self.request_id} "
+            f"remaining={self.deadline.remaining_ms():.0f}ms>"
+        )
+
 
 class TaskStatus(enum.Enum):
     """What happened to one task. Names match the Thrift ``TaskStatus`` enum."""
 
-    OK = "OK"                # finished with a value
-    ERROR = "ERROR"          # raised an exception
-    TIMEOUT = "TIMEOUT"      # its timeout or the request deadline passed
+    OK = "OK"  # finished with a value
+    ERROR = "ERROR"  # raised an exception
+    TIMEOUT = "TIMEOUT"  # its timeout or the request deadline passed
     CANCELLED = "CANCELLED"  # a required sibling failed first
-    REJECTED = "REJECTED"    # no pool slot within fanout.queue_timeout_ms
-    SKIPPED = "SKIPPED"      # not run (e.g. disabled by configuration)
+    REJECTED = "REJECTED"  # no pool slot within fanout.queue_timeout_ms
+    SKIPPED = "SKIPPED"  # not run (e.g. disabled by configuration)
 
 
 @dataclass(frozen=True)
@@ -103,8 +129,8 @@ class TaskOutcome:
     status: TaskStatus
     elapsed_ms: float
     value: Any = None
-    error_type: Optional[str] = None
-    message: Optional[str] = None
+    error_type: str | None = None
+    message: str | None = None
     retryable: bool = False
     pool_wait_ms: float = 0.0
 
@@ -139,18 +165,27 @@ class RequiredTaskFailed(FanOutError):
     """Raised when a required task did not finish OK; ``result`` holds every outcome."""
 
     def __init__(self, failed: TaskOutcome, result: FanOutResult) -> None:
-        super().__init__(f"required task {failed.name!r} ended {failed.status.value}"
-                         + (f": {failed.message}" if failed.message else ""))
+        super().__init__(
+            f"required task {failed.name!r} ended {failed.status.value}"
+            + (f": {failed.message}" if failed.message else "")
+        )
         self.failed = failed
         self.result = result
 
+
 _meter = metrics.get_meter("fanout.engine")
 _task_duration = _meter.create_histogram(
-    "fanout.task.duration", unit="s", description="Time from a task's start to its outcome")
+    "fanout.task.duration", unit="s", description="Time from a task's start to its outcome"
+)
 
 
 def task_ended(task: Task, outcome: TaskOutcome) -> None:
     """Record one task's duration and final status."""
-    _task_duration.record(outcome.elapsed_ms / 1000.0, {
-        "fanout.task.name": task.name, "fanout.task.source": task.source,
-        "fanout.task.status": outcome.status.value})
+    _task_duration.record(
+        outcome.elapsed_ms / 1000.0,
+        {
+            "fanout.task.name": task.name,
+            "fanout.task.source": task.source,
+            "fanout.task.status": outcome.status.value,
+        },
+    )

@@ -19,35 +19,38 @@ from __future__ import annotations
 import contextvars
 import logging
 import socket
-import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from service.engine.tasks import new_request_id
-from service.overload.gate import CallerPacing, current_caller
+from lookups.clock import SYSTEM_CLOCK
 from service.engine.summary import FailureSummary
+from service.engine.tasks import new_request_id
+from service.idl import appstats
 from service.listener.handover import MoveNow
 from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
+from service.overload.gate import CallerPacing, current_caller
 from service.overload.held_connections import HeldConnections, HeldReply, on_the_tick
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import protocol_for
 from service.wire.errors import WireError
-from service.idl import appstats
 from tracing.spans import CallDurations, set_call_endpoints
 
 __all__ = ["MessageLoop", "RefuseUnread"]
 
 log = logging.getLogger(__name__)
 
-_Reply = TPayload | TApplicationException
+#: A call's result struct (a ``TPayload``) or a ``TApplicationException``; thriftpy2 is
+#: untyped, so this is ``Any`` to the checker.
+_Reply = Any
 #: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
 #: without reading it further, or None (:class:`service.overload.gate.UnreadRefusals`).
-RefuseUnread = Callable[[CallerPacing, Any], Optional[tuple[str, int, TPayload]]]
+RefuseUnread = Callable[[CallerPacing, Any], tuple[str, int, TPayload] | None]
 
 
 class _MalformedMessage(Exception):
@@ -61,8 +64,13 @@ class MessageLoop:
     after the call it is serving.
     """
 
-    def __init__(self, processor: TProcessor, settings: ServerSettings, stats: ServerStats,
-                 refuse_unread: Optional[RefuseUnread] = None) -> None:
+    def __init__(
+        self,
+        processor: TProcessor,
+        settings: ServerSettings,
+        stats: ServerStats,
+        refuse_unread: RefuseUnread | None = None,
+    ) -> None:
         self._processor = processor
         self._refuse_unread = refuse_unread
         self._settings = settings
@@ -75,8 +83,9 @@ class MessageLoop:
         # one line per interval, by kind, with an example, never one per connection.
         self._rejected = FailureSummary(log, "connections closed for what they sent")
         self._durations = CallDurations(appstats.AppStats.thrift_services)
-        self.held = HeldConnections(self._refuse_next, self._may_serve_more,
-                                    settings.max_frame_bytes, self._durations)
+        self.held = HeldConnections(
+            self._refuse_next, self._may_serve_more, settings.max_frame_bytes, self._durations
+        )
 
     def open(self, sock: socket.socket) -> ServedConnection:
         """A :class:`ServedConnection` over ``sock``, with this loop's wire settings."""
@@ -88,10 +97,14 @@ class MessageLoop:
 
     def _too_old(self, connection: ServedConnection) -> bool:
         max_age_ms = self._settings.max_connection_age_ms
-        return bool(max_age_ms) and (time.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
+        return (
+            bool(max_age_ms)
+            and (SYSTEM_CLOCK.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
+        )
 
     def flush(self) -> None:
-        """Log the pending summaries of declared exceptions and rejected connections (at shutdown)."""
+        """Log the pending summaries of declared exceptions and rejected connections (at
+        shutdown)."""
         self._declared.flush()
         self._rejected.flush()
 
@@ -111,8 +124,9 @@ class MessageLoop:
         except (WireError, _MalformedMessage) as exc:
             self._rejected.count(self._stats.count_closing(exc), f"{peer}: {exc}")
         except TimeoutError:
-            log.debug("connection from %s idle for %d ms; closing", peer,
-                      self._settings.idle_timeout_ms)
+            log.debug(
+                "connection from %s idle for %d ms; closing", peer, self._settings.idle_timeout_ms
+            )
         except OSError as exc:
             log.debug("connection from %s ended: %s", peer, exc)
         except Exception:
@@ -142,13 +156,13 @@ class MessageLoop:
 
     def _serve_one(self, connection: ServedConnection) -> None:
         message = connection.channel.receive()
-        started = time.perf_counter()
+        started = SYSTEM_CLOCK.monotonic()
         api, seqid, reply = self._answer(connection, message)
         hold_s = connection.caller.take_hold()
         if self.stopping:
             hold_s = 0.0  # draining: a refusal goes out at once, the drain waits for no hold
         if not isinstance(reply, TApplicationException) and reply.oneway:
-            self._durations.call_ended(api, _error_type(reply), time.perf_counter() - started)
+            self._durations.call_ended(api, _error_type(reply), SYSTEM_CLOCK.monotonic() - started)
             return
         held = self._held_reply(connection, api, seqid, reply, started, hold_s)
         payload = held.payload
@@ -170,10 +184,10 @@ class MessageLoop:
             reply = self._invoke(api, call, reply, connection)
         return api, seqid, reply
 
-    def _refuse_next(self, connection: ServedConnection, message: Any) -> Optional[HeldReply]:
+    def _refuse_next(self, connection: ServedConnection, message: Any) -> HeldReply | None:
         """For a held connection (in a callback of the hub): the held reply to a call
         refused unread, or None to serve it in the connection's greenlet."""
-        started = time.perf_counter()
+        started = SYSTEM_CLOCK.monotonic()
         refused = self._unread_refusal(connection, message)
         if refused is None:
             return None
@@ -181,8 +195,9 @@ class MessageLoop:
         self._stats.refused_while_held += 1
         return self._held_reply(connection, *refused, started, connection.caller.take_hold())
 
-    def _unread_refusal(self, connection: ServedConnection,
-                        message: Any) -> Optional[tuple[str, int, TPayload]]:
+    def _unread_refusal(
+        self, connection: ServedConnection, message: Any
+    ) -> tuple[str, int, TPayload] | None:
         """``(method, seqid, reply)`` if the call is refused unread (counted), else None."""
         if self._refuse_unread is None:
             return None
@@ -192,14 +207,22 @@ class MessageLoop:
             self._declared.tally(f"{refused[0]} Overloaded", "refused unread")
         return refused
 
-    def _held_reply(self, connection: ServedConnection, api: str, seqid: int, reply: _Reply,
-                    started: float, hold_s: float) -> HeldReply:
+    def _held_reply(
+        self,
+        connection: ServedConnection,
+        api: str,
+        seqid: int,
+        reply: _Reply,
+        started: float,
+        hold_s: float,
+    ) -> HeldReply:
         """The reply, encoded and framed, to write once ``hold_s`` has passed."""
         payload = connection.channel.framed(self._encoded(connection, api, seqid, reply))
         return HeldReply(api, _error_type(reply), started, payload, hold_s)
 
-    def _send(self, connection: ServedConnection, reply: HeldReply, payload: bytes,
-              hold_s: float) -> None:
+    def _send(
+        self, connection: ServedConnection, reply: HeldReply, payload: bytes, hold_s: float
+    ) -> None:
         """Write ``payload`` (all or the rest of ``reply``'s) after ``hold_s``; record the call."""
         error_type = reply.error_type
         try:
@@ -210,20 +233,27 @@ class MessageLoop:
             error_type = type(unwritten).__name__
             raise
         finally:  # every call read is recorded once, its reply written or not
-            self._durations.call_ended(reply.method, error_type, time.perf_counter() - reply.started)
+            self._durations.call_ended(
+                reply.method, error_type, SYSTEM_CLOCK.monotonic() - reply.started
+            )
 
-    def _decode_call(self, channel: Channel,
-                     message: Any) -> tuple[str, int, _Reply, Optional[Callable[[], Any]]]:
+    def _decode_call(
+        self, channel: Channel, message: Any
+    ) -> tuple[str, int, _Reply, Callable[[], Any] | None]:
         """Decode one call received whole. The single place where input is decoded."""
         try:
-            return self._processor.process_in(channel.decode(message))
+            result: tuple[str, int, Any, Callable[[], Any] | None] = self._processor.process_in(
+                channel.decode(message)
+            )
+            return result
         except (OSError, WireError):
             raise
         except Exception as exc:
             raise _MalformedMessage(f"{type(exc).__name__}: {exc}") from exc
 
-    def _invoke(self, api: str, call: Callable[[], Any], result: TPayload,
-                connection: ServedConnection) -> _Reply:
+    def _invoke(
+        self, api: str, call: Callable[[], Any], result: TPayload, connection: ServedConnection
+    ) -> _Reply:
         try:
             # A fresh context per call: nothing one call sets can leak into the next.
             context = contextvars.Context()
@@ -232,7 +262,7 @@ class MessageLoop:
             result.success = context.run(call)
         except TApplicationException as exc:
             return exc
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - declared or not, every handler error is answered
             if not self._processor.handle_exception(exc, result):
                 return self._internal_error(api, exc)
             # Declared: the caller has it typed. Counted, summarised every few seconds.
@@ -247,13 +277,14 @@ class MessageLoop:
         output.clean()
         try:
             self._encode(connection.oprot, api, seqid, reply)
-        except Exception as exc:  # the handler returned something the IDL cannot encode
+        except Exception as exc:  # noqa: BLE001 - the handler returned something the IDL cannot encode
             # Log first: a log handler may yield, and the buffer is shared by the hub.
             error = self._internal_error(api, exc)
             output.clean()
             connection.oprot = self._make_protocol(output)  # drop any half-written state
             self._encode(connection.oprot, api, seqid, error)
-        return output.getvalue()
+        result: bytes = output.getvalue()
+        return result
 
     def _encode(self, oprot: TProtocolBase, api: str, seqid: int, reply: _Reply) -> None:
         if isinstance(reply, TApplicationException):
@@ -265,8 +296,9 @@ class MessageLoop:
         request_id = new_request_id()
         self._stats.internal_errors += 1
         log.error("internal error in %s (request id %s)", api, request_id, exc_info=exc)
-        return TApplicationException(TApplicationException.INTERNAL_ERROR,
-                                     f"internal error (request id {request_id})")
+        return TApplicationException(
+            TApplicationException.INTERNAL_ERROR, f"internal error (request id {request_id})"
+        )
 
 
 def _error_type(reply: _Reply) -> str:

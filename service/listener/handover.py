@@ -29,7 +29,8 @@ generation starting) is measured by ``make bench-group`` (the manual's Performan
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import gevent
 
@@ -47,9 +48,9 @@ class MoveNow(Exception):
 class Movable(Protocol):
     """What a connection offers to be moved (:class:`service.listener.served.ServedConnection`)."""
 
-    moving: Optional[MoveSink]
-    greenlet: Optional[gevent.Greenlet]
-    channel: Any   # its waiting_idle says whether it is blocked waiting for a call
+    moving: MoveSink | None
+    greenlet: gevent.Greenlet | None
+    channel: Any  # its waiting_idle says whether it is blocked waiting for a call
 
 
 def request_move(connection: Movable, sink: MoveSink) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
-from typing import Any, Optional
+from typing import Any
 
 from opentelemetry import metrics
 
@@ -29,8 +29,10 @@ __all__ = ["TlsHandshakes"]
 log = logging.getLogger(__name__)
 
 _refused_handshakes = metrics.get_meter("fanout.server").create_counter(
-    "fanout.tls.handshakes.refused", unit="{connection}",
-    description="TLS handshakes refused, by fanout.tls.reason")
+    "fanout.tls.handshakes.refused",
+    unit="{connection}",
+    description="TLS handshakes refused, by fanout.tls.reason",
+)
 
 
 class TlsHandshakes:
@@ -38,14 +40,15 @@ class TlsHandshakes:
 
     def __init__(self, settings: ServerSettings, stats: ServerStats) -> None:
         files = (settings.tls_cert_file, settings.tls_key_file, settings.tls_client_ca_file)
-        self._context = RotatingContext(lambda: _built(server_context(*files)),
-                                        [path for path in files if path])
+        self._context = RotatingContext(
+            lambda: _built(server_context(*files)), [path for path in files if path]
+        )
         self._timeout_s = settings.frame_timeout_ms / 1000.0
         self._allowed_names = frozenset(settings.tls_client_names)
         self._stats = stats
         self._refusals = FailureSummary(log, "TLS handshakes refused")
 
-    def secure(self, sock: socket.socket, peer: Any) -> Optional[socket.socket]:
+    def secure(self, sock: socket.socket, peer: Any) -> socket.socket | None:
         """The TLS-wrapped socket, or None (counted) if the handshake was refused."""
         try:
             secured = handshake(self._context.current(), sock, self._timeout_s)
@@ -73,6 +76,6 @@ class TlsHandshakes:
         self._refusals.count(reason, f"{peer[0] if isinstance(peer, tuple) else peer}: {detail}")
 
 
-def _built(context: Optional[ssl.SSLContext]) -> ssl.SSLContext:
+def _built(context: ssl.SSLContext | None) -> ssl.SSLContext:
     assert context is not None  # built only when server.tls_cert_file is set
     return context

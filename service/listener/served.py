@@ -4,14 +4,15 @@ caller's pacing, and where it moves (:mod:`service.listener.handover`)."""
 from __future__ import annotations
 
 import socket
-import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from thriftpy2.protocol.base import TProtocolBase
 
-from service.overload.gate import CallerPacing
+from lookups.clock import SYSTEM_CLOCK
 from service.listener.handover import MoveSink
+from service.overload.gate import CallerPacing
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import open_channel, shared_output_buffer
@@ -24,15 +25,30 @@ class ServedConnection:
     """One accepted socket with its reusable input and output protocols (the client's side
     of a connection is :class:`service.client.connections.Connection`)."""
 
-    __slots__ = ("sock", "channel", "output", "oprot", "opened_at", "endpoints", "caller",
-                 "served_while_draining", "greenlet", "moving")
+    __slots__ = (
+        "sock",
+        "channel",
+        "output",
+        "oprot",
+        "opened_at",
+        "endpoints",
+        "caller",
+        "served_while_draining",
+        "greenlet",
+        "moving",
+    )
 
-    def __init__(self, sock: socket.socket, settings: ServerSettings,
-                 make_protocol: Callable[[Any], TProtocolBase]) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        settings: ServerSettings,
+        make_protocol: Callable[[Any], TProtocolBase],
+    ) -> None:
         self.sock = sock
-        self.opened_at = time.monotonic()
-        self.channel: Channel = open_channel(settings.transport, sock,
-                                             settings.wire_limits(), settings.protocol)
+        self.opened_at = SYSTEM_CLOCK.monotonic()
+        self.channel: Channel = open_channel(
+            settings.transport, sock, settings.wire_limits(), settings.protocol
+        )
         # The hub's reply buffer: MessageLoop fills and empties it without a switch.
         self.output = shared_output_buffer()
         self.oprot = make_protocol(self.output)
@@ -43,8 +59,8 @@ class ServedConnection:
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls
         # (service.listener.handover), if it is to move.
-        self.greenlet: Optional[gevent.Greenlet] = None
-        self.moving: Optional[MoveSink] = None
+        self.greenlet: gevent.Greenlet | None = None
+        self.moving: MoveSink | None = None
 
     def close_if_idle(self) -> bool:
         """End the connection if it is waiting for a new message, so none is lost.

@@ -24,22 +24,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import gevent.event
 from gevent.pool import Pool
 from gevent.server import StreamServer
 from thriftpy2.thrift import TProcessor
 
-from service.settings.server import ServerSettings
+from lookups.clock import SYSTEM_CLOCK
 from service.listener.connection import MessageLoop, RefuseUnread
-from service.listener.served import ServedConnection
 from service.listener.handover import MoveSink, request_move
 from service.listener.handshakes import TlsHandshakes
+from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
 from service.operations.ports import cannot_listen
+from service.settings.server import ServerSettings
 from service.wire.accept import ResilientStreamServer
 from service.wire.formats import TRANSPORTS
 
@@ -73,20 +73,24 @@ class ThriftServer:
     ValueError for any other value.
     """
 
-    def __init__(self, processor: TProcessor, settings: ServerSettings,
-                 listener: Optional[socket.socket] = None,
-                 refuse_unread: Optional[RefuseUnread] = None) -> None:
+    def __init__(
+        self,
+        processor: TProcessor,
+        settings: ServerSettings,
+        listener: socket.socket | None = None,
+        refuse_unread: RefuseUnread | None = None,
+    ) -> None:
         if settings.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {settings.transport!r}")
         self._settings = settings
         self._stats = ServerStats()
         self._connections: set[ServedConnection] = set()
         self._loop = MessageLoop(processor, settings, self._stats, refuse_unread)
-        self._server: Optional[StreamServer] = None
+        self._server: StreamServer | None = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
         self._tls = TlsHandshakes(settings, self._stats) if settings.tls_cert_file else None
-        self._moving_all: Optional[MoveSink] = None   # set by stop(move_to=...)
+        self._moving_all: MoveSink | None = None  # set by stop(move_to=...)
         self._lame_duck = False
         self._stopped = gevent.event.Event()
         self._drain_report = DrainReport()
@@ -125,16 +129,24 @@ class ThriftServer:
             raise RuntimeError("server already started or stopped")
         settings = self._settings
         bind_to = self._listener if self._listener is not None else (settings.host, settings.port)
-        server = ResilientStreamServer(bind_to, self._serve_connection, spawn=Pool(settings.max_connections))
+        server = ResilientStreamServer(
+            bind_to, self._serve_connection, spawn=Pool(settings.max_connections)
+        )
         try:
             server.start()
         except OSError as exc:
             raise cannot_listen(settings.host, settings.port, exc) from exc
         self._server = server
         host, port = self.address
-        log.info("listening on %s:%d (%s transport, %s protocol%s, max %d connections)",
-                 host, port, settings.transport, settings.protocol,
-                 ", TLS" if self._tls is not None else "", settings.max_connections)
+        log.info(
+            "listening on %s:%d (%s transport, %s protocol%s, max %d connections)",
+            host,
+            port,
+            settings.transport,
+            settings.protocol,
+            ", TLS" if self._tls is not None else "",
+            settings.max_connections,
+        )
 
     def serve_forever(self) -> None:
         """:meth:`start` if needed, then block until :meth:`stop` has finished."""
@@ -179,8 +191,7 @@ class ThriftServer:
         server.pool.spawn(self._serve_connection, sock, peer, unread)
         return True
 
-    def stop(self, timeout_s: Optional[float] = None,
-             move_to: Optional[MoveSink] = None) -> DrainReport:
+    def stop(self, timeout_s: float | None = None, move_to: MoveSink | None = None) -> DrainReport:
         """Drain: stop accepting, let calls in flight finish, close every connection.
 
         The listener closes first, so new connections are refused. Idle
@@ -200,7 +211,7 @@ class ThriftServer:
             self._moving_all = move_to
             for connection in list(self._connections):
                 request_move(connection, move_to)
-        self._loop.stopping = True   # the one flag: the message loop reads it before each call
+        self._loop.stopping = True  # the one flag: the message loop reads it before each call
         try:
             if self._server is not None:
                 self._drain_report = self._drain(self._server, timeout_s)
@@ -209,7 +220,7 @@ class ThriftServer:
         return self._drain_report
 
     def _drain(self, server: StreamServer, timeout_s: float) -> DrainReport:
-        started = time.monotonic()
+        started = SYSTEM_CLOCK.monotonic()
         server.close()
         # Replies held for pacing are written now, and their connections go back to their
         # greenlets, which see the drain (service.overload.held_connections).
@@ -217,9 +228,14 @@ class ThriftServer:
         open_connections = [c for c in self._connections if c.moving is None]
         idle = sum(connection.close_if_idle() for connection in open_connections)
         busy = len(open_connections) - idle
-        log.info("drain: stopped accepting; %d calls in flight, %d idle connections closed%s",
-                 busy, idle, f", {len(self._connections) - len(open_connections)} moving"
-                 if self._moving_all else "")
+        log.info(
+            "drain: stopped accepting; %d calls in flight, %d idle connections closed%s",
+            busy,
+            idle,
+            f", {len(self._connections) - len(open_connections)} moving"
+            if self._moving_all
+            else "",
+        )
         # Every connection greenlet, including any accepted but not yet serving: those
         # see the stop before reading anything and end at once.
         handlers = server.pool
@@ -227,32 +243,44 @@ class ThriftServer:
         killed = len(handlers)
         if killed:
             handlers.kill(block=True, timeout=1.0)
-        report = DrainReport(calls_in_flight=busy, idle_closed=idle,
-                             finished=max(busy - killed, 0), killed=killed,
-                             elapsed_ms=round((time.monotonic() - started) * 1000.0, 1))
+        report = DrainReport(
+            calls_in_flight=busy,
+            idle_closed=idle,
+            finished=max(busy - killed, 0),
+            killed=killed,
+            elapsed_ms=round((SYSTEM_CLOCK.monotonic() - started) * 1000.0, 1),
+        )
         self._loop.flush()
         self._loop.held.close()
         if self._tls is not None:
             self._tls.flush()
         if killed:
-            log.warning("drain: timeout of %.0f ms passed; %d calls finished, %d connections "
-                        "still busy were killed", timeout_s * 1000.0, report.finished, killed)
+            log.warning(
+                "drain: timeout of %.0f ms passed; %d calls finished, %d connections "
+                "still busy were killed",
+                timeout_s * 1000.0,
+                report.finished,
+                killed,
+            )
         else:
-            log.info("drain: %d calls finished in %.0f ms; all connections closed",
-                     report.finished, report.elapsed_ms)
+            log.info(
+                "drain: %d calls finished in %.0f ms; all connections closed",
+                report.finished,
+                report.elapsed_ms,
+            )
         return report
 
     def _serve_connection(self, sock: socket.socket, peer: Any, unread: bytes = b"") -> None:
         self._stats.connections_open += 1
         self._stats.connections_total += 1
-        connection: Optional[ServedConnection] = None
-        stream: Optional[socket.socket] = sock
+        connection: ServedConnection | None = None
+        stream: socket.socket | None = sock
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
                 stream = self._tls.secure(sock, peer)
-                if stream is None:
-                    return
+            if stream is None:
+                return
             stream.settimeout(self._settings.idle_timeout_ms / 1000.0)
             connection = self._loop.open(stream)
             if unread:

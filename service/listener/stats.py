@@ -34,12 +34,12 @@ class ServerStats:
     slow_messages: int = 0
     slow_readers: int = 0
     internal_errors: int = 0
-    declared_errors: int = 0    # calls answered with an exception the IDL declares
+    declared_errors: int = 0  # calls answered with an exception the IDL declares
     tls_refused: int = 0
     replies_held: int = 0
     refused_while_held: int = 0
-    connections_moved: int = 0      # handed to another worker between calls (service.listener.handover)
-    connections_adopted: int = 0    # taken over from another worker
+    connections_moved: int = 0  # handed to another worker between calls (service.listener.handover)
+    connections_adopted: int = 0  # taken over from another worker
 
     def count_closing(self, exc: Exception) -> str:
         """Count a connection closed for what the peer sent (``exc``); its kind for the log."""

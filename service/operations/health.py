@@ -29,9 +29,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any
 
 import gevent
 import gevent.lock
@@ -41,10 +41,16 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
+from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
-__all__ = ["BackendStatus", "HealthChecker", "DEFAULT_CHECK_TIMEOUT_MS",
-           "DEFAULT_CACHE_MS", "CHECK_INTERVAL_S"]
+__all__ = [
+    "BackendStatus",
+    "HealthChecker",
+    "DEFAULT_CHECK_TIMEOUT_MS",
+    "DEFAULT_CACHE_MS",
+    "CHECK_INTERVAL_S",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,9 @@ class BackendStatus:
     up: bool
     latency_ms: float
     detail: str = ""
-    circuit: str = "closed"   # the backend's circuit breaker, as lookups see it: closed, open, half_open
+    circuit: str = (
+        "closed"  # the backend's circuit breaker, as lookups see it: closed, open, half_open
+    )
 
 
 class HealthChecker:
@@ -74,22 +82,33 @@ class HealthChecker:
     down. ``clock`` (seconds, monotonic) is replaceable for unit tests.
     """
 
-    def __init__(self, backends: Backends, *, timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
-                 cache_ms: int = DEFAULT_CACHE_MS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        backends: Backends,
+        *,
+        timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
+        cache_ms: int = DEFAULT_CACHE_MS,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+    ) -> None:
         self._timeout_s = timeout_ms / 1000.0
         self._cache_s = cache_ms / 1000.0
         self._clock = clock
         self._lock = gevent.lock.Semaphore()
-        self._cached: Optional[tuple[BackendStatus, ...]] = None
-        self._answer: Optional[tuple[Any, tuple[str, ...], tuple[BackendStatus, ...]]] = None
+        self._cached: tuple[BackendStatus, ...] | None = None
+        self._answer: tuple[Any, tuple[str, ...], tuple[BackendStatus, ...]] | None = None
         self._checked_at = 0.0
         self._probes: tuple[tuple[str, Callable[[], None]], ...] = tuple(
-            (backend.name, functools.partial(backend.check, self._timeout_s)) for backend in backends)
+            (backend.name, functools.partial(backend.check, self._timeout_s))
+            for backend in backends
+        )
         self._breakers = tuple(backend.guard.breaker for backend in backends)
-        self._following: Optional[tuple[BackendStatus, ...]] = None
+        self._following: tuple[BackendStatus, ...] | None = None
         self._running: dict[str, gevent.Greenlet] = {}
-        self._watcher: Optional[gevent.Greenlet] = None
+        self._watcher: gevent.Greenlet | None = None
+
+    def following(self) -> tuple[BackendStatus, ...] | None:
+        """The statuses given by :meth:`follow`, or ``None`` when this checker checks."""
+        return self._following
 
     def check(self) -> tuple[BackendStatus, ...]:
         """Each backend's status, in configuration order; at most ``cache_ms`` old.
@@ -102,8 +121,9 @@ class HealthChecker:
         with self._lock:  # one refresh at a time; the others then read its result
             if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
                 fresh = self._refresh()
-                if self._following is not None:  # told to follow while it checked
-                    return self._following
+                following = self.following()  # told to follow while it checked?
+                if following is not None:
+                    return following
                 self._cached, self._checked_at = fresh, self._clock()
             return self.current()
 
@@ -116,16 +136,23 @@ class HealthChecker:
         states = tuple(breaker.state.value for breaker in self._breakers)
         if self._answer is None or self._answer[0] is not cached or self._answer[1] != states:
             # Callers in one round share one answer while the circuits stay as they were.
-            self._answer = (cached, states, tuple(
-                dataclasses.replace(status, circuit=state) for status, state in zip(cached, states)))
+            self._answer = (
+                cached,
+                states,
+                tuple(
+                    dataclasses.replace(status, circuit=state)
+                    for status, state in zip(cached, states)
+                ),
+            )
         return self._answer[2]
 
     def circuits(self) -> dict[str, str]:
         """Each backend's circuit breaker as this process's lookups see it now, by name."""
-        return {name: breaker.state.value
-                for (name, _), breaker in zip(self._probes, self._breakers)}
+        return {
+            name: breaker.state.value for (name, _), breaker in zip(self._probes, self._breakers)
+        }
 
-    def watch(self, interval_s: float) -> "HealthChecker":
+    def watch(self, interval_s: float) -> HealthChecker:
         """Check every ``interval_s`` from now on, whether or not anyone asks, so that a
         backend going down shows in the probes and the gauge with no traffic at all."""
         if self._watcher is None:
@@ -153,25 +180,32 @@ class HealthChecker:
     def _refresh(self) -> tuple[BackendStatus, ...]:
         # A check still running from an earlier round is not started again: a backend that
         # hangs past its timeout holds one greenlet, never one more per round.
-        checks = [self._running[name] if name in self._running and not self._running[name].dead
-                  else spawn_in_context(self._timed, name, probe) for name, probe in self._probes]
+        checks = [
+            self._running[name]
+            if name in self._running and not self._running[name].dead
+            else spawn_in_context(self._timed, name, probe)
+            for name, probe in self._probes
+        ]
         self._running = {name: check for (name, _), check in zip(self._probes, checks)}
         gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
         # A check still running is left to end on its own timeout, not killed.
-        return tuple(check.value if check.successful() else
-                     BackendStatus(name, False, late_ms, "check did not finish in time")
-                     for (name, _), check in zip(self._probes, checks))
+        return tuple(
+            check.value
+            if check.successful()
+            else BackendStatus(name, False, late_ms, "check did not finish in time")
+            for (name, _), check in zip(self._probes, checks)
+        )
 
     def _timed(self, name: str, probe: Callable[[], None]) -> BackendStatus:
-        started = time.monotonic()
+        started = self._clock()
         detail = ""
         with suppress_instrumentation():
             try:
                 probe()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not healthy"
                 detail = _describe(exc, self._timeout_s)
-        latency_ms = round((time.monotonic() - started) * 1000.0, 3)
+        latency_ms = round((self._clock() - started) * 1000.0, 3)
         return BackendStatus(name, not detail, latency_ms, detail)
 
 
@@ -180,8 +214,9 @@ def _describe(exc: Exception, timeout_s: float) -> str:
     kind = type(exc).__name__
     if isinstance(exc, HttpStatusError):
         return str(exc)
-    if isinstance(exc, (requests.Timeout, TimeoutError)) or \
-            (isinstance(exc, PyMongoError) and exc.timeout):
+    if isinstance(exc, (requests.Timeout, TimeoutError)) or (
+        isinstance(exc, PyMongoError) and exc.timeout
+    ):
         return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
     if isinstance(exc, (requests.ConnectionError, ConnectionFailure)):
         return f"cannot connect ({kind})"

@@ -7,7 +7,8 @@ gevent did not patch, stops every other connection and task of the process.
 * a WARNING log line: how long the loop was blocked, by which greenlet, in
   which span, and the blocked greenlet's stack taken *while* it was blocking;
 * a ``hub.blocked`` span event (``blocked_ms``, ``threshold_ms``, ``greenlet``,
-  ``location``, ``span``: the name of the span current while blocked) on the span that was current in the blocked greenlet (a task's
+  ``location``, ``span``: the name of the span current while blocked) on the span that was current
+  in the blocked greenlet (a task's
   or a request's), or, if that span ended meanwhile, on its nearest open parent.
 
 How, and what it costs:
@@ -50,8 +51,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
-from time import perf_counter
-from typing import Any, Optional
+from typing import Any
 
 import greenlet
 from gevent import get_hub, spawn_raw
@@ -60,6 +60,8 @@ from gevent.monkey import get_original
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
+from lookups.clock import SYSTEM_CLOCK
+
 __all__ = ["HubMonitor", "BLOCKED_EVENT"]
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,8 @@ log = logging.getLogger(__name__)
 #: Name of the span event added for a blocked run.
 BLOCKED_EVENT = "hub.blocked"
 
-_STACK_FRAMES = 8          # innermost frames of the blocked stack kept in the report
-_MIN_PERIOD_S = 0.005      # the monitor thread never wakes more often than this
+_STACK_FRAMES = 8  # innermost frames of the blocked stack kept in the report
+_MIN_PERIOD_S = 0.005  # the monitor thread never wakes more often than this
 _MAX_OPEN_SPANS = 100_000  # a bound on the span registry, against spans never ended
 
 _start_thread = get_original("_thread", "start_new_thread")
@@ -84,8 +86,8 @@ class _GreenletSpans(SpanProcessor):
 
     def __init__(self) -> None:
         self.users = 0
-        self._open: dict[int, tuple[Span, Any]] = {}   # span id -> (span, greenlet that started it)
-        self._innermost: dict[Any, Span] = {}          # greenlet -> its innermost open span
+        self._open: dict[int, tuple[Span, Any]] = {}  # span id -> (span, greenlet that started it)
+        self._innermost: dict[Any, Span] = {}  # greenlet -> its innermost open span
 
     def on_start(self, span: Span, parent_context: Any = None) -> None:
         if not self.users:
@@ -111,11 +113,11 @@ class _GreenletSpans(SpanProcessor):
         else:
             del self._innermost[owner]
 
-    def innermost(self, owner: Any) -> Optional[Span]:
+    def innermost(self, owner: Any) -> Span | None:
         """The innermost open span started by greenlet ``owner``; safe from any thread."""
         return self._innermost.get(owner)
 
-    def nearest_recording(self, span: Optional[Span]) -> Optional[Span]:
+    def nearest_recording(self, span: Span | None) -> Span | None:
         """``span`` if still open, else its nearest ancestor still open, else None."""
         while span is not None and not span.is_recording():
             parent = span.parent
@@ -129,8 +131,8 @@ class _GreenletSpans(SpanProcessor):
 
 
 _SPANS = _GreenletSpans()
-_attached_to: list[Any] = []       # the provider _SPANS was added to (processors cannot be removed)
-_active: dict[tuple[int, int], "HubMonitor"] = {}  # (pid, thread ident) -> the monitor running there
+_attached_to: list[Any] = []  # the provider _SPANS was added to (processors cannot be removed)
+_active: dict[tuple[int, int], HubMonitor] = {}  # (pid, thread ident) -> the monitor running there
 
 
 def _attach_span_registry() -> bool:
@@ -153,12 +155,12 @@ class _Watch:
     tracer: Any
     hub: Any
     thread_ident: int
-    key: tuple[int, int]           # its key in _active
+    key: tuple[int, int]  # its key in _active
     threshold_s: float
     period_s: float
     running: bool = True
-    uses_spans: bool = False       # counted in _SPANS.users
-    reported_entry: float = 0.0    # hub entry time of the last run reported
+    uses_spans: bool = False  # counted in _SPANS.users
+    reported_entry: float = 0.0  # hub entry time of the last run reported
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,9 @@ class _Block:
     """One blocked run, as seen by the monitor thread."""
 
     greenlet: Any
-    entered_hub: float             # perf_counter() when the hub last ran before the block
-    stack: Optional[traceback.StackSummary]
-    span: Optional[Span]
+    entered_hub: float  # SYSTEM_CLOCK.monotonic() when the hub last ran before the block
+    stack: traceback.StackSummary | None
+    span: Span | None
 
 
 class HubMonitor:
@@ -181,7 +183,7 @@ class HubMonitor:
         if threshold_ms < 0:
             raise ValueError(f"threshold_ms must be >= 0, got {threshold_ms}")
         self.threshold_ms = threshold_ms
-        self._watch: Optional[_Watch] = None
+        self._watch: _Watch | None = None
         self._reported = 0
 
     @property
@@ -193,7 +195,7 @@ class HubMonitor:
         """Blocked runs reported since construction."""
         return self._reported
 
-    def start(self) -> "HubMonitor":
+    def start(self) -> HubMonitor:
         """Install the switch tracer and start the monitor thread; a no-op when disabled,
         already running, or when another monitor runs in this thread."""
         if self.threshold_ms == 0 or self._watch is not None:
@@ -205,8 +207,14 @@ class HubMonitor:
             return self
         hub = get_hub()
         threshold_s = self.threshold_ms / 1000.0
-        watch = _Watch(HubSwitchTracer(hub, threshold_s), hub, ident, key, threshold_s,
-                       max(threshold_s / 4, _MIN_PERIOD_S))
+        watch = _Watch(
+            HubSwitchTracer(hub, threshold_s),
+            hub,
+            ident,
+            key,
+            threshold_s,
+            max(threshold_s / 4, _MIN_PERIOD_S),
+        )
         if _attach_span_registry():
             watch.uses_spans = True
             _SPANS.users += 1
@@ -229,7 +237,9 @@ class HubMonitor:
         if greenlet.gettrace() is watch.tracer:
             watch.tracer.kill()
         else:  # a tracer installed after ours chains to ours; removing ours would drop it
-            log.warning("hub monitor: another greenlet tracer was installed later; ours stays chained")
+            log.warning(
+                "hub monitor: another greenlet tracer was installed later; ours stays chained"
+            )
 
     def _monitor(self, watch: _Watch) -> None:
         """The monitor thread. Reads the tracer, never writes anything the hub reads."""
@@ -238,18 +248,24 @@ class HubMonitor:
                 _thread_sleep(watch.period_s)
                 if watch.running:
                     self._check(watch)
-        except Exception as exc:  # the process is exiting, or a bug: report it in the hub
+        except Exception as exc:  # noqa: BLE001 - the process is exiting, or a bug: report it in the hub
             if watch.running:
                 watch.hub.loop.run_callback_threadsafe(
-                    log.error, "hub monitor: monitor thread failed: %r", exc)
+                    log.error, "hub monitor: monitor thread failed: %r", exc
+                )
 
     def _check(self, watch: _Watch) -> None:
         tracer = watch.tracer
         entered = tracer.last_entered_hub
         blocked = tracer.active_greenlet
-        if blocked is None or blocked is watch.hub or not entered or entered == watch.reported_entry:
+        if (
+            blocked is None
+            or blocked is watch.hub
+            or not entered
+            or entered == watch.reported_entry
+        ):
             return
-        if perf_counter() - entered < watch.threshold_s:
+        if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
             return
         watch.reported_entry = entered
         frame = sys._current_frames().get(watch.thread_ident)
@@ -264,24 +280,37 @@ class HubMonitor:
         if not watch.running:
             return
         self._reported += 1
-        blocked_ms = (perf_counter() - block.entered_hub) * 1000.0
+        blocked_ms = (SYSTEM_CLOCK.monotonic() - block.entered_hub) * 1000.0
         name = _greenlet_name(block.greenlet)
         location = _location(block.stack)
         span = _SPANS.nearest_recording(block.span)
         if span is not None:
             try:
-                span.add_event(BLOCKED_EVENT, {
-                    "blocked_ms": round(blocked_ms, 1), "threshold_ms": self.threshold_ms,
-                    "greenlet": name, "location": location,
-                    "span": block.span.name if block.span is not None else ""})
+                span.add_event(
+                    BLOCKED_EVENT,
+                    {
+                        "blocked_ms": round(blocked_ms, 1),
+                        "threshold_ms": self.threshold_ms,
+                        "greenlet": name,
+                        "location": location,
+                        "span": block.span.name if block.span is not None else "",
+                    },
+                )
             except Exception:  # tracing must never break the process; the log line still goes out
                 log.exception("hub monitor: could not add the span event")
         stack = "".join(block.stack.format()) if block.stack else "  (stack not captured)\n"
         # Logged from a greenlet, not the hub: a log handler may do cooperative I/O.
-        spawn_raw(log.warning, "event loop blocked for %.0f ms (threshold %d ms) by %s%s at %s; "
-                  "its stack while blocked:\n%s", blocked_ms, self.threshold_ms, name,
-                  f" in span {block.span.name!r}" if block.span is not None else "",
-                  location, stack.rstrip("\n"))
+        spawn_raw(
+            log.warning,
+            "event loop blocked for %.0f ms (threshold %d ms) by %s%s at %s; "
+            "its stack while blocked:\n%s",
+            blocked_ms,
+            self.threshold_ms,
+            name,
+            f" in span {block.span.name!r}" if block.span is not None else "",
+            location,
+            stack.rstrip("\n"),
+        )
 
 
 def _greenlet_name(blocked: Any) -> str:
@@ -289,7 +318,7 @@ def _greenlet_name(blocked: Any) -> str:
     return name if isinstance(name, str) else f"{type(blocked).__name__}@{id(blocked):#x}"
 
 
-def _location(stack: Optional[traceback.StackSummary]) -> str:
+def _location(stack: traceback.StackSummary | None) -> str:
     if not stack:
         return "unknown"
     frame = stack[-1]

@@ -28,8 +28,15 @@ from typing import TextIO
 
 from service.engine.tasks import current_request_id
 
-__all__ = ["JSON_FIELDS", "LoggingSettings", "configure_logging", "set_request_id", "set_worker",
-           "TEXT_FORMAT", "console_line"]
+__all__ = [
+    "JSON_FIELDS",
+    "LoggingSettings",
+    "configure_logging",
+    "set_request_id",
+    "set_worker",
+    "TEXT_FORMAT",
+    "console_line",
+]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(worker_tag)s%(name)s: %(message)s"
 #: The fields of every JSON line, in order (the manual's log reference is made from these).
@@ -43,17 +50,22 @@ _worker = ""
 # record: JSON carries them once, as trace_id, span_id and worker, not twice.
 _NOT_IN_JSON = ("otelSpanID", "otelTraceID", "otelTraceSampled", "otelServiceName", "worker_tag")
 # The JSON formatter when logging.format is json: console_line() writes like the log.
-_json_handler: "logging.Handler | None" = None
+_json_handler: logging.Handler | None = None
 
 
 @dataclass(frozen=True)
 class LoggingSettings:
     """The ``[logging]`` section."""
 
-    format: str = field(default="text", metadata={
-        "help": "`json`: one JSON object per line, with `time`, `level`, `logger`, `message`, "
-                "and for lines logged inside a call its `trace_id`, `span_id` and `request_id` "
-                "(see [Logs](../reference/logs.md))", "choices": ("text", "json")})
+    format: str = field(
+        default="text",
+        metadata={
+            "help": "`json`: one JSON object per line, with `time`, `level`, `logger`, `message`, "
+            "and for lines logged inside a call its `trace_id`, `span_id` and `request_id` "
+            "(see [Logs](../reference/logs.md))",
+            "choices": ("text", "json"),
+        },
+    )
 
 
 def set_request_id(request_id: str) -> None:
@@ -76,8 +88,9 @@ class _CallIds(logging.Filter):
         record.span_id = getattr(record, "otelSpanID", "0")
         record.request_id = current_request_id.get()
         record.worker = _worker
-        record.worker_tag = "" if not _worker else (
-            "master: " if _worker == "master" else f"worker {_worker}: ")
+        record.worker_tag = (
+            "" if not _worker else ("master: " if _worker == "master" else f"worker {_worker}: ")
+        )
         return True
 
 
@@ -99,9 +112,13 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
         from pythonjsonlogger.core import RESERVED_ATTRS
         from pythonjsonlogger.json import JsonFormatter
 
-        handler.setFormatter(JsonFormatter(
-            _JSON_FIELDS, rename_fields={record: field for field, record in _RECORD_NAMES.items()},
-            reserved_attrs=[*RESERVED_ATTRS, *_NOT_IN_JSON]))
+        handler.setFormatter(
+            JsonFormatter(
+                _JSON_FIELDS,
+                rename_fields={record: field for field, record in _RECORD_NAMES.items()},
+                reserved_attrs=[*RESERVED_ATTRS, *_NOT_IN_JSON],
+            )
+        )
         _json_handler = handler
     else:
         handler.setFormatter(logging.Formatter(TEXT_FORMAT))

@@ -13,12 +13,13 @@ continuous instead of marking the target down.
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import gevent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from lookups.clock import SYSTEM_CLOCK
 from service.operations.native_http import NativeHttpServer, call_on_main_loop
 
 __all__ = ["MetricsEndpoint", "COLLECT_TIMEOUT_S"]
@@ -39,13 +40,13 @@ class MetricsEndpoint:
         self._registry = registry
         self._server = NativeHttpServer(host, port, self._app, "metrics")
         self._loop: Any = None
-        self._last: Optional[tuple[float, bytes]] = None
+        self._last: tuple[float, bytes] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         return self._server.address
 
-    def start(self) -> "MetricsEndpoint":
+    def start(self) -> MetricsEndpoint:
         self._loop = gevent.get_hub().loop
         self._server.start()
         log.info("metrics: Prometheus scrape at http://%s:%d/metrics", *self.address)
@@ -57,7 +58,7 @@ class MetricsEndpoint:
     def collect(self) -> bytes:
         """The registry in Prometheus' text format (on the event loop's thread)."""
         body = generate_latest(self._registry)
-        self._last = (time.monotonic(), body)
+        self._last = (SYSTEM_CLOCK.monotonic(), body)
         return body
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -70,9 +71,20 @@ class MetricsEndpoint:
             if last is None:
                 start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [b"the first collection has not finished yet\n"]
-            age_s = time.monotonic() - last[0]
-            body = last[1] + (f"# the event loop did not collect within {COLLECT_TIMEOUT_S} s: "
-                              f"values as collected {age_s:.1f} s ago\n").encode()
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
-                                  ("Content-Length", str(len(body))), ("Cache-Control", "no-store")])
+            age_s = SYSTEM_CLOCK.monotonic() - last[0]
+            body = (
+                last[1]
+                + (
+                    f"# the event loop did not collect within {COLLECT_TIMEOUT_S} s: "
+                    f"values as collected {age_s:.1f} s ago\n"
+                ).encode()
+            )
+        start_response(
+            "200 OK",
+            [
+                ("Content-Type", CONTENT_TYPE_LATEST),
+                ("Content-Length", str(len(body))),
+                ("Cache-Control", "no-store"),
+            ],
+        )
         return [body]

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 import socket as _socket_module
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 import gevent.socket
@@ -46,8 +47,8 @@ class NativeHttpServer:
 
     def __init__(self, host: str, port: int, app: Callable[..., Any], name: str) -> None:
         self._host, self._port, self._app, self.name = host, port, app, name
-        self._address: Optional[tuple[str, int]] = None
-        self._server: Optional[WSGIServer] = None
+        self._address: tuple[str, int] | None = None
+        self._server: WSGIServer | None = None
         self._loop: Any = None
         self._started = native_lock()
         self._ended = native_lock()
@@ -57,7 +58,7 @@ class NativeHttpServer:
         assert self._address is not None, "not started"
         return self._address
 
-    def start(self) -> "NativeHttpServer":
+    def start(self) -> NativeHttpServer:
         family = _socket_module.AF_INET6 if ":" in self._host else _socket_module.AF_INET
         listener = _NativeSocket(family, _socket_module.SOCK_STREAM)
         try:
@@ -84,7 +85,7 @@ class NativeHttpServer:
             self._server.start()
             self._started.release()
             self._server.serve_forever()
-        except BaseException:  # noqa: BLE001 - a thread's end must be logged, not lost
+        except BaseException:  # a thread's end must be logged, not lost
             log.exception("%s: the server thread failed", self.name)
         finally:
             if self._started.locked():
@@ -116,7 +117,7 @@ def call_on_main_loop(loop: Any, function: Callable[[], Any], timeout_s: float) 
     def run() -> None:
         try:
             outcome.append(function())
-        except Exception:  # noqa: BLE001 - reported to the waiting thread as a failure
+        except Exception:  # reported to the waiting thread as a failure
             log.exception("a call from a native thread failed")
         finally:
             done.release()

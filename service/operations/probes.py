@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import gevent
 
+from lookups.clock import SYSTEM_CLOCK
 from service.operations.health import BackendStatus, HealthChecker
 from service.operations.native_http import NativeHttpServer
 from tracing.context import spawn_in_context
@@ -56,20 +57,26 @@ class ProbeServer:
     says 503 (0: never).
     """
 
-    def __init__(self, host: str, port: int, health: HealthChecker,
-                 draining: Callable[[], bool], stale_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        health: HealthChecker,
+        draining: Callable[[], bool],
+        stale_after_s: float = 30.0,
+    ) -> None:
         self._health = health
         self._draining = draining
         self._stale_after_s = stale_after_s
-        self._beat = time.monotonic()
-        self._refresher: Optional[gevent.Greenlet] = None
+        self._beat = SYSTEM_CLOCK.monotonic()
+        self._refresher: gevent.Greenlet | None = None
         self._server = NativeHttpServer(host, port, self._app, "probes")
 
     @property
     def address(self) -> tuple[str, int]:
         return self._server.address
 
-    def start(self) -> "ProbeServer":
+    def start(self) -> ProbeServer:
         self._server.start()
         self._refresher = spawn_in_context(self._refresh)
         log.info("probes: http://%s:%d/healthz and /readyz", *self.address)
@@ -82,17 +89,20 @@ class ProbeServer:
 
     def _refresh(self) -> None:
         while True:
-            self._beat = time.monotonic()
+            self._beat = SYSTEM_CLOCK.monotonic()
             gevent.sleep(REFRESH_S)
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         backends = backend_bodies(self._health.current())
         if path == "/healthz":
-            silent_s = time.monotonic() - self._beat
+            silent_s = SYSTEM_CLOCK.monotonic() - self._beat
             if self._stale_after_s and silent_s > self._stale_after_s + REFRESH_S:
-                return json_answer(start_response, 503, {"status": f"event loop silent for {silent_s:.0f} s",
-                                                     "backends": backends})
+                return json_answer(
+                    start_response,
+                    503,
+                    {"status": f"event loop silent for {silent_s:.0f} s", "backends": backends},
+                )
             return json_answer(start_response, 200, {"status": "ok", "backends": backends})
         if path == "/readyz":
             draining = self._draining()
@@ -109,10 +119,17 @@ def backend_bodies(statuses: Iterable[BackendStatus]) -> dict[str, Any]:
 _REASONS = {200: "200 OK", 404: "404 Not Found", 503: "503 Service Unavailable"}
 
 
-def json_answer(start_response: Callable[..., Any], status: int, body: dict[str, Any]) -> list[bytes]:
+def json_answer(
+    start_response: Callable[..., Any], status: int, body: dict[str, Any]
+) -> list[bytes]:
     """Answer a WSGI request with ``body`` as JSON, never cached."""
     payload = json.dumps(body).encode()
-    start_response(_REASONS[status], [("Content-Type", "application/json"),
-                                      ("Content-Length", str(len(payload))),
-                                      ("Cache-Control", "no-store")])
+    start_response(
+        _REASONS[status],
+        [
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(payload))),
+            ("Cache-Control", "no-store"),
+        ],
+    )
     return [payload]

@@ -38,10 +38,10 @@ tasks, enforced by :class:`~service.engine.fanout.FanOut`.
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
+from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
@@ -52,11 +52,11 @@ from tracing.pools import cpu_demand_s
 
 __all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
 
-_SHORT_WEIGHT = 0.2        # the short-term latency average: about the last five calls
-_LONG_WEIGHT = 0.01        # the long-term one: about the last hundred
-_SMOOTHING = 0.2           # how far one update moves the limit towards its new value
-_GROW_IN_USE = 0.5         # the limit grows only while this share of it is in use...
-_CPU_IN_USE = 0.25         # ...and moves for the CPU while this share is (see above)
+_SHORT_WEIGHT = 0.2  # the short-term latency average: about the last five calls
+_LONG_WEIGHT = 0.01  # the long-term one: about the last hundred
+_SMOOTHING = 0.2  # how far one update moves the limit towards its new value
+_GROW_IN_USE = 0.5  # the limit grows only while this share of it is in use...
+_CPU_IN_USE = 0.25  # ...and moves for the CPU while this share is (see above)
 
 
 class Refused(Exception):
@@ -73,11 +73,11 @@ class AdmissionStats:
 
     admitted: int = 0
     queued: int = 0
-    refused: int = 0            # every refusal, whatever the reason
-    refused_deadline: int = 0   # ...of which: the deadline could not be met
-    refused_queue: int = 0      # ...of which: the queue was full or the wait ran out
-    refused_unread: int = 0     # ...of which: a caller back too early, refused before reading
-    latency_cuts: int = 0       # rounds of cuts to the limit because latency rose
+    refused: int = 0  # every refusal, whatever the reason
+    refused_deadline: int = 0  # ...of which: the deadline could not be met
+    refused_queue: int = 0  # ...of which: the queue was full or the wait ran out
+    refused_unread: int = 0  # ...of which: a caller back too early, refused before reading
+    latency_cuts: int = 0  # rounds of cuts to the limit because latency rose
 
 
 class AdmissionControl:
@@ -87,13 +87,17 @@ class AdmissionControl:
     exactly once per admitted call (``FanOut.run`` does both). ``clock`` (monotonic
     seconds) decides whether the queue stands and when ``retry_after_ms`` is steered,
     and ``cpu_demand`` (seconds the loop's thread ran or waited for a core, so far)
-    whether the loop is CPU-saturated; tests pass their own. Waiting itself, and
-    deadlines, keep real time.
+    whether the loop is CPU-saturated; tests pass their own. A call's deadline reads the
+    same clock (the service gives both); waiting itself keeps real time.
     """
 
-    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int,
-                 clock: Callable[[], float] = time.monotonic,
-                 cpu_demand: Callable[[], float] = cpu_demand_s) -> None:
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        request_deadline_ms: int,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        cpu_demand: Callable[[], float] = cpu_demand_s,
+    ) -> None:
         self.settings = settings
         self._clock = clock
         self.cpu = CpuRule(clock, cpu_demand, settings.cpu_saturated)
@@ -103,7 +107,7 @@ class AdmissionControl:
         self._ceiling_s = settings.max_latency_fraction * request_deadline_ms / 1000.0
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
-        self._cut_at, self._cut_from = -math.inf, self.limit   # the current round of cuts
+        self._cut_at, self._cut_from = -math.inf, self.limit  # the current round of cuts
         self._line = WaitingLine(settings, clock)
         self.retry_after = RetryAfter(clock, lambda: self._short_s)
         self._refused_since_update = 0
@@ -122,13 +126,14 @@ class AdmissionControl:
         if deadline.remaining_s() < expected_s:
             self.stats.refused_deadline += 1
             raise self._refuse("cannot finish within its deadline at the current load", rank)
-        if len(self._line.waiters) >= max(int(self.limit), self.settings.min_limit):
-            if not self._line.evict_below(rank):
-                self.stats.refused_queue += 1
-                raise self._refuse("the admission queue is full", rank)
+        if len(self._line.waiters) >= max(
+            int(self.limit), self.settings.min_limit
+        ) and not self._line.evict_below(rank):
+            self.stats.refused_queue += 1
+            raise self._refuse("the admission queue is full", rank)
         self._wait(deadline, rank)
 
-    def done(self, latency_s: Optional[float]) -> None:
+    def done(self, latency_s: float | None) -> None:
         """An admitted call ended after ``latency_s`` (None: a call that says nothing of the
         service's latency, as concurrency-limits' ``onIgnore``): update the limit, pass the
         slot on."""
@@ -150,8 +155,9 @@ class AdmissionControl:
     @property
     def saturated(self) -> bool:
         """True while a call arriving now would have to queue: the limit is reached."""
-        return self.settings.enabled and (self.inflight >= self.cpu.least.cap(self.limit)
-                                          or bool(self._line.waiters))
+        return self.settings.enabled and (
+            self.inflight >= self.cpu.least.cap(self.limit) or bool(self._line.waiters)
+        )
 
     def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
@@ -179,7 +185,9 @@ class AdmissionControl:
         waiter, longest_s = line.join(rank)
         self.stats.queued += 1
         try:
-            waiter.event.wait(timeout=min(longest_s, max(0.0, deadline.remaining_s() - self._short_s)))
+            waiter.event.wait(
+                timeout=min(longest_s, max(0.0, deadline.remaining_s() - self._short_s))
+            )
         finally:
             if not waiter.admitted:
                 line.leave(waiter)
@@ -189,7 +197,9 @@ class AdmissionControl:
 
     def _hand_over(self) -> None:
         while self._line.waiters and self.inflight < self.cpu.least.cap(self.limit):
-            self._admitted(self._line.admit_next().rank)
+            waiter = self._line.admit_next()
+            assert waiter is not None  # the line holds waiters
+            self._admitted(waiter.rank)
 
     def _expected_wait_s(self, rank: int) -> float:
         """Roughly how long a newcomer would queue: those ahead of it, at the current pace."""
@@ -215,7 +225,7 @@ class AdmissionControl:
 
     def _update_limit(self) -> None:
         if self.cpu.least.probing:
-            return   # its calls say nothing of the limit's
+            return  # its calls say nothing of the limit's
         settings, short_s = self.settings, max(self._short_s, 1e-6)
         gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
         if short_s > self._ceiling_s:
@@ -257,7 +267,7 @@ class AdmissionControl:
         self.inflight += 1
         self.cpu.least.admitted()
         self.stats.admitted += 1
-        self.retry_after.admissions[rank > _CRITICAL] += 1   # a counter: see retry_after
+        self.retry_after.admissions[rank > _CRITICAL] += 1  # a counter: see retry_after
 
     def _refuse(self, reason: str, rank: int) -> Refused:
         self._count_refusal(rank)

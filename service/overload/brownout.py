@@ -60,19 +60,30 @@ from __future__ import annotations
 
 import enum
 import logging
-import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import gevent
 from gevent import Greenlet
 
+from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
-__all__ = ["Criticality", "Dimmer", "DimmerStats", "BrownoutVerdict", "WINDOW_S", "STEP",
-           "COOL_WINDOWS", "BACKOFF_MAX", "PROBATION_WINDOWS", "AVOID_S", "REFUSED_FROM"]
+__all__ = [
+    "Criticality",
+    "Dimmer",
+    "DimmerStats",
+    "BrownoutVerdict",
+    "WINDOW_S",
+    "STEP",
+    "COOL_WINDOWS",
+    "BACKOFF_MAX",
+    "PROBATION_WINDOWS",
+    "AVOID_S",
+    "REFUSED_FROM",
+]
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +131,11 @@ _LADDER: tuple[tuple[bool, frozenset[Criticality]], ...] = (
 def _rung_tops(criticality: Criticality, refusing: bool = False) -> list[float]:
     """The levels at which the rungs naming ``criticality`` are whole (with ``refusing``,
     only the rungs that refuse)."""
-    return [round((rung + 1) * _RUNG, 6) for rung, (refuse, names) in enumerate(_LADDER)
-            if criticality in names and (refuse or not refusing)]
+    return [
+        round((rung + 1) * _RUNG, 6)
+        for rung, (refuse, names) in enumerate(_LADDER)
+        if criticality in names and (refuse or not refusing)
+    ]
 
 
 #: Per criticality, the top of the highest rung that names it.
@@ -133,9 +147,9 @@ REFUSED_FROM = [min(_rung_tops(c, refusing=True), default=2.0) for c in Critical
 class BrownoutVerdict(enum.Enum):
     """What the dimmer does to one call."""
 
-    WHOLE = "whole"              # run every panel asked for
-    LIGHTER = "lighter"          # run the essential panels only
-    REFUSED = "refused"          # answer Overloaded
+    WHOLE = "whole"  # run every panel asked for
+    LIGHTER = "lighter"  # run the essential panels only
+    REFUSED = "refused"  # answer Overloaded
 
 
 @dataclass
@@ -144,7 +158,7 @@ class DimmerStats:
 
     lighter: dict[str, int] = field(default_factory=dict)
     refused: dict[str, int] = field(default_factory=dict)
-    steps: int = 0              # level changes
+    steps: int = 0  # level changes
 
 
 class Dimmer:
@@ -156,10 +170,17 @@ class Dimmer:
     monotonic seconds. Tests drive :meth:`update` with their own clock.
     """
 
-    def __init__(self, refusals: Callable[[], int], queue_standing: Callable[[], bool], *,
-                 latency_cuts: Optional[Callable[[], int]] = None,
-                 pools_short: Callable[[], bool] = lambda: False, enabled: bool = True,
-                 min_level: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        refusals: Callable[[], int],
+        queue_standing: Callable[[], bool],
+        *,
+        latency_cuts: Callable[[], int] | None = None,
+        pools_short: Callable[[], bool] = lambda: False,
+        enabled: bool = True,
+        min_level: float = 0.0,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+    ) -> None:
         self.enabled = enabled
         self.min_level = min_level if enabled else 0.0
         self.level = self.min_level
@@ -172,19 +193,20 @@ class Dimmer:
         self._latency_cuts = latency_cuts or (lambda: 0)
         self._seen_cuts = self._latency_cuts()
         self._cool = 0
-        self._backoff = 0                        # doublings of the cool stretch
-        self._probing: Optional[int] = None      # windows since a step down not yet held
-        self._avoid = (-1.0, 0.0)                # a level that failed, and until when to avoid it
-        self._owed = [0.0] * len(_LADDER)   # each rung's share accumulated, not yet acted on
+        self._backoff = 0  # doublings of the cool stretch
+        self._probing: int | None = None  # windows since a step down not yet held
+        self._avoid = (-1.0, 0.0)  # a level that failed, and until when to avoid it
+        self._owed = [0.0] * len(_LADDER)  # each rung's share accumulated, not yet acted on
         #: Calls that reached the gate since the last update, by criticality (the gate counts).
         self.arrivals = [0] * len(Criticality)
-        self._present: deque[int] = deque(maxlen=_PRESENT_WINDOWS)  # each window's ceiling
+        self._present: deque[float] = deque(maxlen=_PRESENT_WINDOWS)  # each window's ceiling
         # Per window: (time, highest level, calls answered lighter so far, refused so far).
         self._windows: deque[tuple[float, float, int, int]] = deque()
-        self._loop: Optional[Greenlet] = None
+        self._loop: Greenlet | None = None
 
     def start(self) -> None:
-        """Run :meth:`update` every :data:`WINDOW_S` in a greenlet of its own, until :meth:`stop`."""
+        """Run :meth:`update` every :data:`WINDOW_S` in a greenlet of its own, until
+        :meth:`stop`."""
         if self.enabled and self._loop is None:
             self._loop = spawn_in_context(self._run)
 
@@ -213,7 +235,9 @@ class Dimmer:
             if refuse:
                 break
         if verdict is not BrownoutVerdict.WHOLE:
-            counts = self.stats.refused if verdict is BrownoutVerdict.REFUSED else self.stats.lighter
+            counts = (
+                self.stats.refused if verdict is BrownoutVerdict.REFUSED else self.stats.lighter
+            )
             counts[criticality.name] = counts.get(criticality.name, 0) + 1
         return verdict
 
@@ -236,13 +260,13 @@ class Dimmer:
             return
         before = self.level
         ceiling = self._ceiling()
-        failed = cut and self._probing is not None   # latency rose since the last step down
+        failed = cut and self._probing is not None  # latency rose since the last step down
         # Read only where it can move the level, once a window at most: a report is not
         # free, and at the ceiling it is read once per cool stretch, not every window.
         below_ceiling = 0.0 < self.level < ceiling
         short = not (refused or failed) and below_ceiling and self._pools_short()
         if refused or failed or short:
-            if self._probing is not None:   # the last step down brought refusals back
+            if self._probing is not None:  # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
                 self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
             self._cool = 0
@@ -253,15 +277,15 @@ class Dimmer:
             self._cool += 1
             if self._probing is not None:
                 self._probing += 1
-                if self._probing >= PROBATION_WINDOWS:   # the step down held: the base pace again
+                if self._probing >= PROBATION_WINDOWS:  # the step down held: the base pace again
                     self._backoff, self._probing = 0, None
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
                 lowered = max(self.min_level, self.level - STEP)
                 if lowered < self.level and not below_ceiling and self._pools_short():
-                    lowered = self.level   # no slot to spare (below the ceiling: read above)
+                    lowered = self.level  # no slot to spare (below the ceiling: read above)
                 if lowered <= self._avoid[0] and self._clock() < self._avoid[1]:
-                    lowered = self.level   # a level that brought refusals back lately
+                    lowered = self.level  # a level that brought refusals back lately
                 self._probing = 0 if lowered < self.level else self._probing
                 self.level = lowered
         # Above the ceiling nothing that arrives would be shed: climbing there only slows
@@ -270,15 +294,24 @@ class Dimmer:
         self._note_peak(before)
         if self.level != before:
             self.stats.steps += 1
-            log.info("brownout level %.2f -> %.2f (%s)", before, self.level,
-                     "admission refused calls" if refused else
-                     "latency rose after a step down" if failed else
-                     "a backend pool is short of slots" if short else "no refusal for a while")
+            log.info(
+                "brownout level %.2f -> %.2f (%s)",
+                before,
+                self.level,
+                "admission refused calls"
+                if refused
+                else "latency rose after a step down"
+                if failed
+                else "a backend pool is short of slots"
+                if short
+                else "no refusal for a while",
+            )
 
     def _note_peak(self, before: float) -> None:
         now = self._clock()
-        self._windows.append((now, max(before, self.level), _total(self.stats.lighter),
-                              _total(self.stats.refused)))
+        self._windows.append(
+            (now, max(before, self.level), _total(self.stats.lighter), _total(self.stats.refused))
+        )
         while self._windows and self._windows[0][0] < now - REPORT_WINDOW_S:
             self._windows.popleft()
 

@@ -44,17 +44,17 @@ since slowed is forgotten within 20 s.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 __all__ = ["CpuRule", "LeastLatency", "PROBE_CALLS"]
 
-_WINDOW_S = 0.25        # the loop's demand for a core is measured over windows this long
-_STEP = 0.9             # the limit's step down per window (and 1 / _STEP up)
-_QUEUE_HIGH = 2.2       # it falls while calls take longer than this many times the least,
-_QUEUE_LOW = 1.6        # ...and grows while they take less than this many times
-_NEAR = 0.9             # a loop this share of saturated, or more, grows one step a window
-EPOCH_S = 10.0          # the least is the least of this epoch and the last; a probe an epoch
-PROBE_CALLS = 4         # calls in flight during a probe, and calls it waits for
+_WINDOW_S = 0.25  # the loop's demand for a core is measured over windows this long
+_STEP = 0.9  # the limit's step down per window (and 1 / _STEP up)
+_QUEUE_HIGH = 2.2  # it falls while calls take longer than this many times the least,
+_QUEUE_LOW = 1.6  # ...and grows while they take less than this many times
+_NEAR = 0.9  # a loop this share of saturated, or more, grows one step a window
+EPOCH_S = 10.0  # the least is the least of this epoch and the last; a probe an epoch
+PROBE_CALLS = 4  # calls in flight during a probe, and calls it waits for
 _PROBE_LONGEST_S = 1.0  # a probe whose calls do not end (none came) gives up after this
 
 
@@ -66,16 +66,17 @@ class CpuRule:
     (0: the rule is off).
     """
 
-    def __init__(self, clock: Callable[[], float], cpu_demand: Callable[[], float],
-                 saturated_share: float) -> None:
+    def __init__(
+        self, clock: Callable[[], float], cpu_demand: Callable[[], float], saturated_share: float
+    ) -> None:
         self._clock = clock
         self._cpu_demand = cpu_demand
         self._share = saturated_share
         self.least = LeastLatency(clock)
-        self.busy = 0.0                 # the loop's demand for a core over the last window
-        self.window_latency_s = 0.0     # the calls' mean latency over the last window
+        self.busy = 0.0  # the loop's demand for a core over the last window
+        self.window_latency_s = 0.0  # the calls' mean latency over the last window
         self._start_window(clock(), cpu_demand())
-        self._measured = False          # the last window ended at the last measure
+        self._measured = False  # the last window ended at the last measure
 
     def call_ended(self, latency_s: float) -> None:
         """An admitted call ended after ``latency_s``: the least, and the window's mean."""
@@ -138,11 +139,11 @@ class LeastLatency:
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._epochs = [math.inf, math.inf]   # the least: last epoch, this one
+        self._epochs = [math.inf, math.inf]  # the least: last epoch, this one
         self._epoch_since = clock()
-        self._probe_since: Optional[float] = None   # while a probe runs: when it began
-        self._probe_open: Optional[float] = None    # ...when it admitted its first call
-        self._probe_ended = 0                       # calls started under it that ended
+        self._probe_since: float | None = None  # while a probe runs: when it began
+        self._probe_open: float | None = None  # ...when it admitted its first call
+        self._probe_ended = 0  # calls started under it that ended
         self._last_probe = -math.inf
         self.probes = 0
 
@@ -167,7 +168,7 @@ class LeastLatency:
             return False
         now = self._clock()
         if self._probe_open is not None and now - latency_s >= self._probe_open:
-            self._probe_ended += 1   # it started under the probe
+            self._probe_ended += 1  # it started under the probe
         if self._probe_ended >= PROBE_CALLS or now - self._probe_since >= _PROBE_LONGEST_S:
             self._probe_since = None
             return True

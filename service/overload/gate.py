@@ -63,12 +63,13 @@ The gate's counters and admission's state are series of the service
 from __future__ import annotations
 
 import random
-import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed
@@ -77,7 +78,14 @@ from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import REFUSED_FROM, BrownoutVerdict, Criticality, Dimmer
 from service.wire.header import call_header
 
-__all__ = ["CallGate", "AdmittedCall", "GateStats", "CallerPacing", "current_caller", "UnreadRefusals"]
+__all__ = [
+    "CallGate",
+    "AdmittedCall",
+    "GateStats",
+    "CallerPacing",
+    "current_caller",
+    "UnreadRefusals",
+]
 
 WHOLE, LIGHTER, REFUSED = BrownoutVerdict.WHOLE, BrownoutVerdict.LIGHTER, BrownoutVerdict.REFUSED
 
@@ -95,41 +103,44 @@ _REPLY_MARGIN_S = 0.05
 _JITTER = 0.9
 
 #: The caller (connection) of the call being served; set by the server per call.
-current_caller: ContextVar[Optional["CallerPacing"]] = ContextVar("fanout_caller", default=None)
+current_caller: ContextVar[CallerPacing | None] = ContextVar("fanout_caller", default=None)
 
 
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_early", "_last_deadline_ms", "_hold_s", "criticality")
+    __slots__ = ("_back_at", "_clock", "_early", "_last_deadline_ms", "_hold_s", "criticality")
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._back_at = 0.0
         self._early = False
         #: The criticality of this caller's last call read, for a call refused unread.
         self.criticality = Criticality.CRITICAL
-        self._last_deadline_ms = 0.0   # the deadline of this caller's last call read in full
-        self._hold_s = 0.0      # how long to hold the reply to the call being served
+        self._last_deadline_ms = 0.0  # the deadline of this caller's last call read in full
+        self._hold_s = 0.0  # how long to hold the reply to the call being served
 
     def arrived(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
         """A call from this caller arrived now (before its admission is decided)."""
-        self._early = time.monotonic() < self._back_at
+        self._early = self._clock.monotonic() < self._back_at
         self._last_deadline_ms = deadline.remaining_ms()
         self.criticality = criticality
 
     def back_early(self) -> bool:
         """True if a call arriving now comes before the pause this caller was told."""
-        return self._last_deadline_ms > 0 and time.monotonic() < self._back_at
+        return self._last_deadline_ms > 0 and self._clock.monotonic() < self._back_at
 
     def early_for_s(self) -> float:
         """Seconds from now until a call from this caller no longer counts as early (0 if none)."""
-        return max(0.0, self._back_at - time.monotonic()) if self._last_deadline_ms > 0 else 0.0
+        return (
+            max(0.0, self._back_at - self._clock.monotonic()) if self._last_deadline_ms > 0 else 0.0
+        )
 
     def refused_unread(self, retry_after_ms: int) -> float:
         """A call that came back early is refused without being read: held as in
         :meth:`refused`, within the deadline the caller's last call carried."""
         self._early = True
-        return self.refused(retry_after_ms, Deadline.after_ms(self._last_deadline_ms))
+        return self.refused(retry_after_ms, Deadline.after_ms(self._last_deadline_ms, self._clock))
 
     def answered(self) -> None:
         """The call was admitted and answered: nothing to pace."""
@@ -144,9 +155,15 @@ class CallerPacing:
         held_s = 0.0
         if self._early:
             # Jittered: callers refused together would otherwise come back together, for ever.
-            held_s = max(0.0, random.uniform(_JITTER, 1.0) * min(
-                retry_after_ms / 1000.0, deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S))
-        self._back_at = time.monotonic() + held_s + _EARLY_SHARE * retry_after_ms / 1000.0
+            held_s = max(
+                0.0,
+                random.uniform(_JITTER, 1.0)
+                * min(
+                    retry_after_ms / 1000.0,
+                    deadline.remaining_s() * _DEADLINE_SHARE - _REPLY_MARGIN_S,
+                ),
+            )
+        self._back_at = self._clock.monotonic() + held_s + _EARLY_SHARE * retry_after_ms / 1000.0
         self._hold_s = held_s
         return held_s
 
@@ -189,19 +206,37 @@ class AdmittedCall:
 class CallGate:
     """Brownout, admission and pacing for every call of one server."""
 
-    def __init__(self, settings: AdmissionSettings, request_deadline_ms: int,
-                 pools_short: Callable[[], bool] = lambda: False) -> None:
-        """``pools_short``: whether a backend pool is short of slots (for the dimmer)."""
-        self.admission = admission = AdmissionControl(settings, request_deadline_ms)
-        self.dimmer = Dimmer(lambda: admission.refusals_decided, lambda: admission.queue_standing,
-                             latency_cuts=lambda: admission.stats.latency_cuts,
-                             pools_short=pools_short,
-                             enabled=settings.brownout, min_level=settings.brownout_min_level)
+    def __init__(
+        self,
+        settings: AdmissionSettings,
+        request_deadline_ms: int,
+        pools_short: Callable[[], bool] = lambda: False,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        """``pools_short``: whether a backend pool is short of slots (for the dimmer);
+        ``clock``: the service's, which admission, the dimmer and the calls' deadlines read."""
+        self.clock = clock
+        self.admission = admission = AdmissionControl(
+            settings, request_deadline_ms, clock=clock.monotonic
+        )
+        self.dimmer = Dimmer(
+            lambda: admission.refusals_decided,
+            lambda: admission.queue_standing,
+            latency_cuts=lambda: admission.stats.latency_cuts,
+            pools_short=pools_short,
+            enabled=settings.brownout,
+            min_level=settings.brownout_min_level,
+            clock=clock.monotonic,
+        )
         self.stats = GateStats()
 
     @contextmanager
-    def admitted(self, deadline: Deadline, caller: Optional[CallerPacing] = None,
-                 criticality: Criticality = Criticality.CRITICAL) -> Iterator["AdmittedCall"]:
+    def admitted(
+        self,
+        deadline: Deadline,
+        caller: CallerPacing | None = None,
+        criticality: Criticality = Criticality.CRITICAL,
+    ) -> Iterator[AdmittedCall]:
         """Admit a call of ``criticality`` due by ``deadline`` from ``caller`` (the
         connection's, when its refusals are paced) for the block's length; the block gets
         its :class:`AdmittedCall`.
@@ -217,16 +252,19 @@ class CallGate:
             self.dimmer.arrivals[criticality] += 1
             verdict = self.dimmer.decide(criticality) if self.dimmer.level else WHOLE
             if verdict is REFUSED:
-                raise FanOutOverloaded(f"shed under load (brownout): a {criticality.name} call",
-                                       self.admission.shed(criticality))
+                raise FanOutOverloaded(
+                    f"shed under load (brownout): a {criticality.name} call",
+                    self.admission.shed(criticality),
+                )
             call = AdmittedCall(verdict is LIGHTER)
             with self._admission(deadline, criticality, call):
                 yield call
         except FanOutOverloaded as overloaded:
             self.stats.count_refusal(criticality)
-            if not overloaded.retry_after_ms:   # the engine's: no task could start
-                overloaded = FanOutOverloaded(str(overloaded),
-                                              self.admission.retry_after_ms(criticality))
+            if not overloaded.retry_after_ms:  # the engine's: no task could start
+                overloaded = FanOutOverloaded(
+                    str(overloaded), self.admission.retry_after_ms(criticality)
+                )
             # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
             if caller is not None and caller.refused(overloaded.retry_after_ms, deadline) > 0:
                 self.stats.held += 1
@@ -239,17 +277,18 @@ class CallGate:
             caller.answered()
 
     @contextmanager
-    def _admission(self, deadline: Deadline, criticality: Criticality,
-                   call: AdmittedCall) -> Iterator[None]:
+    def _admission(
+        self, deadline: Deadline, criticality: Criticality, call: AdmittedCall
+    ) -> Iterator[None]:
         try:
             self.admission.admit(deadline, criticality)
         except Refused as refused:
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             yield
         finally:
-            self.admission.done(time.monotonic() - started if call.measured else None)
+            self.admission.done(self.clock.monotonic() - started if call.measured else None)
 
     def refused_unread(self, caller: CallerPacing) -> int:
         """A call refused from its header alone (:class:`UnreadRefusals`), counted
@@ -262,8 +301,10 @@ class CallGate:
 
 
 _METHOD = "get_app_stats"
-_MESSAGE = ("overloaded: this connection called again before the retry_after_ms it was "
-            "told; refused without being read")
+_MESSAGE = (
+    "overloaded: this connection called again before the retry_after_ms it was "
+    "told; refused without being read"
+)
 
 
 class UnreadRefusals:
@@ -281,10 +322,10 @@ class UnreadRefusals:
         self._dimmer = gate.dimmer
         self._protocol = protocol
 
-    def __call__(self, caller: CallerPacing, message: Any) -> Optional[tuple[str, int, Any]]:
+    def __call__(self, caller: CallerPacing, message: Any) -> tuple[str, int, Any] | None:
         if not caller.back_early() or not (
-                self._admission.saturated
-                or self._dimmer.level >= REFUSED_FROM[caller.criticality]):
+            self._admission.saturated or self._dimmer.level >= REFUSED_FROM[caller.criticality]
+        ):
             return None
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:

@@ -36,13 +36,14 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import time
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import gevent
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
+from lookups.clock import SYSTEM_CLOCK, loop_time
 from service.engine.summary import FailureSummary
 from tracing.context import spawn_in_context
 from tracing.spans import CallDurations
@@ -67,7 +68,7 @@ HOLD_TICK_S = 0.02
 
 class HeldReply(NamedTuple):
     """A reply to write once ``hold_s`` has passed: framed ``payload`` for a call to
-    ``method`` read at ``started`` (``time.perf_counter()``), answered with ``error_type``."""
+    ``method`` read at ``started`` (``SYSTEM_CLOCK.monotonic()``), answered with ``error_type``."""
 
     method: str
     error_type: str
@@ -85,7 +86,7 @@ class Unsent(NamedTuple):
 
 #: Given a held connection and the body of one whole frame it sent, the reply to hold
 #: for it (the call refused unread), or None to serve it in its greenlet.
-RefuseNext = Callable[[Any, memoryview], Optional[HeldReply]]
+RefuseNext = Callable[[Any, memoryview], HeldReply | None]
 
 
 class HeldConnections:
@@ -98,23 +99,28 @@ class HeldConnections:
     :class:`~service.overload.gate.CallerPacing`).
     """
 
-    def __init__(self, refuse_next: RefuseNext, may_go_on: Callable[[Any], bool],
-                 max_frame_bytes: int, durations: CallDurations) -> None:
+    def __init__(
+        self,
+        refuse_next: RefuseNext,
+        may_go_on: Callable[[Any], bool],
+        max_frame_bytes: int,
+        durations: CallDurations,
+    ) -> None:
         self._refuse_next = refuse_next
         self._durations = durations
         self._may_go_on = may_go_on
         self._max_frame_bytes = max_frame_bytes
         self._holds: set[_Hold] = set()
         self._finished: list[tuple[str, str, float]] = []
-        self._recorder: Optional[Any] = None
-        self._recorder_waiting: Optional[Waiter] = None
+        self._recorder: Any | None = None
+        self._recorder_waiting: Waiter | None = None
         # A failure per call would be a log line per call: one summary per interval instead.
         self._unrecorded = FailureSummary(log, "held calls not recorded")
 
     def __len__(self) -> int:
         return len(self._holds)
 
-    def hold(self, connection: Any, reply: HeldReply) -> Optional[Unsent]:
+    def hold(self, connection: Any, reply: HeldReply) -> Unsent | None:
         """Hold ``reply``, write it, and serve the connection's early calls, all off this
         greenlet, which waits until the connection is handed back (see the module's list).
         Only for a connection whose channel is ``holdable`` (plain framed, nothing buffered).
@@ -129,15 +135,17 @@ class HeldConnections:
         except BaseException as exc:  # killed (the drain timed out): the reply goes unwritten
             if hold.reply is not None:
                 reply = hold.reply
-                self._durations.call_ended(reply.method, type(exc).__name__,
-                                           time.perf_counter() - reply.started)
+                self._durations.call_ended(
+                    reply.method, type(exc).__name__, SYSTEM_CLOCK.monotonic() - reply.started
+                )
             raise
         finally:
             hold.close()
             self._holds.discard(hold)
         if isinstance(handed_back, OSError):
             raise handed_back
-        return handed_back
+        result: Unsent | None = handed_back
+        return result
 
     def release_all(self) -> None:
         """Write every held reply now and hand every connection back (the server drains)."""
@@ -148,7 +156,7 @@ class HeldConnections:
     def _ended(self, reply: HeldReply, error_type: str) -> None:
         """Record a held call as finished (from a callback of the hub): by the recorder
         greenlet, since recording takes locks that a callback must not wait on."""
-        self._finished.append((reply.method, error_type, time.perf_counter() - reply.started))
+        self._finished.append((reply.method, error_type, SYSTEM_CLOCK.monotonic() - reply.started))
         if self._recorder is None:
             # Once: a greenlet spawned per call costs a stack mapped and unmapped (8 us).
             self._recorder = spawn_in_context(self._record_finished)
@@ -183,12 +191,12 @@ class HeldConnections:
             for method, error_type, seconds in finished:
                 try:
                     self._durations.call_ended(method, error_type, seconds)
-                except Exception as exc:  # a metrics bug must not stop the recording
+                except Exception as exc:  # noqa: BLE001 - a metrics bug must not stop the recording
                     self._unrecorded.count(type(exc).__name__, error=exc)
 
     # --- callbacks of the hub's loop: none blocks --------------------------------------
 
-    def _due(self, hold: "_Hold") -> None:
+    def _due(self, hold: _Hold) -> None:
         """The hold is over: write the reply, then wait for the caller's next call."""
         reply, hold.reply = hold.reply, None
         assert reply is not None
@@ -212,10 +220,10 @@ class HeldConnections:
         hold.arm(early_s, self._no_longer_early)
         hold.io.start(self._readable, hold)
 
-    def _no_longer_early(self, hold: "_Hold") -> None:
+    def _no_longer_early(self, hold: _Hold) -> None:
         hold.hand_back(None)
 
-    def _readable(self, hold: "_Hold") -> None:
+    def _readable(self, hold: _Hold) -> None:
         """The caller sent something: refuse it here again, or hand it to the greenlet."""
         try:
             data = os.read(hold.fd, _READ_BYTES)
@@ -228,8 +236,8 @@ class HeldConnections:
         hold.connection.channel.idle = False
         try:
             reply = self._refusal(hold.connection, data) if data else None
-        except Exception:  # a bug must not strand the connection: its greenlet decides again,
-            reply = None    # and logs the failure there (no logging in a callback of the hub)
+        except Exception:  # noqa: BLE001 - a bug must not strand the connection: its greenlet decides again,
+            reply = None  # and logs the failure there (no logging in a callback of the hub)
         if reply is None:
             if data:  # a call for the greenlet (or the end of the stream, which it sees too)
                 hold.connection.channel.push_back(data)
@@ -237,16 +245,16 @@ class HeldConnections:
             return
         hold.hold_reply(reply, self._due)
 
-    def _refusal(self, connection: Any, data: bytes) -> Optional[HeldReply]:
+    def _refusal(self, connection: Any, data: bytes) -> HeldReply | None:
         """The held reply for ``data`` if it is exactly one whole frame refused unread."""
         if len(data) < _FRAME_HEADER.size:
             return None
         (length,) = _FRAME_HEADER.unpack_from(data)
         if not 0 <= length <= self._max_frame_bytes or len(data) != _FRAME_HEADER.size + length:
             return None  # partial, pipelined or over the limit: the greenlet's channel decides
-        return self._refuse_next(connection, memoryview(data)[_FRAME_HEADER.size:])
+        return self._refuse_next(connection, memoryview(data)[_FRAME_HEADER.size :])
 
-    def _release(self, hold: "_Hold") -> None:
+    def _release(self, hold: _Hold) -> None:
         if hold.reply is not None and not hold.handed_back:
             self._due(hold)  # answered now; draining, so it is then handed back
         if not hold.handed_back:
@@ -256,9 +264,10 @@ class HeldConnections:
 def on_the_tick(loop: Any, seconds: float) -> float:
     """``seconds`` from now (the time of ``loop``'s turn) shortened to end on a tick of
     ``HOLD_TICK_S``: the holds that end in the same tick end in the same turn."""
-    now = loop.now()
+    now = loop_time(loop)
     on_tick = (now + seconds) // HOLD_TICK_S * HOLD_TICK_S - now
-    return max(0.0, min(seconds, on_tick))  # min: the product may round a hair up
+    result: float = max(0.0, min(seconds, on_tick))  # min: the product may round a hair up
+    return result
 
 
 class _Hold:
@@ -273,17 +282,17 @@ class _Hold:
         self.waiter = Waiter()
         self.io = loop.io(self.fd, 1, priority=_PRIORITY)
         self.timer: Any = None
-        self.reply: Optional[HeldReply] = None
+        self.reply: HeldReply | None = None
         self.handed_back = False
         connection.channel.idle = False
         self.hold_reply(reply, held._due)
 
-    def hold_reply(self, reply: HeldReply, due: Callable[["_Hold"], None]) -> None:
+    def hold_reply(self, reply: HeldReply, due: Callable[[_Hold], None]) -> None:
         """Hold ``reply`` until the tick its hold ends on; then ``due`` writes it."""
         self.reply = reply
         self.arm(on_the_tick(self.io.loop, reply.hold_s), due)
 
-    def arm(self, seconds: float, callback: Callable[["_Hold"], None]) -> None:
+    def arm(self, seconds: float, callback: Callable[[_Hold], None]) -> None:
         if self.timer is not None:
             self.timer.close()
         self.timer = self.io.loop.timer(seconds, priority=_PRIORITY)

@@ -16,15 +16,15 @@ module.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from service.overload.brownout import Criticality
 
 __all__ = ["RetryAfter"]
 
-_WINDOW_S = 1.0            # how often the pause is re-steered
-_REFUSAL_SHARE = 0.25      # refusals aimed at, as a share of admissions
-_AIM_MIN = 5.0             # ...and at least this many a second
+_WINDOW_S = 1.0  # how often the pause is re-steered
+_REFUSAL_SHARE = 0.25  # refusals aimed at, as a share of admissions
+_AIM_MIN = 5.0  # ...and at least this many a second
 _MIN_S, _MAX_S = 0.02, 10.0
 
 

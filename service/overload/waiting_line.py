@@ -12,7 +12,7 @@ least critical waiters, if it is less critical than the newcomer; that one is re
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from gevent.event import Event
 
@@ -49,12 +49,14 @@ class WaitingLine:
     @property
     def standing(self) -> bool:
         """Whether calls have waited without the line draining for longer than its interval."""
-        return (bool(self.waiters)
-                and self._clock() - self._empty_at > self._settings.queue_interval_ms / 1000.0)
+        return (
+            bool(self.waiters)
+            and self._clock() - self._empty_at > self._settings.queue_interval_ms / 1000.0
+        )
 
     def ahead_of(self, rank: int) -> int:
         """Waiters a newcomer of ``rank`` would wait behind: as critical or more."""
-        return sum(self._by_rank[:rank + 1])
+        return sum(self._by_rank[: rank + 1])
 
     def join(self, rank: int) -> tuple[Waiter, float]:
         """A new waiter, and the longest it may wait (seconds) as the line stands now."""
@@ -82,17 +84,17 @@ class WaitingLine:
             return False
         victim = next(w for w in reversed(self.waiters) if w.rank == lowest)
         self.leave(victim)
-        victim.event.set()   # not admitted: it is refused in its own greenlet
+        victim.event.set()  # not admitted: it is refused in its own greenlet
         return True
 
-    def admit_next(self) -> Optional[Waiter]:
+    def admit_next(self) -> Waiter | None:
         """Let the next waiter in: the most critical rank, the newest of it under a standing
         line, else the oldest."""
         if not self.waiters:
             return None
         newest = self.standing
         top = next(r for r, count in enumerate(self._by_rank) if count)
-        if self._by_rank[top] == len(self.waiters):   # one rank waits: the usual case
+        if self._by_rank[top] == len(self.waiters):  # one rank waits: the usual case
             waiter = self.waiters[-1] if newest else self.waiters[0]
         else:
             order = reversed(self.waiters) if newest else iter(self.waiters)

@@ -7,23 +7,33 @@ types and the engine; declared Thrift exceptions leave from here and nowhere els
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Callable, ContextManager, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 
-from lookups.deadline import Deadline
 from lookups.base import Lookup
 from lookups.cache import BucketStore, CachedPanel
+from lookups.clock import SYSTEM_CLOCK, Clock
+from lookups.deadline import Deadline
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
-from service.settings.config import Settings
 from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut
-from service.overload.gate import CallGate, current_caller
-from service.operations.health import HealthChecker
+from service.engine.tasks import (
+    FanOutOverloaded,
+    RequestContext,
+    RequiredTaskFailed,
+    Task,
+    TaskOutcome,
+    TaskStatus,
+    current_request_id,
+    new_request_id,
+)
 from service.idl import appstats
+from service.operations.health import HealthChecker
+from service.overload.gate import CallGate, current_caller
 from service.rpc.pool_report import group_report, own_report, to_thrift
-from service.engine.tasks import (FanOutOverloaded, RequestContext, RequiredTaskFailed, Task,
-                                  TaskOutcome, TaskStatus, current_request_id, new_request_id)
 from service.rpc.validation import ValidRequest, validate_stats_request
+from service.settings.config import Settings
 from tracing.pools import PoolMeter
 from tracing.spans import mark_coalesced, request_span, skipped_task_span, trace_id_hex
 
@@ -41,13 +51,22 @@ class AppStatsHandler:
     (none: no backends listed); ``draining`` says whether the server is draining.
     """
 
-    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup], fanout: FanOut,
-                 gate: CallGate, *, coalescer: Optional[Coalescer] = None,
-                 health: Optional[HealthChecker] = None,
-                 draining: Callable[[], bool] = lambda: False,
-                 backend_pools: Callable[[], Sequence[PoolMeter]] = tuple,
-                 cache: Optional[BucketStore] = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lookups: Mapping[str, Lookup],
+        fanout: FanOut,
+        gate: CallGate,
+        *,
+        coalescer: Coalescer | None = None,
+        health: HealthChecker | None = None,
+        draining: Callable[[], bool] = lambda: False,
+        backend_pools: Callable[[], Sequence[PoolMeter]] = tuple,
+        cache: BucketStore | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._settings = settings
+        self._clock = clock
         self._lookups = dict(lookups)
         # Each panel's policy and timeout, read once: settings do not change under a server.
         self._policies = {name: settings.lookup(name) for name in self._lookups}
@@ -64,7 +83,7 @@ class AppStatsHandler:
         self._backend_pools = backend_pools
         #: In a pre-forked group, the worker's line to the group (service.workers.member):
         #: ``pool_stats()`` then answers for every worker.
-        self.group: Optional[Any] = None
+        self.group: Any | None = None
         #: The results cache's store (None when ``cache.enabled`` is false), and the bytes
         #: it may hold in this process (0: its buckets are in Redis).
         self.cache = cache
@@ -81,11 +100,22 @@ class AppStatsHandler:
 
     def _health_report(self) -> Any:
         statuses = self._health.check() if self._health is not None else ()
-        state = appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
-        return appstats.Health(state=state, backends=[
-            appstats.BackendHealth(name=s.name, up=s.up, latency_ms=s.latency_ms,
-                                   detail=s.detail or None, circuit=s.circuit)
-            for s in statuses])
+        state = (
+            appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
+        )
+        return appstats.Health(
+            state=state,
+            backends=[
+                appstats.BackendHealth(
+                    name=s.name,
+                    up=s.up,
+                    latency_ms=s.latency_ms,
+                    detail=s.detail or None,
+                    circuit=s.circuit,
+                )
+                for s in statuses
+            ],
+        )
 
     def pool_stats(self) -> Any:
         """Every pool's use over the rolling window, with its recommended size."""
@@ -121,10 +151,15 @@ class AppStatsHandler:
     def panel_info(self) -> list[Any]:
         """The panels :meth:`panels` names, each with whether it is optional or required."""
         with _method_span("panel_info"):
-            return [appstats.PanelInfo(name=name, source=self._lookups[name].source,
-                                       is_optional=self._policies[name].optional,
-                                       is_required=self._policies[name].required)
-                    for name in self._enabled]
+            return [
+                appstats.PanelInfo(
+                    name=name,
+                    source=self._lookups[name].source,
+                    is_optional=self._policies[name].optional,
+                    is_required=self._policies[name].required,
+                )
+                for name in self._enabled
+            ]
 
     def get_app_stats(self, request: Any) -> Any:
         """Gather the requested panels.
@@ -135,15 +170,16 @@ class AppStatsHandler:
         Raises ``InvalidRequest`` for bad input, ``Overloaded`` when no panel could
         start, ``PanelFailed`` when a required panel failed.
         """
-        started = time.monotonic()
+        started = self._clock.monotonic()
         # Not validated yet: request_span's extract_context tolerates any junk here.
         caller_headers = getattr(getattr(request, "meta", None), "headers", None) or {}
         request_id = new_request_id()
         current_request_id.set(request_id)
         with request_span("get_app_stats", caller_headers, request_id) as span:
             try:
-                valid = validate_stats_request(request, list(self._lookups), self._enabled_panels(),
-                                               self._settings.fanout)
+                valid = validate_stats_request(
+                    request, list(self._lookups), self._enabled_panels(), self._settings.fanout
+                )
             except appstats.InvalidRequest as invalid:
                 if span.is_recording():
                     span.set_attribute("fanout.invalid_field", invalid.field or "")
@@ -153,8 +189,13 @@ class AppStatsHandler:
                 span.set_attribute("fanout.fresh", valid.fresh)
                 if valid.request_id:
                     span.set_attribute("fanout.request_id", valid.request_id)
-            context = RequestContext.start("get_app_stats", valid.deadline_ms,
-                                           valid.request_id or request_id, valid.headers)
+            context = RequestContext.start(
+                "get_app_stats",
+                valid.deadline_ms,
+                valid.request_id or request_id,
+                valid.headers,
+                clock=self._clock,
+            )
             current_request_id.set(context.request_id)
             outcomes = self._gather(valid, context)
             return appstats.StatsResponse(
@@ -162,13 +203,15 @@ class AppStatsHandler:
                 panels={o.name: o.value for o in outcomes if o.ok},
                 outcomes=to_thrift_outcomes(outcomes),
                 trace_id=trace_id_hex(span),
-                elapsed_ms=round((time.monotonic() - started) * 1000.0, 3))
+                elapsed_ms=round((self._clock.monotonic() - started) * 1000.0, 3),
+            )
 
     def _gather(self, valid: ValidRequest, context: RequestContext) -> list[TaskOutcome]:
         skipped: list[TaskOutcome] = []
         try:
-            with self._gate.admitted(context.deadline, current_caller.get(),
-                                     valid.criticality) as call:
+            with self._gate.admitted(
+                context.deadline, current_caller.get(), valid.criticality
+            ) as call:
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context)
                 # Every panel failed (an open circuit fails at once): no latency to learn from.
@@ -178,12 +221,14 @@ class AppStatsHandler:
             raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
         except RequiredTaskFailed as exc:
             outcomes = self._in_order(valid, exc.result.outcomes, skipped)
-            raise appstats.PanelFailed(message=str(exc), panel=exc.failed.name,
-                                       outcomes=to_thrift_outcomes(outcomes)) from None
+            raise appstats.PanelFailed(
+                message=str(exc), panel=exc.failed.name, outcomes=to_thrift_outcomes(outcomes)
+            ) from None
         return self._in_order(valid, result.outcomes, skipped)
 
-    def _in_order(self, valid: ValidRequest, ran: Sequence[TaskOutcome],
-                  skipped: list[TaskOutcome]) -> list[TaskOutcome]:
+    def _in_order(
+        self, valid: ValidRequest, ran: Sequence[TaskOutcome], skipped: list[TaskOutcome]
+    ) -> list[TaskOutcome]:
         """Every outcome the caller gets, in request order; the skipped ones counted here."""
         for outcome in skipped:
             self.skipped[_BROWNOUT if outcome.error_type == BROWNOUT else "disabled"] += 1
@@ -199,11 +244,16 @@ class AppStatsHandler:
                 skipped.append(_skipped(name, lookup.source, shed=policy.enabled))
                 continue
             if valid.fresh and isinstance(lookup, CachedPanel):
-                lookup = lookup.inner   # the panel's own query: no cached bucket is read
-            tasks.append(Task(name=name, source=lookup.source,
-                              call=_panel_call(lookup, valid.window, coalescer),
-                              timeout_ms=self._timeouts_ms[name],
-                              required=policy.required))
+                lookup = lookup.inner  # the panel's own query: no cached bucket is read
+            tasks.append(
+                Task(
+                    name=name,
+                    source=lookup.source,
+                    call=_panel_call(lookup, valid.window, coalescer),
+                    timeout_ms=self._timeouts_ms[name],
+                    required=policy.required,
+                )
+            )
         return tasks, skipped
 
 
@@ -215,33 +265,46 @@ def _skipped(name: str, source: str, shed: bool) -> TaskOutcome:
     """A panel not run: shed under load (retryable), or disabled on this server."""
     if shed:
         skipped_task_span(name, source, _BROWNOUT)
-        return TaskOutcome(name, source, TaskStatus.SKIPPED, 0.0, error_type=BROWNOUT,
-                           message="shed under load (brownout): ask again shortly",
-                           retryable=True)
+        return TaskOutcome(
+            name,
+            source,
+            TaskStatus.SKIPPED,
+            0.0,
+            error_type=BROWNOUT,
+            message="shed under load (brownout): ask again shortly",
+            retryable=True,
+        )
     skipped_task_span(name, source, "disabled")
     return TaskOutcome(name, source, TaskStatus.SKIPPED, 0.0, message="disabled on this server")
 
 
-def _method_span(method: str) -> ContextManager[Any]:
+def _method_span(method: str) -> AbstractContextManager[Any]:
     """The SERVER span of a method that carries no trace context: a root of its own."""
     return request_span(method, {}, new_request_id())
 
 
-def _panel_call(lookup: Lookup, window: Window,
-                coalescer: Optional[Coalescer]) -> Callable[[Deadline], Any]:
+def _panel_call(
+    lookup: Lookup, window: Window, coalescer: Coalescer | None
+) -> Callable[[Deadline], Any]:
     """The task body: fetch (sharing an identical call in flight, when coalescing), then map
     to Thrift inside the task, so a bad value is that task's ERROR."""
     if coalescer is None:
+
         def call(deadline: Deadline) -> Any:
             return to_panel_data(lookup.fetch(window, deadline))
+
         return call
     # The whole question: the panel, the window (app, start, end), and whether buckets are
     # read (a fresh call never joins one that reads them). Nothing else is shared.
     key = (lookup.name, window, isinstance(lookup, CachedPanel))
 
     def shared_call(deadline: Deadline) -> Any:
-        return to_panel_data(coalescer.call(key, deadline, lambda: lookup.fetch(window, deadline),
-                                            joined=mark_coalesced))
+        return to_panel_data(
+            coalescer.call(
+                key, deadline, lambda: lookup.fetch(window, deadline), joined=mark_coalesced
+            )
+        )
+
     return shared_call
 
 
@@ -252,30 +315,54 @@ def to_panel_data(value: PanelValue) -> Any:
     Raises ``TypeError`` for a value of no known panel type (a lookup bug).
     """
     if isinstance(value, ErrorSummary):
-        return appstats.PanelData(error_summary=appstats.ErrorSummary(
-            total=value.total,
-            top=[appstats.MessageCount(message=m.message, count=m.count) for m in value.top]))
+        return appstats.PanelData(
+            error_summary=appstats.ErrorSummary(
+                total=value.total,
+                top=[appstats.MessageCount(message=m.message, count=m.count) for m in value.top],
+            )
+        )
     if isinstance(value, TopList):
-        return appstats.PanelData(top_list=appstats.TopList(entries=[
-            appstats.TopEntry(key=e.key, count=e.count, mean_ms=e.mean_ms, total_ms=e.total_ms)
-            for e in value.entries]))
+        return appstats.PanelData(
+            top_list=appstats.TopList(
+                entries=[
+                    appstats.TopEntry(
+                        key=e.key, count=e.count, mean_ms=e.mean_ms, total_ms=e.total_ms
+                    )
+                    for e in value.entries
+                ]
+            )
+        )
     if isinstance(value, Series):
-        return appstats.PanelData(series=appstats.Series(
-            points=[appstats.Point(ts_ms=p.ts_ms, value=p.value) for p in value.points],
-            step_ms=value.step_ms))
+        return appstats.PanelData(
+            series=appstats.Series(
+                points=[appstats.Point(ts_ms=p.ts_ms, value=p.value) for p in value.points],
+                step_ms=value.step_ms,
+            )
+        )
     if isinstance(value, AlertList):
-        return appstats.PanelData(alert_list=appstats.AlertList(alerts=[
-            appstats.Alert(id=a.id, severity=a.severity, title=a.title, triggered_ms=a.triggered_ms)
-            for a in value.alerts]))
+        return appstats.PanelData(
+            alert_list=appstats.AlertList(
+                alerts=[
+                    appstats.Alert(
+                        id=a.id, severity=a.severity, title=a.title, triggered_ms=a.triggered_ms
+                    )
+                    for a in value.alerts
+                ]
+            )
+        )
     raise TypeError(f"no Thrift mapping for panel value of type {type(value).__name__}")
 
 
 def to_thrift_outcome(outcome: TaskOutcome) -> Any:
     return appstats.TaskOutcome(
-        name=outcome.name, source=outcome.source,
+        name=outcome.name,
+        source=outcome.source,
         status=getattr(appstats.TaskStatus, outcome.status.value),
-        elapsed_ms=round(outcome.elapsed_ms, 3), error_type=outcome.error_type,
-        message=outcome.message, retryable=outcome.retryable)
+        elapsed_ms=round(outcome.elapsed_ms, 3),
+        error_type=outcome.error_type,
+        message=outcome.message,
+        retryable=outcome.retryable,
+    )
 
 
 def to_thrift_outcomes(outcomes: Iterable[TaskOutcome]) -> list[Any]:

@@ -11,7 +11,8 @@ hold weighted by arrivals (:func:`group_report`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from service.idl import appstats
 
@@ -19,10 +20,17 @@ __all__ = ["own_report", "to_thrift", "group_report"]
 
 _SUMMED = ("size", "in_use", "in_use_p99", "offered_per_s", "timeouts", "recommended")
 _LARGEST = ("wait_p99_ms", "window_s")
-_COUNTS = ("admission_limit", "calls_in_flight", "calls_queued", "tasks_started", "tasks_coalesced",
-           "calls_lighter", "calls_shed")
+_COUNTS = (
+    "admission_limit",
+    "calls_in_flight",
+    "calls_queued",
+    "tasks_started",
+    "tasks_coalesced",
+    "calls_lighter",
+    "calls_shed",
+)
 _CACHE = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes", "cache_max_bytes")
-_LEVELS = ("brownout_level", "brownout_peak")   # a group's: its highest worker's
+_LEVELS = ("brownout_level", "brownout_peak")  # a group's: its highest worker's
 
 
 def own_report(handler: Any) -> dict[str, Any]:
@@ -30,13 +38,19 @@ def own_report(handler: Any) -> dict[str, Any]:
     fanout = handler.fanout
     admission, dimmer = handler.gate.admission, handler.gate.dimmer
     peak, lighter, shed = dimmer.recent()
-    return {"pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
-            "brownout_level": dimmer.level, "brownout_peak": peak, "calls_lighter": lighter,
-            "calls_shed": shed,
-            "admission_limit": int(admission.limit), "calls_in_flight": admission.inflight,
-            "calls_queued": admission.queued, "tasks_started": fanout.stats.started,
-            "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0,
-            **_cache(handler)}
+    return {
+        "pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
+        "brownout_level": dimmer.level,
+        "brownout_peak": peak,
+        "calls_lighter": lighter,
+        "calls_shed": shed,
+        "admission_limit": int(admission.limit),
+        "calls_in_flight": admission.inflight,
+        "calls_queued": admission.queued,
+        "tasks_started": fanout.stats.started,
+        "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0,
+        **_cache(handler),
+    }
 
 
 def _cache(handler: Any) -> dict[str, Any]:
@@ -44,31 +58,56 @@ def _cache(handler: Any) -> dict[str, Any]:
     if handler.cache is None:
         return {}
     stats = handler.cache.stats
-    return {"cache_hits": stats.hits, "cache_misses": stats.misses,
-            "cache_evictions": stats.evictions, "cache_bytes": stats.bytes,
-            "cache_max_bytes": handler.cache_max_bytes}
+    return {
+        "cache_hits": stats.hits,
+        "cache_misses": stats.misses,
+        "cache_evictions": stats.evictions,
+        "cache_bytes": stats.bytes,
+        "cache_max_bytes": handler.cache_max_bytes,
+    }
 
 
 def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
     """A :func:`own_report` as the IDL's ``PoolReport`` (or ``struct``: ``WorkerPools``)."""
     return (struct or appstats.PoolReport)(
         pools=[appstats.PoolStats(**pool) for pool in report["pools"]],
-        **{key: report.get(key) for key in (*_COUNTS, *_LEVELS, *_CACHE)}, **extra)
+        **{key: report.get(key) for key in (*_COUNTS, *_LEVELS, *_CACHE)},
+        **extra,
+    )
 
 
 def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
     """The group's ``PoolReport``: totals above each worker's own, ``answering`` the worker
-    that answered. ``reports`` is each serving worker's :func:`own_report`, by worker (its position)."""
+    that answered. ``reports`` is each serving worker's :func:`own_report`, by worker (its
+    position)."""
     workers = sorted(reports, key=int)
     total = {key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _COUNTS}
-    total.update({key: max(reports[worker].get(key) or 0.0 for worker in workers) for key in _LEVELS})
+    total.update(
+        {key: max(reports[worker].get(key) or 0.0 for worker in workers) for key in _LEVELS}
+    )
     if any("cache_hits" in reports[worker] for worker in workers):
-        total.update({key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _CACHE})
-    merged = [_merged(name, [pool for worker in workers for pool in reports[worker]["pools"]
-                             if pool["name"] == name])
-              for name in _names(reports[worker]["pools"] for worker in workers)]
-    return to_thrift({"pools": merged, **total}, worker=answering, workers=[
-        to_thrift(reports[worker], appstats.WorkerPools, worker=worker) for worker in workers])
+        total.update(
+            {key: sum(reports[worker].get(key) or 0 for worker in workers) for key in _CACHE}
+        )
+    merged = [
+        _merged(
+            name,
+            [
+                pool
+                for worker in workers
+                for pool in reports[worker]["pools"]
+                if pool["name"] == name
+            ],
+        )
+        for name in _names(reports[worker]["pools"] for worker in workers)
+    ]
+    return to_thrift(
+        {"pools": merged, **total},
+        worker=answering,
+        workers=[
+            to_thrift(reports[worker], appstats.WorkerPools, worker=worker) for worker in workers
+        ],
+    )
 
 
 def _names(pool_lists: Iterable[list[dict[str, Any]]]) -> list[str]:
@@ -83,7 +122,12 @@ def _merged(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
     merged = {key: sum(pool[key] for pool in pools) for key in _SUMMED}
     merged.update({key: max(pool[key] for pool in pools) for key in _LARGEST})
     merged["offered_per_s"] = round(offered, 3)
-    merged["hold_ms"] = round(sum(pool["hold_ms"] * pool["offered_per_s"] for pool in pools)
-                              / offered, 3) if offered else 0.0
-    merged["limited_by"] = next((pool["limited_by"] for pool in pools if pool.get("limited_by")), "")
+    merged["hold_ms"] = (
+        round(sum(pool["hold_ms"] * pool["offered_per_s"] for pool in pools) / offered, 3)
+        if offered
+        else 0.0
+    )
+    merged["limited_by"] = next(
+        (pool["limited_by"] for pool in pools if pool.get("limited_by")), ""
+    )
     return {"name": name, **merged}

@@ -7,8 +7,9 @@ value reaches a query, a URL or a log line.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 from lookups.panels import Window
 from service.engine.settings import FanOutSettings
@@ -31,7 +32,7 @@ class ValidRequest:
     window: Window
     panels: tuple[str, ...]
     deadline_ms: int
-    request_id: Optional[str]
+    request_id: str | None
     headers: Mapping[str, str]
     criticality: Criticality = Criticality.CRITICAL
     fresh: bool = False
@@ -41,8 +42,9 @@ def _invalid(field: str, message: str) -> appstats.InvalidRequest:
     return appstats.InvalidRequest(message=f"{field}: {message}", field=field)
 
 
-def validate_stats_request(request: Any, known_panels: Sequence[str],
-                           default_panels: Sequence[str], fanout: FanOutSettings) -> ValidRequest:
+def validate_stats_request(
+    request: Any, known_panels: Sequence[str], default_panels: Sequence[str], fanout: FanOutSettings
+) -> ValidRequest:
     """Validate ``request`` against the panels this server knows and the fan-out limits.
 
     ``default_panels`` are gathered when the request names none.
@@ -54,9 +56,15 @@ def validate_stats_request(request: Any, known_panels: Sequence[str],
     window = _window(request, fanout.max_window_ms)
     panels = _panels(request.panels, known_panels, default_panels)
     meta = request.meta or appstats.RequestMeta()
-    return ValidRequest(window, panels, _deadline_ms(meta.deadline_ms, fanout.request_deadline_ms),
-                        _request_id(meta.request_id), _headers(meta.headers),
-                        _criticality(meta.criticality), _fresh(meta.fresh))
+    return ValidRequest(
+        window,
+        panels,
+        _deadline_ms(meta.deadline_ms, fanout.request_deadline_ms),
+        _request_id(meta.request_id),
+        _headers(meta.headers),
+        _criticality(meta.criticality),
+        _fresh(meta.fresh),
+    )
 
 
 def _window(request: Any, max_window_ms: int) -> Window:
@@ -64,8 +72,11 @@ def _window(request: Any, max_window_ms: int) -> Window:
     if not isinstance(app, str) or not app:
         raise _invalid("app", "is required")
     if not APP_PATTERN.fullmatch(app):
-        raise _invalid("app", "must be 1-64 characters of letters, digits, '.', '_' or '-', "
-                              "starting with a letter or digit")
+        raise _invalid(
+            "app",
+            "must be 1-64 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+        )
     for field in ("start_ms", "end_ms"):
         value = getattr(request, field)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -79,8 +90,9 @@ def _window(request: Any, max_window_ms: int) -> Window:
     return Window(app, request.start_ms, request.end_ms)
 
 
-def _panels(requested: Optional[Sequence[str]], known: Sequence[str],
-            default: Sequence[str]) -> tuple[str, ...]:
+def _panels(
+    requested: Sequence[str] | None, known: Sequence[str], default: Sequence[str]
+) -> tuple[str, ...]:
     if requested is None:
         return tuple(default)
     if not requested:
@@ -96,7 +108,7 @@ def _panels(requested: Optional[Sequence[str]], known: Sequence[str],
     return tuple(requested)
 
 
-def _deadline_ms(requested: Optional[int], server_max_ms: int) -> int:
+def _deadline_ms(requested: int | None, server_max_ms: int) -> int:
     if requested is None:
         return server_max_ms
     if requested <= 0 or requested > MAX_DEADLINE_MS:
@@ -104,15 +116,17 @@ def _deadline_ms(requested: Optional[int], server_max_ms: int) -> int:
     return min(requested, server_max_ms)
 
 
-def _request_id(request_id: Optional[str]) -> Optional[str]:
+def _request_id(request_id: str | None) -> str | None:
     if request_id is None:
         return None
     if not isinstance(request_id, str) or not REQUEST_ID_PATTERN.fullmatch(request_id):
-        raise _invalid("meta.request_id", "must be 1-64 characters of letters, digits, '.', '_', ':' or '-'")
+        raise _invalid(
+            "meta.request_id", "must be 1-64 characters of letters, digits, '.', '_', ':' or '-'"
+        )
     return request_id
 
 
-def _headers(headers: Optional[Mapping[str, str]]) -> Mapping[str, str]:
+def _headers(headers: Mapping[str, str] | None) -> Mapping[str, str]:
     if not headers:
         return {}
     if len(headers) > MAX_HEADERS:
@@ -125,7 +139,9 @@ def _headers(headers: Optional[Mapping[str, str]]) -> Mapping[str, str]:
         if not isinstance(key, str) or not isinstance(value, str):
             raise _invalid("meta.headers", "keys and values must be strings")
         if len(key) + len(value) > MAX_HEADER_BYTES:
-            raise _invalid("meta.headers", f"entry {key[:64]!r} is longer than {MAX_HEADER_BYTES} characters")
+            raise _invalid(
+                "meta.headers", f"entry {key[:64]!r} is longer than {MAX_HEADER_BYTES} characters"
+            )
         if key.lower() in wanted:
             kept[key.lower()] = value
     return kept
@@ -139,13 +155,15 @@ def _fresh(value: object) -> bool:
     return value
 
 
-def _criticality(value: Optional[int]) -> Criticality:
+def _criticality(value: int | None) -> Criticality:
     """Absent: CRITICAL, so callers that say nothing are served as before brownout."""
     if value is None:
         return Criticality.CRITICAL
     if not isinstance(value, int) or isinstance(value, bool) or value not in _CRITICALITIES:
-        raise _invalid("meta.criticality", "must be one of " + ", ".join(
-            f"{c.name} ({c.value})" for c in Criticality))
+        raise _invalid(
+            "meta.criticality",
+            "must be one of " + ", ".join(f"{c.name} ({c.value})" for c in Criticality),
+        )
     return _CRITICALITIES[value]
 
 

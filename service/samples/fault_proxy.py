@@ -12,7 +12,7 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any, Optional
+from typing import Any
 
 import gevent
 from gevent.event import Event
@@ -23,7 +23,7 @@ __all__ = ["TcpFaultProxy", "reset_socket"]
 
 _STOP_GRACE_S = 0.5
 _CHUNK_BYTES = 64 * 1024
-_POLL_S = 0.05             # how often a held request checks that its client is still there
+_POLL_S = 0.05  # how often a held request checks that its client is still there
 
 
 def reset_socket(sock: socket.socket) -> None:
@@ -31,7 +31,7 @@ def reset_socket(sock: socket.socket) -> None:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     except OSError:
-        pass   # already closed
+        pass  # already closed
     sock.close()
 
 
@@ -46,9 +46,15 @@ class TcpFaultProxy:
     speaks plain TCP to ``target``: a TLS-fronted server, as a sidecar would make one.
     """
 
-    def __init__(self, target: tuple[str, int], *, host: str = "127.0.0.1", port: int = 0,
-                 connect_timeout_s: float = 2.0,
-                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
+    def __init__(
+        self,
+        target: tuple[str, int],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        connect_timeout_s: float = 2.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._target = target
         self._ssl_context = ssl_context
         self._host, self._port = host, port
@@ -58,7 +64,7 @@ class TcpFaultProxy:
         self._flowing.set()
         self._live: set[tuple[socket.socket, socket.socket]] = set()
         self._pool = Pool()
-        self._server: Optional[StreamServer] = None
+        self._server: StreamServer | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -98,7 +104,7 @@ class TcpFaultProxy:
             for sock in pair:
                 reset_socket(sock)
 
-    def start(self) -> "TcpFaultProxy":
+    def start(self) -> TcpFaultProxy:
         if self._server is None:
             self._pool = Pool()
             tls: dict[str, Any] = {"ssl_context": self._ssl_context} if self._ssl_context else {}
@@ -115,7 +121,7 @@ class TcpFaultProxy:
         if server is not None:
             server.stop(timeout=_STOP_GRACE_S)
 
-    def __enter__(self) -> "TcpFaultProxy":
+    def __enter__(self) -> TcpFaultProxy:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -130,8 +136,10 @@ class TcpFaultProxy:
         upstream.settimeout(None)
         pair = (client, upstream)
         self._live.add(pair)
-        pumps = [self._pool.spawn(self._pump, client, upstream, True),
-                 self._pool.spawn(self._pump, upstream, client, False)]
+        pumps = [
+            self._pool.spawn(self._pump, client, upstream, True),
+            self._pool.spawn(self._pump, upstream, client, False),
+        ]
         try:
             gevent.joinall(pumps, count=1)
             reset = any(pump.value for pump in pumps if pump.dead)

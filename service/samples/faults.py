@@ -31,7 +31,8 @@ With ``auth_token`` set, a request without ``Authorization: Bearer <auth_token>`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import gevent
 from gevent.event import Event
@@ -39,18 +40,23 @@ from gevent.pool import Pool
 from gevent.pywsgi import WSGIServer
 
 from service.samples.fault_proxy import TcpFaultProxy, reset_socket
-from service.samples.http_services import (AlertsService, MetricsService, RawPathHandler,
-                                            path_segments)
+from service.samples.http_services import (
+    AlertsService,
+    MetricsService,
+    RawPathHandler,
+    path_segments,
+)
 from service.samples.seed import SampleData
 
 __all__ = ["HTTP_MODES", "FaultyHttpService", "TcpFaultProxy", "reset_socket"]
 
 HTTP_MODES = ("ok", "slow", "error500", "flaky503", "bad_json", "hang", "reset")
-_HANG_LIMIT_S = 120.0      # a hung request ends by itself after this, whatever happens
+_HANG_LIMIT_S = 120.0  # a hung request ends by itself after this, whatever happens
 _STOP_GRACE_S = 0.5
 _BAD_JSON = b'{"alerts": [{"id": "a-1", "severity": '
-_PARTIAL_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 4096\r\n\r\n" + _BAD_JSON)
+_PARTIAL_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n" + _BAD_JSON
+)
 
 
 class _FaultHandler(RawPathHandler):
@@ -65,7 +71,7 @@ class _FaultHandler(RawPathHandler):
         elif mode == "reset":
             if faults.partial:
                 self.socket.sendall(_PARTIAL_HEAD)
-            self.rfile.close()   # the socket's file keeps the descriptor open otherwise
+            self.rfile.close()  # the socket's file keeps the descriptor open otherwise
             reset_socket(self.socket)
             self.close_connection = True
         else:
@@ -79,8 +85,9 @@ class FaultyHttpService:
     :meth:`start` and :meth:`resume` raise :class:`OSError` when the port cannot be bound.
     """
 
-    def __init__(self, data: SampleData, *, host: str = "127.0.0.1", port: int = 0,
-                 auth_token: str = "") -> None:
+    def __init__(
+        self, data: SampleData, *, host: str = "127.0.0.1", port: int = 0, auth_token: str = ""
+    ) -> None:
         self.host = host
         self._port = port
         self._alerts = AlertsService(data)
@@ -92,7 +99,7 @@ class FaultyHttpService:
         self.requests_seen = 0
         self._release = Event()
         self._pool = Pool()
-        self._server: Optional[WSGIServer] = None
+        self._server: WSGIServer | None = None
 
     @property
     def url(self) -> str:
@@ -122,12 +129,17 @@ class FaultyHttpService:
         """Block the calling handler until the mode changes, the server stops, or a long limit."""
         self._release.wait(timeout=_HANG_LIMIT_S)
 
-    def start(self) -> "FaultyHttpService":
+    def start(self) -> FaultyHttpService:
         """Listen (idempotent); connections are accepted once this returns."""
         if self._server is None:
             self._pool = Pool()
-            server = WSGIServer((self.host, self._port), self._app, log=None,
-                                handler_class=_FaultHandler, spawn=self._pool)
+            server = WSGIServer(
+                (self.host, self._port),
+                self._app,
+                log=None,
+                handler_class=_FaultHandler,
+                spawn=self._pool,
+            )
             server.faults = self
             server.start()
             self._server, self._port = server, server.server_port
@@ -148,7 +160,7 @@ class FaultyHttpService:
         self._release.set()
         self.refuse()
 
-    def __enter__(self) -> "FaultyHttpService":
+    def __enter__(self) -> FaultyHttpService:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -157,12 +169,16 @@ class FaultyHttpService:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         self.requests_seen += 1
         if self._auth_token and environ.get("HTTP_AUTHORIZATION") != f"Bearer {self._auth_token}":
-            return _respond(start_response, "401 Unauthorized", b'{"error": "bearer token required"}')
+            return _respond(
+                start_response, "401 Unauthorized", b'{"error": "bearer token required"}'
+            )
         mode = self.mode
         if mode == "slow" and self.delay_ms > 0:
             gevent.sleep(self.delay_ms / 1000)
         if mode == "error500":
-            return _respond(start_response, "500 Internal Server Error", b'{"error": "injected fault"}')
+            return _respond(
+                start_response, "500 Internal Server Error", b'{"error": "injected fault"}'
+            )
         if mode == "flaky503" and self.requests_seen % 4 == 1:
             return _respond(start_response, "503 Service Unavailable", b'{"error": "try again"}')
         if mode == "bad_json":
@@ -173,6 +189,7 @@ class FaultyHttpService:
 
 
 def _respond(start_response: Callable[..., Any], status: str, body: bytes) -> list[bytes]:
-    start_response(status, [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(body)))])
+    start_response(
+        status, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+    )
     return [body]

@@ -18,7 +18,8 @@ import contextlib
 import json
 import ssl
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import parse_qs, quote, unquote
 
 import gevent
@@ -26,8 +27,16 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from service.samples.seed import AlertRecord, MetricSample, SampleData
 
-__all__ = ["SampleHttpServices", "AlertsService", "MetricsService", "InFlight", "RawPathHandler",
-           "serve_wsgi", "path_segments", "MAX_BUCKETS"]
+__all__ = [
+    "SampleHttpServices",
+    "AlertsService",
+    "MetricsService",
+    "InFlight",
+    "RawPathHandler",
+    "serve_wsgi",
+    "path_segments",
+    "MAX_BUCKETS",
+]
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 MAX_BUCKETS = 100_000
@@ -43,11 +52,13 @@ class RawPathHandler(WSGIHandler):
     def get_environ(self) -> dict[str, Any]:
         environ = super().get_environ()
         environ["RAW_URI"] = self.path
-        return environ
+        result: dict[str, Any] = environ
+        return result
 
 
-def serve_wsgi(app: WsgiApp, host: str = "127.0.0.1", port: int = 0,
-               ssl_context: Optional[ssl.SSLContext] = None) -> WSGIServer:
+def serve_wsgi(
+    app: WsgiApp, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+) -> WSGIServer:
     """Start ``app`` on ``port`` of ``host`` (0: a free one), over HTTPS with ``ssl_context``;
     it accepts once this returns."""
     tls: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
@@ -71,8 +82,9 @@ class _HttpError(Exception):
 
 def _respond(start_response: Callable[..., Any], status: str, body: Any) -> list[bytes]:
     payload = json.dumps(body).encode()
-    start_response(status, [("Content-Type", "application/json"),
-                            ("Content-Length", str(len(payload)))])
+    start_response(
+        status, [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+    )
     return [payload]
 
 
@@ -99,7 +111,7 @@ class InFlight:
         self.now = 0
         self.most = 0
 
-    def __enter__(self) -> "InFlight":
+    def __enter__(self) -> InFlight:
         self.now += 1
         self.most = max(self.most, self.now)
         return self
@@ -149,13 +161,22 @@ class AlertsService(_SampleService):
             raise _HttpError("404 Not Found", "no such path")
         app = self._known_app(segments[1])
         start_ms, end_ms = _window(environ)
-        return {"alerts": [_alert_json(alert) for alert in self.data.alerts
-                           if alert.app == app and start_ms <= alert.triggered_ms < end_ms]}
+        return {
+            "alerts": [
+                _alert_json(alert)
+                for alert in self.data.alerts
+                if alert.app == app and start_ms <= alert.triggered_ms < end_ms
+            ]
+        }
 
 
 def _alert_json(alert: AlertRecord) -> dict[str, Any]:
-    return {"id": alert.id, "severity": alert.severity, "title": alert.title,
-            "triggered_ms": alert.triggered_ms}
+    return {
+        "id": alert.id,
+        "severity": alert.severity,
+        "title": alert.title,
+        "triggered_ms": alert.triggered_ms,
+    }
 
 
 class MetricsService(_SampleService):
@@ -166,33 +187,45 @@ class MetricsService(_SampleService):
         by_app: dict[str, list[MetricSample]] = defaultdict(list)
         for sample in data.metrics:
             by_app[sample.app].append(sample)
-        self._samples = {app: sorted(samples, key=lambda s: s.ts_ms)
-                         for app, samples in by_app.items()}
+        self._samples = {
+            app: sorted(samples, key=lambda s: s.ts_ms) for app, samples in by_app.items()
+        }
 
     def answer(self, segments: list[str], environ: dict[str, Any]) -> Any:
-        if (len(segments) != 4 or segments[0] != "apps" or segments[2] != "series"
-                or segments[3] not in ("latency", "volume")):
+        if (
+            len(segments) != 4
+            or segments[0] != "apps"
+            or segments[2] != "series"
+            or segments[3] not in ("latency", "volume")
+        ):
             raise _HttpError("404 Not Found", "no such path")
         app = self._known_app(segments[1])
         start_ms, end_ms = _window(environ)
         step_ms = _int_param(environ, "step_ms")
         if step_ms < 1 or (end_ms - start_ms) // step_ms > MAX_BUCKETS:
-            raise _HttpError("400 Bad Request", f"step_ms must be >= 1 and give at most "
-                                                f"{MAX_BUCKETS} buckets")
+            raise _HttpError(
+                "400 Bad Request", f"step_ms must be >= 1 and give at most {MAX_BUCKETS} buckets"
+            )
         return {"points": self._points(app, segments[3], start_ms, end_ms, step_ms)}
 
-    def _points(self, app: str, metric: str, start_ms: int, end_ms: int,
-                step_ms: int) -> list[list[float]]:
+    def _points(
+        self, app: str, metric: str, start_ms: int, end_ms: int, step_ms: int
+    ) -> list[list[float]]:
         samples = self._samples.get(app, [])
         times = [sample.ts_ms for sample in samples]
         buckets: dict[int, list[float]] = defaultdict(list)
-        for sample in samples[bisect.bisect_left(times, start_ms):bisect.bisect_left(times, end_ms)]:
+        for sample in samples[
+            bisect.bisect_left(times, start_ms) : bisect.bisect_left(times, end_ms)
+        ]:
             value = sample.latency_ms if metric == "latency" else sample.volume
             buckets[(sample.ts_ms - start_ms) // step_ms].append(value)
         reduce: Callable[[list[float]], float] = (
-            (lambda values: sum(values) / len(values)) if metric == "latency" else sum)
-        return [[start_ms + index * step_ms, reduce(values)]
-                for index, values in sorted(buckets.items())]
+            (lambda values: sum(values) / len(values)) if metric == "latency" else sum
+        )
+        return [
+            [start_ms + index * step_ms, reduce(values)]
+            for index, values in sorted(buckets.items())
+        ]
 
 
 class SampleHttpServices:
@@ -203,24 +236,34 @@ class SampleHttpServices:
     With ``ssl_context`` (a server context) both speak HTTPS.
     """
 
-    def __init__(self, data: SampleData, *, host: str = "127.0.0.1", alerts_delay_ms: int = 0,
-                 metrics_delay_ms: int = 0, alerts_port: int = 0, metrics_port: int = 0,
-                 ssl_context: Optional[ssl.SSLContext] = None) -> None:
+    def __init__(
+        self,
+        data: SampleData,
+        *,
+        host: str = "127.0.0.1",
+        alerts_delay_ms: int = 0,
+        metrics_delay_ms: int = 0,
+        alerts_port: int = 0,
+        metrics_port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.host = host
         self._ssl_context = ssl_context
-        self._ports = (alerts_port, metrics_port)   # 0: a free port
+        self._ports = (alerts_port, metrics_port)  # 0: a free port
         self.alerts = AlertsService(data, alerts_delay_ms)
         self.metrics = MetricsService(data, metrics_delay_ms)
         self.in_flight = self.alerts.in_flight = self.metrics.in_flight = InFlight()  # both
-        self._servers: Optional[tuple[WSGIServer, WSGIServer]] = None
+        self._servers: tuple[WSGIServer, WSGIServer] | None = None
 
-    def start(self) -> "SampleHttpServices":
+    def start(self) -> SampleHttpServices:
         """Start both servers; idempotent. They accept connections once this returns."""
         if self._servers is None:
             alerts = serve_wsgi(self.alerts, self.host, self._ports[0], self._ssl_context)
             try:
-                self._servers = (alerts, serve_wsgi(self.metrics, self.host, self._ports[1],
-                                                    self._ssl_context))
+                self._servers = (
+                    alerts,
+                    serve_wsgi(self.metrics, self.host, self._ports[1], self._ssl_context),
+                )
             except Exception:
                 alerts.stop(timeout=1)
                 raise
@@ -246,7 +289,7 @@ class SampleHttpServices:
         for server in servers or ():
             server.stop(timeout=timeout_s)
 
-    def __enter__(self) -> "SampleHttpServices":
+    def __enter__(self) -> SampleHttpServices:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

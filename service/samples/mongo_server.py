@@ -13,16 +13,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Any
 
 import pymongo
 from pymongo.errors import PyMongoError
 
-__all__ = ["MongoWireServer", "MongoWireServerError", "find_executable", "free_port", "stop_process",
-           "wait_for_ping"]
+__all__ = [
+    "MongoWireServer",
+    "MongoWireServerError",
+    "find_executable",
+    "free_port",
+    "stop_process",
+    "wait_for_ping",
+]
 
 _EXECUTABLE = "nx-27017"
-_START_ATTEMPTS = 3          # a free port can be taken by someone else before we bind it
+_START_ATTEMPTS = 3  # a free port can be taken by someone else before we bind it
 _PING_TIMEOUT_MS = 250
 _LOG_TAIL_CHARS = 2000
 
@@ -41,8 +47,10 @@ def find_executable() -> str:
         return str(beside)
     on_path = shutil.which(_EXECUTABLE)
     if on_path is None:
-        raise MongoWireServerError(f"{_EXECUTABLE} not found next to {sys.executable} or on PATH; "
-                                   "install it with: pip install 'fanout[demo]'")
+        raise MongoWireServerError(
+            f"{_EXECUTABLE} not found next to {sys.executable} or on PATH; "
+            "install it with: pip install 'fanout[demo]'"
+        )
     return on_path
 
 
@@ -53,8 +61,9 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(probe.getsockname()[1])
 
 
-def stop_process(process: Optional[subprocess.Popen], timeout_s: float,
-                 kill_wait_s: Optional[float] = None) -> None:
+def stop_process(
+    process: subprocess.Popen[bytes] | None, timeout_s: float, kill_wait_s: float | None = None
+) -> None:
     """SIGTERM ``process``, wait up to ``timeout_s``, then SIGKILL it and wait up to
     ``kill_wait_s`` (default ``timeout_s``) to reap it. Nothing for None or one that ended."""
     if process is None or process.poll() is not None:
@@ -67,12 +76,16 @@ def stop_process(process: Optional[subprocess.Popen], timeout_s: float,
         process.wait(timeout=timeout_s if kill_wait_s is None else kill_wait_s)
 
 
-def wait_for_ping(uri: str, process: Optional[subprocess.Popen], deadline: float) -> bool:
+def wait_for_ping(uri: str, process: subprocess.Popen[bytes] | None, deadline: float) -> bool:
     """Ping the server at ``uri`` until it answers (True), ``process`` (the server's) exits,
     or ``deadline`` (monotonic seconds) passes (False)."""
-    client: pymongo.MongoClient = pymongo.MongoClient(
-        uri, directConnection=True, serverSelectionTimeoutMS=_PING_TIMEOUT_MS,
-        connectTimeoutMS=_PING_TIMEOUT_MS, appname="fanout-readiness")
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        uri,
+        directConnection=True,
+        serverSelectionTimeoutMS=_PING_TIMEOUT_MS,
+        connectTimeoutMS=_PING_TIMEOUT_MS,
+        appname="fanout-readiness",
+    )
     try:
         while time.monotonic() < deadline:
             if process is None or process.poll() is not None:
@@ -97,16 +110,21 @@ class MongoWireServer:
     the process abruptly (SIGKILL), as a crash would.
     """
 
-    def __init__(self, host: str = "127.0.0.1", ready_timeout_s: float = 15.0,
-                 executable: Optional[str] = None, port: int = 0) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        ready_timeout_s: float = 15.0,
+        executable: str | None = None,
+        port: int = 0,
+    ) -> None:
         self._host = host
-        self._fixed_port = port   # 0: a free port
+        self._fixed_port = port  # 0: a free port
         self._ready_timeout_s = ready_timeout_s
         self._executable = executable
-        self._port: Optional[int] = None
-        self._process: Optional[subprocess.Popen[bytes]] = None
-        self._workdir: Optional[Path] = None
-        self._console: Optional[IO[bytes]] = None
+        self._port: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._workdir: Path | None = None
+        self._console: IO[bytes] | None = None
 
     @property
     def port(self) -> int:
@@ -120,11 +138,11 @@ class MongoWireServer:
         return f"mongodb://{self._host}:{self.port}"
 
     @property
-    def workdir(self) -> Optional[Path]:
+    def workdir(self) -> Path | None:
         """The directory holding the server's pid file and logs while it runs."""
         return self._workdir
 
-    def start(self) -> "MongoWireServer":
+    def start(self) -> MongoWireServer:
         """Start the process and wait until it answers ``ping``.
 
         Raises :class:`MongoWireServerError`, with the tail of the server's log, when it
@@ -140,12 +158,17 @@ class MongoWireServer:
             self._spawn(executable, self._fixed_port or free_port(self._host))
             if self._wait_ready(deadline):
                 return self
-            if self._process is not None and self._process.poll() is None:
-                break   # still running but not answering: retrying will not help
+            if self._still_running():
+                break  # still running but not answering: retrying will not help
         tail = self._log_tail()
         self.stop()
-        raise MongoWireServerError(f"{_EXECUTABLE} did not become ready within "
-                                   f"{self._ready_timeout_s:.0f}s; log tail:\n{tail}")
+        raise MongoWireServerError(
+            f"{_EXECUTABLE} did not become ready within "
+            f"{self._ready_timeout_s:.0f}s; log tail:\n{tail}"
+        )
+
+    def _still_running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def _spawn(self, executable: str, port: int) -> None:
         assert self._workdir is not None
@@ -155,10 +178,23 @@ class MongoWireServer:
         self._console = (self._workdir / "console.log").open("ab")
         self._port = port
         self._process = subprocess.Popen(
-            [executable, "--db", "memory", "--host", self._host, "--port", str(port),
-             "--pid-file", str(self._workdir / "server.pid"),
-             "--log-file", str(self._workdir / "server.log")],
-            stdin=subprocess.DEVNULL, stdout=self._console, stderr=subprocess.STDOUT)
+            [
+                executable,
+                "--db",
+                "memory",
+                "--host",
+                self._host,
+                "--port",
+                str(port),
+                "--pid-file",
+                str(self._workdir / "server.pid"),
+                "--log-file",
+                str(self._workdir / "server.log"),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=self._console,
+            stderr=subprocess.STDOUT,
+        )
 
     def _wait_ready(self, deadline: float) -> bool:
         """Ping until it answers (True), the process exits or the deadline passes (False)."""
@@ -192,12 +228,14 @@ class MongoWireServer:
             self._console.close()
             self._console = None
 
-    def __enter__(self) -> "MongoWireServer":
+    def __enter__(self) -> MongoWireServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:
-        state = "running" if self._process is not None and self._process.poll() is None else "stopped"
+        state = (
+            "running" if self._process is not None and self._process.poll() is None else "stopped"
+        )
         return f"<MongoWireServer {self._host}:{self._port} {state}>"

@@ -14,25 +14,38 @@ are whole seconds too.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pymongo
 from pymongo.database import Database
 
 from lookups.mongo import ensure_indexes
 
-__all__ = ["SAMPLE_START_MS", "SAMPLE_END_MS", "APPS", "DEFAULT_SEED", "ErrorRecord",
-           "RequestRecord", "QueryRecord", "AlertRecord", "MetricSample", "SampleData",
-           "generate_sample_data", "seed_mongo", "seed_mongo_at"]
+__all__ = [
+    "SAMPLE_START_MS",
+    "SAMPLE_END_MS",
+    "APPS",
+    "DEFAULT_SEED",
+    "ErrorRecord",
+    "RequestRecord",
+    "QueryRecord",
+    "AlertRecord",
+    "MetricSample",
+    "SampleData",
+    "generate_sample_data",
+    "seed_mongo",
+    "seed_mongo_at",
+]
 
-SAMPLE_START_MS = 1_767_225_600_000          # 2026-01-01T00:00:00Z
+SAMPLE_START_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 SAMPLE_END_MS = SAMPLE_START_MS + 86_400_000
 APPS = ("shop", "search", "billing")
 DEFAULT_SEED = 2026
 _INSERT_BATCH = 1000
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -97,20 +110,35 @@ class SampleData:
 
 # (url, controller): fourteen URLs, so the top-10 cut matters; several share a controller.
 _ROUTES = (
-    ("/", "HomeController"), ("/search", "SearchController"),
-    ("/products", "ProductsController"), ("/products/show", "ProductsController"),
-    ("/cart", "CartController"), ("/cart/add", "CartController"),
-    ("/checkout", "CheckoutController"), ("/login", "SessionsController"),
-    ("/logout", "SessionsController"), ("/account", "AccountController"),
-    ("/orders", "OrdersController"), ("/orders/show", "OrdersController"),
-    ("/api/health", "HealthController"), ("/invoices", "InvoicesController"),
+    ("/", "HomeController"),
+    ("/search", "SearchController"),
+    ("/products", "ProductsController"),
+    ("/products/show", "ProductsController"),
+    ("/cart", "CartController"),
+    ("/cart/add", "CartController"),
+    ("/checkout", "CheckoutController"),
+    ("/login", "SessionsController"),
+    ("/logout", "SessionsController"),
+    ("/account", "AccountController"),
+    ("/orders", "OrdersController"),
+    ("/orders/show", "OrdersController"),
+    ("/api/health", "HealthController"),
+    ("/invoices", "InvoicesController"),
 )
 _ERROR_MESSAGES = (
-    "timeout calling payment gateway", "NoMethodError: undefined method 'price' for nil",
-    "deadlock detected", "connection reset by peer", "invalid CSRF token",
-    "record not found", "rate limit exceeded", "cannot serialize cart",
-    "upstream returned 502", "disk quota exceeded", "session expired",
-    "invalid coupon code", "template missing: orders/show",
+    "timeout calling payment gateway",
+    "NoMethodError: undefined method 'price' for nil",
+    "deadlock detected",
+    "connection reset by peer",
+    "invalid CSRF token",
+    "record not found",
+    "rate limit exceeded",
+    "cannot serialize cart",
+    "upstream returned 502",
+    "disk quota exceeded",
+    "session expired",
+    "invalid coupon code",
+    "template missing: orders/show",
 )
 # Shapes exactly as normalisation should print them; each "?" is filled with a literal
 # of the listed kind: n (integer), f (decimal), s (quoted string), ns (integer list).
@@ -129,22 +157,35 @@ _QUERY_SHAPES = (
     ("SELECT * FROM stock WHERE sku IN (?) AND warehouse = ?", ("ns", "s")),
 )
 _WORDS = ("alice@example.com", "bob", "O''Brien", "paid", "pending", "SAVE10", "eu-west", "login")
-_ALERT_TITLES = ("p95 latency above 800 ms", "error rate above 2%", "queue backlog growing",
-                 "disk 90% full", "certificate expires soon", "5xx spike")
+_ALERT_TITLES = (
+    "p95 latency above 800 ms",
+    "error rate above 2%",
+    "queue backlog growing",
+    "disk 90% full",
+    "certificate expires soon",
+    "5xx spike",
+)
 
 
 def generate_sample_data(seed: int = DEFAULT_SEED) -> SampleData:
     """The sample records for ``seed``; the same seed gives equal data on every run."""
     rng = random.Random(seed)
-    parts: dict[str, list[Any]] = {"errors": [], "requests": [], "queries": [], "alerts": [],
-                                   "metrics": []}
+    parts: dict[str, list[Any]] = {
+        "errors": [],
+        "requests": [],
+        "queries": [],
+        "alerts": [],
+        "metrics": [],
+    }
     for index, app in enumerate(APPS):
         parts["requests"] += _requests(rng, app, count=1200 - 300 * index)
         parts["errors"] += _errors(rng, app, count=150 - 40 * index)
         parts["queries"] += _queries(rng, app, count=500 - 100 * index)
         parts["alerts"] += _alerts(rng, app, count=10)
         parts["metrics"] += _metrics(rng, app, outage=(app == "billing"))
-    return SampleData(seed=seed, apps=APPS, **{name: tuple(records) for name, records in parts.items()})
+    return SampleData(
+        seed=seed, apps=APPS, **{name: tuple(records) for name, records in parts.items()}
+    )
 
 
 def _random_ts(rng: random.Random) -> int:
@@ -160,17 +201,28 @@ def _requests(rng: random.Random, app: str, count: int) -> list[RequestRecord]:
     weights = _weights(rng, len(routes))
     base_ms = {route: rng.uniform(20, 300) for route in routes}
     picked = rng.choices(routes, weights, k=count)
-    return [RequestRecord(app, _random_ts(rng), url, controller,
-                          round(rng.lognormvariate(0, 0.5) * base_ms[(url, controller)], 1),
-                          500 if rng.random() < 0.03 else 200)
-            for url, controller in picked]
+    return [
+        RequestRecord(
+            app,
+            _random_ts(rng),
+            url,
+            controller,
+            round(rng.lognormvariate(0, 0.5) * base_ms[(url, controller)], 1),
+            500 if rng.random() < 0.03 else 200,
+        )
+        for url, controller in picked
+    ]
 
 
 def _errors(rng: random.Random, app: str, count: int) -> list[ErrorRecord]:
     weights = _weights(rng, len(_ERROR_MESSAGES))
     picked = rng.choices(_ERROR_MESSAGES, weights, k=count)
-    return [ErrorRecord(app, _random_ts(rng), rng.choice((500, 502, 503, 422)), message,
-                        rng.choice(_ROUTES)[0]) for message in picked]
+    return [
+        ErrorRecord(
+            app, _random_ts(rng), rng.choice((500, 502, 503, 422)), message, rng.choice(_ROUTES)[0]
+        )
+        for message in picked
+    ]
 
 
 def _literal(rng: random.Random, kind: str) -> str:
@@ -188,18 +240,28 @@ def _queries(rng: random.Random, app: str, count: int) -> list[QueryRecord]:
     records = []
     for shape, kinds in rng.choices(_QUERY_SHAPES, weights, k=count):
         pieces = shape.split("?")
-        query = pieces[0] + "".join(_literal(rng, kind) + piece
-                                    for kind, piece in zip(kinds, pieces[1:]))
+        query = pieces[0] + "".join(
+            _literal(rng, kind) + piece for kind, piece in zip(kinds, pieces[1:])
+        )
         if rng.random() < 0.2:
-            query = query.replace(" WHERE ", "\n    WHERE ")   # as an ORM might indent it
-        records.append(QueryRecord(app, _random_ts(rng), query,
-                                   round(rng.lognormvariate(1.5, 0.8), 2), shape))
+            query = query.replace(" WHERE ", "\n    WHERE ")  # as an ORM might indent it
+        records.append(
+            QueryRecord(app, _random_ts(rng), query, round(rng.lognormvariate(1.5, 0.8), 2), shape)
+        )
     return records
 
 
 def _alerts(rng: random.Random, app: str, count: int) -> list[AlertRecord]:
-    alerts = [AlertRecord(app, f"{app}-{number:03d}", rng.choice(("critical", "warning", "info")),
-                          rng.choice(_ALERT_TITLES), _random_ts(rng)) for number in range(count)]
+    alerts = [
+        AlertRecord(
+            app,
+            f"{app}-{number:03d}",
+            rng.choice(("critical", "warning", "info")),
+            rng.choice(_ALERT_TITLES),
+            _random_ts(rng),
+        )
+        for number in range(count)
+    ]
     # Two alerts at the same instant, listed out of id order, so ordering by id is exercised.
     tied = AlertRecord(app, f"{app}-001a", "warning", "5xx spike", alerts[1].triggered_ms)
     return [tied, *alerts]
@@ -209,9 +271,15 @@ def _metrics(rng: random.Random, app: str, outage: bool) -> list[MetricSample]:
     samples = []
     for minute in range(1440):
         if outage and 180 <= minute < 215:
-            continue   # no samples while the app was down: those buckets have no point
-        samples.append(MetricSample(app, SAMPLE_START_MS + minute * 60_000,
-                                    round(rng.uniform(40, 400), 2), rng.randrange(0, 120)))
+            continue  # no samples while the app was down: those buckets have no point
+        samples.append(
+            MetricSample(
+                app,
+                SAMPLE_START_MS + minute * 60_000,
+                round(rng.uniform(40, 400), 2),
+                rng.randrange(0, 120),
+            )
+        )
     return samples
 
 
@@ -221,17 +289,40 @@ def _as_datetime(epoch_ms: int) -> datetime:
 
 def _documents(data: SampleData) -> dict[str, Iterable[dict[str, Any]]]:
     return {
-        "errors": ({"app": r.app, "ts": _as_datetime(r.ts_ms), "code": r.code,
-                    "message": r.message, "url": r.url} for r in data.errors),
-        "requests": ({"app": r.app, "ts": _as_datetime(r.ts_ms), "url": r.url,
-                      "controller": r.controller, "duration_ms": r.duration_ms,
-                      "status": r.status} for r in data.requests),
-        "queries": ({"app": r.app, "ts": _as_datetime(r.ts_ms), "query": r.query,
-                     "duration_ms": r.duration_ms} for r in data.queries),
+        "errors": (
+            {
+                "app": r.app,
+                "ts": _as_datetime(r.ts_ms),
+                "code": r.code,
+                "message": r.message,
+                "url": r.url,
+            }
+            for r in data.errors
+        ),
+        "requests": (
+            {
+                "app": r.app,
+                "ts": _as_datetime(r.ts_ms),
+                "url": r.url,
+                "controller": r.controller,
+                "duration_ms": r.duration_ms,
+                "status": r.status,
+            }
+            for r in data.requests
+        ),
+        "queries": (
+            {
+                "app": r.app,
+                "ts": _as_datetime(r.ts_ms),
+                "query": r.query,
+                "duration_ms": r.duration_ms,
+            }
+            for r in data.queries
+        ),
     }
 
 
-def seed_mongo(db: Database, data: SampleData) -> None:
+def seed_mongo(db: Database[Any], data: SampleData) -> None:
     """Drop the lookup collections in ``db``, insert ``data`` in batches, create indexes."""
     for name, documents in _documents(data).items():
         db.drop_collection(name)
@@ -241,13 +332,14 @@ def seed_mongo(db: Database, data: SampleData) -> None:
 
 def _insert_in_batches(collection: Any, documents: Sequence[dict[str, Any]]) -> None:
     for start in range(0, len(documents), _INSERT_BATCH):
-        collection.insert_many(documents[start:start + _INSERT_BATCH], ordered=False)
+        collection.insert_many(documents[start : start + _INSERT_BATCH], ordered=False)
 
 
 def seed_mongo_at(uri: str, database: str, data: SampleData, timeout_s: float = 30.0) -> None:
     """Seed the server at ``uri``, all within ``timeout_s`` (raises pymongo's errors)."""
-    client: pymongo.MongoClient = pymongo.MongoClient(uri, serverSelectionTimeoutMS=5000,
-                                                      appname="fanout-seed")
+    client: pymongo.MongoClient[Any] = pymongo.MongoClient(
+        uri, serverSelectionTimeoutMS=5000, appname="fanout-seed"
+    )
     try:
         with pymongo.timeout(timeout_s):
             seed_mongo(client[database], data)

@@ -18,11 +18,17 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from service.samples.mongo_server import free_port, stop_process
 
-__all__ = ["ZIPKIN_VERSION", "ZipkinServer", "ZipkinUnavailable", "zipkin_jar", "java_major_version"]
+__all__ = [
+    "ZIPKIN_VERSION",
+    "ZipkinServer",
+    "ZipkinUnavailable",
+    "zipkin_jar",
+    "java_major_version",
+]
 
 ZIPKIN_VERSION = "3.4.2"
 _MAVEN = "https://repo1.maven.org/maven2/io/zipkin/zipkin-server"
@@ -37,7 +43,7 @@ class ZipkinUnavailable(RuntimeError):
     """Zipkin cannot run here: no suitable Java, the jar cannot be fetched, or it did not start."""
 
 
-def java_major_version(java: str = "java") -> Optional[int]:
+def java_major_version(java: str = "java") -> int | None:
     """The major version of ``java`` on PATH (17 for "17.0.15"), or None without one."""
     if shutil.which(java) is None:
         return None
@@ -49,9 +55,11 @@ def java_major_version(java: str = "java") -> Optional[int]:
     return int(found.group(2) or 0) if major == 1 else major  # "1.8.0" is Java 8
 
 
-def zipkin_jar(version: str = ZIPKIN_VERSION, cache_dir: Optional[Path] = None) -> Path:
+def zipkin_jar(version: str = ZIPKIN_VERSION, cache_dir: Path | None = None) -> Path:
     """The Zipkin server jar, downloaded once from Maven Central and verified by its SHA-1."""
-    cache = cache_dir or Path(os.environ.get("FANOUT_CACHE_DIR") or Path.home() / ".cache" / "fanout")
+    cache = cache_dir or Path(
+        os.environ.get("FANOUT_CACHE_DIR") or Path.home() / ".cache" / "fanout"
+    )
     jar = cache / f"zipkin-server-{version}-exec.jar"
     if jar.exists():
         return jar
@@ -81,32 +89,45 @@ class ZipkinServer:
     ``url`` is its base (``http://127.0.0.1:<port>``); spans go to :attr:`spans_endpoint`.
     """
 
-    def __init__(self, jar: Optional[Path] = None, port: int = 0) -> None:
+    def __init__(self, jar: Path | None = None, port: int = 0) -> None:
         self._jar = jar
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._process: Optional[subprocess.Popen[bytes]] = None
-        self._log_path: Optional[Path] = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
 
     @property
     def spans_endpoint(self) -> str:
         return f"{self.url}/api/v2/spans"
 
-    def start(self) -> "ZipkinServer":
+    def start(self) -> ZipkinServer:
         """Start Zipkin and wait for its health check. Raises :class:`ZipkinUnavailable`."""
         major = java_major_version()
         if major is None or major < _MIN_JAVA:
             found = "none on PATH" if major is None else f"Java {major}"
-            raise ZipkinUnavailable(f"Zipkin needs Java {_MIN_JAVA} or newer ({found}); "
-                                    "install a JDK 17, e.g. apt-get install openjdk-17-jre-headless")
+            raise ZipkinUnavailable(
+                f"Zipkin needs Java {_MIN_JAVA} or newer ({found}); "
+                "install a JDK 17, e.g. apt-get install openjdk-17-jre-headless"
+            )
         jar = self._jar or zipkin_jar()
         handle, log_name = tempfile.mkstemp(prefix="zipkin-", suffix=".log")
         self._log_path = Path(log_name)
         self._process = subprocess.Popen(
-            ["java", "-Xmx512m", *_QUICK_START, "-jar", str(jar), "--armeria.ports[0].ip=127.0.0.1",
-             f"--armeria.ports[0].port={self.port}", "--armeria.ports[0].protocols=http"],
-            stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "QUERY_PORT": str(self.port)})
+            [
+                "java",
+                "-Xmx512m",
+                *_QUICK_START,
+                "-jar",
+                str(jar),
+                "--armeria.ports[0].ip=127.0.0.1",
+                f"--armeria.ports[0].port={self.port}",
+                "--armeria.ports[0].protocols=http",
+            ],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "QUERY_PORT": str(self.port)},
+        )
         os.close(handle)
         self._wait_healthy()
         return self
@@ -139,7 +160,7 @@ class ZipkinServer:
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "ZipkinServer":
+    def __enter__(self) -> ZipkinServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -17,33 +17,46 @@ def pool_warnings(settings: Settings) -> list[str]:
         if backend.pool_size < fan.pool_size:
             short.setdefault(_pool_key(settings, name), (backend.pool_size, []))[1].append(name)
     for key, (size, names) in short.items():
-        warnings.append(f"{key} ({size}) < fanout.pool_size ({fan.pool_size}): parallel lookups "
-                        f"of {' and '.join(names)} will wait for a connection")
+        warnings.append(
+            f"{key} ({size}) < fanout.pool_size ({fan.pool_size}): parallel lookups "
+            f"of {' and '.join(names)} will wait for a connection"
+        )
     if fan.max_inflight_tasks < fan.pool_size:
-        warnings.append(f"fanout.max_inflight_tasks ({fan.max_inflight_tasks}) < fanout.pool_size "
-                        f"({fan.pool_size}): a single request can never use its whole pool")
+        warnings.append(
+            f"fanout.max_inflight_tasks ({fan.max_inflight_tasks}) < fanout.pool_size "
+            f"({fan.pool_size}): a single request can never use its whole pool"
+        )
     if fan.task_timeout_ms > fan.request_deadline_ms:
-        warnings.append(f"fanout.task_timeout_ms ({fan.task_timeout_ms}) > "
-                        f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
-                        "the request deadline always cuts tasks first")
+        warnings.append(
+            f"fanout.task_timeout_ms ({fan.task_timeout_ms}) > "
+            f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
+            "the request deadline always cuts tasks first"
+        )
     if fan.queue_timeout_ms >= fan.request_deadline_ms:
-        warnings.append(f"fanout.queue_timeout_ms ({fan.queue_timeout_ms}) >= "
-                        f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
-                        "queued tasks would time out before they are rejected")
+        warnings.append(
+            f"fanout.queue_timeout_ms ({fan.queue_timeout_ms}) >= "
+            f"fanout.request_deadline_ms ({fan.request_deadline_ms}): "
+            "queued tasks would time out before they are rejected"
+        )
     return warnings + alias_warnings(settings)
 
 
 def alias_warnings(settings: Settings) -> list[str]:
     """One warning per older section the configuration still writes: they go after this release."""
-    tables = {"mongo": "[backends.mongo] (kind = \"mongo\")",
-              "http": "[backends.alerts] and [backends.metrics] (kind = \"http\", url = ...)"}
-    return [f"[{section}] (or FANOUT_{section.upper()}_*) is deprecated and goes after this "
-            f"release: write {tables[section]} instead (FANOUT_BACKENDS_<NAME>_<KEY>)"
-            for section in settings.alias_sections]
+    tables = {
+        "mongo": '[backends.mongo] (kind = "mongo")',
+        "http": '[backends.alerts] and [backends.metrics] (kind = "http", url = ...)',
+    }
+    return [
+        f"[{section}] (or FANOUT_{section.upper()}_*) is deprecated and goes after this "
+        f"release: write {tables[section]} instead (FANOUT_BACKENDS_<NAME>_<KEY>)"
+        for section in settings.alias_sections
+    ]
 
 
 def _pool_key(settings: Settings, name: str) -> str:
     """The key a user wrote for backend ``name``'s pool: its table's, or its alias's."""
     section = settings.backend_section(name)
     return {"mongo": "mongo.max_pool_size", "http": "http.pool_maxsize"}.get(
-        section, f"{section}.pool_size")
+        section, f"{section}.pool_size"
+    )

@@ -35,24 +35,28 @@ import logging
 import os
 import re
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
-from lookups.backends.settings import (ALIAS_SECTIONS, BACKEND_KINDS, BackendSettings,
-                                       backends_from_aliases)
+from lookups.backends.settings import (
+    ALIAS_SECTIONS,
+    BACKEND_KINDS,
+    BackendSettings,
+    backends_from_aliases,
+)
 from lookups.cache.settings import CacheSettings
 from lookups.settings import SHIPPED_OPTIONAL, HttpSettings, LookupSettings, MongoSettings
-from service.settings.declarations import as_config_error, build_section, keys_of
-from service.errors import ConfigError
 from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.errors import ConfigError
 from service.operations.logs import LoggingSettings
+from service.settings.declarations import as_config_error, build_section, keys_of
 from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
 
-__all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings",
-           "as_config_error"]
+__all__ = ["ConfigError", "ServerSettings", "Settings", "load_settings", "as_config_error"]
 
 ENV_PREFIX = "FANOUT_"
 
@@ -76,7 +80,9 @@ class Settings:
     #: Plugins' own settings sections, by panel: the keys their ``[lookups.<name>]`` adds.
     plugin_settings: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     #: The ``[backends.<name>]`` tables as written; :attr:`backends` adds the aliases.
-    backend_tables: Mapping[str, BackendSettings] = field(default_factory=lambda: MappingProxyType({}))
+    backend_tables: Mapping[str, BackendSettings] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     #: The older sections (``mongo``, ``http``) the configuration wrote keys in.
     alias_sections: tuple[str, ...] = ()
 
@@ -96,8 +102,9 @@ class Settings:
 
     def lookup(self, name: str) -> LookupSettings:
         """The policy for lookup ``name``; defaults when the config does not mention it."""
-        return self.lookups.get(name) or (_SHIPPED_LOOKUP if name in SHIPPED_OPTIONAL
-                                          else _DEFAULT_LOOKUP)
+        return self.lookups.get(name) or (
+            _SHIPPED_LOOKUP if name in SHIPPED_OPTIONAL else _DEFAULT_LOOKUP
+        )
 
     def task_timeout_ms(self, name: str) -> int:
         return self.lookup(name).timeout_ms or self.fanout.task_timeout_ms
@@ -108,26 +115,39 @@ _BACKEND_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 def _longest_first(sections: Iterable[type]) -> list[str]:
     # Longest first: "read_timeout_ms" must not be read as "timeout_ms" of a table "x_read".
-    return sorted({key.name for section in sections for key in keys_of(section)},
-                  key=len, reverse=True)
+    return sorted(
+        {key.name for section in sections for key in keys_of(section)}, key=len, reverse=True
+    )
 
 
 #: The keys an env variable of each table is split on, longest first.
-_TABLE_KEYS = {"backends": _longest_first(BACKEND_KINDS.values()),
-               "lookups": _longest_first([LookupSettings])}
+_TABLE_KEYS = {
+    "backends": _longest_first(BACKEND_KINDS.values()),
+    "lookups": _longest_first([LookupSettings]),
+}
 
 #: Built once: Settings.lookup runs for every panel of every call.
 _DEFAULT_LOOKUP, _SHIPPED_LOOKUP = LookupSettings(), LookupSettings(optional=True)
 
 _SECTIONS: dict[str, type] = {
-    "server": ServerSettings, "fanout": FanOutSettings, "admission": AdmissionSettings,
-    "mongo": MongoSettings, "http": HttpSettings, "tracing": TracingSettings,
-    "metrics": MetricsSettings, "logging": LoggingSettings, "cache": CacheSettings,
+    "server": ServerSettings,
+    "fanout": FanOutSettings,
+    "admission": AdmissionSettings,
+    "mongo": MongoSettings,
+    "http": HttpSettings,
+    "tracing": TracingSettings,
+    "metrics": MetricsSettings,
+    "logging": LoggingSettings,
+    "cache": CacheSettings,
 }
 
 
-def load_settings(path: Optional[str | Path] = None, *, env: Optional[Mapping[str, str]] = None,
-                  overrides: Optional[Mapping[str, Any]] = None) -> Settings:
+def load_settings(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
     """Build and validate :class:`Settings`.
 
     ``overrides`` maps dotted keys (``"server.port"``) to values from flags;
@@ -175,12 +195,13 @@ def _merge_env(raw: dict[str, Any], env: Mapping[str, str], plugins: PluginSecti
     for name, value in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
-        rest = name[len(ENV_PREFIX):].lower()
+        rest = name[len(ENV_PREFIX) :].lower()
         table = next((t for t in _TABLE_KEYS if rest.startswith(t + "_")), None)
         if table is not None:
-            body = rest[len(table) + 1:]
-            nested = _table_variable(name, table, body, value, _TABLE_KEYS[table],
-                                     required=table == "backends")
+            body = rest[len(table) + 1 :]
+            nested = _table_variable(
+                name, table, body, value, _TABLE_KEYS[table], required=table == "backends"
+            )
             if nested is None:
                 plugin_keys.append((name, body, value))
             else:
@@ -192,11 +213,13 @@ def _merge_env(raw: dict[str, Any], env: Mapping[str, str], plugins: PluginSecti
             # a Service named "fanout". A misspelled key of a known section is still an error.
             log.debug("ignoring environment variable %s: names no settings section", name)
             continue
-        _merge(raw, _nest([section], rest[len(section) + 1:], value))
+        _merge(raw, _nest([section], rest[len(section) + 1 :], value))
     if plugin_keys:
         keys = _longest_first(plugins.all())
         for name, body, value in plugin_keys:
-            _merge(raw, _table_variable(name, "lookups", body, value, keys, required=True))
+            found = _table_variable(name, "lookups", body, value, keys, required=True)
+            if found is not None:  # required: None never comes back, an error is raised
+                _merge(raw, found)
 
 
 class PluginSections:
@@ -204,7 +227,7 @@ class PluginSections:
     found only when a key needs one: finding one imports the plugin."""
 
     def __init__(self, raw: Mapping[str, Any]) -> None:
-        self._raw = raw   # the file's tables, then the environment's, as they are merged
+        self._raw = raw  # the file's tables, then the environment's, as they are merged
 
     @property
     def _plugins(self) -> Any:
@@ -213,7 +236,7 @@ class PluginSections:
 
         return plugins
 
-    def section(self, name: str, factory_path: str) -> Optional[type]:
+    def section(self, name: str, factory_path: str) -> type | None:
         """The section of panel ``name``'s plugin (``factory_path``, else its entry point)."""
         with as_config_error():
             factory = self._plugins.find_factory(name, factory_path)
@@ -222,25 +245,32 @@ class PluginSections:
     def all(self) -> list[type]:
         """Every section declared by an installed entry point or a ``factory`` set so far."""
         tables = self._raw.get("lookups", {})
-        paths = {name: body.get("factory", "") for name, body in tables.items()
-                 if isinstance(body, Mapping) and body.get("factory")}
+        paths = {
+            name: body.get("factory", "")
+            for name, body in tables.items()
+            if isinstance(body, Mapping) and body.get("factory")
+        }
         with as_config_error():
             factories = [self._plugins.find_factory(name, path) for name, path in paths.items()]
             factories += [factory for _, factory in self._plugins.entry_point_factories()]
-        return [section for section in map(self._plugins.settings_of, factories)
-                if section is not None]
+        return [
+            section for section in map(self._plugins.settings_of, factories) if section is not None
+        ]
 
 
-def _table_variable(variable: str, table: str, body: str, value: str, keys: list[str],
-                    required: bool = False) -> Optional[dict[str, Any]]:
+def _table_variable(
+    variable: str, table: str, body: str, value: str, keys: list[str], required: bool = False
+) -> dict[str, Any] | None:
     """``FANOUT_<TABLE>_<NAME>_<KEY>`` split on one of ``keys``; ``None`` if none fits,
     unless ``required``: then :class:`ConfigError`."""
     key = next((k for k in keys if body.endswith("_" + k)), None)
     if key is not None:
         return _nest([table, body[: -len(key) - 1]], key, value)
     if required:
-        raise ConfigError(f"{variable}: expected FANOUT_{table.upper()}_<NAME>_<KEY>, "
-                          f"KEY one of {', '.join(sorted(keys))}")
+        raise ConfigError(
+            f"{variable}: expected FANOUT_{table.upper()}_<NAME>_<KEY>, "
+            f"KEY one of {', '.join(sorted(keys))}"
+        )
     return None
 
 
@@ -257,11 +287,15 @@ def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
         lookups[name], own = _lookup_table(name, body, plugins)
         if own is not None:
             options[name] = own
-    return Settings(**parts, lookups=MappingProxyType(lookups),
-                    plugin_settings=MappingProxyType(options),
-                    backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))),
-                    alias_sections=tuple(name for name in dict.fromkeys(ALIAS_SECTIONS.values())
-                                         if raw.get(name)))
+    return Settings(
+        **parts,
+        lookups=MappingProxyType(lookups),
+        plugin_settings=MappingProxyType(options),
+        backend_tables=MappingProxyType(_build_backends(raw.get("backends", {}))),
+        alias_sections=tuple(
+            name for name in dict.fromkeys(ALIAS_SECTIONS.values()) if raw.get(name)
+        ),
+    )
 
 
 def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[LookupSettings, Any]:
@@ -272,14 +306,16 @@ def _lookup_table(name: str, body: Any, plugins: PluginSections) -> tuple[Lookup
     common = {key.name for key in keys_of(LookupSettings)}
     own = {key: value for key, value in body.items() if key not in common}
     shipped = {"optional": True} if name in SHIPPED_OPTIONAL else {}
-    policy = build_section(label, LookupSettings,
-                           {**shipped, **{k: v for k, v in body.items() if k in common}})
+    policy = build_section(
+        label, LookupSettings, {**shipped, **{k: v for k, v in body.items() if k in common}}
+    )
     if not own:
         return policy, None
     section = plugins.section(name, policy.factory)
     if section is None:
         # No plugin declares them: the first unknown key, against the keys every lookup has.
         build_section(label, LookupSettings, body)
+        raise ConfigError(f"{label}: no plugin declares {', '.join(sorted(own))}")
     return policy, build_section(label, section, own)
 
 
@@ -293,7 +329,9 @@ def _build_backends(raw: Any) -> dict[str, BackendSettings]:
             raise ConfigError(f"backends.{name}: a backend name is letters, digits and _")
         kind = body.get("kind") if isinstance(body, Mapping) else None
         if kind not in BACKEND_KINDS:
-            raise ConfigError(f"backends.{name}.kind: must be one of "
-                              f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}")
-        built[name] = build_section(f"backends.{name}", BACKEND_KINDS[kind], body)
+            raise ConfigError(
+                f"backends.{name}.kind: must be one of "
+                f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}"
+            )
+        built[name] = build_section(f"backends.{name}", BACKEND_KINDS[str(kind)], body)
     return built

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Optional
 
 __all__ = ["usable_cores", "quota_cores"]
 
@@ -29,7 +28,7 @@ def usable_cores() -> int:
     return max(1, min(cores, _MAX_CORES))
 
 
-def quota_cores(quota: str, period: str) -> Optional[int]:
+def quota_cores(quota: str, period: str) -> int | None:
     """Whole cores a CFS quota allows (``ceil(quota / period)``, at least 1); None when
     unlimited (``max``, or -1 in cgroup v1) or unreadable."""
     try:
@@ -41,15 +40,17 @@ def quota_cores(quota: str, period: str) -> Optional[int]:
     return max(1, math.ceil(quota_us / period_us))
 
 
-def _cgroup_quota() -> Optional[int]:
-    try:   # cgroup v2: "<quota> <period>" or "max <period>"
+def _cgroup_quota() -> int | None:
+    try:  # cgroup v2: "<quota> <period>" or "max <period>"
         return quota_cores(*(_CGROUP / "cpu.max").read_text().split()[:2])
     except (OSError, TypeError):
         pass
-    for folder in ("cpu", "cpu,cpuacct"):   # cgroup v1
+    for folder in ("cpu", "cpu,cpuacct"):  # cgroup v1
         try:
-            return quota_cores((_CGROUP / folder / "cpu.cfs_quota_us").read_text(),
-                               (_CGROUP / folder / "cpu.cfs_period_us").read_text())
+            return quota_cores(
+                (_CGROUP / folder / "cpu.cfs_quota_us").read_text(),
+                (_CGROUP / folder / "cpu.cfs_period_us").read_text(),
+            )
         except OSError:
             continue
     return None

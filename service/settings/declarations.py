@@ -32,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any
 
 from service.errors import ConfigError
 
@@ -49,13 +50,13 @@ class Key:
     """One declared key of a section: its name, type, default and rules."""
 
     name: str
-    kind: str                  # bool | int | float | str | names
+    kind: str  # bool | int | float | str | names
     default: Any
     help: str
-    min: Optional[float] = None
-    max: Optional[float] = None
-    choices: Optional[tuple[str, ...]] = None
-    auto: Optional[Callable[[], int]] = None
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    auto: Callable[[], int] | None = None
 
 
 @functools.cache
@@ -65,16 +66,19 @@ def keys_of(section: type) -> tuple[Key, ...]:
     return tuple(_key(section, field, hints[field.name]) for field in dataclasses.fields(section))
 
 
-def _key(section: type, field: dataclasses.Field, annotation: Any) -> Key:
+def _key(section: type, field: dataclasses.Field[Any], annotation: Any) -> Key:
     where = f"{section.__name__}.{field.name}"
     meta = dict(field.metadata)
     kind = _TYPES.get(annotation)
     if kind is None:
-        raise TypeError(f"{where}: a setting is bool, int, float, str or tuple[str, ...], "
-                        f"not {annotation!r}")
+        raise TypeError(
+            f"{where}: a setting is bool, int, float, str or tuple[str, ...], not {annotation!r}"
+        )
     if set(meta) - _METADATA or not meta.get("help"):
-        raise TypeError(f"{where}: metadata needs 'help' and may add only "
-                        f"{', '.join(sorted(_METADATA - {'help'}))}; got {sorted(meta)}")
+        raise TypeError(
+            f"{where}: metadata needs 'help' and may add only "
+            f"{', '.join(sorted(_METADATA - {'help'}))}; got {sorted(meta)}"
+        )
     if kind == "int" and "min" not in meta:
         raise TypeError(f"{where}: an int setting declares its 'min'")
     if ("min" in meta or "max" in meta) and kind not in ("int", "float"):
@@ -84,8 +88,16 @@ def _key(section: type, field: dataclasses.Field, annotation: Any) -> Key:
     default = field.default
     if default is dataclasses.MISSING:
         raise TypeError(f"{where}: a setting has a default")
-    return Key(field.name, kind, default, meta["help"], meta.get("min"), meta.get("max"),
-               tuple(meta["choices"]) if "choices" in meta else None, meta.get("auto"))
+    return Key(
+        field.name,
+        kind,
+        default,
+        meta["help"],
+        meta.get("min"),
+        meta.get("max"),
+        tuple(meta["choices"]) if "choices" in meta else None,
+        meta.get("auto"),
+    )
 
 
 def build_section(label: str, section: type, body: Any) -> Any:
@@ -145,8 +157,13 @@ def coerce(label: str, key: Key, value: Any) -> Any:
 def _in_bounds(label: str, key: Key, number: Any, what: str) -> Any:
     low, high = key.min, key.max
     if (low is not None and number < low) or (high is not None and number > high):
-        bound = (f">= {low}" if high is None else f"<= {high}" if low is None
-                 else f"between {low} and {high}")
+        bound = (
+            f">= {low}"
+            if high is None
+            else f"<= {high}"
+            if low is None
+            else f"between {low} and {high}"
+        )
         raise ConfigError(f"{label}: must be {what} {bound}, got {number!r}")
     return number
 

@@ -31,10 +31,11 @@ from __future__ import annotations
 import errno
 import logging
 import resource
-import time
-from typing import Any, Optional
+from typing import Any
 
 from gevent.server import StreamServer
+
+from lookups.clock import SYSTEM_CLOCK
 
 __all__ = ["ResilientStreamServer", "RESOURCE_ERRNOS", "fd_headroom_warning"]
 
@@ -54,17 +55,17 @@ class ResilientStreamServer(StreamServer):
     Construction and use are those of ``gevent.server.StreamServer``.
     """
 
-    pause_min_s = 0.05     # first pause after a resource error
-    pause_max_s = 1.0      # the pause doubles up to this while errors continue
+    pause_min_s = 0.05  # first pause after a resource error
+    pause_max_s = 1.0  # the pause doubles up to this while errors continue
     warn_interval_s = 10.0  # at most one warning per interval
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pause_s = self.pause_min_s
         self._resource_errors = 0
-        self._unreported = 0                  # failures since the last warning
+        self._unreported = 0  # failures since the last warning
         self._warned_at = -float("inf")
-        self._exhausted = False               # between a failure and the next successful accept
+        self._exhausted = False  # between a failure and the next successful accept
 
     @property
     def accept_resource_errors(self) -> int:
@@ -78,7 +79,7 @@ class ResilientStreamServer(StreamServer):
         if warning:
             log.warning("%s", warning)
 
-    def do_read(self) -> Optional[tuple[Any, Any]]:
+    def do_read(self) -> tuple[Any, Any] | None:
         # Called by gevent's accept loop (BaseServer._do_read) for every accept.
         try:
             accepted = super().do_read()
@@ -90,9 +91,12 @@ class ResilientStreamServer(StreamServer):
         if accepted is not None and self._exhausted:
             self._exhausted = False
             self._pause_s = self.pause_min_s
-            log.info("accepting connections again after %d failed accept(s) for lack of resources",
-                     self._resource_errors)
-        return accepted
+            log.info(
+                "accepting connections again after %d failed accept(s) for lack of resources",
+                self._resource_errors,
+            )
+        result: tuple[Any, Any] | None = accepted
+        return result
 
     def _pause_after(self, exc: OSError) -> None:
         self._resource_errors += 1
@@ -100,14 +104,17 @@ class ResilientStreamServer(StreamServer):
         self._exhausted = True
         pause_s = self._pause_s
         self._pause_s = min(self.pause_max_s, pause_s * 2)
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if now - self._warned_at >= self.warn_interval_s:
             self._warned_at = now
             log.warning(
                 "accept() failed: %s (%d time(s) since the last warning); pausing accepts for "
                 "%.0f ms, new connections wait in the listen backlog. Raise the open-files limit "
-                "(ulimit -n) or lower server.max_connections", exc.strerror or exc,
-                self._unreported, pause_s * 1000.0)
+                "(ulimit -n) or lower server.max_connections",
+                exc.strerror or exc,
+                self._unreported,
+                pause_s * 1000.0,
+            )
             self._unreported = 0
         # The same mechanism gevent uses after an accept error: drop the watcher, re-arm
         # it from a timer. A full connection pool still takes precedence when it fires.
@@ -116,13 +123,16 @@ class ResilientStreamServer(StreamServer):
         self._timer.start(self._start_accepting_if_started)
 
 
-def fd_headroom_warning(max_connections: Optional[int]) -> str:
-    """A warning if ``max_connections`` plus a margin exceeds the soft open-files limit, else ``""``."""
+def fd_headroom_warning(max_connections: int | None) -> str:
+    """A warning if ``max_connections`` plus a margin exceeds the soft open-files limit, else
+    ``""``."""
     if not max_connections:
         return ""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or max_connections + _FDS_BESIDES_CONNECTIONS <= soft:
         return ""
-    return (f"server.max_connections is {max_connections} but the open-files limit is {soft}: "
-            f"past about {max(soft - _FDS_BESIDES_CONNECTIONS, 0)} connections accept() will fail "
-            f"(EMFILE) and the server will pause accepting; raise the limit (ulimit -n)")
+    return (
+        f"server.max_connections is {max_connections} but the open-files limit is {soft}: "
+        f"past about {max(soft - _FDS_BESIDES_CONNECTIONS, 0)} connections accept() will fail "
+        f"(EMFILE) and the server will pause accepting; raise the limit (ulimit -n)"
+    )

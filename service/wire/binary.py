@@ -15,7 +15,7 @@ for the stack and the return convention.
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional
+from typing import Any
 
 from service.wire.errors import MalformedMessage
 from service.wire.walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
@@ -30,7 +30,7 @@ _FIXED = {2: 1, 3: 1, 4: 8, 6: 2, 8: 4, 10: 8}
 _SMALLEST = {**_FIXED, _STRING: 4, _STRUCT_TYPE: 1, _MAP_TYPE: 6, _SET_TYPE: 5, _LIST_TYPE: 5}
 
 
-def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optional[int]:
+def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> int | None:
     """``0x80 0x01 ?? type``, i32 name length, name, i32 seqid: the offset after it
     (None until all of it is here)."""
     if pos + 12 > limit:  # even with an empty name
@@ -47,7 +47,7 @@ def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optio
     return after if after <= end else None
 
 
-def read_old_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optional[int]:
+def read_old_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> int | None:
     """i32 name length, name, message type byte, i32 seqid: the offset after it (None until
     all of it is here). The scan recognises such a message by its first byte, 0x00."""
     if pos + 9 > limit:  # even with an empty name
@@ -65,7 +65,7 @@ def read_old_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> O
     return after if after <= end else None
 
 
-def walk(buf: Any, pos: int, end: int, limit: int, stack: list, scan: Checks) -> int:
+def walk(buf: Any, pos: int, end: int, limit: int, stack: list[Any], scan: Checks) -> int:
     """Walk values from ``pos`` until the stack empties or the bytes (up to ``end``) run out."""
     fixed = _FIXED
     while stack:
@@ -106,8 +106,9 @@ def walk(buf: Any, pos: int, end: int, limit: int, stack: list, scan: Checks) ->
     return pos
 
 
-def _value(buf: Any, pos: int, end: int, limit: int, ttype: int,
-           scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _value(
+    buf: Any, pos: int, end: int, limit: int, ttype: int, scan: Checks
+) -> tuple[int, list[int] | None]:
     """Skip one string or container header (offset > ``end`` if incomplete); the frame to
     push for a struct or for container items that must be walked one by one."""
     if ttype == _STRING:
@@ -119,15 +120,14 @@ def _value(buf: Any, pos: int, end: int, limit: int, ttype: int,
         return pos + 4 + size, None
     if ttype == _STRUCT_TYPE:
         return pos, [STRUCT]
-    if ttype == _LIST_TYPE or ttype == _SET_TYPE:
+    if ttype in (_LIST_TYPE, _SET_TYPE):
         return _list(buf, pos, end, limit, scan)
     if ttype == _MAP_TYPE:
         return _map(buf, pos, end, limit, scan)
     raise bad_type(ttype)
 
 
-def _list(buf: Any, pos: int, end: int, limit: int,
-          scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _list(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> tuple[int, list[int] | None]:
     if pos + 5 > end:
         return pos + 5, None
     element, count = buf[pos], _I32(buf, pos + 1)[0]
@@ -145,8 +145,7 @@ def _list(buf: Any, pos: int, end: int, limit: int,
     return pos, ([LIST, element, count] if count else None)
 
 
-def _map(buf: Any, pos: int, end: int, limit: int,
-         scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _map(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> tuple[int, list[int] | None]:
     if pos + 6 > end:
         return pos + 6, None
     key, value, count = buf[pos], buf[pos + 1], _I32(buf, pos + 2)[0]
@@ -163,8 +162,7 @@ def _map(buf: Any, pos: int, end: int, limit: int,
     return pos, ([MAP, key, value, left] if left else None)
 
 
-def _strings(buf: Any, pos: int, end: int, limit: int, count: int,
-             scan: Checks) -> tuple[int, int]:
+def _strings(buf: Any, pos: int, end: int, limit: int, count: int, scan: Checks) -> tuple[int, int]:
     """Skip up to ``count`` consecutive strings (list<string>, map<string,string>) in one
     loop; returns the offset after them and how many are not wholly here yet."""
     max_string, unpack_i32 = scan.max_string_bytes, _I32

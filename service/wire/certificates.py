@@ -22,9 +22,9 @@ from __future__ import annotations
 import logging
 import os
 import ssl
-import time
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
+from lookups.clock import SYSTEM_CLOCK
 from service.wire.tls import TlsConfigError
 
 __all__ = ["RotatingContext", "CHECK_EVERY_S"]
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 #: How often, at most, the files are looked at again.
 CHECK_EVERY_S = 1.0
 
-_Signature = tuple[Optional[tuple[int, int, int, int]], ...]
+_Signature = tuple[tuple[int, int, int, int] | None, ...]
 
 
 class RotatingContext:
@@ -44,9 +44,13 @@ class RotatingContext:
     The first build happens here, so unusable files stop start-up.
     """
 
-    def __init__(self, build: Callable[[], ssl.SSLContext], paths: Sequence[str],
-                 check_every_s: float = CHECK_EVERY_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        build: Callable[[], ssl.SSLContext],
+        paths: Sequence[str],
+        check_every_s: float = CHECK_EVERY_S,
+        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+    ) -> None:
         self._build = build
         self._paths = tuple(paths)
         self._check_every_s = check_every_s
@@ -54,8 +58,8 @@ class RotatingContext:
         self._seen = _signature(self._paths)
         self._context = build()
         self._checked = clock()
-        self.reloads = 0          # new contexts in use since start
-        self.failed_reloads = 0   # changes whose files did not load
+        self.reloads = 0  # new contexts in use since start
+        self.failed_reloads = 0  # changes whose files did not load
 
     def current(self) -> ssl.SSLContext:
         """The context for a new connection, rebuilt first if the files changed."""
@@ -74,8 +78,11 @@ class RotatingContext:
             context = self._build()
         except TlsConfigError as exc:
             self.failed_reloads += 1
-            log.error("TLS: the changed certificate files do not load; new connections keep "
-                      "the previous ones: %s", exc)
+            log.error(
+                "TLS: the changed certificate files do not load; new connections keep "
+                "the previous ones: %s",
+                exc,
+            )
             return
         self._context = context
         self.reloads += 1
@@ -84,7 +91,7 @@ class RotatingContext:
 
 def _signature(paths: Sequence[str]) -> _Signature:
     """What identifies each file's content without reading it; ``None`` for a missing file."""
-    signature = []
+    signature: list[tuple[int, int, int, int] | None] = []
     for path in paths:
         try:
             stat = os.stat(path)  # follows the symlinks a secret volume swaps

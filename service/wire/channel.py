@@ -24,20 +24,26 @@ import select
 import socket
 import ssl
 import struct
-import time
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import gevent.ssl
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.transport.buffered import TCyBufferedTransport
 
+from lookups.clock import SYSTEM_CLOCK
 from service.wire.codec import decoder_for, hub_codec
-from service.wire.errors import (FrameRejected, MessageRejected, MessageTooSlow,
-                                 ReplyNotTaken)
+from service.wire.errors import FrameRejected, MessageRejected, MessageTooSlow, ReplyNotTaken
 from service.wire.scan import WireLimits, check_frame
 
-__all__ = ["FrameRejected", "MessageRejected", "PeerClosed", "Channel", "SocketChannel", "FramedChannel",
-           "WireLimits"]
+__all__ = [
+    "FrameRejected",
+    "MessageRejected",
+    "PeerClosed",
+    "Channel",
+    "SocketChannel",
+    "FramedChannel",
+    "WireLimits",
+]
 
 
 _FRAME_HEADER = struct.Struct("!i")
@@ -56,6 +62,8 @@ class Channel(Protocol):
     #: True while waiting for the first byte of the next message: closing the
     #: connection then loses no call.
     idle: bool
+    #: True while blocked waiting for the next call (a hand-over may take it then).
+    waiting_idle: bool
 
     def message_waiting(self) -> bool: ...
 
@@ -84,20 +92,33 @@ class Channel(Protocol):
 class SocketChannel:
     """What both transports share: receiving under the idle and frame bounds, sending."""
 
-    __slots__ = ("_sock", "_limits", "_codec", "_decode", "_buffer", "_start", "_deadline",
-                 "_timeout", "idle", "waiting_idle")
+    __slots__ = (
+        "_sock",
+        "_limits",
+        "_codec",
+        "_decode",
+        "_buffer",
+        "_start",
+        "_deadline",
+        "_timeout",
+        "idle",
+        "waiting_idle",
+    )
 
-    def __init__(self, sock: socket.socket, limits: WireLimits | int,
-                 protocol: str = "binary") -> None:
+    def __init__(
+        self, sock: socket.socket, limits: WireLimits | int, protocol: str = "binary"
+    ) -> None:
         self._sock = sock
         # An int is the frame limit alone, with every other limit at its default.
-        self._limits = limits if isinstance(limits, WireLimits) else WireLimits(max_frame_bytes=limits)
+        self._limits = (
+            limits if isinstance(limits, WireLimits) else WireLimits(max_frame_bytes=limits)
+        )
         self._codec = hub_codec()
         self._decode = decoder_for(protocol, self._codec)
         self._buffer: Any = b""  # bytes received and not yet handed out, from _start on
         self._start = 0
         self._deadline = 0.0
-        self._timeout: Optional[float] = None  # last timeout set on the socket
+        self._timeout: float | None = None  # last timeout set on the socket
         self.idle = True
         # True only while blocked in the read of a new message's first bytes: nothing of
         # it has been read, so the connection can move to another process then.
@@ -137,7 +158,7 @@ class SocketChannel:
             if not self._buffer:
                 return False
         self.idle = False
-        self._deadline = time.monotonic() + self._limits.frame_timeout_ms / 1000.0
+        self._deadline = SYSTEM_CLOCK.monotonic() + self._limits.frame_timeout_ms / 1000.0
         self._begin()
         return True
 
@@ -188,7 +209,7 @@ class SocketChannel:
     def unread(self) -> bytes:
         """Bytes received and not yet handed out: between messages, the start of the next
         one (a pipelined call), which goes with the connection when it moves."""
-        return bytes(memoryview(self._buffer)[self._start:])
+        return bytes(memoryview(self._buffer)[self._start :])
 
     def framed(self, payload: bytes) -> bytes:
         """``payload`` as it goes on the wire (with its frame header where there are frames)."""
@@ -209,8 +230,9 @@ class SocketChannel:
             if sent < len(payload):
                 self._sock.sendall(memoryview(payload)[sent:])
         except TimeoutError:
-            raise ReplyNotTaken(f"reply of {len(payload)} bytes not taken within "
-                                f"{self._limits.frame_timeout_ms} ms") from None
+            raise ReplyNotTaken(
+                f"reply of {len(payload)} bytes not taken within {self._limits.frame_timeout_ms} ms"
+            ) from None
 
     def _begin(self) -> None:
         """Start on a message whose first bytes are buffered."""
@@ -228,14 +250,15 @@ class SocketChannel:
 
     def _time_left(self) -> float:
         """Seconds left for the message; raises :class:`MessageTooSlow` when none are."""
-        left = self._deadline - time.monotonic()
+        left = self._deadline - SYSTEM_CLOCK.monotonic()
         if left <= 0:
             raise self._too_slow()
         return left
 
     def _too_slow(self) -> MessageTooSlow:
-        return MessageTooSlow(f"message not complete within {self._limits.frame_timeout_ms} ms "
-                              "of its first byte")
+        return MessageTooSlow(
+            f"message not complete within {self._limits.frame_timeout_ms} ms of its first byte"
+        )
 
     def _recv_more(self, size: int) -> bytes:
         """Up to ``size`` more bytes of the current message, within its deadline."""
@@ -270,7 +293,7 @@ class FramedChannel(SocketChannel):
         """Read the frame header; raises :class:`FrameRejected` for a bad length."""
         while len(self._buffer) - self._start < _FRAME_HEADER.size:
             more = self._recv_more(READ_BYTES)
-            self._buffer, self._start = bytes(self._buffer[self._start:]) + more, 0
+            self._buffer, self._start = bytes(self._buffer[self._start :]) + more, 0
         (length,) = _FRAME_HEADER.unpack_from(self._buffer, self._start)
         limit = self._limits.max_frame_bytes
         if length < 0 or length > limit:
@@ -281,13 +304,14 @@ class FramedChannel(SocketChannel):
     def _receive(self) -> Any:
         start, length = self._start, self._length
         buffered = len(self._buffer) - start
+        frame: memoryview | bytearray
         if buffered >= length:
-            frame = memoryview(self._buffer)[start:start + length]
+            frame = memoryview(self._buffer)[start : start + length]
             self._start = start + length
         else:
             # Grown as bytes arrive, never to the claimed length up front: a peer that
             # claims a large frame and sends little costs what it sent.
-            frame = bytearray(memoryview(self._buffer)[start:])
+            frame = bytearray(self._buffer[start:])
             self._buffer, self._start = b"", 0
             while len(frame) < length:
                 frame += self._recv_more(min(READ_BYTES, length - len(frame)))

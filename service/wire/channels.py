@@ -8,7 +8,8 @@ encoded with; :func:`shared_output_buffer` the hub's buffer they are encoded int
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.protocol.compact import TCompactProtocol
@@ -23,8 +24,9 @@ from service.wire.scan import MessageScan, WireLimits
 __all__ = ["BufferedChannel", "open_channel", "protocol_for", "shared_output_buffer"]
 
 
-def open_channel(transport: str, sock: socket.socket, limits: WireLimits,
-                 protocol: str = "binary") -> Channel:
+def open_channel(
+    transport: str, sock: socket.socket, limits: WireLimits, protocol: str = "binary"
+) -> Channel:
     """The channel for ``transport`` ("framed" or "buffered"); raises ValueError otherwise."""
     if transport == "framed":
         return FramedChannel(sock, limits, protocol)
@@ -38,10 +40,12 @@ def protocol_for(protocol: str) -> Callable[[Any], TProtocolBase]:
 
     Raises ValueError for any other name.
     """
-    if protocol == "binary":
-        return TCyBinaryProtocol
-    if protocol == "compact":
-        return TCompactProtocol
+    factories: dict[str, Callable[[Any], Any]] = {
+        "binary": TCyBinaryProtocol,
+        "compact": TCompactProtocol,
+    }
+    if protocol in factories:
+        return factories[protocol]
     raise ValueError(f"unknown protocol {protocol!r}; expected one of {', '.join(PROTOCOLS)}")
 
 

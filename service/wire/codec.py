@@ -19,7 +19,8 @@ connection of a hub shares one decoding transport and one output buffer
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from thriftpy2.protocol.base import TProtocolBase
@@ -65,8 +66,9 @@ class _BoundedReader:
         start = self._position
         end = start + size
         if size < 0 or end > len(self._data):
-            raise TTransportException(TTransportException.END_OF_FILE,
-                                      f"read of {size} bytes past the end of the message")
+            raise TTransportException(
+                TTransportException.END_OF_FILE, f"read of {size} bytes past the end of the message"
+            )
         self._position = end
         return self._data[start:end]
 
@@ -96,7 +98,7 @@ class HubCodec:
         return self._binary
 
 
-_codecs: "weakref.WeakKeyDictionary[Any, HubCodec]" = weakref.WeakKeyDictionary()
+_codecs: weakref.WeakKeyDictionary[Any, HubCodec] = weakref.WeakKeyDictionary()
 
 
 def hub_codec() -> HubCodec:

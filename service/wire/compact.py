@@ -11,7 +11,7 @@ varint size and, when not empty, ``key type << 4 | value type``. See
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from service.wire.errors import MalformedMessage
 from service.wire.walk import CALL, LIST, MAP, ONEWAY, STRUCT, Checks, bad_message_type, bad_type
@@ -29,7 +29,7 @@ _VARINT32 = 5
 _SMALLEST = {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 6: 1, 7: 8, 8: 1, 9: 1, 10: 1, 11: 1, 12: 1}
 
 
-def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optional[int]:
+def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> int | None:
     """``0x82``, version and type, varint seqid, varint name length, name: the offset
     after it (None until all of it is here)."""
     if pos + 2 > end:
@@ -54,7 +54,7 @@ def read_header(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> Optio
     return after
 
 
-def walk(buf: Any, pos: int, end: int, limit: int, stack: list, scan: Checks) -> int:
+def walk(buf: Any, pos: int, end: int, limit: int, stack: list[Any], scan: Checks) -> int:
     """Walk values from ``pos`` until the stack empties or the bytes (up to ``end``) run out."""
     while stack:
         frame = stack[-1]
@@ -114,8 +114,9 @@ def _varint(buf: Any, pos: int, end: int, max_bytes: int) -> tuple[int, int]:
     return 0, end + 1
 
 
-def _value(buf: Any, pos: int, end: int, limit: int, ttype: int,
-           scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _value(
+    buf: Any, pos: int, end: int, limit: int, ttype: int, scan: Checks
+) -> tuple[int, list[int] | None]:
     """Skip one value of ``ttype`` (offset > ``end`` if incomplete); the frame to push
     for a struct or for container items that must be walked one by one."""
     if pos > end or ttype == _BOOL_FIELD:
@@ -133,15 +134,14 @@ def _value(buf: Any, pos: int, end: int, limit: int, ttype: int,
         return pos, None
     if ttype == _STRUCT_TYPE:
         return pos, [STRUCT]
-    if ttype == _LIST_TYPE or ttype == _SET_TYPE:
+    if ttype in (_LIST_TYPE, _SET_TYPE):
         return _list(buf, pos, end, limit, scan)
     if ttype == _MAP_TYPE:
         return _map(buf, pos, end, limit, scan)
     raise bad_type(ttype)
 
 
-def _list(buf: Any, pos: int, end: int, limit: int,
-          scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _list(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> tuple[int, list[int] | None]:
     if pos >= end:
         return end + 1, None
     element, count = buf[pos] & 0x0F, buf[pos] >> 4
@@ -161,8 +161,7 @@ def _list(buf: Any, pos: int, end: int, limit: int,
     return pos, [LIST, element, count]
 
 
-def _map(buf: Any, pos: int, end: int, limit: int,
-         scan: Checks) -> tuple[int, Optional[list[int]]]:
+def _map(buf: Any, pos: int, end: int, limit: int, scan: Checks) -> tuple[int, list[int] | None]:
     count, pos = _varint(buf, pos, end, _VARINT32)
     if pos > end or not count:
         return pos, None

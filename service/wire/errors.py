@@ -15,10 +15,15 @@ another connection). The server logs each at warning and counts it::
 
 from __future__ import annotations
 
-from typing import Optional
-
-__all__ = ["WireError", "MessageRejected", "LimitExceeded", "FrameRejected",
-           "MalformedMessage", "MessageTooSlow", "ReplyNotTaken"]
+__all__ = [
+    "WireError",
+    "MessageRejected",
+    "LimitExceeded",
+    "FrameRejected",
+    "MalformedMessage",
+    "MessageTooSlow",
+    "ReplyNotTaken",
+]
 
 
 class WireError(Exception):
@@ -39,25 +44,37 @@ class FrameRejected(LimitExceeded):
     Raised before the body is allocated or read.
     """
 
-    def __init__(self, length: Optional[int], limit: int) -> None:
+    def __init__(self, length: int | None, limit: int) -> None:
         self.length = length
         self.limit = limit
         self.looks_like = _foreign_protocol(length)
         if length is None:
             super().__init__(f"message longer than the {limit}-byte limit")
         elif self.looks_like:
-            super().__init__(f"frame length {length} outside 0..{limit} bytes: the bytes "
-                             f"looked like {self.looks_like}, not framed Thrift")
+            super().__init__(
+                f"frame length {length} outside 0..{limit} bytes: the bytes "
+                f"looked like {self.looks_like}, not framed Thrift"
+            )
         else:
             super().__init__(f"frame length {length} outside 0..{limit} bytes")
 
 
 #: The first bytes of what is often sent to a Thrift port by mistake.
-_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN",
-                 b"TRAC", b"PRI ")
+_HTTP_METHODS = (
+    b"GET ",
+    b"POST",
+    b"PUT ",
+    b"HEAD",
+    b"DELE",
+    b"OPTI",
+    b"PATC",
+    b"CONN",
+    b"TRAC",
+    b"PRI ",
+)
 
 
-def _foreign_protocol(length: Optional[int]) -> str:
+def _foreign_protocol(length: int | None) -> str:
     """``"HTTP"`` or ``"TLS"`` when a frame length's four bytes start such a request."""
     if length is None:
         return ""

@@ -9,19 +9,19 @@ here is checked against the message's end.
 from __future__ import annotations
 
 import struct
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["call_header"]
 
 _CALL = 1
 _I32 = struct.Struct("!i")
-_STRICT_VERSION = 0x80010000 - (1 << 32)   # as a signed i32
+_STRICT_VERSION = 0x80010000 - (1 << 32)  # as a signed i32
 _VERSION_MASK = 0xFFFF0000 - (1 << 32)
 _COMPACT_ID = 0x82
 _COMPACT_VERSION = 1
 
 
-def call_header(message: Any, protocol: str) -> Optional[tuple[str, int]]:
+def call_header(message: Any, protocol: str) -> tuple[str, int] | None:
     """``(method name, seqid)`` of a CALL message, or None for anything else or a bad header."""
     try:
         if protocol == "compact":
@@ -31,7 +31,7 @@ def call_header(message: Any, protocol: str) -> Optional[tuple[str, int]]:
         return None
 
 
-def _binary(message: Any) -> Optional[tuple[str, int]]:
+def _binary(message: Any) -> tuple[str, int] | None:
     (first,) = _I32.unpack_from(message, 0)
     if first < 0:  # strict: version and type, then the name, then the seqid
         if first & _VERSION_MASK != _STRICT_VERSION or first & 0xFF != _CALL:
@@ -51,10 +51,10 @@ def _binary_name(message: Any, offset: int) -> tuple[str, int]:
     start = offset + 4
     if size < 0 or start + size > len(message):
         raise ValueError("name past the end")
-    return bytes(message[start:start + size]).decode("utf-8"), start + size
+    return bytes(message[start : start + size]).decode("utf-8"), start + size
 
 
-def _compact(message: Any) -> Optional[tuple[str, int]]:
+def _compact(message: Any) -> tuple[str, int] | None:
     if message[0] != _COMPACT_ID or message[1] & 0x1F != _COMPACT_VERSION:
         return None
     if message[1] >> 5 != _CALL:
@@ -63,7 +63,7 @@ def _compact(message: Any) -> Optional[tuple[str, int]]:
     size, start = _varint(message, offset)
     if start + size > len(message):
         raise ValueError("name past the end")
-    return bytes(message[start:start + size]).decode("utf-8"), _signed32(seqid)
+    return bytes(message[start : start + size]).decode("utf-8"), _signed32(seqid)
 
 
 def _varint(message: Any, offset: int) -> tuple[int, int]:

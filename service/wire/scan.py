@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, NoReturn, Optional
+from typing import Any, NoReturn
 
 from service.wire import binary, compact
 from service.wire.errors import FrameRejected, LimitExceeded, MalformedMessage
@@ -52,9 +52,9 @@ class WireLimits:
     max_string_bytes: int = 64 * 1024
     max_container_items: int = 10_000
     max_nesting_depth: int = 32
-    idle_timeout_ms: int = 60_000    # between messages
-    frame_timeout_ms: int = 5_000    # from a message's first byte to its last; also for a reply
-    strict_binary: bool = False      # refuse old-style binary messages (no version header)
+    idle_timeout_ms: int = 60_000  # between messages
+    frame_timeout_ms: int = 5_000  # from a message's first byte to its last; also for a reply
+    strict_binary: bool = False  # refuse old-style binary messages (no version header)
 
 
 def check_frame(frame: Any, limits: WireLimits) -> None:
@@ -87,14 +87,14 @@ class MessageScan:
         self.max_string_bytes = limits.max_string_bytes
         self._framed = framed
         self._pos = start
-        self._stack: Optional[list[list[int]]] = None  # None until the header is read
+        self._stack: list[list[int]] | None = None  # None until the header is read
         self._protocol: Any = None  # wire_binary or wire_compact, from the first byte
 
     def shift(self, offset: int) -> None:
         """The buffer lost its first ``offset`` bytes (all before the message)."""
         self._pos -= offset
 
-    def advance(self, buf: Any, end: int, limit: int) -> Optional[int]:
+    def advance(self, buf: Any, end: int, limit: int) -> int | None:
         """Walk ``buf`` up to ``end``; the message may not extend past ``limit``.
 
         Returns the offset just past the message once it is complete, None while
@@ -117,16 +117,20 @@ class MessageScan:
 
     def overrun(self, token: int, limit: int) -> NoReturn:
         if self._framed:
-            raise MalformedMessage(f"the value at byte {token} claims more bytes than its frame "
-                                   f"holds ({limit - token} left)")
+            raise MalformedMessage(
+                f"the value at byte {token} claims more bytes than its frame "
+                f"holds ({limit - token} left)"
+            )
         raise FrameRejected(None, self.limits.max_frame_bytes)
 
     def check_string(self, size: int, left: int) -> None:
         if size < 0:
             raise MalformedMessage(f"negative string length {size}")
         if size > self.limits.max_string_bytes:
-            raise LimitExceeded(f"string of {size} bytes; the limit is "
-                                f"{self.limits.max_string_bytes} (server.max_string_bytes)")
+            raise LimitExceeded(
+                f"string of {size} bytes; the limit is "
+                f"{self.limits.max_string_bytes} (server.max_string_bytes)"
+            )
         if size > left:
             self._claims_past_end(f"string of {size} bytes", left)
 
@@ -135,15 +139,19 @@ class MessageScan:
         if count < 0:
             raise MalformedMessage(f"negative container size {count}")
         if count > self.limits.max_container_items:
-            raise LimitExceeded(f"container of {count} items; the limit is "
-                                f"{self.limits.max_container_items} (server.max_container_items)")
+            raise LimitExceeded(
+                f"container of {count} items; the limit is "
+                f"{self.limits.max_container_items} (server.max_container_items)"
+            )
         if count * smallest > left:
             self._claims_past_end(f"container of {count} items", left)
 
     def check_depth(self, depth: int) -> None:
         if depth >= self.limits.max_nesting_depth:
-            raise LimitExceeded(f"structs and containers nested more than "
-                                f"{self.limits.max_nesting_depth} deep (server.max_nesting_depth)")
+            raise LimitExceeded(
+                f"structs and containers nested more than "
+                f"{self.limits.max_nesting_depth} deep (server.max_nesting_depth)"
+            )
 
     def _claims_past_end(self, what: str, left: int) -> NoReturn:
         if self._framed:
@@ -154,8 +162,14 @@ class MessageScan:
 def _is_call_without_arguments(frame: Any, size: int, limits: WireLimits) -> bool:
     """The commonest frame (ping, panels, health: a binary CALL with an empty argument
     struct), recognised in a few operations: header, name, seqid, STOP and nothing else."""
-    return (13 <= size <= 13 + limits.max_string_bytes and frame[0] == 0x80 and frame[1] == 0x01
-            and frame[3] == CALL and frame[size - 1] == 0 and _I32(frame, 4)[0] == size - 13)
+    return (
+        13 <= size <= 13 + limits.max_string_bytes
+        and frame[0] == 0x80
+        and frame[1] == 0x01
+        and frame[3] == CALL
+        and frame[size - 1] == 0
+        and _I32(frame, 4)[0] == size - 13
+    )
 
 
 def _protocol_of(first_byte: int, strict_binary: bool) -> Any:
@@ -165,7 +179,11 @@ def _protocol_of(first_byte: int, strict_binary: bool) -> Any:
     if first_byte == 0x00:
         if not strict_binary:
             return binary.OLD_STYLE
-        raise MalformedMessage("old-style binary message without a version header; this server "
-                               "has server.strict_binary = true")
-    raise MalformedMessage(f"not a Thrift message: first byte 0x{first_byte:02x} "
-                           "(binary starts 0x80, or 0x00 old-style; compact 0x82)")
+        raise MalformedMessage(
+            "old-style binary message without a version header; this server "
+            "has server.strict_binary = true"
+        )
+    raise MalformedMessage(
+        f"not a Thrift message: first byte 0x{first_byte:02x} "
+        "(binary starts 0x80, or 0x00 old-style; compact 0x82)"
+    )

@@ -20,15 +20,22 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Optional
 
 import gevent
 import gevent.ssl
 
 from service.errors import ConfigError
 
-__all__ = ["TlsConfigError", "server_context", "client_context", "handshake", "peer_names",
-           "refusal_reason", "MINIMUM_VERSION", "ClosedBeforeHandshake"]
+__all__ = [
+    "TlsConfigError",
+    "server_context",
+    "client_context",
+    "handshake",
+    "peer_names",
+    "refusal_reason",
+    "MINIMUM_VERSION",
+    "ClosedBeforeHandshake",
+]
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 
@@ -37,8 +44,9 @@ class TlsConfigError(ConfigError):
     """The certificate, key or CA file cannot be read or does not fit; raised at start-up."""
 
 
-def server_context(cert_file: str, key_file: str,
-                   client_ca_file: str = "") -> Optional[ssl.SSLContext]:
+def server_context(
+    cert_file: str, key_file: str, client_ca_file: str = ""
+) -> ssl.SSLContext | None:
     """The listener's context from ``server.tls_cert_file``, ``tls_key_file`` and
     ``tls_client_ca_file`` (mutual TLS when set), or ``None`` when ``cert_file`` is empty.
 
@@ -47,7 +55,7 @@ def server_context(cert_file: str, key_file: str,
     if not cert_file:
         return None
     # gevent's context wraps gevent sockets cooperatively whether or not ssl is patched.
-    context = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context: ssl.SSLContext = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = MINIMUM_VERSION
     _load_chain(context, "server.tls_cert_file / server.tls_key_file", cert_file, key_file)
     if client_ca_file:
@@ -56,8 +64,9 @@ def server_context(cert_file: str, key_file: str,
     return context
 
 
-def client_context(ca_file: str, cert_file: Optional[str] = None,
-                   key_file: Optional[str] = None) -> ssl.SSLContext:
+def client_context(
+    ca_file: str, cert_file: str | None = None, key_file: str | None = None
+) -> ssl.SSLContext:
     """A verifying client context trusting the CAs in ``ca_file`` (PEM), presenting the
     certificate in ``cert_file`` (and ``key_file``; the key may be in ``cert_file``) when given.
 
@@ -77,8 +86,8 @@ def client_context(ca_file: str, cert_file: Optional[str] = None,
 def peer_names(sock: ssl.SSLSocket) -> tuple[str, ...]:
     """The DNS and URI subject alternative names of the verified peer certificate."""
     certificate = sock.getpeercert() or {}
-    return tuple(value for kind, value in certificate.get("subjectAltName", ())
-                 if kind in ("DNS", "URI"))
+    names: tuple[tuple[str, str], ...] = certificate.get("subjectAltName", ())  # type: ignore[assignment]  # typeshed's union also covers other fields
+    return tuple(value for kind, value in names if kind in ("DNS", "URI"))
 
 
 def refusal_reason(exc: BaseException) -> str:
@@ -93,16 +102,20 @@ def refusal_reason(exc: BaseException) -> str:
     return "handshake_failed"  # not TLS, no common version or cipher, a bad alert
 
 
-_NO_CERTIFICATE = frozenset({"PEER_DID_NOT_RETURN_A_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"})
+_NO_CERTIFICATE = frozenset(
+    {"PEER_DID_NOT_RETURN_A_CERTIFICATE", "TLSV13_ALERT_CERTIFICATE_REQUIRED"}
+)
 
 
-def _load_chain(context: ssl.SSLContext, what: str, cert_file: str, key_file: Optional[str]) -> None:
+def _load_chain(context: ssl.SSLContext, what: str, cert_file: str, key_file: str | None) -> None:
     try:
         context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise TlsConfigError(f"{what}: cannot load {cert_file}"
-                             + (f" with {key_file}" if key_file else "")
-                             + f": {_reason(exc)}") from None
+        raise TlsConfigError(
+            f"{what}: cannot load {cert_file}"
+            + (f" with {key_file}" if key_file else "")
+            + f": {_reason(exc)}"
+        ) from None
 
 
 def _load_cas(context: ssl.SSLContext, what: str, ca_file: str) -> None:
@@ -124,8 +137,9 @@ def handshake(context: ssl.SSLContext, sock: socket.socket, timeout_s: float) ->
     health check), ``OSError`` when the connection breaks. ``sock`` is no longer
     usable afterwards either way (the caller closes it).
     """
-    deadline = gevent.Timeout(timeout_s, TimeoutError(
-        f"TLS handshake not complete within {timeout_s * 1000:.0f} ms"))
+    deadline = gevent.Timeout(
+        timeout_s, TimeoutError(f"TLS handshake not complete within {timeout_s * 1000:.0f} ms")
+    )
     deadline.start()
     try:
         sock.settimeout(timeout_s)

@@ -29,14 +29,16 @@ import copyreg
 import os
 import pickle
 import socket
+from collections.abc import Iterator
 from types import MappingProxyType
-from typing import Any, Iterator, Optional
+from typing import Any
 
 __all__ = ["ControlLine", "control_pair", "MAX_MESSAGE_BYTES"]
 
+
 # Settings hold their tables read-only (MappingProxyType), which pickle cannot take as
 # they are: a proxy travels as the dict it shows and is rebuilt read-only.
-def _read_only(table: dict[str, Any]) -> MappingProxyType:
+def _read_only(table: dict[str, Any]) -> MappingProxyType[str, Any]:
     return MappingProxyType(table)
 
 
@@ -47,7 +49,7 @@ copyreg.pickle(MappingProxyType, lambda proxy: (_read_only, (dict(proxy),)))
 MAX_MESSAGE_BYTES = 1024 * 1024
 
 
-def control_pair() -> tuple["ControlLine", socket.socket]:
+def control_pair() -> tuple[ControlLine, socket.socket]:
     """The master's end, and the worker's end as a plain socket to pass to the child."""
     master_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for end in (master_end, worker_end):
@@ -67,10 +69,10 @@ class ControlLine:
         self.sock = sock
 
     @classmethod
-    def from_fd(cls, fd: int) -> "ControlLine":
+    def from_fd(cls, fd: int) -> ControlLine:
         return cls(socket.socket(fileno=fd))
 
-    def send(self, message: dict[str, Any], fd: Optional[int] = None) -> None:
+    def send(self, message: dict[str, Any], fd: int | None = None) -> None:
         """Send ``message``, and a duplicate of descriptor ``fd`` with it.
 
         Raises OSError when the other end has gone (``BrokenPipeError``).
@@ -80,7 +82,7 @@ class ControlLine:
             raise ValueError(f"control message of {len(data)} bytes over {MAX_MESSAGE_BYTES}")
         socket.send_fds(self.sock, [data], [fd] if fd is not None else [])
 
-    def offer(self, message: dict[str, Any], fd: Optional[int] = None) -> bool:
+    def offer(self, message: dict[str, Any], fd: int | None = None) -> bool:
         """:meth:`send`, but False instead of an OSError when the other end has gone."""
         try:
             self.send(message, fd)
@@ -88,7 +90,7 @@ class ControlLine:
             return False
         return True
 
-    def receive(self) -> Optional[tuple[dict[str, Any], Optional[int]]]:
+    def receive(self) -> tuple[dict[str, Any], int | None] | None:
         """The next message and the descriptor that came with it, or None at the end."""
         data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 1)
         if not data:
@@ -97,7 +99,7 @@ class ControlLine:
             return None
         return pickle.loads(data), (fds[0] if fds else None)
 
-    def messages(self) -> Iterator[tuple[dict[str, Any], Optional[int]]]:
+    def messages(self) -> Iterator[tuple[dict[str, Any], int | None]]:
         """Each message as it comes, until the other end has gone (or this end is closed)."""
         while True:
             try:

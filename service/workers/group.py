@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import logging
 import urllib.request
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import gevent
 from gevent.pywsgi import WSGIServer
@@ -49,8 +50,13 @@ from service.operations.probes import backend_bodies, json_answer
 if TYPE_CHECKING:
     from service.workers.group_state import GroupState
 
-__all__ = ["GROUP_SERIES", "GroupEndpoints", "WorkerState", "merge_scrapes",
-           "WORKER_SCRAPE_TIMEOUT_S"]
+__all__ = [
+    "GROUP_SERIES",
+    "GroupEndpoints",
+    "WorkerState",
+    "merge_scrapes",
+    "WORKER_SCRAPE_TIMEOUT_S",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +65,7 @@ WORKER_SCRAPE_TIMEOUT_S = 0.75
 
 #: (position, state, where its metrics are scraped or None); state: serving, unresponsive,
 #: starting, restarting.
-WorkerState = tuple[int, str, Optional[str]]
+WorkerState = tuple[int, str, str | None]
 
 
 class GroupEndpoints:
@@ -68,31 +74,43 @@ class GroupEndpoints:
     ``workers`` says each position's state now; ``stopping`` whether SIGTERM arrived.
     """
 
-    def __init__(self, host: str, probe_port: int, scrape_at: Optional[tuple[str, int]],
-                 workers: Callable[[], list[WorkerState]], stopping: Callable[[], bool],
-                 state: "GroupState", old_serving: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        host: str,
+        probe_port: int,
+        scrape_at: tuple[str, int] | None,
+        workers: Callable[[], list[WorkerState]],
+        stopping: Callable[[], bool],
+        state: GroupState,
+        old_serving: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._workers = workers
         self._stopping = stopping
         self._state = state
         self._old_serving = old_serving
-        self._last_scrapes: dict[str, str] = {}   # each position's last answer
+        self._last_scrapes: dict[str, str] = {}  # each position's last answer
         self._servers: list[WSGIServer] = []
         if probe_port >= 0:
-            self._servers.append(WSGIServer((host, probe_port), self._probes, log=None,
-                                            error_log=None))
+            self._servers.append(
+                WSGIServer((host, probe_port), self._probes, log=None, error_log=None)
+            )
         if scrape_at is not None:
             self._servers.append(WSGIServer(scrape_at, self._metrics, log=None, error_log=None))
 
-    def start(self) -> "GroupEndpoints":
+    def start(self) -> GroupEndpoints:
         """Bind and serve; raises OSError naming the address that cannot be bound."""
         for server in self._servers:
             try:
                 server.start()
             except OSError as exc:
                 self.stop()
-                raise cannot_listen(*server.address[:2], exc) from exc
-            log.info("master: group %s on http://%s:%d", "metrics" if server.application ==
-                     self._metrics else "probes", *server.address[:2])
+                host, port = server.address[:2]
+                raise cannot_listen(host, port, exc) from exc
+            log.info(
+                "master: group %s on http://%s:%d",
+                "metrics" if server.application == self._metrics else "probes",
+                *server.address[:2],
+            )
         return self
 
     def stop(self) -> None:
@@ -100,7 +118,9 @@ class GroupEndpoints:
             if server.started:
                 server.stop(timeout=1.0)
 
-    def _probes(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def _probes(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         workers = {str(position): state for position, state, _ in self._workers()}
         body = {"workers": workers, "backends": backend_bodies(self._state.backends())}
@@ -111,38 +131,52 @@ class GroupEndpoints:
                 return json_answer(start_response, 503, {"status": "draining", **body})
             # After a reload the old generation serves until the new one does.
             serving = "serving" in workers.values() or self._old_serving()
-            return json_answer(start_response, 200 if serving else 503,
-                               {"status": "ready" if serving else "starting", **body})
+            return json_answer(
+                start_response,
+                200 if serving else 503,
+                {"status": "ready" if serving else "starting", **body},
+            )
         return json_answer(start_response, 404, {"status": "not found"})
 
-    def _metrics(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+    def _metrics(
+        self, environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         if environ.get("PATH_INFO", "") != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: the scrape path is /metrics\n"]
         workers = self._workers()
-        serving = [(str(position), url) for position, state, url in workers
-                   if state in ("serving", "unresponsive") and url]
+        serving = [
+            (str(position), url)
+            for position, state, url in workers
+            if state in ("serving", "unresponsive") and url
+        ]
         fetches = [gevent.spawn(_fetch, url) for _, url in serving]
         gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
-        fresh = {position: fetch.value for (position, _), fetch in zip(serving, fetches) if fetch.value}
+        fresh = {
+            position: fetch.value for (position, _), fetch in zip(serving, fetches) if fetch.value
+        }
         for fetch in fetches:
             fetch.kill(block=False)  # urllib in the master: no pool to corrupt
         self._last_scrapes.update(fresh)
         # A position whose worker is restarting or silent keeps its last series, so that no
         # series of the group's goes stale between two scrapes (fanout_worker_scraped says so).
-        scrapes = {str(position): (self._last_scrapes.get(str(position)), str(position) in fresh)
-                   for position, _, _ in workers}
+        scrapes = {
+            str(position): (self._last_scrapes.get(str(position)), str(position) in fresh)
+            for position, _, _ in workers
+        }
         body = merge_scrapes(scrapes, self._state.connections())
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
-                                  ("Content-Length", str(len(body)))])
+        start_response(
+            "200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
+        )
         return [body]
 
 
-def _fetch(url: str) -> Optional[str]:
+def _fetch(url: str) -> str | None:
     """A worker's scrape, or None when it does not answer (counted in fanout_worker_scraped)."""
     try:
         with urllib.request.urlopen(url, timeout=WORKER_SCRAPE_TIMEOUT_S) as answer:
-            return answer.read().decode()
+            body: bytes = answer.read()
+            return body.decode()
     except (OSError, ValueError):
         return None
 
@@ -162,8 +196,9 @@ GROUP_SERIES = (
 )
 
 
-def merge_scrapes(scrapes: dict[str, tuple[Optional[str], bool]],
-                  connections: Optional[dict[str, int]] = None) -> bytes:
+def merge_scrapes(
+    scrapes: dict[str, tuple[str | None, bool]], connections: dict[str, int] | None = None
+) -> bytes:
     """One exposition from each worker's ``(text or None, answered now)``, labelled
     ``worker``, with each worker's connections as the master counts them."""
     families: dict[str, Metric] = {}
@@ -173,8 +208,11 @@ def merge_scrapes(scrapes: dict[str, tuple[Optional[str], bool]],
     for worker, (text, answered) in scrapes.items():
         scraped.add_sample(scraped.name, {"worker": worker}, float(answered))
         for family in text_string_to_metric_families(text or ""):
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation,
-                                                             family.type, family.unit))
-            merged.samples.extend(sample._replace(labels={**sample.labels, "worker": worker})
-                                  for sample in family.samples)
-    return generate_latest(_Families([scraped, held, *families.values()]))  # type: ignore[arg-type]
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            merged.samples.extend(
+                sample._replace(labels={**sample.labels, "worker": worker})
+                for sample in family.samples
+            )
+    return generate_latest(_Families([scraped, held, *families.values()]))

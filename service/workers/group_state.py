@@ -20,12 +20,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from lookups.backends.collection import Backends
-from service.settings.config import Settings, as_config_error
+from lookups.clock import SYSTEM_CLOCK
 from service.operations.health import CHECK_INTERVAL_S, BackendStatus, HealthChecker
+from service.settings.config import Settings, as_config_error
 from service.workers.balance import excess
 from service.workers.launch import WorkerLink
 
@@ -46,12 +47,16 @@ class GroupState:
     """The master's view of its workers (``links``, by pid); ``serving`` lists those that
     may take connections now."""
 
-    def __init__(self, settings: Settings, links: dict[int, WorkerLink],
-                 serving: Callable[[], list[WorkerLink]]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        links: dict[int, WorkerLink],
+        serving: Callable[[], list[WorkerLink]],
+    ) -> None:
         self._links = links
         self._serving = serving
-        self._backends: Optional[Backends] = None
-        self._health: Optional[HealthChecker] = None
+        self._backends: Backends | None = None
+        self._health: HealthChecker | None = None
         self._pushed_at = 0.0
         self._balanced_at = 0.0
         self._homeless: list[tuple[float, int, bytes]] = []
@@ -60,8 +65,11 @@ class GroupState:
     def reconfigure(self, settings: Settings) -> None:
         """Check the backends ``settings`` names from now on."""
         with as_config_error():
-            backends = Backends(settings.backends, settings.lookups,
-                                {name: settings.backend_section(name) for name in settings.backends})
+            backends = Backends(
+                settings.backends,
+                settings.lookups,
+                {name: settings.backend_section(name) for name in settings.backends},
+            )
         self.close()
         self._backends = backends
         self._health = HealthChecker(backends).watch(CHECK_INTERVAL_S)
@@ -80,22 +88,24 @@ class GroupState:
             for name, state in link.circuits.items():
                 if _CIRCUIT_ORDER.get(state, 0) > _CIRCUIT_ORDER.get(worst.get(name, ""), 0):
                     worst[name] = state
-        return tuple(dataclasses.replace(status, circuit=worst.get(status.name, "closed"))
-                     for status in self._health.current())
+        return tuple(
+            dataclasses.replace(status, circuit=worst.get(status.name, "closed"))
+            for status in self._health.current()
+        )
 
     def connections(self) -> dict[str, int]:
         """Connections each serving worker holds, by position."""
         return {str(link.position): link.connections for link in self._serving()}
 
-    def on_message(self, link: WorkerLink, message: dict[str, Any], fd: Optional[int]) -> None:
+    def on_message(self, link: WorkerLink, message: dict[str, Any], fd: int | None) -> None:
         kind = message.get("kind")
         if kind == "state":
             first = link.pools is None
             link.connections = message["staying"]
             link.pools = message["pools"]
             link.circuits = message["circuits"]
-            if first:   # a new worker: it reports the group's backends from its first call
-                self._push()   # on, and the others count its pools at once
+            if first:  # a new worker: it reports the group's backends from its first call
+                self._push()  # on, and the others count its pools at once
         elif kind == "moved" and fd is not None:
             self.place(fd, message["unread"], link.pid)
         elif fd is not None:
@@ -108,7 +118,7 @@ class GroupState:
                 if link.pid != from_pid and link.tell({"kind": "adopt", "unread": unread}, fd):
                     link.connections += 1
                     return
-            self._homeless.append((time.monotonic(), os.dup(fd), unread))
+            self._homeless.append((SYSTEM_CLOCK.monotonic(), os.dup(fd), unread))
         finally:
             os.close(fd)
 
@@ -116,11 +126,11 @@ class GroupState:
         """Place what waits, push the group's state, and judge the balance."""
         homeless, self._homeless = self._homeless, []
         for since, fd, unread in homeless:
-            if time.monotonic() - since > _HOMELESS_S:
-                os.close(fd)   # its caller sees the connection close, as at any worker's end
+            if SYSTEM_CLOCK.monotonic() - since > _HOMELESS_S:
+                os.close(fd)  # its caller sees the connection close, as at any worker's end
             else:
                 self.place(fd, unread, 0)
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         if now - self._pushed_at >= PUSH_S:
             self._pushed_at = now
             self._push()
@@ -134,14 +144,21 @@ class GroupState:
             link.tell(message)
 
     def _message(self, serving: list[WorkerLink]) -> dict[str, Any]:
-        return {"kind": "group", "backends": self.backends(),
-                "pools": {str(link.position): link.pools for link in serving if link.pools}}
+        return {
+            "kind": "group",
+            "backends": self.backends(),
+            "pools": {str(link.position): link.pools for link in serving if link.pools},
+        }
 
     def _balance(self, now: float) -> None:
         serving = {link.pid: link for link in self._serving()}
         for pid, count in excess({pid: link.connections for pid, link in serving.items()}).items():
             if serving[pid].tell({"kind": "move", "count": count}):
                 self._balanced_at = now
-                log.info("master: worker %d holds %d of %d connections; moving %d to the others",
-                         pid, serving[pid].connections,
-                         sum(link.connections for link in serving.values()), count)
+                log.info(
+                    "master: worker %d holds %d of %d connections; moving %d to the others",
+                    pid,
+                    serving[pid].connections,
+                    sum(link.connections for link in serving.values()),
+                    count,
+                )

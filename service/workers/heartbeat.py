@@ -21,12 +21,12 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import gevent
 
+from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
 __all__ = ["Heartbeats", "BEAT_S"]
@@ -42,8 +42,10 @@ class Heartbeats:
     The master makes it (``directory`` None); a worker opens the one it is given.
     """
 
-    def __init__(self, directory: Optional[str] = None) -> None:
-        self._dir = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
+    def __init__(self, directory: str | None = None) -> None:
+        self._dir = (
+            Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
+        )
 
     @property
     def directory(self) -> str:
@@ -55,7 +57,7 @@ class Heartbeats:
     def reset(self, worker: int) -> None:
         """Before ``worker`` starts: it has :data:`START_GRACE_S` to beat, nothing announced."""
         self.path(worker).touch()
-        ahead = time.time() + START_GRACE_S
+        ahead = SYSTEM_CLOCK.wall() + START_GRACE_S
         os.utime(self.path(worker), (ahead, ahead))
         self._announcement(worker).unlink(missing_ok=True)
 
@@ -73,17 +75,18 @@ class Heartbeats:
         partial.write_text(json.dumps({**facts, "pid": os.getpid()}))
         partial.replace(self._announcement(worker))  # atomic: never read half-written
 
-    def announcement(self, worker: int) -> Optional[dict[str, Any]]:
+    def announcement(self, worker: int) -> dict[str, Any] | None:
         """What ``worker`` announced, or None before it serves."""
         try:
-            return json.loads(self._announcement(worker).read_text())
+            announced: dict[str, Any] = json.loads(self._announcement(worker).read_text())
+            return announced
         except (FileNotFoundError, ValueError):
             return None
 
     def age_s(self, worker: int) -> float:
         """Seconds since ``worker`` last beat (0 when there is no file, or in its start grace)."""
         try:
-            return max(0.0, time.time() - self.path(worker).stat().st_mtime)
+            return max(0.0, SYSTEM_CLOCK.wall() - self.path(worker).stat().st_mtime)
         except FileNotFoundError:
             return 0.0
 
@@ -98,6 +101,7 @@ class Heartbeats:
                 except OSError:
                     pass  # the master is going away with its directory
                 gevent.sleep(BEAT_S)
+
         return spawn_in_context(beat)
 
     def remove(self) -> None:

@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import gevent.subprocess
 from gevent.queue import Queue
@@ -39,33 +39,52 @@ class WorkerLink:
     process: Any
     #: Connections it serves and keeps (not moving): as it last reported, plus those given since.
     connections: int = 0
-    pools: Optional[dict[str, Any]] = None
+    pools: dict[str, Any] | None = None
     circuits: dict[str, str] = field(default_factory=dict)
     retiring: bool = False
 
-    def tell(self, message: dict[str, Any], fd: Optional[int] = None) -> bool:
+    def tell(self, message: dict[str, Any], fd: int | None = None) -> bool:
         """Send ``message`` (and a copy of ``fd``); False if the worker has gone."""
         return self.line.offer(message, fd)
 
 
-def launch_worker(settings: Settings, position: int, serial: int, workers: int, *,
-                  listener: socket.socket, heartbeats: str, events: Queue) -> WorkerLink:
-    """Start the worker for ``position`` and send it its start; raises OSError if it cannot start."""
+def launch_worker(
+    settings: Settings,
+    position: int,
+    serial: int,
+    workers: int,
+    *,
+    listener: socket.socket,
+    heartbeats: str,
+    events: Queue,
+) -> WorkerLink:
+    """Start the worker for ``position`` and send it its start; raises OSError if it cannot
+    start."""
     line, worker_end = control_pair()
     try:
         process = gevent.subprocess.Popen(
             [sys.executable, "-P", "-m", "service.workers.worker", str(worker_end.fileno())],
-            pass_fds=[worker_end.fileno()])
+            pass_fds=[worker_end.fileno()],
+        )
     except OSError:
         line.close()
         raise
     finally:
         worker_end.close()
     link = WorkerLink(process.pid, position, serial, line, process)
-    link.tell({"kind": "start", "settings": settings, "position": position, "serial": serial,
-               "workers": workers, "master_pid": os.getpid(), "heartbeats": heartbeats,
-               "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel())},
-              listener.fileno())
+    link.tell(
+        {
+            "kind": "start",
+            "settings": settings,
+            "position": position,
+            "serial": serial,
+            "workers": workers,
+            "master_pid": os.getpid(),
+            "heartbeats": heartbeats,
+            "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+        },
+        listener.fileno(),
+    )
     spawn_in_context(_read, link, events)
     spawn_in_context(_wait, link, events)
     return link
@@ -80,4 +99,3 @@ def _wait(link: WorkerLink, events: Queue) -> None:
     code = link.process.wait()
     link.line.close()
     events.put(("exit", link.pid, code))
-

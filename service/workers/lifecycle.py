@@ -28,15 +28,15 @@ import gc
 import logging
 import signal
 import socket
-import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import gevent
 from gevent.event import Event
 
+from lookups.clock import SYSTEM_CLOCK
 from service.app import FanOutService
-from service.settings.config import Settings, as_config_error
 from service.operations.metrics_endpoint import MetricsEndpoint
+from service.settings.config import Settings, as_config_error
 from tracing.metrics import configure_metrics
 from tracing.setup import Tracing, build_resource, configure_tracing
 
@@ -49,12 +49,17 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GC_YOUNG_THRESHOLD = 50_000
 
 
-def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
-               on_ready: Optional[Callable[[tuple[str, int]], None]] = None,
-               install_signals: bool = True, stop: Optional[Event] = None,
-               on_metrics: Optional[Callable[[tuple[str, int]], None]] = None,
-               on_service: Optional[Callable[[FanOutService], None]] = None,
-               tune_gc: bool = False) -> int:
+def run_server(
+    settings: Settings,
+    *,
+    listener: socket.socket | None = None,
+    on_ready: Callable[[tuple[str, int]], None] | None = None,
+    install_signals: bool = True,
+    stop: Event | None = None,
+    on_metrics: Callable[[tuple[str, int]], None] | None = None,
+    on_service: Callable[[FanOutService], None] | None = None,
+    tune_gc: bool = False,
+) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
     Configures tracing and metrics (``settings.tracing``, ``settings.metrics``;
@@ -105,12 +110,18 @@ def run_server(settings: Settings, *, listener: Optional[socket.socket] = None,
         if service.drain_moves_to is not None:
             received = "retirement"  # its connections move: no lame duck needed
         elif settings.server.lame_duck_ms:
-            log.info("drain: %s received; lame duck for %d ms: reporting DRAINING, still serving",
-                     received, settings.server.lame_duck_ms)
+            log.info(
+                "drain: %s received; lame duck for %d ms: reporting DRAINING, still serving",
+                received,
+                settings.server.lame_duck_ms,
+            )
             service.server.enter_lame_duck()
             gevent.sleep(settings.server.lame_duck_ms / 1000.0)
-        log.info("drain: %s received; draining for up to %d ms", received,
-                 settings.server.drain_timeout_ms)
+        log.info(
+            "drain: %s received; draining for up to %d ms",
+            received,
+            settings.server.drain_timeout_ms,
+        )
     return 0
 
 
@@ -146,8 +157,9 @@ class _StopSignals:
     def __init__(self, stop: Event) -> None:
         self.received = ""
         self._stop = stop
-        self._handlers = [gevent.signal_handler(signum, self._on_signal, signum)
-                          for signum in STOP_SIGNALS]
+        self._handlers = [
+            gevent.signal_handler(signum, self._on_signal, signum) for signum in STOP_SIGNALS
+        ]
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -163,9 +175,9 @@ class _StopSignals:
 
 
 def _flush_spans(tracing: Tracing, timeout_ms: int) -> None:
-    started = time.monotonic()
+    started = SYSTEM_CLOCK.monotonic()
     flushed = tracing.shutdown(timeout_ms)
-    elapsed_ms = (time.monotonic() - started) * 1000.0
+    elapsed_ms = (SYSTEM_CLOCK.monotonic() - started) * 1000.0
     if flushed:
         log.info("drain: spans flushed in %.0f ms", elapsed_ms)
     else:

@@ -25,21 +25,23 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
-from typing import Callable, Optional
+import socket
+from collections.abc import Callable
+from typing import Any
 
 import gevent
 from gevent.queue import Empty, Queue
 
-from service.settings.config import ConfigError, Settings
+from lookups.clock import SYSTEM_CLOCK
 from service.operations.logs import set_worker
 from service.operations.ports import bind_listener
+from service.settings.config import ConfigError, Settings
 from service.workers.group import GroupEndpoints
 from service.workers.group_state import GroupState
 from service.workers.heartbeat import Heartbeats
 from service.workers.launch import WorkerLink, launch_worker
-from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.positions import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Position, Positions
+from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.stopping import drain_time_s, send_signal, stop_workers
 from tracing.metrics import scrape_address
 
@@ -47,14 +49,18 @@ __all__ = ["run_workers"]
 
 log = logging.getLogger(__name__)
 
-_TICK_S = 0.5                    # restarts due, stuck workers, retirements, the group's state
-_NEW_GENERATION_WAIT_S = 60.0    # longest the old workers serve on while the new ones start
+_TICK_S = 0.5  # restarts due, stuck workers, retirements, the group's state
+_NEW_GENERATION_WAIT_S = 60.0  # longest the old workers serve on while the new ones start
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _RESIZE_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU)
 
 
-def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] = None,
-                on_ready: Optional[Callable[[tuple[str, int], int], None]] = None) -> int:
+def run_workers(
+    settings: Settings,
+    *,
+    reload: Callable[[], Settings] | None = None,
+    on_ready: Callable[[tuple[str, int], int], None] | None = None,
+) -> int:
     """Serve ``settings`` with ``settings.server.workers`` worker processes.
 
     Binds the listening socket (raises OSError if it cannot), starts the workers, calls
@@ -67,46 +73,54 @@ def run_workers(settings: Settings, *, reload: Optional[Callable[[], Settings]] 
 class _Master:
     """The supervising process. Every decision runs in its main greenlet."""
 
-    def __init__(self, settings: Settings, reload: Optional[Callable[[], Settings]] = None) -> None:
+    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
         self._settings = settings
         self._reload = reload
         self._heartbeats = Heartbeats()
         self._positions = Positions(settings.server.workers)
-        self._links: dict[int, WorkerLink] = {}   # by pid: every worker running, old ones too
+        self._links: dict[int, WorkerLink] = {}  # by pid: every worker running, old ones too
         self._old_generation: list[WorkerLink] = []  # to retire once the new one serves
         self._old_since = 0.0
         self._serial = 0
-        self._events: Queue = Queue()   # ("exit", pid, code) | ("signal", signum) | ("control", ...)
+        self._events: Queue = Queue()  # ("exit", pid, code) | ("signal", signum) | ("control", ...)
         self._master_pid = os.getpid()
-        self._listener = None
-        self._group: Optional[GroupEndpoints] = None
-        self._state: Optional[GroupState] = None
+        self._listener: socket.socket | None = None
+        self._group: GroupEndpoints | None = None
+        self._state: GroupState | None = None
         self._stopping = False
-        self._signal_handlers: list = []
-        self._on_ready: Optional[Callable[[], None]] = None   # once every worker first serves
+        self._signal_handlers: list[Any] = []
+        self._on_ready: Callable[[], None] | None = None  # once every worker first serves
 
-    def run(self, on_ready: Optional[Callable[[tuple[str, int], int], None]]) -> int:
+    def run(self, on_ready: Callable[[tuple[str, int], int], None] | None) -> int:
         server = self._settings.server
         set_worker("master")
-        self._listener = bind_listener(server.host, server.port)
-        host, port = self._listener.getsockname()[:2]
+        self._listener = listener = bind_listener(server.host, server.port)
+        host, port = listener.getsockname()[:2]
         self._state = GroupState(self._settings, self._links, self._serving)
         try:
-            self._group = GroupEndpoints(server.probe_bind_host, server.probe_port,
-                                         scrape_address(self._settings.metrics),
-                                         lambda: self._positions.states(self._heartbeats),
-                                         lambda: self._stopping, self._state,
-                                         lambda: bool(self._old_generation)).start()
+            self._group = GroupEndpoints(
+                server.probe_bind_host,
+                server.probe_port,
+                scrape_address(self._settings.metrics),
+                lambda: self._positions.states(self._heartbeats),
+                lambda: self._stopping,
+                self._state,
+                lambda: bool(self._old_generation),
+            ).start()
         except OSError:
-            self._listener.close()
+            listener.close()
             self._state.close()
             raise
-        self._signal_handlers = [gevent.signal_handler(signum, self._events.put, ("signal", signum))
-                                 for signum in (*_STOP_SIGNALS, *_RESIZE_SIGNALS)]
+        self._signal_handlers = [
+            gevent.signal_handler(signum, self._events.put, ("signal", signum))
+            for signum in (*_STOP_SIGNALS, *_RESIZE_SIGNALS)
+        ]
         try:
             for position in self._positions:
                 self._start(position)
-            self._on_ready = lambda: on_ready((host, port), len(self._positions)) if on_ready else None
+            self._on_ready = lambda: (
+                on_ready((host, port), len(self._positions)) if on_ready else None
+            )
             return self._supervise()
         except Exception:
             log.exception("master: failed; stopping the workers")
@@ -115,20 +129,20 @@ class _Master:
             raise
         finally:
             self._cancel_signal_handlers()
-            self._listener.close()
+            listener.close()
             self._group.stop()
             self._state.close()
             self._heartbeats.remove()
 
     def _supervise(self) -> int:
-        ticked = time.monotonic()
+        ticked = SYSTEM_CLOCK.monotonic()
         while True:
             try:
                 event = self._events.get(timeout=self._positions.next_wake_in())
             except Empty:
                 event = None
-            if time.monotonic() - ticked >= _TICK_S or event is None:
-                ticked = time.monotonic()
+            if SYSTEM_CLOCK.monotonic() - ticked >= _TICK_S or event is None:
+                ticked = SYSTEM_CLOCK.monotonic()
                 self._tick()
             if event is None:
                 continue
@@ -137,8 +151,11 @@ class _Master:
             elif event[0] == "signal" and event[1] in _RESIZE_SIGNALS:
                 self._resize(event[1])
             elif event[0] == "signal":
-                log.info("master: %s received; stopping %d workers",
-                         signal.Signals(event[1]).name, len(self._links))
+                log.info(
+                    "master: %s received; stopping %d workers",
+                    signal.Signals(event[1]).name,
+                    len(self._links),
+                )
                 self._stopping = True
                 return self._stop_all(exit_code=0)
             else:
@@ -161,27 +178,42 @@ class _Master:
     def _serving(self) -> list[WorkerLink]:
         """The current generation's workers that serve and beat: where connections may go."""
         states = {index: state for index, state, _ in self._positions.states(self._heartbeats)}
-        return [link for position in self._positions if (link := self._links.get(position.pid))
-                and states.get(position.index) == "serving" and not link.retiring]
+        return [
+            link
+            for position in self._positions
+            if (link := self._links.get(position.pid))
+            and states.get(position.index) == "serving"
+            and not link.retiring
+        ]
 
     def _start(self, position: Position) -> None:
         assert self._listener is not None
         self._serial += 1
         self._heartbeats.reset(self._serial)
         try:
-            link = launch_worker(self._settings, position.index, self._serial, len(self._positions),
-                                 listener=self._listener, heartbeats=self._heartbeats.directory,
-                                 events=self._events)
+            link = launch_worker(
+                self._settings,
+                position.index,
+                self._serial,
+                len(self._positions),
+                listener=self._listener,
+                heartbeats=self._heartbeats.directory,
+                events=self._events,
+            )
         except OSError as exc:  # out of processes or memory: try again later
             self._positions.fork_failed(position)
-            log.error("master: cannot start a worker for position %d (%s); retrying in %.0f s",
-                      position.index, exc, MAX_RESTART_DELAY_S)
+            log.error(
+                "master: cannot start a worker for position %d (%s); retrying in %.0f s",
+                position.index,
+                exc,
+                MAX_RESTART_DELAY_S,
+            )
             return
         self._links[link.pid] = link
         self._positions.started(position, link.pid, self._serial)
         log.info("master: worker %d started (position %d)", link.pid, position.index)
 
-    def _on_control(self, pid: int, message: dict, fd: Optional[int]) -> None:
+    def _on_control(self, pid: int, message: dict[str, Any], fd: int | None) -> None:
         assert self._state is not None
         link = self._links.get(pid)
         if link is not None:
@@ -189,8 +221,9 @@ class _Master:
         elif fd is not None:
             os.close(fd)
 
-    def _on_exit(self, pid: int, code: int) -> Optional[int]:
-        """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or None."""
+    def _on_exit(self, pid: int, code: int) -> int | None:
+        """Book a worker's exit; schedule its restart. Returns an exit code to stop with, or
+        None."""
         link = self._links.pop(pid, None)
         position = self._positions.holding(pid)
         if link is not None:
@@ -207,20 +240,35 @@ class _Master:
             return CONFIG_ERROR_STATUS
         delay = self._positions.died(position)
         if delay is None:
-            log.error("master: worker %d %s; %d restarts within %.0f s, giving up", pid, how,
-                      self._positions.recent_restarts, STORM_WINDOW_S)
+            log.error(
+                "master: worker %d %s; %d restarts within %.0f s, giving up",
+                pid,
+                how,
+                self._positions.recent_restarts,
+                STORM_WINDOW_S,
+            )
             return 1
-        log.warning("master: worker %d %s; restarting position %d in %.1f s", pid, how, position.index,
-                    delay)
+        log.warning(
+            "master: worker %d %s; restarting position %d in %.1f s",
+            pid,
+            how,
+            position.index,
+            delay,
+        )
         return None
 
     def _kill_stuck(self) -> None:
         """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
-        for position in self._positions.stuck(self._heartbeats,
-                                      self._settings.server.worker_heartbeat_timeout_ms):
-            log.warning("master: worker %d (position %d) has not answered for %.1f s (stopped or "
-                        "blocked); killing it", position.pid, position.index,
-                        self._heartbeats.age_s(position.serial))
+        for position in self._positions.stuck(
+            self._heartbeats, self._settings.server.worker_heartbeat_timeout_ms
+        ):
+            log.warning(
+                "master: worker %d (position %d) has not answered for %.1f s (stopped or "
+                "blocked); killing it",
+                position.pid,
+                position.index,
+                self._heartbeats.age_s(position.serial),
+            )
             try:
                 os.kill(position.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -239,7 +287,7 @@ class _Master:
             self._settings = settings
             old = self._positions.replace(settings.server.workers)
             self._old_generation += [self._links[p.pid] for p in old if p.pid in self._links]
-            self._old_since = time.monotonic()
+            self._old_since = SYSTEM_CLOCK.monotonic()
             for position in self._positions:
                 self._start(position)
         log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._positions))
@@ -249,24 +297,26 @@ class _Master:
         if not self._old_generation:
             return
         serving = len(self._serving()) == len(self._positions)
-        if serving or time.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
+        if serving or SYSTEM_CLOCK.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
             old, self._old_generation = self._old_generation, []
             self._retire([link.pid for link in old])
 
-    def _reloaded(self) -> Optional[Settings]:
+    def _reloaded(self) -> Settings | None:
         if self._reload is None:
             log.warning("master: SIGHUP received, but there is no configuration to reload")
             return None
         try:
             settings = self._reload()
             assert self._state is not None
-            self._state.reconfigure(settings)   # its backends built here first, or refused
+            self._state.reconfigure(settings)  # its backends built here first, or refused
         except ConfigError as exc:
             log.error("master: SIGHUP: the new configuration is refused, keeping the old: %s", exc)
             return None
         if _ports(settings) != _ports(self._settings):
-            log.warning("master: SIGHUP: the listening address, the probes' and [metrics] "
-                        "cannot change on a reload; the group keeps its ports")
+            log.warning(
+                "master: SIGHUP: the listening address, the probes' and [metrics] "
+                "cannot change on a reload; the group keeps its ports"
+            )
         return settings
 
     def _retire(self, pids: list[int]) -> None:

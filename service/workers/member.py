@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import gevent
 from gevent.event import Event
@@ -39,16 +39,16 @@ class GroupMember:
         self.stop = Event()
         self.position = str(position)
         self._line = line
-        self._service: Optional["FanOutService"] = None
+        self._service: FanOutService | None = None
         self._pools: dict[str, dict[str, Any]] = {}
 
-    def attach(self, service: "FanOutService") -> None:
+    def attach(self, service: FanOutService) -> None:
         """Once ``service`` serves: follow the master's backend checks, answer for the group's
         pools, and start reading the line and reporting."""
         self._service = service
         service.health.follow(())
         service.handler.group = self
-        spawn_in_context(self._read)     # both end when the line does
+        spawn_in_context(self._read)  # both end when the line does
         spawn_in_context(self._report)
 
     def pools(self) -> dict[str, dict[str, Any]]:
@@ -59,12 +59,12 @@ class GroupMember:
         for message, fd in self._line.messages():
             try:
                 self._on(message, fd)
-            except Exception:  # noqa: BLE001 - one bad message must not end the line
+            except Exception:  # one bad message must not end the line
                 log.exception("control message %r failed", message.get("kind"))
         log.warning("the master has gone; draining")
         self.stop.set()
 
-    def _on(self, message: dict[str, Any], fd: Optional[int]) -> None:
+    def _on(self, message: dict[str, Any], fd: int | None) -> None:
         service = self._service
         assert service is not None
         kind = message["kind"]
@@ -86,8 +86,12 @@ class GroupMember:
     def _report(self) -> None:
         service = self._service
         assert service is not None
-        while self._line.offer({"kind": "state",
-                                "staying": service.server.connection_counts()[1],
-                                "pools": own_report(service.handler),
-                                "circuits": service.health.circuits()}):
+        while self._line.offer(
+            {
+                "kind": "state",
+                "staying": service.server.connection_counts()[1],
+                "pools": own_report(service.handler),
+                "circuits": service.health.circuits(),
+            }
+        ):
             gevent.sleep(REPORT_S)

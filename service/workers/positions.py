@@ -7,11 +7,11 @@ death of its position (one within 10 s of its start) up to 10 s. More than
 
 from __future__ import annotations
 
-import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, Optional
 
+from lookups.clock import SYSTEM_CLOCK
 from service.workers.group import WorkerState
 from service.workers.heartbeat import Heartbeats
 
@@ -19,7 +19,7 @@ __all__ = ["Position", "Positions"]
 
 _FIRST_RESTART_DELAY_S = 0.1
 MAX_RESTART_DELAY_S = 10.0
-_STABLE_AFTER_S = 10.0           # a worker that lived this long resets its position's backoff
+_STABLE_AFTER_S = 10.0  # a worker that lived this long resets its position's backoff
 STORM_WINDOW_S = 60.0
 #: A serving worker silent this long is reported ``unresponsive`` (beats every 500 ms).
 UNRESPONSIVE_AFTER_S = 1.5
@@ -32,10 +32,10 @@ class Position:
 
     index: int
     pid: int = 0
-    serial: int = 0              # the worker's number, never reused (its heartbeat file)
+    serial: int = 0  # the worker's number, never reused (its heartbeat file)
     started_at: float = 0.0
-    quick_deaths: int = 0        # deaths in a row, each within _STABLE_AFTER_S of its start
-    restart_at: Optional[float] = None
+    quick_deaths: int = 0  # deaths in a row, each within _STABLE_AFTER_S of its start
+    restart_at: float | None = None
 
 
 class Positions:
@@ -67,7 +67,7 @@ class Positions:
         old, self._positions = self._positions, [Position(index) for index in range(count)]
         return old
 
-    def holding(self, pid: int) -> Optional[Position]:
+    def holding(self, pid: int) -> Position | None:
         return next((position for position in self._positions if position.pid == pid), None)
 
     def pids(self) -> list[int]:
@@ -75,15 +75,16 @@ class Positions:
 
     def started(self, position: Position, pid: int, serial: int) -> None:
         position.pid, position.serial = pid, serial
-        position.started_at, position.restart_at = time.monotonic(), None
+        position.started_at, position.restart_at = SYSTEM_CLOCK.monotonic(), None
 
     def fork_failed(self, position: Position) -> None:
-        position.restart_at = time.monotonic() + MAX_RESTART_DELAY_S
+        position.restart_at = SYSTEM_CLOCK.monotonic() + MAX_RESTART_DELAY_S
 
-    def died(self, position: Position) -> Optional[float]:
-        """Book ``position``'s worker's death: the delay before its restart, or ``None`` for a storm."""
+    def died(self, position: Position) -> float | None:
+        """Book ``position``'s worker's death: the delay before its restart, or ``None`` for a
+        storm."""
         position.pid = 0
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         quick = now - position.started_at < _STABLE_AFTER_S
         position.quick_deaths = position.quick_deaths + 1 if quick else 1
         self._restarts.append(now)
@@ -93,7 +94,8 @@ class Positions:
             return None
         delay = min(_FIRST_RESTART_DELAY_S * 2 ** (position.quick_deaths - 1), MAX_RESTART_DELAY_S)
         position.restart_at = now + delay
-        return delay
+        result: float | None = delay
+        return result
 
     @property
     def recent_restarts(self) -> int:
@@ -101,7 +103,7 @@ class Positions:
 
     def due(self) -> list[Position]:
         """The positions whose restart time has come."""
-        now = time.monotonic()
+        now = SYSTEM_CLOCK.monotonic()
         return [s for s in self._positions if s.restart_at is not None and s.restart_at <= now]
 
     def cancel_restarts(self) -> None:
@@ -111,13 +113,18 @@ class Positions:
     def next_wake_in(self) -> float:
         """Until the next restart is due, and at least every heartbeat check."""
         due = [s.restart_at for s in self._positions if s.restart_at is not None]
-        until_restart = min(due) - time.monotonic() if due else _HEARTBEAT_CHECK_S
+        until_restart = min(due) - SYSTEM_CLOCK.monotonic() if due else _HEARTBEAT_CHECK_S
         return max(0.0, min(until_restart, _HEARTBEAT_CHECK_S))
 
     def stuck(self, heartbeats: Heartbeats, timeout_ms: int) -> list[Position]:
         """Positions whose worker's heartbeat is older than ``timeout_ms`` (0: never)."""
-        return [position for position in self._positions if timeout_ms and position.pid
-                and heartbeats.age_s(position.serial) * 1000.0 > timeout_ms]
+        return [
+            position
+            for position in self._positions
+            if timeout_ms
+            and position.pid
+            and heartbeats.age_s(position.serial) * 1000.0 > timeout_ms
+        ]
 
     def states(self, heartbeats: Heartbeats) -> list[WorkerState]:
         """Each position's state for the group's probes and scrape: ``serving``, ``unresponsive``
@@ -127,8 +134,13 @@ class Positions:
             announced = heartbeats.announcement(position.serial) if position.pid else None
             if announced is not None and announced.get("pid") == position.pid:
                 silent = heartbeats.age_s(position.serial) > UNRESPONSIVE_AFTER_S
-                states.append((position.index, "unresponsive" if silent else "serving",
-                               announced.get("metrics")))
+                states.append(
+                    (
+                        position.index,
+                        "unresponsive" if silent else "serving",
+                        announced.get("metrics"),
+                    )
+                )
             else:
                 states.append((position.index, "starting" if position.pid else "restarting", None))
         return states

@@ -10,26 +10,30 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import time
 from typing import Any
 
 from gevent.queue import Empty, Queue
 
+from lookups.clock import SYSTEM_CLOCK
 from service.settings.config import Settings
 
 __all__ = ["stop_workers", "drain_time_s", "send_signal"]
 
 log = logging.getLogger("service.workers.master")
 
-_STOP_MARGIN_S = 3.0   # beyond the drain, grace and flush budgets, before SIGKILL
+_STOP_MARGIN_S = 3.0  # beyond the drain, grace and flush budgets, before SIGKILL
 _KILL_WAIT_S = 5.0
 
 
 def drain_time_s(settings: Settings) -> float:
     """How long a worker may take to drain after SIGTERM, with a margin."""
     server = settings.server
-    return (server.lame_duck_ms + server.drain_timeout_ms + settings.fanout.abandon_grace_ms
-            + settings.tracing.flush_timeout_ms) / 1000.0 + _STOP_MARGIN_S
+    return (
+        server.lame_duck_ms
+        + server.drain_timeout_ms
+        + settings.fanout.abandon_grace_ms
+        + settings.tracing.flush_timeout_ms
+    ) / 1000.0 + _STOP_MARGIN_S
 
 
 def stop_workers(links: dict[int, Any], events: Queue, timeout_s: float) -> None:
@@ -39,8 +43,12 @@ def stop_workers(links: dict[int, Any], events: Queue, timeout_s: float) -> None
         send_signal(pid, signal.SIGTERM)
     if not _wait_for_exits(links, events, timeout_s):
         live = sorted(links)
-        log.warning("master: %d worker(s) still running after %.1f s; killing %s", len(live),
-                    timeout_s, live)
+        log.warning(
+            "master: %d worker(s) still running after %.1f s; killing %s",
+            len(live),
+            timeout_s,
+            live,
+        )
         for pid in live:
             send_signal(pid, signal.SIGKILL)
         _wait_for_exits(links, events, _KILL_WAIT_S)
@@ -55,9 +63,9 @@ def send_signal(pid: int, signum: int) -> None:
 
 def _wait_for_exits(links: dict[int, Any], events: Queue, timeout_s: float) -> bool:
     """Book exits until no worker is left or ``timeout_s`` passes; True if none is left."""
-    deadline = time.monotonic() + timeout_s
+    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
     while links:
-        remaining = deadline - time.monotonic()
+        remaining = deadline - SYSTEM_CLOCK.monotonic()
         if remaining <= 0:
             return False
         try:
@@ -68,8 +76,10 @@ def _wait_for_exits(links: dict[int, Any], events: Queue, timeout_s: float) -> b
             links.pop(event[1], None)
             log.info("master: worker %d stopped (exit code %d)", event[1], event[2])
         elif event[0] == "control" and event[3] is not None:
-            os.close(event[3])   # a connection handed over while stopping: it closes
+            os.close(event[3])  # a connection handed over while stopping: it closes
         elif event[0] == "signal":
-            log.info("master: %s received while stopping; still waiting for the workers",
-                     signal.Signals(event[1]).name)
+            log.info(
+                "master: %s received while stopping; still waiting for the workers",
+                signal.Signals(event[1]).name,
+            )
     return True

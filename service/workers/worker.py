@@ -22,26 +22,26 @@ from gevent import monkey
 # The worker is a program of its own: patch before anything imports socket or ssl.
 monkey.patch_all()
 
-import dataclasses  # noqa: E402
-import logging  # noqa: E402
-import os  # noqa: E402
-import socket  # noqa: E402
-import sys  # noqa: E402
-from typing import Any, Optional  # noqa: E402
+import dataclasses
+import logging
+import os
+import socket
+import sys
+from typing import Any
 
-from service.settings.config import ConfigError, Settings  # noqa: E402
-from service.operations.logs import configure_logging, set_worker  # noqa: E402
-from service.workers.control import ControlLine  # noqa: E402
-from service.workers.heartbeat import Heartbeats  # noqa: E402
-from service.workers.member import GroupMember  # noqa: E402
-from service.workers.process import CONFIG_ERROR_STATUS, end_with_master  # noqa: E402
+from service.operations.logs import configure_logging, set_worker
+from service.settings.config import ConfigError, Settings
+from service.workers.control import ControlLine
+from service.workers.heartbeat import Heartbeats
+from service.workers.member import GroupMember
+from service.workers.process import CONFIG_ERROR_STATUS, end_with_master
 
 __all__ = ["main", "worker_settings"]
 
 log = logging.getLogger("service.workers.worker")  # run as __main__
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Receive the start message on the control line named by ``argv[0]``, then serve."""
     line = ControlLine.from_fd(int((argv or sys.argv[1:])[0]))
     received = line.receive()
@@ -55,8 +55,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     return serve_as_worker(settings, start, listener, line)
 
 
-def serve_as_worker(settings: Settings, start: dict[str, Any], listener: socket.socket,
-                    line: ControlLine) -> int:
+def serve_as_worker(
+    settings: Settings, start: dict[str, Any], listener: socket.socket, line: ControlLine
+) -> int:
     """Serve as the worker in ``start["position"]`` until told to stop; the exit code."""
     from service.workers.lifecycle import run_server
 
@@ -69,10 +70,14 @@ def serve_as_worker(settings: Settings, start: dict[str, Any], listener: socket.
         member = GroupMember(line, position)
         facts: dict[str, str] = {}
         return run_server(
-            worker_settings(settings), listener=listener, tune_gc=True, stop=member.stop,
+            worker_settings(settings),
+            listener=listener,
+            tune_gc=True,
+            stop=member.stop,
             on_metrics=lambda at: facts.update(metrics=f"http://{at[0]}:{at[1]}/metrics"),
             on_service=member.attach,
-            on_ready=lambda _: heartbeats.announce(start["serial"], **facts))
+            on_ready=lambda _: heartbeats.announce(start["serial"], **facts),
+        )
     except ConfigError:
         log.exception("worker %d: configuration error", os.getpid())
         return CONFIG_ERROR_STATUS
@@ -85,8 +90,10 @@ def worker_settings(settings: Settings) -> Settings:
     """A worker's settings: the master serves the probe port and the Prometheus port, so a
     worker serves no probes and its metrics on a free loopback port (which it announces)."""
     return dataclasses.replace(
-        settings, server=dataclasses.replace(settings.server, probe_port=-1),
-        metrics=dataclasses.replace(settings.metrics, host="127.0.0.1", port=0))
+        settings,
+        server=dataclasses.replace(settings.server, probe_port=-1),
+        metrics=dataclasses.replace(settings.metrics, host="127.0.0.1", port=0),
+    )
 
 
 if __name__ == "__main__":

@@ -13,11 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-__all__ = ["IDL", "CLIENTS", "BUILD_TIMEOUT_S", "BuildFailed", "build_go", "build_java",
-           "build_node"]
+__all__ = [
+    "IDL",
+    "CLIENTS",
+    "BUILD_TIMEOUT_S",
+    "BuildFailed",
+    "build_go",
+    "build_java",
+    "build_node",
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 IDL = ROOT / "thrift" / "appstats.thrift"
@@ -36,13 +43,23 @@ class BuildFailed(RuntimeError):
 def _run(command: Sequence[str], cwd: Path, env: dict[str, str] | None = None) -> str:
     tool = command[0]
     if shutil.which(tool) is None:
-        raise BuildFailed(f"'{tool}' is not on PATH; `make interop` needs the Apache Thrift "
-                          "compiler (apt-get install thrift-compiler), Go, Java 17 with Maven, Node")
-    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True,
-                          timeout=BUILD_TIMEOUT_S, env={**os.environ, **(env or {})})
+        raise BuildFailed(
+            f"'{tool}' is not on PATH; `make interop` needs the Apache Thrift "
+            "compiler (apt-get install thrift-compiler), Go, Java 17 with Maven, Node"
+        )
+    done = subprocess.run(
+        list(command),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+    )
     if done.returncode != 0:
-        raise BuildFailed(f"{' '.join(command)} failed ({done.returncode}):\n"
-                          f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        raise BuildFailed(
+            f"{' '.join(command)} failed ({done.returncode}):\n"
+            f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return done.stdout
 
 
@@ -68,15 +85,47 @@ def build_java() -> list[str]:
     """The Java client: the command that runs it."""
     where = _fresh("java")
     (where / "gen").mkdir(exist_ok=True)
-    _run(["thrift", "--gen", "java:generated_annotations=suppress", "-out", str(where / "gen"),
-          str(IDL)], where)
+    _run(
+        [
+            "thrift",
+            "--gen",
+            "java:generated_annotations=suppress",
+            "-out",
+            str(where / "gen"),
+            str(IDL),
+        ],
+        where,
+    )
     classpath_file = where / "classpath.txt"
-    _run(["mvn", "-q", "-B", "-f", str(CLIENTS / "java" / "pom.xml"), "dependency:build-classpath",
-          f"-Dmdep.outputFile={classpath_file}"], where, env={"MAVEN_OPTS": " ".join(QUICK_JVM)})
+    _run(
+        [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(CLIENTS / "java" / "pom.xml"),
+            "dependency:build-classpath",
+            f"-Dmdep.outputFile={classpath_file}",
+        ],
+        where,
+        env={"MAVEN_OPTS": " ".join(QUICK_JVM)},
+    )
     classpath = classpath_file.read_text().strip()
     sources = [str(path) for path in (where / "gen").rglob("*.java")]
-    _run(["javac", *(f"-J{flag}" for flag in QUICK_JVM), "-nowarn", "-cp", classpath, "-d", str(where / "classes"), *sources,
-          str(CLIENTS / "java" / "Client.java")], where)
+    _run(
+        [
+            "javac",
+            *(f"-J{flag}" for flag in QUICK_JVM),
+            "-nowarn",
+            "-cp",
+            classpath,
+            "-d",
+            str(where / "classes"),
+            *sources,
+            str(CLIENTS / "java" / "Client.java"),
+        ],
+        where,
+    )
     return ["java", *QUICK_JVM, "-cp", f"{where / 'classes'}{os.pathsep}{classpath}", "Client"]
 
 

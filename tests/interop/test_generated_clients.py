@@ -18,7 +18,8 @@ import contextlib
 import json
 import secrets
 import subprocess
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,15 +36,25 @@ from tests.support.toolchains import needs
 pytestmark = [needs("interop"), pytest.mark.timeout(3 * BUILD_TIMEOUT_S + 120)]
 
 LANGUAGES = {"go": build_go, "java": build_java, "node": build_node}
-COMBINATIONS = [("framed", "binary"), ("framed", "compact"), ("buffered", "binary"),
-                ("buffered", "compact")]
+COMBINATIONS = [
+    ("framed", "binary"),
+    ("framed", "compact"),
+    ("buffered", "binary"),
+    ("buffered", "compact"),
+]
 ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "volume"]
-OPTIONAL = {"controllers", "queries", "volume"}   # the shipped dashboard's
-CACHED_PANELS = ["errors", "urls", "controllers", "queries", "alerts"]   # the MongoDB panels, alerts
-FRESH_START_MS = 1_699_999_200_000   # the clients' fresh call: two whole hours from here
-PANEL_KINDS = {"errors": "error_summary", "urls": "top_list", "controllers": "top_list",
-               "queries": "top_list", "alerts": "alert_list", "latency": "series",
-               "volume": "series"}
+OPTIONAL = {"controllers", "queries", "volume"}  # the shipped dashboard's
+CACHED_PANELS = ["errors", "urls", "controllers", "queries", "alerts"]  # the MongoDB panels, alerts
+FRESH_START_MS = 1_699_999_200_000  # the clients' fresh call: two whole hours from here
+PANEL_KINDS = {
+    "errors": "error_summary",
+    "urls": "top_list",
+    "controllers": "top_list",
+    "queries": "top_list",
+    "alerts": "alert_list",
+    "latency": "series",
+    "volume": "series",
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,42 +74,61 @@ def servers(mongo_server: Any, http_services: Any) -> Iterator[dict[tuple[str, s
     with contextlib.ExitStack() as stack:
         started = {}
         for transport, protocol in COMBINATIONS:
-            settings = load_settings(env={}, overrides={
-                **backend_overrides(mongo_server, http_services), "server.port": 0,
-                "server.transport": transport, "server.protocol": protocol,
-                "tracing.exporter": "none", "admission.brownout_min_level": 0.2,
-                # Most of the clients' 5 s deadlines: on a slow host the MongoDB panels ran
-                # past the default second, and these tests are about the wire, not the host.
-                "fanout.task_timeout_ms": 4500,
-                "cache.enabled": True, "cache.bucket_ms": 3_600_000, "cache.settle_ms": 0})
+            settings = load_settings(
+                env={},
+                overrides={
+                    **backend_overrides(mongo_server, http_services),
+                    "server.port": 0,
+                    "server.transport": transport,
+                    "server.protocol": protocol,
+                    "tracing.exporter": "none",
+                    "admission.brownout_min_level": 0.2,
+                    # Most of the clients' 5 s deadlines: on a slow host the MongoDB panels ran
+                    # past the default second, and these tests are about the wire, not the host.
+                    "fanout.task_timeout_ms": 4500,
+                    "cache.enabled": True,
+                    "cache.bucket_ms": 3_600_000,
+                    "cache.settle_ms": 0,
+                },
+            )
             started[transport, protocol] = stack.enter_context(FanOutService(settings))
         yield started
 
 
 @pytest.mark.parametrize("transport,protocol", COMBINATIONS)
 @pytest.mark.parametrize("language", list(LANGUAGES))
-def test_generated_client(clients: dict[str, list[str]], servers: dict[tuple[str, str], Any],
-                          language: str, transport: str, protocol: str) -> None:
+def test_generated_client(
+    clients: dict[str, list[str]],
+    servers: dict[tuple[str, str], Any],
+    language: str,
+    transport: str,
+    protocol: str,
+) -> None:
     service = servers[transport, protocol]
     host, port = service.address
     stats = service.cache.stats
     before = (stats.hits, stats.misses, stats.fills, len(service.cache))
     trace_id = secrets.token_hex(16)
     traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
-    done = subprocess.run([*clients[language], host, str(port), transport, protocol, traceparent],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [*clients[language], host, str(port), transport, protocol, traceparent],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["client"] == language
     assert report["ping"] == "pong"
     assert report["panels"] == ALL_PANELS
     assert report["app"] == "shop"
-    assert report["trace_id"] == trace_id         # joined the caller's trace
+    assert report["trace_id"] == trace_id  # joined the caller's trace
     assert report["statuses"] == {name: "OK" for name in ALL_PANELS}
     # The dimmer held at 0.2 sheds the optional panels of SHEDDABLE calls only: the call
     # above said nothing (CRITICAL) and got them all; this one asked to be SHEDDABLE.
-    assert report["sheddable"] == {name: "SKIPPED Brownout" if name in OPTIONAL else "OK "
-                                   for name in ALL_PANELS}
+    assert report["sheddable"] == {
+        name: "SKIPPED Brownout" if name in OPTIONAL else "OK " for name in ALL_PANELS
+    }
     assert report["panel_kinds"] == PANEL_KINDS
     # The fresh call's two whole hours: answered, and no bucket of theirs read or kept
     # (the other calls' window holds no whole hour). The same call, not fresh, reads them.
@@ -107,6 +137,6 @@ def test_generated_client(clients: dict[str, list[str]], servers: dict[tuple[str
     with AppStatsClient(host, port, transport=transport, protocol=protocol) as client:
         client.get_app_stats("shop", FRESH_START_MS, FRESH_START_MS + 2 * 3_600_000)
     assert stats.hits + stats.misses == before[0] + before[1] + 2 * len(CACHED_PANELS)
-    assert report["invalid_field"] == "app"       # the declared exception, typed
+    assert report["invalid_field"] == "app"  # the declared exception, typed
     assert report["health_state"] == "SERVING"
     assert report["health_backends"] == "alerts,metrics,mongo"

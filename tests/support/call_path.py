@@ -33,8 +33,14 @@ _BACKEND_KEYS = ("mongo.uri", "mongo.database", "http.alerts_url", "http.metrics
 def files_of_one_warm_call(backends: dict[str, str]) -> set[str]:
     """The server's own files one warm call runs, traced in a server process of its own
     over ``backends`` (dotted settings keys, as ``backend_overrides`` gives them)."""
-    command = [sys.executable, "-m", "gevent.monkey", "--module", "tests.support.call_path",
-               *(backends[key] for key in _BACKEND_KEYS)]
+    command = [
+        sys.executable,
+        "-m",
+        "gevent.monkey",
+        "--module",
+        "tests.support.call_path",
+        *(backends[key] for key in _BACKEND_KEYS),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"tracing the call failed:\n{done.stderr[-4000:]}")
@@ -92,8 +98,10 @@ def _trace(address: tuple[str, int], call: bytes) -> set[str]:
 def _scheduled(greenlet: Any) -> bool:
     """A greenlet of the backend checks or of the brownout controller, which run on a
     schedule whatever the calls."""
-    return any(getattr(arg, "__qualname__", "").startswith(("HealthChecker.", "Dimmer."))
-               for arg in getattr(greenlet, "args", ()))
+    return any(
+        getattr(arg, "__qualname__", "").startswith(("HealthChecker.", "Dimmer."))
+        for arg in getattr(greenlet, "args", ())
+    )
 
 
 def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> None:
@@ -106,15 +114,30 @@ def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> No
 
     # The profiler slows the call further: a panel out of budget would run the error
     # path's files instead.
-    settings = load_settings(env={}, overrides={
-        "server.port": 0, "tracing.enabled": False, "mongo.uri": mongo_uri,
-        "mongo.database": database, "http.alerts_url": alerts_url,
-        "http.metrics_url": metrics_url, **GENEROUS_BUDGETS})
+    settings = load_settings(
+        env={},
+        overrides={
+            "server.port": 0,
+            "tracing.enabled": False,
+            "mongo.uri": mongo_uri,
+            "mongo.database": database,
+            "http.alerts_url": alerts_url,
+            "http.metrics_url": metrics_url,
+            **GENEROUS_BUDGETS,
+        },
+    )
     service = FanOutService(settings).start()  # no tracer provider: tracing is off
     try:
-        call = frame(encode_call("get_app_stats", appstats.AppStats.get_app_stats_args(
-            request=appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS,
-                                          end_ms=SAMPLE_END_MS))))
+        call = frame(
+            encode_call(
+                "get_app_stats",
+                appstats.AppStats.get_app_stats_args(
+                    request=appstats.StatsRequest(
+                        app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS
+                    )
+                ),
+            )
+        )
         print(json.dumps(sorted(_trace(service.address, call))))
     finally:
         service.stop()

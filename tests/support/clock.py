@@ -1,12 +1,72 @@
-"""A monotonic clock the test moves by hand (``clock.now += seconds``), for the unit tests
-of what takes a ``clock`` callable."""
+"""A clock the test moves by hand, as trio's ``MockClock`` and Twisted's ``task.Clock``.
+
+Give it where the product takes a clock (``FanOutService(clock=...)``, ``CircuitBreaker``,
+``RetryBudget``, ``CallerPacing``, ``Deadline.after_ms(ms, clock)``): time stands still
+until :meth:`FakeClock.advance` moves it, so a test of timing behaviour asserts exactly
+what happens at a moment, and takes no wall time however busy the machine is. A wait on
+a deadline (:meth:`FakeClock.wait`) ends when its event is set or when ``advance`` moves
+the clock past the deadline, never by wall time.
+"""
 
 from __future__ import annotations
 
+from typing import Any
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+import gevent
+from gevent.event import Event
+
+from lookups.clock import Waitable
+
+__all__ = ["FakeClock"]
+
+
+class FakeClock:
+    """Monotonic time from ``start`` (seconds), wall time from ``wall_start``; both move only
+    with :meth:`advance`."""
+
+    def __init__(self, start: float = 1000.0, wall_start: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._wall_offset = wall_start - start
+        self._moved = Event()  # set and replaced at each advance: wakes every waiter
+
+    def monotonic(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now + self._wall_offset
 
     def __call__(self) -> float:
-        return self.now
+        """The monotonic reading: where the product takes a ``clock`` callable."""
+        return self._now
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @now.setter
+    def now(self, value: float) -> None:
+        self.advance(value - self._now)
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on; waits whose deadline it passes end, and run before this returns."""
+        if seconds < 0:
+            raise ValueError("a monotonic clock never goes back")
+        self._now += seconds
+        moved, self._moved = self._moved, Event()
+        moved.set()
+        gevent.sleep(0)  # let the woken waiters run now
+
+    def wait(self, event: Waitable, until: float) -> bool:
+        while not event.is_set() and self._now < until:
+            gevent.wait([_as_gevent(event), self._moved], count=1)
+        return event.is_set()
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self._now})"
+
+
+def _as_gevent(event: Waitable) -> Any:
+    """The product waits on gevent events; a test's threading.Event would block the hub."""
+    if not isinstance(event, Event):
+        raise TypeError(f"FakeClock waits on gevent events, not {type(event).__name__}")
+    return event

@@ -18,9 +18,10 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import yaml
 
@@ -29,8 +30,16 @@ from service.samples.mongo_server import free_port
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.sockets import wait_for
 
-__all__ = ["MANIFEST", "ContainerRun", "deployment", "fanout_container", "container_run",
-           "check_serving", "check_drain", "http_get"]
+__all__ = [
+    "MANIFEST",
+    "ContainerRun",
+    "deployment",
+    "fanout_container",
+    "container_run",
+    "check_serving",
+    "check_drain",
+    "http_get",
+]
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "deployment.yaml"
 ALL_PANELS = {"errors", "urls", "controllers", "queries", "alerts", "latency", "volume"}
@@ -52,8 +61,11 @@ class ContainerRun:
 
 
 def deployment() -> dict[str, Any]:
-    return next(doc for doc in yaml.safe_load_all(MANIFEST.read_text())
-                if doc and doc["kind"] == "Deployment")
+    return next(
+        doc
+        for doc in yaml.safe_load_all(MANIFEST.read_text())
+        if doc and doc["kind"] == "Deployment"
+    )
 
 
 def fanout_container() -> dict[str, Any]:
@@ -62,10 +74,12 @@ def fanout_container() -> dict[str, Any]:
 
 
 #: A backend table's variable, and the key of the sample backends' overrides it takes.
-_BACKEND_KEYS = {"FANOUT_BACKENDS_MONGO_URI": "mongo.uri",
-                 "FANOUT_BACKENDS_MONGO_DATABASE": "mongo.database",
-                 "FANOUT_BACKENDS_ALERTS_URL": "http.alerts_url",
-                 "FANOUT_BACKENDS_METRICS_URL": "http.metrics_url"}
+_BACKEND_KEYS = {
+    "FANOUT_BACKENDS_MONGO_URI": "mongo.uri",
+    "FANOUT_BACKENDS_MONGO_DATABASE": "mongo.database",
+    "FANOUT_BACKENDS_ALERTS_URL": "http.alerts_url",
+    "FANOUT_BACKENDS_METRICS_URL": "http.metrics_url",
+}
 
 
 def _setting_key(variable: str) -> str:
@@ -77,8 +91,9 @@ def _setting_key(variable: str) -> str:
     return f"{section}.{key}"
 
 
-def container_run(container: Mapping[str, Any], backends: Mapping[str, str],
-                  otlp_endpoint: str) -> ContainerRun:
+def container_run(
+    container: Mapping[str, Any], backends: Mapping[str, str], otlp_endpoint: str
+) -> ContainerRun:
     """The container with its backends at ``backends`` (settings keys) and free ports."""
     env: dict[str, str] = {}
     substituted: set[str] = set()
@@ -90,20 +105,26 @@ def container_run(container: Mapping[str, Any], backends: Mapping[str, str],
         elif name == "OTEL_EXPORTER_OTLP_ENDPOINT":
             env[name] = otlp_endpoint
         else:
-            assert "value" in variable, f"{name} comes from {variable}: nothing here to take it from"
+            assert "value" in variable, (
+                f"{name} comes from {variable}: nothing here to take it from"
+            )
             env[name] = str(variable["value"])
             continue
         substituted.add(name)
     ports = {}
     for port in container["ports"]:
-        holders = [name for name, value in env.items()
-                   if name.endswith("_PORT") and value == str(port["containerPort"])]
+        holders = [
+            name
+            for name, value in env.items()
+            if name.endswith("_PORT") and value == str(port["containerPort"])
+        ]
         assert len(holders) == 1, f"port {port} is set by {holders}, not by one variable"
         ports[port["name"]] = free_port()
         env[holders[0]] = str(ports[port["name"]])
         substituted.add(holders[0])
-    return ContainerRun(list(container.get("command", [])), list(container.get("args", [])), env,
-                        ports, substituted)
+    return ContainerRun(
+        list(container.get("command", [])), list(container.get("args", [])), env, ports, substituted
+    )
 
 
 def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
@@ -122,8 +143,9 @@ def _answers(url: str) -> bool:
         return False
 
 
-def check_serving(ports: Mapping[str, int], host: str = "127.0.0.1",
-                  ready_timeout_s: float = 60.0) -> None:
+def check_serving(
+    ports: Mapping[str, int], host: str = "127.0.0.1", ready_timeout_s: float = 60.0
+) -> None:
     """Probes answer 200, /metrics is a Prometheus scrape, and a call gathers every panel."""
     probes = f"http://{host}:{ports['probes']}"
     wait_for(lambda: _answers(f"{probes}/readyz"), ready_timeout_s, "/readyz answering 200")
@@ -133,15 +155,19 @@ def check_serving(ports: Mapping[str, int], host: str = "127.0.0.1",
     assert status == 200 and json.loads(body)["status"] == "ready", body
     with AppStatsClient(host, ports["thrift"], timeout_ms=10_000) as client:
         assert client.ping()
-        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS,
-                                        deadline_ms=10_000)
+        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=10_000)
     assert {o.name for o in response.outcomes if o.status == 0} == ALL_PANELS, response.outcomes
     status, scrape = http_get(f"http://{host}:{ports['metrics']}/metrics")
     assert status == 200 and "rpc_server_call_duration_seconds_count" in scrape, scrape[:2000]
 
 
-def check_drain(ports: Mapping[str, int], send_sigterm: Callable[[], None],
-                exit_code: Callable[[float], int], grace_s: float, host: str = "127.0.0.1") -> None:
+def check_drain(
+    ports: Mapping[str, int],
+    send_sigterm: Callable[[], None],
+    exit_code: Callable[[float], int],
+    grace_s: float,
+    host: str = "127.0.0.1",
+) -> None:
     """After SIGTERM /readyz says 503 (lame duck) and the process exits 0 within ``grace_s``."""
     send_sigterm()
     probes = f"http://{host}:{ports['probes']}/readyz"

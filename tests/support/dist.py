@@ -21,9 +21,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import pytest
 
@@ -54,24 +54,38 @@ class Installed:
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """The environment a user's shell gives: the venv's bin first, no PYTHONPATH."""
-        base = {key: value for key, value in os.environ.items()
-                if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        base = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+        }
         return {**base, "PATH": f"{self.bin}{os.pathsep}{base.get('PATH', '')}", **(extra or {})}
 
-    def run(self, command: Sequence[str], timeout_s: float = 120,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(command), cwd=self.outside, env=self.env(env), text=True,
-                              capture_output=True, timeout=timeout_s)
+    def run(
+        self, command: Sequence[str], timeout_s: float = 120, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(command),
+            cwd=self.outside,
+            env=self.env(env),
+            text=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
 
-    def popen(self, command: Sequence[str], env: dict[str, str] | None = None,
-              **kwargs: object) -> subprocess.Popen[str]:
-        return subprocess.Popen(list(command), cwd=self.outside, env=self.env(env), text=True,
-                                **kwargs)  # type: ignore[call-overload]
+    def popen(
+        self, command: Sequence[str], env: dict[str, str] | None = None, **kwargs: object
+    ) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            list(command), cwd=self.outside, env=self.env(env), text=True, **kwargs
+        )  # type: ignore[call-overload]
 
 
 def _check(command: Sequence[str], cwd: Path, timeout_s: float = _BUILD_TIMEOUT_S) -> None:
     done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
-    assert done.returncode == 0, f"{' '.join(map(str, command))}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(map(str, command))}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
 
 
 def _source_tree(into: Path) -> Path:
@@ -81,15 +95,23 @@ def _source_tree(into: Path) -> Path:
     file list can put into the wheel what the package configuration leaves out.
     """
     if (ROOT / ".git").exists():
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                                cwd=ROOT, capture_output=True, check=True).stdout.decode()
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
         for name in filter(None, listed.split("\0")):
             if (ROOT / name).is_file():
                 (into / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, into / name)
     else:  # an unpacked sdist
-        shutil.copytree(ROOT, into, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", "__pycache__"))
+        shutil.copytree(
+            ROOT,
+            into,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", "__pycache__"),
+        )
     return into
 
 
@@ -105,8 +127,21 @@ def _build(out: Path, scratch: Path) -> Dist:
     if not (wheels and sdists):
         source = _source_tree(scratch)
         path = f"{Path(_uv()).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        _check(["env", f"PATH={path}", sys.executable, "-m", "build", "--installer", "uv",
-                "--outdir", str(out), str(source)], source)
+        _check(
+            [
+                "env",
+                f"PATH={path}",
+                sys.executable,
+                "-m",
+                "build",
+                "--installer",
+                "uv",
+                "--outdir",
+                str(out),
+                str(source),
+            ],
+            source,
+        )
         wheels, sdists = sorted(out.glob("*.whl")), sorted(out.glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, list(out.iterdir())
     return Dist(wheels[0], sdists[0])
@@ -151,6 +186,16 @@ def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     venv, outside = where / "venv", where / "work"
     outside.mkdir()
     _check([sys.executable, "-m", "venv", "--without-pip", str(venv)], outside)
-    _check([_uv(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-            f"{dist.wheel}[demo]"], outside)
+    _check(
+        [
+            _uv(),
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(venv / "bin" / "python"),
+            f"{dist.wheel}[demo]",
+        ],
+        outside,
+    )
     yield Installed(venv, outside)

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO
 
 from service.samples.mongo_server import free_port, stop_process, wait_for_ping
 from tests.support.toolchains import FERRETDB, PG_BIN, missing
@@ -72,12 +72,12 @@ class FerretDbServer:
 
     def __init__(self, ready_timeout_s: float = 60.0, port: int = 0) -> None:
         self._ready_timeout_s = ready_timeout_s
-        self._wanted_port = port          # 0: a free one
-        self._workdir: Optional[Path] = None
-        self._pg_port: Optional[int] = None
-        self._port: Optional[int] = None
-        self._ferretdb: Optional[subprocess.Popen[bytes]] = None
-        self._console: Optional[IO[bytes]] = None
+        self._wanted_port = port  # 0: a free one
+        self._workdir: Path | None = None
+        self._pg_port: int | None = None
+        self._port: int | None = None
+        self._ferretdb: subprocess.Popen[bytes] | None = None
+        self._console: IO[bytes] | None = None
 
     @property
     def port(self) -> int:
@@ -97,7 +97,7 @@ class FerretDbServer:
         postmaster = (self._workdir / "data" / "postmaster.pid").read_text().split()[0]
         return [int(postmaster), self._ferretdb.pid]
 
-    def start(self) -> "FerretDbServer":
+    def start(self) -> FerretDbServer:
         """Initialise and start the cluster, create the extension, start FerretDB, ping it.
 
         Raises :class:`FerretDbError`, with the tail of the failing log, and stops what
@@ -125,8 +125,16 @@ class FerretDbServer:
             self._console = None
         if self._workdir is not None:
             if self._pg_port is not None and (self._workdir / "data" / "postmaster.pid").exists():
-                self._postgres_command("pg_ctl", "-D", str(self._workdir / "data"), "-m", "fast",
-                                       "-w", "stop", check=False)
+                self._postgres_command(
+                    "pg_ctl",
+                    "-D",
+                    str(self._workdir / "data"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "stop",
+                    check=False,
+                )
             shutil.rmtree(self._workdir, ignore_errors=True)
         self._workdir = self._pg_port = self._port = None
 
@@ -135,44 +143,89 @@ class FerretDbServer:
         if os.geteuid() == 0:
             shutil.chown(self._workdir, "postgres")
         data = self._workdir / "data"
-        self._postgres_command("initdb", "-D", str(data), "-U", "postgres", "--auth=trust",
-                               "-E", "UTF8", "--locale=C.UTF-8")
+        self._postgres_command(
+            "initdb",
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+        )
         self._pg_port = free_port()
         with open(data / "postgresql.conf", "a") as conf:
             conf.write(_POSTGRESQL_CONF.format(port=self._pg_port, socket_dir=self._workdir))
         timeout_s = max(1, int(deadline - time.monotonic()))
-        self._postgres_command("pg_ctl", "-D", str(data), "-l", str(self._workdir / "postgres.log"),
-                               "-w", "-t", str(timeout_s), "start",
-                               log=self._workdir / "postgres.log")
-        self._postgres_command("psql", "-h", "127.0.0.1", "-p", str(self._pg_port), "-U", "postgres",
-                               "-v", "ON_ERROR_STOP=1", "-c", "CREATE EXTENSION documentdb CASCADE")
+        self._postgres_command(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(self._workdir / "postgres.log"),
+            "-w",
+            "-t",
+            str(timeout_s),
+            "start",
+            log=self._workdir / "postgres.log",
+        )
+        self._postgres_command(
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self._pg_port),
+            "-U",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            "CREATE EXTENSION documentdb CASCADE",
+        )
 
     def _start_ferretdb(self, deadline: float) -> None:
         assert self._workdir is not None and self._pg_port is not None
         self._port = self._wanted_port or free_port()
         self._console = open(self._workdir / "ferretdb.log", "wb")
         self._ferretdb = subprocess.Popen(
-            [str(FERRETDB), f"--postgresql-url=postgres://postgres@127.0.0.1:{self._pg_port}/postgres",
-             f"--listen-addr=127.0.0.1:{self._port}", "--no-auth", "--telemetry=disable",
-             "--debug-addr=-", f"--state-dir={self._workdir}", "--log-level=WARN"],
-            stdout=self._console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                str(FERRETDB),
+                f"--postgresql-url=postgres://postgres@127.0.0.1:{self._pg_port}/postgres",
+                f"--listen-addr=127.0.0.1:{self._port}",
+                "--no-auth",
+                "--telemetry=disable",
+                "--debug-addr=-",
+                f"--state-dir={self._workdir}",
+                "--log-level=WARN",
+            ],
+            stdout=self._console,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         if not wait_for_ping(self.uri, self._ferretdb, deadline):
-            raise FerretDbError(f"FerretDB did not answer ping on port {self._port}:\n"
-                                f"{_tail(self._workdir / 'ferretdb.log')}")
+            raise FerretDbError(
+                f"FerretDB did not answer ping on port {self._port}:\n"
+                f"{_tail(self._workdir / 'ferretdb.log')}"
+            )
 
-    def _postgres_command(self, name: str, *args: str, check: bool = True,
-                          log: Optional[Path] = None) -> None:
+    def _postgres_command(
+        self, name: str, *args: str, check: bool = True, log: Path | None = None
+    ) -> None:
         command = [str(PG_BIN / name), *args]
         if os.geteuid() == 0:
             command = ["runuser", "-u", "postgres", "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                              stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        )
         if check and done.returncode != 0:
             tail = _tail(log) if log is not None else ""
-            raise FerretDbError(f"{name} failed ({done.returncode}): "
-                                f"{(done.stdout + done.stderr)[-_LOG_TAIL_CHARS:]}{tail}")
+            raise FerretDbError(
+                f"{name} failed ({done.returncode}): "
+                f"{(done.stdout + done.stderr)[-_LOG_TAIL_CHARS:]}{tail}"
+            )
 
-    def __enter__(self) -> "FerretDbServer":
+    def __enter__(self) -> FerretDbServer:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

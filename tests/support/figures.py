@@ -15,8 +15,8 @@ from __future__ import annotations
 import io
 import re
 import tokenize
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 __all__ = ["Figure", "in_markdown", "in_python"]
 
@@ -25,19 +25,19 @@ _SIZE = r"(?:B|KB|KiB|MB|MiB|GB|GiB|%)"
 _NUM = r"\d[\d,]*(?:\.\d+)?"
 _ALONE = r"(?<![\w.])"
 PATTERNS = {
-    "ratio": rf"{_ALONE}\d+\.\d+x\b|{_ALONE}\d+(?:\.\d+)?[-–]\d+(?:\.\d+)?x\b",
+    "ratio": rf"{_ALONE}\d+\.\d+x\b|{_ALONE}\d+(?:\.\d+)?[-\u2013]\d+(?:\.\d+)?x\b",
     "decimal time": rf"{_ALONE}\d+\.\d+\s?{_TIME}\b",
     "decimal size": rf"{_ALONE}\d+\.\d+\s?{_SIZE}(?!\w)",
-    "range": rf"{_ALONE}{_NUM}\s?(?:[-–]|to)\s?{_NUM}\s?(?:{_TIME}|{_SIZE})(?!\w)",
+    "range": rf"{_ALONE}{_NUM}\s?(?:[-\u2013]|to)\s?{_NUM}\s?(?:{_TIME}|{_SIZE})(?!\w)",
     "from-to": rf"\bfrom {_NUM}\s?(?:{_TIME}|{_SIZE})? to {_NUM}\s?(?:{_TIME}|{_SIZE})(?!\w)",
     "rate": rf"{_ALONE}{_NUM}\s?(?:calls|requests|answers|spans|refusals)"
-            r"(?:/s| a second| per second)",
+    r"(?:/s| a second| per second)",
     "about": rf"\b(?:about|took|measured|median of|p50 of|p99 of)\s~?{_NUM}\s?"
-             rf"(?:{_TIME}|{_SIZE})(?!\w)",
+    rf"(?:{_TIME}|{_SIZE})(?!\w)",
     "plus-minus": rf"{_ALONE}{_NUM}\s?±\s?{_NUM}",
     "arrow": rf"{_ALONE}{_NUM}\s?→\s?{_NUM}",
     "dated run": r"\b\d{1,2} (?:January|February|March|April|May|June|July|August|"
-                 r"September|October|November|December)\b",
+    r"September|October|November|December)\b",
 }
 _COMPILED = {kind: re.compile(pattern) for kind, pattern in PATTERNS.items()}
 _FENCE = re.compile(r"^\s*(```|~~~)")
@@ -74,7 +74,11 @@ def in_python(source: str) -> list[Figure]:
     previous = tokenize.NEWLINE
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         is_docstring = token.type == tokenize.STRING and previous in (
-            tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL)
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.NL,
+        )
         if token.type == tokenize.COMMENT or is_docstring:
             for offset, text in enumerate(token.string.split("\n")):
                 lines[token.start[0] - 1 + offset] += " " + text

@@ -11,7 +11,8 @@ import socket
 import struct
 import time
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -26,9 +27,20 @@ from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService
 
-__all__ = ["CALLERS", "CALLER_TIMEOUT_S", "DEADLINE_MS", "slow_alerts", "one_call_at_a_time",
-           "stats_request", "plain_client", "impatient_caller", "hammer", "call_frame", "reply",
-           "recv_exactly"]
+__all__ = [
+    "CALLERS",
+    "CALLER_TIMEOUT_S",
+    "DEADLINE_MS",
+    "slow_alerts",
+    "one_call_at_a_time",
+    "stats_request",
+    "plain_client",
+    "impatient_caller",
+    "hammer",
+    "call_frame",
+    "reply",
+    "recv_exactly",
+]
 
 CALLERS = 16
 DEADLINE_MS = 1000
@@ -47,20 +59,31 @@ def slow_alerts(sample_data: SampleData) -> Iterator[FaultyHttpService]:
     service.stop()
 
 
-def one_call_at_a_time(start_service: Any, slow_alerts: FaultyHttpService, hold: bool,
-                       **overrides: Any) -> Any:
+def one_call_at_a_time(
+    start_service: Any, slow_alerts: FaultyHttpService, hold: bool, **overrides: Any
+) -> Any:
     """A server admitting one call at a time, each taking at least 300 ms."""
-    service, _ = start_service(**{
-        "http.alerts_url": slow_alerts.url, "admission.initial_limit": 1,
-        "admission.min_limit": 1, "admission.max_limit": 1,
-        "admission.hold_refusals": str(hold).lower(), **overrides})
+    service, _ = start_service(
+        **{
+            "http.alerts_url": slow_alerts.url,
+            "admission.initial_limit": 1,
+            "admission.min_limit": 1,
+            "admission.max_limit": 1,
+            "admission.hold_refusals": str(hold).lower(),
+            **overrides,
+        }
+    )
     return service
 
 
 def stats_request(deadline_ms: int = DEADLINE_MS) -> Any:
     """A ``get_app_stats`` request for every panel of the sample day, with ``deadline_ms``."""
-    return appstats.StatsRequest(app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS,
-                                 meta=appstats.RequestMeta(deadline_ms=deadline_ms))
+    return appstats.StatsRequest(
+        app="shop",
+        start_ms=SAMPLE_START_MS,
+        end_ms=SAMPLE_END_MS,
+        meta=appstats.RequestMeta(deadline_ms=deadline_ms),
+    )
 
 
 def plain_client(sock: socket.socket, transport: Any = TCyFramedTransport) -> Any:
@@ -68,8 +91,9 @@ def plain_client(sock: socket.socket, transport: Any = TCyFramedTransport) -> An
     return TClient(appstats.AppStats, TCyBinaryProtocol(transport(TSocket(sock=sock))))
 
 
-def impatient_caller(address: tuple[str, int], seconds: float,
-                     transport: Any = TCyFramedTransport) -> Counter[str]:
+def impatient_caller(
+    address: tuple[str, int], seconds: float, transport: Any = TCyFramedTransport
+) -> Counter[str]:
     """A plain Thrift client on one connection calling again at once after an Overloaded."""
     sock = socket.create_connection(address, timeout=CALLER_TIMEOUT_S)
     client = plain_client(sock, transport)
@@ -98,8 +122,9 @@ def hammer(address: tuple[str, int], seconds: float, **caller: Any) -> list[Coun
 
 def call_frame(seqid: int) -> bytes:
     """A framed binary ``get_app_stats`` call with ``seqid``."""
-    return encode_call("get_app_stats",
-                       appstats.AppStats.get_app_stats_args(request=stats_request()), seqid)
+    return encode_call(
+        "get_app_stats", appstats.AppStats.get_app_stats_args(request=stats_request()), seqid
+    )
 
 
 def reply(sock: socket.socket) -> tuple[int, Any]:

@@ -52,7 +52,7 @@ def write_uri_leaf(ca: trustme.CA, directory: Path, stem: str, uri: str) -> tupl
     issuer = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     issuer_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     certificate = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([]))
@@ -61,15 +61,23 @@ def write_uri_leaf(ca: trustme.CA, directory: Path, stem: str, uri: str) -> tupl
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]),
-                       critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-        .sign(issuer_key, hashes.SHA256()))  # type: ignore[arg-type]
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(issuer_key, hashes.SHA256())
+    )  # type: ignore[arg-type]
     cert_file, key_file = str(directory / f"{stem}.pem"), str(directory / f"{stem}.key")
     Path(cert_file).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    Path(key_file).write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                                 serialization.PrivateFormat.PKCS8,
-                                                 serialization.NoEncryption()))
+    Path(key_file).write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return cert_file, key_file
 
 

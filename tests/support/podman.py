@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tests.support.deployment import ContainerRun
 
@@ -22,12 +23,14 @@ __all__ = ["IMAGE_TOOLS", "podman", "run_options"]
 IMAGE_TOOLS = Path(__file__).resolve().parents[2] / "deploy" / "image"
 
 
-def podman(args: Sequence[str], timeout_s: float = 120,
-           check: bool = True) -> subprocess.CompletedProcess[str]:
+def podman(
+    args: Sequence[str], timeout_s: float = 120, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     """``podman ARGS`` with this project's podman environment."""
     script = f'source "{IMAGE_TOOLS / "podman-env"}" && exec podman "$@"'
-    done = subprocess.run(["bash", "-c", script, "podman", *args], capture_output=True, text=True,
-                          timeout=timeout_s)
+    done = subprocess.run(
+        ["bash", "-c", script, "podman", *args], capture_output=True, text=True, timeout=timeout_s
+    )
     if check:
         assert done.returncode == 0, f"podman {' '.join(args)}:\n{done.stderr[-3000:]}"
     return done
@@ -56,11 +59,18 @@ def _volume_flags(pod: Mapping[str, Any], container: Mapping[str, Any]) -> list[
     return flags
 
 
-def run_options(pod: Mapping[str, Any], container: Mapping[str, Any], run: ContainerRun,
-                name: str) -> list[str]:
+def run_options(
+    pod: Mapping[str, Any], container: Mapping[str, Any], run: ContainerRun, name: str
+) -> list[str]:
     """``podman run`` flags for the pod's container, on the host's network (see deployment)."""
-    flags = ["--detach", f"--name={name}", "--pull=never", "--network=host",
-             *_security_flags(pod, container), *_volume_flags(pod, container)]
+    flags = [
+        "--detach",
+        f"--name={name}",
+        "--pull=never",
+        "--network=host",
+        *_security_flags(pod, container),
+        *_volume_flags(pod, container),
+    ]
     if run.entrypoint:
         flags.append(f"--entrypoint={json.dumps(run.entrypoint)}")
     for key, value in run.env.items():

@@ -14,8 +14,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gevent
 import pytest
@@ -32,17 +33,22 @@ FANOUT = [sys.executable, "-m", "service.cli"]
 class Server:
     """A ``fanout serve`` process; its log (stderr) goes to a file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, port: int = 0,
-                 args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, port: int = 0, args: tuple[str, ...] = ()
+    ) -> None:
         self.log_path = log_path
         self._log = log_path.open("w")
-        self.process = subprocess.Popen([*FANOUT, "--log-level", "info", "serve", "--port", str(port),
-                                         *args],
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True, env=env)
+        self.process = subprocess.Popen(
+            [*FANOUT, "--log-level", "info", "serve", "--port", str(port), *args],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=env,
+        )
         try:
             with gevent.Timeout(30, AssertionError("server did not start")):
                 line = self.process.stdout.readline()
-            found = re.search(r"serving on [^\s\"]+:(\d+)", line)   # plain, or a JSON line
+            found = re.search(r"serving on [^\s\"]+:(\d+)", line)  # plain, or a JSON line
             assert found, line + self.log()
             self.first_line = line
             self.port = int(found.group(1))
@@ -67,16 +73,21 @@ class Server:
         self._log.close()
 
 
-def server_environment(mongo: Any, http: SampleHttpServices, env: Any = None,
-                       **settings: Any) -> dict[str, str]:
+def server_environment(
+    mongo: Any, http: SampleHttpServices, env: Any = None, **settings: Any
+) -> dict[str, str]:
     """The environment of a ``fanout serve`` over ``mongo`` and ``http``: this process's,
     with ``env`` and ``settings`` (dotted keys) as ``FANOUT_*`` variables, generous
     timeouts and no span export."""
     keys = {**backend_overrides(mongo, http), **GENEROUS_BUDGETS, **settings}
     # Not what this test process chose for itself: the server must choose as a user's would.
     inherited = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}
-    return {**inherited, "OTEL_TRACES_EXPORTER": "none", **(env or {}),
-            **{"FANOUT_" + key.replace(".", "_").upper(): str(value) for key, value in keys.items()}}
+    return {
+        **inherited,
+        "OTEL_TRACES_EXPORTER": "none",
+        **(env or {}),
+        **{"FANOUT_" + key.replace(".", "_").upper(): str(value) for key, value in keys.items()},
+    }
 
 
 @pytest.fixture
@@ -87,10 +98,19 @@ def serve(mongo_server: Any, tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """
     started: list[Server] = []
 
-    def start(http: SampleHttpServices, env: Any = None, port: int = 0, args: tuple[str, ...] = (),
-              **settings: Any) -> Server:
-        server = Server(server_environment(mongo_server, http, env, **settings),
-                        tmp_path / f"server-{len(started)}.log", port, args)
+    def start(
+        http: SampleHttpServices,
+        env: Any = None,
+        port: int = 0,
+        args: tuple[str, ...] = (),
+        **settings: Any,
+    ) -> Server:
+        server = Server(
+            server_environment(mongo_server, http, env, **settings),
+            tmp_path / f"server-{len(started)}.log",
+            port,
+            args,
+        )
         started.append(server)
         return server
 

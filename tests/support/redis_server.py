@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import tempfile
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -26,9 +26,22 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="fanout-redis-")
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self._dir.name],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.client = redis.Redis.from_url(self.url, socket_timeout=5)
         wait_for(self._answers, 10, "redis-server answering PING")
 

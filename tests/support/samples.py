@@ -10,29 +10,49 @@ nx-27017, or FerretDB under ``FANOUT_TEST_MONGO_ENGINE=ferretdb``) and ``http_se
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from lookups.backends.collection import Backends
 from lookups.registry import LookupRegistry
 from service.app import FanOutService
-from service.samples import (MongoWireServer, SampleData, SampleHttpServices,
-                              generate_sample_data, seed_mongo_at)
 from service.client import AppStatsClient
+from service.samples import (
+    MongoWireServer,
+    SampleData,
+    SampleHttpServices,
+    generate_sample_data,
+    seed_mongo_at,
+)
 from service.settings.config import Settings, load_settings
 from tests.support.ferretdb import FerretDbServer, selected_engine
 
-__all__ = ["SAMPLE_DATABASE", "GENEROUS_BUDGETS", "sample_data", "mongo_server", "http_services",
-           "backends", "backend_settings", "backend_overrides", "StartService", "start_service"]
+__all__ = [
+    "SAMPLE_DATABASE",
+    "GENEROUS_BUDGETS",
+    "sample_data",
+    "mongo_server",
+    "http_services",
+    "backends",
+    "backend_settings",
+    "backend_overrides",
+    "StartService",
+    "start_service",
+]
 
 SAMPLE_DATABASE = "apm"
 #: Dotted settings keys giving a server budgets that a starved machine does not run out
 #: of, for tests about what a call runs or answers rather than about its budgets. The
 #: driver's monitor too: on a starved machine its 1 s check timed out, and pymongo
 #: cancelled every operation in flight with it.
-GENEROUS_BUDGETS = {"fanout.task_timeout_ms": 30_000, "fanout.request_deadline_ms": 30_000,
-                    "http.read_timeout_ms": 30_000, "mongo.connect_timeout_ms": 10_000}
+GENEROUS_BUDGETS = {
+    "fanout.task_timeout_ms": 30_000,
+    "fanout.request_deadline_ms": 30_000,
+    "http.read_timeout_ms": 30_000,
+    "mongo.connect_timeout_ms": 10_000,
+}
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +68,7 @@ def mongo_server(sample_data: SampleData) -> Iterator[MongoWireServer | FerretDb
     ``FANOUT_TEST_MONGO_ENGINE=ferretdb`` (``make compat``).
     """
     engine = selected_engine()
-    with (FerretDbServer() if engine == "ferretdb" else MongoWireServer()) as server:
+    with FerretDbServer() if engine == "ferretdb" else MongoWireServer() as server:
         seed_mongo_at(server.uri, SAMPLE_DATABASE, sample_data)
         yield server
 
@@ -59,11 +79,16 @@ def http_services(sample_data: SampleData) -> Iterator[SampleHttpServices]:
         yield services
 
 
-def backend_overrides(mongo: MongoWireServer | FerretDbServer,
-                      http: SampleHttpServices) -> dict[str, str]:
+def backend_overrides(
+    mongo: MongoWireServer | FerretDbServer, http: SampleHttpServices
+) -> dict[str, str]:
     """Dotted settings keys pointing at the running sample backends."""
-    return {"mongo.uri": mongo.uri, "mongo.database": SAMPLE_DATABASE,
-            "http.alerts_url": http.alerts_url, "http.metrics_url": http.metrics_url}
+    return {
+        "mongo.uri": mongo.uri,
+        "mongo.database": SAMPLE_DATABASE,
+        "http.alerts_url": http.alerts_url,
+        "http.metrics_url": http.metrics_url,
+    }
 
 
 @pytest.fixture
@@ -81,8 +106,9 @@ StartService = Callable[..., tuple[FanOutService, AppStatsClient]]
 
 
 @pytest.fixture
-def start_service(mongo_server: MongoWireServer,
-                  http_services: SampleHttpServices) -> Iterator[StartService]:
+def start_service(
+    mongo_server: MongoWireServer, http_services: SampleHttpServices
+) -> Iterator[StartService]:
     """Start a Fanout server on port 0 over the sample backends; stopped after the test.
 
     ``start(http=None, registry=None, **overrides)``: ``http`` replaces the sample HTTP
@@ -91,10 +117,16 @@ def start_service(mongo_server: MongoWireServer,
     """
     started: list[tuple[FanOutService, AppStatsClient]] = []
 
-    def start(http: Optional[SampleHttpServices] = None, registry: Optional[LookupRegistry] = None,
-              **overrides: Any) -> tuple[FanOutService, AppStatsClient]:
-        keys = {**backend_overrides(mongo_server, http or http_services), "server.port": 0,
-                **{key.replace("__", "."): value for key, value in overrides.items()}}
+    def start(
+        http: SampleHttpServices | None = None,
+        registry: LookupRegistry | None = None,
+        **overrides: Any,
+    ) -> tuple[FanOutService, AppStatsClient]:
+        keys = {
+            **backend_overrides(mongo_server, http or http_services),
+            "server.port": 0,
+            **{key.replace("__", "."): value for key, value in overrides.items()},
+        }
         service = FanOutService(load_settings(env={}, overrides=keys), registry=registry).start()
         client = AppStatsClient(*service.address, timeout_ms=5000)
         started.append((service, client))

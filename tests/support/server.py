@@ -17,23 +17,35 @@ The handler's behaviour is picked by the request's ``app``:
 from __future__ import annotations
 
 import socket
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import gevent
 import gevent.event
 import pytest
 from thriftpy2.thrift import TProcessor
 
-from service.settings.server import ServerSettings
 from service.idl import appstats
 from service.listener.server import ThriftServer
+from service.settings.server import ServerSettings
 
-__all__ = ["COMBINATIONS", "SECRET", "RecordingHandler", "sample_response", "handler", "start_server",
-           "read_until_closed"]
+__all__ = [
+    "COMBINATIONS",
+    "SECRET",
+    "RecordingHandler",
+    "sample_response",
+    "handler",
+    "start_server",
+    "read_until_closed",
+]
 
 #: Every transport x protocol pair the server offers.
-COMBINATIONS = [("framed", "binary"), ("framed", "compact"),
-                ("buffered", "binary"), ("buffered", "compact")]
+COMBINATIONS = [
+    ("framed", "binary"),
+    ("framed", "compact"),
+    ("buffered", "binary"),
+    ("buffered", "compact"),
+]
 #: Text in the internal error's message that must never reach a caller.
 SECRET = "password is hunter2"
 
@@ -42,23 +54,59 @@ def sample_response(app: str) -> Any:
     """A StatsResponse with one panel of each PanelData member and mixed outcomes."""
     panel = appstats.PanelData
     panels = {
-        "errors": panel(error_summary=appstats.ErrorSummary(
-            total=3, top=[appstats.MessageCount(message="KeyError: 'id'", count=3)])),
-        "urls": panel(top_list=appstats.TopList(entries=[
-            appstats.TopEntry(key="/cart", count=2, mean_ms=1.5, total_ms=3.0)])),
-        "latency": panel(series=appstats.Series(
-            points=[appstats.Point(ts_ms=1_000, value=12.5), appstats.Point(ts_ms=2_000, value=7.25)],
-            step_ms=1_000)),
-        "alerts": panel(alert_list=appstats.AlertList(alerts=[
-            appstats.Alert(id="a-1", severity="critical", title="CPU high", triggered_ms=1_500)])),
+        "errors": panel(
+            error_summary=appstats.ErrorSummary(
+                total=3, top=[appstats.MessageCount(message="KeyError: 'id'", count=3)]
+            )
+        ),
+        "urls": panel(
+            top_list=appstats.TopList(
+                entries=[appstats.TopEntry(key="/cart", count=2, mean_ms=1.5, total_ms=3.0)]
+            )
+        ),
+        "latency": panel(
+            series=appstats.Series(
+                points=[
+                    appstats.Point(ts_ms=1_000, value=12.5),
+                    appstats.Point(ts_ms=2_000, value=7.25),
+                ],
+                step_ms=1_000,
+            )
+        ),
+        "alerts": panel(
+            alert_list=appstats.AlertList(
+                alerts=[
+                    appstats.Alert(
+                        id="a-1", severity="critical", title="CPU high", triggered_ms=1_500
+                    )
+                ]
+            )
+        ),
     }
-    outcomes = [appstats.TaskOutcome(name=name, source="mongo", status=appstats.TaskStatus.OK,
-                                     elapsed_ms=1.25, retryable=False) for name in panels]
-    outcomes.append(appstats.TaskOutcome(
-        name="volume", source="http", status=appstats.TaskStatus.TIMEOUT, elapsed_ms=100.0,
-        error_type="Timeout", message="no answer within 100 ms", retryable=True))
-    return appstats.StatsResponse(app=app, panels=panels, outcomes=outcomes,
-                                  trace_id="0" * 32, elapsed_ms=4.5)
+    outcomes = [
+        appstats.TaskOutcome(
+            name=name,
+            source="mongo",
+            status=appstats.TaskStatus.OK,
+            elapsed_ms=1.25,
+            retryable=False,
+        )
+        for name in panels
+    ]
+    outcomes.append(
+        appstats.TaskOutcome(
+            name="volume",
+            source="http",
+            status=appstats.TaskStatus.TIMEOUT,
+            elapsed_ms=100.0,
+            error_type="Timeout",
+            message="no answer within 100 ms",
+            retryable=True,
+        )
+    )
+    return appstats.StatsResponse(
+        app=app, panels=panels, outcomes=outcomes, trace_id="0" * 32, elapsed_ms=4.5
+    )
 
 
 class RecordingHandler:
@@ -69,7 +117,7 @@ class RecordingHandler:
         self.requests: list[Any] = []
         self.active = 0
         self.max_active = 0
-        self.entered = gevent.event.Event()   # set when a slow call starts
+        self.entered = gevent.event.Event()  # set when a slow call starts
         self.released = gevent.event.Event()  # set to let slow calls finish
 
     def ping(self) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import gevent
 import psutil
@@ -14,8 +15,12 @@ __all__ = ["wait_for", "dead_port", "raw_connection", "listening_addresses"]
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float = 5.0, what: str = "condition",
-             poll_s: float = 0.01) -> T:
+def wait_for(
+    condition: Callable[[], T],
+    timeout_s: float = 5.0,
+    what: str = "condition",
+    poll_s: float = 0.01,
+) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
 
     The first polls are ``poll_s`` apart, and each wait half again as long as the last, up
@@ -62,8 +67,11 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
     found = set()
     for process in [root, *root.children(recursive=True)]:
         try:
-            found |= {(c.laddr.ip, c.laddr.port) for c in process.net_connections(kind="tcp")
-                      if c.status == psutil.CONN_LISTEN}
+            found |= {
+                (c.laddr.ip, c.laddr.port)
+                for c in process.net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN
+            }
         except psutil.NoSuchProcess:
             continue  # gone meanwhile
     return found

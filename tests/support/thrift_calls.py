@@ -16,8 +16,12 @@ from service.idl import appstats
 
 __all__ = ["thrift_client", "encode_call", "frame"]
 
-_FACTORIES = {"framed": TCyFramedTransport, "buffered": TCyBufferedTransport,
-              "binary": TCyBinaryProtocol, "compact": TCompactProtocol}
+_FACTORIES = {
+    "framed": TCyFramedTransport,
+    "buffered": TCyBufferedTransport,
+    "binary": TCyBinaryProtocol,
+    "compact": TCompactProtocol,
+}
 
 
 class _Factory:
@@ -29,9 +33,13 @@ class _Factory:
 
 def thrift_client(server: Any, transport: str = "framed", protocol: str = "binary") -> Any:
     """A plain thriftpy2 client of ``server.address``, with a 5 s timeout."""
-    return make_client(appstats.AppStats, *server.address, timeout=5000,
-                       proto_factory=_Factory(_FACTORIES[protocol]),
-                       trans_factory=_Factory(_FACTORIES[transport]))
+    return make_client(
+        appstats.AppStats,
+        *server.address,
+        timeout=5000,
+        proto_factory=_Factory(_FACTORIES[protocol]),
+        trans_factory=_Factory(_FACTORIES[transport]),
+    )
 
 
 def encode_call(method: str, args: Any, protocol: str = "binary") -> bytes:

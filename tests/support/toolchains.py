@@ -18,8 +18,19 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["REQUIRE_ENV", "PG_BIN", "PG_EXTENSIONS", "FERRETDB", "Toolchain", "TOOLCHAINS",
-           "missing", "needs", "header_lines", "required", "check_required"]
+__all__ = [
+    "REQUIRE_ENV",
+    "PG_BIN",
+    "PG_EXTENSIONS",
+    "FERRETDB",
+    "Toolchain",
+    "TOOLCHAINS",
+    "missing",
+    "needs",
+    "header_lines",
+    "required",
+    "check_required",
+]
 
 #: Set to 1 to make a missing toolchain an error (CI).
 REQUIRE_ENV = "FANOUT_REQUIRE_TOOLCHAINS"
@@ -42,37 +53,54 @@ class Toolchain:
     files: tuple[Path, ...] = ()
 
 
-TOOLCHAINS = {toolchain.name: toolchain for toolchain in (
-    Toolchain("interop", ("thrift", "go", "javac", "java", "mvn", "node", "npm"),
-              "the generated Go, Java and Node clients (tests/interop)",
-              "the Apache Thrift compiler (thrift-compiler; `make toolchains` as root installs "
-              "it), Go, Java 17 with Maven, Node with npm"),
-    Toolchain("zipkin", ("java",), "the Zipkin trace view (tests/test_trace_ui.py)", "Java 17"),
-    Toolchain("image", ("podman", "mmdebstrap", "runc"),
-              "the container image (tests/test_image.py)",
-              "podman, mmdebstrap and runc (`make toolchains` as root installs them)"),
-    Toolchain("redis", ("redis-server",), "the results cache shared in Redis "
-              "(tests/test_results_cache.py)",
-              "Debian's redis-server (`make toolchains` as root installs it)"),
-    Toolchain("compat", ("runuser",) if os.geteuid() == 0 else (),
-              "FerretDB 2 on PostgreSQL with DocumentDB (tests/test_compat.py)",
-              "the engine with `make compat` (root, for Debian's PostgreSQL 15 packages)",
-              files=(PG_BIN / "postgres", PG_EXTENSIONS / "documentdb.control", FERRETDB)),
-)}
+TOOLCHAINS = {
+    toolchain.name: toolchain
+    for toolchain in (
+        Toolchain(
+            "interop",
+            ("thrift", "go", "javac", "java", "mvn", "node", "npm"),
+            "the generated Go, Java and Node clients (tests/interop)",
+            "the Apache Thrift compiler (thrift-compiler; `make toolchains` as root installs "
+            "it), Go, Java 17 with Maven, Node with npm",
+        ),
+        Toolchain("zipkin", ("java",), "the Zipkin trace view (tests/test_trace_ui.py)", "Java 17"),
+        Toolchain(
+            "image",
+            ("podman", "mmdebstrap", "runc"),
+            "the container image (tests/test_image.py)",
+            "podman, mmdebstrap and runc (`make toolchains` as root installs them)",
+        ),
+        Toolchain(
+            "redis",
+            ("redis-server",),
+            "the results cache shared in Redis (tests/test_results_cache.py)",
+            "Debian's redis-server (`make toolchains` as root installs it)",
+        ),
+        Toolchain(
+            "compat",
+            ("runuser",) if os.geteuid() == 0 else (),
+            "FerretDB 2 on PostgreSQL with DocumentDB (tests/test_compat.py)",
+            "the engine with `make compat` (root, for Debian's PostgreSQL 15 packages)",
+            files=(PG_BIN / "postgres", PG_EXTENSIONS / "documentdb.control", FERRETDB),
+        ),
+    )
+}
 
 
 def missing(name: str) -> list[str]:
     """The commands of toolchain ``name`` not on PATH, and its files that do not exist."""
     toolchain = TOOLCHAINS[name]
-    return ([f"{command} not on PATH" for command in toolchain.commands
-             if shutil.which(command) is None]
-            + [f"no {path}" for path in toolchain.files if not path.exists()])
+    return [
+        f"{command} not on PATH" for command in toolchain.commands if shutil.which(command) is None
+    ] + [f"no {path}" for path in toolchain.files if not path.exists()]
 
 
 def _reason(name: str) -> str:
     toolchain = TOOLCHAINS[name]
-    return (f"toolchain '{name}' missing ({', '.join(missing(name))}): "
-            f"skipping {toolchain.tests}; install {toolchain.install}")
+    return (
+        f"toolchain '{name}' missing ({', '.join(missing(name))}): "
+        f"skipping {toolchain.tests}; install {toolchain.install}"
+    )
 
 
 def needs(name: str) -> pytest.MarkDecorator:
@@ -92,8 +120,10 @@ def required() -> list[str]:
         return []
     names = list(TOOLCHAINS) if value == "1" else [n.strip() for n in value.split(",") if n.strip()]
     if unknown := [n for n in names if n not in TOOLCHAINS]:
-        raise pytest.UsageError(f"{REQUIRE_ENV}={value}: unknown toolchain {', '.join(unknown)} "
-                                f"(known: 1, or any of {', '.join(TOOLCHAINS)})")
+        raise pytest.UsageError(
+            f"{REQUIRE_ENV}={value}: unknown toolchain {', '.join(unknown)} "
+            f"(known: 1, or any of {', '.join(TOOLCHAINS)})"
+        )
     return names
 
 

@@ -12,7 +12,7 @@ Tests that need their own provider build a standalone one (``set_global=False``)
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -31,7 +31,9 @@ def session_tracing() -> Iterator[Tracing]:
     """The process-wide provider every test's spans go to."""
     tracing = configure_tracing(
         TracingSettings(exporter="none", service_name="fanout-tests"),
-        extra_processors=[SimpleSpanProcessor(_exporter)], env={})
+        extra_processors=[SimpleSpanProcessor(_exporter)],
+        env={},
+    )
     yield tracing
     tracing.shutdown()
 

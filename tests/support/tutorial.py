@@ -20,9 +20,9 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from service.samples.mongo_server import free_port
 
@@ -39,7 +39,7 @@ class Step:
 
     kind: str
     text: str
-    name: str = ""          # the file's name, or the server's terminal
+    name: str = ""  # the file's name, or the server's terminal
 
 
 def steps(page: str) -> Iterator[Step]:
@@ -74,6 +74,7 @@ class Tutorial:
             if port not in page_ports:
                 return port
             return self.ports.setdefault(port, str(free_port()))
+
         return _PORT.sub(swap, text)
 
     def run(self, step: Step, timeout_s: float) -> None:
@@ -87,30 +88,46 @@ class Tutorial:
 
     def _command(self, line: str, timeout_s: float) -> str:
         line = self._in_checkout(line)
-        done = subprocess.run(line, shell=True, cwd=self.workdir, env=self.env, text=True,
-                              capture_output=True, timeout=timeout_s)
+        done = subprocess.run(
+            line,
+            shell=True,
+            cwd=self.workdir,
+            env=self.env,
+            text=True,
+            capture_output=True,
+            timeout=timeout_s,
+        )
         assert done.returncode == 0, (
-            f"`{line}` exited {done.returncode}:\n{done.stdout}\n{done.stderr}")
+            f"`{line}` exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        )
         return done.stdout
 
     def _start(self, step: Step, timeout_s: float) -> None:
         self._stop(step.name)
         log = self.workdir / f"terminal-{step.name}.log"
         with open(log, "wb") as out:
-            process = subprocess.Popen(self._in_checkout(step.text), shell=True,
-                                       cwd=self.workdir, env=self.env, stdout=out,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                self._in_checkout(step.text),
+                shell=True,
+                cwd=self.workdir,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.servers[step.name] = process
         deadline = time.monotonic() + timeout_s
         while not log.read_text(errors="replace").strip():
-            assert process.poll() is None, f"`{step.text}` exited {process.returncode}:\n" \
-                                           f"{log.read_text(errors='replace')}"
+            assert process.poll() is None, (
+                f"`{step.text}` exited {process.returncode}:\n{log.read_text(errors='replace')}"
+            )
             assert time.monotonic() < deadline, f"`{step.text}` printed nothing in {timeout_s} s"
             time.sleep(0.2)
-        if "fanout serve" in step.text:   # its first line is `serving on` once it serves
+        if "fanout serve" in step.text:  # its first line is `serving on` once it serves
             while "serving on" not in log.read_text(errors="replace"):
-                assert process.poll() is None and time.monotonic() < deadline, \
-                    log.read_text(errors="replace")
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text(
+                    errors="replace"
+                )
                 time.sleep(0.2)
 
     def _in_checkout(self, line: str) -> str:
@@ -120,7 +137,7 @@ class Tutorial:
         process = self.servers.pop(name, None)
         if process is None or process.poll() is not None:
             return
-        os.killpg(process.pid, signal.SIGINT)      # Ctrl-C in its terminal
+        os.killpg(process.pid, signal.SIGINT)  # Ctrl-C in its terminal
         try:
             process.wait(timeout_s)
         except subprocess.TimeoutExpired:

@@ -1,9 +1,9 @@
 """``fanout serve`` as a process, for the tests of pre-forked workers.
 
-    from tests.support.workers import serve  # the fixture
+from tests.support.workers import serve  # the fixture
 
-    def test_something(serve):
-        server = serve("--workers", "2", env={"FANOUT_SERVER_PROBE_PORT": "8086"})
+def test_something(serve):
+    server = serve("--workers", "2", env={"FANOUT_SERVER_PROBE_PORT": "8086"})
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import gevent
 import psutil
@@ -24,8 +25,16 @@ from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleHttpServices
 from tests.support.samples import backend_overrides
 
-__all__ = ["FANOUT", "ENV", "ALL_PANELS", "Server", "serve", "gather_all_panels", "set_server_keys",
-           "worker_connections"]
+__all__ = [
+    "FANOUT",
+    "ENV",
+    "ALL_PANELS",
+    "Server",
+    "serve",
+    "gather_all_panels",
+    "set_server_keys",
+    "worker_connections",
+]
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
@@ -52,21 +61,37 @@ class Server:
 
 
 @pytest.fixture
-def serve(tmp_path: Path, mongo_server: Any, http_services: SampleHttpServices) -> Iterator[Callable[..., Server]]:
+def serve(
+    tmp_path: Path, mongo_server: Any, http_services: SampleHttpServices
+) -> Iterator[Callable[..., Server]]:
     """Start ``fanout serve --port 0 ARGS`` over the session's backends; killed after the test."""
     started: list[Server] = []
     config = tmp_path / "fanout.toml"
     overrides = backend_overrides(mongo_server, http_services)
-    config.write_text("\n".join([
-        "[server]", "drain_timeout_ms = 3000",
-        "[mongo]", f'uri = "{overrides["mongo.uri"]}"', f'database = "{overrides["mongo.database"]}"',
-        "[http]", f'alerts_url = "{overrides["http.alerts_url"]}"',
-        f'metrics_url = "{overrides["http.metrics_url"]}"', ""]))
+    config.write_text(
+        "\n".join(
+            [
+                "[server]",
+                "drain_timeout_ms = 3000",
+                "[mongo]",
+                f'uri = "{overrides["mongo.uri"]}"',
+                f'database = "{overrides["mongo.database"]}"',
+                "[http]",
+                f'alerts_url = "{overrides["http.alerts_url"]}"',
+                f'metrics_url = "{overrides["http.metrics_url"]}"',
+                "",
+            ]
+        )
+    )
 
-    def start(*args: str, env: Optional[dict[str, str]] = None) -> Server:
-        process = subprocess.Popen([*FANOUT, "serve", "--config", str(config), "--port", "0", *args],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   env={**ENV, **(env or {})})
+    def start(*args: str, env: dict[str, str] | None = None) -> Server:
+        process = subprocess.Popen(
+            [*FANOUT, "serve", "--config", str(config), "--port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**ENV, **(env or {})},
+        )
         try:
             server = Server(process)
         except BaseException:
@@ -96,8 +121,9 @@ def gather_all_panels(address: tuple[str, int]) -> None:
 
 def set_server_keys(config: Path, **keys: Any) -> None:
     """Rewrite ``config``'s [server] table with ``keys`` set (the file the server reloads)."""
-    kept = [line for line in config.read_text().splitlines()
-            if line.split(" = ")[0] not in keys]   # a key set again replaces the old line
+    kept = [
+        line for line in config.read_text().splitlines() if line.split(" = ")[0] not in keys
+    ]  # a key set again replaces the old line
     lines = [f"{key} = {value}" for key, value in keys.items()]
     at = kept.index("[server]") + 1
     config.write_text("\n".join(kept[:at] + lines + kept[at:]) + "\n")
@@ -109,8 +135,11 @@ def worker_connections(server: Server) -> dict[int, int]:
     counts = {}
     for pid in server.workers():
         try:
-            counts[pid] = sum(1 for c in psutil.Process(pid).net_connections(kind="tcp")
-                              if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+            counts[pid] = sum(
+                1
+                for c in psutil.Process(pid).net_connections(kind="tcp")
+                if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port
+            )
         except psutil.NoSuchProcess:
             continue
     return counts

@@ -1,0 +1,83 @@
+"""The clock: the one place Fanout's code reads the time.
+
+Everything that measures an interval, sets a deadline or waits for a moment reads a
+:class:`Clock` given to it where the service is built (``FanOutService(clock=...)``), as
+trio's code reads its run's clock: :class:`~lookups.deadline.Deadline`, admission, the
+gate and its pacing, the dimmer, the breaker, the retry budget, hedging and the
+coalescer. A test of timing behaviour gives them a clock it moves by hand
+(``tests/support/clock.py``), so a breaker's open period or a refill ends exactly when
+the test says, however busy the machine is.
+
+Two readings, never mixed:
+
+* :meth:`Clock.monotonic`: seconds on a clock that never goes back, for intervals and
+  deadlines (``CLOCK_MONOTONIC``; its resolution is that of ``time.perf_counter`` on
+  Linux, so one clock serves both).
+* :meth:`Clock.wall`: seconds since the epoch, for dates (a dashboard's time window, a
+  heartbeat file's age).
+
+Parts that never run in a test of timing (the worker supervisor, the command line)
+read :data:`SYSTEM_CLOCK` directly, still through this module.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "Waitable", "loop_time"]
+
+
+class Clock(Protocol):
+    """What reads the time: a monotonic reading for intervals, a wall reading for dates."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back; only differences mean anything."""
+        ...
+
+    def wall(self) -> float:
+        """Seconds since the epoch (UTC)."""
+        ...
+
+    def wait(self, event: Waitable, until: float) -> bool:
+        """Wait for ``event`` until ``until`` on :meth:`monotonic`; True if it is set."""
+        ...
+
+
+class Waitable(Protocol):
+    """An event to wait for (``gevent.event.Event``, ``threading.Event``)."""
+
+    def is_set(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> Any: ...
+
+
+class SystemClock:
+    """The machine's clocks: ``time.monotonic`` and ``time.time``."""
+
+    __slots__ = ()
+
+    # Bound straight to the C functions: a reading costs what time.monotonic() costs.
+    monotonic = staticmethod(time.monotonic)
+    wall = staticmethod(time.time)
+
+    def wait(self, event: Waitable, until: float) -> bool:
+        event.wait(timeout=max(0.0, until - time.monotonic()))
+        return event.is_set()
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+#: The machine's clock, the default wherever a clock may be given.
+SYSTEM_CLOCK: Clock = SystemClock()
+
+
+def loop_time(loop: Any) -> float:
+    """The time of the gevent ``loop``'s current turn, the base its timers count from.
+
+    On the monotonic clock, read once per turn by the loop: a timer set for a moment
+    computed from it (a hold ending on a tick) ends in the turn that moment falls in.
+    """
+    now: float = loop.now()
+    return now
