@@ -10,6 +10,9 @@ monkey.patch_all()
 
 import pytest  # noqa: E402
 
+# Before any helper loads: an assert in tests/support/ then says what it saw, as in a test.
+pytest.register_assert_rewrite("tests.support")
+
 from tests.support import toolchains  # noqa: E402
 
 pytest_plugins: list[str] = [

@@ -26,3 +26,12 @@ def test_every_target_is_dealt_once_and_the_heaviest_go_to_different_groups() ->
     assert sorted(dealt) == sorted(targets) and len(groups) == 5
     firsts = {"tests/test_image.py", "tests/test_worker_group.py"}
     assert all(len(firsts & set(group)) <= 1 for group in groups)
+
+
+def test_the_helpers_in_tests_support_have_their_asserts_rewritten() -> None:
+    """A failing assert in a helper shows the values it compared (tests/conftest.py)."""
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+
+    import tests.support.thrift_calls as helper
+
+    assert isinstance(helper.__loader__, AssertionRewritingHook)

@@ -166,8 +166,12 @@ def test_required_panel_failure_raises_panel_failed(start_service: StartService)
 
 
 def test_optional_panel_failure_keeps_the_rest(start_service: StartService) -> None:
-    _, client = start_service(**{"http__metrics_url": "http://127.0.0.1:9"})
-    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+    # Budgets a busy machine keeps: the panels that answer must not run out of time.
+    _, client = start_service(
+        **{"http__metrics_url": "http://127.0.0.1:9", "fanout__request_deadline_ms": 20_000},
+        **{f"lookups__{name}__timeout_ms": 15_000 for name in ALL_PANELS},
+    )
+    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=20_000)
     got = statuses(response)
     assert got["latency"] == got["volume"] == Status.ERROR
     assert {got[name] for name in ["errors", "urls", "controllers", "queries", "alerts"]} == {

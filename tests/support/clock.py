@@ -15,9 +15,9 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
-from lookups.clock import Waitable
+from lookups.clock import SYSTEM_CLOCK, Waitable
 
-__all__ = ["FakeClock"]
+__all__ = ["FakeClock", "SkippingClock"]
 
 
 class FakeClock:
@@ -70,3 +70,35 @@ def _as_gevent(event: Waitable) -> Any:
     if not isinstance(event, Event):
         raise TypeError(f"FakeClock waits on gevent events, not {type(event).__name__}")
     return event
+
+
+class SkippingClock:
+    """The machine's time, plus the jumps a test makes with :meth:`skip`.
+
+    For a whole service, where time must flow (timeouts, sockets) but a long period
+    (a breaker's open time) should pass at once: the test sets the period long enough that
+    a slow machine cannot outlive it, then skips it. Skip only while no call is in flight:
+    a deadline set before a skip is that much nearer after it.
+    """
+
+    def __init__(self) -> None:
+        self._offset = 0.0
+        self._moved = Event()
+
+    def monotonic(self) -> float:
+        return SYSTEM_CLOCK.monotonic() + self._offset
+
+    def wall(self) -> float:
+        return SYSTEM_CLOCK.wall() + self._offset
+
+    def skip(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("a monotonic clock never goes back")
+        self._offset += seconds
+        moved, self._moved = self._moved, Event()
+        moved.set()
+
+    def wait(self, event: Waitable, until: float) -> bool:
+        while not event.is_set() and self.monotonic() < until:
+            gevent.wait([_as_gevent(event), self._moved], count=1, timeout=until - self.monotonic())
+        return event.is_set()

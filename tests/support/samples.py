@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from lookups.backends.collection import Backends
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.registry import LookupRegistry
 from service.app import FanOutService
 from service.client import AppStatsClient
@@ -111,8 +112,9 @@ def start_service(
 ) -> Iterator[StartService]:
     """Start a Fanout server on port 0 over the sample backends; stopped after the test.
 
-    ``start(http=None, registry=None, **overrides)``: ``http`` replaces the sample HTTP
-    services, ``registry`` the default lookups; override keys use ``__`` for dots
+    ``start(http=None, registry=None, clock=SYSTEM_CLOCK, **overrides)``: ``http`` replaces
+    the sample HTTP services, ``registry`` the default lookups, ``clock`` the machine's
+    (tests/support/clock.py); override keys use ``__`` for dots
     (``fanout__pool_size=4``).
     """
     started: list[tuple[FanOutService, AppStatsClient]] = []
@@ -120,6 +122,7 @@ def start_service(
     def start(
         http: SampleHttpServices | None = None,
         registry: LookupRegistry | None = None,
+        clock: Clock = SYSTEM_CLOCK,
         **overrides: Any,
     ) -> tuple[FanOutService, AppStatsClient]:
         keys = {
@@ -127,7 +130,8 @@ def start_service(
             "server.port": 0,
             **{key.replace("__", "."): value for key, value in overrides.items()},
         }
-        service = FanOutService(load_settings(env={}, overrides=keys), registry=registry).start()
+        settings = load_settings(env={}, overrides=keys)
+        service = FanOutService(settings, registry=registry, clock=clock).start()
         client = AppStatsClient(*service.address, timeout_ms=5000)
         started.append((service, client))
         return service, client
