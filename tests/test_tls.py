@@ -148,6 +148,7 @@ def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
     server = tls_server(frame_timeout_ms=400, idle_timeout_ms=60_000)
     hello = _client_hello()
     sent, closed = 0, False
+    started = time.monotonic()
     with socket.create_connection(server.address, timeout=10) as slow:
         for byte in hello:
             try:
@@ -161,6 +162,9 @@ def test_a_client_hello_sent_byte_by_byte_is_closed_at_the_handshake_deadline(
             if closed:
                 break
     assert closed and 2 < sent < len(hello) // 2, (closed, sent, len(hello))
+    # Cut at its 400 ms deadline, with room for a machine twice as slow: not once the
+    # hello is whole, and not at the idle timeout.
+    assert time.monotonic() - started < 3.0
     server.stop(timeout_s=5.0)
     assert server.stats.tls_refused == 1
 
