@@ -49,11 +49,8 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         """Move the clock on; waits whose deadline it passes end, and run before this returns."""
-        if seconds < 0:
-            raise ValueError("a monotonic clock never goes back")
+        self._moved = _moved_on(self._moved, seconds)
         self._now += seconds
-        moved, self._moved = self._moved, Event()
-        moved.set()
         gevent.sleep(0)  # let the woken waiters run now
 
     def wait(self, event: Waitable, until: float) -> bool:
@@ -63,6 +60,14 @@ class FakeClock:
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self._now})"
+
+
+def _moved_on(moved: Event, seconds: float) -> Event:
+    """Wake every wait on the clock (``moved``) as it moves ``seconds`` on; the next event."""
+    if seconds < 0:
+        raise ValueError("a monotonic clock never goes back")
+    moved.set()
+    return Event()
 
 
 def _as_gevent(event: Waitable) -> Any:
@@ -92,11 +97,8 @@ class SkippingClock:
         return SYSTEM_CLOCK.wall() + self._offset
 
     def skip(self, seconds: float) -> None:
-        if seconds < 0:
-            raise ValueError("a monotonic clock never goes back")
+        self._moved = _moved_on(self._moved, seconds)
         self._offset += seconds
-        moved, self._moved = self._moved, Event()
-        moved.set()
 
     def wait(self, event: Waitable, until: float) -> bool:
         while not event.is_set() and self.monotonic() < until:
