@@ -52,10 +52,12 @@ def fill_grouped(
     }
     for document in documents:
         key = document.get("_id") if isinstance(document, dict) else None
-        start = key.get("b") if isinstance(key, dict) else None
+        if not isinstance(key, dict):
+            return None
+        start = key.get("b")
         if type(start) not in (int, Int64) or start not in wanted:
             return None
-        wanted[start].append({**document, "_id": key.get("k") if isinstance(key, dict) else None})
+        wanted[start].append({**document, "_id": key.get("k")})
     if len(documents) >= limit:
         raise NoPart(f"{parts.lookup.name}: more than {PART_GROUP_CAP} groups in a bucket")
     return [parts.part(wanted[start]) for start in starts]
