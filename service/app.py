@@ -29,6 +29,7 @@ from service.operations import service_metrics
 from service.operations.health import CHECK_INTERVAL_S, HealthChecker
 from service.operations.hub_monitor import HubMonitor
 from service.operations.probes import ProbeServer
+from service.operations.snapshot import ServiceParts
 from service.overload.gate import CallGate, UnreadRefusals
 from service.rpc.handler import AppStatsHandler
 from service.settings.checks import pool_warnings
@@ -93,18 +94,19 @@ class FanOutService:
         if settings.cache.enabled:
             self.cache = open_store(settings.cache)
             lookups = with_cache(lookups, settings.cache, self.cache)
-        self.coalescer = Coalescer() if settings.fanout.coalesce else None
-        self.handler = AppStatsHandler(
-            settings,
-            lookups,
+        #: What the handler runs calls through, and what pool_stats() and the metrics read.
+        self.parts = ServiceParts(
+            clock,
             self.fanout,
             self.gate,
-            coalescer=self.coalescer,
-            health=self.health,
-            draining=lambda: self.server.draining,
-            backend_pools=lambda: [b.meter for b in self.backends],
+            self.backends,
+            self.health,
+            coalescer=Coalescer() if settings.fanout.coalesce else None,
             cache=self.cache,
-            clock=clock,
+            cache_max_bytes=0 if settings.cache.url else settings.cache.max_bytes,
+        )
+        self.handler = AppStatsHandler(
+            settings, lookups, self.parts, draining=lambda: self.server.draining
         )
         admission = settings.admission
         self.server = ThriftServer(
@@ -118,7 +120,7 @@ class FanOutService:
             ),
         )
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
-        service_metrics.observe(self)
+        service_metrics.observe(self.parts)
         self.probes: ProbeServer | None = None
         #: Set (by a pre-forked group's worker) to move connections there on the drain.
         self.drain_moves_to: MoveSink | None = None

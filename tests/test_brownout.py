@@ -418,7 +418,7 @@ def test_a_shed_panel_runs_no_lookup_takes_no_slot_and_says_why(start_service, s
     assert service.fanout.stats.started - started == 4
     after = {b.name: b.guard.attempts for b in service.backends}
     assert after["mongo"] - attempts["mongo"] == 2 and after["metrics"] - attempts["metrics"] == 1
-    assert service.handler.skipped["brownout"] == 3
+    assert service.parts.skipped["brownout"] == 3
     finished = spans.get_finished_spans()
     request = next(s for s in finished if s.name == "AppStats/get_app_stats")
     assert request.attributes["fanout.criticality"] == "SHEDDABLE"

@@ -1,10 +1,11 @@
 """The series read from a running service's own parts when a reader collects.
 
 One registry: the services alive in this process (a server runs one; tests run
-several). Each instrument's callback goes through each service's parts: its
-:class:`~lookups.backends.collection.Backends` (each backend's pool, circuit,
-retries and last health check), its engine, its gate and its coalescer. Nothing
-is paid on the hot path; nothing at all while no meter provider is installed.
+several), each by its :class:`~service.operations.snapshot.ServiceParts`. A collection
+takes one :class:`~service.operations.snapshot.ServiceSnapshot` of each, and every
+instrument reads its series from those: the pools, each backend's circuit, attempts
+and last health check, admission, the gate, the engine, coalescing and the cache.
+Nothing is paid on the hot path; nothing at all while no meter provider is installed.
 
 Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
 
@@ -23,70 +24,68 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from lookups.clock import SYSTEM_CLOCK
 from lookups.resilience.breaker import CircuitState
-from tracing.pools import PoolReport
+from service.operations.snapshot import BackendSnapshot, ServiceParts, ServiceSnapshot, take
 
 __all__ = ["observe"]
 
-# FanOutService objects (service.app): their backends, handler, health, gate, fanout, coalescer.
-_services: weakref.WeakSet[Any] = weakref.WeakSet()
-_REPORT_REUSE_S = 0.5  # one collection reads all five pool gauges well within this
-_reports: tuple[float, list[PoolReport]] = (-1.0, [])
 _STATE_VALUE = {CircuitState.CLOSED: 0, CircuitState.HALF_OPEN: 1, CircuitState.OPEN: 2}
+_Callback = Callable[[CallbackOptions], Iterable[Observation]]
 
 
-def observe(service: Any) -> None:
-    """Publish the series of ``service`` (a :class:`~service.app.FanOutService`) while it is
-    alive."""
-    _services.add(service)
+def observe(parts: ServiceParts) -> None:
+    """Publish the series of a service's ``parts`` while they are alive."""
+    _collection.services.add(parts)
 
 
-def _live() -> list[Any]:
-    return list(_services)
+class _Collection:
+    """One snapshot of each live service per collection, shared by every instrument.
+
+    A collection calls each instrument's callback once: an instrument asking again means a
+    new collection, and the snapshots are taken anew. That holds whatever order the SDK
+    calls the callbacks in, and for several readers collecting in turn.
+    """
+
+    def __init__(self) -> None:
+        self.services: weakref.WeakSet[ServiceParts] = weakref.WeakSet()
+        self._snapshots: list[ServiceSnapshot] = []
+        self._read_by: set[str] = set()
+
+    def read(self, instrument: str) -> list[ServiceSnapshot]:
+        if instrument in self._read_by or not self._read_by:
+            self._snapshots = [take(parts) for parts in list(self.services)]
+            self._read_by = set()
+        self._read_by.add(instrument)
+        return self._snapshots
 
 
-def _pool_reports() -> list[PoolReport]:
-    """Every pool's report, computed once per collection."""
-    global _reports
-    now = SYSTEM_CLOCK.monotonic()
-    if now - _reports[0] > _REPORT_REUSE_S:
-        _reports = (
-            now,
-            [meter.report() for service in _live() for meter in service.handler.pool_meters()],
-        )
-    return _reports[1]
+_collection = _Collection()
 
 
-def _pools(field: str, scale: float = 1.0) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _pools(name: str, field: str, scale: float = 1.0) -> _Callback:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         return [
-            Observation(getattr(report, field) * scale, {"fanout.pool.name": report.name})
-            for report in _pool_reports()
+            Observation(getattr(pool, field) * scale, {"fanout.pool.name": pool.name})
+            for snapshot in _collection.read(name)
+            for pool in snapshot.pools
         ]
 
     return callback
 
 
-def _guards() -> Iterator[Any]:
-    for service in _live():
-        for backend in service.backends:
-            yield backend.guard
-
-
-def _per_backend(
-    read: Callable[[Any], float],
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _per_backend(name: str, read: Callable[[BackendSnapshot], float]) -> _Callback:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(read(guard), {"fanout.backend": guard.name}) for guard in _guards()]
+        return [
+            Observation(read(backend), {"fanout.backend": backend.name})
+            for snapshot in _collection.read(name)
+            for backend in snapshot.backends
+        ]
 
     return callback
 
@@ -94,39 +93,41 @@ def _per_backend(
 def _backend_up(options: CallbackOptions) -> Iterable[Observation]:
     return [
         Observation(int(status.up), {"fanout.backend": status.name})
-        for service in _live()
-        for status in service.health.current()
+        for snapshot in _collection.read("fanout.backend.up")
+        for status in snapshot.health
     ]
 
 
-def _by_key(
-    read: Callable[[Any], dict[str, int]], attribute: str
-) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _by_key(name: str, read: Callable[[ServiceSnapshot], Mapping[str, int]], key: str) -> _Callback:
     """A counter per key of the dicts ``read`` gives, added up over the live services."""
 
     def callback(options: CallbackOptions) -> Iterable[Observation]:
         totals: dict[str, int] = {}
-        for service in _live():
-            for key, count in read(service).items():
-                totals[key] = totals.get(key, 0) + count
-        return [Observation(count, {attribute: key}) for key, count in sorted(totals.items())]
+        for snapshot in _collection.read(name):
+            for value, count in read(snapshot).items():
+                totals[value] = totals.get(value, 0) + count
+        return [Observation(count, {key: value}) for value, count in sorted(totals.items())]
 
     return callback
 
 
 def _brownout_level(options: CallbackOptions) -> Iterable[Observation]:
-    return [Observation(max((s.gate.dimmer.level for s in _live()), default=0.0))]
+    snapshots = _collection.read("fanout.brownout.level")
+    return [Observation(max((s.brownout_level for s in snapshots), default=0.0))]
 
 
-def _cache_stat(field: str, service: Any) -> float:
-    return float(getattr(service.cache.stats, field)) if service.cache else 0.0
-
-
-def _summed(read: Callable[[Any], float]) -> Callable[[CallbackOptions], Iterable[Observation]]:
+def _summed(name: str, read: Callable[[ServiceSnapshot], float]) -> _Callback:
     def callback(options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(sum(read(service) for service in _live()))]
+        return [Observation(sum(read(snapshot) for snapshot in _collection.read(name)))]
 
     return callback
+
+
+def _cache_stat(field: str) -> Callable[[ServiceSnapshot], float]:
+    def read(snapshot: ServiceSnapshot) -> float:
+        return float(getattr(snapshot.cache, field)) if snapshot.cache else 0.0
+
+    return read
 
 
 _meter = metrics.get_meter("fanout")
@@ -156,38 +157,38 @@ for _name, _field, _scale, _unit, _description in (
     ),
 ):
     _meter.create_observable_gauge(
-        _name, [_pools(_field, _scale)], unit=_unit, description=_description
+        _name, [_pools(_name, _field, _scale)], unit=_unit, description=_description
     )
 _meter.create_observable_gauge(
     "fanout.circuit.state",
-    [_per_backend(lambda g: _STATE_VALUE[g.breaker.state])],
+    [_per_backend("fanout.circuit.state", lambda b: _STATE_VALUE[b.circuit])],
     unit="{state}",
     description="Circuit breaker: 0 closed, 1 half open, 2 open",
 )
 for _name, _read, _unit, _description in (
-    ("fanout.circuit.opened", lambda g: g.breaker.opened, "{opening}", "Times the circuit opened"),
+    ("fanout.circuit.opened", lambda b: b.opened, "{opening}", "Times the circuit opened"),
     (
         "fanout.backend.attempts",
-        lambda g: g.attempts,
+        lambda b: b.attempts,
         "{attempt}",
         "Attempts made, retries and hedges included",
     ),
     (
         "fanout.backend.retries",
-        lambda g: g.budget.retries,
+        lambda b: b.retries,
         "{attempt}",
         "Retries and hedges the budget allowed",
     ),
     (
         "fanout.backend.retries_refused",
-        lambda g: g.budget.refused,
+        lambda b: b.retries_refused,
         "{attempt}",
         "Retries the budget refused",
     ),
-    ("fanout.backend.hedges", lambda g: g.hedges, "{attempt}", "Hedged second attempts sent"),
+    ("fanout.backend.hedges", lambda b: b.hedges, "{attempt}", "Hedged second attempts sent"),
 ):
     _meter.create_observable_counter(
-        _name, [_per_backend(_read)], unit=_unit, description=_description
+        _name, [_per_backend(_name, _read)], unit=_unit, description=_description
     )
 _meter.create_observable_gauge(
     "fanout.backend.up",
@@ -198,73 +199,77 @@ _meter.create_observable_gauge(
 for _name, _get, _unit, _description in (
     (
         "fanout.admission.limit",
-        lambda s: int(s.gate.admission.limit),
+        lambda s: s.admission_limit,
         "{call}",
         "The adaptive limit on calls in flight",
     ),
     (
         "fanout.admission.inflight",
-        lambda s: s.gate.admission.inflight,
+        lambda s: s.calls_in_flight,
         "{call}",
         "Calls admitted and running",
     ),
     (
         "fanout.admission.queued",
-        lambda s: s.gate.admission.queued,
+        lambda s: s.calls_queued,
         "{call}",
         "Calls waiting for admission",
     ),
 ):
-    _meter.create_observable_gauge(_name, [_summed(_get)], unit=_unit, description=_description)
+    _meter.create_observable_gauge(
+        _name, [_summed(_name, _get)], unit=_unit, description=_description
+    )
 for _name, _get, _unit, _description in (
     (
         "fanout.calls.overloaded",
-        lambda s: s.gate.stats.overloaded,
+        lambda s: s.calls_overloaded,
         "{call}",
         "Calls answered Overloaded",
     ),
     (
         "fanout.calls.held",
-        lambda s: s.gate.stats.held,
+        lambda s: s.calls_held,
         "{call}",
         "Overloaded answers held because the caller ignored retry_after_ms",
     ),
-    ("fanout.tasks.started", lambda s: s.fanout.stats.started, "{task}", "Tasks started"),
+    ("fanout.tasks.started", lambda s: s.tasks.started, "{task}", "Tasks started"),
     (
         "fanout.tasks.rejected",
-        lambda s: s.fanout.stats.rejected,
+        lambda s: s.tasks.rejected,
         "{task}",
         "Tasks that got no slot in time",
     ),
     (
         "fanout.tasks.abandoned",
-        lambda s: s.fanout.stats.abandoned,
+        lambda s: s.tasks.abandoned,
         "{task}",
         "Tasks still running when their call answered",
     ),
     (
         "fanout.tasks.killed",
-        lambda s: s.fanout.stats.killed,
+        lambda s: s.tasks.killed,
         "{task}",
         "Abandoned tasks killed after the grace period",
     ),
     (
         "fanout.tasks.coalesced",
-        lambda s: s.coalescer.stats.followers if s.coalescer is not None else 0,
+        lambda s: s.tasks_coalesced,
         "{task}",
         "Tasks that shared an identical lookup's call instead of making their own",
     ),
 ):
-    _meter.create_observable_counter(_name, [_summed(_get)], unit=_unit, description=_description)
+    _meter.create_observable_counter(
+        _name, [_summed(_name, _get)], unit=_unit, description=_description
+    )
 _meter.create_observable_counter(
     "fanout.calls.refused",
-    [_by_key(lambda s: s.gate.stats.refused, "fanout.criticality")],
+    [_by_key("fanout.calls.refused", lambda s: s.refused, "fanout.criticality")],
     unit="{call}",
     description="Calls answered Overloaded, by the criticality they carried",
 )
 _meter.create_observable_counter(
     "fanout.panels.skipped",
-    [_by_key(lambda s: s.handler.skipped, "fanout.skip_reason")],
+    [_by_key("fanout.panels.skipped", lambda s: s.skipped, "fanout.skip_reason")],
     unit="{panel}",
     description="Panels answered SKIPPED, not run: brownout (shed under load) or disabled",
 )
@@ -301,13 +306,13 @@ for _name, _field, _unit, _description in (
 ):
     _meter.create_observable_counter(
         _name,
-        [_summed(functools.partial(_cache_stat, _field))],
+        [_summed(_name, _cache_stat(_field))],
         unit=_unit,
         description=_description,
     )
 _meter.create_observable_gauge(
     "fanout.cache.bytes",
-    [_summed(lambda s: s.cache.stats.bytes if s.cache else 0)],
+    [_summed("fanout.cache.bytes", _cache_stat("bytes"))],
     unit="By",
     description="What this process's results cache holds: buckets' keys and values, and the "
     "sums of whole runs of them",

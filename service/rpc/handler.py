@@ -12,12 +12,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from lookups.base import Lookup
-from lookups.cache import BucketStore, CachedPanel
-from lookups.clock import SYSTEM_CLOCK, Clock
+from lookups.cache import CachedPanel
 from lookups.deadline import Deadline
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.engine.coalescing import Coalescer
-from service.engine.fanout import FanOut
 from service.engine.tasks import (
     FanOutOverloaded,
     RequestContext,
@@ -29,12 +27,11 @@ from service.engine.tasks import (
     new_request_id,
 )
 from service.idl import appstats
-from service.operations.health import HealthChecker
-from service.overload.gate import CallGate, current_caller
+from service.operations.snapshot import ServiceParts, take
+from service.overload.gate import current_caller
 from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.rpc.validation import ValidRequest, validate_stats_request
 from service.settings.config import Settings
-from tracing.pools import PoolMeter
 from tracing.spans import mark_coalesced, request_span, skipped_task_span, trace_id_hex
 
 __all__ = ["AppStatsHandler", "to_panel_data", "to_thrift_outcome", "to_thrift_outcomes"]
@@ -47,47 +44,35 @@ class AppStatsHandler:
 
     ``lookups`` maps every panel this server offers to its lookup, in display
     order; which of them run, their timeouts and whether each is required come
-    from ``settings.lookups``. ``health`` checks the backends for :meth:`health`
-    (none: no backends listed); ``draining`` says whether the server is draining.
+    from ``settings.lookups``. ``parts`` are what it runs calls through and reports
+    on (the engine, the gate, the coalescer, the health checker, the clock);
+    ``draining`` says whether the server is draining.
+
+    Four arguments, each of a different kind: what to serve (``lookups``), how
+    (``settings``), through what (``parts``, built before the handler), and the one fact
+    of the server, which is built after it (``draining``).
     """
 
     def __init__(
         self,
         settings: Settings,
         lookups: Mapping[str, Lookup],
-        fanout: FanOut,
-        gate: CallGate,
-        *,
-        coalescer: Coalescer | None = None,
-        health: HealthChecker | None = None,
+        parts: ServiceParts,
         draining: Callable[[], bool] = lambda: False,
-        backend_pools: Callable[[], Sequence[PoolMeter]] = tuple,
-        cache: BucketStore | None = None,
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._settings = settings
-        self._clock = clock
         self._lookups = dict(lookups)
         # Each panel's policy and timeout, read once: settings do not change under a server.
         self._policies = {name: settings.lookup(name) for name in self._lookups}
         self._timeouts_ms = {name: settings.task_timeout_ms(name) for name in self._lookups}
         self._enabled = [name for name in self._lookups if self._policies[name].enabled]
-        #: Panels answered ``SKIPPED`` (not run), by reason: "brownout", "disabled".
-        self.skipped: dict[str, int] = {"brownout": 0, "disabled": 0}
-        self._fanout = fanout
-        self._gate = gate
-        #: Shares the call of an identical lookup in flight (``fanout.coalesce``), or None.
-        self.coalescer = coalescer
-        self._health = health
+        self._parts = parts
+        self._clock = parts.clock
+        self._fanout, self._gate, self._coalescer = parts.fanout, parts.gate, parts.coalescer
         self._draining = draining
-        self._backend_pools = backend_pools
         #: In a pre-forked group, the worker's line to the group (service.workers.member):
         #: ``pool_stats()`` then answers for every worker.
         self.group: Any | None = None
-        #: The results cache's store (None when ``cache.enabled`` is false), and the bytes
-        #: it may hold in this process (0: its buckets are in Redis).
-        self.cache = cache
-        self.cache_max_bytes = 0 if settings.cache.url else settings.cache.max_bytes
 
     def ping(self) -> str:
         with _method_span("ping"):
@@ -99,7 +84,7 @@ class AppStatsHandler:
             return self._health_report()
 
     def _health_report(self) -> Any:
-        statuses = self._health.check() if self._health is not None else ()
+        statuses = self._parts.health.check()
         state = (
             appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
         )
@@ -122,20 +107,8 @@ class AppStatsHandler:
         with _method_span("pool_stats"):
             return self._pool_report()
 
-    @property
-    def fanout(self) -> FanOut:
-        return self._fanout
-
-    @property
-    def gate(self) -> CallGate:
-        return self._gate
-
-    def pool_meters(self) -> list[PoolMeter]:
-        """The engine's pools, then each backend's."""
-        return [*self._fanout.pool_meters, *self._backend_pools()]
-
     def _pool_report(self) -> Any:
-        own = own_report(self)
+        own = own_report(take(self._parts))
         if self.group is None:
             return to_thrift(own)
         return group_report(self.group.position, {**self.group.pools(), self.group.position: own})
@@ -231,13 +204,13 @@ class AppStatsHandler:
     ) -> list[TaskOutcome]:
         """Every outcome the caller gets, in request order; the skipped ones counted here."""
         for outcome in skipped:
-            self.skipped[_BROWNOUT if outcome.error_type == BROWNOUT else "disabled"] += 1
+            self._parts.skipped[_BROWNOUT if outcome.error_type == BROWNOUT else "disabled"] += 1
         by_name = {o.name: o for o in (*ran, *skipped)}
         return [by_name[name] for name in valid.panels if name in by_name]
 
     def _plan(self, valid: ValidRequest, lighter: bool) -> tuple[list[Task], list[TaskOutcome]]:
         tasks, skipped = [], []
-        coalescer = self.coalescer
+        coalescer = self._coalescer
         for name in valid.panels:
             lookup, policy = self._lookups[name], self._policies[name]
             if not policy.enabled or (lighter and policy.optional):

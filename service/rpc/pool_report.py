@@ -1,7 +1,8 @@
 """The answer of ``pool_stats()``: one server's pools, or a pre-forked group's.
 
 A server's report is its pools' meters over the rolling window and its admission
-state (:func:`own_report`, as plain values, which the workers of a group also send
+state, read from one :class:`~service.operations.snapshot.ServiceSnapshot`
+(:func:`own_report`, as plain values, which the workers of a group also send
 their master). In a group the worker that answers gives every serving worker's
 report, labelled by worker, and above them the group's: sizes, use, arrivals,
 timeouts and recommendations added up, waits and percentiles the largest, the mean
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from service.idl import appstats
+from service.operations.snapshot import ServiceSnapshot
 
 __all__ = ["own_report", "to_thrift", "group_report"]
 
@@ -33,37 +35,33 @@ _CACHE = ("cache_hits", "cache_misses", "cache_evictions", "cache_bytes", "cache
 _LEVELS = ("brownout_level", "brownout_peak")  # a group's: its highest worker's
 
 
-def own_report(handler: Any) -> dict[str, Any]:
+def own_report(snapshot: ServiceSnapshot) -> dict[str, Any]:
     """This server's pools and admission state, as plain values."""
-    fanout = handler.fanout
-    admission, dimmer = handler.gate.admission, handler.gate.dimmer
-    peak, lighter, shed = dimmer.recent()
     return {
-        "pools": [dataclasses.asdict(meter.report()) for meter in handler.pool_meters()],
-        "brownout_level": dimmer.level,
-        "brownout_peak": peak,
-        "calls_lighter": lighter,
-        "calls_shed": shed,
-        "admission_limit": int(admission.limit),
-        "calls_in_flight": admission.inflight,
-        "calls_queued": admission.queued,
-        "tasks_started": fanout.stats.started,
-        "tasks_coalesced": handler.coalescer.stats.followers if handler.coalescer else 0,
-        **_cache(handler),
+        "pools": [dataclasses.asdict(pool) for pool in snapshot.pools],
+        "brownout_level": snapshot.brownout_level,
+        "brownout_peak": snapshot.brownout_peak,
+        "calls_lighter": snapshot.calls_lighter,
+        "calls_shed": snapshot.calls_shed,
+        "admission_limit": snapshot.admission_limit,
+        "calls_in_flight": snapshot.calls_in_flight,
+        "calls_queued": snapshot.calls_queued,
+        "tasks_started": snapshot.tasks.started,
+        "tasks_coalesced": snapshot.tasks_coalesced,
+        **_cache(snapshot),
     }
 
 
-def _cache(handler: Any) -> dict[str, Any]:
+def _cache(snapshot: ServiceSnapshot) -> dict[str, Any]:
     """The results cache's counters, none when it is off; its bound 0 where buckets are in Redis."""
-    if handler.cache is None:
+    if snapshot.cache is None:
         return {}
-    stats = handler.cache.stats
     return {
-        "cache_hits": stats.hits,
-        "cache_misses": stats.misses,
-        "cache_evictions": stats.evictions,
-        "cache_bytes": stats.bytes,
-        "cache_max_bytes": handler.cache_max_bytes,
+        "cache_hits": snapshot.cache.hits,
+        "cache_misses": snapshot.cache.misses,
+        "cache_evictions": snapshot.cache.evictions,
+        "cache_bytes": snapshot.cache.bytes,
+        "cache_max_bytes": snapshot.cache_max_bytes,
     }
 
 

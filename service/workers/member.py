@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import gevent
 from gevent.event import Event
 
+from service.operations.snapshot import take
 from service.rpc.pool_report import own_report
 from service.workers.control import ControlLine
 from tracing.context import spawn_in_context
@@ -90,7 +91,7 @@ class GroupMember:
             {
                 "kind": "state",
                 "staying": service.server.connection_counts()[1],
-                "pools": own_report(service.handler),
+                "pools": own_report(take(service.parts)),
                 "circuits": service.health.circuits(),
             }
         ):

@@ -66,7 +66,14 @@ class Tutorial:
 
     def __post_init__(self) -> None:
         (self.workdir / ".venv").symlink_to(self.root / ".venv")
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # A panel's default budget is half the client's default deadline; on a busy
+        # machine a first MongoDB aggregation can take longer than that, and the page's
+        # output would then differ for a reason the page is not about.
+        self.env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "FANOUT_FANOUT_TASK_TIMEOUT_MS": "1900",
+        }
 
     def with_free_ports(self, text: str, page_ports: set[str]) -> str:
         def swap(match: re.Match[str]) -> str:
