@@ -437,3 +437,40 @@ def test_edges_with_more_rows_than_a_batch_are_grouped_by_the_engine(
     finally:
         backend.client.drop_database(DATABASE)
         backend.close()
+
+
+#: Offsets from a bucket boundary, in milliseconds: on it, a millisecond either side, and the
+#: seconds around it (nx-27017 compares dates in an aggregation to the second; FerretDB and
+#: MongoDB to the millisecond).
+EDGE_OFFSETS_MS = (-1000, -999, -1, 0, 1, 999, 1000)
+
+
+def test_windows_a_millisecond_off_a_boundary_equal_the_direct_query(
+    backend: MongoBackend,
+) -> None:
+    """Documents on minute boundaries and beside them; windows starting and ending on a
+    boundary, a millisecond before or after it, and a second away: each panel from buckets
+    and edges equals its own query. Where the engine keeps milliseconds (FerretDB, under
+    ``make compat``), the documents also lie a millisecond off, and the errors' total is
+    checked against a count of what the window holds."""
+    keeps_ms = selected_engine() == "ferretdb"
+    offsets = EDGE_OFFSETS_MS if keeps_ms else (-1000, 0, 1000)
+    stamps = [k * 60_000 + offset for k in range(1, 6) for offset in offsets]
+    # Even picks: every document the window's app's (odd ones are the other app's).
+    documents = _documents([0] * len(stamps), [2 * i for i in range(len(stamps))])
+    for rows in documents.values():
+        for row, stamp in zip(rows, stamps):
+            row["ts"] = datetime.fromtimestamp((BASE_MS + stamp) / 1000, tz=UTC)
+    _seed(backend, documents)
+    store = MemoryStore(1 << 24)
+    cached = _cached(backend, 60_000, 0, store)
+    for start, end in [(60_000 + a, 4 * 60_000 + b) for a in EDGE_OFFSETS_MS for b in (-1, 0, 1)]:
+        window = Window("shop", BASE_MS + start, BASE_MS + end)
+        for lookup in cached.values():
+            direct = lookup.inner.fetch(window, Deadline.after_ms(30_000))
+            for _ in range(2):  # cold, then from the buckets filled
+                _same(lookup.fetch(window, Deadline.after_ms(30_000)), direct)
+            if keeps_ms and isinstance(direct, ErrorSummary):
+                held = [stamp for stamp in stamps if start <= stamp < end]
+                assert direct.total == len(held), (start, end)
+    assert store.stats.hits > 0 and store.stats.fills > 0
