@@ -96,6 +96,21 @@ def test_targets() -> list[str]:
     return targets
 
 
+def solo_targets(targets: Sequence[str]) -> list[str]:
+    """The files of ``targets`` that mark a test :data:`SOLO` (collecting every file for a
+    few dozen tests took seconds of the solo phase, when nothing else runs)."""
+    marker = f"mark.{SOLO}"
+    return [
+        target
+        for target in targets
+        if any(marker in path.read_text() for path in _files(ROOT / target))
+    ]
+
+
+def _files(path: Path) -> list[Path]:
+    return sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
+
+
 def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
     """``targets`` in ``jobs`` groups of about equal seconds, longest first (LPT); in each
     group the files of :data:`AFTER_THE_WHEEL` run last, once another group has built it."""
@@ -182,7 +197,7 @@ def main(argv: Sequence[str]) -> int:
         targets = test_targets()
         phases = [
             ("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
-            (SOLO, [targets], phase_arguments(pytest_args, SOLO)),
+            (SOLO, [solo_targets(targets)], phase_arguments(pytest_args, SOLO)),
         ]
     codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:

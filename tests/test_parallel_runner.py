@@ -35,3 +35,23 @@ def test_the_helpers_in_tests_support_have_their_asserts_rewritten() -> None:
     import tests.support.thrift_calls as helper
 
     assert isinstance(helper.__loader__, AssertionRewritingHook)
+
+
+def test_the_solo_phase_collects_every_file_with_a_solo_test() -> None:
+    """The solo phase reads only the files marking a test solo; pytest, collecting every
+    file, finds solo tests in those files and no others."""
+    import subprocess
+    import sys
+
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+    collected = subprocess.run(
+        [*pytest, "--collect-only", "-q", "-m", SOLO, "tests"],
+        cwd=parallel.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
+    chosen = parallel.solo_targets(parallel.test_targets())
+    assert files and {f.split("/")[1] for f in files} == {t.split("/")[1] for t in chosen}

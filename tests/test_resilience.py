@@ -212,7 +212,6 @@ def status_of(response: Any, panel: str) -> Any:
     return next(o for o in response.outcomes if o.name == panel)
 
 
-@pytest.mark.solo
 def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
     start_service: Any, sample_data: SampleData
 ) -> None:
