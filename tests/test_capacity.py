@@ -260,6 +260,14 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
         text,
         re.M,
     )
+    # Whether each panel is optional, for the essential panels' SLI (deploy/monitoring/).
+    for panel, optional in (("errors", "false"), ("volume", "true")):
+        assert re.search(
+            rf'^fanout_task_duration_seconds_count\{{.*fanout_task_name="{panel}".*'
+            rf'fanout_task_optional="{optional}".*\}} 1\.0$',
+            text,
+            re.M,
+        ), (panel, text)
     assert re.search(r'^fanout_pool_size\{.*fanout_pool_name="mongo".*\} 31\.0$', text, re.M)
     assert re.search(
         r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M

@@ -118,6 +118,9 @@ class Task:
     call: Callable[[Deadline], Any]
     timeout_ms: int
     required: bool = False
+    #: Marked optional (``[lookups.<name>] optional``): shed first under load, and left out
+    #: of the essential panels' SLI (deploy/monitoring/slos.yaml).
+    optional: bool = False
 
 
 @dataclass(frozen=True)
@@ -187,5 +190,6 @@ def task_ended(task: Task, outcome: TaskOutcome) -> None:
             "fanout.task.name": task.name,
             "fanout.task.source": task.source,
             "fanout.task.status": outcome.status.value,
+            "fanout.task.optional": task.optional,
         },
     )

@@ -225,6 +225,7 @@ class AppStatsHandler:
                     call=_panel_call(lookup, valid.window, coalescer),
                     timeout_ms=self._timeouts_ms[name],
                     required=policy.required,
+                    optional=policy.optional,
                 )
             )
         return tasks, skipped
