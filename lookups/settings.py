@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from lookups.redact import redact_uri
 
 __all__ = [
     "MongoSettings",
@@ -119,10 +122,21 @@ class HttpOptions:
             raise ValueError("client_key_file: needs client_cert_file")
 
 
-def check_url(key: str, url: str) -> None:
-    """Raise :class:`ValueError` naming ``key`` unless ``url`` is an http(s) URL."""
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"{key}: must be an http:// or https:// URL, got {url!r}")
+def check_url(key: str, url: str, schemes: tuple[str, ...] = ("http", "https")) -> None:
+    """Raise :class:`ValueError` naming ``key`` unless ``url`` is a URL of one of ``schemes``
+    with a host (a ``unix`` one: a path) and a valid port. The message quotes the URL with
+    its credentials redacted: a URL may carry a password (``redis://:secret@host``)."""
+    shown = redact_uri(url)
+    parts = urlsplit(url)
+    if parts.scheme not in schemes:
+        wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+        raise ValueError(f"{key}: must start with {wanted}, got {shown!r}")
+    try:
+        parts.port  # noqa: B018 - reading it checks it: ValueError when not a port
+    except ValueError:
+        raise ValueError(f"{key}: not a valid port in {shown!r}") from None
+    if not (parts.path if parts.scheme == "unix" else parts.hostname):
+        raise ValueError(f"{key}: no {'path' if parts.scheme == 'unix' else 'host'} in {shown!r}")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry
 from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut
+from service.errors import ConfigError
 from service.idl import appstats
 from service.listener.handover import MoveSink
 from service.listener.server import DrainReport, ThriftServer
@@ -63,19 +64,18 @@ class FanOutService:
         for warning in pool_warnings(settings):
             log.warning("configuration: %s", warning)
         registry = _with_plugins(registry, settings)
+        unknown = sorted(set(settings.lookups) - set(registry.names()))
+        if unknown:
+            # Its keys would apply to nothing: a misspelt panel name must not pass quietly.
+            raise ConfigError(
+                f"lookups.{unknown[0]}: no such lookup; known: {', '.join(registry.names())}"
+            )
         with as_config_error():
             self.backends = Backends(
                 settings.backends,
                 settings.lookups,
                 {name: settings.backend_section(name) for name in settings.backends},
                 clock,
-            )
-        unknown = sorted(set(settings.lookups) - set(registry.names()))
-        if unknown:
-            log.warning(
-                "configuration: [lookups.%s] names no registered lookup; known: %s",
-                unknown[0],
-                ", ".join(registry.names()),
             )
         self.fanout = FanOut(settings.fanout, clock)
         self.gate = CallGate(

@@ -97,6 +97,15 @@ def test_kubernetes_service_links_are_ignored_but_a_misspelled_key_is_not(tmp_pa
         load_settings(write(tmp_path, "[service]\nhost = 'x'\n"), env={})
 
 
+def test_a_table_for_no_lookup_is_an_error_naming_it_and_the_known_ones(tmp_path: Path) -> None:
+    """Its keys would apply to nothing: a misspelt panel is refused, not warned about."""
+    from service.app import FanOutService
+
+    settings = load_settings(write(tmp_path, "[lookups.erors]\ntimeout_ms = 500\n"), env={})
+    with pytest.raises(ConfigError, match=r"lookups\.erors: no such lookup; known: .*errors"):
+        FanOutService(settings)
+
+
 def test_unreadable_and_invalid_files_are_config_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_settings(tmp_path / "missing.toml", env={})
@@ -264,16 +273,43 @@ def test_backend_tables_by_kind_and_the_aliases_they_replace(tmp_path: Path) -> 
         ({"kind": "http", "uri": "mongodb://x"}, "backends.jobs.uri: unknown key"),
         (
             {"kind": "http", "url": "ftp://x"},
-            "backends.jobs.url: must be an http:// or https:// URL",
+            "backends.jobs.url: must start with http:// or https://",
         ),
         ({"kind": "mongo", "pool_size": 0}, "backends.jobs.pool_size: must be an integer >= 1"),
+        # A URL's password is never quoted back.
+        (
+            {"kind": "http", "url": "ftp://jobs:s3cret@x"},
+            "backends.jobs.url: must start with http:// or https://, got 'ftp://***@x'",
+        ),
+        (
+            {"kind": "http", "url": "http://jobs:s3cret@x:port/"},
+            "backends.jobs.url: not a valid port in 'http://***@x:port/'",
+        ),
+        ({"kind": "http", "url": "https://:8443/"}, "backends.jobs.url: no host in"),
     ],
 )
 def test_a_bad_backend_table_is_an_error_naming_the_key(body: dict[str, Any], message: str) -> None:
-    with pytest.raises(ConfigError, match=re.escape(message)):
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
         load_settings(
             env={}, overrides={f"backends.jobs.{key}": value for key, value in body.items()}
         )
+    assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("memcached://:s3cret@cache:11211", "cache.url: must start with redis:// or rediss://"),
+        ("redis://:s3cret@cache:99999/0", "cache.url: not a valid port in 'redis://***@cache"),
+        ("rediss://:s3cret@/0", "cache.url: no host in 'rediss://***@/0'"),
+    ],
+)
+def test_a_bad_cache_url_is_an_error_naming_the_key_and_hiding_its_password(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as refused:
+        load_settings(env={}, overrides={"cache.enabled": True, "cache.url": url})
+    assert "s3cret" not in str(refused.value)
 
 
 def test_the_manual_shows_every_settings_table_once() -> None:

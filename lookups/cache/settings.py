@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lookups.settings import check_url
+
 __all__ = ["CacheSettings"]
 
 
@@ -69,5 +71,5 @@ class CacheSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.url and not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"url: must be redis://, rediss:// or unix://, got {self.url!r}")
+        if self.url:
+            check_url("url", self.url, ("redis", "rediss", "unix"))
