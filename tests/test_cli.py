@@ -16,6 +16,7 @@ import pytest
 
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.mongo_server import free_port
+from tests.support.samples import StartService
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 # The processes must not try to reach a trace collector that is not there.
@@ -215,6 +216,25 @@ def test_unreachable_server_and_busy_port_are_clear_errors() -> None:
     )
     assert call.returncode == 1
     assert f"cannot reach 127.0.0.1:{busy_port}" in call.stderr and "Traceback" not in call.stderr
+
+
+def test_call_no_retry_shows_the_first_refusal_a_sheddable_caller_gets(
+    start_service: StartService,
+) -> None:
+    """With the dimmer held at its top, every SHEDDABLE call is refused: ``--no-retry``
+    prints that first Overloaded after one attempt; without it, the client tries again."""
+    service, _ = start_service(admission__brownout_min_level=1.0)
+    port = str(service.address[1])
+    ask = [*FANOUT, "call", "get_app_stats", "--port", port, "--app", "shop"]
+    ask += ["--criticality", "SHEDDABLE", "--deadline-ms", "5000"]
+    first = subprocess.run(
+        [*ask, "--no-retry"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert first.returncode == 1 and "Overloaded" in first.stderr, first.stderr
+    assert service.gate.stats.overloaded == 1
+    again = subprocess.run(ask, capture_output=True, text=True, env=ENV, timeout=60)
+    assert again.returncode == 1 and "Overloaded" in again.stderr, again.stderr
+    assert service.gate.stats.overloaded > 2  # the default call tried again
 
 
 def test_version_is_the_installed_distributions() -> None:

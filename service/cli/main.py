@@ -108,7 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument(
         "--criticality",
         choices=["CRITICAL_PLUS", "CRITICAL", "SHEDDABLE_PLUS", "SHEDDABLE"],
-        help="what the server may shed first under overload (default: CRITICAL)",
+        help="what the server may shed first under overload (default: CRITICAL); a refused "
+        "call is tried again, as the web tier's client does, unless --no-retry",
+    )
+    call.add_argument(
+        "--no-retry",
+        action="store_true",
+        help="print the first answer as it is: an Overloaded is shown, not tried again after "
+        "its retry_after_ms (what a caller of that criticality gets first)",
     )
     call.add_argument(
         "--fresh",
