@@ -212,6 +212,7 @@ def status_of(response: Any, panel: str) -> Any:
     return next(o for o in response.outcomes if o.name == panel)
 
 
+@pytest.mark.solo  # its MongoDB panels queue 24 aggregations on the embedded server
 def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
     start_service: Any, sample_data: SampleData
 ) -> None:

@@ -103,7 +103,7 @@ def _holds_data(response: Any) -> bool:
 
 def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
     """Make the call; raises _CallFailed for declared exceptions, TTransportException otherwise."""
-    from service.client import AppStatsClient
+    from service.client import OVERLOAD_RETRY_RATIO, AppStatsClient
     from service.idl import appstats
 
     if (args.tls_cert or args.tls_key) and not args.tls_ca:
@@ -118,7 +118,7 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
         tls_server_hostname=args.tls_server_name,
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
-        **({"overload_retry_ratio": 0.0} if args.no_retry else {}),
+        overload_retry_ratio=0.0 if args.no_retry else OVERLOAD_RETRY_RATIO,
     ) as client:
         if args.method != "get_app_stats":
             return getattr(client, args.method)()

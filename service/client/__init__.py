@@ -70,11 +70,13 @@ from service.wire.tls import client_context
 from tracing.context import inject_headers
 from tracing.spans import rpc_attributes
 
-__all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "MAX_OVERLOAD_ATTEMPTS"]
+__all__ = ["AppStatsClient", "REPLY_MARGIN_MS", "OVERLOAD_RETRY_RATIO", "MAX_OVERLOAD_ATTEMPTS"]
 
 #: Extra time the client waits beyond the deadline it sends (the reply must still arrive).
 REPLY_MARGIN_MS = 250
 
+#: The share of calls that may be tried again after an Overloaded (0: none).
+OVERLOAD_RETRY_RATIO = 0.1
 #: Attempts of one call answered Overloaded, the first included.
 MAX_OVERLOAD_ATTEMPTS = 3
 _MIN_RETRY_BUDGET_MS = 50  # the least a retried call should have left, besides the back-off
@@ -105,7 +107,7 @@ class AppStatsClient:
         tls_server_hostname: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
-        overload_retry_ratio: float = 0.1,
+        overload_retry_ratio: float = OVERLOAD_RETRY_RATIO,
         max_idle_ms: int = 50_000,
         addresses: Sequence[tuple[str, int]] | None = None,
         resolve: bool = False,
