@@ -23,7 +23,7 @@ from service.client import AppStatsClient
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
-from tests.support.clock import SkippingClock
+from tests.support.clock import FakeClock, SkippingClock
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port, wait_for
 
@@ -388,3 +388,63 @@ def test_a_saturated_pool_of_our_own_does_not_open_the_backends_circuit(
         assert len(timed_out) >= 4  # most of them waited for one of two slots
         assert service.backends.mongo().guard.breaker.state is CircuitState.CLOSED
         assert {b.name: b.circuit for b in client.health().backends}["mongo"] == "closed"
+
+
+def test_a_passing_health_check_closes_a_circuit_once_its_open_period_is_over() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker("hc", BreakerPolicy(consecutive_failures=1, open_ms=2000), clock)
+    breaker.check()
+    breaker.record(failed=True)
+    breaker.checked_healthy()  # within the open period: a ping is not a lookup
+    assert breaker.state is CircuitState.OPEN
+    clock.advance(2.0)
+    breaker.checked_healthy()
+    assert breaker.state is CircuitState.CLOSED and breaker.check() is False
+    breaker.record(failed=True)
+    clock.advance(2.0)
+    assert breaker.check() is True  # a probe call in flight: it decides, not the check
+    breaker.checked_healthy()
+    assert breaker.state is CircuitState.HALF_OPEN
+
+
+def test_an_idle_server_closes_a_recovered_backend_s_circuit_without_a_call(
+    start_service: Any, sample_data: SampleData
+) -> None:
+    with FaultyHttpService(sample_data) as alerts:
+        service, client = start_service(
+            **{"http.alerts_url": alerts.url, "http.breaker_open_ms": 500}
+        )
+        alerts.set_mode("error500")
+        while service.backends["alerts"].guard.breaker.state is not CircuitState.OPEN:
+            client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"])
+        alerts.set_mode("ok")
+        started = service.fanout.stats.started
+        wait_for(
+            lambda: {b.name: b.circuit for b in client.health().backends}["alerts"] == "closed",
+            20,
+            "the health checks closing the alerts circuit",
+            poll_s=0.5,
+        )
+        assert service.fanout.stats.started == started  # no call found it back
+
+
+def test_a_worker_following_the_master_s_checks_closes_its_own_circuit() -> None:
+    """In a group the master checks and each worker follows its rounds: a backend the master
+    found up is a successful probe of the worker's circuit too."""
+    from lookups.backends.collection import Backends
+    from service.operations.health import BackendStatus, HealthChecker
+
+    clock = FakeClock()
+    settings = {"alerts": HttpBackendSettings(url="http://127.0.0.1:9", breaker_open_ms=1000)}
+    with Backends(settings, clock=clock) as backends:
+        breaker = backends["alerts"].guard.breaker
+        for _ in range(breaker.policy.consecutive_failures):
+            breaker.check()
+            breaker.record(failed=True)
+        checker = HealthChecker(backends, clock=clock.monotonic)
+        checker.follow([BackendStatus("alerts", False, 1.0, "HTTP 503")])
+        clock.advance(1.0)
+        checker.follow([BackendStatus("alerts", False, 1.0, "HTTP 503")])
+        assert breaker.state is CircuitState.OPEN  # the master found it down
+        checker.follow([BackendStatus("alerts", True, 1.0)])
+        assert breaker.state is CircuitState.CLOSED

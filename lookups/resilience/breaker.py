@@ -5,6 +5,7 @@ States, and what moves between them::
     CLOSED --(consecutive failures, or failure rate over the window)--> OPEN
     OPEN --(open_ms passed)--> HALF_OPEN: one probe call at a time may go through
     HALF_OPEN --(probe succeeds)--> CLOSED        --(probe fails)--> OPEN again
+    OPEN or HALF_OPEN --(open_ms passed, and a health check passes)--> CLOSED
 
 While OPEN, :meth:`CircuitBreaker.check` raises :class:`~lookups.errors.CircuitOpen`
 at once: the panel fails fast (``ERROR``, retryable) and its call does not wait out
@@ -99,6 +100,16 @@ class CircuitBreaker:
             and self._failures_in_window > policy.failure_rate * len(self._recent)
         ):
             self._open()
+
+    def checked_healthy(self) -> None:
+        """A health check of the backend passed. Once the open period is over, that is a
+        successful probe and the circuit closes: an idle server's circuit does not wait for
+        a call to find the backend back. Before then, or with a probe call in flight,
+        nothing changes (a backend may answer pings and still fail lookups)."""
+        if self.state is CircuitState.CLOSED or self._probing:
+            return
+        if self._clock.monotonic() >= self._open_until:
+            self._close()
 
     def _remember(self, now: float, failed: bool) -> None:
         recent, horizon = self._recent, now - self.policy.window_s

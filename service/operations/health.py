@@ -174,8 +174,10 @@ class HealthChecker:
 
     def follow(self, statuses: Iterable[BackendStatus]) -> None:
         """From now on answer ``statuses`` (circuits included) instead of checking: a worker
-        of a pre-forked group reports the master's rounds, one truth for the group."""
+        of a pre-forked group reports the master's rounds, one truth for the group. A
+        backend the master found up is a successful probe of this process's circuit too."""
         self._following = tuple(statuses)
+        self._probe_circuits(self._following)
 
     def _refresh(self) -> tuple[BackendStatus, ...]:
         # A check still running from an earlier round is not started again: a backend that
@@ -190,12 +192,21 @@ class HealthChecker:
         gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
         # A check still running is left to end on its own timeout, not killed.
-        return tuple(
+        statuses = tuple(
             check.value
             if check.successful()
             else BackendStatus(name, False, late_ms, "check did not finish in time")
             for (name, _), check in zip(self._probes, checks)
         )
+        self._probe_circuits(statuses)
+        return statuses
+
+    def _probe_circuits(self, statuses: Iterable[BackendStatus]) -> None:
+        """A passing check is a successful probe of that backend's circuit."""
+        up = {status.name for status in statuses if status.up}
+        for (name, _), breaker in zip(self._probes, self._breakers):
+            if name in up:
+                breaker.checked_healthy()
 
     def _timed(self, name: str, probe: Callable[[], None]) -> BackendStatus:
         started = self._clock()
