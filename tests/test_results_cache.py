@@ -243,6 +243,29 @@ def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: R
     assert store.stats.redis_errors >= 1 and store.stats.hits == 0
 
 
+@needs("redis")
+def test_a_redis_outage_logs_one_line_as_it_begins_and_one_as_it_ends(
+    counted: Any, redis_server: RedisServer, caplog: Any
+) -> None:
+    backend, _ = counted
+    store = RedisStore(redis_server.url, 50, 60, pause_s=0.0)  # every call tries Redis
+    lookup = _cached(backend, store, UrlsLookup)["urls"]
+    lookup.fetch(DAY, _deadline())
+    caplog.set_level("WARNING", logger="lookups.cache.stores")
+    redis_server.pause()
+    try:
+        for _ in range(5):
+            lookup.fetch(DAY, Deadline.after_ms(5_000))
+        assert store.stats.store_up == 0 and store.stats.redis_errors >= 5
+    finally:
+        redis_server.resume()
+    lookup.fetch(DAY, _deadline())
+    lines = [r.getMessage() for r in caplog.records if r.name == "lookups.cache.stores"]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("cache: Redis down") and "answers again" in lines[1], lines
+    assert store.stats.store_up == 1
+
+
 def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None:
     backend, _ = counted
     from service.samples.mongo_server import free_port
@@ -328,6 +351,7 @@ def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any
         )
     held = re.search(r"^fanout_cache_bytes(?:_bytes)?(?:\{[^}]*\})? (\d+)\.0$", text, re.M)
     assert held and 0 < int(held.group(1)) <= 64 * 1024 * 1024, text
+    assert re.search(r"^fanout_cache_store_up(?:_ratio)?(?:\{[^}]*\})? 1\.0$", text, re.M), text
 
 
 def test_fanout_pools_shows_the_cache_and_a_group_adds_it_up(start_service: StartService) -> None:

@@ -36,6 +36,9 @@ class CacheStats:
     direct: int = 0
     redis_errors: int = 0
     bytes: int = 0
+    #: Whether the store answered its last command: 1, or 0 from a failure to the next
+    #: success (always 1 in process).
+    store_up: int = 1
 
 
 class BucketStore(Protocol):
@@ -132,7 +135,9 @@ class RedisStore:
     """Buckets in Redis, each command bounded by ``timeout_ms``.
 
     After an error the store answers "nothing found" for ``pause_s`` without trying
-    Redis, so a Redis that is down costs one timeout per pause, not one per call.
+    Redis, so a Redis that is down costs one timeout per pause, not one per call. An
+    outage, from the first failed command to the next that succeeds, logs one line as it
+    begins and one as it ends, however long it lasts and whatever fails in between.
     """
 
     def __init__(
@@ -155,7 +160,8 @@ class RedisStore:
         self._pause_s = pause_s
         self._clock = clock
         self._paused_until = 0.0
-        self._warned_at = float("-inf")
+        self._down_since: float | None = None
+        self._failures = 0  # in the outage going on
         self.stats = stats or CacheStats()
 
     def get_many(self, keys: list[str]) -> dict[str, bytes]:
@@ -166,6 +172,7 @@ class RedisStore:
         except self._errors as exc:
             self._failed("read", exc)
             return {}
+        self._answered()
         return {key: value for key, value in zip(keys, values) if value is not None}
 
     def put_many(self, items: Mapping[str, bytes]) -> None:
@@ -178,6 +185,8 @@ class RedisStore:
                 pipe.execute()
         except self._errors as exc:
             self._failed("write", exc)
+            return
+        self._answered()
 
     def available(self) -> bool:
         return self._clock.monotonic() >= self._paused_until
@@ -188,11 +197,24 @@ class RedisStore:
     def _failed(self, what: str, exc: Exception) -> None:
         self.stats.redis_errors += 1
         now = self._clock.monotonic()
-        if now - self._warned_at >= 60:  # one line a minute at most, never one per call
-            self._warned_at = now
+        self._failures += 1
+        if self._down_since is None:  # the outage's one line as it begins
+            self._down_since = now
+            self.stats.store_up = 0
             log.warning(
-                "cache: Redis %s failed (%s); panels are queried meanwhile",
+                "cache: Redis down: a %s failed (%s); panels are queried until it answers",
                 what,
                 type(exc).__name__,
             )
         self._paused_until = now + self._pause_s
+
+    def _answered(self) -> None:
+        if self._down_since is None:
+            return
+        down_s = self._clock.monotonic() - self._down_since
+        log.warning(
+            "cache: Redis answers again after %.1f s down (%d commands failed)",
+            down_s,
+            self._failures,
+        )
+        self._down_since, self._failures, self.stats.store_up = None, 0, 1

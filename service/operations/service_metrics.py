@@ -20,6 +20,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.cache.hits, .misses, .fills, .evictions, .direct, .redis_errors   (buckets; windows)
     fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
+    fanout.cache.store_up (1, or 0 while Redis is down)
 """
 
 from __future__ import annotations
@@ -121,6 +122,11 @@ def _summed(name: str, read: Callable[[ServiceSnapshot], float]) -> _Callback:
         return [Observation(sum(read(snapshot) for snapshot in _collection.read(name)))]
 
     return callback
+
+
+def _cache_store_up(options: CallbackOptions) -> Iterable[Observation]:
+    caches = [s.cache for s in _collection.read("fanout.cache.store_up") if s.cache]
+    return [Observation(min(cache.store_up for cache in caches))] if caches else []
 
 
 def _cache_stat(field: str) -> Callable[[ServiceSnapshot], float]:
@@ -316,4 +322,11 @@ _meter.create_observable_gauge(
     unit="By",
     description="What this process's results cache holds: buckets' keys and values, and the "
     "sums of whole runs of them",
+)
+_meter.create_observable_gauge(
+    "fanout.cache.store_up",
+    [_cache_store_up],
+    unit="1",
+    description="The results cache's store answered its last command: 1, or 0 while Redis "
+    "is down (only with the cache on)",
 )
