@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb
+.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb monitoring
 
 setup: $(STAMP)
 
@@ -80,7 +80,7 @@ compat: $(STAMP) compat-engine
 # (root with apt-get); otherwise one line saying what is missing. Go, Java 17 with Maven and
 # Node come with the machine.
 TOOLCHAIN_PACKAGES := thrift:thrift-compiler podman:podman mmdebstrap:mmdebstrap runc:runc \
-  redis-server:redis-server
+  redis-server:redis-server promtool:prometheus
 toolchains:
 	@missing=; for pair in $(TOOLCHAIN_PACKAGES); do command -v $${pair%%:*} >/dev/null 2>&1 \
 	  || missing="$$missing $${pair#*:}"; done; \
@@ -89,6 +89,16 @@ toolchains:
 	  echo "make: installing$$missing" >&2; apt-get update -qq \
 	  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else echo "make: missing$$missing (apt-get install them as root); tests needing them are skipped" >&2; fi
+
+# What operators install beside a service (deploy/monitoring/, docs/operations/): the SLO
+# rules made from slos.yaml by Sloth (built once into build/tools with Go), and the
+# Kubernetes PrometheusRule made from every rule file. Commit what it writes.
+SLOTH := build/tools/sloth
+$(SLOTH):
+	GOBIN=$(abspath build/tools) go install github.com/slok/sloth/cmd/sloth@v0.16.0
+monitoring: $(STAMP) $(SLOTH)
+	$(SLOTH) generate --input deploy/monitoring/slos.yaml --out deploy/monitoring/rules/slo.rules.yaml
+	$(PY) deploy/monitoring/prometheusrule.py
 
 # The sdist and the wheel, as a release builds them, into build/dist.
 dist: $(STAMP)

@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     _server_flags(pools, with_config=False)
     pools.add_argument("--json", action="store_true", help="print the report as JSON")
     _client_flags(pools)
-    pools.set_defaults(run=_call, method="pool_stats")
+    pools.set_defaults(run=_call, method="pool_stats", no_retry=False)
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
     for name in ("mongo", "alerts", "metrics"):

@@ -77,6 +77,12 @@ TOOLCHAINS = {
             "Debian's redis-server (`make toolchains` as root installs it)",
         ),
         Toolchain(
+            "prometheus",
+            ("promtool", "prometheus"),
+            "the alerting rules and their unit tests (tests/test_monitoring.py)",
+            "Debian's prometheus, which brings promtool (`make toolchains` as root installs it)",
+        ),
+        Toolchain(
             "compat",
             ("runuser",) if os.geteuid() == 0 else (),
             "FerretDB 2 on PostgreSQL with DocumentDB (tests/test_compat.py)",
