@@ -78,6 +78,7 @@ SECONDS = {
     "test_fanout.py": 3,
     "test_compat.py": 3.5,
     "test_docs.py": 10,
+    "test_monitoring.py": 15,
 }
 DEFAULT_S = 1
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds
