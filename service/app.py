@@ -94,6 +94,7 @@ class FanOutService:
         if settings.cache.enabled:
             self.cache = open_store(settings.cache)
             lookups = with_cache(lookups, settings.cache, self.cache)
+        self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         #: What the handler runs calls through, and what pool_stats() and the metrics read.
         self.parts = ServiceParts(
             clock,
@@ -104,6 +105,7 @@ class FanOutService:
             coalescer=Coalescer() if settings.fanout.coalesce else None,
             cache=self.cache,
             cache_max_bytes=0 if settings.cache.url else settings.cache.max_bytes,
+            hub_monitor=self.hub_monitor,
         )
         self.handler = AppStatsHandler(
             settings, lookups, self.parts, draining=lambda: self.server.draining
@@ -119,7 +121,6 @@ class FanOutService:
                 else None
             ),
         )
-        self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         service_metrics.observe(self.parts)
         self.probes: ProbeServer | None = None
         #: Set (by a pre-forked group's worker) to move connections there on the drain.

@@ -19,6 +19,7 @@ from service.app import FanOutService
 from service.client import AppStatsClient
 from service.idl import appstats
 from service.operations.hub_monitor import BLOCKED_EVENT, HubMonitor
+from service.operations.snapshot import take
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.samples import StartService
 from tests.support.sockets import wait_for
@@ -144,3 +145,19 @@ def test_short_runs_are_not_reported() -> None:
         assert monitor.blocks_reported == 0
     finally:
         monitor.stop()
+
+
+def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
+    start_busy: StartBusy, caplog: Any
+) -> None:
+    caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
+    service, client = start_busy(_THRESHOLD_MS)
+    for blocks in (1, 2, 3):
+        client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
+        wait_for(lambda blocks=blocks: service.hub_monitor.blocks_reported >= blocks)
+    service.hub_monitor.flush()
+    stacks = [line for line in blocked_lines(caplog) if "its stack while blocked" in line.message]
+    summaries = [line for line in blocked_lines(caplog) if "blocked again" in line.message]
+    assert len(stacks) == 1, [line.message[:120] for line in blocked_lines(caplog)]
+    assert len(summaries) == 1 and " x2 " in summaries[0].message, summaries
+    assert take(service.parts).event_loop_blocks == service.hub_monitor.blocks_reported == 3

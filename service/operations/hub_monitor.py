@@ -5,7 +5,11 @@ gevent did not patch, stops every other connection and task of the process.
 :class:`HubMonitor` reports each such run once, after it ends:
 
 * a WARNING log line: how long the loop was blocked, by which greenlet, in
-  which span, and the blocked greenlet's stack taken *while* it was blocking;
+  which span, and the blocked greenlet's stack taken *while* it was blocking. A place
+  (the innermost frame) gets that line once per :data:`STACK_INTERVAL_S`; its later
+  blocks are summed up in one line per :data:`SUMMARY_INTERVAL_S` at most, so a busy
+  host's log is not all stacks;
+* the ``fanout_event_loop_blocked_total`` counter (every block, logged or not);
 * a ``hub.blocked`` span event (``blocked_ms``, ``threshold_ms``, ``greenlet``,
   ``location``, ``span``: the name of the span current while blocked) on the span that was current
   in the blocked greenlet (a task's
@@ -61,6 +65,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 
 from lookups.clock import SYSTEM_CLOCK
+from service.engine.summary import FailureSummary
 
 __all__ = ["HubMonitor", "BLOCKED_EVENT"]
 
@@ -68,6 +73,10 @@ log = logging.getLogger(__name__)
 
 #: Name of the span event added for a blocked run.
 BLOCKED_EVENT = "hub.blocked"
+#: A place's stack is logged at most once in this long; its later blocks are counted.
+STACK_INTERVAL_S = 600.0
+#: The blocks counted, not logged, are summed up in one line at most this often.
+SUMMARY_INTERVAL_S = 60.0
 
 _STACK_FRAMES = 8  # innermost frames of the blocked stack kept in the report
 _MIN_PERIOD_S = 0.005  # the monitor thread never wakes more often than this
@@ -185,6 +194,12 @@ class HubMonitor:
         self.threshold_ms = threshold_ms
         self._watch: _Watch | None = None
         self._reported = 0
+        # Where the stack was last logged, by location: on a busy host the same few places
+        # block again and again, and a full report each time drowned every other line.
+        self._stack_logged_at: dict[str, float] = {}
+        self._summary = FailureSummary(
+            log, "event loop blocked again where its stack was logged", SUMMARY_INTERVAL_S
+        )
 
     @property
     def running(self) -> bool:
@@ -223,11 +238,16 @@ class HubMonitor:
         log.info("hub monitor: reporting event-loop blocks over %d ms", self.threshold_ms)
         return self
 
+    def flush(self) -> None:
+        """Log the summary of the blocks counted since the last one (at shutdown)."""
+        self._summary.flush()
+
     def stop(self) -> None:
         """Stop reporting and remove the tracer; idempotent. The thread ends within one period."""
         watch, self._watch = self._watch, None
         if watch is None:
             return
+        self._summary.flush()
         watch.running = False
         _active.pop(watch.key, None)
         if watch.uses_spans:
@@ -298,17 +318,24 @@ class HubMonitor:
                 )
             except Exception:  # tracing must never break the process; the log line still goes out
                 log.exception("hub monitor: could not add the span event")
+        now = SYSTEM_CLOCK.monotonic()
+        if now - self._stack_logged_at.get(location, -STACK_INTERVAL_S) < STACK_INTERVAL_S:
+            # Its stack was logged lately: counted in the metric and the summary line only.
+            self._summary.tally(location, f"{blocked_ms:.0f} ms by {name}")
+            return
+        self._stack_logged_at[location] = now
         stack = "".join(block.stack.format()) if block.stack else "  (stack not captured)\n"
         # Logged from a greenlet, not the hub: a log handler may do cooperative I/O.
         spawn_raw(
             log.warning,
             "event loop blocked for %.0f ms (threshold %d ms) by %s%s at %s; "
-            "its stack while blocked:\n%s",
+            "its stack while blocked (the next blocks here in %.0f s are only counted):\n%s",
             blocked_ms,
             self.threshold_ms,
             name,
             f" in span {block.span.name!r}" if block.span is not None else "",
             location,
+            STACK_INTERVAL_S,
             stack.rstrip("\n"),
         )
 

@@ -18,6 +18,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.calls.refused                                              by fanout.criticality
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
+    fanout.event_loop.blocked (runs over server.hub_block_threshold_ms)
     fanout.cache.hits, .misses, .fills, .evictions, .direct, .redis_errors   (buckets; windows)
     fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
     fanout.cache.store_up (1, or 0 while Redis is down)
@@ -239,6 +240,12 @@ for _name, _get, _unit, _description in (
         "Overloaded answers held because the caller ignored retry_after_ms",
     ),
     ("fanout.tasks.started", lambda s: s.tasks.started, "{task}", "Tasks started"),
+    (
+        "fanout.event_loop.blocked",
+        lambda s: s.event_loop_blocks,
+        "{block}",
+        "Greenlet runs that blocked the event loop past server.hub_block_threshold_ms",
+    ),
     (
         "fanout.tasks.rejected",
         lambda s: s.tasks.rejected,

@@ -22,6 +22,7 @@ from lookups.resilience.guard import BackendGuard
 from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut, FanOutStats
 from service.operations.health import BackendStatus, HealthChecker
+from service.operations.hub_monitor import HubMonitor
 from service.overload.gate import CallGate
 from tracing.pools import PoolMeter, PoolReport
 
@@ -36,6 +37,8 @@ def _no_skips() -> dict[str, int]:
 class ServiceParts:
     """The parts of one service that hold state worth reporting, and the clock they read.
 
+    ``hub_monitor`` counts the event loop's blocks (none: not watched).
+
     ``cache_max_bytes`` is what the results cache may hold in this process (0: its buckets
     are in Redis). ``skipped`` counts the panels answered ``SKIPPED`` (not run), by reason
     (``brownout``: shed under load; ``disabled``); the handler counts them.
@@ -49,6 +52,7 @@ class ServiceParts:
     coalescer: Coalescer | None = None
     cache: BucketStore | None = None
     cache_max_bytes: int = 0
+    hub_monitor: HubMonitor | None = None
     skipped: dict[str, int] = field(default_factory=_no_skips)
 
     def pool_meters(self) -> list[PoolMeter]:
@@ -96,6 +100,7 @@ class ServiceSnapshot:
     cache_max_bytes: int
     backends: tuple[BackendSnapshot, ...]
     health: tuple[BackendStatus, ...]
+    event_loop_blocks: int = 0
 
 
 def take(parts: ServiceParts) -> ServiceSnapshot:
@@ -121,6 +126,7 @@ def take(parts: ServiceParts) -> ServiceSnapshot:
         cache_max_bytes=parts.cache_max_bytes,
         backends=tuple(_backend(backend.guard) for backend in parts.backends),
         health=parts.health.current(),
+        event_loop_blocks=parts.hub_monitor.blocks_reported if parts.hub_monitor else 0,
     )
 
 
