@@ -273,6 +273,8 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
         r'^fanout_pool_recommended\{.*fanout_pool_name="fanout.tasks".*\} \d', text, re.M
     )
     assert re.search(r"^fanout_admission_limit(_ratio)?(\{[^}]*\})? 100\.0$", text, re.M), text
+    floor = re.search(r"^fanout_admission_limit_min(?:_ratio)?(?:\{[^}]*\})? (\d+)\.0$", text, re.M)
+    assert floor and 0 < int(floor.group(1)) < 100, text
     assert re.search(r"^fanout_calls_overloaded_total(\{[^}]*\})? 0\.0$", text, re.M)
     # The requests instrumentation's current convention, in seconds (not http.client.duration, ms).
     assert re.search(

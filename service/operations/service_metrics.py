@@ -13,7 +13,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.circuit.state (0 closed, 1 half open, 2 open), fanout.circuit.opened,
     fanout.backend.attempts, .retries, .retries_refused, .hedges      by fanout.backend
     fanout.backend.up (1 up, 0 down, as last checked)                 by fanout.backend
-    fanout.admission.limit, .inflight, .queued
+    fanout.admission.limit, .limit_min, .inflight, .queued
     fanout.calls.overloaded, fanout.calls.held
     fanout.calls.refused                                              by fanout.criticality
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
@@ -209,6 +209,12 @@ for _name, _get, _unit, _description in (
         lambda s: s.admission_limit,
         "{call}",
         "The adaptive limit on calls in flight",
+    ),
+    (
+        "fanout.admission.limit_min",
+        lambda s: s.admission_min_limit,
+        "{call}",
+        "The least the adaptive limit may fall to (admission.min_limit)",
     ),
     (
         "fanout.admission.inflight",

@@ -84,6 +84,7 @@ class ServiceSnapshot:
 
     pools: tuple[PoolReport, ...]
     admission_limit: int
+    admission_min_limit: int
     calls_in_flight: int
     calls_queued: int
     brownout_level: float
@@ -110,6 +111,7 @@ def take(parts: ServiceParts) -> ServiceSnapshot:
     return ServiceSnapshot(
         pools=tuple(meter.report() for meter in parts.pool_meters()),
         admission_limit=int(admission.limit),
+        admission_min_limit=admission.settings.min_limit,
         calls_in_flight=admission.inflight,
         calls_queued=admission.queued,
         brownout_level=dimmer.level,
