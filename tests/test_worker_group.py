@@ -259,6 +259,11 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
         )
         polls = len(seen)
         wait_for(lambda: len(seen) >= polls + 2, 10, "scrapes after the kill")
+        # The group's own series: two workers configured, one exit (a reload's retired
+        # workers are not exits).
+        text = scrapes.get(f"http://127.0.0.1:{group_ports['metrics']}/metrics", timeout=5).text
+        assert re.search(r"^fanout_workers_configured 2\.0$", text, re.M), text[:2000]
+        assert re.search(r"^fanout_worker_exits_total 1\.0$", text, re.M), text[:2000]
     finally:
         poller.kill()
     assert poller.exception is None or isinstance(poller.exception, gevent.GreenletExit)

@@ -71,7 +71,8 @@ WorkerState = tuple[int, str, str | None]
 class GroupEndpoints:
     """Serve the group's probes and metrics from the master; :meth:`start` binds both.
 
-    ``workers`` says each position's state now; ``stopping`` whether SIGTERM arrived.
+    ``workers`` says each position's state now; ``stopping`` whether SIGTERM arrived;
+    ``counts`` the workers configured and the worker exits so far.
     """
 
     def __init__(
@@ -83,8 +84,10 @@ class GroupEndpoints:
         stopping: Callable[[], bool],
         state: GroupState,
         old_serving: Callable[[], bool] = lambda: False,
+        counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
         self._workers = workers
+        self._counts = counts
         self._stopping = stopping
         self._state = state
         self._old_serving = old_serving
@@ -164,7 +167,7 @@ class GroupEndpoints:
             str(position): (self._last_scrapes.get(str(position)), str(position) in fresh)
             for position, _, _ in workers
         }
-        body = merge_scrapes(scrapes, self._state.connections())
+        body = merge_scrapes(scrapes, self._state.connections(), self._counts())
         start_response(
             "200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
         )
@@ -193,16 +196,23 @@ class _Families:
 GROUP_SERIES = (
     ("fanout_worker_scraped", "The worker answered the master's scrape: 1 yes, 0 no", "gauge"),
     ("fanout_worker_connections", "Thrift connections the worker serves", "gauge"),
+    ("fanout_workers_configured", "Workers the group runs when whole (server.workers)", "gauge"),
+    ("fanout_worker_exits", "Workers that exited or were killed, and were restarted", "counter"),
 )
 
 
 def merge_scrapes(
-    scrapes: dict[str, tuple[str | None, bool]], connections: dict[str, int] | None = None
+    scrapes: dict[str, tuple[str | None, bool]],
+    connections: dict[str, int] | None = None,
+    workers: tuple[int, int] = (0, 0),
 ) -> bytes:
     """One exposition from each worker's ``(text or None, answered now)``, labelled
-    ``worker``, with each worker's connections as the master counts them."""
+    ``worker``, with each worker's connections as the master counts them, and the group's
+    ``(workers configured, worker exits)``."""
     families: dict[str, Metric] = {}
-    scraped, held = (Metric(*series) for series in GROUP_SERIES)
+    scraped, held, configured, exits = (Metric(*series) for series in GROUP_SERIES)
+    configured.add_sample(configured.name, {}, float(workers[0]))
+    exits.add_sample(exits.name + "_total", {}, float(workers[1]))
     for worker, count in sorted((connections or {}).items()):
         held.add_sample(held.name, {"worker": worker}, float(count))
     for worker, (text, answered) in scrapes.items():
@@ -215,4 +225,4 @@ def merge_scrapes(
                 sample._replace(labels={**sample.labels, "worker": worker})
                 for sample in family.samples
             )
-    return generate_latest(_Families([scraped, held, *families.values()]))
+    return generate_latest(_Families([scraped, held, configured, exits, *families.values()]))

@@ -106,6 +106,7 @@ class _Master:
                 lambda: self._stopping,
                 self._state,
                 lambda: bool(self._old_generation),
+                lambda: (len(self._positions), self._positions.exits),
             ).start()
         except OSError:
             listener.close()

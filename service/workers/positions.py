@@ -44,6 +44,8 @@ class Positions:
     def __init__(self, count: int) -> None:
         self._positions = [Position(index) for index in range(count)]
         self._restarts: deque[float] = deque()
+        #: Worker exits booked since the group started (retirements on a reload aside).
+        self.exits = 0
 
     def __iter__(self) -> Iterator[Position]:
         return iter(self._positions)
@@ -84,6 +86,7 @@ class Positions:
         """Book ``position``'s worker's death: the delay before its restart, or ``None`` for a
         storm."""
         position.pid = 0
+        self.exits += 1
         now = SYSTEM_CLOCK.monotonic()
         quick = now - position.started_at < _STABLE_AFTER_S
         position.quick_deaths = position.quick_deaths + 1 if quick else 1
