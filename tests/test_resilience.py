@@ -417,6 +417,8 @@ def test_an_idle_server_closes_a_recovered_backend_s_circuit_without_a_call(
         alerts.set_mode("error500")
         while service.backends["alerts"].guard.breaker.state is not CircuitState.OPEN:
             client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["alerts"])
+        guard = service.backends["alerts"].guard
+        assert guard.failures == guard.calls > 0  # every call failed, and was counted
         alerts.set_mode("ok")
         started = service.fanout.stats.started
         wait_for(

@@ -112,6 +112,8 @@ class BackendGuard:
         self._p95_s: float | None = None
         self._since_p95 = 0
         self.attempts = self.hedges = 0
+        #: Calls made, and of those the ones the backend failed (as the breaker judges them).
+        self.calls = self.failures = 0
 
     def policy(self, lookup: str) -> RetryPolicy:
         return self._policies.get(lookup, RetryPolicy())
@@ -132,6 +134,8 @@ class BackendGuard:
             failed = _is_backend_fault(error, given_s)
             raise
         finally:
+            self.calls += 1
+            self.failures += failed
             self.breaker.record(failed, probe)
 
     def _attempts(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:

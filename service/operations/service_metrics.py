@@ -11,6 +11,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
 
     fanout.pool.size, .in_use, .in_use_p99, .wait_p99, .recommended   by fanout.pool.name
     fanout.circuit.state (0 closed, 1 half open, 2 open), fanout.circuit.opened,
+    fanout.backend.calls, .failures,
     fanout.backend.attempts, .retries, .retries_refused, .hedges      by fanout.backend
     fanout.backend.up (1 up, 0 down, as last checked)                 by fanout.backend
     fanout.admission.limit, .limit_min, .inflight, .queued
@@ -174,6 +175,18 @@ _meter.create_observable_gauge(
 )
 for _name, _read, _unit, _description in (
     ("fanout.circuit.opened", lambda b: b.opened, "{opening}", "Times the circuit opened"),
+    (
+        "fanout.backend.calls",
+        lambda b: b.calls,
+        "{call}",
+        "Calls to the backend (each one's retries and hedges together)",
+    ),
+    (
+        "fanout.backend.failures",
+        lambda b: b.failures,
+        "{call}",
+        "Calls the backend failed: unreachable, timed out or 5xx, after any retries",
+    ),
     (
         "fanout.backend.attempts",
         lambda b: b.attempts,

@@ -67,6 +67,8 @@ class BackendSnapshot:
     name: str
     circuit: CircuitState
     opened: int
+    calls: int
+    failures: int
     attempts: int
     retries: int
     retries_refused: int
@@ -137,6 +139,8 @@ def _backend(guard: BackendGuard) -> BackendSnapshot:
         name=guard.name,
         circuit=guard.breaker.state,
         opened=guard.breaker.opened,
+        calls=guard.calls,
+        failures=guard.failures,
         attempts=guard.attempts,
         retries=guard.budget.retries,
         retries_refused=guard.budget.refused,
