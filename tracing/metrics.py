@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _DEFAULT_HOST, _DEFAULT_PORT = "127.0.0.1", 9464
-_REPORT_REUSE_S = 0.5  # one collection reads all pool gauges well within this
 
 
 class Metrics:
