@@ -22,44 +22,15 @@ from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import TcpFaultProxy
 from service.samples.mongo_server import free_port
+from tests.support.group import (  # noqa: F401 (a fixture)
+    all_serving,
+    group_env,
+    group_ports,
+    probe,
+    reload_and_wait,
+)
 from tests.support.sockets import wait_for
 from tests.support.workers import ALL_PANELS, ENV, FANOUT, Server, serve  # noqa: F401
-
-
-@pytest.fixture
-def group_ports() -> dict[str, int]:
-    return {"probes": free_port(), "metrics": free_port()}
-
-
-def group_env(ports: dict[str, int]) -> dict[str, str]:
-    return {
-        "FANOUT_SERVER_PROBE_PORT": str(ports["probes"]),
-        "FANOUT_METRICS_EXPORTER": "prometheus",
-        "FANOUT_METRICS_PORT": str(ports["metrics"]),
-    }
-
-
-def probe(ports: dict[str, int], path: str) -> requests.Response:
-    return requests.get(f"http://127.0.0.1:{ports['probes']}{path}", timeout=5)
-
-
-def all_serving(ports: dict[str, int], count: int) -> bool:
-    try:
-        workers = probe(ports, "/healthz").json()["workers"]
-    except requests.RequestException:
-        return False
-    return len(workers) == count and set(workers.values()) == {"serving"}
-
-
-def reload_and_wait(server: Server, ports: dict[str, int]) -> None:
-    """SIGHUP, then wait until two new workers serve and the old ones are gone."""
-    before = set(server.workers())
-    server.process.send_signal(signal.SIGHUP)
-    wait_for(
-        lambda: not before & set(server.workers()) and all_serving(ports, 2),
-        30,
-        "two new workers serving, the old ones gone",
-    )
 
 
 def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(

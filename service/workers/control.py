@@ -20,6 +20,7 @@ kind           direction       what
 ``retire``     master → worker hand over every connection, then drain and exit
 ``moved``      worker → master one connection (an fd) with the bytes read of it
 ``adopt``      master → worker serve this connection (an fd), those bytes first
+``counts``     worker → master once drained: its last exposition (zlib), which outlives it
 =============  ==============  ====================================================
 """
 

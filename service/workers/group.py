@@ -36,16 +36,16 @@ from __future__ import annotations
 import logging
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import gevent
 from gevent.pywsgi import WSGIServer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from service.operations.ports import cannot_listen
 from service.operations.probes import backend_bodies, json_answer
+from service.workers.counts import GroupCounts
 
 if TYPE_CHECKING:
     from service.workers.group_state import GroupState
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GROUP_SERIES",
     "GroupEndpoints",
+    "ScrapeTarget",
     "WorkerState",
     "merge_scrapes",
     "WORKER_SCRAPE_TIMEOUT_S",
@@ -68,11 +69,22 @@ WORKER_SCRAPE_TIMEOUT_S = 0.75
 WorkerState = tuple[int, str, str | None]
 
 
+class ScrapeTarget(NamedTuple):
+    """A running worker that serves its metrics: the position it holds, who it is, where."""
+
+    position: int
+    pid: int
+    serial: int
+    url: str
+
+
 class GroupEndpoints:
     """Serve the group's probes and metrics from the master; :meth:`start` binds both.
 
     ``workers`` says each position's state now; ``stopping`` whether SIGTERM arrived;
-    ``counts`` the workers configured and the worker exits so far.
+    ``targets`` where every running worker (an old one after a reload too) is scraped;
+    ``ledger`` keeps their counts across lifetimes; ``counts`` the workers configured
+    and the worker exits so far.
     """
 
     def __init__(
@@ -83,6 +95,8 @@ class GroupEndpoints:
         workers: Callable[[], list[WorkerState]],
         stopping: Callable[[], bool],
         state: GroupState,
+        targets: Callable[[], list[ScrapeTarget]],
+        ledger: GroupCounts,
         old_serving: Callable[[], bool] = lambda: False,
         counts: Callable[[], tuple[int, int]] = lambda: (0, 0),
     ) -> None:
@@ -91,7 +105,8 @@ class GroupEndpoints:
         self._stopping = stopping
         self._state = state
         self._old_serving = old_serving
-        self._last_scrapes: dict[str, str] = {}  # each position's last answer
+        self._targets = targets
+        self._ledger = ledger
         self._servers: list[WSGIServer] = []
         if probe_port >= 0:
             self._servers.append(
@@ -147,27 +162,17 @@ class GroupEndpoints:
         if environ.get("PATH_INFO", "") != "/metrics":
             start_response("404 Not Found", [("Content-Type", "text/plain")])
             return [b"not found: the scrape path is /metrics\n"]
-        workers = self._workers()
-        serving = [
-            (str(position), url)
-            for position, state, url in workers
-            if state in ("serving", "unresponsive") and url
-        ]
-        fetches = [gevent.spawn(_fetch, url) for _, url in serving]
+        targets = self._targets()
+        fetches = [gevent.spawn(_fetch, target.url) for target in targets]
         gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)
-        fresh = {
-            position: fetch.value for (position, _), fetch in zip(serving, fetches) if fetch.value
-        }
-        for fetch in fetches:
+        answered = set()
+        for target, fetch in zip(targets, fetches):
             fetch.kill(block=False)  # urllib in the master: no pool to corrupt
-        self._last_scrapes.update(fresh)
-        # A position whose worker is restarting or silent keeps its last series, so that no
-        # series of the group's goes stale between two scrapes (fanout_worker_scraped says so).
-        scrapes = {
-            str(position): (self._last_scrapes.get(str(position)), str(position) in fresh)
-            for position, _, _ in workers
-        }
-        body = merge_scrapes(scrapes, self._state.connections(), self._counts())
+            if fetch.value:
+                self._ledger.scraped(target.serial, str(target.position), fetch.value)
+                answered.add(str(target.position))
+        scraped = {str(position): str(position) in answered for position, _, _ in self._workers()}
+        body = merge_scrapes(self._ledger, scraped, self._state.connections(), self._counts())
         start_response(
             "200 OK", [("Content-Type", CONTENT_TYPE_LATEST), ("Content-Length", str(len(body)))]
         )
@@ -202,27 +207,20 @@ GROUP_SERIES = (
 
 
 def merge_scrapes(
-    scrapes: dict[str, tuple[str | None, bool]],
+    ledger: GroupCounts,
+    scraped: dict[str, bool],
     connections: dict[str, int] | None = None,
     workers: tuple[int, int] = (0, 0),
 ) -> bytes:
-    """One exposition from each worker's ``(text or None, answered now)``, labelled
-    ``worker``, with each worker's connections as the master counts them, and the group's
-    ``(workers configured, worker exits)``."""
-    families: dict[str, Metric] = {}
-    scraped, held, configured, exits = (Metric(*series) for series in GROUP_SERIES)
+    """One exposition: every position's series from ``ledger``, labelled ``worker``, whether
+    each position's worker ``scraped`` now, each worker's connections as the master counts
+    them, and the group's ``(workers configured, worker exits)``."""
+    scraped_now, held, configured, exits = (Metric(*series) for series in GROUP_SERIES)
     configured.add_sample(configured.name, {}, float(workers[0]))
     exits.add_sample(exits.name + "_total", {}, float(workers[1]))
     for worker, count in sorted((connections or {}).items()):
         held.add_sample(held.name, {"worker": worker}, float(count))
-    for worker, (text, answered) in scrapes.items():
-        scraped.add_sample(scraped.name, {"worker": worker}, float(answered))
-        for family in text_string_to_metric_families(text or ""):
-            merged = families.setdefault(
-                family.name, Metric(family.name, family.documentation, family.type, family.unit)
-            )
-            merged.samples.extend(
-                sample._replace(labels={**sample.labels, "worker": worker})
-                for sample in family.samples
-            )
-    return generate_latest(_Families([scraped, held, configured, exits, *families.values()]))
+    for worker, answered in scraped.items():
+        scraped_now.add_sample(scraped_now.name, {"worker": worker}, float(answered))
+    families = [scraped_now, held, configured, exits, *ledger.families("worker")]
+    return generate_latest(_Families(families))

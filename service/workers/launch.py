@@ -16,6 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent
 import gevent.subprocess
 from gevent.queue import Queue
 
@@ -26,6 +27,8 @@ from tracing.context import spawn_in_context
 __all__ = ["WorkerLink", "launch_worker"]
 
 log = logging.getLogger(__name__)
+
+_LAST_WORDS_S = 1.0  # the longest an exit waits for the worker's last messages to be read
 
 
 @dataclass
@@ -85,8 +88,8 @@ def launch_worker(
         },
         listener.fileno(),
     )
-    spawn_in_context(_read, link, events)
-    spawn_in_context(_wait, link, events)
+    reader = spawn_in_context(_read, link, events)
+    spawn_in_context(_wait, link, events, reader)
     return link
 
 
@@ -95,7 +98,10 @@ def _read(link: WorkerLink, events: Queue) -> None:
         events.put(("control", link.pid, message, fd))
 
 
-def _wait(link: WorkerLink, events: Queue) -> None:
+def _wait(link: WorkerLink, events: Queue, reader: gevent.Greenlet) -> None:
     code = link.process.wait()
+    # What the worker said before it went (its last counts) comes before its exit; the
+    # line ends when the worker's end closes, which its exit does.
+    reader.join(timeout=_LAST_WORDS_S)
     link.line.close()
     events.put(("exit", link.pid, code))

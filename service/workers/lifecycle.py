@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import gevent
 from gevent.event import Event
+from prometheus_client import generate_latest
 
 from lookups.clock import SYSTEM_CLOCK
 from service.app import FanOutService
@@ -58,6 +59,7 @@ def run_server(
     stop: Event | None = None,
     on_metrics: Callable[[tuple[str, int]], None] | None = None,
     on_service: Callable[[FanOutService], None] | None = None,
+    on_drained: Callable[[bytes], None] | None = None,
     tune_gc: bool = False,
 ) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
@@ -66,7 +68,8 @@ def run_server(
     a Prometheus exporter's scrape endpoint starts, and ``on_metrics(address)``
     is told where), starts :class:`FanOutService` (on ``listener`` if given: a
     bound, listening socket, as pre-forked workers share), calls
-    ``on_service(service)`` and then ``on_ready(address)`` once listening, and blocks. A signal
+    ``on_service(service)`` and then ``on_ready(address)`` once listening, and blocks; once
+    drained, with a Prometheus exporter, ``on_drained(exposition)`` gets the last counts. A signal
     arriving during the drain is logged and otherwise ignored: the drain is
     already bounded. With ``install_signals`` false no handler is installed and
     only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
@@ -95,6 +98,9 @@ def run_server(
         service = FanOutService(settings, listener=listener)
         cleanup.callback(_close, service)
         service.start()
+        if on_drained is not None and (registry := meters.registry) is not None:
+            # After the drain (registered later, undone first): every call answered is counted.
+            cleanup.callback(lambda: on_drained(generate_latest(registry)))
         if tune_gc:
             tune_collector()
         cleanup.callback(service.drain)

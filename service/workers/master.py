@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,8 @@ from lookups.clock import SYSTEM_CLOCK
 from service.operations.logs import set_worker
 from service.operations.ports import bind_listener
 from service.settings.config import ConfigError, Settings
-from service.workers.group import GroupEndpoints
+from service.workers.counts import GroupCounts
+from service.workers.group import GroupEndpoints, ScrapeTarget
 from service.workers.group_state import GroupState
 from service.workers.heartbeat import Heartbeats
 from service.workers.launch import WorkerLink, launch_worker
@@ -78,6 +80,7 @@ class _Master:
         self._reload = reload
         self._heartbeats = Heartbeats()
         self._positions = Positions(settings.server.workers)
+        self._ledger = GroupCounts()  # every worker's counts, across lifetimes
         self._links: dict[int, WorkerLink] = {}  # by pid: every worker running, old ones too
         self._old_generation: list[WorkerLink] = []  # to retire once the new one serves
         self._old_since = 0.0
@@ -105,6 +108,8 @@ class _Master:
                 lambda: self._positions.states(self._heartbeats),
                 lambda: self._stopping,
                 self._state,
+                self._scrape_targets,
+                self._ledger,
                 lambda: bool(self._old_generation),
                 lambda: (len(self._positions), self._positions.exits),
             ).start()
@@ -187,6 +192,17 @@ class _Master:
             and not link.retiring
         ]
 
+    def _scrape_targets(self) -> list[ScrapeTarget]:
+        """Every running worker that serves its metrics, old generation and retiring ones too."""
+        targets = []
+        for link in self._links.values():
+            announced = self._heartbeats.announcement(link.serial)
+            if announced and announced.get("pid") == link.pid and announced.get("metrics"):
+                targets.append(
+                    ScrapeTarget(link.position, link.pid, link.serial, announced["metrics"])
+                )
+        return targets
+
     def _start(self, position: Position) -> None:
         assert self._listener is not None
         self._serial += 1
@@ -217,7 +233,10 @@ class _Master:
     def _on_control(self, pid: int, message: dict[str, Any], fd: int | None) -> None:
         assert self._state is not None
         link = self._links.get(pid)
-        if link is not None:
+        if link is not None and message.get("kind") == "counts":
+            exposition = zlib.decompress(message["exposition"]).decode()
+            self._ledger.final(link.serial, str(link.position), exposition)
+        elif link is not None:
             self._state.on_message(link, message, fd)
         elif fd is not None:
             os.close(fd)
@@ -228,6 +247,7 @@ class _Master:
         link = self._links.pop(pid, None)
         position = self._positions.holding(pid)
         if link is not None:
+            self._ledger.exited(link.serial)
             self._heartbeats.forget(link.serial)
         if link is not None and link.retiring:
             log.info("master: retired worker %d stopped (exit code %d)", pid, code)

@@ -3,7 +3,8 @@
 From the master: the group's backend checks and every worker's pools
 (``group``), connections to serve (``adopt``), connections to hand over
 (``move``, ``retire``). To the master: this worker's ``state`` every
-:data:`REPORT_S` (connections, pools), and each connection it hands over (``moved``).
+:data:`REPORT_S` (connections, pools), each connection it hands over (``moved``), and
+once drained its last ``counts``.
 The message kinds are listed in :mod:`service.workers.control`. A line that ends
 means the master has gone: the worker drains and exits.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import gevent
@@ -79,6 +81,12 @@ class GroupMember:
         elif kind == "retire":
             service.drain_moves_to = self._hand_over
             self.stop.set()
+
+    def last_counts(self, exposition: bytes) -> None:
+        """Once drained: send the master this worker's last counts, which outlive it there
+        (:mod:`service.workers.counts`)."""
+        if not self._line.offer({"kind": "counts", "exposition": zlib.compress(exposition, 1)}):
+            log.warning("the last counts could not reach the master; its last scrape stands")
 
     def _hand_over(self, sock: socket.socket, unread: bytes) -> bool:
         """Send one connection to the master, which gives it to another worker."""

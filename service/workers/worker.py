@@ -76,6 +76,7 @@ def serve_as_worker(
             stop=member.stop,
             on_metrics=lambda at: facts.update(metrics=f"http://{at[0]}:{at[1]}/metrics"),
             on_service=member.attach,
+            on_drained=member.last_counts,
             on_ready=lambda _: heartbeats.announce(start["serial"], **facts),
         )
     except ConfigError:
