@@ -6,6 +6,7 @@ Real sockets and real clients (ours, Apache Thrift's ``TSSLSocket``, ``fanout ca
 
 from __future__ import annotations
 
+import datetime
 import logging
 import re
 import socket
@@ -25,7 +26,9 @@ from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.transport import TTransportException
 
 from service.client import AppStatsClient
+from service.listener.handshakes import TlsHandshakes
 from service.listener.server import ThriftServer
+from service.listener.stats import ServerStats
 from service.settings.config import ConfigError, ServerSettings, load_settings
 from service.wire.certificates import RotatingContext
 from service.wire.tls import TlsConfigError, server_context
@@ -328,6 +331,54 @@ def test_an_unreadable_client_ca_stops_start_up_naming_the_key(pki: Pki, tmp_pat
         server_context(pki.cert_file, pki.key_file, str(tmp_path / "missing.pem"))
 
 
+def _openssl_end_date(pem_file: str) -> float:
+    """The first certificate's notAfter in ``pem_file``, as openssl reads it (Unix time)."""
+    shown = subprocess.run(
+        ["openssl", "x509", "-noout", "-enddate", "-in", pem_file],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    ends = datetime.datetime.strptime(
+        shown.strip().removeprefix("notAfter="), "%b %d %H:%M:%S %Y %Z"
+    )
+    return ends.replace(tzinfo=datetime.UTC).timestamp()
+
+
+def test_the_soonest_expiry_of_the_certificates_in_use_is_known_and_follows_a_rotation(
+    pki: Pki, tmp_path: Path
+) -> None:
+    settings = ServerSettings(
+        tls_cert_file=str(tmp_path / "server.pem"),
+        tls_key_file=str(tmp_path / "server.key"),
+        tls_client_ca_file=pki.ca_file,
+    )
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=20)
+    _write_server_leaf(pki, tmp_path, not_after=soon)
+    handshakes = TlsHandshakes(settings, ServerStats())
+    assert handshakes.expirations() == {
+        "server": _openssl_end_date(settings.tls_cert_file),  # the leaf: sooner than its chain
+        "client_ca": _openssl_end_date(pki.ca_file),
+    }
+    assert abs(handshakes.expirations()["server"] - soon.timestamp()) < 2
+    later = soon + datetime.timedelta(days=60)
+    _write_server_leaf(pki, tmp_path, not_after=later)  # renewed: new files, once in use
+    wait_for(
+        lambda: abs(handshakes.expirations()["server"] - later.timestamp()) < 2,
+        10,
+        "the renewed certificate's expiry",
+    )
+
+
+def _write_server_leaf(pki: Pki, directory: Path, not_after: datetime.datetime) -> None:
+    """A chain: a leaf ending at ``not_after`` and the intermediate CA that signed it."""
+    leaf = pki.ca.create_child_ca().issue_cert("localhost", not_after=not_after)
+    assert len(leaf.cert_chain_pems) == 2
+    leaf.private_key_pem.write_to_path(str(directory / "server.key"))
+    for index, blob in enumerate(leaf.cert_chain_pems):
+        blob.write_to_path(str(directory / "server.pem"), append=index > 0)
+
+
 def test_fanout_serve_with_mutual_tls_counts_refusals_and_fanout_call_presents_a_certificate(
     serve: Any, http_services: Any, pki: Pki, clients
 ) -> None:
@@ -386,3 +437,16 @@ def test_fanout_serve_with_mutual_tls_counts_refusals_and_fanout_call_presents_a
         "the refusals",
     )
     assert all(1 <= count <= 2 for count in counted.values()), counted
+    expirations = {
+        m.group(1): float(m.group(2))
+        for m in re.finditer(
+            r'^fanout_tls_certificate_expiration_timestamp_seconds\{.*fanout_tls_certificate="(\w+)"'
+            r".*\} (\S+)$",
+            requests.get(scrape_at, timeout=5).text,
+            re.M,
+        )
+    }
+    assert expirations == {
+        "server": _openssl_end_date(pki.cert_file),
+        "client_ca": _openssl_end_date(pki.ca_file),
+    }

@@ -6,7 +6,8 @@ whole of it, :func:`service.wire.tls.handshake`). With ``server.tls_client_names
 the client's certificate must also name one of them. A refused handshake closes
 that connection only: it is counted (``fanout.tls.handshakes.refused`` by
 ``fanout.tls.reason``) and summed up in one log line every few seconds, never one per
-connection. New connections get the certificate files as they are on disk.
+connection. New connections get the certificate files as they are on disk, and
+``fanout.tls.certificate.expiration_timestamp`` says when those in use expire.
 """
 
 from __future__ import annotations
@@ -14,24 +15,46 @@ from __future__ import annotations
 import logging
 import socket
 import ssl
+import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from service.engine.summary import FailureSummary
 from service.listener.stats import ServerStats
 from service.settings.server import ServerSettings
-from service.wire.certificates import RotatingContext
+from service.wire.certificates import RotatingContext, expires_at
 from service.wire.tls import handshake, peer_names, refusal_reason, server_context
 
 __all__ = ["TlsHandshakes"]
 
 log = logging.getLogger(__name__)
 
-_refused_handshakes = metrics.get_meter("fanout.server").create_counter(
+_meter = metrics.get_meter("fanout.server")
+_refused_handshakes = _meter.create_counter(
     "fanout.tls.handshakes.refused",
     unit="{connection}",
     description="TLS handshakes refused, by fanout.tls.reason",
+)
+_listeners: weakref.WeakSet[TlsHandshakes] = weakref.WeakSet()
+
+
+def _expirations(options: CallbackOptions) -> Iterable[Observation]:
+    return [
+        Observation(at, {"fanout.tls.certificate": role})
+        for handshakes in list(_listeners)
+        for role, at in handshakes.expirations().items()
+    ]
+
+
+_meter.create_observable_gauge(
+    "fanout.tls.certificate.expiration_timestamp",
+    callbacks=[_expirations],
+    unit="s",
+    description="When the TLS certificates in use expire (Unix time; the soonest of a chain),"
+    " by fanout.tls.certificate: server, client_ca",
 )
 
 
@@ -43,6 +66,9 @@ class TlsHandshakes:
         self._context = RotatingContext(
             lambda: _built(server_context(*files)), [path for path in files if path]
         )
+        self._certificates = {"server": settings.tls_cert_file, "client_ca": files[2]}
+        self._expirations: tuple[int, dict[str, float]] | None = None  # and at which reload
+        _listeners.add(self)
         self._timeout_s = settings.frame_timeout_ms / 1000.0
         self._allowed_names = frozenset(settings.tls_client_names)
         self._stats = stats
@@ -65,6 +91,19 @@ class TlsHandshakes:
                 self._refuse("name_not_allowed", peer, ", ".join(names) or "no DNS or URI name")
                 return None
         return secured
+
+    def expirations(self) -> dict[str, float]:
+        """When the server's certificate and the client CAs in use expire (Unix time), read
+        from the files again only once new ones are in use (looked for here too, as when a
+        connection arrives)."""
+        self._context.current()
+        if self._expirations is None or self._expirations[0] != self._context.reloads:
+            expiring = {role: expires_at(path) for role, path in self._certificates.items() if path}
+            self._expirations = (
+                self._context.reloads,
+                {role: at for role, at in expiring.items() if at is not None},
+            )
+        return self._expirations[1]
 
     def flush(self) -> None:
         """Log the pending summary of refusals (at shutdown)."""

@@ -24,10 +24,12 @@ import os
 import ssl
 from collections.abc import Callable, Sequence
 
+from cryptography import x509
+
 from lookups.clock import SYSTEM_CLOCK
 from service.wire.tls import TlsConfigError
 
-__all__ = ["RotatingContext", "CHECK_EVERY_S"]
+__all__ = ["RotatingContext", "CHECK_EVERY_S", "expires_at"]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +102,18 @@ def _signature(paths: Sequence[str]) -> _Signature:
             continue
         signature.append((stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size))
     return tuple(signature)
+
+
+def expires_at(path: str) -> float | None:
+    """When the first of the certificates in PEM file ``path`` expires (Unix time): for a
+    chain, the soonest of its certificates; None when the file holds none that can be read.
+
+    ``ssl`` decodes only a peer's certificate and CA certificates, never a server's own,
+    hence the ``cryptography`` library.
+    """
+    try:
+        with open(path, "rb") as pem:
+            certificates = x509.load_pem_x509_certificates(pem.read())
+    except (OSError, ValueError):
+        return None
+    return min(certificate.not_valid_after_utc.timestamp() for certificate in certificates)
