@@ -287,15 +287,6 @@ def test_metrics_appear_in_a_real_prometheus_scrape(serve: Any, http_services: A
     # Durations in seconds, every instrument with a unit (promtool flags *_milliseconds).
     assert re.search(r'^fanout_pool_wait_p99_seconds\{.*fanout_pool_name="mongo".*\} ', text, re.M)
     assert "_milliseconds" not in text
-    # Every series the manual's dashboard queries name is in the scrape.
-    page = (ROOT / "docs" / "how-to" / "monitor.md").read_text()
-    queries = re.search(r"```promql\n(.*?)```", page, re.S)
-    assert queries, "no promql block in docs/how-to/monitor.md"
-    # Series, not label names (those are followed by a matcher, a comma or a parenthesis).
-    named = set(re.findall(r"\b((?:fanout|rpc|http)_[a-z0-9_]+)\b(?!\s*[!=~,)])", queries.group(1)))
-    assert len(named) >= 10, named
-    missing = {name for name in named if not re.search(rf"^{name}[{{ ]", text, re.M)}
-    assert not missing, missing
     # The metrics' resource names the service as the traces do (it was unknown_service:python).
     assert re.search(r'^target_info\{.*service_name="fanout".*\} 1\.0$', text, re.M), text
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import html
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -138,6 +139,19 @@ def test_the_metrics_reference_names_every_instrument(site: Path) -> None:
         assert name.replace(".", "_") in text, name
     for name, _, _ in GROUP_SERIES:
         assert name in text, name
+
+
+def test_the_monitoring_page_shows_every_query_of_the_shipped_dashboard(site: Path) -> None:
+    spec = importlib.util.spec_from_file_location("dashboard", ROOT / "deploy/grafana/dashboard.py")
+    assert spec is not None and spec.loader is not None
+    dashboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dashboard)
+    # Highlighting splits a query into tags: compared without the spaces they leave.
+    text = re.sub(r"\s+", "", page_text(site, "how-to/monitor.html"))
+    queries = dashboard.queries()
+    assert len(queries) >= 20
+    for query in queries:
+        assert re.sub(r"\s+", "", query) in text, query
 
 
 def test_the_idl_reference_names_every_method_type_and_exception(site: Path) -> None:

@@ -4,6 +4,7 @@ alert carries what the runbooks page promises."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -164,3 +165,25 @@ def test_every_dashboard_query_parses(tmp_path: Path) -> None:
         ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+#: A series an alert stands on: ours, the RPC histogram's, a recording rule's, or up.
+_SERIES = re.compile(r"\b(fanout_\w+|rpc_server_\w+|slo:\w+(?::\w+)*|up)\b")
+
+
+def _series_of(expr: str) -> set[str]:
+    """The series an expression reads (a histogram's or a recording rule's by its family)."""
+    names = set()
+    for name in _SERIES.findall(expr):
+        if name.startswith("slo:"):
+            name = "slo:"  # the SLO alerts read Sloth's rules; the budget left shows them
+        names.add(re.sub(r"_(bucket|count|sum)$", "", name))
+    return names
+
+
+def test_every_alerts_signal_has_a_dashboard_panel() -> None:
+    shown = set().union(*(_series_of(query) for query in _dashboard_module().queries()))
+    for path in RULE_FILES:
+        for alert in _alerts(path):
+            missing = _series_of(alert["expr"]) - shown
+            assert not missing, f"{alert['alert']}: no dashboard panel shows {sorted(missing)}"

@@ -105,6 +105,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                 "short",
                 [
                     (f"sum(fanout_admission_limit{{{SEL}}})", "limit"),
+                    (f"sum(fanout_admission_limit_min{{{SEL}}})", "floor"),
                     (f"sum(fanout_admission_inflight{{{SEL}}})", "in flight"),
                     (f"sum(fanout_admission_queued{{{SEL}}})", "queued"),
                 ],
@@ -117,7 +118,11 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                         f"sum by (fanout_criticality) (rate(fanout_calls_refused_total{{{SEL}}}"
                         f"[$__rate_interval]))",
                         "{{fanout_criticality}}",
-                    )
+                    ),
+                    (
+                        f"sum(rate(fanout_calls_overloaded_total{{{SEL}}}[$__rate_interval]))",
+                        "all Overloaded",
+                    ),
                 ],
             ),
             (
@@ -168,7 +173,7 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
         ],
     ),
     (
-        "Backends, cache and workers",
+        "Backends and the results cache",
         [
             (
                 "Backends: up (1) and circuit (0 closed, 1 half open, 2 open)",
@@ -185,7 +190,19 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                 ],
             ),
             (
-                "Results cache: buckets read and missed",
+                "Backend calls failed after their retries",
+                "percentunit",
+                [
+                    (
+                        f"sum by (fanout_backend) (rate(fanout_backend_failures_total{{{SEL}}}"
+                        f"[$__rate_interval])) / sum by (fanout_backend) (rate("
+                        f"fanout_backend_calls_total{{{SEL}}}[$__rate_interval]))",
+                        "{{fanout_backend}}",
+                    )
+                ],
+            ),
+            (
+                "Results cache: buckets read and missed; its store up (1)",
                 "ops",
                 [
                     (f"sum(rate(fanout_cache_hits_total{{{SEL}}}[$__rate_interval]))", "hits"),
@@ -193,20 +210,66 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                         f"sum(rate(fanout_cache_misses_total{{{SEL}}}[$__rate_interval]))",
                         "misses",
                     ),
+                    (
+                        f"min by (instance) (fanout_cache_store_up{{{SEL}}})",
+                        "{{instance}} store up",
+                    ),
                 ],
             ),
+        ],
+    ),
+    (
+        "Workers and TLS",
+        [
             (
-                "Workers: connections served, and answering the master",
+                "Workers: configured, answering the master, and exits",
                 "short",
                 [
                     (
-                        f"sum by (instance, worker) (fanout_worker_connections{{{SEL}}})",
-                        "{{instance}} worker {{worker}}",
+                        f"sum by (instance) (fanout_workers_configured{{{SEL}}})",
+                        "{{instance}} configured",
                     ),
                     (
                         f"sum by (instance) (fanout_worker_scraped{{{SEL}}})",
-                        "{{instance}} workers answering",
+                        "{{instance}} answering",
                     ),
+                    (
+                        f"sum by (instance) (increase(fanout_worker_exits_total{{{SEL}}}"
+                        f"[$__rate_interval]))",
+                        "{{instance}} exits",
+                    ),
+                    (
+                        f"sum by (instance, worker) (fanout_worker_connections{{{SEL}}})",
+                        "{{instance}} worker {{worker}} connections",
+                    ),
+                    ('sum(up{job="fanout",instance=~"$instance"})', "targets scraped"),
+                ],
+            ),
+            (
+                "Per second: event loop blocked, TLS handshakes refused",
+                "short",
+                [
+                    (
+                        f"sum by (instance) (rate(fanout_event_loop_blocked_total{{{SEL}}}"
+                        f"[$__rate_interval]))",
+                        "{{instance}} loop blocked",
+                    ),
+                    (
+                        f"sum by (fanout_tls_reason) (rate(fanout_tls_handshakes_refused_total"
+                        f"{{{SEL}}}[$__rate_interval]))",
+                        "TLS refused: {{fanout_tls_reason}}",
+                    ),
+                ],
+            ),
+            (
+                "TLS certificates in use: time left",
+                "s",
+                [
+                    (
+                        f"min by (fanout_tls_certificate) ("
+                        f"fanout_tls_certificate_expiration_timestamp_seconds{{{SEL}}}) - time()",
+                        "{{fanout_tls_certificate}}",
+                    )
                 ],
             ),
         ],

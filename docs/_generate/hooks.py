@@ -5,7 +5,9 @@ A hand-written page holds a marker where generated text goes, and this fills it:
 - ``<!-- settings:NAME --><!-- /settings:NAME -->``: a table of settings, from the
   sections' declarations (``service/cli/settings_table.py``);
 - ``<!-- generated:cli -->``, ``metrics``, ``log-fields``, ``idl``, ``errors``: the command
-  line, the metrics, the log's fields, the IDL and the error types (``collect.py``).
+  line, the metrics, the log's fields, the IDL and the error types (``collect.py``);
+- ``<!-- generated:dashboard-queries -->``: the shipped dashboard's queries
+  (``deploy/grafana/dashboard.py``).
 
 Two pages are made whole: ``performance/index.md`` (the newest figures of each results
 file in ``docs/performance/``) and ``performance/log.md`` (every run those files hold).
@@ -14,6 +16,7 @@ Only these may quote measured figures: a test holds the hand-written pages to th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -147,10 +150,26 @@ def _errors(data: dict[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _dashboard_queries(data: dict[str, Any]) -> str:
+    """Every panel's queries, from the script that writes the shipped dashboard."""
+    script = HERE.parent.parent / "deploy" / "grafana" / "dashboard.py"
+    spec = importlib.util.spec_from_file_location("fanout_dashboard", script)
+    assert spec is not None and spec.loader is not None
+    dashboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dashboard)
+    lines = []
+    for row, panels in dashboard.ROWS:
+        for title, _, targets in panels:
+            lines.append(f"# {row}: {title}")
+            lines.extend(query for query, _ in targets)
+    return "```promql\n" + "\n".join(lines) + "\n```"
+
+
 _RENDER = {
     "cli": _cli,
     "metrics": _metrics,
     "log-fields": _log_fields,
     "idl": _idl,
     "errors": _errors,
+    "dashboard-queries": _dashboard_queries,
 }
