@@ -142,6 +142,7 @@ class FanOutService:
                 self.health,
                 lambda: self.server.draining,
                 stale_after_s=server.worker_heartbeat_timeout_ms / 1000.0,
+                stores=self.parts.stores,
             ).start()
         self.hub_monitor.start()
         host, port = self.address

@@ -1,7 +1,8 @@
 """The shipped rules and dashboard against a real Prometheus scraping a real two-worker
 ``fanout serve`` under load: with TLS, the results cache on Redis, and a backend killed
-and brought back. Every dashboard query returns data, and the backend alert fires and
-clears (each alert's ``for:`` shortened: :mod:`tests.support.prometheus`)."""
+and brought back. Every dashboard query returns data, the backend alert fires and
+clears (each alert's ``for:`` shortened: :mod:`tests.support.prometheus`), and the group's
+probes show Redis down and back."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import TcpFaultProxy
 from service.samples.mongo_server import free_port
-from tests.support.group import all_serving, group_env, group_ports  # noqa: F401 (a fixture)
+from tests.support.group import (  # noqa: F401 (a fixture)
+    all_serving,
+    group_env,
+    group_ports,
+    probe,
+)
 from tests.support.pki import Pki, make_pki
 from tests.support.prometheus import PrometheusServer
 from tests.support.redis_server import RedisServer, redis_server  # noqa: F401 (a fixture)
@@ -139,6 +145,18 @@ def test_the_dashboard_and_the_backend_alert_work_on_a_real_scrape(
             wait_for(lambda: not _missing(prometheus, queries, seen), 60, "every query's data")
         except AssertionError:
             pytest.fail(f"dashboard queries with no data: {_missing(prometheus, queries, seen)}")
+
+        # The results cache's Redis beside the backends in the group's probes, as the workers
+        # last found it.
+        def cache_up() -> bool:
+            return bool(probe(group_ports, "/readyz").json()["backends"]["cache"]["up"])
+
+        redis_server.pause()
+        try:
+            wait_for(lambda: not cache_up(), 30, "the group's probes showing Redis down")
+        finally:
+            redis_server.resume()
+        wait_for(cache_up, 30, "the group's probes showing Redis up again")
         wait_for(
             lambda: (
                 not [

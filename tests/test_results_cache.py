@@ -390,3 +390,30 @@ def test_fanout_pools_shows_the_cache_and_a_group_adds_it_up(start_service: Star
     assert plain.pool_stats().cache_max_bytes is None and "cache" not in format_pools(
         plain.pool_stats()
     )
+
+
+@needs("redis")
+def test_the_probes_and_health_show_the_cache_store_down_and_back(
+    start_service: StartService, redis_server: RedisServer
+) -> None:
+    service, client = start_service(
+        **CACHE_ON, cache__url=redis_server.url, cache__redis_timeout_ms=100, server__probe_port=0
+    )
+    probes = f"http://127.0.0.1:{service.probes.address[1]}/readyz"
+
+    def shown() -> tuple[Any, Any]:
+        told = {b.name: b for b in client.health().backends}["cache"]
+        return (told.up, told.circuit), requests.get(probes, timeout=5).json()["backends"]["cache"]
+
+    _ask(client)
+    assert shown() == ((True, "closed"), {"up": True, "circuit": "closed", "detail": ""})
+    redis_server.pause()  # the cache's next commands time out; the panels are queried
+    try:
+        _ask(client)
+        health, probe = shown()
+        assert health == (False, "open") and probe["up"] is False, (health, probe)
+        assert probe["detail"] == "Redis did not answer the cache's last command"
+    finally:
+        redis_server.resume()
+    wait_for(lambda: _ask(client) is not None and shown()[1]["up"] is True, 30, "Redis up again")
+    assert shown()[0][0] is True

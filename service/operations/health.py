@@ -41,12 +41,15 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
+from lookups.cache import BucketStore
 from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
 __all__ = [
     "BackendStatus",
     "HealthChecker",
+    "CACHE_STORE",
+    "store_statuses",
     "DEFAULT_CHECK_TIMEOUT_MS",
     "DEFAULT_CACHE_MS",
     "CHECK_INTERVAL_S",
@@ -73,6 +76,22 @@ class BackendStatus:
     circuit: str = (
         "closed"  # the backend's circuit breaker, as lookups see it: closed, open, half_open
     )
+
+
+#: The name the results cache's shared store (Redis) goes by beside the backends.
+CACHE_STORE = "cache"
+
+
+def store_statuses(store: BucketStore | None, shared: bool) -> tuple[BackendStatus, ...]:
+    """The results cache's shared store, to report beside the backends: up or down as its
+    last command found it (calls use it, so no check of its own), its circuit ``open``
+    while the cache leaves it alone after a failure. Nothing for a cache in process."""
+    if store is None or not shared:
+        return ()
+    up = bool(store.stats.store_up)
+    detail = "" if up else "Redis did not answer the cache's last command"
+    circuit = "closed" if store.available() else "open"
+    return (BackendStatus(CACHE_STORE, up, 0.0, detail, circuit),)
 
 
 class HealthChecker:

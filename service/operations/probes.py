@@ -14,7 +14,9 @@ Both are served from a native thread (:mod:`service.operations.native_http`), so
 answer while the event loop that runs calls is saturated; the loop only writes
 what they read (its beat, the draining flag, the last backend checks, which the
 service refreshes every few seconds whatever its traffic: :mod:`service.operations.health`).
-Both bodies carry those checks, with the circuits as they are now, as ``health()`` does.
+Both bodies carry those checks, with the circuits as they are now, as ``health()`` does,
+and beside them the results cache's shared store (``cache``) when it is Redis, as the
+cache's last command found it.
 
 Readiness means what Kubernetes gives it: send this pod traffic. A backend
 down is not a reason to stop: every replica shares the backends, so making
@@ -54,7 +56,8 @@ class ProbeServer:
     """The probe endpoint of one server; :meth:`start` and :meth:`stop`.
 
     ``stale_after_s``: how long the loop may go without beating before /healthz
-    says 503 (0: never).
+    says 503 (0: never). ``stores``: the results cache's shared store, shown beside the
+    backends (:func:`~service.operations.health.store_statuses`).
     """
 
     def __init__(
@@ -64,8 +67,10 @@ class ProbeServer:
         health: HealthChecker,
         draining: Callable[[], bool],
         stale_after_s: float = 30.0,
+        stores: Callable[[], Iterable[BackendStatus]] = tuple,
     ) -> None:
         self._health = health
+        self._stores = stores
         self._draining = draining
         self._stale_after_s = stale_after_s
         self._beat = SYSTEM_CLOCK.monotonic()
@@ -94,7 +99,7 @@ class ProbeServer:
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        backends = backend_bodies(self._health.current())
+        backends = backend_bodies([*self._health.current(), *self._stores()])
         if path == "/healthz":
             silent_s = SYSTEM_CLOCK.monotonic() - self._beat
             if self._stale_after_s and silent_s > self._stale_after_s + REFRESH_S:

@@ -21,7 +21,7 @@ from lookups.resilience.breaker import CircuitState
 from lookups.resilience.guard import BackendGuard
 from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut, FanOutStats
-from service.operations.health import BackendStatus, HealthChecker
+from service.operations.health import BackendStatus, HealthChecker, store_statuses
 from service.operations.hub_monitor import HubMonitor
 from service.overload.gate import CallGate
 from tracing.pools import PoolMeter, PoolReport
@@ -54,6 +54,10 @@ class ServiceParts:
     cache_max_bytes: int = 0
     hub_monitor: HubMonitor | None = None
     skipped: dict[str, int] = field(default_factory=_no_skips)
+
+    def stores(self) -> tuple[BackendStatus, ...]:
+        """The results cache's shared store as the probes and ``health()`` show it."""
+        return store_statuses(self.cache, self.cache is not None and self.cache_max_bytes == 0)
 
     def pool_meters(self) -> list[PoolMeter]:
         """The engine's pools, then each backend's."""

@@ -79,12 +79,13 @@ class AppStatsHandler:
             return "pong"
 
     def health(self) -> Any:
-        """Serving state and each backend's reachability (checked in parallel, cached ~1 s)."""
+        """Serving state and each backend's reachability (checked in parallel, cached ~1 s),
+        then the results cache's shared store's when it is Redis (named ``cache``)."""
         with _method_span("health"):
             return self._health_report()
 
     def _health_report(self) -> Any:
-        statuses = self._parts.health.check()
+        statuses = (*self._parts.health.check(), *self._parts.stores())
         state = (
             appstats.ServingState.DRAINING if self._draining() else appstats.ServingState.SERVING
         )

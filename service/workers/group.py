@@ -141,7 +141,7 @@ class GroupEndpoints:
     ) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         workers = {str(position): state for position, state, _ in self._workers()}
-        body = {"workers": workers, "backends": backend_bodies(self._state.backends())}
+        body = {"workers": workers, "backends": backend_bodies(self._state.statuses())}
         if path == "/healthz":
             return json_answer(start_response, 200, {"status": "ok", **body})
         if path == "/readyz":

@@ -7,6 +7,8 @@
   Each backend's circuit is the worst any serving worker reports (``open``, then
   ``half_open``). That one result goes to the probe bodies here, and to every
   worker every :data:`PUSH_S`, where ``health()`` and ``fanout_backend_up`` report it.
+  Beside them the probe bodies show the results cache's Redis, down if any worker's
+  last command to it failed.
 * **Pools.** Every worker reports its pools twice a second; the master passes
   all of them on, so the worker that answers ``pool_stats()`` answers for the group.
 * **Connections.** A worker handing a connection over sends it here; it goes at
@@ -93,6 +95,16 @@ class GroupState:
             for status in self._health.current()
         )
 
+    def statuses(self) -> tuple[BackendStatus, ...]:
+        """The backends, then the results cache's shared store as the workers last reported
+        it: down if any says so (Redis is one for the group), for the probe bodies."""
+        stores: dict[str, BackendStatus] = {}
+        for link in self._links.values():
+            for status in link.stores:
+                if status.name not in stores or not status.up:
+                    stores[status.name] = status
+        return (*self.backends(), *stores.values())
+
     def connections(self) -> dict[str, int]:
         """Connections each serving worker holds, by position."""
         return {str(link.position): link.connections for link in self._serving()}
@@ -104,6 +116,7 @@ class GroupState:
             link.connections = message["staying"]
             link.pools = message["pools"]
             link.circuits = message["circuits"]
+            link.stores = message["stores"]
             if first:  # a new worker: it reports the group's backends from its first call
                 self._push()  # on, and the others count its pools at once
         elif kind == "moved" and fd is not None:

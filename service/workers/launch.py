@@ -44,6 +44,7 @@ class WorkerLink:
     connections: int = 0
     pools: dict[str, Any] | None = None
     circuits: dict[str, str] = field(default_factory=dict)
+    stores: tuple[Any, ...] = ()  # the results cache's shared store as it last reported
     retiring: bool = False
 
     def tell(self, message: dict[str, Any], fd: int | None = None) -> bool:

@@ -101,6 +101,7 @@ class GroupMember:
                 "staying": service.server.connection_counts()[1],
                 "pools": own_report(take(service.parts)),
                 "circuits": service.health.circuits(),
+                "stores": service.parts.stores(),
             }
         ):
             gevent.sleep(REPORT_S)
