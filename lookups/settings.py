@@ -149,8 +149,14 @@ class MongoOptions:
     )
     database: str = field(default="apm", metadata={"help": "database holding the collections"})
     connect_timeout_ms: int = field(
-        default=1000,
-        metadata={"help": "TCP connect timeout (the task's deadline still caps it)", "min": 1},
+        default=10_000,
+        metadata={
+            "help": "how long pymongo's monitor waits to connect and for each check's answer "
+            "(pymongo's connectTimeoutMS, which it uses for both); calls never wait this long, "
+            "their deadline bounds them. A check answered later marks the server unknown and "
+            "fails every call in flight: keep it above the engine's slowest answer under load",
+            "min": 1,
+        },
     )
     server_selection_timeout_ms: int = field(
         default=1000,

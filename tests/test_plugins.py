@@ -57,10 +57,6 @@ def reports_backend(mongo_server: Any) -> dict[str, str]:
         "FANOUT_BACKENDS_REPORTS_KIND": "mongo",
         "FANOUT_BACKENDS_REPORTS_URI": mongo_server.uri,
         "FANOUT_BACKENDS_REPORTS_DATABASE": "apm",
-        # as the built-in one has it
-        "FANOUT_BACKENDS_REPORTS_CONNECT_TIMEOUT_MS": str(
-            GENEROUS_BUDGETS["mongo.connect_timeout_ms"]
-        ),
     }
 
 

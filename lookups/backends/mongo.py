@@ -6,6 +6,16 @@ other connection option are the URI's (``tls=true&tlsCAFile=...``), as pymongo r
 Each operation holds a slot, is ended within its deadline, and runs in a greenlet that
 nothing kills (:func:`_run_bounded`); pymongo's errors are made typed by
 :mod:`lookups.backends.mongo_errors`.
+
+``connect_timeout_ms`` is pymongo's ``connectTimeoutMS``, and that is all it bounds here:
+every operation runs under :func:`pymongo.timeout`, which sets the connect and read
+timeouts of the operation's own connection, so only pymongo's monitor uses it, as the
+connect and the answer timeout of each server check. A check answered later than that
+marks the server unknown and fails every operation in flight, so its default is long (an
+engine serving one command at a time, or a stalled event loop, answers late but answers).
+An outage is not seen later for it: a server that is down refuses the check at once, and
+the health check (:meth:`MongoBackend.check`, a ``ping`` within its own short timeout)
+reports a silent one down within a round or two.
 """
 
 from __future__ import annotations

@@ -52,7 +52,6 @@ GENEROUS_BUDGETS = {
     "fanout.task_timeout_ms": 30_000,
     "fanout.request_deadline_ms": 30_000,
     "http.read_timeout_ms": 30_000,
-    "mongo.connect_timeout_ms": 10_000,
 }
 
 

@@ -1,0 +1,63 @@
+"""A MongoDB-wire proxy that answers pymongo's monitor late: every ``hello`` a connection
+sends after its first message (the monitor's checks; a connection's first message is its
+handshake) is held back ``delay_ms`` before it reaches the server, as an engine busy with
+other commands, or a stalled event loop, would answer it late.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from service.samples.fault_proxy import TcpFaultProxy
+
+__all__ = ["LateMonitorProxy", "command_name"]
+
+_CHUNK_BYTES = 64 * 1024
+_OP_QUERY, _OP_MSG = 2004, 2013
+_HELLO = frozenset({"hello", "isMaster", "ismaster"})
+
+
+def command_name(message: bytes) -> str:
+    """The command a MongoDB wire message starts with ('' when it cannot be told)."""
+    if len(message) < 21:
+        return ""
+    (opcode,) = struct.unpack_from("<i", message, 12)
+    if opcode == _OP_MSG and message[20] == 0:  # section kind 0: the command document
+        start = 21
+    elif opcode == _OP_QUERY:
+        start = message.find(b"\0", 20) + 1 + 8  # after the collection name, skip, return
+    else:
+        return ""
+    key = start + 4 + 1  # the document's length, then its first element's type
+    end = message.find(b"\0", key)
+    return message[key:end].decode("latin-1") if end > key else ""
+
+
+class LateMonitorProxy(TcpFaultProxy):
+    """A :class:`TcpFaultProxy` to ``target`` holding back each monitor check ``delay_ms``;
+    ``held`` counts the checks it held."""
+
+    def __init__(self, target: tuple[str, int], delay_ms: int) -> None:
+        super().__init__(target)
+        self.delay_ms = delay_ms
+        self.held = 0
+
+    def _pump(self, source: socket.socket, sink: socket.socket, towards_server: bool) -> bool:
+        if not towards_server:
+            return super()._pump(source, sink, towards_server)
+        first = True
+        try:
+            while True:
+                data = source.recv(_CHUNK_BYTES)
+                if not data:
+                    return False
+                if not first and command_name(data) in _HELLO:
+                    self.held += 1
+                    if not self._hold(source, time.monotonic() + self.delay_ms / 1000.0):
+                        return False
+                first = False
+                sink.sendall(data)
+        except OSError:
+            return True
