@@ -8,7 +8,6 @@ from typing import Any
 
 import bson
 import gevent
-import pytest
 
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
@@ -34,9 +33,11 @@ def struct_header(opcode: int) -> bytes:
     return (0).to_bytes(4, "little") * 3 + opcode.to_bytes(4, "little")
 
 
-def _failed_panels(start_service: StartService, mongo_server: Any, **overrides: Any) -> list[str]:
+def _failed_panels(
+    start_service: StartService, mongo_server: Any, **overrides: Any
+) -> tuple[list[str], int]:
     """Eight callers for a few seconds through a proxy answering the monitor late: the
-    panels that failed, as ``panel: status: message``."""
+    panels that failed, as ``panel: status: message``, and the checks pymongo gave up on."""
     proxy = LateMonitorProxy(("127.0.0.1", mongo_server.port), LATE_MS).start()
     try:
         _, client = start_service(
@@ -60,7 +61,7 @@ def _failed_panels(start_service: StartService, mongo_server: Any, **overrides: 
 
         gevent.joinall([gevent.spawn(call) for _ in range(8)], raise_error=True)
         assert proxy.held >= 3, "the monitor's checks were not held: the test proves nothing"
-        return failed
+        return failed, proxy.abandoned
     finally:
         proxy.stop()
 
@@ -68,16 +69,14 @@ def _failed_panels(start_service: StartService, mongo_server: Any, **overrides: 
 def test_a_monitor_answered_late_fails_no_call(
     start_service: StartService, mongo_server: Any
 ) -> None:
-    assert _failed_panels(start_service, mongo_server) == []
+    assert _failed_panels(start_service, mongo_server) == ([], 0)
 
 
-@pytest.mark.parametrize("connect_timeout_ms", [1000])
-def test_with_a_monitor_timeout_below_the_late_answer_calls_fail(
-    start_service: StartService, mongo_server: Any, connect_timeout_ms: int
+def test_with_a_monitor_timeout_below_the_late_answer_pymongo_gives_up_on_its_checks(
+    start_service: StartService, mongo_server: Any
 ) -> None:
-    """Why the default is long: pymongo times a check out after ``connect_timeout_ms``,
-    marks the server unknown and fails the operations in flight."""
-    failed = _failed_panels(
-        start_service, mongo_server, mongo__connect_timeout_ms=connect_timeout_ms
-    )
-    assert any("monitor" in line for line in failed), failed
+    """Why the default is long: below the late answer pymongo times each held check out,
+    marks the server unknown and clears its pool, failing the operations in flight (how
+    many fail depends on the moment: their retries may still make it within budget)."""
+    _, abandoned = _failed_panels(start_service, mongo_server, mongo__connect_timeout_ms=1000)
+    assert abandoned >= 1

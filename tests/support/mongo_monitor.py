@@ -37,12 +37,14 @@ def command_name(message: bytes) -> str:
 
 class LateMonitorProxy(TcpFaultProxy):
     """A :class:`TcpFaultProxy` to ``target`` holding back each monitor check ``delay_ms``;
-    ``held`` counts the checks it held."""
+    ``held`` counts the checks it held, ``abandoned`` those whose client gave up waiting
+    (closed the connection: pymongo timed the check out)."""
 
     def __init__(self, target: tuple[str, int], delay_ms: int) -> None:
         super().__init__(target)
         self.delay_ms = delay_ms
         self.held = 0
+        self.abandoned = 0
 
     def _pump(self, source: socket.socket, sink: socket.socket, towards_server: bool) -> bool:
         if not towards_server:
@@ -56,6 +58,7 @@ class LateMonitorProxy(TcpFaultProxy):
                 if not first and command_name(data) in _HELLO:
                     self.held += 1
                     if not self._hold(source, time.monotonic() + self.delay_ms / 1000.0):
+                        self.abandoned += 1
                         return False
                 first = False
                 sink.sendall(data)
