@@ -147,6 +147,23 @@ def test_short_runs_are_not_reported() -> None:
         monitor.stop()
 
 
+def test_an_idle_loop_is_looked_at_less_often_than_a_busy_one() -> None:
+    monitor = HubMonitor(_THRESHOLD_MS).start()
+    try:
+        gevent.sleep(0.3)  # the monitor backs off to once a threshold
+        before = monitor.looks
+        gevent.sleep(1.0)  # idle: in the hub, nothing runs
+        idle = monitor.looks - before
+        busy_until = time.monotonic() + 1.0
+        before = monitor.looks
+        while time.monotonic() < busy_until:  # greenlets run all the time, each briefly
+            gevent.spawn(spin, 0.002).join()
+        busy = monitor.looks - before
+    finally:
+        monitor.stop()
+    assert busy >= 2 * idle > 0, (idle, busy)
+
+
 def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
     start_busy: StartBusy, caplog: Any
 ) -> None:

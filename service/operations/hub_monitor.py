@@ -20,8 +20,11 @@ How, and what it costs:
 * gevent's compiled ``HubSwitchTracer`` (the tracer behind gevent's own
   ``monitor_thread``) runs on every greenlet switch: it records the greenlet
   switched to and, on a switch into the hub, the time: a few instructions a switch.
-* A native thread wakes every quarter threshold (at least 5 ms). When the hub
-  has not run for longer than the threshold, it takes the blocked thread's stack
+* A native thread wakes every quarter threshold (at least 5 ms) while the loop
+  runs greenlets; while it sits idle in the hub, nothing can block, and the thread
+  looks half as often at each idle look, down to once a threshold (an idle server
+  costs a few wake-ups a second). When the hub has not run for longer than the
+  threshold, it takes the blocked thread's stack
   and the blocked greenlet's current span, and hands them to the hub with
   ``loop.run_callback_threadsafe``; the report runs there, in the monitored
   thread, as soon as the loop runs again. Nothing is logged or recorded from
@@ -32,7 +35,8 @@ How, and what it costs:
   only for recorded spans. Without an SDK provider there are no span events.
 
 A run between one threshold and one and a quarter thresholds long may end
-before the monitor looks and go unreported; longer ones are always reported.
+before the monitor looks and go unreported; longer ones are always reported, except
+that the first run after an idle spell may go unseen up to twice the threshold.
 
 Why not gevent's own monitor thread (``gevent.config.monitor_thread`` with
 ``max_blocking_time``, which baseplate.py listens to through ``EventLoopBlocked``):
@@ -170,6 +174,8 @@ class _Watch:
     running: bool = True
     uses_spans: bool = False  # counted in _SPANS.users
     reported_entry: float = 0.0  # hub entry time of the last run reported
+    seen_entry: float = 0.0  # hub entry time at the monitor's last look
+    looks: int = 0  # how often the monitor thread has looked
 
 
 @dataclass(frozen=True)
@@ -238,6 +244,11 @@ class HubMonitor:
         log.info("hub monitor: reporting event-loop blocks over %d ms", self.threshold_ms)
         return self
 
+    @property
+    def looks(self) -> int:
+        """How often the monitor thread has looked at the loop since :meth:`start`."""
+        return self._watch.looks if self._watch is not None else 0
+
     def flush(self) -> None:
         """Log the summary of the blocks counted since the last one (at shutdown)."""
         self._summary.flush()
@@ -263,30 +274,39 @@ class HubMonitor:
 
     def _monitor(self, watch: _Watch) -> None:
         """The monitor thread. Reads the tracer, never writes anything the hub reads."""
+        period_s = watch.period_s
         try:
             while watch.running:
-                _thread_sleep(watch.period_s)
+                _thread_sleep(period_s)
                 if watch.running:
-                    self._check(watch)
+                    # An idle loop cannot block: look less often, up to once a threshold.
+                    active = self._check(watch)
+                    period_s = watch.period_s if active else min(period_s * 2, watch.threshold_s)
         except Exception as exc:  # noqa: BLE001 - the process is exiting, or a bug: report it in the hub
             if watch.running:
                 watch.hub.loop.run_callback_threadsafe(
                     log.error, "hub monitor: monitor thread failed: %r", exc
                 )
 
-    def _check(self, watch: _Watch) -> None:
+    def _check(self, watch: _Watch) -> bool:
+        """Report a block going on; False when the loop has been idle since the last look
+        (in the hub, not re-entered: nothing ran)."""
         tracer = watch.tracer
         entered = tracer.last_entered_hub
         blocked = tracer.active_greenlet
+        seen, watch.seen_entry = watch.seen_entry, entered
+        watch.looks += 1
+        if blocked is watch.hub and entered == seen:
+            return False
         if (
             blocked is None
             or blocked is watch.hub
             or not entered
             or entered == watch.reported_entry
         ):
-            return
+            return True
         if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
-            return
+            return True
         watch.reported_entry = entered
         frame = sys._current_frames().get(watch.thread_ident)
         stack = traceback.extract_stack(frame, limit=_STACK_FRAMES) if frame is not None else None
@@ -294,6 +314,7 @@ class HubMonitor:
             stack = None  # the block ended while we looked: that stack is someone else's
         block = _Block(blocked, entered, stack, _SPANS.innermost(blocked))
         watch.hub.loop.run_callback_threadsafe(self._report, watch, block)
+        return True
 
     def _report(self, watch: _Watch, block: _Block) -> None:
         """Runs in the hub, right after the blocked run ended."""

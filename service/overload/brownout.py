@@ -258,6 +258,9 @@ class Dimmer:
         cut, self._seen_cuts = cuts > self._seen_cuts, cuts
         if not self.enabled:
             return
+        at_rest = self.level <= 0.0 and self.min_level <= 0.0 and self._probing is None
+        if at_rest and not (refused or cut):
+            return  # at rest, as an idle server is: nothing pushes it up, it can go no lower
         before = self.level
         ceiling = self._ceiling()
         failed = cut and self._probing is not None  # latency rose since the last step down
