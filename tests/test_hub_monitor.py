@@ -161,7 +161,10 @@ def test_an_idle_loop_is_looked_at_less_often_than_a_busy_one() -> None:
         busy = monitor.looks - before
     finally:
         monitor.stop()
-    assert busy >= 2 * idle > 0, (idle, busy)
+    # Idle: once a threshold at most (a late wake-up only lowers it). Busy: more often, by
+    # how much depends on how soon a loaded machine wakes the thread.
+    assert 0 < idle <= 1.5 / (_THRESHOLD_MS / 1000.0), (idle, busy)
+    assert busy > idle, (idle, busy)
 
 
 def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
