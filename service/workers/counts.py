@@ -54,9 +54,10 @@ class _Parsed:
             }
         return parsed
 
-    def add(self, other: _Parsed, cumulative_only: bool) -> None:
+    def add(self, other: _Parsed, cumulative: bool) -> None:
+        """Add ``other``'s cumulative families (counters, histograms), or its others."""
         for name, header in other.families.items():
-            if cumulative_only and header[2] not in _CUMULATIVE:
+            if (header[2] in _CUMULATIVE) != cumulative:
                 continue
             self.families.setdefault(name, header)
             into = self.samples.setdefault(name, {})
@@ -107,7 +108,7 @@ class GroupCounts:
         if worker is None:
             return  # never scraped, so never counted: nothing to keep
         gone = self._gone.setdefault(worker.position, _Parsed())
-        gone.add(worker.final or worker.last, cumulative_only=True)
+        gone.add(worker.final or worker.last, cumulative=True)
 
     def positions(self) -> set[str]:
         """Every position with series: held now, or held once by a worker now gone."""
@@ -118,15 +119,12 @@ class GroupCounts:
         merged = _Parsed()
         held = self._held.get(position)
         if held is not None:
-            merged.add(held[1], cumulative_only=False)
-            for name, header in held[1].families.items():
-                if header[2] in _CUMULATIVE:
-                    merged.samples[name] = {}  # summed below, not the newest's alone
+            merged.add(held[1], cumulative=False)
         for worker in self._workers.values():
             if worker.position == position:
-                merged.add(worker.last, cumulative_only=True)
+                merged.add(worker.last, cumulative=True)
         if position in self._gone:
-            merged.add(self._gone[position], cumulative_only=True)
+            merged.add(self._gone[position], cumulative=True)
         return merged
 
     def families(self, label: str = "worker") -> list[Metric]:
