@@ -83,6 +83,12 @@ class Heartbeats:
         except (FileNotFoundError, ValueError):
             return None
 
+    def announced_by(self, worker: int, pid: int) -> dict[str, Any] | None:
+        """What ``worker`` announced, if the process ``pid`` announced it (not a predecessor's
+        file), or None."""
+        announced = self.announcement(worker) if pid else None
+        return announced if announced is not None and announced.get("pid") == pid else None
+
     def age_s(self, worker: int) -> float:
         """Seconds since ``worker`` last beat (0 when there is no file, or in its start grace)."""
         try:

@@ -196,8 +196,8 @@ class _Master:
         """Every running worker that serves its metrics, old generation and retiring ones too."""
         targets = []
         for link in self._links.values():
-            announced = self._heartbeats.announcement(link.serial)
-            if announced and announced.get("pid") == link.pid and announced.get("metrics"):
+            announced = self._heartbeats.announced_by(link.serial, link.pid)
+            if announced and announced.get("metrics"):
                 targets.append(
                     ScrapeTarget(link.position, link.pid, link.serial, announced["metrics"])
                 )

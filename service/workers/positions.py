@@ -134,8 +134,8 @@ class Positions:
         (serving, but its event loop has missed beats), ``starting`` or ``restarting``."""
         states = []
         for position in self._positions:
-            announced = heartbeats.announcement(position.serial) if position.pid else None
-            if announced is not None and announced.get("pid") == position.pid:
+            announced = heartbeats.announced_by(position.serial, position.pid)
+            if announced is not None:
                 silent = heartbeats.age_s(position.serial) > UNRESPONSIVE_AFTER_S
                 states.append(
                     (
