@@ -101,7 +101,8 @@ def _cached(
     backend: MongoBackend, bucket_ms: int, settle_ms: int, store: MemoryStore
 ) -> dict[str, CachedLookup]:
     lookups = {cls.name: cls(backend) for cls in LOOKUPS}
-    settings = CacheSettings(enabled=True, bucket_ms=bucket_ms, settle_ms=settle_ms)
+    # The buckets for every window: these tests are about them, not the plan's choice.
+    settings = CacheSettings(enabled=True, bucket_ms=bucket_ms, settle_ms=settle_ms, plan="buckets")
     cached = with_cache(lookups, settings, store)
     for lookup in cached.values():
         assert isinstance(lookup, CachedLookup)

@@ -28,6 +28,7 @@ from service.client import AppStatsClient
 from service.idl import appstats
 from service.samples import MongoWireServer
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
+from tests.support.panels import close_panels
 from tests.support.redis_server import RedisServer
 from tests.support.samples import SAMPLE_DATABASE, StartService
 from tests.support.sockets import wait_for
@@ -41,7 +42,16 @@ CACHED_PANELS = (*MONGO_PANELS, "alerts")  # alerts: lookups/cache/alerts.py
 # A cold fill on nx-27017 can take seconds on a loaded machine: these tests are about
 # answers, not deadlines.
 PATIENT = {"fanout__task_timeout_ms": 30_000, "fanout__request_deadline_ms": 30_000}
-CACHE_ON = {**PATIENT, "cache__enabled": True, "cache__bucket_ms": HOUR_MS, "cache__settle_ms": 0}
+# These tests are about the buckets: measured, nx-27017's windows may go to the panels'
+# own queries instead (tests/test_cache_plans.py).
+BUCKETS = {"cache__plan": "buckets"}
+CACHE_ON = {
+    **PATIENT,
+    **BUCKETS,
+    "cache__enabled": True,
+    "cache__bucket_ms": HOUR_MS,
+    "cache__settle_ms": 0,
+}
 # Six buckets a day: a server's cache warms in four calls.
 QUARTERS = {**CACHE_ON, "cache__bucket_ms": 4 * HOUR_MS}
 
@@ -75,31 +85,12 @@ def counted(mongo_server: MongoWireServer) -> Iterator[tuple[MongoBackend, Aggre
 
 
 def _cached(backend: MongoBackend, store: Any, *lookups: type) -> dict[str, CachedLookup]:
-    settings = CacheSettings(enabled=True, bucket_ms=HOUR_MS, settle_ms=0)
+    settings = CacheSettings(enabled=True, bucket_ms=HOUR_MS, settle_ms=0, plan="buckets")
     return with_cache({cls.name: cls(backend) for cls in lookups}, settings, store)  # type: ignore
 
 
 def _deadline() -> Deadline:
     return Deadline.after_ms(20_000)
-
-
-def _close(mine: Any, theirs: Any) -> bool:
-    """Equal panels, sums of durations within 1e-9 relative (they are added in another
-    order); everything else, counts and order included, exactly."""
-    if isinstance(theirs, float):
-        return mine == pytest.approx(theirs, rel=1e-9, abs=1e-9)
-    if isinstance(theirs, (list, tuple)):
-        return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
-    if hasattr(theirs, "__dict__") or hasattr(theirs, "__dataclass_fields__"):
-        fields = (
-            vars(theirs)
-            if hasattr(theirs, "__dict__")
-            else {name: getattr(theirs, name) for name in theirs.__dataclass_fields__}
-        )
-        return type(mine) is type(theirs) and all(
-            _close(getattr(mine, k), v) for k, v in fields.items()
-        )
-    return mine == theirs
 
 
 def _warm(lookup: CachedLookup, window: Window) -> int:
@@ -123,7 +114,7 @@ def test_fifty_callers_arriving_together_fill_each_bucket_once(counted: Any) -> 
         answers = gevent.joinall(
             [gevent.spawn(lookup.fetch, DAY, _deadline()) for _ in range(50)], raise_error=True
         )
-        assert all(_close(answer.value, expected) for answer in answers)
+        assert all(close_panels(answer.value, expected) for answer in answers)
         # nx-27017 does not group by bucket (the first fill tries, one query more): each
         # round one fill of the newest missing buckets and one query for the rest, shared
         # by the fifty; the last round finds every bucket cached and queries nothing.
@@ -143,7 +134,9 @@ def test_an_uneven_window_once_warm_queries_only_its_edges(counted: Any) -> None
         assert _warm(lookup, UNEVEN) == 22 // FILL_FACETS + 1
     aggregations.count, hits = 0, store.stats.hits
     for lookup in lookups.values():
-        assert _close(lookup.fetch(UNEVEN, _deadline()), lookup.inner.fetch(UNEVEN, _deadline()))
+        assert close_panels(
+            lookup.fetch(UNEVEN, _deadline()), lookup.inner.fetch(UNEVEN, _deadline())
+        )
     # Per panel: one query for both edges, and the direct query compared with.
     assert aggregations.count == 2 * len(lookups)
     assert store.stats.hits - hits == 22 * len(lookups)
@@ -178,8 +171,8 @@ def test_a_fresh_call_reads_no_cached_bucket(start_service: StartService) -> Non
     again = _ask(client)
     assert _counters(stats) == (before[0] + 6 * len(CACHED_PANELS), *before[1:])
     for name in CACHED_PANELS:
-        assert _close(cached.panels[name], fresh.panels[name])
-        assert _close(again.panels[name], fresh.panels[name])
+        assert close_panels(cached.panels[name], fresh.panels[name])
+        assert close_panels(again.panels[name], fresh.panels[name])
 
 
 def test_answers_with_the_cache_equal_answers_without(start_service: StartService) -> None:
@@ -189,7 +182,7 @@ def test_answers_with_the_cache_equal_answers_without(start_service: StartServic
         for _ in range(6 // FILL_FACETS + 1):  # cold, warming, warm
             mine, theirs = _ask(cached, start_ms, end_ms), _ask(plain, start_ms, end_ms)
             for name in CACHED_PANELS:
-                assert _close(mine.panels[name], theirs.panels[name])
+                assert close_panels(mine.panels[name], theirs.panels[name])
 
 
 @needs("redis")
@@ -203,7 +196,7 @@ def test_instances_sharing_redis_fill_once_and_read_each_others_buckets(
     _warm(first, DAY)
     expected = first.fetch(DAY, _deadline())
     aggregations.count = 0
-    assert _close(second.fetch(DAY, _deadline()), expected) and aggregations.count == 0
+    assert close_panels(second.fetch(DAY, _deadline()), expected) and aggregations.count == 0
     assert second_store.stats.hits == 24 and second_store.stats.redis_errors == 0
     assert all(
         0 < redis_server.client.ttl(key) <= 60 for key in redis_server.client.keys("fanout:*")
@@ -222,9 +215,9 @@ def test_a_redis_flushed_between_calls_is_filled_again(
     redis_server.client.flushall()
     # This instance keeps the day's sum in memory; another one (a restarted worker) reads
     # Redis, finds nothing, and fills again.
-    assert _close(lookup.fetch(DAY, _deadline()), expected) and store.stats.fills == fills
+    assert close_panels(lookup.fetch(DAY, _deadline()), expected) and store.stats.fills == fills
     other = _cached(backend, store, ErrorsLookup)["errors"]
-    assert _close(other.fetch(DAY, _deadline()), expected)
+    assert close_panels(other.fetch(DAY, _deadline()), expected)
     assert store.stats.fills == fills + FILL_FACETS and store.stats.redis_errors == 0
 
 
@@ -237,7 +230,7 @@ def test_a_slow_redis_costs_no_call_and_is_counted(counted: Any, redis_server: R
     redis_server.pause()  # it accepts connections and answers nothing: each command times out
     try:
         for _ in range(3):
-            assert _close(lookup.fetch(DAY, Deadline.after_ms(5_000)), expected)
+            assert close_panels(lookup.fetch(DAY, Deadline.after_ms(5_000)), expected)
     finally:
         redis_server.resume()
     assert store.stats.redis_errors >= 1 and store.stats.hits == 0
@@ -276,7 +269,7 @@ def test_a_redis_that_is_down_costs_no_call_and_is_counted(counted: Any) -> None
     lookup = _cached(backend, store, UrlsLookup)["urls"]
     expected = lookup.inner.fetch(DAY, _deadline())
     for _ in range(3):
-        assert _close(lookup.fetch(DAY, _deadline()), expected)
+        assert close_panels(lookup.fetch(DAY, _deadline()), expected)
     # The first call finds Redis down; the next two make the panel's own query, no fill:
     # the database does what it did without a cache, not more.
     assert store.stats.redis_errors == 1 and store.stats.hits == 0
@@ -322,7 +315,7 @@ def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any
             "cache.enabled": "true",
             "cache.bucket_ms": HOUR_MS,
             "cache.settle_ms": 0,
-            **{key.replace("__", "."): value for key, value in PATIENT.items()},
+            **{key.replace("__", "."): value for key, value in {**PATIENT, **BUCKETS}.items()},
         },
     )
     with AppStatsClient("127.0.0.1", server.port) as client:
@@ -343,6 +336,7 @@ def test_the_cache_series_appear_in_a_real_scrape(serve: Any, http_services: Any
         ("misses", (24 + 24 - FILL_FACETS) * panels + 24),
         ("evictions", 0),
         ("direct", 0),
+        ("query_windows", 0),
         ("redis_errors", 0),
     ):
         assert re.search(rf"^fanout_cache_{series}_total(\{{[^}}]*\}})? {value}\.0$", text, re.M), (

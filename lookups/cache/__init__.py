@@ -6,6 +6,8 @@
 - :mod:`~lookups.cache.alerts`: the alerts panel from its buckets' alerts;
 - :mod:`~lookups.cache.panel`: what both are, for a caller asking for a fresh answer;
 - :mod:`~lookups.cache.merged`: the sums of whole runs of buckets, kept decoded;
+- :mod:`~lookups.cache.plans`: whether a window is cheaper from the buckets or the panel's
+  own query, as measured;
 - :mod:`~lookups.cache.settings`: the ``[cache]`` section.
 
 The parts themselves, and why their sum is exactly the panel's one query, are in
@@ -21,6 +23,7 @@ from lookups.cache.alerts import CachedAlerts
 from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
 from lookups.cache.panel import CachedPanel
+from lookups.cache.plans import PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
 from lookups.http import AlertsLookup
@@ -59,14 +62,8 @@ def with_cache(
             continue
         backend = lookup.backend
         namespace = f"{backend.name}/{backend.settings.database}"
-        cached[name] = CachedLookup(
-            lookup,
-            parts,
-            store,
-            settings,
-            namespace,
-            merged,
-        )
+        chooser = PlanChooser(settings.replan_ms / 1000) if settings.plan == "measured" else None
+        cached[name] = CachedLookup(lookup, parts, store, settings, namespace, merged, chooser)
     return cached
 
 

@@ -8,8 +8,10 @@ meanwhile: all of them where the engine groups by bucket, else the newest few, t
 others then queried as ranges with the uneven edges, so that no call costs much more
 than the panel's one query and each refresh warms the cache further. The sum of the
 parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
-bucket, or whose parts cannot be kept whole, is answered by the panel's own query. The
-store never fails a call: what it cannot give is queried.
+bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So is a window
+where that query has measured cheaper than the buckets on this engine
+(:mod:`lookups.cache.plans`). The store never fails a call: what it cannot give is
+queried.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+
 from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.panel import CachedPanel
+from lookups.cache.plans import Plan, PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.clock import SYSTEM_CLOCK
@@ -64,8 +69,11 @@ class CachedLookup(CachedPanel):
         settings: CacheSettings,
         namespace: str,
         merged: MergedRuns,
+        chooser: PlanChooser | None = None,
         clock: Callable[[], float] = SYSTEM_CLOCK.wall,
     ) -> None:
+        """``chooser`` picks each window's plan (:mod:`lookups.cache.plans`); without one,
+        every window is answered from the buckets."""
         super().__init__(
             inner,
             store,
@@ -75,6 +83,7 @@ class CachedLookup(CachedPanel):
         )
         self.inner: MongoLookup = inner
         self._parts, self._merged = parts, merged
+        self.chooser = chooser
         #: Whether the engine groups by bucket (one query fills them all): None until tried.
         self._grouped: bool | None = None
         #: Ranges read as rows at most this long together: a window's two uneven edges.
@@ -88,6 +97,21 @@ class CachedLookup(CachedPanel):
         )
         if not plan.buckets:
             return self.inner.fetch(window, deadline)
+        if self.chooser is None:
+            return self._from_buckets(window, plan, deadline)
+        return self.chooser.answer(partial(self._by_plan, window, plan, deadline))
+
+    def _by_plan(
+        self, window: Window, plan: BucketPlan, deadline: Deadline, chosen: Plan
+    ) -> PanelValue:
+        trace.get_current_span().set_attribute("fanout.cache.plan", chosen.value)
+        if chosen is Plan.QUERY:
+            self.store.stats.query_windows += 1
+            return self.inner.fetch(window, deadline)
+        return self._from_buckets(window, plan, deadline)
+
+    def _from_buckets(self, window: Window, plan: BucketPlan, deadline: Deadline) -> PanelValue:
+        """The window from the cached buckets, the missing ones filled, and its edges."""
         run = (self.name, window.app, plan.buckets[0], plan.buckets[-1])
         try:
             known = self._merged.get(run)

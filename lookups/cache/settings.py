@@ -70,6 +70,25 @@ class CacheSettings:
         },
     )
 
+    plan: str = field(
+        default="measured",
+        metadata={
+            "help": "how a MongoDB panel's window is answered: `measured`, by whichever of the "
+            "cached buckets or the panel's own query has measured cheaper on this engine; "
+            "`buckets`, always from the cached buckets (see "
+            "[Results cache](../explanation/results-cache.md))",
+            "choices": ("measured", "buckets"),
+        },
+    )
+    replan_ms: int = field(
+        default=60_000,
+        metadata={
+            "help": 'with `plan = "measured"`, how often one window tries the plan not '
+            "chosen, so that a change in what each costs is seen",
+            "min": 100,
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.url:
             check_url("url", self.url, ("redis", "rediss", "unix"))

@@ -20,7 +20,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.event_loop.blocked (runs over server.hub_block_threshold_ms)
-    fanout.cache.hits, .misses, .fills, .evictions, .direct, .redis_errors   (buckets; windows)
+    fanout.cache.hits, .misses, .fills, .evictions, .direct, .query_windows, .redis_errors
     fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
     fanout.cache.store_up (1, or 0 while Redis is down)
 """
@@ -328,6 +328,13 @@ for _name, _field, _unit, _description in (
         "{window}",
         "Windows answered by the panel's own query: a bucket's groups too many to keep, "
         "or the store not answering",
+    ),
+    (
+        "fanout.cache.query_windows",
+        "query_windows",
+        "{window}",
+        "Windows answered by the panel's own query because it measured cheaper on this "
+        "engine than the cached buckets",
     ),
     (
         "fanout.cache.redis_errors",
