@@ -5,7 +5,7 @@ Maven Central), the sample backends, and a Fanout server exporting its spans to
 Zipkin (``tracing.exporter = "zipkin"``). A web tier of its own service name
 (``web-tier``, a separate tracer provider) then makes two calls:
 
-* ``whole``: every panel, within a 2 s deadline;
+* ``whole``: every panel, within the server's ``fanout.request_deadline_ms``;
 * ``cut``: a 1500 ms deadline, with the alerts service now answering after 2500 ms
   (and the alerts panel given 5000 ms), so the alerts task is cut by the deadline
   and marked so, while the other six finish well within it, even on a slow
@@ -47,7 +47,6 @@ __all__ = ["TraceUiRun", "run_trace_ui", "record_traces", "screenshot"]
 
 ALERTS_DELAY_MS = 2_500
 CUT_DEADLINE_MS = 1_500
-WHOLE_DEADLINE_MS = 2_000
 #: The alerts panel's budget and its service's read timeout: past the cut call's deadline,
 #: so that the deadline is what cuts it.
 ALERTS_TIMEOUT_MS = 5_000
@@ -156,7 +155,8 @@ def record_traces(zipkin_url: str) -> TraceUiRun:
         assert web_tier.provider is not None  # tracing is on: the exporter is set
         try:
             with FanOutService(settings) as service:
-                whole = _call(service.address, web_tier.provider, WHOLE_DEADLINE_MS)
+                deadline_ms = settings.fanout.request_deadline_ms
+                whole = _call(service.address, web_tier.provider, deadline_ms)
                 backends.http.alerts.delay_ms = ALERTS_DELAY_MS
                 cut = _call(service.address, web_tier.provider, CUT_DEADLINE_MS)
         finally:
