@@ -93,6 +93,11 @@ class HttpBackend(Backend):
         self.session = _session(settings, https, settings.pool_size)
         # The health check's own small session: a full lookup pool cannot delay it.
         self._probe_session = _session(settings, https, 2)
+        # Prepared once: a check every few seconds of an idle server costs what requests
+        # spends building a request as much as the exchange itself.
+        self._check_request = self._probe_session.prepare_request(
+            requests.Request("GET", _check_url(settings))
+        )
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
 
@@ -154,16 +159,13 @@ class HttpBackend(Backend):
     def check(self, timeout_s: float) -> None:
         """GET ``url`` (or ``url`` + ``health_path``): up on a 2xx or 3xx answer. A 404 is
         down: something answers, but not the service the lookups were pointed at."""
-        settings = self.settings
-        url = (
-            settings.url.rstrip("/") + settings.health_path
-            if settings.health_path
-            else settings.url
-        )
         # requests' timeouts are per read; the timer bounds the whole exchange.
         with gevent.Timeout(timeout_s, TimeoutError(f"no answer within {timeout_s:.3f}s")):
-            response = self._probe_session.get(
-                url, timeout=(timeout_s, timeout_s), allow_redirects=False, stream=True
+            response = self._probe_session.send(
+                self._check_request,
+                timeout=(timeout_s, timeout_s),
+                allow_redirects=False,
+                stream=True,
             )
             response.close()  # the status line is all a check needs
         if not 200 <= response.status_code < 400:
@@ -301,6 +303,13 @@ def _raise_transport_error(
 
 
 @functools.lru_cache(maxsize=64)
+def _check_url(settings: HttpBackendSettings) -> str:
+    """What a health check GETs: ``url``, or ``url`` + ``health_path``."""
+    if settings.health_path:
+        return settings.url.rstrip("/") + settings.health_path
+    return settings.url
+
+
 def _prepared_base(base_url: str) -> str:
     """``base_url`` as requests prepares a URL (IDNA host, quoting), without a final ``/``."""
     prepared = requests.PreparedRequest()
