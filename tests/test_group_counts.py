@@ -10,8 +10,6 @@ import signal
 from collections.abc import Callable
 
 import gevent
-from prometheus_client import generate_latest
-from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import AppStatsClient
@@ -49,12 +47,8 @@ def _sample(ledger: GroupCounts, name: str, position: str = "0", **labels: str) 
     """The value of sample ``name`` with ``labels`` for worker ``position`` in the ledger's
     exposition (it must parse)."""
 
-    class _Collected:
-        def collect(self) -> list[Metric]:
-            return ledger.families()
-
     wanted = {**labels, "worker": position}
-    text = generate_latest(_Collected()).decode()  # type: ignore[arg-type] (a collector)
+    text = ledger.exposition()
     values = [
         sample.value
         for family in text_string_to_metric_families(text)

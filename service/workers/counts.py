@@ -16,60 +16,18 @@ worker answering, its last answer given again (``fanout_worker_scraped`` says so
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from prometheus_client.core import Metric
-from prometheus_client.parser import text_string_to_metric_families
+from service.workers.exposition import Exposition, parse_exposition, render_expositions
 
 __all__ = ["GroupCounts"]
-
-#: The family types whose samples only ever grow, and so are summed across lifetimes.
-_CUMULATIVE = frozenset({"counter", "histogram"})
-
-_SampleKey = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted labels)
-_Family = tuple[str, str, str, str]  # (name, help, type, unit)
-
-
-@dataclass
-class _Parsed:
-    """One exposition: each family's header and, by sample, its value."""
-
-    families: dict[str, _Family] = field(default_factory=dict)
-    samples: dict[str, dict[_SampleKey, float]] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, text: str) -> _Parsed:
-        parsed = cls()
-        for family in text_string_to_metric_families(text):
-            parsed.families[family.name] = (
-                family.name,
-                family.documentation,
-                family.type,
-                family.unit,
-            )
-            parsed.samples[family.name] = {
-                (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-                for sample in family.samples
-                if not sample.name.endswith("_created")  # a lifetime's start: not summed
-            }
-        return parsed
-
-    def add(self, other: _Parsed, cumulative: bool) -> None:
-        """Add ``other``'s cumulative families (counters, histograms), or its others."""
-        for name, header in other.families.items():
-            if (header[2] in _CUMULATIVE) != cumulative:
-                continue
-            self.families.setdefault(name, header)
-            into = self.samples.setdefault(name, {})
-            for key, value in other.samples[name].items():
-                into[key] = into.get(key, 0.0) + value
 
 
 @dataclass
 class _Worker:
     position: str
-    last: _Parsed
-    final: _Parsed | None = None
+    last: Exposition
+    final: Exposition | None = None
 
 
 class GroupCounts:
@@ -81,14 +39,14 @@ class GroupCounts:
     def __init__(self) -> None:
         self._workers: dict[int, _Worker] = {}  # by serial: the running ones
         self._exited: set[int] = set()  # serials gone: a scrape answered late is not counted
-        self._gone: dict[str, _Parsed] = {}  # by position: the sum of its gone workers
-        self._held: dict[str, tuple[int, _Parsed]] = {}  # by position: newest answer, serial
+        self._gone: dict[str, Exposition] = {}  # by position: the sum of its gone workers
+        self._held: dict[str, tuple[int, Exposition]] = {}  # by position: newest answer, serial
 
     def scraped(self, serial: int, position: str, text: str) -> None:
         """Worker ``serial``, holding ``position``, answered a scrape with ``text``."""
         if serial in self._exited:
             return
-        parsed = _Parsed.of(text)
+        parsed = parse_exposition(text)
         self._workers.setdefault(serial, _Worker(position, parsed)).last = parsed
         held = self._held.get(position)
         if held is None or held[0] <= serial:
@@ -98,7 +56,7 @@ class GroupCounts:
         """Worker ``serial`` has drained: ``text`` is its last exposition, counted at its exit."""
         if serial in self._exited:
             return
-        parsed = _Parsed.of(text)
+        parsed = parse_exposition(text)
         self._workers.setdefault(serial, _Worker(position, parsed)).final = parsed
 
     def exited(self, serial: int) -> None:
@@ -107,16 +65,16 @@ class GroupCounts:
         worker = self._workers.pop(serial, None)
         if worker is None:
             return  # never scraped, so never counted: nothing to keep
-        gone = self._gone.setdefault(worker.position, _Parsed())
+        gone = self._gone.setdefault(worker.position, Exposition())
         gone.add(worker.final or worker.last, cumulative=True)
 
     def positions(self) -> set[str]:
         """Every position with series: held now, or held once by a worker now gone."""
         return set(self._held) | set(self._gone)
 
-    def merged(self, position: str) -> _Parsed:
+    def merged(self, position: str) -> Exposition:
         """``position``'s series: counts summed over its workers, gauges from the newest."""
-        merged = _Parsed()
+        merged = Exposition()
         held = self._held.get(position)
         if held is not None:
             merged.add(held[1], cumulative=False)
@@ -127,13 +85,8 @@ class GroupCounts:
             merged.add(self._gone[position], cumulative=True)
         return merged
 
-    def families(self, label: str = "worker") -> list[Metric]:
-        """Every position's series as metric families, each sample labelled ``label``."""
-        families: dict[str, Metric] = {}
-        for position in sorted(self.positions()):
-            merged = self.merged(position)
-            for name, (_, documentation, kind, unit) in merged.families.items():
-                family = families.setdefault(name, Metric(name, documentation, kind, unit))
-                for (sample, labels), value in merged.samples[name].items():
-                    family.add_sample(sample, {**dict(labels), label: position}, value)
-        return list(families.values())
+    def exposition(self, label: str = "worker") -> str:
+        """Every position's series as one text exposition, each sample labelled ``label``."""
+        return render_expositions(
+            {position: self.merged(position) for position in sorted(self.positions())}, label
+        )

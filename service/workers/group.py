@@ -222,5 +222,5 @@ def merge_scrapes(
         held.add_sample(held.name, {"worker": worker}, float(count))
     for worker, answered in scraped.items():
         scraped_now.add_sample(scraped_now.name, {"worker": worker}, float(answered))
-    families = [scraped_now, held, configured, exits, *ledger.families("worker")]
-    return generate_latest(_Families(families))
+    own = generate_latest(_Families([scraped_now, held, configured, exits]))
+    return own + ledger.exposition("worker").encode()
