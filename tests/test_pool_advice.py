@@ -51,7 +51,9 @@ def test_a_pool_that_never_waits_is_recommended_about_what_it_uses() -> None:
     for _ in range(5):
         assert all(hold_slots(slots, takers=2, hold_s=0.03, timeout_s=1))
     report = slots.meter.report()
-    assert report.wait_p99_ms < 1 and report.in_use_p99 <= 2
+    # No wait is asserted: a loaded machine may stop the process while a taker takes a
+    # free slot. What is recommended follows what was used.
+    assert report.in_use_p99 <= 2 and report.timeouts == 0
     assert 1 <= report.recommended <= 3, report
 
 

@@ -175,7 +175,7 @@ class _Watch:
     uses_spans: bool = False  # counted in _SPANS.users
     reported_entry: float = 0.0  # hub entry time of the last run reported
     seen_entry: float = 0.0  # hub entry time at the monitor's last look
-    looks: int = 0  # how often the monitor thread has looked
+    waiting_s: float = 0.0  # what the monitor thread waits between looks now
 
 
 @dataclass(frozen=True)
@@ -245,9 +245,10 @@ class HubMonitor:
         return self
 
     @property
-    def looks(self) -> int:
-        """How often the monitor thread has looked at the loop since :meth:`start`."""
-        return self._watch.looks if self._watch is not None else 0
+    def waiting_s(self) -> float:
+        """What the monitor thread waits between looks now: its period while the loop is
+        busy, up to the threshold while it is idle (0 before :meth:`start`)."""
+        return self._watch.waiting_s if self._watch is not None else 0.0
 
     def flush(self) -> None:
         """Log the summary of the blocks counted since the last one (at shutdown)."""
@@ -274,14 +275,16 @@ class HubMonitor:
 
     def _monitor(self, watch: _Watch) -> None:
         """The monitor thread. Reads the tracer, never writes anything the hub reads."""
-        period_s = watch.period_s
+        watch.waiting_s = watch.period_s
         try:
             while watch.running:
-                _thread_sleep(period_s)
+                _thread_sleep(watch.waiting_s)
                 if watch.running:
                     # An idle loop cannot block: look less often, up to once a threshold.
                     active = self._check(watch)
-                    period_s = watch.period_s if active else min(period_s * 2, watch.threshold_s)
+                    watch.waiting_s = (
+                        watch.period_s if active else min(watch.waiting_s * 2, watch.threshold_s)
+                    )
         except Exception as exc:  # noqa: BLE001 - the process is exiting, or a bug: report it in the hub
             if watch.running:
                 watch.hub.loop.run_callback_threadsafe(
@@ -295,7 +298,6 @@ class HubMonitor:
         entered = tracer.last_entered_hub
         blocked = tracer.active_greenlet
         seen, watch.seen_entry = watch.seen_entry, entered
-        watch.looks += 1
         if blocked is watch.hub and entered == seen:
             return False
         if (
