@@ -147,8 +147,9 @@ bench-operate: $(BENCH_STAMP)
 bench-group: $(BENCH_STAMP)
 	$(PY) -m gevent.monkey --module bench.group $(GROUP_ARGS)
 
-# The results cache on FerretDB 2 (make compat first) against no cache, with many viewers of a
-# sliding 24-hour dashboard, three instances sharing Redis, and Redis killed (about 8 minutes).
+# The results cache against no cache on FerretDB 2 (make compat first) and nx-27017, with many
+# viewers of a sliding 24-hour dashboard, each run a whole bucket cycle; on FerretDB 2 also
+# three instances sharing Redis, and Redis killed (about 25 minutes).
 bench-dashboard: $(BENCH_STAMP)
 	$(PY) -m gevent.monkey --module bench.dashboard $(DASHBOARD_ARGS)
 

@@ -1,27 +1,35 @@
-"""A dashboard many viewers keep open, with the results cache against without, on FerretDB 2.
+"""A dashboard many viewers keep open, with the results cache against without, on
+FerretDB 2 and on nx-27017.
 
-    python -m gevent.monkey --module bench.dashboard [--viewers 20] [--seconds 60]
-                                                     [--documents 200000]   (make bench-dashboard)
+    python -m gevent.monkey --module bench.dashboard [--viewers 20] [--seconds S]
+        [--documents 200000] [--engines ferretdb,nx-27017] [--bucket-ms 120000]
+        [--settle-ms 30000]                                   (make bench-dashboard)
 
-FerretDB 2 on PostgreSQL with DocumentDB (``make compat`` builds it; without it this
-bench says so and stops), seeded with ``--documents`` requests (and half as many queries,
-a quarter as many errors) over the last 25 hours for 10 apps, with the ``(app, ts)``
-index. Each viewer watches one app's last 24 hours (the window slides with the clock)
-and refreshes the four MongoDB panels every 10 s, for ``--seconds`` per run:
+Each engine (FerretDB 2 on PostgreSQL with DocumentDB, which ``make compat`` builds; the
+nx-27017 server the tests use) is seeded with ``--documents`` requests (and half as many
+queries, a quarter as many errors) over the last 25 hours for 10 apps, with the
+``(app, ts)`` index. Each viewer watches one app's last 24 hours (the window slides with
+the clock) and refreshes the four MongoDB panels every 10 s, for ``--seconds`` per run:
+by default one ``--bucket-ms`` and its ``--settle-ms`` and a refresh, so that each run
+spans a whole bucket cycle, the fill of a bucket that has just settled included. The
+runs, each on a fresh ``fanout serve``:
 
-1. ``uncached``: one ``fanout serve``, no cache;
-2. ``cached``: one instance, the in-process cache (warmed by one call per app first);
+1. ``uncached``: one instance, no cache;
+2. ``cached``: one instance, the in-process cache (warmed by one call per app first),
+   with its default plan (``cache.plan = "measured"``);
 3. ``shared``: three instances sharing a real ``redis-server``, viewers spread over them;
 4. ``redis killed``: the same, with Redis killed halfway.
 
-For each run: the database's CPU (the PostgreSQL processes and FerretDB, from ``/proc``)
-per call, less what the engine spent idle over 5 s just before (its own background work;
-the same for Fanout's CPU), MongoDB operations per call (``fanout_backend_attempts_total``), Fanout's CPU per
-call, p50 and p99, failed calls, and the buckets' hit ratio. Every answer of a cached run
-is then compared with the same call asked ``fresh`` (the data does not change during the
-bench, so that is the uncached answer of that moment): counts, keys and order exactly,
-sums of durations within 1e-9 relative. Bounded: it stops by itself, and stops every
-process it started.
+FerretDB 2 runs all four; nx-27017 the first two (the last two are about Redis, not the
+engine). For each run: the database's CPU (the engine's processes, from ``/proc``) per
+call, raw and less what the engine spent idle over 5 s just before (its own background
+work), MongoDB operations per call (``fanout_backend_attempts_total``), the windows the
+panels' own queries answered (``fanout_cache_query_windows_total``), Fanout's CPU per
+call (idle included, and less its idle), p50 and p99, failed calls, and the buckets' hit
+ratio. Every answer of a cached run is then compared with the same call asked ``fresh``
+(the data does not change during the bench, so that is the uncached answer of that
+moment): counts, keys and order exactly, sums of durations within 1e-9 relative.
+Bounded: it stops by itself, and stops every process it started.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Any
 
 import gevent
 
-from bench.analysis.stats import bootstrap_ratio
+from bench.dashboard_goals import dashboard_goals
 from bench.dashboard_stack import (
     APPS,
     Instance,
@@ -50,6 +58,7 @@ from bench.dashboard_stack import (
     window_now,
 )
 from service.client import AppStatsClient
+from tests.support.panels import close_panels
 
 PANELS = ["errors", "urls", "controllers", "queries"]
 REFRESH_S = 10.0
@@ -103,7 +112,7 @@ def measure(
     ``midway()`` is called halfway, and the second half is measured apart too."""
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
-    ops0, hits0, misses0, _ = _counters(instances)
+    ops0, hits0, misses0, query0, _ = _counters(instances)
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
@@ -151,7 +160,9 @@ def measure(
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
     *after, cache_bytes = _counters(instances)
-    ops, hits, misses = (a - b for a, b in zip(after, (ops0, hits0, misses0)))
+    ops, hits, misses, query_windows = (
+        a - b for a, b in zip(after, (ops0, hits0, misses0, query0))
+    )
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
         "viewers": viewers,
@@ -162,9 +173,12 @@ def measure(
         "db_cpu_s": db - db0,
         "db_idle_cpu_ms_per_s": idle_per_s * 1000,
         "db_cpu_ms_per_call": busy * 1000 / max(calls, 1),
+        "db_cpu_ms_per_call_raw": (db - db0) * 1000 / max(calls, 1),
         "mongo_ops_per_call": ops / max(calls, 1),
         "fanout_idle_cpu_ms_per_s": fanout_idle_per_s * 1000,
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
+        "fanout_cpu_ms_per_call_with_idle": (cpu - cpu0) * 1000 / max(calls, 1),
+        "query_windows": query_windows,
         "p50_ms": statistics.median(latencies),
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
@@ -194,9 +208,10 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
     )
 
 
-def _counters(instances: list[Instance]) -> tuple[float, float, float, float]:
-    """MongoDB operations, buckets read and missed since the instances started, and the
-    most bytes one of them holds: one scrape of each."""
+def _counters(instances: list[Instance]) -> tuple[float, float, float, float, float]:
+    """MongoDB operations, buckets read and missed, and windows the panels' own queries
+    answered, since the instances started; the most bytes one of them holds: one scrape
+    of each."""
     scrapes = [instance.scrape() for instance in instances]
     return (
         sum(
@@ -205,6 +220,7 @@ def _counters(instances: list[Instance]) -> tuple[float, float, float, float]:
         ),
         sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
         sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
+        sum(series_sum(s, "fanout_cache_query_windows_total") for s in scrapes),
         max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0),
     )
 
@@ -231,72 +247,83 @@ def verify(run: Run, instances: list[Instance]) -> dict[str, int]:
                 app, start_ms, end_ms, PANELS, deadline_ms=60_000, fresh=True
             )
             checked += 1
-            differing += not all(_close(panels[name], fresh.panels[name]) for name in PANELS)
+            differing += not all(close_panels(panels[name], fresh.panels[name]) for name in PANELS)
     finally:
         for client in clients.values():
             client.close()
     return {"answers_checked": checked, "answers_differing": differing}
 
 
-def _close(mine: Any, theirs: Any) -> bool:
-    if isinstance(theirs, float):
-        return abs(mine - theirs) <= 1e-9 * max(abs(theirs), 1e-9)
-    if isinstance(theirs, (list, tuple)):
-        return len(mine) == len(theirs) and all(_close(a, b) for a, b in zip(mine, theirs))
-    if hasattr(theirs, "__dict__"):
-        return type(mine) is type(theirs) and all(
-            _close(getattr(mine, k), v) for k, v in vars(theirs).items()
-        )
-    return bool(mine == theirs)
+#: Each run's configuration: its name, whether cached, how many instances.
+CONFIGURATIONS = (
+    ("uncached", False, 1),
+    ("cached", True, 1),
+    ("shared", True, 3),
+    ("redis killed", True, 3),
+)
+#: The engines, and the configurations each runs (the Redis ones are not the engine's).
+ENGINES = {"ferretdb": CONFIGURATIONS, "nx-27017": CONFIGURATIONS[:2]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--viewers", type=int, default=20)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--documents", type=int, default=200_000)
+    parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--bucket-ms", type=int, default=120_000)
+    parser.add_argument("--settle-ms", type=int, default=30_000)
     args = parser.parse_args(argv)
-    from tests.support.ferretdb import FerretDbServer
+    if args.seconds is None:  # a whole bucket cycle and a refresh
+        args.seconds = (args.bucket_ms + args.settle_ms) / 1000 + REFRESH_S
+    engines = [name for name in args.engines.split(",") if name]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        parser.error(f"--engines: unknown {', '.join(unknown)} (known: {', '.join(ENGINES)})")
     from tests.support.toolchains import missing
 
-    if missing("compat") or missing("redis"):
-        print(
-            f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server "
-            f"({', '.join(missing('compat') + missing('redis'))})"
-        )
+    needed = missing("redis") + (missing("compat") if "ferretdb" in engines else [])
+    if needed:
+        print(f"dashboard: skipped: needs FerretDB 2 (make compat) and redis-server ({needed})")
         return 0
     results: dict[str, Any] = {
         "viewers": args.viewers,
         "seconds": args.seconds,
         "documents": args.documents,
+        "cache.bucket_ms": args.bucket_ms,
+        "cache.settle_ms": args.settle_ms,
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work,
-        FerretDbServer() as engine,
-    ):
-        workdir = Path(work)
-        began = time.monotonic()
-        seed(engine.uri, args.documents, int(time.time() * 1000))
-        results["seed_s"] = round(time.monotonic() - began, 1)
-        results["one_uncached_aggregation_ms"] = round(probe_ms(engine.uri), 1)
-        results["settle_s"] = settle(engine.pids())
-        print(
-            f"dashboard: seeded in {results['seed_s']} s; one uncached aggregation "
-            f"{results['one_uncached_aggregation_ms']} ms",
-            flush=True,
-        )
-        for name, cached, count in (
-            ("uncached", False, 1),
-            ("cached", True, 1),
-            ("shared", True, 3),
-            ("redis killed", True, 3),
-        ):
-            results[name] = configuration(name, cached, count, engine, workdir, args)
-            print(f"dashboard: {name}: {json.dumps(results[name])}", flush=True)
-    results["goals"] = goals(results)
+    with tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work:
+        for name in engines:
+            results[name] = engine_runs(name, Path(work), args)
+    results["goals"] = dashboard_goals(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results["goals"], indent=2))
     return 0
+
+
+def engine_runs(name: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every configuration of engine ``name``, seeded afresh, with its figures."""
+    from service.samples import MongoWireServer
+    from tests.support.ferretdb import FerretDbServer
+
+    figures: dict[str, Any] = {}
+    with FerretDbServer() if name == "ferretdb" else MongoWireServer() as engine:
+        began = time.monotonic()
+        seed(engine.uri, args.documents, int(time.time() * 1000))
+        figures["seed_s"] = round(time.monotonic() - began, 1)
+        figures["one_uncached_aggregation_ms"] = round(probe_ms(engine.uri), 1)
+        figures["settle_s"] = settle(engine.pids())
+        print(
+            f"dashboard: {name}: seeded in {figures['seed_s']} s; one uncached aggregation "
+            f"{figures['one_uncached_aggregation_ms']} ms",
+            flush=True,
+        )
+        for config, cached, count in ENGINES[name]:
+            figures[config] = configuration(config, cached, count, engine, workdir, args)
+            print(f"dashboard: {name}: {config}: {json.dumps(figures[config])}", flush=True)
+    return figures
 
 
 def configuration(
@@ -307,7 +334,12 @@ def configuration(
     from tests.support.redis_server import RedisServer
 
     redis = RedisServer() if count > 1 else None
-    cache = {"enabled": cached, **({"url": redis.url} if redis else {})}
+    cache = {
+        "enabled": cached,
+        "bucket_ms": args.bucket_ms,
+        "settle_ms": args.settle_ms,
+        **({"url": redis.url} if redis else {}),
+    }
     instances = [Instance(engine.uri, cache, workdir) for _ in range(count)]
     try:
         if cached:
@@ -329,44 +361,6 @@ def configuration(
             instance.stop()
         if redis is not None:
             redis.stop()
-
-
-def goals(results: dict[str, Any]) -> dict[str, Any]:
-    """The issue's goals, from one run's figures."""
-    plain, cached = results["uncached"], results["cached"]
-    shared, killed = results["shared"], results["redis killed"]
-
-    def per_window(run: dict[str, Any], key: str) -> dict[str, float]:
-        """cached / uncached of ``key`` over the runs' refresh windows, with its interval."""
-        return bootstrap_ratio(
-            [w[key] for w in run["windows"]], [w[key] for w in plain["windows"]]
-        ).as_dict()
-
-    return {
-        "database work, cached / uncached (at most 0.05)": cached["db_cpu_ms_per_call"]
-        / plain["db_cpu_ms_per_call"],
-        "database work per window, cached / uncached": per_window(cached, "db_cpu_ms_per_call"),
-        "p50, cached / uncached (at most 0.2)": cached["p50_ms"] / plain["p50_ms"],
-        "p50 with its interval": bootstrap_ratio(
-            cached["latencies_ms"], plain["latencies_ms"], statistic=statistics.median
-        ).as_dict(),
-        "Fanout CPU per window, cached / uncached": per_window(cached, "fanout_cpu_ms_per_call"),
-        "answers differing (0)": sum(
-            r.get("answers_differing", 0) for r in (cached, shared, killed)
-        ),
-        "answers checked": sum(r.get("answers_checked", 0) for r in (cached, shared, killed)),
-        "Fanout CPU per call, cached / uncached (at most 1.2)": cached["fanout_cpu_ms_per_call"]
-        / plain["fanout_cpu_ms_per_call"],
-        "in-process cache bytes (at most 64 MiB)": cached["cache_bytes"],
-        "hit ratio, three instances minus one, points (within 5)": 100
-        * ((shared["hit_ratio"] or 0) - (cached["hit_ratio"] or 0)),
-        "Redis killed: failed calls (0)": sum(killed["failed"].values()),
-        "Redis killed: database work after, / uncached (at most 1)": killed.get(
-            "db_cpu_ms_per_call_after_midway", 0
-        )
-        / plain["db_cpu_ms_per_call"],
-        "uncached run's failed calls (0: served without overload)": sum(plain["failed"].values()),
-    }
 
 
 if __name__ == "__main__":

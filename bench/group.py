@@ -21,6 +21,12 @@ stops every process it started.
   back: seconds until the probes and every worker's gauge say so.
 * ``handshake``: a TLS ClientHello sent a byte every 0.5 s, ``frame_timeout_ms`` 2000:
   seconds from its first byte until the server closes it.
+* ``rest``: 16 connections for 5 s (so every series has its labels), then nothing but a
+  scrape every second for 30 s: the master's CPU (share of a core, per scrape, per
+  sample of the merged scrape) and each worker's CPU a second, from ``/proc``.
+
+The report is printed and written into ``bench/results/group.json`` (published as
+``docs/performance/group.json``), each phase run replacing its own figures there.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from service.samples import DemoBackends
 from service.samples.faults import TcpFaultProxy
 from service.samples.mongo_server import free_port
 
-PHASES = ("reloads", "kill", "stop", "scrapes", "backend", "handshake")
+PHASES = ("reloads", "kill", "stop", "scrapes", "backend", "handshake", "rest")
+RESULTS = Path(__file__).resolve().parent / "results" / "group.json"
+REST_S = 30.0
 
 
 def reloads(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
@@ -253,6 +261,41 @@ def handshake(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     }
 
 
+def rest(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    group = Group(backends, workdir, "rest")
+    wait(group.all_serving, 30, "both workers serving")
+    callers = Callers(group.ports["thrift"], 16)
+    gevent.sleep(5.0)
+    callers.stop()
+    session = requests.Session()
+    processes = [psutil.Process(pid) for pid in (group.process.pid, *group.workers())]
+    text = group.scrape(session)
+    before, began, scrapes = [_cpu_s(p) for p in processes], time.monotonic(), 0
+    while time.monotonic() - began < REST_S:
+        scrapes += 1
+        text = group.scrape(session)
+        gevent.sleep(max(0.0, began + scrapes - time.monotonic()))
+    elapsed = time.monotonic() - began
+    spent = [_cpu_s(p) - b for p, b in zip(processes, before)]
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    return {
+        "seconds": round(elapsed, 1),
+        "scrapes": scrapes,
+        "merged_scrape_bytes": len(text.encode()),
+        "merged_scrape_samples": samples,
+        "master_percent_of_a_core": round(100 * spent[0] / elapsed, 2),
+        "master_cpu_ms_per_scrape": round(1000 * spent[0] / scrapes, 2),
+        "master_cpu_us_per_sample": round(1e6 * spent[0] / scrapes / max(samples, 1), 2),
+        "worker_cpu_ms_per_s": [round(1000 * s / elapsed, 2) for s in spent[1:]],
+        **group.stop(),
+    }
+
+
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default=",".join(PHASES))
@@ -266,6 +309,9 @@ def main() -> int:
             report[phase] = globals()[phase](backends, Path(workdir))
             print(f"{phase}: {json.dumps(report[phase])}", file=sys.stderr, flush=True)
     print(json.dumps(report, indent=2))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    kept = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**kept, **report}, indent=2) + "\n")
     return 0
 
 

@@ -142,6 +142,12 @@ class MongoWireServer:
         """The directory holding the server's pid file and logs while it runs."""
         return self._workdir
 
+    def pids(self) -> list[int]:
+        """The server's process, for measuring the database's CPU (as FerretDB's ``pids``)."""
+        if self._process is None:
+            raise MongoWireServerError("the server is not started")
+        return [self._process.pid]
+
     def start(self) -> MongoWireServer:
         """Start the process and wait until it answers ``ping``.
 
