@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable
 
 import gevent
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.client import AppStatsClient
@@ -114,14 +115,16 @@ def test_every_call_answered_through_three_reloads_is_counted_and_no_count_goes_
     serve: Callable[..., Server], group_ports: dict[str, int]
 ) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
-    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    wait_for(lambda: all_serving(group_ports, 2), 60, "both workers serving")
     answered = [0]
     calling = [True]
 
     def caller() -> None:
-        with AppStatsClient(*server.address, timeout_ms=10_000) as client:
+        # Budgets a stressed run keeps: counting is what is tested, and a reload there once
+        # left a call unanswered for over 5 s.
+        with AppStatsClient(*server.address, timeout_ms=30_000) as client:
             while calling[0]:  # a call under way is finished and counted, never cut
-                client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=5_000)
+                client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=20_000)
                 answered[0] += 1
                 gevent.sleep(0.01)
 
@@ -129,7 +132,10 @@ def test_every_call_answered_through_three_reloads_is_counted_and_no_count_goes_
 
     def watch() -> None:
         while True:
-            seen.append(_answered_calls(scrape(group_ports)))
+            try:
+                seen.append(_answered_calls(scrape(group_ports)))
+            except requests.RequestException:
+                pass  # a scrape a loaded machine answered late: the next one counts
             gevent.sleep(0.2)
 
     callers = [gevent.spawn(caller) for _ in range(4)]

@@ -52,8 +52,9 @@ def reload_and_wait(server: Server, ports: dict[str, int]) -> None:
     """SIGHUP, then wait until two new workers serve and the old ones are gone."""
     before = set(server.workers())
     server.process.send_signal(signal.SIGHUP)
+    # Patient: on a loaded machine two workers start (imports and all) and two drain.
     wait_for(
         lambda: not before & set(server.workers()) and all_serving(ports, 2),
-        30,
+        60,
         "two new workers serving, the old ones gone",
     )
