@@ -109,7 +109,7 @@ def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
     kinds = {kind: outcomes.count(kind) for kind in set(outcomes)}
     assert set(outcomes) <= {"ok", "partial"} and kinds.get("ok", 0) > 0, kinds
     assert server.stop() == 0
-    logged = server.process.stderr.read()
+    logged = server.logged()
     assert "Traceback" not in logged and "Address already in use" not in logged, logged[-3000:]
 
 
@@ -248,7 +248,7 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
             if c.laddr.port in ports or (c.raddr and c.raddr.port in ports)
         ]
     assert server.stop() == 0
-    assert "Traceback" not in server.process.stderr.read()
+    assert "Traceback" not in server.logged()
 
 
 def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:

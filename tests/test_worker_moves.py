@@ -55,7 +55,7 @@ def test_reloads_move_every_persistent_connection_and_fail_no_call(
         callers.stop()
     assert callers.failures == {} and callers.incomplete == 0
     assert server.stop() == 0
-    logged = server.process.stderr.read()
+    logged = server.logged()
     assert "Traceback" not in logged, logged[-3000:]
 
 

@@ -77,7 +77,7 @@ def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(
     assert server.stop() == 0
     wait_for(lambda: not any(psutil.pid_exists(pid) for pid in replaced), 5, "workers gone")
     # Every line says which process wrote it (here the master's warning about the kill).
-    logged = server.process.stderr.read()
+    logged = server.logged()
     assert re.search(r"WARNING master: service\.workers\.master: .*killed by SIGKILL", logged), (
         logged
     )
@@ -141,7 +141,7 @@ def test_a_stuck_worker_is_killed_and_replaced(serve: Any, tmp_path: Path) -> No
     for sock in held:
         sock.close()
     assert server.stop() == 0
-    logged = server.process.stderr.read()
+    logged = server.logged()
     assert "Traceback" not in logged, logged[-3000:]
     silent = re.search(
         rf"master: worker {stuck} \(position 0\) has not answered for ([\d.]+) s", logged
@@ -206,6 +206,6 @@ def test_a_reload_whose_backends_cannot_be_built_is_refused_and_the_workers_stay
     assert server.workers() == before and server.process.poll() is None
     gather_all_panels(server.address)
     assert server.stop() == 0
-    logged = server.process.stderr.read()
+    logged = server.logged()
     assert "the new configuration is refused, keeping the old" in logged, logged[-3000:]
     assert "Traceback" not in logged

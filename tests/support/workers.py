@@ -47,11 +47,26 @@ class Server:
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.process = process
+        # What the group logs is read as it is written: a pipe left unread fills (64 KiB)
+        # and then stops every process of the group at its next log line. A loaded
+        # machine logs more (blocked loops, late workers): a reload once hung on it.
+        self._logged: list[str] = []
+        self._reader = gevent.spawn(self._read_log)
         with gevent.Timeout(30, AssertionError("fanout serve did not print its address")):
             self.line = process.stdout.readline().strip()
         found = re.search(r"serving on (\S+):(\d+)", self.line)
         assert found, self.line
         self.address = (found.group(1), int(found.group(2)))
+
+    def _read_log(self) -> None:
+        for line in self.process.stderr:
+            self._logged.append(line)
+
+    def logged(self) -> str:
+        """What the server has written to stderr (all of it, once it has exited)."""
+        if self.process.poll() is not None:
+            self._reader.join(timeout=10)
+        return "".join(self._logged)
 
     def workers(self) -> list[int]:
         return sorted(child.pid for child in psutil.Process(self.process.pid).children())
