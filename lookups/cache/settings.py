@@ -71,13 +71,13 @@ class CacheSettings:
     )
 
     plan: str = field(
-        default="measured",
+        default="buckets",
         metadata={
-            "help": "how a MongoDB panel's window is answered: `measured`, by whichever of the "
-            "cached buckets or the panel's own query has measured cheaper on this engine; "
-            "`buckets`, always from the cached buckets (see "
+            "help": "how a MongoDB panel's window is answered: `buckets`, from the cached "
+            "buckets; `measured` (experimental), by whichever of the buckets or the panel's "
+            "own query has answered faster on this engine (see "
             "[Results cache](../explanation/results-cache.md))",
-            "choices": ("measured", "buckets"),
+            "choices": ("buckets", "measured"),
         },
     )
     replan_ms: int = field(
