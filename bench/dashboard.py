@@ -3,7 +3,7 @@ FerretDB 2 and on nx-27017.
 
     python -m gevent.monkey --module bench.dashboard [--viewers 20] [--seconds S]
         [--documents 200000] [--engines ferretdb,nx-27017] [--bucket-ms 120000]
-        [--settle-ms 30000]                                   (make bench-dashboard)
+        [--settle-ms 30000] [--plan buckets|measured]         (make bench-dashboard)
 
 Each engine (FerretDB 2 on PostgreSQL with DocumentDB, which ``make compat`` builds; the
 nx-27017 server the tests use) is seeded with ``--documents`` requests (and half as many
@@ -16,7 +16,7 @@ runs, each on a fresh ``fanout serve``:
 
 1. ``uncached``: one instance, no cache;
 2. ``cached``: one instance, the in-process cache (warmed by one call per app first),
-   with its default plan (``cache.plan = "measured"``);
+   its windows planned as ``--plan`` says (``cache.plan``);
 3. ``shared``: three instances sharing a real ``redis-server``, viewers spread over them;
 4. ``redis killed``: the same, with Redis killed halfway.
 
@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--bucket-ms", type=int, default=120_000)
     parser.add_argument("--settle-ms", type=int, default=30_000)
+    parser.add_argument("--plan", choices=("buckets", "measured"), default="buckets")
     args = parser.parse_args(argv)
     if args.seconds is None:  # a whole bucket cycle and a refresh
         args.seconds = (args.bucket_ms + args.settle_ms) / 1000 + REFRESH_S
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "documents": args.documents,
         "cache.bucket_ms": args.bucket_ms,
         "cache.settle_ms": args.settle_ms,
+        "cache.plan": args.plan,
     }
     with tempfile.TemporaryDirectory(prefix="fanout-dashboard-") as work:
         for name in engines:
@@ -338,6 +340,7 @@ def configuration(
         "enabled": cached,
         "bucket_ms": args.bucket_ms,
         "settle_ms": args.settle_ms,
+        "plan": args.plan,
         **({"url": redis.url} if redis else {}),
     }
     instances = [Instance(engine.uri, cache, workdir) for _ in range(count)]

@@ -54,7 +54,9 @@ def _cached_against_uncached(
         f"p50, cached / uncached (at most {p50_at_most})": cached["p50_ms"] / plain["p50_ms"],
         "p50 with its interval": bootstrap_ratio(
             cached["latencies_ms"], plain["latencies_ms"], statistic=statistics.median
-        ).as_dict(),
+        ).as_dict()
+        if cached["latencies_ms"] and plain["latencies_ms"]
+        else "no call answered whole on one side",
         "Fanout CPU per call, idle included, cached / uncached (at most 1.2)": cached[
             "fanout_cpu_ms_per_call_with_idle"
         ]

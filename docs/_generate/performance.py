@@ -26,6 +26,9 @@ TITLES = {
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
     "group.json": "Several workers as one service (`make bench-group`)",
+    "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"` '
+    "(`bench.dashboard --plan measured`, 2-minute buckets; its nx-27017 runs were saturated "
+    "by the uncached load itself)",
 }
 #: Text reports the benchmark writes beside its JSON, shown under the run they belong to.
 TEXT_REPORTS = {"results.json": "results.txt"}
