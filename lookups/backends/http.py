@@ -302,7 +302,6 @@ def _raise_transport_error(
     raise LookupFailed(f"{lookup}: HTTP request failed ({kind})") from exc
 
 
-@functools.lru_cache(maxsize=64)
 def _check_url(settings: HttpBackendSettings) -> str:
     """What a health check GETs: ``url``, or ``url`` + ``health_path``."""
     if settings.health_path:
@@ -310,6 +309,7 @@ def _check_url(settings: HttpBackendSettings) -> str:
     return settings.url
 
 
+@functools.lru_cache(maxsize=64)
 def _prepared_base(base_url: str) -> str:
     """``base_url`` as requests prepares a URL (IDNA host, quoting), without a final ``/``."""
     prepared = requests.PreparedRequest()
