@@ -8,10 +8,10 @@ meanwhile: all of them where the engine groups by bucket, else the newest few, t
 others then queried as ranges with the uneven edges, so that no call costs much more
 than the panel's one query and each refresh warms the cache further. The sum of the
 parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
-bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So is a window
-where that query has measured cheaper than the buckets on this engine
-(:mod:`lookups.cache.plans`). The store never fails a call: what it cannot give is
-queried.
+bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So,
+with ``cache.plan = "measured"``, is a window where that query has answered faster than
+the buckets on this engine (:mod:`lookups.cache.plans`). The store never fails a call:
+what it cannot give is queried.
 """
 
 from __future__ import annotations

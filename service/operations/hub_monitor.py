@@ -274,7 +274,8 @@ class HubMonitor:
             )
 
     def _monitor(self, watch: _Watch) -> None:
-        """The monitor thread. Reads the tracer, never writes anything the hub reads."""
+        """The monitor thread. Reads the tracer; writes nothing the hub acts on (only
+        ``watch.waiting_s``, which :attr:`waiting_s` reports)."""
         watch.waiting_s = watch.period_s
         try:
             while watch.running:

@@ -4,7 +4,8 @@ The master reads every worker's scrape at each of its own (``service.workers.gro
 and writes them out again as one, each sample labelled with its worker. prometheus_client's
 parser builds a ``Metric`` and a ``Sample`` per line and parses every label, and
 ``generate_latest`` escapes every label again: together they were most of what a merged
-scrape cost the master (``bench/results`` holds the figures), for samples it only adds up
+scrape cost the master (``make bench-group``'s ``rest`` phase measures it:
+``docs/performance/group.json``), for samples it only adds up
 and passes on. The workers' text comes from one producer (the OpenTelemetry Prometheus
 exporter, through prometheus_client's ``generate_latest``), so a sample's name and
 labels are the same string in every worker's scrape and in every scrape of one worker:
