@@ -37,7 +37,7 @@ from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.settings.config import ServerSettings, Settings, load_settings
 from service.wire.tls import MINIMUM_VERSION, TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki
-from tests.support.samples import backend_overrides
+from tests.support.samples import GENEROUS_BUDGETS, backend_overrides
 from tests.support.server import SECRET, RecordingHandler, read_until_closed, sample_response
 from tests.support.thrift_calls import apache_thrift_ping
 
@@ -288,7 +288,12 @@ def _service_with(lookup: type[Lookup], mongo_server: Any, http_services: Any) -
     registry = default_registry()
     registry.register(lookup.name, lambda backends: lookup())
     settings: Settings = load_settings(
-        env={}, overrides={**backend_overrides(mongo_server, http_services), "server.port": 0}
+        env={},
+        overrides={
+            **backend_overrides(mongo_server, http_services),
+            **GENEROUS_BUDGETS,  # the errors panel must answer OK on a starved machine
+            "server.port": 0,
+        },
     )
     return FanOutService(settings, registry=registry).start()
 
