@@ -36,63 +36,95 @@ DAY = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 COMMAND_DELAY_MS = 200
 
 
-def _windows(chooser: PlanChooser, times: dict[Plan, float], count: int) -> list[Plan]:
-    """Answer ``count`` windows, each plan taking its time in ``times``; the plans used."""
-    used = []
+class Engine:
+    """Runs a window by a plan in the time ``times`` gives it, on a clock moved by hand;
+    ``failing``: the plans that raise instead."""
+
+    def __init__(self, clock: FakeClock, times: dict[Plan, float]) -> None:
+        self.clock, self.times = clock, times
+        self.failing: set[Plan] = set()
+        self.runs: list[tuple[Plan, bool]] = []
+
+    def __call__(self, plan: Plan, probe: bool) -> str:
+        self.runs.append((plan, probe))
+        self.clock.advance(self.times[plan])
+        if plan in self.failing:
+            raise TimeoutError(f"{plan.value} ran out of time")
+        return plan.value
+
+
+def _windows(chooser: PlanChooser, engine: Engine, count: int) -> list[str]:
+    """Answer ``count`` windows, a second apart; the plan of each answer."""
+    answers = []
     for _ in range(count):
-        plan = chooser.choose()
-        chooser.record(plan, times[plan])
-        used.append(plan)
-    return used
+        answers.append(chooser.answer(engine))
+        engine.clock.advance(1.0)
+    return answers
 
 
-def test_the_buckets_go_first_then_the_query_is_tried_and_the_cheaper_answers() -> None:
-    chooser = PlanChooser(60.0, FakeClock().monotonic)
-    used = _windows(chooser, {Plan.BUCKETS: 0.4, Plan.QUERY: 0.2}, FIRST_BUCKET_WINDOWS + 4)
-    assert used == [Plan.BUCKETS] * FIRST_BUCKET_WINDOWS + [Plan.QUERY] * 4
-    assert chooser.chosen is Plan.QUERY and chooser.mean_s(Plan.BUCKETS) == 0.4
-
-
-def test_the_first_windows_measure_the_buckets_warm_not_by_the_fill() -> None:
-    chooser = PlanChooser(60.0, FakeClock().monotonic)
-    for elapsed_s in (3.0, 0.01, 0.01):  # the first window filled every bucket
-        chooser.record(chooser.choose(), elapsed_s)
-    assert _windows(chooser, {Plan.BUCKETS: 0.01, Plan.QUERY: 0.2}, 4) == [
-        Plan.QUERY,
-        *[Plan.BUCKETS] * 3,
-    ]
-
-
-def test_the_plan_not_chosen_is_tried_again_once_per_replan_period() -> None:
+def _chooser(times: dict[Plan, float]) -> tuple[PlanChooser, Engine]:
     clock = FakeClock()
-    chooser = PlanChooser(60.0, clock.monotonic)
-    times = {Plan.BUCKETS: 0.4, Plan.QUERY: 0.2}
-    _windows(chooser, times, FIRST_BUCKET_WINDOWS + 1)
-    clock.advance(59.0)
-    assert _windows(chooser, times, 5) == [Plan.QUERY] * 5
-    clock.advance(1.0)
-    times[Plan.BUCKETS] = 0.05  # the buckets got cheaper: one try sees it
-    assert _windows(chooser, times, 3) == [Plan.BUCKETS] * 3
-    assert chooser.chosen is Plan.BUCKETS
+    return PlanChooser(60.0, clock.monotonic), Engine(clock, times)
 
 
-def test_one_window_at_a_time_tries_the_other_plan() -> None:
-    chooser = PlanChooser(60.0, FakeClock().monotonic)
-    _windows(chooser, {Plan.BUCKETS: 0.1, Plan.QUERY: 0.1}, FIRST_BUCKET_WINDOWS)
-    trying = chooser.choose()
-    assert trying is Plan.QUERY and chooser.choose() is Plan.BUCKETS  # while it runs
-    chooser.record(trying, 0.5)
-    assert chooser.choose() is Plan.BUCKETS
+def test_the_buckets_answer_first_then_a_probe_runs_both_and_the_cheaper_answers() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    answers = _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 4)
+    assert answers == ["buckets"] * (FIRST_BUCKET_WINDOWS + 1) + ["query"] * 3
+    probe = FIRST_BUCKET_WINDOWS  # the window after the first ones runs both, buckets first
+    assert engine.runs[probe : probe + 2] == [(Plan.BUCKETS, False), (Plan.QUERY, True)]
+    assert chooser.ratio == pytest.approx(2.0) and chooser.probes == 1
 
 
-def test_a_failed_window_can_make_its_plan_look_dearer_never_cheaper() -> None:
-    chooser = PlanChooser(60.0, FakeClock().monotonic)
-    _windows(chooser, {Plan.BUCKETS: 0.3, Plan.QUERY: 0.2}, FIRST_BUCKET_WINDOWS + 1)
-    chooser.record(Plan.QUERY, 0.001, answered=False)  # refused at once: says nothing
-    assert chooser.mean_s(Plan.QUERY) == 0.2
-    chooser.record(Plan.QUERY, 2.0, answered=False)  # timed out: at least that dear
-    assert chooser.mean_s(Plan.QUERY) == pytest.approx(0.2 + 0.3 * 1.8)
-    assert chooser.chosen is Plan.BUCKETS
+def test_buckets_as_cheap_as_the_query_keep_answering() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.2, Plan.QUERY: 0.2})
+    assert set(_windows(chooser, engine, FIRST_BUCKET_WINDOWS + 4)) == {"buckets"}
+    assert chooser.chosen is Plan.BUCKETS and chooser.ratio == pytest.approx(1.0)
+
+
+def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 1)  # one probe: the query is chosen
+    engine.runs.clear()
+    engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper (warmed by the probe)
+    _windows(chooser, engine, 20)
+    assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no probe
+    engine.clock.advance(60.0)
+    assert _windows(chooser, engine, 2) == ["query", "query"]  # ratios 2 and 0.25
+    assert engine.runs[20:23] == [(Plan.QUERY, False), (Plan.BUCKETS, True), (Plan.QUERY, False)]
+    assert chooser.ratio == pytest.approx(1.125)  # their median: still the query
+    engine.clock.advance(60.0)
+    assert _windows(chooser, engine, 2) == ["query", "buckets"]  # a third: 0.25
+    assert chooser.probes == 3 and chooser.chosen is Plan.BUCKETS
+
+
+def test_one_slow_probe_does_not_flip_the_choice() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
+    for _ in range(3):
+        _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 1)
+        engine.clock.advance(60.0)
+    engine.times[Plan.BUCKETS] = 2.0  # a moment the buckets waited for long
+    _windows(chooser, engine, 1)
+    assert chooser.probes == 4 and chooser.chosen is Plan.BUCKETS
+
+
+def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
+    engine.failing.add(Plan.QUERY)
+    assert _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 2) == ["buckets"] * (
+        FIRST_BUCKET_WINDOWS + 2
+    )
+    assert (chooser.probes, chooser.probes_failed, chooser.ratio) == (1, 1, None)
+
+
+def test_the_chosen_plans_failure_is_the_callers() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    engine.failing.add(Plan.BUCKETS)
+    with pytest.raises(TimeoutError):
+        chooser.answer(engine)
+    assert engine.runs[-1] == (Plan.BUCKETS, False)  # the probe stopped with it
+    assert chooser.ratio is None
 
 
 @pytest.fixture

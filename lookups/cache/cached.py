@@ -9,8 +9,8 @@ others then queried as ranges with the uneven edges, so that no call costs much 
 than the panel's one query and each refresh warms the cache further. The sum of the
 parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
 bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So,
-with ``cache.plan = "measured"``, is a window where that query has answered faster than
-the buckets on this engine (:mod:`lookups.cache.plans`). The store never fails a call:
+with ``cache.plan = "measured"``, is every window while that query costs less than the
+buckets on this engine, timed side by side (:mod:`lookups.cache.plans`). The store never fails a call:
 what it cannot give is queried.
 """
 
@@ -102,9 +102,11 @@ class CachedLookup(CachedPanel):
         return self.chooser.answer(partial(self._by_plan, window, plan, deadline))
 
     def _by_plan(
-        self, window: Window, plan: BucketPlan, deadline: Deadline, chosen: Plan
+        self, window: Window, plan: BucketPlan, deadline: Deadline, chosen: Plan, probe: bool
     ) -> PanelValue:
-        trace.get_current_span().set_attribute("fanout.cache.plan", chosen.value)
+        """The window by ``chosen``; ``probe``: run beside the answer, to time it."""
+        span = trace.get_current_span()
+        span.set_attribute("fanout.cache.probe" if probe else "fanout.cache.plan", chosen.value)
         if chosen is Plan.QUERY:
             self.store.stats.query_windows += 1
             return self.inner.fetch(window, deadline)

@@ -74,8 +74,8 @@ class CacheSettings:
         default="buckets",
         metadata={
             "help": "how a MongoDB panel's window is answered: `buckets`, from the cached "
-            "buckets; `measured` (experimental), by whichever of the buckets or the panel's "
-            "own query has answered faster on this engine (see "
+            "buckets; `measured`, by whichever of the buckets or the panel's own query cost "
+            "less on this engine when both last ran side by side (see "
             "[Results cache](../explanation/results-cache.md))",
             "choices": ("buckets", "measured"),
         },
@@ -83,8 +83,8 @@ class CacheSettings:
     replan_ms: int = field(
         default=60_000,
         metadata={
-            "help": 'with `plan = "measured"`, how often one window tries the plan not '
-            "chosen, so that a change in what each costs is seen",
+            "help": 'with `plan = "measured"`, how often one window runs both plans, side by '
+            "side, to time them: a change in what each costs is seen within a few periods",
             "min": 100,
         },
     )

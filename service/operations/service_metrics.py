@@ -333,8 +333,8 @@ for _name, _field, _unit, _description in (
         "fanout.cache.query_windows",
         "query_windows",
         "{window}",
-        "Windows answered by the panel's own query because it measured cheaper on this "
-        "engine than the cached buckets",
+        "Windows the panel's own query ran for: it measured cheaper on this engine than "
+        "the cached buckets, or a probe timed it beside them",
     ),
     (
         "fanout.cache.redis_errors",
