@@ -361,6 +361,34 @@ def waiting(admission: AdmissionControl, criticality: Criticality, order: list[s
     return waiter
 
 
+def test_the_dimmer_at_rest_sleeps_until_admission_refuses_then_climbs() -> None:
+    admission = one_call_admission()
+    looks = [0]
+
+    def refusals() -> int:
+        looks[0] += 1
+        return admission.refusals_decided
+
+    dimmer = Dimmer(
+        refusals,
+        lambda: admission.queue_standing,
+        latency_cuts=lambda: admission.stats.latency_cuts,
+        pressure=admission.pressure,
+    )
+    dimmer.start()
+    try:
+        gevent.sleep(6 * WINDOW_S)
+        assert looks[0] == 3  # at start, and twice before it slept: not once a window
+        with pytest.raises(Refused):
+            admission.admit(Deadline.after_s(-1.0))  # no time left while saturated
+        for criticality in Criticality:  # calls the dimmer could shed arrived (the gate counts)
+            dimmer.arrivals[criticality] += 1
+        wait_for(lambda: dimmer.level > 0.0, 10, "the dimmer climbing")
+    finally:
+        dimmer.stop()
+    assert dimmer.level == STEP
+
+
 def test_a_critical_newcomer_takes_a_sheddable_waiters_place_and_is_served_first() -> None:
     admission, order = one_call_admission(), []
     waiting(admission, C.SHEDDABLE, order)  # the line holds one: it is full now

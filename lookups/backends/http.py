@@ -36,6 +36,7 @@ from requests.hooks import default_hooks
 from requests.structures import CaseInsensitiveDict
 
 from lookups.backends.base import Backend
+from lookups.backends.http_check import HttpCheck
 from lookups.backends.settings import HttpBackendSettings
 from lookups.backends.tls import HttpsFiles, load_https_files
 from lookups.clock import SYSTEM_CLOCK, Clock
@@ -91,13 +92,8 @@ class HttpBackend(Backend):
         super().__init__(name, settings, settings.pool_size, policies, clock)
         https = load_https_files(settings)
         self.session = _session(settings, https, settings.pool_size)
-        # The health check's own small session: a full lookup pool cannot delay it.
-        self._probe_session = _session(settings, https, 2)
-        # Prepared once: a check every few seconds of an idle server costs what requests
-        # spends building a request as much as the exchange itself.
-        self._check_request = self._probe_session.prepare_request(
-            requests.Request("GET", _check_url(settings))
-        )
+        # The health check's own connection: a full lookup pool cannot delay it.
+        self._check = HttpCheck(_check_url(settings), https, settings.authorization)
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
 
@@ -159,24 +155,18 @@ class HttpBackend(Backend):
     def check(self, timeout_s: float) -> None:
         """GET ``url`` (or ``url`` + ``health_path``): up on a 2xx or 3xx answer. A 404 is
         down: something answers, but not the service the lookups were pointed at."""
-        # requests' timeouts are per read; the timer bounds the whole exchange.
+        # The socket's timeouts are per operation; the timer bounds the whole exchange.
         with gevent.Timeout(timeout_s, TimeoutError(f"no answer within {timeout_s:.3f}s")):
-            response = self._probe_session.send(
-                self._check_request,
-                timeout=(timeout_s, timeout_s),
-                allow_redirects=False,
-                stream=True,
-            )
-            response.close()  # the status line is all a check needs
-        if not 200 <= response.status_code < 400:
-            raise HttpStatusError(response.status_code)
+            status = self._check.status(timeout_s)
+        if not 200 <= status < 400:
+            raise HttpStatusError(status)
 
     def connections_in_use(self) -> int:
         return _connections_in_use(self._adapter)
 
     def close(self) -> None:
         self.session.close()
-        self._probe_session.close()
+        self._check.close()
 
     def _get_body(
         self, lookup: str, url: str, params: dict[str, int], route: str, deadline: Deadline

@@ -10,8 +10,8 @@ than the panel's one query and each refresh warms the cache further. The sum of 
 parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
 bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So,
 with ``cache.plan = "measured"``, is every window while that query costs less than the
-buckets on this engine, timed side by side (:mod:`lookups.cache.plans`). The store never fails a call:
-what it cannot give is queried.
+buckets on this engine, timed side by side (:mod:`lookups.cache.plans`). The store never
+fails a call: what it cannot give is queried.
 """
 
 from __future__ import annotations

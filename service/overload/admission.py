@@ -41,6 +41,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import gevent.event
+
 from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
@@ -111,6 +113,9 @@ class AdmissionControl:
         self._line = WaitingLine(settings, clock)
         self.retry_after = RetryAfter(clock, lambda: self._short_s)
         self._refused_since_update = 0
+        #: Set at each refusal admission decides and each cut of its limit: the brownout
+        #: dimmer, at rest, sleeps on it instead of looking four times a second.
+        self.pressure = gevent.event.Event()
 
     @property
     def queued(self) -> int:
@@ -247,6 +252,7 @@ class AdmissionControl:
             if now - self._cut_at >= short_s:
                 self._cut_at, self._cut_from = now, self.limit
                 self.stats.latency_cuts += 1
+                self.pressure.set()
             self._set_limit(min(self.limit, self._cut_from * gradient))
             return
         if (in_use >= self.limit * _CPU_IN_USE or refused) and self.cpu.saturated():
@@ -271,6 +277,8 @@ class AdmissionControl:
 
     def _refuse(self, reason: str, rank: int) -> Refused:
         self._count_refusal(rank)
+        if not self.pressure.is_set():
+            self.pressure.set()
         return Refused(reason, self.retry_after_ms(Criticality(rank)))
 
     def _count_refusal(self, rank: int, demand: bool = True) -> None:

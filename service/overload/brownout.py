@@ -65,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import gevent
+import gevent.event
 from gevent import Greenlet
 
 from lookups.clock import SYSTEM_CLOCK
@@ -166,8 +167,9 @@ class Dimmer:
 
     ``refusals`` and ``queue_standing`` read admission's state (refusals so far that
     admission decided itself; whether its queue has stood longer than its interval);
-    ``pools_short`` tells whether a backend pool is short of slots; ``clock`` is
-    monotonic seconds. Tests drive :meth:`update` with their own clock.
+    ``pools_short`` tells whether a backend pool is short of slots; ``pressure`` is set
+    at each refusal or cut admission makes (the dimmer sleeps on it while at rest);
+    ``clock`` is monotonic seconds. Tests drive :meth:`update` with their own clock.
     """
 
     def __init__(
@@ -176,6 +178,7 @@ class Dimmer:
         queue_standing: Callable[[], bool],
         *,
         latency_cuts: Callable[[], int] | None = None,
+        pressure: gevent.event.Event | None = None,
         pools_short: Callable[[], bool] = lambda: False,
         enabled: bool = True,
         min_level: float = 0.0,
@@ -192,6 +195,7 @@ class Dimmer:
         self._seen_refusals = refusals()
         self._latency_cuts = latency_cuts or (lambda: 0)
         self._seen_cuts = self._latency_cuts()
+        self._pressure = pressure
         self._cool = 0
         self._backoff = 0  # doublings of the cool stretch
         self._probing: int | None = None  # windows since a step down not yet held
@@ -206,7 +210,7 @@ class Dimmer:
 
     def start(self) -> None:
         """Run :meth:`update` every :data:`WINDOW_S` in a greenlet of its own, until
-        :meth:`stop`."""
+        :meth:`stop`; at rest, only once ``pressure`` is set."""
         if self.enabled and self._loop is None:
             self._loop = spawn_in_context(self._run)
 
@@ -217,8 +221,24 @@ class Dimmer:
 
     def _run(self) -> None:
         while True:
+            if self._pressure is not None and self._resting():
+                # Cleared, then looked at again, with no switch between: a refusal after the
+                # look sets it, so none is missed. An idle server's dimmer costs nothing.
+                self._pressure.clear()
+                if self._resting():
+                    self._pressure.wait()
             gevent.sleep(WINDOW_S)
             self.update()
+
+    def _resting(self) -> bool:
+        """At rest with nothing new to push it up: :meth:`update` would do nothing."""
+        return (
+            self.level <= 0.0
+            and self.min_level <= 0.0
+            and self._probing is None
+            and self._refusals() <= self._seen_refusals
+            and self._latency_cuts() <= self._seen_cuts
+        )
 
     def decide(self, criticality: Criticality) -> BrownoutVerdict:
         """The verdict for one call of ``criticality`` at the current level (counted)."""

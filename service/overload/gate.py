@@ -223,6 +223,7 @@ class CallGate:
             lambda: admission.refusals_decided,
             lambda: admission.queue_standing,
             latency_cuts=lambda: admission.stats.latency_cuts,
+            pressure=admission.pressure,
             pools_short=pools_short,
             enabled=settings.brownout,
             min_level=settings.brownout_min_level,
