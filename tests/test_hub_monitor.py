@@ -18,7 +18,7 @@ from lookups.registry import LookupRegistry
 from service.app import FanOutService
 from service.client import AppStatsClient
 from service.idl import appstats
-from service.operations.hub_monitor import BLOCKED_EVENT, HubMonitor
+from service.operations.hub_monitor import BLOCKED_EVENT, IDLE_PERIOD_THRESHOLDS, HubMonitor
 from service.operations.snapshot import take
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.samples import GENEROUS_BUDGETS, StartService
@@ -152,19 +152,20 @@ def test_short_runs_are_not_reported() -> None:
 def test_an_idle_loop_is_looked_at_less_often_than_a_busy_one() -> None:
     monitor = HubMonitor(_THRESHOLD_MS).start()
     threshold_s = _THRESHOLD_MS / 1000.0
+    idle_s = threshold_s * IDLE_PERIOD_THRESHOLDS
     try:
-        # Idle: the monitor backs off to once a threshold. A second asleep in the hub is
+        # Idle: the monitor backs off to once an idle period. A second asleep in the hub is
         # enough, unless a greenlet another test left behind ran meanwhile: a few tries.
         backed_off = False
         for _ in range(5):
             gevent.sleep(1.0)
-            backed_off = monitor.waiting_s == threshold_s
+            backed_off = monitor.waiting_s == idle_s
             if backed_off:
                 break
         # Busy: greenlets run all the time, each briefly; the monitor looks at its period
         # again (as soon as a loaded machine wakes its thread).
         busy_until = time.monotonic() + 5.0
-        while monitor.waiting_s == threshold_s and time.monotonic() < busy_until:
+        while monitor.waiting_s == idle_s and time.monotonic() < busy_until:
             gevent.spawn(spin, 0.002).join()
         waiting_busy_s = monitor.waiting_s
     finally:

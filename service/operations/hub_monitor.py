@@ -22,9 +22,11 @@ How, and what it costs:
   switched to and, on a switch into the hub, the time: a few instructions a switch.
 * A native thread wakes every quarter threshold (at least 5 ms) while the loop
   runs greenlets; while it sits idle in the hub, nothing can block, and the thread
-  looks half as often at each idle look, down to once a threshold (an idle server
-  costs a few wake-ups a second). When the hub has not run for longer than the
-  threshold, it takes the blocked thread's stack
+  looks half as often at each idle look, down to once per
+  :data:`IDLE_PERIOD_THRESHOLDS` thresholds; a look that finds it idle again after a
+  brief run (a timer, a health check) keeps that pace. Each wake-up of a thread costs,
+  and an idle server's monitor was a large part of what the server cost at rest. When
+  the hub has not run for longer than the threshold, it takes the blocked thread's stack
   and the blocked greenlet's current span, and hands them to the hub with
   ``loop.run_callback_threadsafe``; the report runs there, in the monitored
   thread, as soon as the loop runs again. Nothing is logged or recorded from
@@ -36,7 +38,10 @@ How, and what it costs:
 
 A run between one threshold and one and a quarter thresholds long may end
 before the monitor looks and go unreported; longer ones are always reported, except
-that the first run after an idle spell may go unseen up to twice the threshold.
+that the first run after an idle spell (or one of a few brief runs a second) may go
+unseen up to one idle period longer (:data:`IDLE_PERIOD_THRESHOLDS` thresholds): a
+server at rest has had little to block, and one at work, found running greenlets, is
+looked at every quarter threshold.
 
 Why not gevent's own monitor thread (``gevent.config.monitor_thread`` with
 ``max_blocking_time``, which baseplate.py listens to through ``EventLoopBlocked``):
@@ -54,6 +59,7 @@ is a no-op (logged).
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import sys
@@ -84,6 +90,8 @@ SUMMARY_INTERVAL_S = 60.0
 
 _STACK_FRAMES = 8  # innermost frames of the blocked stack kept in the report
 _MIN_PERIOD_S = 0.005  # the monitor thread never wakes more often than this
+#: While the loop stays idle, the monitor looks once per this many thresholds at most.
+IDLE_PERIOD_THRESHOLDS = 2
 _MAX_OPEN_SPANS = 100_000  # a bound on the span registry, against spans never ended
 
 _start_thread = get_original("_thread", "start_new_thread")
@@ -159,6 +167,14 @@ def _attach_span_registry() -> bool:
     add(_SPANS)
     _attached_to[:] = [provider]
     return True
+
+
+class _Look(enum.Enum):
+    """What the monitor thread found the loop doing since its last look."""
+
+    IDLE = "idle"  # in the hub, and nothing ran since the last look
+    RESTING = "resting"  # in the hub, after running something since
+    BUSY = "busy"  # running a greenlet (blocked, perhaps)
 
 
 @dataclass
@@ -247,7 +263,8 @@ class HubMonitor:
     @property
     def waiting_s(self) -> float:
         """What the monitor thread waits between looks now: its period while the loop is
-        busy, up to the threshold while it is idle (0 before :meth:`start`)."""
+        busy, up to :data:`IDLE_PERIOD_THRESHOLDS` thresholds while it is idle (0 before
+        :meth:`start`)."""
         return self._watch.waiting_s if self._watch is not None else 0.0
 
     def flush(self) -> None:
@@ -281,35 +298,34 @@ class HubMonitor:
             while watch.running:
                 _thread_sleep(watch.waiting_s)
                 if watch.running:
-                    # An idle loop cannot block: look less often, up to once a threshold.
-                    active = self._check(watch)
-                    watch.waiting_s = (
-                        watch.period_s if active else min(watch.waiting_s * 2, watch.threshold_s)
-                    )
+                    looked = self._check(watch)
+                    # An idle loop cannot block: look less often, up to once an idle period.
+                    # A loop that ran something and is idle again (a timer, a health check)
+                    # keeps the pace it had; one found running greenlets is looked at often.
+                    if looked is _Look.BUSY:
+                        watch.waiting_s = watch.period_s
+                    elif looked is _Look.IDLE:
+                        watch.waiting_s = min(
+                            watch.waiting_s * 2, watch.threshold_s * IDLE_PERIOD_THRESHOLDS
+                        )
         except Exception as exc:  # noqa: BLE001 - the process is exiting, or a bug: report it in the hub
             if watch.running:
                 watch.hub.loop.run_callback_threadsafe(
                     log.error, "hub monitor: monitor thread failed: %r", exc
                 )
 
-    def _check(self, watch: _Watch) -> bool:
-        """Report a block going on; False when the loop has been idle since the last look
-        (in the hub, not re-entered: nothing ran)."""
+    def _check(self, watch: _Watch) -> _Look:
+        """Report a block going on; what the loop did since the last look."""
         tracer = watch.tracer
         entered = tracer.last_entered_hub
         blocked = tracer.active_greenlet
         seen, watch.seen_entry = watch.seen_entry, entered
-        if blocked is watch.hub and entered == seen:
-            return False
-        if (
-            blocked is None
-            or blocked is watch.hub
-            or not entered
-            or entered == watch.reported_entry
-        ):
-            return True
+        if blocked is watch.hub:
+            return _Look.IDLE if entered == seen else _Look.RESTING
+        if blocked is None or not entered or entered == watch.reported_entry:
+            return _Look.BUSY
         if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
-            return True
+            return _Look.BUSY
         watch.reported_entry = entered
         frame = sys._current_frames().get(watch.thread_ident)
         stack = traceback.extract_stack(frame, limit=_STACK_FRAMES) if frame is not None else None
@@ -317,7 +333,7 @@ class HubMonitor:
             stack = None  # the block ended while we looked: that stack is someone else's
         block = _Block(blocked, entered, stack, _SPANS.innermost(blocked))
         watch.hub.loop.run_callback_threadsafe(self._report, watch, block)
-        return True
+        return _Look.BUSY
 
     def _report(self, watch: _Watch, block: _Block) -> None:
         """Runs in the hub, right after the blocked run ended."""
