@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard docs docs-serve compat compat-engine ferretdb monitoring
+.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle docs docs-serve compat compat-engine ferretdb monitoring
 
 setup: $(STAMP)
 
@@ -146,6 +146,11 @@ bench-operate: $(BENCH_STAMP)
 # a backend going down, a slow TLS handshake (about two minutes; bench/group.py).
 bench-group: $(BENCH_STAMP)
 	$(PY) -m gevent.monkey --module bench.group $(GROUP_ARGS)
+
+# One idle `fanout serve` as shipped over the sample backends: its CPU a second, by thread,
+# and with the hub monitor off (about two and a half minutes; bench/idle.py).
+bench-idle: $(BENCH_STAMP)
+	$(PY) -m bench.idle $(IDLE_ARGS)
 
 # The results cache against no cache on FerretDB 2 (make compat first) and nx-27017, with many
 # viewers of a sliding 24-hour dashboard, each run a whole bucket cycle; on FerretDB 2 also

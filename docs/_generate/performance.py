@@ -26,9 +26,13 @@ TITLES = {
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
     "group.json": "Several workers as one service (`make bench-group`)",
-    "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"` '
-    "(`bench.dashboard --plan measured`, 2-minute buckets; its nx-27017 runs were saturated "
-    "by the uncached load itself)",
+    "idle.json": "An idle server (`make bench-idle`)",
+    "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"`, its '
+    "first design, means of windows minutes apart (`bench.dashboard --plan measured`, "
+    "2-minute buckets; its nx-27017 runs were saturated by the uncached load itself)",
+    "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
+    " by paired probes (`bench.dashboard --engines nx-27017 --plan measured`, 2-minute "
+    "buckets)",
 }
 #: Text reports the benchmark writes beside its JSON, shown under the run they belong to.
 TEXT_REPORTS = {"results.json": "results.txt"}
