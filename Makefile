@@ -14,7 +14,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle docs docs-serve compat compat-engine ferretdb monitoring
+.PHONY: setup demo test lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle bench-profile docs docs-serve compat compat-engine ferretdb monitoring
 
 setup: $(STAMP)
 
@@ -146,6 +146,12 @@ bench-operate: $(BENCH_STAMP)
 # a backend going down, a slow TLS handshake (about two minutes; bench/group.py).
 bench-group: $(BENCH_STAMP)
 	$(PY) -m gevent.monkey --module bench.group $(GROUP_ARGS)
+
+# Where a call's CPU goes: a sampling profile (py-spy) of the CPU-bound closed loop, by package
+# and by our module, and strace's count of system calls per call, for Fanout and the
+# hand-written gevent server (about two minutes; bench/profile.py).
+bench-profile: $(BENCH_STAMP)
+	$(PY) -m bench.profile $(PROFILE_ARGS)
 
 # One idle `fanout serve` as shipped over the sample backends: its CPU a second, by thread,
 # and with the hub monitor off (about two and a half minutes; bench/idle.py).

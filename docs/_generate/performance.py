@@ -27,6 +27,7 @@ TITLES = {
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
     "group.json": "Several workers as one service (`make bench-group`)",
     "idle.json": "An idle server (`make bench-idle`)",
+    "profile.json": "Where a call's CPU goes (`make bench-profile`)",
     "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"`, its '
     "first design, means of windows minutes apart (`bench.dashboard --plan measured`, "
     "2-minute buckets; its nx-27017 runs were saturated by the uncached load itself)",

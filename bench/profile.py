@@ -1,0 +1,198 @@
+"""Where a call's CPU goes: a sampling profile of the CPU-bound closed loop, and the
+system calls a call makes, for Fanout and for the hand-written gevent server.
+
+    python -m bench.profile [--connections 20] [--window-s 15]      (make bench-profile)
+
+Each server runs on a fresh stack (:mod:`bench.harness.stack`: the MongoDB-wire
+responder and the HTTP backend with no added delay, tracing off) under a closed loop of
+``--connections`` connections asking for every panel. After a warm-up, three windows:
+
+1. the server's CPU per call, from ``/proc``, nothing attached;
+2. py-spy (``record --nonblocking --format raw``) samples the server: each sample's
+   innermost frame is charged to its package (``gevent``, ``pymongo``, the standard
+   library...) and, for our own code, to its module (self time);
+3. ``strace -c -f`` counts the server's system calls: per call answered, by name.
+
+strace slows the server while it counts, so only its counts per call are kept, never its
+timings; py-spy reads the process from outside without stopping it. Writes
+``bench/results/profile.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.analysis.report import machine_facts
+from bench.harness.runner import Config, Timing, plan_of
+from bench.harness.scenario import _config
+from bench.harness.stack import start_stack
+from bench.load.loadgen import LoadResult, run_load
+
+RESULTS = Path(__file__).resolve().parent / "results" / "profile.json"
+SERVERS = ("fanout", "handwritten")
+#: Our own packages: charged by module; everything else by package.
+OWN = ("service", "lookups", "tracing", "bench")
+_FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
+
+
+def charge(path: str) -> tuple[str, str]:
+    """``(package, module)`` a frame's file is charged to; module is "" outside our code.
+
+    py-spy names a file relative to the ``sys.path`` entry it was found under
+    (``requests/sessions.py``, ``threading.py``, ``service/rpc/handler.py``), gevent's
+    compiled modules by their source (``src/gevent/_hub_primitives.py``).
+    """
+    parts = Path(path).parts
+    versions = [i for i, part in enumerate(parts) if re.fullmatch(r"python3\.\d+", part)]
+    if "site-packages" in parts:
+        parts = parts[parts.index("site-packages") + 1 :]
+    elif versions:  # the standard library, named by its whole path
+        parts = parts[versions[0] + 1 :]
+    elif parts[:1] == ("src",):
+        parts = parts[1:]
+    if not parts:
+        return ("other", "")
+    top = parts[0].removesuffix(".py")
+    if top in OWN:
+        return (top, "/".join(parts))
+    if top in sys.stdlib_module_names or top.startswith("<frozen"):
+        return ("stdlib", "")
+    return (top, "")
+
+
+def fold(raw: str) -> dict[str, Any]:
+    """py-spy's raw (collapsed) stacks as self-time shares by package and by our module."""
+    packages: Counter[str] = Counter()
+    modules: Counter[str] = Counter()
+    total = 0
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        leaf = stack.split(";")[-1]
+        found = _FRAME.match(leaf)
+        package, module = charge(found.group("path")) if found else ("other", "")
+        packages[package] += int(count)
+        if module:
+            modules[module] += int(count)
+        total += int(count)
+    share = {"samples": total}
+    if total:
+        share["by_package"] = {k: round(v / total, 4) for k, v in packages.most_common()}
+        share["by_own_module"] = {k: round(v / total, 4) for k, v in modules.most_common(25)}
+    return share
+
+
+def syscalls(summary: str) -> Counter[str]:
+    """Calls by name from ``strace -c``'s table."""
+    counts: Counter[str] = Counter()
+    for line in summary.splitlines():
+        fields = line.split()
+        # % time, seconds, usecs/call, calls, [errors,] syscall
+        if len(fields) >= 5 and fields[-1] != "total" and fields[3].isdigit():
+            counts[fields[-1]] += int(fields[3])
+    return counts
+
+
+def profile_server(server: str, connections: int, window_s: float, work: Path) -> dict[str, Any]:
+    """The three windows above for ``server``; their figures."""
+    config: Config = _config("profile", server, "stats", connections, delay_ms=0)
+    timing = Timing(reps=3, window_s=window_s, warmup_s=5.0)
+    spy_out, trace_out = work / f"{server}.spy", work / f"{server}.strace"
+    with start_stack(config.spec) as stack:
+        pid = stack.server_pids()[0]
+        running: dict[str, subprocess.Popen[bytes]] = {}
+        cpu: list[float] = []
+
+        def boundary(index: int) -> None:
+            cpu.append(stack.cpu_seconds()["server"])
+            if index == 1:
+                running["spy"] = _start_py_spy(pid, window_s, spy_out)
+            elif index == 2:
+                running["strace"] = subprocess.Popen(
+                    ["strace", "-c", "-f", "-p", str(pid), "-o", str(trace_out)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            elif index == 3 and "strace" in running:
+                running["strace"].send_signal(signal.SIGINT)
+
+        load = run_load(plan_of(config, stack.address, timing), on_boundary=boundary)
+        for process in running.values():
+            process.wait(timeout=60)
+    calls = [sum(window.ok) + sum(window.degraded) for window in load.windows]
+    return {
+        "calls_per_s": round(calls[0] / window_s, 1),
+        "cpu_ms_per_call": round((cpu[1] - cpu[0]) * 1000 / max(calls[0], 1), 4),
+        "failed": _failures(load),
+        "profile": fold(spy_out.read_text()) if spy_out.exists() else {"samples": 0},
+        "syscalls_per_call": _per_call(trace_out, calls[2]),
+    }
+
+
+def _start_py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return subprocess.Popen(
+        [
+            *(spy, "record", "--nonblocking", "--format", "raw", "--rate", "250"),
+            *("--duration", str(int(seconds)), "--pid", str(pid), "--output", str(out)),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _per_call(trace_out: Path, calls: int) -> dict[str, float]:
+    if not trace_out.exists() or not calls:
+        return {}
+    counts = syscalls(trace_out.read_text())
+    per_call = {name: round(n / calls, 2) for name, n in counts.most_common(12)}
+    return {"all": round(sum(counts.values()) / calls, 2), **per_call}
+
+
+def _failures(load: LoadResult) -> int:
+    return sum(sum(window.failures.values()) for window in load.windows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--connections", type=int, default=20)
+    parser.add_argument("--window-s", type=float, default=15.0)
+    args = parser.parse_args(argv)
+    if shutil.which("strace") is None:
+        print("profile: skipped: needs strace (apt-get install strace)")
+        return 0
+    results: dict[str, Any] = {"machine": machine_facts(sys.argv), "connections": args.connections}
+    with tempfile.TemporaryDirectory(prefix="fanout-profile-") as work:
+        for server in SERVERS:
+            results[server] = profile_server(server, args.connections, args.window_s, Path(work))
+            print(f"profile: {server}: {json.dumps(results[server])}", flush=True)
+    fanout, handwritten = results["fanout"], results["handwritten"]
+    results["ratios"] = {
+        "CPU per call, fanout / hand-written": round(
+            fanout["cpu_ms_per_call"] / handwritten["cpu_ms_per_call"], 3
+        ),
+        "system calls per call, fanout / hand-written": round(
+            fanout["syscalls_per_call"].get("all", 0)
+            / max(handwritten["syscalls_per_call"].get("all", 0), 1e-9),
+            3,
+        ),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results["ratios"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
