@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.analysis.goals import info_row, value_goal
 from bench.analysis.report import machine_facts
-from bench.analysis.stats import mean_ci
+from bench.analysis.stats import Estimate, mean_ci
 from bench.dashboard_stack import FANOUT
 from service.client import AppStatsClient
 from service.samples.mongo_server import free_port, stop_process
@@ -131,6 +132,24 @@ def _config(workdir: Path, ports: dict[str, int]) -> Path:
     return config
 
 
+def idle_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows the manual's performance page shows for ``results``."""
+    rows = []
+    for name, limit in (("as shipped", GOAL_MS_PER_S), ("hub monitor off", None)):
+        figures = results[name]
+        estimate = Estimate(**figures["cpu_ms_per_s"])
+        text = f"one idle fanout serve, {name}, CPU"
+        goal = (
+            value_goal("idle", text, estimate, "ms/s", limit)
+            if limit is not None
+            else info_row("idle", text + " (ms/s)", f"{estimate.value:.2f}")
+        )
+        rows.append(goal.as_dict())
+        for thread, ms in figures["by_thread_ms_per_s"].items():
+            rows.append(info_row("idle", f"  {name}: {thread} (ms/s)", f"{ms:.2f}").as_dict())
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
@@ -162,13 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     finally:
         stop_process(backends, timeout_s=10)
-    shipped = results["as shipped"]["cpu_ms_per_s"]
-    results["goals"] = {
-        f"one fanout serve as shipped, idle, ms of CPU a second (at most {GOAL_MS_PER_S})": (
-            shipped
-        ),
-        "met": shipped["value"] <= GOAL_MS_PER_S,
-    }
+    results["goals"] = idle_goals(results)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
