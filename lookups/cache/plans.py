@@ -22,6 +22,11 @@ the buckets costs now, cold buckets included, and warms them for the next probe.
 What a probe costs: one window in ``replan_ms`` runs both plans, and its caller waits
 for both; nothing else is added. The other plan's failure (its own deadline, an engine
 error) fails nothing: that probe gives no ratio.
+
+Where it is wrong: on an engine that runs many queries side by side (FerretDB 2 on
+PostgreSQL), a query's time under load is mostly its wait, not what the engine spends
+on it, and the dashboard bench found the probes choosing the query there too, where the
+buckets cost the database far less. Hence ``cache.plan = "measured"`` is not the default.
 """
 
 from __future__ import annotations
