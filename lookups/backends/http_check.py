@@ -18,7 +18,6 @@ again once, within the same check.
 from __future__ import annotations
 
 import http.client
-import ssl
 from urllib.parse import urlsplit
 
 from lookups.backends.tls import HttpsFiles
@@ -39,14 +38,13 @@ class HttpCheck:
 
     def __init__(self, url: str, https: HttpsFiles, authorization: str | None = None) -> None:
         parts = urlsplit(url)
-        self._https = parts.scheme == "https"
         self._host = parts.hostname or ""
         self._port = parts.port
         self._target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._headers = {"Host": parts.netloc.rpartition("@")[2], "User-Agent": _USER_AGENT}
         if authorization:
             self._headers["Authorization"] = authorization
-        self._context = _tls_context(https) if self._https else None
+        self._context = https.client_context() if parts.scheme == "https" else None
         self._connection: http.client.HTTPConnection | None = None
 
     def status(self, timeout_s: float) -> int:
@@ -91,16 +89,3 @@ class HttpCheck:
             raise
         self._connection = connection
         return response.status
-
-
-def _tls_context(https: HttpsFiles) -> ssl.SSLContext:
-    """The context requests builds from the same files: the CA file or the system's CAs,
-    the client certificate if any, the host name checked."""
-    context = ssl.create_default_context(
-        cafile=https.verify if isinstance(https.verify, str) else None
-    )
-    if isinstance(https.cert, tuple):
-        context.load_cert_chain(*https.cert)
-    elif https.cert:
-        context.load_cert_chain(https.cert)
-    return context

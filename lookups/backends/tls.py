@@ -36,6 +36,19 @@ class HttpsFiles:
         session.verify = self.verify
         session.cert = self.cert
 
+    def client_context(self) -> ssl.SSLContext:
+        """The context requests builds from the same files, for a client that is not a
+        session (the health check): the CA file or the system's CAs, the client
+        certificate if any, the host name checked."""
+        context = ssl.create_default_context(
+            cafile=self.verify if isinstance(self.verify, str) else None
+        )
+        if isinstance(self.cert, tuple):
+            context.load_cert_chain(*self.cert)
+        elif self.cert:
+            context.load_cert_chain(self.cert)
+        return context
+
 
 def load_https_files(settings: HttpBackendSettings) -> HttpsFiles:
     """Check that the backend's ``ca_file`` and client certificate load; what sessions use.

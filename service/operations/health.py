@@ -248,7 +248,7 @@ def _describe(exc: Exception, timeout_s: float) -> str:
         isinstance(exc, PyMongoError) and exc.timeout
     ):
         return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
-    if isinstance(exc, (requests.ConnectionError, OSError, ConnectionFailure)):
+    if isinstance(exc, (OSError, ConnectionFailure)):  # requests' errors are OSErrors too
         return f"cannot connect ({kind})"
     if isinstance(exc, OperationFailure):
         return f"ping refused (code {exc.code})"

@@ -230,12 +230,14 @@ class Dimmer:
             gevent.sleep(WINDOW_S)
             self.update()
 
+    def _at_rest(self) -> bool:
+        """At level 0 with no floor and no step down on probation: it can go no lower."""
+        return self.level <= 0.0 and self.min_level <= 0.0 and self._probing is None
+
     def _resting(self) -> bool:
         """At rest with nothing new to push it up: :meth:`update` would do nothing."""
         return (
-            self.level <= 0.0
-            and self.min_level <= 0.0
-            and self._probing is None
+            self._at_rest()
             and self._refusals() <= self._seen_refusals
             and self._latency_cuts() <= self._seen_cuts
         )
@@ -278,8 +280,7 @@ class Dimmer:
         cut, self._seen_cuts = cuts > self._seen_cuts, cuts
         if not self.enabled:
             return
-        at_rest = self.level <= 0.0 and self.min_level <= 0.0 and self._probing is None
-        if at_rest and not (refused or cut):
+        if self._at_rest() and not (refused or cut):
             return  # at rest, as an idle server is: nothing pushes it up, it can go no lower
         before = self.level
         ceiling = self._ceiling()
