@@ -346,6 +346,23 @@ def test_fault_fails_only_its_panels_then_recovers(rig: Rig, name: str) -> None:
     assert_recovers(rig, greenlets_before)
 
 
+def test_a_garbled_mongo_reply_is_read_again_on_a_fresh_connection(rig: Rig) -> None:
+    # pymongo closes a connection whose reply is out of step (a ProtocolError), so the
+    # guard tries the read again on another one: the panel is whole, one attempt more.
+    rig.start()
+    warm, _ = rig.call()
+    assert_healthy(warm, ALL_PANELS)
+    assert rig.service is not None
+    guard = rig.service.backends.mongo().guard
+    attempts_before = guard.attempts
+
+    rig.proxy.garble_next_reply(b"firstBatch")
+    response, _ = rig.call()
+    assert rig.proxy.garbled == 1
+    assert_healthy(response, ALL_PANELS)
+    assert guard.attempts - attempts_before == len(MONGO_PANELS) + 1
+
+
 def _driver_saw_it_down(rig: Rig) -> bool:
     """Whether every server of the service's MongoDB driver had a failed check."""
     assert rig.service is not None

@@ -5,7 +5,9 @@
     no answer within the budget                        BackendTimeout (retryable)
     pymongo's monitor could not reach the server in
       time, and cancelled the operation                BackendTimeout: slow, not known down
-    command failed, bad wire message, bad BSON         BadBackendResponse (not retryable)
+    garbled wire message (ProtocolError)               BadBackendResponse, retry_safe: pymongo
+                                                       closed that connection
+    command failed, bad BSON                           BadBackendResponse (not retryable)
 
 Messages name the panel and the pymongo error class, never the URI (it may hold
 credentials) nor pymongo's own message (it lists hosts and options).
@@ -62,10 +64,15 @@ def translated(lookup: str, exc: Exception, client: pymongo.MongoClient[Any]) ->
         # A connection that failed (reset, closed: a restarted server) is what pymongo's
         # retryable reads retry; a fresh attempt takes a fresh connection.
         return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})", retry_safe=True)
-    if isinstance(exc, (OperationFailure, ProtocolError)):
+    if isinstance(exc, ProtocolError):
+        # pymongo closes a connection whose reply it cannot read (a stream out of step, a
+        # bad header): the read failed on that connection, not in the server's query, so
+        # another attempt on a fresh one may well succeed.
+        return BadBackendResponse(f"{lookup}: MongoDB garbled its answer ({kind})", retry_safe=True)
+    if isinstance(exc, OperationFailure):
         code = getattr(exc, "code", None)
         return BadBackendResponse(
-            f"{lookup}: MongoDB refused or garbled the aggregation (code {code}, {kind})"
+            f"{lookup}: MongoDB refused the aggregation (code {code}, {kind})"
         )
     return LookupFailed(f"{lookup}: MongoDB client error ({kind})")
 

@@ -24,6 +24,8 @@ __all__ = ["TcpFaultProxy", "reset_socket"]
 _STOP_GRACE_S = 0.5
 _CHUNK_BYTES = 64 * 1024
 _POLL_S = 0.05  # how often a held request checks that its client is still there
+# A MongoDB wire message header is four int32s: length, requestID, responseTo, opCode.
+_RESPONSE_TO_AT, _HEADER_BYTES = 8, 16
 
 
 def reset_socket(sock: socket.socket) -> None:
@@ -36,7 +38,8 @@ def reset_socket(sock: socket.socket) -> None:
 
 
 class TcpFaultProxy:
-    """A TCP proxy to ``target`` with switchable delay, pause and reset; a context manager.
+    """A TCP proxy to ``target`` with switchable delay, pause, reset and a garbled reply; a
+    context manager.
 
     A connection whose server cannot be reached is reset. When either side of a proxied
     connection closes, the other side is closed too (reset, if the first side was reset).
@@ -60,6 +63,8 @@ class TcpFaultProxy:
         self._host, self._port = host, port
         self._connect_timeout_s = connect_timeout_s
         self._delay_ms = 0
+        self._garble_marker = b""
+        self.garbled = 0
         self._flowing = Event()
         self._flowing.set()
         self._live: set[tuple[socket.socket, socket.socket]] = set()
@@ -91,6 +96,12 @@ class TcpFaultProxy:
 
     def set_delay_ms(self, delay_ms: int) -> None:
         self._delay_ms = max(0, delay_ms)
+
+    def garble_next_reply(self, marker: bytes) -> None:
+        """Give the next server reply holding ``marker`` a wrong ``responseTo`` (a MongoDB
+        wire header's third field), as a connection whose stream slipped would: the driver
+        reads it as an answer to another request. :attr:`garbled` counts those sent."""
+        self._garble_marker = marker
 
     def pause(self) -> None:
         self._flowing.clear()
@@ -162,9 +173,24 @@ class TcpFaultProxy:
                 delay_s = self._delay_ms / 1000 if towards_server else 0.0
                 if not self._hold(source, time.monotonic() + delay_s):
                     return False
+                if not towards_server:
+                    data = self._garbled(data)
                 sink.sendall(data)
         except OSError:
             return True
+
+    def _garbled(self, data: bytes) -> bytes:
+        marker = self._garble_marker
+        if not marker or marker not in data or len(data) < _HEADER_BYTES:
+            return data
+        self._garble_marker = b""
+        self.garbled += 1
+        (response_to,) = struct.unpack_from("<i", data, _RESPONSE_TO_AT)
+        return (
+            data[:_RESPONSE_TO_AT]
+            + struct.pack("<i", response_to + 1)
+            + data[_RESPONSE_TO_AT + 4 :]
+        )
 
     def _hold(self, source: socket.socket, until: float) -> bool:
         """Wait out the delay and any pause; False if ``source`` closed meanwhile.

@@ -27,6 +27,8 @@ With ``auth_token`` set, a request without ``Authorization: Bearer <auth_token>`
     pause()/resume()  stop forwarding bytes either way / forward what was held (a held
                       request whose client has gone meanwhile is dropped)
     set_target(addr)  send new connections to another server (e.g. a restarted one)
+    garble_next_reply(marker)
+                      give the next reply holding ``marker`` a wrong MongoDB responseTo
 """
 
 from __future__ import annotations
