@@ -83,6 +83,7 @@ class FanOutService:
             settings.fanout.request_deadline_ms,
             pools_short=lambda: any(b.meter.report().limited_by == "slots" for b in self.backends),
             clock=clock,
+            weights=settings.caller_weights(),
         )
         self.health = HealthChecker(self.backends, clock=clock.monotonic)
         with as_config_error():

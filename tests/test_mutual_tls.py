@@ -133,6 +133,29 @@ def test_allowed_clients_are_served_by_dns_or_spiffe_id(mtls_server, pki: Pki, c
     assert server.stats.tls_refused == 0
 
 
+def stats_as(server: ThriftServer, pki: Pki, certificate: tuple[str, str]) -> None:
+    with AppStatsClient(
+        *server.address,
+        tls_ca_file=pki.ca_file,
+        tls_cert_file=certificate[0],
+        tls_key_file=certificate[1],
+        timeout_ms=5000,
+        caller="claimed-name",  # a certificate's name comes first
+    ) as client:
+        client.get_app_stats("shop", 0, 1000)
+
+
+def test_a_client_certificate_names_the_caller_for_fair_share(
+    mtls_server, pki: Pki, clients, handler
+) -> None:
+    server = mtls_server(tls_client_names=(WEB_TIER, WEB_TIER_ID))
+    stats_as(server, pki, clients["web"])
+    stats_as(server, pki, clients["spiffe"])
+    anyone = mtls_server()  # no allow list: the certificate's first name
+    stats_as(anyone, pki, clients["batch"])
+    assert handler.identities == [WEB_TIER, WEB_TIER_ID, "batch.internal"]
+
+
 def test_any_certificate_of_the_ca_gets_in_without_an_allow_list(
     mtls_server, pki: Pki, clients
 ) -> None:

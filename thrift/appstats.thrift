@@ -47,6 +47,11 @@ struct RequestMeta {
   /** true: an answer that reads no cached bucket (see the README's "Results cache");
    *  absent means false. Optional addition. */
   5: optional bool fresh
+  /** Who is calling (a product, a job), for fair share under overload: 1-128 characters
+   *  of letters, digits and . _ : / @ -. A mutual-TLS client certificate's name takes
+   *  precedence; absent means one shared anonymous caller. A name serves fairness, not
+   *  security. Optional addition. */
+  6: optional string caller
 }
 
 /** One dashboard request: an application over the half-open window [start_ms, end_ms). */
@@ -208,6 +213,21 @@ struct PoolStats {
   11: optional string limited_by
 }
 
+/** One caller's fair share of admission's limit and its use, for `fanout pools`: a label
+    of the callers' metrics (a configured caller, one of the first names seen, or "other"
+    for the rest). Optional addition. */
+struct CallerShareStats {
+  /** A client certificate's name, a RequestMeta.caller, "anonymous" or "other". */
+  1: string caller
+  2: double weight
+  /** Its share of the limit now: limit x weight / the active callers' weights (0: not active). */
+  3: double share
+  4: i32 calls_in_flight
+  /** Calls admitted and answered Overloaded since start. */
+  5: i64 admitted
+  6: i64 refused
+}
+
 /** One worker's pools in a pre-forked group: the fields of PoolReport, and its slot. Optional addition. */
 struct WorkerPools {
   1: string worker
@@ -228,6 +248,8 @@ struct WorkerPools {
   14: optional i64 cache_evictions
   15: optional i64 cache_bytes
   16: optional i64 cache_max_bytes
+  /** As in PoolReport. Optional addition. */
+  17: optional list<CallerShareStats> callers
 }
 
 /** Answer of pool_stats(): every pool, and the adaptive admission limit. Optional addition. */
@@ -261,6 +283,9 @@ struct PoolReport {
   15: optional i64 cache_evictions
   16: optional i64 cache_bytes
   17: optional i64 cache_max_bytes
+  /** Fair share: each caller label's share of the admission limit and its use, the
+      busiest first. Optional addition. */
+  18: optional list<CallerShareStats> callers
 }
 
 /** One panel this server offers, for panel_info(). Optional addition. */

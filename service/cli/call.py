@@ -119,6 +119,7 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
         overload_retry_ratio=0.0 if args.no_retry else OVERLOAD_RETRY_RATIO,
+        caller=args.caller,
     ) as client:
         if args.method != "get_app_stats":
             return getattr(client, args.method)()

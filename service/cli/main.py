@@ -122,6 +122,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="an answer that reads no cached bucket (the results cache)",
     )
+    call.add_argument(
+        "--caller",
+        help="who calls (RequestMeta.caller), for the server's fair share under overload "
+        "(default: the anonymous caller, or the --tls-cert's name)",
+    )
     call.add_argument("--json", action="store_true", help="print the response as JSON")
     _client_flags(call)
     call.set_defaults(run=_call)
@@ -132,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     _server_flags(pools, with_config=False)
     pools.add_argument("--json", action="store_true", help="print the report as JSON")
     _client_flags(pools)
-    pools.set_defaults(run=_call, method="pool_stats", no_retry=False)
+    pools.set_defaults(run=_call, method="pool_stats", no_retry=False, caller=None)
 
     backends = commands.add_parser("backends", help="run the embedded sample backends")
     for name in ("mongo", "alerts", "metrics"):

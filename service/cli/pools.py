@@ -22,6 +22,12 @@ lighter or refused by criticality), and the pools' use is what was left to them:
 
     brownout level=0.35 peak=0.60 over 60 s: 5210 calls answered lighter, 1873 refused ...
 
+Then one line per caller label (fair share; the configured callers, the first names seen,
+and ``other``), the busiest first: its share of the admission limit now (0 when it has
+not called within the last second), its calls in flight, and its calls since start::
+
+    caller reports weight=1 share=40.0 in_flight=12 admitted=5210 refused=0
+
 With pre-forked workers the first block is the group's (sizes, use, arrivals and
 recommendations added up), then one block per serving worker, each line led by
 ``worker=N``; the last line names the worker that answered.
@@ -51,6 +57,9 @@ def pools_to_json(report: Any) -> dict[str, Any]:
             "calls_lighter": report.calls_lighter,
             "calls_shed": report.calls_shed,
         },
+        "callers": [
+            {key: getattr(row, key) for key in row.__dict__} for row in report.callers or []
+        ],
         "cache": {
             "hits": report.cache_hits,
             "misses": report.cache_misses,
@@ -101,6 +110,11 @@ def _block(report: Any) -> list[str]:
             f"over 60 s: {report.calls_lighter or 0} calls answered lighter, "
             f"{report.calls_shed or 0} refused ({_brownout_bound(report.pools)})"
         )
+    lines.extend(
+        f"caller {row.caller} weight={row.weight:g} share={row.share:.1f} "
+        f"in_flight={row.calls_in_flight} admitted={row.admitted} refused={row.refused}"
+        for row in report.callers or []
+    )
     return lines
 
 

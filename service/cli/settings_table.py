@@ -14,7 +14,7 @@ from typing import Any
 from lookups.backends.settings import BACKEND_KINDS
 from lookups.cache.settings import CacheSettings
 from lookups.settings import HttpSettings, LookupSettings, MongoSettings
-from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.engine.settings import AdmissionSettings, CallerSettings, FanOutSettings
 from service.operations.logs import LoggingSettings
 from service.settings.declarations import Key, keys_of
 from service.settings.server import ServerSettings
@@ -28,6 +28,7 @@ _TABLES: dict[str, Sequence[tuple[str, type]]] = {
         ("server", ServerSettings),
         ("fanout", FanOutSettings),
         ("admission", AdmissionSettings),
+        ("callers.<name>", CallerSettings),
         ("lookups.<name>", LookupSettings),
         ("logging", LoggingSettings),
     ),

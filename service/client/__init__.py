@@ -89,7 +89,8 @@ class AppStatsClient:
     "compact") must match the server's; raises ValueError for other values or
     for a non-positive pool size or timeout. ``tracer_provider`` defaults to
     the global one. ``tls_ca_file`` turns TLS on (see the module doc); raises
-    :class:`service.wire.tls.TlsConfigError` when it cannot be read.
+    :class:`service.wire.tls.TlsConfigError` when it cannot be read. ``caller`` names
+    who calls (``RequestMeta.caller``), for the server's fair share under overload.
     """
 
     def __init__(
@@ -116,6 +117,7 @@ class AppStatsClient:
         peer_service: str = "fanout",
         backup_percentile: float = 0.99,
         backup_ratio: float = 0.05,
+        caller: str | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -124,6 +126,7 @@ class AppStatsClient:
         if min(pool_size, connect_timeout_ms, timeout_ms) < 1:
             raise ValueError("pool_size, connect_timeout_ms and timeout_ms must be at least 1")
         self._timeout_ms = timeout_ms
+        self.caller = caller
         if (tls_cert_file or tls_key_file) and not tls_ca_file:
             raise ValueError("tls_cert_file and tls_key_file need tls_ca_file (TLS first)")
         tls = client_context(tls_ca_file, tls_cert_file, tls_key_file) if tls_ca_file else None
@@ -214,6 +217,7 @@ class AppStatsClient:
                 request_id=request_id,
                 criticality=level,
                 fresh=True if fresh else None,
+                caller=self.caller,
             )
             request = appstats.StatsRequest(
                 app=app,

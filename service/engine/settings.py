@@ -1,10 +1,10 @@
-"""The engine's settings section, ``[fanout]``."""
+"""The engine's settings sections: ``[fanout]``, ``[admission]`` and ``[callers.<name>]``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["FanOutSettings", "AdmissionSettings"]
+__all__ = ["FanOutSettings", "AdmissionSettings", "CallerSettings"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +148,22 @@ class AdmissionSettings:
         },
     )
 
+    fair_share: bool = field(
+        default=True,
+        metadata={
+            "help": "once the limit is reached, serve the callers under their fair share of it "
+            "before those over theirs (see [Capacity and overload](../explanation/overload.md))"
+        },
+    )
+    max_callers: int = field(
+        default=1000,
+        metadata={
+            "help": "callers tracked for fair share at most; the least recently active are "
+            "forgotten first",
+            "min": 1,
+        },
+    )
+
     def __post_init__(self) -> None:
         if not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(
@@ -164,3 +180,18 @@ class AdmissionSettings:
             raise ValueError(
                 f"max_latency_fraction: must be in (0, 1], got {self.max_latency_fraction}"
             )
+
+
+@dataclass(frozen=True)
+class CallerSettings:
+    """One ``[callers.<name>]`` table: how much of admission's limit the caller ``name``
+    (its client certificate's name, or the ``RequestMeta.caller`` it sends) may count on."""
+
+    weight: float = field(
+        default=1.0,
+        metadata={
+            "help": "this caller's share of the limit, against the weights of the callers active "
+            "with it (others weigh 1); above 0",
+            "min": 0.001,
+        },
+    )

@@ -16,6 +16,7 @@ from service.overload.gate import CallerPacing
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import open_channel, shared_output_buffer
+from service.wire.tls import client_identity
 from tracing.spans import connection_endpoints
 
 __all__ = ["ServedConnection"]
@@ -54,8 +55,9 @@ class ServedConnection:
         self.oprot = make_protocol(self.output)
         # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
         self.endpoints = connection_endpoints(sock)
-        # One caller per connection: its refusals are paced (service.overload.gate).
-        self.caller = CallerPacing()
+        # One caller per connection: its refusals are paced (service.overload.gate), and its
+        # client certificate, if any, names it for fair share (service.overload.caller_shares).
+        self.caller = CallerPacing(identity=client_identity(sock, settings.tls_client_names))
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls
         # (service.listener.handover), if it is to move.

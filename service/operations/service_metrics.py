@@ -17,6 +17,7 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.admission.limit, .limit_min, .inflight, .queued
     fanout.calls.overloaded, fanout.calls.held
     fanout.calls.refused                                              by fanout.criticality
+    fanout.callers.admitted, .refused, .in_flight                     by fanout.caller
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.event_loop.blocked (runs over server.hub_block_threshold_ms)
@@ -112,6 +113,16 @@ def _by_key(name: str, read: Callable[[ServiceSnapshot], Mapping[str, int]], key
         return [Observation(count, {key: value}) for value, count in sorted(totals.items())]
 
     return callback
+
+
+def _caller_counts(field: str) -> Callable[[ServiceSnapshot], Mapping[str, int]]:
+    """One of each caller label's counts (:class:`CallerCounts`): the configured callers and
+    the first names seen each have their own label, the rest ``other``."""
+
+    def read(snapshot: ServiceSnapshot) -> Mapping[str, int]:
+        return {label: getattr(counts, field) for label, counts in snapshot.callers.items()}
+
+    return read
 
 
 def _brownout_level(options: CallbackOptions) -> Iterable[Observation]:
@@ -362,4 +373,20 @@ _meter.create_observable_gauge(
     unit="1",
     description="The results cache's store answered its last command: 1, or 0 while Redis "
     "is down (only with the cache on)",
+)
+for _name, _field, _description in (
+    ("fanout.callers.admitted", "admitted", "Calls admitted, by caller (fair share)"),
+    ("fanout.callers.refused", "refused", "Calls answered Overloaded, by caller (fair share)"),
+):
+    _meter.create_observable_counter(
+        _name,
+        [_by_key(_name, _caller_counts(_field), "fanout.caller")],
+        unit="{call}",
+        description=_description,
+    )
+_meter.create_observable_gauge(
+    "fanout.callers.in_flight",
+    [_by_key("fanout.callers.in_flight", _caller_counts("inflight"), "fanout.caller")],
+    unit="{call}",
+    description="Calls in flight, by caller (fair share)",
 )

@@ -23,6 +23,7 @@ from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut, FanOutStats
 from service.operations.health import BackendStatus, HealthChecker, store_statuses
 from service.operations.hub_monitor import HubMonitor
+from service.overload.caller_shares import CallerCounts
 from service.overload.gate import CallGate
 from tracing.pools import PoolMeter, PoolReport
 
@@ -108,6 +109,11 @@ class ServiceSnapshot:
     backends: tuple[BackendSnapshot, ...]
     health: tuple[BackendStatus, ...]
     event_loop_blocks: int = 0
+    #: Calls admitted, refused and in flight by caller label (fair share)...
+    callers: Mapping[str, CallerCounts] = field(default_factory=dict)
+    #: ...and each label's weight, and its share of the limit now (0: not active).
+    caller_weights: Mapping[str, float] = field(default_factory=dict)
+    caller_shares: Mapping[str, float] = field(default_factory=dict)
 
 
 def take(parts: ServiceParts) -> ServiceSnapshot:
@@ -135,6 +141,13 @@ def take(parts: ServiceParts) -> ServiceSnapshot:
         backends=tuple(_backend(backend.guard) for backend in parts.backends),
         health=parts.health.current(),
         event_loop_blocks=parts.hub_monitor.blocks_reported if parts.hub_monitor else 0,
+        callers={
+            label: dataclasses.replace(counts) for label, counts in admission.callers.counts.items()
+        },
+        caller_weights={
+            label: admission.callers.weight_of(label) for label in admission.callers.counts
+        },
+        caller_shares=admission.callers.shares(admission.cpu.least.cap(admission.limit)),
     )
 
 

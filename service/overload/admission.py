@@ -38,7 +38,7 @@ tasks, enforced by :class:`~service.engine.fanout.FanOut`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import gevent.event
@@ -47,9 +47,10 @@ from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
+from service.overload.caller_shares import CallerShare, CallerShares
 from service.overload.cpu_rule import CpuRule
 from service.overload.retry_after import RetryAfter
-from service.overload.waiting_line import WaitingLine
+from service.overload.waiting_line import WaitingLine, criticality_at, place_of
 from tracing.pools import cpu_demand_s
 
 __all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
@@ -86,7 +87,8 @@ class AdmissionControl:
     """The adaptive limit on calls in flight, its queue, and ``retry_after_ms``.
 
     Use ``admit(deadline)`` before the work and ``done(latency_s)`` after it,
-    exactly once per admitted call (``FanOut.run`` does both). ``clock`` (monotonic
+    exactly once per admitted call (``FanOut.run`` does both), each given the call's
+    caller (:meth:`CallerShares.arrived` of :attr:`callers`) when known. ``clock`` (monotonic
     seconds) decides whether the queue stands and when ``retry_after_ms`` is steered,
     and ``cpu_demand`` (seconds the loop's thread ran or waited for a core, so far)
     whether the loop is CPU-saturated; tests pass their own. A call's deadline reads the
@@ -99,9 +101,12 @@ class AdmissionControl:
         request_deadline_ms: int,
         clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
         cpu_demand: Callable[[], float] = cpu_demand_s,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
+        """``weights``: callers' weights by name (``[callers.<name>]``; others weigh 1)."""
         self.settings = settings
         self._clock = clock
+        self.callers = CallerShares(weights or {}, settings.max_callers, clock)
         self.cpu = CpuRule(clock, cpu_demand, settings.cpu_saturated)
         self.stats = AdmissionStats()
         self.limit = float(settings.initial_limit)
@@ -121,28 +126,52 @@ class AdmissionControl:
     def queued(self) -> int:
         return len(self._line.waiters)
 
-    def admit(self, deadline: Deadline, criticality: Criticality = Criticality.CRITICAL) -> None:
+    def admit(
+        self,
+        deadline: Deadline,
+        criticality: Criticality = Criticality.CRITICAL,
+        caller: CallerShare | None = None,
+    ) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
         rank = int(criticality)
         if not self.saturated:
-            self._admitted(rank)
+            self._admitted(rank, caller)
             return
-        expected_s = self._expected_wait_s(rank) + self._short_s
+        place = place_of(rank, caller is not None and self.over_share(caller))
+        expected_s = self._expected_wait_s(place) + self._short_s
         if deadline.remaining_s() < expected_s:
             self.stats.refused_deadline += 1
             raise self._refuse("cannot finish within its deadline at the current load", rank)
         if len(self._line.waiters) >= max(
             int(self.limit), self.settings.min_limit
-        ) and not self._line.evict_below(rank):
+        ) and not self._line.evict_behind(place):
             self.stats.refused_queue += 1
             raise self._refuse("the admission queue is full", rank)
-        self._wait(deadline, rank)
+        self._wait(deadline, place, caller)
 
-    def done(self, latency_s: float | None) -> None:
-        """An admitted call ended after ``latency_s`` (None: a call that says nothing of the
-        service's latency, as concurrency-limits' ``onIgnore``): update the limit, pass the
-        slot on."""
+    def over_share(self, caller: CallerShare) -> bool:
+        """Whether one more call of ``caller`` would take it past its fair share of the
+        limit (never, with ``admission.fair_share`` off)."""
+        return self.settings.fair_share and self.callers.over(
+            caller, self.cpu.least.cap(self.limit)
+        )
+
+    def under_share(self, caller: CallerShare) -> bool:
+        """Whether ``caller`` is under its fair share while other callers are active: its
+        refusals come of another's demand (never, with ``admission.fair_share`` off)."""
+        return (
+            self.settings.fair_share
+            and self.callers.others_active(caller)
+            and not self.callers.over(caller, self.cpu.least.cap(self.limit))
+        )
+
+    def done(self, latency_s: float | None, caller: CallerShare | None = None) -> None:
+        """An admitted call of ``caller`` ended after ``latency_s`` (None: a call that says
+        nothing of the service's latency, as concurrency-limits' ``onIgnore``): update the
+        limit, pass the slot on."""
         self.inflight -= 1
+        if caller is not None:
+            self.callers.done(caller)
         if latency_s is not None:
             self._sample(latency_s)
         self._hand_over()
@@ -185,9 +214,9 @@ class AdmissionControl:
 
     # --- the queue -------------------------------------------------------------------
 
-    def _wait(self, deadline: Deadline, rank: int) -> None:
+    def _wait(self, deadline: Deadline, place: int, caller: CallerShare | None) -> None:
         line = self._line
-        waiter, longest_s = line.join(rank)
+        waiter, longest_s = line.join(place, caller)
         self.stats.queued += 1
         try:
             waiter.event.wait(
@@ -198,19 +227,19 @@ class AdmissionControl:
                 line.leave(waiter)
         if not waiter.admitted:
             self.stats.refused_queue += 1
-            raise self._refuse("no call finished while this one waited", rank)
+            raise self._refuse("no call finished while this one waited", criticality_at(place))
 
     def _hand_over(self) -> None:
         while self._line.waiters and self.inflight < self.cpu.least.cap(self.limit):
             waiter = self._line.admit_next()
             assert waiter is not None  # the line holds waiters
-            self._admitted(waiter.rank)
+            self._admitted(criticality_at(waiter.place), waiter.caller)
 
-    def _expected_wait_s(self, rank: int) -> float:
+    def _expected_wait_s(self, place: int) -> float:
         """Roughly how long a newcomer would queue: those ahead of it, at the current pace."""
         if self._short_s <= 0 or self.limit < 1:
             return 0.0
-        return (self._line.ahead_of(rank) + 1) * self._short_s / self.limit
+        return (self._line.ahead_of(place) + 1) * self._short_s / self.limit
 
     # --- the limit -------------------------------------------------------------------
 
@@ -269,8 +298,10 @@ class AdmissionControl:
 
     # --- accounting ------------------------------------------------------------------
 
-    def _admitted(self, rank: int) -> None:
+    def _admitted(self, rank: int, caller: CallerShare | None = None) -> None:
         self.inflight += 1
+        if caller is not None:
+            self.callers.admitted(caller)
         self.cpu.least.admitted()
         self.stats.admitted += 1
         self.retry_after.admissions[rank > _CRITICAL] += 1  # a counter: see retry_after

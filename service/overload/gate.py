@@ -63,7 +63,7 @@ The gate's counters and admission's state are series of the service
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -76,6 +76,7 @@ from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import REFUSED_FROM, BrownoutVerdict, Criticality, Dimmer
+from service.overload.caller_shares import ANONYMOUS, CallerShare
 from service.wire.header import call_header
 
 __all__ = [
@@ -109,10 +110,23 @@ current_caller: ContextVar[CallerPacing | None] = ContextVar("fanout_caller", de
 class CallerPacing:
     """One connection's refusals: when it was told to come back, and whether it did."""
 
-    __slots__ = ("_back_at", "_clock", "_early", "_last_deadline_ms", "_hold_s", "criticality")
+    __slots__ = (
+        "_back_at",
+        "_clock",
+        "_early",
+        "_last_deadline_ms",
+        "_hold_s",
+        "criticality",
+        "identity",
+        "share",
+    )
 
-    def __init__(self, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, clock: Clock = SYSTEM_CLOCK, identity: str = "") -> None:
         self._clock = clock
+        #: The name of the connection's client certificate (mutual TLS), or "".
+        self.identity = identity
+        #: The caller of this connection's last call read (for a call refused unread).
+        self.share: CallerShare | None = None
         self._back_at = 0.0
         self._early = False
         #: The criticality of this caller's last call read, for a call refused unread.
@@ -212,12 +226,14 @@ class CallGate:
         request_deadline_ms: int,
         pools_short: Callable[[], bool] = lambda: False,
         clock: Clock = SYSTEM_CLOCK,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         """``pools_short``: whether a backend pool is short of slots (for the dimmer);
-        ``clock``: the service's, which admission, the dimmer and the calls' deadlines read."""
+        ``clock``: the service's, which admission, the dimmer and the calls' deadlines read;
+        ``weights``: callers' weights for fair share, by name."""
         self.clock = clock
         self.admission = admission = AdmissionControl(
-            settings, request_deadline_ms, clock=clock.monotonic
+            settings, request_deadline_ms, clock=clock.monotonic, weights=weights
         )
         self.dimmer = Dimmer(
             lambda: admission.refusals_decided,
@@ -237,39 +253,40 @@ class CallGate:
         deadline: Deadline,
         caller: CallerPacing | None = None,
         criticality: Criticality = Criticality.CRITICAL,
+        name: str | None = None,
     ) -> Iterator[AdmittedCall]:
         """Admit a call of ``criticality`` due by ``deadline`` from ``caller`` (the
         connection's, when its refusals are paced) for the block's length; the block gets
-        its :class:`AdmittedCall`.
+        its :class:`AdmittedCall`. Its caller for fair share is the connection's certificate
+        name, else ``name`` (``RequestMeta.caller``), else :data:`ANONYMOUS`.
 
         Raises :class:`FanOutOverloaded` when it is refused (by the dimmer or admission),
         or when the block raises it (no task could start); either way paced.
         """
+        share = self.admission.callers.arrived(
+            (caller.identity if caller is not None else "") or name or ANONYMOUS
+        )
+        if caller is not None:
+            caller.share = share
         caller = caller if self.admission.settings.hold_refusals else None
         if caller is not None:
             caller.arrived(deadline, criticality)
+        shed = False
         try:
             # Below any overload the level is 0, and the call never reaches the dimmer.
             self.dimmer.arrivals[criticality] += 1
             verdict = self.dimmer.decide(criticality) if self.dimmer.level else WHOLE
             if verdict is REFUSED:
+                shed = True
                 raise FanOutOverloaded(
                     f"shed under load (brownout): a {criticality.name} call",
                     self.admission.shed(criticality),
                 )
             call = AdmittedCall(verdict is LIGHTER)
-            with self._admission(deadline, criticality, call):
+            with self._admission(deadline, criticality, call, share):
                 yield call
         except FanOutOverloaded as overloaded:
-            self.stats.count_refusal(criticality)
-            if not overloaded.retry_after_ms:  # the engine's: no task could start
-                overloaded = FanOutOverloaded(
-                    str(overloaded), self.admission.retry_after_ms(criticality)
-                )
-            # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
-            if caller is not None and caller.refused(overloaded.retry_after_ms, deadline) > 0:
-                self.stats.held += 1
-            raise overloaded from None
+            raise self._refused(overloaded, deadline, criticality, caller, share, shed) from None
         except RequiredTaskFailed:
             if caller is not None:
                 caller.answered()
@@ -277,25 +294,56 @@ class CallGate:
         if caller is not None:
             caller.answered()
 
+    def _refused(
+        self,
+        overloaded: FanOutOverloaded,
+        deadline: Deadline,
+        criticality: Criticality,
+        caller: CallerPacing | None,
+        share: CallerShare,
+        shed: bool,
+    ) -> FanOutOverloaded:
+        """Count and pace a refusal: the one to raise. A caller under its fair share, refused
+        by admission or the engine (not shed by the dimmer), is not held and is told the
+        shortest pause: the storm is another caller's."""
+        self.stats.count_refusal(criticality)
+        self.admission.callers.refused(share)
+        fair = not shed and self.admission.under_share(share)
+        if fair:
+            overloaded = FanOutOverloaded(str(overloaded), self.admission.retry_after.least_ms())
+        elif not overloaded.retry_after_ms:  # the engine's: no task could start
+            overloaded = FanOutOverloaded(
+                str(overloaded), self.admission.retry_after_ms(criticality)
+            )
+        if caller is not None:
+            if fair:
+                caller.answered()
+            # Paced: the server holds the reply as long as this says (CallerPacing.take_hold).
+            elif caller.refused(overloaded.retry_after_ms, deadline) > 0:
+                self.stats.held += 1
+        return overloaded
+
     @contextmanager
     def _admission(
-        self, deadline: Deadline, criticality: Criticality, call: AdmittedCall
+        self, deadline: Deadline, criticality: Criticality, call: AdmittedCall, share: CallerShare
     ) -> Iterator[None]:
         try:
-            self.admission.admit(deadline, criticality)
+            self.admission.admit(deadline, criticality, share)
         except Refused as refused:
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
         started = self.clock.monotonic()
         try:
             yield
         finally:
-            self.admission.done(self.clock.monotonic() - started if call.measured else None)
+            self.admission.done(self.clock.monotonic() - started if call.measured else None, share)
 
     def refused_unread(self, caller: CallerPacing) -> int:
         """A call refused from its header alone (:class:`UnreadRefusals`), counted
         and paced: the ``retry_after_ms`` to tell it."""
         retry_after_ms = self.admission.refuse_unread(caller.criticality)
         self.stats.count_refusal(caller.criticality)
+        if caller.share is not None:
+            self.admission.callers.refused(caller.share)
         if caller.refused_unread(retry_after_ms) > 0:
             self.stats.held += 1
         return retry_after_ms
@@ -328,6 +376,8 @@ class UnreadRefusals:
             self._admission.saturated or self._dimmer.level >= REFUSED_FROM[caller.criticality]
         ):
             return None
+        if caller.share is not None and self._admission.under_share(caller.share):
+            return None  # read it: admission serves a caller under its share first
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:
             return None

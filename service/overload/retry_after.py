@@ -47,6 +47,11 @@ class RetryAfter:
         self._roll()
         return int(self._pause_s[_class(criticality)] * 1000.0)
 
+    def least_ms(self) -> int:
+        """The shortest pause worth telling, in milliseconds: for a caller refused while
+        under its fair share, whose calls admission serves first."""
+        return int(max(_MIN_S, self._floor_s()) * 1000.0)
+
     def refused(self, criticality: int) -> None:
         """A call of ``criticality`` was refused, by admission or by the dimmer (its caller
         is then told :meth:`ms`, which rolls the window)."""

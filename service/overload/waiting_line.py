@@ -7,6 +7,10 @@ likeliest to miss their deadlines): Facebook's adaptive LIFO with CoDel. Within 
 the more critical calls (:class:`~service.overload.brownout.Criticality`) are served
 first, and a newcomer finding the line full takes the place of the newest of the
 least critical waiters, if it is less critical than the newcomer; that one is refused.
+
+A waiter's *place* is its criticality, then whether its caller is over its fair share
+(:mod:`service.overload.caller_shares`): ``2 x criticality + over``. So within one
+criticality the calls of callers under their share go first, and evict the others.
 """
 
 from __future__ import annotations
@@ -18,19 +22,35 @@ from gevent.event import Event
 
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
+from service.overload.caller_shares import CallerShare
 
-__all__ = ["WaitingLine", "Waiter"]
+__all__ = ["WaitingLine", "Waiter", "place_of", "criticality_at", "PLACES"]
+
+#: Places in the line: two per criticality (callers under their share, then over).
+PLACES = 2 * len(Criticality)
+
+
+def place_of(criticality: int, over_share: bool) -> int:
+    """A waiter's place: its criticality first, then whether its caller is over its share."""
+    return 2 * criticality + over_share
+
+
+def criticality_at(place: int) -> int:
+    """The criticality of the calls at ``place``."""
+    return place // 2
 
 
 class Waiter:
-    """One call waiting; ``admitted`` once the line let it in (else it was refused)."""
+    """One call waiting; ``admitted`` once the line let it in (else it was refused).
+    ``place``: see :func:`place_of`; ``caller`` its caller, if known."""
 
-    __slots__ = ("event", "admitted", "rank")
+    __slots__ = ("event", "admitted", "place", "caller")
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, place: int, caller: CallerShare | None = None) -> None:
         self.event = Event()
         self.admitted = False
-        self.rank = rank
+        self.place = place
+        self.caller = caller
 
 
 class WaitingLine:
@@ -43,7 +63,7 @@ class WaitingLine:
         self._settings = settings
         self._clock = clock
         self.waiters: deque[Waiter] = deque()
-        self._by_rank = [0] * len(Criticality)
+        self._by_place = [0] * PLACES
         self._empty_at = clock()
 
     @property
@@ -54,15 +74,15 @@ class WaitingLine:
             and self._clock() - self._empty_at > self._settings.queue_interval_ms / 1000.0
         )
 
-    def ahead_of(self, rank: int) -> int:
-        """Waiters a newcomer of ``rank`` would wait behind: as critical or more."""
-        return sum(self._by_rank[: rank + 1])
+    def ahead_of(self, place: int) -> int:
+        """Waiters a newcomer at ``place`` would wait behind: as far forward or more."""
+        return sum(self._by_place[: place + 1])
 
-    def join(self, rank: int) -> tuple[Waiter, float]:
+    def join(self, place: int, caller: CallerShare | None = None) -> tuple[Waiter, float]:
         """A new waiter, and the longest it may wait (seconds) as the line stands now."""
-        waiter = Waiter(rank)
+        waiter = Waiter(place, caller)
         self.waiters.append(waiter)
-        self._by_rank[rank] += 1
+        self._by_place[place] += 1
         settings = self._settings
         wait_ms = settings.queue_target_ms if self.standing else settings.queue_interval_ms
         return waiter, wait_ms / 1000.0
@@ -73,32 +93,32 @@ class WaitingLine:
             self.waiters.remove(waiter)
         except ValueError:
             return
-        self._by_rank[waiter.rank] -= 1
+        self._by_place[waiter.place] -= 1
         if not self.waiters:
             self._empty_at = self._clock()
 
-    def evict_below(self, rank: int) -> bool:
-        """Refuse the newest of the least critical waiters, if less critical than ``rank``."""
-        lowest = max(r for r, count in enumerate(self._by_rank) if count)
-        if lowest <= rank:
+    def evict_behind(self, place: int) -> bool:
+        """Refuse the newest of the waiters furthest back, if further back than ``place``."""
+        lowest = max(r for r, count in enumerate(self._by_place) if count)
+        if lowest <= place:
             return False
-        victim = next(w for w in reversed(self.waiters) if w.rank == lowest)
+        victim = next(w for w in reversed(self.waiters) if w.place == lowest)
         self.leave(victim)
         victim.event.set()  # not admitted: it is refused in its own greenlet
         return True
 
     def admit_next(self) -> Waiter | None:
-        """Let the next waiter in: the most critical rank, the newest of it under a standing
+        """Let the next waiter in: of the place furthest forward, the newest under a standing
         line, else the oldest."""
         if not self.waiters:
             return None
         newest = self.standing
-        top = next(r for r, count in enumerate(self._by_rank) if count)
-        if self._by_rank[top] == len(self.waiters):  # one rank waits: the usual case
+        top = next(r for r, count in enumerate(self._by_place) if count)
+        if self._by_place[top] == len(self.waiters):  # one place waits: the usual case
             waiter = self.waiters[-1] if newest else self.waiters[0]
         else:
             order = reversed(self.waiters) if newest else iter(self.waiters)
-            waiter = next(w for w in order if w.rank == top)
+            waiter = next(w for w in order if w.place == top)
         self.leave(waiter)
         waiter.admitted = True
         waiter.event.set()

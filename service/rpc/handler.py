@@ -184,7 +184,7 @@ class AppStatsHandler:
         skipped: list[TaskOutcome] = []
         try:
             with self._gate.admitted(
-                context.deadline, current_caller.get(), valid.criticality
+                context.deadline, current_caller.get(), valid.criticality, valid.caller
             ) as call:
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context)

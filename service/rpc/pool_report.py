@@ -48,8 +48,29 @@ def own_report(snapshot: ServiceSnapshot) -> dict[str, Any]:
         "calls_queued": snapshot.calls_queued,
         "tasks_started": snapshot.tasks.started,
         "tasks_coalesced": snapshot.tasks_coalesced,
+        "callers": _callers(snapshot),
         **_cache(snapshot),
     }
+
+
+def _callers(snapshot: ServiceSnapshot) -> list[dict[str, Any]]:
+    """Each caller label's weight, share of the limit now, and use, the busiest first."""
+    rows = [
+        {
+            "caller": label,
+            "weight": snapshot.caller_weights.get(label, 1.0),
+            "share": round(snapshot.caller_shares.get(label, 0.0), 2),
+            "calls_in_flight": counts.inflight,
+            "admitted": counts.admitted,
+            "refused": counts.refused,
+        }
+        for label, counts in snapshot.callers.items()
+    ]
+    return sorted(rows, key=_busiest)
+
+
+def _busiest(row: dict[str, Any]) -> tuple[int, int]:
+    return -row["calls_in_flight"], -(row["admitted"] + row["refused"])
 
 
 def _cache(snapshot: ServiceSnapshot) -> dict[str, Any]:
@@ -69,6 +90,7 @@ def to_thrift(report: dict[str, Any], struct: Any = None, **extra: Any) -> Any:
     """A :func:`own_report` as the IDL's ``PoolReport`` (or ``struct``: ``WorkerPools``)."""
     return (struct or appstats.PoolReport)(
         pools=[appstats.PoolStats(**pool) for pool in report["pools"]],
+        callers=[appstats.CallerShareStats(**row) for row in report.get("callers") or []],
         **{key: report.get(key) for key in (*_COUNTS, *_LEVELS, *_CACHE)},
         **extra,
     )
@@ -100,7 +122,11 @@ def group_report(answering: str, reports: dict[str, dict[str, Any]]) -> Any:
         for name in _names(reports[worker]["pools"] for worker in workers)
     ]
     return to_thrift(
-        {"pools": merged, **total},
+        {
+            "pools": merged,
+            "callers": _group_callers(reports[w].get("callers") for w in workers),
+            **total,
+        },
         worker=answering,
         workers=[
             to_thrift(reports[worker], appstats.WorkerPools, worker=worker) for worker in workers
@@ -129,3 +155,19 @@ def _merged(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
         (pool["limited_by"] for pool in pools if pool.get("limited_by")), ""
     )
     return {"name": name, **merged}
+
+
+def _group_callers(rows_by_worker: Iterable[list[dict[str, Any]] | None]) -> list[dict[str, Any]]:
+    """Each caller's rows over the workers, added up (each worker shares its own limit)."""
+    group: dict[str, dict[str, Any]] = {}
+    for rows in rows_by_worker:
+        for row in rows or []:
+            into = group.get(row["caller"])
+            if into is None:
+                group[row["caller"]] = dict(row)
+                continue
+            into["share"] = round(into["share"] + row["share"], 2)
+            into["calls_in_flight"] += row["calls_in_flight"]
+            into["admitted"] += row["admitted"]
+            into["refused"] += row["refused"]
+    return sorted(group.values(), key=_busiest)

@@ -15,6 +15,7 @@ from lookups.panels import Window
 from service.engine.settings import FanOutSettings
 from service.idl import appstats
 from service.overload.brownout import Criticality
+from service.overload.caller_shares import CALLER_PATTERN, CALLER_RULE
 from tracing.context import propagation_fields
 
 __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLINE_MS"]
@@ -36,6 +37,7 @@ class ValidRequest:
     headers: Mapping[str, str]
     criticality: Criticality = Criticality.CRITICAL
     fresh: bool = False
+    caller: str | None = None
 
 
 def _invalid(field: str, message: str) -> appstats.InvalidRequest:
@@ -64,6 +66,7 @@ def validate_stats_request(
         _headers(meta.headers),
         _criticality(meta.criticality),
         _fresh(meta.fresh),
+        _caller(meta.caller),
     )
 
 
@@ -152,6 +155,14 @@ def _fresh(value: object) -> bool:
         return False
     if not isinstance(value, bool):
         raise _invalid("meta.fresh", f"must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _caller(value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CALLER_PATTERN.fullmatch(value):
+        raise _invalid("meta.caller", CALLER_RULE)
     return value
 
 

@@ -15,6 +15,7 @@ bounds, choices, default and help (``service/settings/declarations.py`` says how
     [server]          ServerSettings    service/settings/server.py
     [fanout]          FanOutSettings    service/engine/settings.py
     [admission]       AdmissionSettings service/engine/settings.py
+    [callers.<name>]  CallerSettings    service/engine/settings.py
     [backends.<name>] MongoBackendSettings, HttpBackendSettings  lookups/backends/settings.py
     [mongo] [http]    MongoSettings, HttpSettings    lookups/settings.py (aliases)
     [lookups.<name>]  LookupSettings    lookups/settings.py, plus the keys the
@@ -49,9 +50,10 @@ from lookups.backends.settings import (
 )
 from lookups.cache.settings import CacheSettings
 from lookups.settings import SHIPPED_OPTIONAL, HttpSettings, LookupSettings, MongoSettings
-from service.engine.settings import AdmissionSettings, FanOutSettings
+from service.engine.settings import AdmissionSettings, CallerSettings, FanOutSettings
 from service.errors import ConfigError
 from service.operations.logs import LoggingSettings
+from service.overload.caller_shares import CALLER_PATTERN, CALLER_RULE
 from service.settings.declarations import as_config_error, build_section, keys_of
 from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings
@@ -85,6 +87,12 @@ class Settings:
     )
     #: The older sections (``mongo``, ``http``) the configuration wrote keys in.
     alias_sections: tuple[str, ...] = ()
+    #: The ``[callers.<name>]`` tables: callers' weights for fair share.
+    callers: Mapping[str, CallerSettings] = field(default_factory=lambda: MappingProxyType({}))
+
+    def caller_weights(self) -> dict[str, float]:
+        """Each configured caller's weight, by name."""
+        return {name: caller.weight for name, caller in self.callers.items()}
 
     @functools.cached_property
     def backends(self) -> Mapping[str, BackendSettings]:
@@ -124,6 +132,7 @@ def _longest_first(sections: Iterable[type]) -> list[str]:
 _TABLE_KEYS = {
     "backends": _longest_first(BACKEND_KINDS.values()),
     "lookups": _longest_first([LookupSettings]),
+    "callers": _longest_first([CallerSettings]),
 }
 
 #: Built once: Settings.lookup runs for every panel of every call.
@@ -275,7 +284,7 @@ def _table_variable(
 
 
 def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
-    unknown = set(raw) - set(_SECTIONS) - {"lookups", "backends"}
+    unknown = set(raw) - set(_SECTIONS) - {"lookups", "backends", "callers"}
     if unknown:
         raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
     parts = {name: build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
@@ -295,6 +304,7 @@ def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
         alias_sections=tuple(
             name for name in dict.fromkeys(ALIAS_SECTIONS.values()) if raw.get(name)
         ),
+        callers=MappingProxyType(_build_callers(raw.get("callers", {}))),
     )
 
 
@@ -334,4 +344,16 @@ def _build_backends(raw: Any) -> dict[str, BackendSettings]:
                 f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}"
             )
         built[name] = build_section(f"backends.{name}", BACKEND_KINDS[str(kind)], body)
+    return built
+
+
+def _build_callers(raw: Any) -> dict[str, CallerSettings]:
+    """``[callers.<name>]`` tables, named as callers are (``RequestMeta.caller``)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError("callers: must be a table of [callers.<name>] sections")
+    built = {}
+    for name, body in raw.items():
+        if not CALLER_PATTERN.fullmatch(name):
+            raise ConfigError(f"callers.{name[:64]}: {CALLER_RULE}")
+        built[name] = build_section(f"callers.{name}", CallerSettings, body)
     return built

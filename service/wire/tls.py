@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+from collections.abc import Iterable
+from typing import Any
 
 import gevent
 import gevent.ssl
@@ -32,6 +34,7 @@ __all__ = [
     "client_context",
     "handshake",
     "peer_names",
+    "client_identity",
     "refusal_reason",
     "MINIMUM_VERSION",
     "ClosedBeforeHandshake",
@@ -88,6 +91,20 @@ def peer_names(sock: ssl.SSLSocket) -> tuple[str, ...]:
     certificate = sock.getpeercert() or {}
     names: tuple[tuple[str, str], ...] = certificate.get("subjectAltName", ())  # type: ignore[assignment]  # typeshed's union also covers other fields
     return tuple(value for kind, value in names if kind in ("DNS", "URI"))
+
+
+def client_identity(sock: Any, allowed: Iterable[str] = ()) -> str:
+    """Who a mutual-TLS client is, for fair share: the first of its certificate's names that
+    ``allowed`` holds (``tls.allowed_clients``), else its first name; "" for a connection
+    without a client certificate (plain, or TLS without one)."""
+    if not hasattr(sock, "getpeercert"):
+        return ""
+    try:
+        names = peer_names(sock)
+    except (ValueError, OSError):  # not connected any more, or no handshake done
+        return ""
+    wanted = set(allowed)
+    return next((name for name in names if name in wanted), names[0] if names else "")
 
 
 def refusal_reason(exc: BaseException) -> str:

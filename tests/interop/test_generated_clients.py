@@ -108,6 +108,9 @@ def test_generated_client(
     host, port = service.address
     stats = service.cache.stats
     before = (stats.hits, stats.misses, stats.fills, len(service.cache))
+    callers = service.gate.admission.callers.counts
+    named = f"interop-{language}"
+    admitted_before = callers[named].admitted if named in callers else 0
     trace_id = secrets.token_hex(16)
     traceparent = f"00-{trace_id}-{secrets.token_hex(8)}-01"
     done = subprocess.run(
@@ -123,6 +126,8 @@ def test_generated_client(
     assert report["panels"] == ALL_PANELS
     assert report["app"] == "shop"
     assert report["trace_id"] == trace_id  # joined the caller's trace
+    # The first call named its caller (RequestMeta.caller), counted under that name.
+    assert callers[named].admitted == admitted_before + 1
     assert report["statuses"] == {name: "OK" for name in ALL_PANELS}
     # The dimmer held at 0.2 sheds the optional panels of SHEDDABLE calls only: the call
     # above said nothing (CRITICAL) and got them all; this one asked to be SHEDDABLE.

@@ -27,6 +27,7 @@ from thriftpy2.thrift import TProcessor
 
 from service.idl import appstats
 from service.listener.server import ThriftServer
+from service.overload.gate import current_caller
 from service.settings.server import ServerSettings
 
 __all__ = [
@@ -115,6 +116,8 @@ class RecordingHandler:
     def __init__(self, slow_s: float = 10.0) -> None:
         self.slow_s = slow_s
         self.requests: list[Any] = []
+        #: Each call's client identity, as the server saw its connection (fair share).
+        self.identities: list[str] = []
         self.active = 0
         self.max_active = 0
         self.entered = gevent.event.Event()  # set when a slow call starts
@@ -128,6 +131,8 @@ class RecordingHandler:
 
     def get_app_stats(self, request: Any) -> Any:
         self.requests.append(request)
+        pacing = current_caller.get()
+        self.identities.append(pacing.identity if pacing is not None else "")
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:

@@ -56,7 +56,8 @@ func main() {
 	request.App = "shop"
 	request.StartMs, request.EndMs = 1_700_000_000_000, 1_700_003_600_000
 	deadline := int32(5000)
-	request.Meta = &appstats.RequestMeta{Headers: map[string]string{"traceparent": traceparent}, DeadlineMs: &deadline}
+	caller := "interop-go" // who calls, for the server's fair share
+	request.Meta = &appstats.RequestMeta{Headers: map[string]string{"traceparent": traceparent}, DeadlineMs: &deadline, Caller: &caller}
 	response, err := client.GetAppStats(ctx, request)
 	check(err)
 	report["app"] = response.App

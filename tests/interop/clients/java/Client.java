@@ -45,7 +45,9 @@ public final class Client {
       report.put("panels", client.panels());
 
       StatsRequest request = new StatsRequest("shop", 1_700_000_000_000L, 1_700_003_600_000L);
-      request.setMeta(new RequestMeta().setHeaders(Map.of("traceparent", args[4])).setDeadline_ms(5000));
+      // The caller names itself, for the server's fair share.
+      request.setMeta(new RequestMeta().setHeaders(Map.of("traceparent", args[4])).setDeadline_ms(5000)
+          .setCaller("interop-java"));
       StatsResponse response = client.get_app_stats(request);
       report.put("app", response.getApp());
       report.put("trace_id", response.getTrace_id());

@@ -26,7 +26,8 @@ async function main([host, port, transportName, protocolName, traceparent]) {
 
     const response = await client.get_app_stats(new types.StatsRequest({
       app: 'shop', start_ms: 1700000000000, end_ms: 1700003600000,
-      meta: new types.RequestMeta({ headers: { traceparent }, deadline_ms: 5000 }),
+      // The caller names itself, for the server's fair share.
+      meta: new types.RequestMeta({ headers: { traceparent }, deadline_ms: 5000, caller: 'interop-node' }),
     }));
     report.app = response.app;
     report.trace_id = response.trace_id;

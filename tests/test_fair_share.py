@@ -1,0 +1,284 @@
+"""Fair share per caller (:mod:`service.overload.caller_shares`) on a clock the test moves:
+who is refused first and in which order, with and without weights, borrowing, bounded
+state and exact counts by label.
+
+As in ``test_admission.py``: waiters are greenlets blocked in the admission line,
+``gevent.sleep(0)`` lets them reach it; nothing waits on the wall clock. The shares
+under real load are ``make bench``'s (``bench/fair_share.py``).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any
+
+import gevent
+import pytest
+
+from lookups.deadline import Deadline
+from service.engine.settings import AdmissionSettings
+from service.engine.tasks import FanOutOverloaded
+from service.overload.admission import AdmissionControl, Refused
+from service.overload.caller_shares import ACTIVE_S, OTHER, CallerShares
+from service.overload.gate import CallerPacing, CallGate
+from tests.support.clock import FakeClock
+
+
+def control(clock: FakeClock, weights: dict[str, float] | None = None, **settings: Any):
+    options: dict[str, Any] = {
+        "initial_limit": 4,
+        "min_limit": 1,
+        "max_limit": 100,
+        "queue_interval_ms": 60_000,
+        "queue_target_ms": 60_000,
+        **settings,
+    }
+    return AdmissionControl(
+        AdmissionSettings(**options), request_deadline_ms=2000, clock=clock, weights=weights
+    )
+
+
+def far() -> Deadline:
+    return Deadline.after_ms(60_000)
+
+
+class Callers:
+    """Calls of named callers through one admission control, as the gate makes them."""
+
+    def __init__(self, admission: AdmissionControl) -> None:
+        self.admission = admission
+        self.running: dict[str, list[Any]] = {}
+        self.order: list[str] = []
+        self.refused: list[str] = []
+
+    def admit(self, name: str) -> None:
+        """A call of ``name`` admitted at once (the test knows the limit is not reached)."""
+        share = self.admission.callers.arrived(name)
+        self.admission.admit(far(), caller=share)
+        self.running.setdefault(name, []).append(share)
+
+    def wait(self, name: str) -> gevent.Greenlet:
+        """A call of ``name`` that joins the line; its name is appended once admitted."""
+
+        def call() -> None:
+            share = self.admission.callers.arrived(name)
+            try:
+                self.admission.admit(far(), caller=share)
+            except Refused:
+                self.refused.append(name)
+                return
+            self.order.append(name)
+            self.running.setdefault(name, []).append(share)
+
+        waiter = gevent.spawn(call)
+        gevent.sleep(0)  # it reaches the line before the next one is spawned
+        return waiter
+
+    def end(self, name: str) -> None:
+        self.admission.done(0.01, self.running[name].pop())
+        gevent.sleep(0)
+
+
+def test_a_caller_under_its_share_goes_ahead_of_one_over_it() -> None:
+    clock = FakeClock()
+    callers = Callers(control(clock))
+    for _ in range(4):
+        callers.admit("storm")  # alone, the storm may take the whole limit (borrowing)
+    assert callers.admission.saturated
+    late = [callers.wait("storm"), callers.wait("storm")]
+    polite = callers.wait("polite")  # under its share (0 of 2): ahead of the storm's waiters
+    callers.end("storm")
+    assert callers.order == ["polite"]
+    callers.end("storm")
+    callers.end("storm")
+    gevent.joinall([polite, *late], raise_error=True)
+    assert callers.order == ["polite", "storm", "storm"]
+
+
+def test_with_fair_share_off_the_line_is_first_come_first_served() -> None:
+    clock = FakeClock()
+    callers = Callers(control(clock, fair_share=False))
+    for _ in range(4):
+        callers.admit("storm")
+    late = [callers.wait("storm"), callers.wait("storm")]
+    polite = callers.wait("polite")
+    for _ in range(3):
+        callers.end("storm")
+    gevent.joinall([polite, *late], raise_error=True)
+    assert callers.order == ["storm", "storm", "polite"]
+
+
+def test_a_full_line_refuses_the_caller_over_its_share_first() -> None:
+    clock = FakeClock()
+    callers = Callers(control(clock))
+    for _ in range(4):
+        callers.admit("storm")
+    storm = [callers.wait("storm") for _ in range(4)]  # the line holds as many as the limit
+    polite = [callers.wait("polite"), callers.wait("polite")]  # each takes a storm's place
+    gevent.sleep(0)  # the storm's evicted waiters see their refusal
+    assert callers.refused == ["storm", "storm"]
+    share = callers.admission.callers.arrived("storm")
+    with pytest.raises(Refused, match="queue is full"):
+        callers.admission.admit(far(), caller=share)  # over its share, behind everyone
+    for _ in range(4):
+        callers.end("storm")
+    gevent.joinall([*polite, *storm], raise_error=True)
+    assert callers.order == ["polite", "polite", "storm", "storm"]
+
+
+def test_weights_divide_the_limit() -> None:
+    clock = FakeClock()
+    shares = CallerShares({"reports": 3.0}, max_callers=100, clock=clock)
+    reports, pages = shares.arrived("reports"), shares.arrived("pages")
+    reports.inflight, pages.inflight = 5, 2
+    assert not shares.over(reports, 8.0)  # 5 of its 6 (8 x 3/4)
+    assert shares.over(pages, 8.0)  # 2 of its 2: one more would pass it
+    reports.inflight = 6
+    assert shares.over(reports, 8.0)
+    pages.inflight = 0
+    assert not shares.over(pages, 8.0)
+
+
+@pytest.mark.parametrize(
+    "weights,order",
+    [({"reports": 3.0}, ["reports", "pages"]), ({}, ["pages", "reports"])],
+    ids=["3:1", "equal"],
+)
+def test_weights_decide_who_is_under_its_share(weights: dict[str, float], order: list[str]) -> None:
+    clock = FakeClock()
+    callers = Callers(control(clock, weights=weights))
+    for name in ("pages", "pages", "reports", "reports"):
+        callers.admit(name)
+    # Weighed 3:1, reports' share is 3 of the 4 and pages' 1: reports, at 2, is under it.
+    # Equal, each has 2 of 4: both are at their share, and the line is first come.
+    waiting = [callers.wait("pages"), callers.wait("reports")]
+    callers.end("pages")
+    callers.end("pages")
+    gevent.joinall(waiting, raise_error=True)
+    assert callers.order == order
+
+
+def test_a_caller_alone_borrows_everything_and_others_share_once_active() -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=100, clock=clock)
+    storm = shares.arrived("storm")
+    storm.inflight = 9
+    assert not shares.over(storm, 10.0)  # alone: the whole limit is its share
+    shares.arrived("polite")
+    assert shares.over(storm, 10.0)  # two active: 5 each
+    clock.advance(ACTIVE_S + 0.1)
+    shares.arrived("storm")  # polite has been quiet for longer than ACTIVE_S: forgotten
+    assert len(shares) == 1 and not shares.over(storm, 10.0)
+
+
+def test_a_caller_with_calls_in_flight_stays_active() -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=100, clock=clock)
+    slow = shares.arrived("slow")
+    shares.admitted(slow)
+    for _ in range(5):
+        clock.advance(ACTIVE_S)
+        shares.arrived("other")
+    assert len(shares) == 2  # its call is still running
+    shares.done(slow)
+    clock.advance(ACTIVE_S + 0.1)
+    shares.arrived("other")
+    assert len(shares) == 1
+
+
+def test_at_most_max_callers_are_tracked() -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=50, clock=clock)
+    for number in range(1000):
+        shares.arrived(f"caller-{number}")
+    assert len(shares) == 50
+
+
+def test_labels_stay_bounded_and_counts_exact_with_ten_thousand_callers() -> None:
+    clock = FakeClock()
+    shares = CallerShares({"reports": 2.0}, max_callers=1000, clock=clock, labelled=20)
+    admitted = refused = 0
+    for number in range(10_000):
+        share = shares.arrived(f"caller-{number % 5000}")
+        if number % 3:
+            shares.admitted(share)
+            shares.done(share)
+            admitted += 1
+        else:
+            shares.refused(share)
+            refused += 1
+        clock.advance(0.001)
+    assert len(shares.counts) == 1 + 20 + 1  # reports, the first twenty names seen, other
+    assert "reports" in shares.counts and OTHER in shares.counts
+    assert sum(c.admitted for c in shares.counts.values()) == admitted
+    assert sum(c.refused for c in shares.counts.values()) == refused
+    assert all(c.inflight == 0 for c in shares.counts.values())
+    first = shares.counts["caller-0"]  # seen twice: 0 (refused) and 5000 (admitted)
+    assert (first.admitted, first.refused) == (1, 1)
+
+
+def test_a_caller_starts_and_stops_being_refused_in_one_log_line_each(caplog: Any) -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=10, clock=clock)
+    storm = shares.arrived("storm")
+    with caplog.at_level("INFO", logger="service.overload.caller_shares"):
+        for _ in range(100):
+            shares.refused(storm)
+        shares.admitted(storm)  # admitted soon after: still said to be refused
+        clock.advance(10.0)
+        shares.admitted(storm)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "caller storm: calls refused (0 in flight, weight 1)",
+        "caller storm: no longer refused",
+    ]
+
+
+def test_the_gate_names_a_caller_by_certificate_then_by_meta_then_anonymous() -> None:
+    clock = FakeClock()
+    gate = CallGate(AdmissionSettings(), 3000, clock=clock)
+    for pacing, name in [
+        (CallerPacing(clock, identity="web.internal"), "claimed"),
+        (CallerPacing(clock), "pages"),
+        (CallerPacing(clock), None),
+        (None, None),
+    ]:
+        with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
+            pass
+    counts = gate.admission.callers.counts
+    assert {label: c.admitted for label, c in counts.items()} == {
+        "web.internal": 1,
+        "pages": 1,
+        "anonymous": 2,
+    }
+
+
+def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_paced() -> None:
+    clock = FakeClock()
+    settings = AdmissionSettings(
+        initial_limit=2, min_limit=1, queue_interval_ms=0, queue_target_ms=0
+    )
+    gate = CallGate(settings, 3000, clock=clock)
+
+    def call(pacing: CallerPacing, name: str) -> FanOutOverloaded:
+        with pytest.raises(FanOutOverloaded) as refused:
+            with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
+                pass
+        return refused.value
+
+    with ExitStack() as running:
+        for _ in range(2):  # the storm takes the whole limit
+            running.enter_context(
+                gate.admitted(Deadline.after_ms(1000, clock), CallerPacing(clock), name="storm")
+            )
+        polite, storm = CallerPacing(clock), CallerPacing(clock)
+        # Both refused (nothing finishes while they wait); the polite caller, under its
+        # share, is told the shortest pause and not paced; the storm the steered one.
+        assert call(polite, "polite").retry_after_ms == gate.admission.retry_after.least_ms()
+        assert not polite.back_early()
+        assert call(storm, "storm").retry_after_ms == gate.admission.retry_after_ms()
+        assert storm.back_early()
+        assert gate.admission.retry_after.least_ms() < gate.admission.retry_after_ms()
+    counts = gate.admission.callers.counts
+    assert (counts["storm"].admitted, counts["storm"].refused) == (2, 1)
+    assert (counts["polite"].admitted, counts["polite"].refused) == (0, 1)
