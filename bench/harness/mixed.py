@@ -33,6 +33,9 @@ class Companion:
     criticality: str = ""
     honour_retry_after: bool = False
     overloaded_pause_s: float = 0.0
+    caller: str = ""  # RequestMeta.caller ("": the anonymous caller)
+    #: What a whole answer is: every panel OK ("stats"), or the essential ones.
+    call: str = "stats"
 
 
 def run_mixed(
@@ -79,13 +82,16 @@ def run_mixed(
 def _as_primary(config: Any, companion: Companion) -> Any:
     return dataclasses.replace(
         config,
-        call="stats",
+        call=companion.call,
+        caller=companion.caller,
         connections=companion.connections,
         criticality=companion.criticality,
         honour_retry_after=companion.honour_retry_after,
         decode_every=0,
         overloaded_pause_s=companion.overloaded_pause_s,
         companion=None,
+        interval_s=0.0,  # a closed loop, whatever pace the primary group keeps
+        open_loop=False,
     )
 
 

@@ -83,6 +83,7 @@ class Config:
     capacity_of: str = ""
     warmup_s: float = 0.0  # > 0: this configuration's own warm-up
     criticality: str = ""  # RequestMeta.criticality of every call ("": none)
+    caller: str = ""  # RequestMeta.caller of every call ("": none, the anonymous caller)
     companion: Any = None  # a second group of callers (bench.harness.mixed)
 
     def timing(self, base: Timing) -> Timing:
@@ -127,11 +128,14 @@ def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPla
             frames.stats_frame(*view, deadline_ms=DEADLINE_MS)
             for view in zipf_views(config.connections)
         )
-    elif config.call in ("stats", "stats_essential") and config.criticality:
+    elif config.call in ("stats", "stats_essential") and (config.criticality or config.caller):
         method, expect_ok = "get_app_stats", _expect_ok(config.call)
         encoded = (
             frames.stats_frame(
-                *sample_call(), deadline_ms=DEADLINE_MS, criticality=config.criticality
+                *sample_call(),
+                deadline_ms=DEADLINE_MS,
+                criticality=config.criticality,
+                caller=config.caller,
             ),
         )
     else:

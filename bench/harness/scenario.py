@@ -57,6 +57,8 @@ def _config(
         "coalesce",
         "python",
         "brownout",
+        "fair_share",
+        "callers",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}

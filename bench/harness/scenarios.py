@@ -11,6 +11,7 @@ from __future__ import annotations
 from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.brownout import brownout
 from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency
+from bench.harness.fair_share import fair_share
 from bench.harness.overload import overload
 from bench.harness.pythons import python_versions
 from bench.harness.runner import panel_names
@@ -362,6 +363,7 @@ SCENARIO_BUILDERS = {
     "latency": open_loop_latency,
     "python": python_versions,
     "brownout": brownout,
+    "fair": fair_share,
 }
 SCENARIO_NAMES = (*tuple(SCENARIO_BUILDERS), "micro")
 

@@ -107,6 +107,8 @@ class StackSpec:
     # Another CPython for the server alone (bench.harness.pythons); "" = this interpreter.
     python: str = ""
     brownout: bool = True  # admission.brownout: false is the server before brownout
+    fair_share: bool = True  # admission.fair_share
+    callers: tuple[tuple[str, float], ...] = ()  # [callers.<name>] weight, by name
 
     def __post_init__(self) -> None:
         for name, value, choices in (

@@ -41,7 +41,11 @@ def stack_config(
         f"pool_maxsize = {spec.pool_size}",
         "",
     ]
-    lines += ["[admission]", f"brownout = {str(spec.brownout).lower()}"]
+    lines += [
+        "[admission]",
+        f"brownout = {str(spec.brownout).lower()}",
+        f"fair_share = {str(spec.fair_share).lower()}",
+    ]
     if spec.admission != "adaptive":
         # Nearly every call refused: what one refusal costs, read in full and answered at
         # once ("one"), or as callers ignoring retry_after_ms get it ("one-held").
@@ -52,6 +56,8 @@ def stack_config(
             f"hold_refusals = {'true' if spec.admission == 'one-held' else 'false'}",
         ]
     lines.append("")
+    for name, weight in spec.callers:
+        lines += [f"[callers.{q(name)}]", f"weight = {weight}", ""]
     lines.append("[tracing]")
     if spec.tracing == "off":
         lines.append("enabled = false")

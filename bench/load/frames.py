@@ -66,14 +66,16 @@ def stats_frame(
     panels: list[str] | None = None,
     deadline_ms: int | None = None,
     criticality: str = "",
+    caller: str = "",
 ) -> bytes:
     """A get_app_stats call; without ``deadline_ms`` the server's default deadline applies,
-    and without ``criticality`` (a name: ``"SHEDDABLE"``) the server takes it as CRITICAL."""
+    without ``criticality`` (a name: ``"SHEDDABLE"``) the server takes it as CRITICAL, and
+    without ``caller`` (``RequestMeta.caller``) as the anonymous caller's."""
     level = getattr(appstats.Criticality, criticality) if criticality else None
     meta = (
         None
-        if deadline_ms is None and level is None
-        else appstats.RequestMeta(deadline_ms=deadline_ms, criticality=level)
+        if deadline_ms is None and level is None and not caller
+        else appstats.RequestMeta(deadline_ms=deadline_ms, criticality=level, caller=caller or None)
     )
     request = appstats.StatsRequest(
         app=app, start_ms=start_ms, end_ms=end_ms, panels=panels, meta=meta

@@ -21,6 +21,7 @@ __all__ = ["pages", "cell"]
 TITLES = {
     "results.json": "The whole benchmark (`make bench`)",
     "brownout.json": 'Brownout and criticality (`make bench BENCH_ARGS="--only brownout"`)',
+    "fair-share.json": 'Fair share per caller (`make bench BENCH_ARGS="--only fair"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
     "cost.json": "CPU, tracing, efficiency, latency and coalescing",
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
