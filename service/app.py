@@ -121,6 +121,7 @@ class FanOutService:
                 if admission.enabled and admission.hold_refusals
                 else None
             ),
+            clock=clock,
         )
         service_metrics.observe(self.parts)
         self.probes: ProbeServer | None = None

@@ -22,6 +22,7 @@ from thriftpy2.transport import TCyBufferedTransport
 from service.idl import appstats
 from service.overload.held_connections import HOLD_TICK_S, HeldConnections, HeldReply, on_the_tick
 from service.samples.faults import FaultyHttpService
+from tests.support.clock import FakeClock
 from tests.support.pacing import (
     CALLER_TIMEOUT_S,
     CALLERS,
@@ -42,7 +43,9 @@ pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Callable[..., Any]]:
     """``saturated(**overrides)``: a server admitting one call at a time, its one slot taken
     by a call that hangs on the alerts service until the test ends; others are refused at
-    once (no queueing)."""
+    once (no queueing). Its clock stands still (tests/support/clock.py): a caller that
+    comes back after a refusal is early however long the busy machine took to send it,
+    so it is held; the holds themselves keep the loop's real time."""
     busy: list[Any] = []
 
     def start(**overrides: Any) -> Any:
@@ -51,6 +54,7 @@ def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Ca
             start_service,
             slow_alerts,
             hold=True,
+            clock=FakeClock(),
             **{
                 "fanout.request_deadline_ms": 10_000,
                 "fanout.task_timeout_ms": 10_000,

@@ -26,7 +26,7 @@ import gevent
 from thriftpy2.protocol.base import TProtocolBase
 from thriftpy2.thrift import TApplicationException, TPayload, TProcessor
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.engine.summary import FailureSummary
 from service.engine.tasks import new_request_id
 from service.idl import appstats
@@ -70,8 +70,10 @@ class MessageLoop:
         settings: ServerSettings,
         stats: ServerStats,
         refuse_unread: RefuseUnread | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._processor = processor
+        self._clock = clock  # the service's: its callers' pacing reads it
         self._refuse_unread = refuse_unread
         self._settings = settings
         self._stats = stats
@@ -89,7 +91,7 @@ class MessageLoop:
 
     def open(self, sock: socket.socket) -> ServedConnection:
         """A :class:`ServedConnection` over ``sock``, with this loop's wire settings."""
-        return ServedConnection(sock, self._settings, self._make_protocol)
+        return ServedConnection(sock, self._settings, self._make_protocol, self._clock)
 
     def _may_serve_more(self, connection: ServedConnection) -> bool:
         """Whether a held connection may go on being served where it is held."""

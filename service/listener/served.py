@@ -10,7 +10,7 @@ from typing import Any
 import gevent
 from thriftpy2.protocol.base import TProtocolBase
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.listener.handover import MoveSink
 from service.overload.gate import CallerPacing
 from service.settings.server import ServerSettings
@@ -44,7 +44,9 @@ class ServedConnection:
         sock: socket.socket,
         settings: ServerSettings,
         make_protocol: Callable[[Any], TProtocolBase],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the service's, which its caller's pacing reads (deadlines read it too)."""
         self.sock = sock
         self.opened_at = SYSTEM_CLOCK.monotonic()
         self.channel: Channel = open_channel(
@@ -57,7 +59,7 @@ class ServedConnection:
         self.endpoints = connection_endpoints(sock)
         # One caller per connection: its refusals are paced (service.overload.gate), and its
         # client certificate, if any, names it for fair share (service.overload.caller_shares).
-        self.caller = CallerPacing(identity=client_identity(sock, settings.tls_client_names))
+        self.caller = CallerPacing(clock, client_identity(sock, settings.tls_client_names))
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls
         # (service.listener.handover), if it is to move.

@@ -32,7 +32,7 @@ from gevent.pool import Pool
 from gevent.server import StreamServer
 from thriftpy2.thrift import TProcessor
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.listener.connection import MessageLoop, RefuseUnread
 from service.listener.handover import MoveSink, request_move
 from service.listener.handshakes import TlsHandshakes
@@ -79,13 +79,15 @@ class ThriftServer:
         settings: ServerSettings,
         listener: socket.socket | None = None,
         refuse_unread: RefuseUnread | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the service's, which its callers' pacing reads."""
         if settings.transport not in TRANSPORTS:
             raise ValueError(f"unknown transport {settings.transport!r}")
         self._settings = settings
         self._stats = ServerStats()
         self._connections: set[ServedConnection] = set()
-        self._loop = MessageLoop(processor, settings, self._stats, refuse_unread)
+        self._loop = MessageLoop(processor, settings, self._stats, refuse_unread, clock)
         self._server: StreamServer | None = None
         # A socket already bound and listening (pre-forked workers share one).
         self._listener = listener
