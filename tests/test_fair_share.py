@@ -126,6 +126,34 @@ def test_a_full_line_refuses_the_caller_over_its_share_first() -> None:
     assert callers.order == ["polite", "polite", "storm", "storm"]
 
 
+def test_a_standing_line_cuts_the_wait_of_callers_over_their_share_only() -> None:
+    clock = FakeClock()
+    callers = Callers(control(clock, queue_interval_ms=100, queue_target_ms=0))
+    for _ in range(4):
+        callers.admit("storm")
+    first = callers.wait("storm")
+    clock.advance(0.2)  # the line has stood longer than queue_interval_ms: CoDel cuts waits
+    late = callers.wait("storm")  # over its share: refused when nothing ends at once
+    polite = callers.wait("polite")  # under its share: may still wait the interval
+    late.join(timeout=5)  # its wait of 0 ends on the loop's next turn
+    assert callers.refused == ["storm"] and not polite.dead
+    callers.end("storm")
+    gevent.joinall([polite], raise_error=True)
+    assert callers.order == ["polite"]
+    callers.end("storm")
+    gevent.joinall([first], raise_error=True)
+
+
+def test_a_caller_with_calls_waiting_is_over_its_share_however_few_run() -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=100, clock=clock)
+    storm, polite = shares.arrived("storm"), shares.arrived("polite")
+    storm.inflight, storm.waiting = 1, 40
+    assert shares.over(storm, 10.0)  # 41 asked for, of a share of 5
+    polite.inflight = 1
+    assert not shares.over(polite, 10.0)
+
+
 def test_weights_divide_the_limit() -> None:
     clock = FakeClock()
     shares = CallerShares({"reports": 3.0}, max_callers=100, clock=clock)

@@ -218,11 +218,15 @@ class AdmissionControl:
         line = self._line
         waiter, longest_s = line.join(place, caller)
         self.stats.queued += 1
+        if caller is not None:
+            caller.waiting += 1
         try:
             waiter.event.wait(
                 timeout=min(longest_s, max(0.0, deadline.remaining_s() - self._short_s))
             )
         finally:
+            if caller is not None:
+                caller.waiting -= 1
             if not waiter.admitted:
                 line.leave(waiter)
         if not waiter.admitted:

@@ -7,7 +7,8 @@ anyone may claim any name.
 
 **A caller's share** is admission's limit times its weight (``[callers.<name>] weight``,
 1 by default) over the weights of the callers active now: those with a call in flight or
-one arrived within the last :data:`ACTIVE_S`. Nothing is reserved: below the limit every
+one arrived within the last :data:`ACTIVE_S`; it is over its share while its calls in
+flight and waiting are as many or more. Nothing is reserved: below the limit every
 call is admitted, whoever asks, so a caller alone may use all of it (work-conserving, as
 the partitions of Netflix's concurrency-limits borrow what the others leave). Once the
 limit is reached, admission (:mod:`service.overload.admission`) puts a call from a caller
@@ -68,13 +69,24 @@ _QUIET_S = 5.0
 
 
 class CallerShare:
-    """One caller's state: its weight, its calls in flight, when it was last active."""
+    """One caller's state: its weight, its calls in flight and waiting for admission, when it
+    was last active."""
 
-    __slots__ = ("name", "label", "weight", "inflight", "seen_at", "refused_at", "refusing")
+    __slots__ = (
+        "name",
+        "label",
+        "weight",
+        "inflight",
+        "waiting",
+        "seen_at",
+        "refused_at",
+        "refusing",
+    )
 
     def __init__(self, name: str, label: str, weight: float, now: float) -> None:
         self.name, self.label, self.weight = name, label, weight
         self.inflight = 0
+        self.waiting = 0  # admission's waiting line counts them in and out
         self.seen_at = now
         self.refused_at = 0.0
         self.refusing = False
@@ -124,9 +136,12 @@ class CallerShares:
         return share
 
     def over(self, share: CallerShare, limit: float) -> bool:
-        """Whether one more call of ``share``'s caller would take it past its share of
-        ``limit`` (a caller alone has all of it)."""
-        return share.inflight >= limit * share.weight / max(self._active_weight, share.weight)
+        """Whether one more call of ``share``'s caller would take its demand (calls in flight
+        and waiting) past its share of ``limit`` (a caller alone has all of it). Demand, not
+        in flight alone: a caller with hundreds of calls waiting is the storm, even while few
+        of them run."""
+        demand = share.inflight + share.waiting
+        return demand >= limit * share.weight / max(self._active_weight, share.weight)
 
     def others_active(self, share: CallerShare) -> bool:
         """Whether callers other than ``share``'s are active now."""
@@ -196,7 +211,7 @@ class CallerShares:
             share = next(iter(self._active.values()))
             if now - share.seen_at < ACTIVE_S:
                 return
-            if share.inflight > 0:
+            if share.inflight or share.waiting:
                 share.seen_at = now
                 self._active.move_to_end(share.name)
             else:

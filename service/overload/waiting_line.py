@@ -10,7 +10,10 @@ least critical waiters, if it is less critical than the newcomer; that one is re
 
 A waiter's *place* is its criticality, then whether its caller is over its fair share
 (:mod:`service.overload.caller_shares`): ``2 x criticality + over``. So within one
-criticality the calls of callers under their share go first, and evict the others.
+criticality the calls of callers under their share go first, and evict the others. A
+line that stands is the callers' over their share: a waiter under its share may still
+wait ``queue_interval_ms`` (CoDel's cut would refuse it whenever no call ended within
+``queue_target_ms``, for another's storm).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
 from service.overload.caller_shares import CallerShare
 
-__all__ = ["WaitingLine", "Waiter", "place_of", "criticality_at", "PLACES"]
+__all__ = ["WaitingLine", "Waiter", "place_of", "criticality_at", "under_share", "PLACES"]
 
 #: Places in the line: two per criticality (callers under their share, then over).
 PLACES = 2 * len(Criticality)
@@ -33,6 +36,11 @@ PLACES = 2 * len(Criticality)
 def place_of(criticality: int, over_share: bool) -> int:
     """A waiter's place: its criticality first, then whether its caller is over its share."""
     return 2 * criticality + over_share
+
+
+def under_share(place: int) -> bool:
+    """Whether the calls at ``place`` are of callers under their share."""
+    return place % 2 == 0
 
 
 def criticality_at(place: int) -> int:
@@ -84,7 +92,8 @@ class WaitingLine:
         self.waiters.append(waiter)
         self._by_place[place] += 1
         settings = self._settings
-        wait_ms = settings.queue_target_ms if self.standing else settings.queue_interval_ms
+        cut = self.standing and not (caller is not None and under_share(place))
+        wait_ms = settings.queue_target_ms if cut else settings.queue_interval_ms
         return waiter, wait_ms / 1000.0
 
     def leave(self, waiter: Waiter) -> None:
