@@ -29,6 +29,8 @@ class Callers:
         self.port, self.timeout_ms = port, timeout_ms
         self.ok = 0
         self.incomplete = 0  # answered, but some panel not OK
+        #: Of those panels, how many by "status error_type" (what a failed test shows).
+        self.not_ok: dict[str, int] = {}
         self.failures: dict[str, int] = {}
         self.calls: list[tuple[float, float, bool]] = []  # (started, seconds, answered)
         self._request = appstats.StatsRequest(
@@ -52,10 +54,14 @@ class Callers:
             try:
                 response = client.get_app_stats(self._request)
                 self.calls.append((started, time.monotonic() - started, True))
-                if all(o.status == appstats.TaskStatus.OK for o in response.outcomes):
+                missing = [o for o in response.outcomes if o.status != appstats.TaskStatus.OK]
+                if not missing:
                     self.ok += 1
                 else:
                     self.incomplete += 1
+                    for outcome in missing:
+                        kind = f"{outcome.name} {outcome.status} {outcome.error_type}"
+                        self.not_ok[kind] = self.not_ok.get(kind, 0) + 1
             except Exception as exc:
                 self.calls.append((started, time.monotonic() - started, False))
                 kind = type(exc).__name__

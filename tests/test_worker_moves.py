@@ -19,12 +19,15 @@ pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 #: What these tests weigh is the moves alone. On a machine starved of CPU (the suite's
 #: other processes, a slow host) a panel's one-second default budget ran out and admission
-#: refused a worker holding all 32 callers: honest answers, but answers about the
-#: machine, which these tests would have counted as calls the moves failed.
+#: refused a worker holding all 32 callers, and the brownout dimmer (which follows latency
+#: cuts even with admission off) can answer calls without their optional panels: honest
+#: answers, but answers about the machine, which these tests would have counted as calls
+#: the moves failed.
 MOVES_ONLY = {
     "FANOUT_FANOUT_TASK_TIMEOUT_MS": "8000",
     "FANOUT_FANOUT_REQUEST_DEADLINE_MS": "9000",
     "FANOUT_ADMISSION_ENABLED": "false",
+    "FANOUT_ADMISSION_BROWNOUT": "false",
 }
 
 
@@ -53,7 +56,7 @@ def test_reloads_move_every_persistent_connection_and_fail_no_call(
             wait_for(lambda: callers.ok >= calls + 32, 15, "calls served by the new workers")
     finally:
         callers.stop()
-    assert callers.failures == {} and callers.incomplete == 0
+    assert callers.failures == {} and callers.incomplete == 0, callers.not_ok
     assert server.stop() == 0
     logged = server.logged()
     assert "Traceback" not in logged, logged[-3000:]
