@@ -33,7 +33,15 @@ from typing import Any
 from bench.analysis.goals import Goal, info_row, ratio_goal
 from bench.harness.mixed import Companion
 from bench.harness.overload import REGIMES
-from bench.harness.rounds import interleaved, merged, round_label, round_ratios
+from bench.harness.rounds import (
+    failures_of,
+    interleaved,
+    merged,
+    p99s,
+    round_label,
+    round_ratios,
+    rounds_of,
+)
 from bench.harness.runner import Config
 from bench.harness.scenario import Results, Scale, Scenario, _config
 
@@ -132,21 +140,11 @@ def _key(label: str, regime: str, connections: int = CRITICAL_CALLERS) -> str:
 
 
 def _rounds(results: Results, label: str, regime: str) -> list[dict[str, Any] | None]:
-    """The rounds of ``label`` in ``regime`` that ran, in order (one in a quick run)."""
-    found = [results.get(_key(round_label(label, n), regime)) for n in range(1, ROUNDS + 1)]
-    return found[:1] if found[0] is not None and found[1] is None else found
+    return rounds_of(results, lambda round_: _key(round_, regime), label, ROUNDS)
 
 
 def _essential_per_s(result: dict[str, Any] | None) -> list[float]:
     return list(((result or {}).get("essential") or {}).get("per_s") or [])
-
-
-def _p99s(result: dict[str, Any] | None) -> list[float]:
-    return [r["p99_ms"] for r in (result or {}).get("reps", []) if not math.isnan(r["p99_ms"])]
-
-
-def _count(result: dict[str, Any] | None, kind: str) -> int:
-    return sum(r["failures"].get(kind, 0) for r in (result or {}).get("reps", []))
 
 
 def _essential_lost(result: dict[str, Any] | None) -> int:
@@ -223,8 +221,8 @@ def _goals(results: Results) -> list[Goal]:
             ratio_goal(
                 NAME,
                 f"CRITICAL p99, mixed / alone ({regime})",
-                _p99s(mixed),
-                _p99s(alone),
+                p99s(mixed),
+                p99s(alone),
                 limit=1.5,
                 at_most=True,
             )
@@ -240,14 +238,14 @@ def _goals(results: Results) -> list[Goal]:
             )
         )
         out.append(
-            _zero(f"CRITICAL late answers, mixed ({regime})", mixed, _count(mixed, "timeout"))
+            _zero(f"CRITICAL late answers, mixed ({regime})", mixed, failures_of(mixed, "timeout"))
         )
         out.append(
             info_row(
                 NAME,
                 f"CRITICAL calls refused / short of an essential panel: alone, mixed ({regime})",
-                f"{_count(alone, 'overloaded')} / {_essential_lost(alone)}, "
-                f"{_count(mixed, 'overloaded')} / {_essential_lost(mixed)}",
+                f"{failures_of(alone, 'overloaded')} / {_essential_lost(alone)}, "
+                f"{failures_of(mixed, 'overloaded')} / {_essential_lost(mixed)}",
             )
         )
         out.append(
@@ -293,7 +291,7 @@ def _goals(results: Results) -> list[Goal]:
             below,
             sum(essential.get("answers", []))
             - sum(essential.get("whole", []))
-            + _count(below, "overloaded"),
+            + failures_of(below, "overloaded"),
         )
     )
     for share in SWEEP:
@@ -320,8 +318,8 @@ def _answers(result: dict[str, Any] | None) -> str:
     companion = result.get("companion") or {}
     p99s = result.get("rounds_p99_ms") or [result["pooled"]["p99_ms"]]
     text = (
-        f"primary: whole {ok}, lighter {lighter}, refused {_count(result, 'overloaded')}, "
-        f"late {_count(result, 'timeout')}, p99 {' / '.join(f'{p:.0f}' for p in p99s)} ms"
+        f"primary: whole {ok}, lighter {lighter}, refused {failures_of(result, 'overloaded')}, "
+        f"late {failures_of(result, 'timeout')}, p99 {' / '.join(f'{p:.0f}' for p in p99s)} ms"
     )
     if companion.get("windows"):
         whole = sum(w["whole"] for w in companion["windows"])

@@ -29,7 +29,15 @@ from typing import Any
 from bench.analysis.goals import Goal, info_row, ratio_goal
 from bench.harness.mixed import Companion
 from bench.harness.overload import REGIMES
-from bench.harness.rounds import interleaved, merged, round_label, round_ratios
+from bench.harness.rounds import (
+    failures_of,
+    interleaved,
+    merged,
+    p99s,
+    round_label,
+    round_ratios,
+    rounds_of,
+)
 from bench.harness.runner import Config
 from bench.harness.scenario import Results, Scale, Scenario, _config
 
@@ -112,21 +120,12 @@ def _key(label: str, regime: str, connections: int = POLITE_CALLERS) -> str:
 
 
 def _rounds(results: Results, label: str, regime: str) -> list[dict[str, Any] | None]:
-    found = [results.get(_key(round_label(label, n), regime)) for n in range(1, ROUNDS + 1)]
-    return found[:1] if found[0] is not None and found[1] is None else found
+    return rounds_of(results, lambda round_: _key(round_, regime), label, ROUNDS)
 
 
 def _rates(result: dict[str, Any] | None) -> list[float]:
     """Complete calls a second (essential panels OK), per window."""
     return [r["rps"] for r in (result or {}).get("reps", []) if "rps" in r]
-
-
-def _p99s(result: dict[str, Any] | None) -> list[float]:
-    return [r["p99_ms"] for r in (result or {}).get("reps", []) if not math.isnan(r["p99_ms"])]
-
-
-def _count(result: dict[str, Any] | None, kind: str) -> int:
-    return sum(r["failures"].get(kind, 0) for r in (result or {}).get("reps", []))
 
 
 def _companion_rates(result: dict[str, Any] | None, window_s: float) -> list[float]:
@@ -179,8 +178,8 @@ def _beside_goals(results: Results, regime: str) -> list[Goal]:
         ratio_goal(
             NAME,
             f"polite caller's p99, beside the storm / alone ({regime})",
-            _p99s(beside),
-            _p99s(alone),
+            p99s(beside),
+            p99s(alone),
             limit=1.5,
             at_most=True,
         ),
@@ -273,7 +272,7 @@ def _zero(text: str, result: dict[str, Any] | None, kind: str) -> Goal:
     if not result or "reps" not in result:
         note = (result or {}).get("error", "did not run")
         return Goal(NAME, text + " (goal 0)", "ERROR", "n/a", note=note)
-    count = _count(result, kind)
+    count = failures_of(result, kind)
     return Goal(NAME, text + " (goal 0)", "PASS" if count == 0 else "GAP", str(count))
 
 

@@ -12,12 +12,20 @@ one run); :func:`round_ratios` gives the ratio of each round, for how far they s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bench.analysis.stats import ratio_of_means
 
-__all__ = ["interleaved", "merged", "round_ratios", "round_label"]
+__all__ = [
+    "interleaved",
+    "merged",
+    "round_ratios",
+    "round_label",
+    "rounds_of",
+    "p99s",
+    "failures_of",
+]
 
 #: Per-window lists of a result that the rounds' windows extend.
 _ESSENTIAL = ("per_s", "answers", "essential_ok", "whole", "optional_run", "optional_asked")
@@ -26,6 +34,25 @@ _ESSENTIAL = ("per_s", "answers", "essential_ok", "whole", "optional_run", "opti
 def round_label(label: str, n: int) -> str:
     """The label of round ``n`` (from 1) of the configuration ``label``."""
     return f"{label}-r{n}"
+
+
+def rounds_of(
+    results: Mapping[str, dict[str, Any]], key: Callable[[str], str], label: str, rounds: int
+) -> list[dict[str, Any] | None]:
+    """The rounds of ``label`` that ran, in order (one in a quick run); ``key`` gives the
+    result's key of a round's label."""
+    found = [results.get(key(round_label(label, n))) for n in range(1, rounds + 1)]
+    return found[:1] if found[0] is not None and (rounds < 2 or found[1] is None) else found
+
+
+def p99s(result: dict[str, Any] | None) -> list[float]:
+    """Each window's p99 latency (ms) of a result, the empty windows left out."""
+    return [r["p99_ms"] for r in (result or {}).get("reps", []) if not math.isnan(r["p99_ms"])]
+
+
+def failures_of(result: dict[str, Any] | None, kind: str) -> int:
+    """Calls of a result that failed as ``kind`` (``overloaded``, ``timeout``), all windows."""
+    return sum(r["failures"].get(kind, 0) for r in (result or {}).get("reps", []))
 
 
 def interleaved(rounds: int, *make: Callable[[int, float], Any]) -> list[Any]:
