@@ -27,6 +27,7 @@ gives the ratio of every round.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -139,10 +140,6 @@ def _key(label: str, regime: str, connections: int = CRITICAL_CALLERS) -> str:
     return f"{NAME}/{label}-{regime}/c{connections}"
 
 
-def _rounds(results: Results, label: str, regime: str) -> list[dict[str, Any] | None]:
-    return rounds_of(results, lambda round_: _key(round_, regime), label, ROUNDS)
-
-
 def _essential_per_s(result: dict[str, Any] | None) -> list[float]:
     return list(((result or {}).get("essential") or {}).get("per_s") or [])
 
@@ -197,7 +194,9 @@ def _order_breaches(result: dict[str, Any] | None) -> int:
 def _goals(results: Results) -> list[Goal]:
     out: list[Goal] = []
     for regime in REGIMES:
-        alones, mixeds = _rounds(results, "alone", regime), _rounds(results, "mixed", regime)
+        key = functools.partial(_key, regime=regime)
+        alones = rounds_of(results, key, "alone", ROUNDS)
+        mixeds = rounds_of(results, key, "mixed", ROUNDS)
         alone, mixed = merged(alones), merged(mixeds)
         ignored = results.get(_key("ignored", regime))
         out.append(

@@ -22,6 +22,7 @@ apart, against the CPU a call costs the server in ``storm``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -119,10 +120,6 @@ def _key(label: str, regime: str, connections: int = POLITE_CALLERS) -> str:
     return f"{NAME}/{label}-{regime}/c{connections}"
 
 
-def _rounds(results: Results, label: str, regime: str) -> list[dict[str, Any] | None]:
-    return rounds_of(results, lambda round_: _key(round_, regime), label, ROUNDS)
-
-
 def _rates(result: dict[str, Any] | None) -> list[float]:
     """Complete calls a second (essential panels OK), per window."""
     return [r["rps"] for r in (result or {}).get("reps", []) if "rps" in r]
@@ -152,7 +149,9 @@ def _goals(results: Results) -> list[Goal]:
 
 def _beside_goals(results: Results, regime: str) -> list[Goal]:
     storm = results.get(_key("storm", regime, STORM_CALLERS))
-    alones, besides = _rounds(results, "polite", regime), _rounds(results, "beside", regime)
+    key = functools.partial(_key, regime=regime)
+    alones = rounds_of(results, key, "polite", ROUNDS)
+    besides = rounds_of(results, key, "beside", ROUNDS)
     alone, beside = merged(alones), merged(besides)
     capacity = _rates(storm)
     together = [
