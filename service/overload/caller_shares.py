@@ -1,9 +1,9 @@
 """Fair share per caller: admission's limit divided among the callers active now.
 
-**Who the caller is** (:func:`caller_name`): the name of the client certificate of a
-mutual-TLS connection, else the ``RequestMeta.caller`` the call carries, else one shared
-:data:`ANONYMOUS` caller. A name the caller gives itself serves fairness, not security:
-anyone may claim any name.
+**Who the caller is** (decided by :meth:`service.overload.gate.CallGate.admitted`): the
+name of the client certificate of a mutual-TLS connection, else the ``RequestMeta.caller``
+the call carries, else one shared :data:`ANONYMOUS` caller. A name the caller gives
+itself serves fairness, not security: anyone may claim any name.
 
 **A caller's share** is admission's limit times its weight (``[callers.<name>] weight``,
 1 by default) over the weights of the callers active now: those with a call in flight or
@@ -119,7 +119,7 @@ class CallerShares:
         self._clock = clock
         self._active: OrderedDict[str, CallerShare] = OrderedDict()  # least recent first
         self._active_weight = 0.0
-        self._labels = dict.fromkeys(self._weights, True)
+        self._labels = set(self._weights)
         self._labelled_left = labelled
         self.counts = {name: CallerCounts() for name in self._weights}  # by label
 
@@ -140,8 +140,7 @@ class CallerShares:
         and waiting) past its share of ``limit`` (a caller alone has all of it). Demand, not
         in flight alone: a caller with hundreds of calls waiting is the storm, even while few
         of them run."""
-        demand = share.inflight + share.waiting
-        return demand >= limit * share.weight / max(self._active_weight, share.weight)
+        return share.inflight + share.waiting >= self._share_of(share, limit)
 
     def others_active(self, share: CallerShare) -> bool:
         """Whether callers other than ``share``'s are active now."""
@@ -173,13 +172,15 @@ class CallerShares:
 
     def shares(self, limit: float) -> dict[str, float]:
         """Each label's fair share of ``limit`` now: its active callers' shares added up."""
-        total = self._active_weight
         found: dict[str, float] = {}
         for share in self._active.values():
-            found[share.label] = found.get(share.label, 0.0) + limit * share.weight / max(
-                total, share.weight
-            )
+            found[share.label] = found.get(share.label, 0.0) + self._share_of(share, limit)
         return found
+
+    def _share_of(self, share: CallerShare, limit: float) -> float:
+        """Calls of ``limit`` that are ``share``'s caller's fair share now (all of it, alone;
+        its weight counts even once forgotten past ``max_callers``)."""
+        return limit * share.weight / max(self._active_weight, share.weight)
 
     def weight_of(self, label: str) -> float:
         """A label's weight: its configured one, else 1 (``other``: each of its callers')."""
@@ -198,7 +199,7 @@ class CallerShares:
 
     def _label(self, name: str) -> str:
         if name not in self._labels and self._labelled_left > 0:
-            self._labels[name] = True
+            self._labels.add(name)
             self._labelled_left -= 1
         label = name if name in self._labels else OTHER
         self.counts.setdefault(label, CallerCounts())
