@@ -55,7 +55,14 @@ def test_https_services_behind_a_private_ca_work_with_http_ca_file(
     start_service: Any, https_services: SampleHttpServices, pki: Pki
 ) -> None:
     assert https_services.alerts_url.startswith("https://")
-    service, client = start_service(http=https_services, http__ca_file=pki.ca_file)
+    # Patient budgets, as its siblings': under stress the first handshakes (the CA loaded,
+    # the loop blocked) took a panel past the default 1000 ms.
+    service, client = start_service(
+        http=https_services,
+        http__ca_file=pki.ca_file,
+        fanout__task_timeout_ms=4000,
+        fanout__request_deadline_ms=4500,
+    )
     outcomes = _statuses(client, HTTP_PANELS)
     assert {name: o.status for name, o in outcomes.items()} == {
         name: appstats.TaskStatus.OK for name in HTTP_PANELS
