@@ -16,17 +16,35 @@ What is read: ``# HELP`` and ``# TYPE`` lines, kept for the family they name, an
 to the family of the ``# TYPE`` before it (a sample before any is dropped).
 ``_created`` samples (a lifetime's start) are dropped: they are not summed. The
 workers' samples carry no ``worker`` label; the master adds it.
+
+One thing in a key is rewritten: a label with an empty value is left out. To Prometheus
+it is the same series either way, but the exporter writes it only when another series of
+the family has the label (``error_type=""`` beside an ``error_type="Overloaded"``), so a
+worker that has refused a call and its predecessor that had not would otherwise give one
+series under two keys, written twice in the merged scrape.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
-__all__ = ["Exposition", "Family", "parse_exposition", "render_expositions"]
+__all__ = [
+    "Exposition",
+    "Family",
+    "parse_exposition",
+    "render_expositions",
+    "without_empty_labels",
+    "escaped",
+    "go_float",
+]
 
 #: The family types whose samples only ever grow, and so are summed across lifetimes.
 CUMULATIVE = frozenset({"counter", "histogram"})
+# A label whose value is empty, after the brace or the comma that opens it (a value's own
+# quotes are escaped, so ="" can only end a label).
+_EMPTY_LABEL = re.compile(r'(?<=[{,])\w+="",?')
 
 
 @dataclass
@@ -80,8 +98,18 @@ def parse_exposition(text: str) -> Exposition:
             raise ValueError(f"not a sample line: {line[:80]!r}")
         if key.partition("{")[0].endswith("_created"):
             continue
+        if '=""' in key:
+            key = without_empty_labels(key)
         samples[key] = float(value)
     return parsed
+
+
+def without_empty_labels(key: str) -> str:
+    """The sample ``key`` (``name{labels}``) without the labels whose value is empty."""
+    key = _EMPTY_LABEL.sub("", key)
+    if key.endswith(",}"):
+        key = key[:-2] + "}"
+    return key[:-2] if key.endswith("{}") else key
 
 
 def render_expositions(expositions: dict[str, Exposition], label: str) -> str:
@@ -95,10 +123,10 @@ def render_expositions(expositions: dict[str, Exposition], label: str) -> str:
     for name, family in families.items():
         lines.append(family.header)
         for position, exposition in expositions.items():
-            tag = f'{label}="{_escaped(position)}"'
+            tag = f'{label}="{escaped(position)}"'
             for key, value in exposition.samples.get(name, {}).items():
                 labelled = _labelled(key, tag)
-                lines.append(f"{labelled} {_go_float(value)}")
+                lines.append(f"{labelled} {go_float(value)}")
     lines.append("")
     return "\n".join(lines)
 
@@ -111,11 +139,12 @@ def _labelled(key: str, tag: str) -> str:
     return f"{labels}{tag}}}" if labels[-1] == "{" else f"{labels},{tag}}}"
 
 
-def _escaped(value: str) -> str:
+def escaped(value: str) -> str:
+    """``value`` as a label value is written between its quotes."""
     return value.replace("\\", r"\\").replace('"', r"\"").replace("\n", r"\n")
 
 
-def _go_float(value: float) -> str:
+def go_float(value: float) -> str:
     """``value`` as the text format writes it (``+Inf``, ``-Inf``, ``NaN``)."""
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
