@@ -5,17 +5,23 @@ every call answered is counted. The ledger on expositions, then a real two-worke
 from __future__ import annotations
 
 import itertools
+import math
+import os
 import re
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 import gevent
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
+from thriftpy2.transport import TTransportException
 
 from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.workers.counts import GroupCounts
+from service.workers.kept_calls import CALLS
 from tests.support.group import (  # noqa: F401 (a fixture)
     all_serving,
     group_env,
@@ -25,6 +31,8 @@ from tests.support.group import (  # noqa: F401 (a fixture)
 )
 from tests.support.sockets import wait_for
 from tests.support.workers import Server, serve  # noqa: F401 (a fixture)
+from tracing.call_tally import CallTally, read_call_tally
+from tracing.metrics import SECONDS_BUCKETS
 
 
 def _exposition(calls: float, in_flight: float, fast: float = 0.0) -> str:
@@ -67,7 +75,7 @@ def test_a_retired_workers_final_counts_and_its_successors_add_up() -> None:
     assert _sample(ledger, "calls_total", method="get") == 11.0  # both running, summed
     assert _sample(ledger, "took_count") == 11.0
     ledger.final(1, "0", _exposition(calls=14, in_flight=0, fast=6))  # it drained 4 more
-    ledger.exited(1)
+    ledger.exited(1, "0")
     ledger.scraped(2, "0", _exposition(calls=5, in_flight=2, fast=2))
     assert _sample(ledger, "took_count") == 19.0
     assert _sample(ledger, "took_bucket", le="0.1") == 8.0
@@ -78,7 +86,7 @@ def test_a_retired_workers_final_counts_and_its_successors_add_up() -> None:
 def test_a_killed_worker_counts_at_its_last_scrape_and_a_late_answer_is_not_counted() -> None:
     ledger = GroupCounts()
     ledger.scraped(1, "1", _exposition(calls=7, in_flight=2))
-    ledger.exited(1)  # killed: no last counts
+    ledger.exited(1, "1")  # killed: no last counts
     ledger.scraped(1, "1", _exposition(calls=9, in_flight=0))  # a fetch that was under way
     assert _sample(ledger, "took_count", "1") == 7.0
     ledger.scraped(3, "1", _exposition(calls=2, in_flight=1))
@@ -91,11 +99,44 @@ def test_a_position_whose_worker_is_gone_keeps_its_counts_and_its_last_gauges() 
     ledger.scraped(1, "0", _exposition(calls=3, in_flight=1))
     ledger.scraped(2, "1", _exposition(calls=4, in_flight=2))
     ledger.final(2, "1", _exposition(calls=6, in_flight=0))
-    ledger.exited(2)  # retired (one worker fewer): position 1 has no worker now
+    ledger.exited(2, "1")  # retired (one worker fewer): position 1 has no worker now
     assert ledger.positions() == {"0", "1"}
     assert _sample(ledger, "took_count", "1") == 6.0
     assert _sample(ledger, "in_flight", "1") == 2.0  # its last answer, given again
     assert _sample(ledger, "took_count", "0") == 3.0
+
+
+def _calls_exposition(calls: int) -> str:
+    """A worker's exposition of ``calls`` answered within 10 ms, as the exporter writes it."""
+    labels = 'otel_scope_name="fanout.server",rpc_method="AppStats/get_app_stats"'
+    lines = [f"# TYPE {CALLS} histogram"]
+    for bound in (*SECONDS_BUCKETS, math.inf):
+        counted = calls if bound >= 0.01 else 0
+        lines.append(f'{CALLS}_bucket{{le="{floatToGoString(bound)}",{labels}}} {counted}')
+    lines += [f"{CALLS}_count{{{labels}}} {calls}", f"{CALLS}_sum{{{labels}}} {calls * 0.01}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_killed_workers_calls_count_as_it_kept_them_past_its_last_scrape(
+    tmp_path: Path,
+) -> None:
+    ledger = GroupCounts()
+    ledger.scraped(1, "0", _calls_exposition(3))
+    ledger.scraped(2, "1", _calls_exposition(4))
+    tally = CallTally(tmp_path / "worker-1")
+    for _ in range(5):  # its 3 scraped, and 2 answered before it was killed
+        tally.add("AppStats/get_app_stats", "", 0.01)
+    ledger.exited(1, "0", read_call_tally(tmp_path / "worker-1"))
+    assert _answered_calls(ledger.exposition()) == {"0": 5.0, "1": 4.0}
+    # One killed before the master ever scraped it: its calls are written as the others'.
+    never = CallTally(tmp_path / "worker-3")
+    never.add("AppStats/get_app_stats", "", 0.01)
+    ledger.exited(3, "0", read_call_tally(tmp_path / "worker-3"))
+    assert _answered_calls(ledger.exposition()) == {"0": 6.0, "1": 4.0}
+    assert _sample(ledger, f"{CALLS}_bucket", "0", le="0.01", **_SCOPE) == 6.0
+
+
+_SCOPE = {"otel_scope_name": "fanout.server", "rpc_method": "AppStats/get_app_stats"}
 
 
 def _answered_calls(scraped: str) -> dict[str, float]:
@@ -162,5 +203,50 @@ def test_every_call_answered_through_three_reloads_is_counted_and_no_count_goes_
             before,
             after,
         )
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_every_call_answered_is_counted_when_the_workers_are_killed_without_a_word(
+    serve: Callable[..., Server], group_ports: dict[str, int]
+) -> None:
+    server = serve("--workers", "2", env=group_env(group_ports))
+    wait_for(lambda: all_serving(group_ports, 2), 60, "both workers serving")
+    answered, cut = [0], [0]
+    calling = [True]
+
+    def caller() -> None:
+        with AppStatsClient(*server.address, timeout_ms=30_000) as client:
+            while calling[0]:
+                try:
+                    client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=20_000)
+                    answered[0] += 1
+                except TTransportException:  # its worker killed under it, and the retry too
+                    cut[0] += 1
+                gevent.sleep(0.01)
+
+    callers = [gevent.spawn(caller) for _ in range(4)]
+    try:
+        wait_for(lambda: answered[0] >= 20, 60, "calls answered")
+        scrape(group_ports)  # the master's last scrape of the workers it kills
+        scraped_at = answered[0]
+        wait_for(lambda: answered[0] >= scraped_at + 40, 60, "calls answered since the scrape")
+        victims = server.workers()
+        for victim in victims:
+            os.kill(victim, signal.SIGKILL)
+        wait_for(
+            lambda: not set(victims) & set(server.workers()) and all_serving(group_ports, 2),
+            60,
+            "both workers replaced",
+        )
+        done = answered[0]
+        wait_for(lambda: answered[0] >= done + 10, 60, "calls answered by the new workers")
+    finally:
+        calling[0] = False
+        gevent.joinall(callers, timeout=30, raise_error=True)
+    # A call in flight at the kill may be counted and then answered again by the client's
+    # retry, or answered and not counted: one a caller at most.
+    counted = sum(_answered_calls(scrape(group_ports)).values())
+    assert abs(counted - answered[0]) <= len(callers), (counted, answered[0], cut[0])
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=30) == 0

@@ -326,11 +326,17 @@ def _unmarked(span: Span) -> bool:
 
 
 class CallDurations:
-    """Records ``rpc.server.call.duration`` for a server whose IDL declares ``methods``."""
+    """Records ``rpc.server.call.duration`` for a server whose IDL declares ``methods``, in
+    the process's call tally too if it keeps one (:mod:`tracing.call_tally`)."""
 
     def __init__(self, methods: Iterable[str]) -> None:
         self._declared = frozenset(methods)
         self._attributes: dict[tuple[str, str], dict[str, str]] = {}
+        # Here, not at the top: the web tier's client imports this module, and must not
+        # load the metrics SDK that the tally's bucket bounds come with.
+        from tracing.call_tally import kept
+
+        self._tally = kept()
 
     def call_ended(self, method: str, error_type: str, seconds: float) -> None:
         """Record one call; ``error_type`` is empty for a normal answer."""
@@ -346,4 +352,6 @@ class CallDurations:
                 attributes["error.type"] = error_type
             if len(self._attributes) < 256:  # methods x exception types: a few dozen at most
                 self._attributes[key] = attributes
+        if self._tally is not None:
+            self._tally.add(attributes["rpc.method"], error_type, seconds)
         _call_duration.record(seconds, attributes)

@@ -6,19 +6,25 @@ series are the sum over every worker that has held that position:
 * the workers serving now, each at its latest scrape; after a reload the old worker
   is scraped beside the new one until it has handed its connections over and gone;
 * the workers gone, each at its last counts: those it sent once its drain was over
-  (``counts`` on the control line), or, for one killed without a word, its last scrape.
+  (``counts`` on the control line), or, for one killed without a word, its last scrape;
+  and its calls' histogram as the file it kept them in has it
+  (:mod:`service.workers.kept_calls`), which has every call it recorded.
 
-So a reload, a retirement or a restart is no counter reset, and ``increase()`` over it
-equals the calls answered, except what a killed worker answered after its last
-scrape. Gauges say what is true now: the newest worker's, or while a position has no
-worker answering, its last answer given again (``fanout_worker_scraped`` says so).
+So a reload, a retirement or a restart is no counter reset, and ``increase()`` of the
+calls over it equals the calls answered, a killed worker's included (give or take the
+calls it had in flight); its other counters count as of its last scrape. Gauges say
+what is true now: the newest worker's, or while a position has no worker answering, its
+last answer given again (``fanout_worker_scraped`` says so).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.workers.exposition import Exposition, parse_exposition, render_expositions
+from service.workers.kept_calls import with_kept_calls
+from tracing.call_tally import TalliedCalls
 
 __all__ = ["GroupCounts"]
 
@@ -59,14 +65,16 @@ class GroupCounts:
         parsed = parse_exposition(text)
         self._workers.setdefault(serial, _Worker(position, parsed)).final = parsed
 
-    def exited(self, serial: int) -> None:
-        """Worker ``serial`` has gone: its last counts join its position's totals for good."""
+    def exited(self, serial: int, position: str, calls: Sequence[TalliedCalls] = ()) -> None:
+        """Worker ``serial``, which held ``position``, has gone: its last counts, with the
+        ``calls`` it kept, join its position's totals for good."""
         self._exited.add(serial)
         worker = self._workers.pop(serial, None)
-        if worker is None:
-            return  # never scraped, so never counted: nothing to keep
-        gone = self._gone.setdefault(worker.position, Exposition())
-        gone.add(worker.final or worker.last, cumulative=True)
+        last = Exposition() if worker is None else worker.final or worker.last
+        others = [other.last for other in self._workers.values()] + list(self._gone.values())
+        last = with_kept_calls(last, calls, others)
+        if last.samples:
+            self._gone.setdefault(position, Exposition()).add(last, cumulative=True)
 
     def positions(self) -> set[str]:
         """Every position with series: held now, or held once by a worker now gone."""

@@ -12,7 +12,9 @@ to load and start serving.
 
 A worker also announces itself there once it serves (:meth:`Heartbeats.announce`):
 its pid and where its metrics are scraped, which the master's group endpoints
-(``service.workers.group``) read.
+(``service.workers.group``) read. And it keeps its calls there
+(:meth:`Heartbeats.calls_path`, :mod:`tracing.call_tally`), which the master counts once
+it has gone, however it went.
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ class Heartbeats:
         """Once ``worker`` has exited: its files go."""
         self.path(worker).unlink(missing_ok=True)
         self._announcement(worker).unlink(missing_ok=True)
+        self.calls_path(worker).unlink(missing_ok=True)
+
+    def calls_path(self, worker: int) -> Path:
+        """Where ``worker`` keeps its calls (:mod:`tracing.call_tally`)."""
+        return self._dir / f"worker-{worker}.calls"
 
     def _announcement(self, worker: int) -> Path:
         return self._dir / f"worker-{worker}.json"

@@ -45,6 +45,7 @@ from service.workers.launch import WorkerLink, launch_worker
 from service.workers.positions import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Position, Positions
 from service.workers.process import CONFIG_ERROR_STATUS, signal_name
 from service.workers.stopping import drain_time_s, send_signal, stop_workers
+from tracing.call_tally import read_call_tally
 from tracing.metrics import scrape_address
 
 __all__ = ["run_workers"]
@@ -247,7 +248,8 @@ class _Master:
         link = self._links.pop(pid, None)
         position = self._positions.holding(pid)
         if link is not None:
-            self._ledger.exited(link.serial)
+            calls = read_call_tally(self._heartbeats.calls_path(link.serial))
+            self._ledger.exited(link.serial, str(link.position), calls)
             self._heartbeats.forget(link.serial)
         if link is not None and link.retiring:
             log.info("master: retired worker %d stopped (exit code %d)", pid, code)

@@ -9,7 +9,8 @@ clients. Python opens every descriptor close-on-exec; only the control line
 heartbeats go, and the shared Thrift listener as a descriptor.
 
 The worker names itself in the log (its position), dies with the master, beats its
-heartbeat, and serves with :func:`service.workers.lifecycle.run_server`, with settings
+heartbeat, keeps its calls where the master counts them should it die without a word, and
+serves with :func:`service.workers.lifecycle.run_server`, with settings
 that leave the probe and Prometheus ports to the master: its metrics go to a
 free loopback port, announced (with its pid) once it serves, for the master's
 merged scrape. What the master says on the line (:class:`GroupMember`) moves
@@ -35,6 +36,7 @@ from service.workers.control import ControlLine
 from service.workers.heartbeat import Heartbeats
 from service.workers.member import GroupMember
 from service.workers.process import CONFIG_ERROR_STATUS, end_with_master
+from tracing.call_tally import keep_calls_in
 
 __all__ = ["main", "worker_settings"]
 
@@ -67,6 +69,7 @@ def serve_as_worker(
         log.info("worker %d: serving (position %d of %d)", os.getpid(), position, start["workers"])
         heartbeats = Heartbeats(start["heartbeats"])
         heartbeats.start_beating(start["serial"])
+        keep_calls_in(heartbeats.calls_path(start["serial"]))  # before the server is built
         member = GroupMember(line, position)
         facts: dict[str, str] = {}
         return run_server(
