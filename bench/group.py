@@ -13,6 +13,9 @@ stops every process it started.
 * ``kill``: 32 connections, ``kill -9`` of one worker: each worker's share of the
   calls in the 5 s windows after its replacement serves, and the failed calls
   against the connections the killed worker held.
+* ``counts``: three rounds of 16 connections through three SIGHUPs 3.3 s apart and a
+  ``kill -9`` of one worker, the group scraped every second: the calls the merged scrape
+  counts against those the callers got answered, and the calls cut by the kill.
 * ``stop``: 32 connections, SIGSTOP of one worker: the longest stall a caller saw,
   and what the master logged.
 * ``scrapes``: one keep-alive connection scraping every 0.5 s through two reloads
@@ -54,7 +57,7 @@ from service.samples import DemoBackends
 from service.samples.faults import TcpFaultProxy
 from service.samples.mongo_server import free_port
 
-PHASES = ("reloads", "kill", "stop", "scrapes", "backend", "handshake", "rest")
+PHASES = ("reloads", "kill", "counts", "stop", "scrapes", "backend", "handshake", "rest")
 RESULTS = Path(__file__).resolve().parent / "results" / "group.json"
 REST_S = 30.0
 
@@ -117,6 +120,44 @@ def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         "incomplete": callers.incomplete,
         "shares_per_5s_after_replacement": shares,
         "memory": group_memory(group),
+        **group.stop(),
+    }
+
+
+def counts(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
+    return {"rounds": [_counted_round(backends, workdir, number) for number in range(3)]}
+
+
+def _counted_round(backends: DemoBackends, workdir: Path, number: int) -> dict[str, Any]:
+    group = Group(backends, workdir, f"counts-{number}")
+    wait(group.all_serving, 30, "both workers serving")
+    callers = Callers(group.ports["thrift"], 16)
+    resets, last = [0], [{}]
+
+    def poll() -> None:  # as Prometheus scrapes: a counter that goes back is a reset
+        while True:
+            seen = calls_by_worker(group.scrape())
+            resets[0] += sum(1 for w, n in seen.items() if n < last[0].get(w, 0.0))
+            last[0] = seen
+            gevent.sleep(1.0)
+
+    poller = gevent.spawn(poll)
+    for _ in range(3):
+        group.process.send_signal(signal.SIGHUP)
+        gevent.sleep(3.3)
+    victim = group.workers()[0]
+    os.kill(victim, signal.SIGKILL)
+    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    gevent.sleep(3.0)
+    callers.finish()
+    poller.kill()
+    counted = sum(calls_by_worker(group.scrape()).values())
+    declared = callers.answered() - callers.ok - callers.incomplete
+    return {
+        "answered": callers.answered(),
+        "counted": counted,
+        "cut_by_the_kill": callers.failed() - declared,
+        "counter_resets": resets[0],
         **group.stop(),
     }
 

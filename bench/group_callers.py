@@ -36,6 +36,7 @@ class Callers:
         self._request = appstats.StatsRequest(
             app="shop", start_ms=SAMPLE_START_MS, end_ms=SAMPLE_END_MS
         )
+        self._finishing = False
         self._greenlets = [gevent.spawn(self._call) for _ in range(count)]
 
     def _connect(self) -> Any:
@@ -49,7 +50,7 @@ class Callers:
 
     def _call(self) -> None:
         client = self._connect()
-        while True:
+        while not self._finishing:
             started = time.monotonic()
             try:
                 response = client.get_app_stats(self._request)
@@ -84,6 +85,18 @@ class Callers:
 
     def failed(self) -> int:
         return sum(self.failures.values())
+
+    def answered(self) -> int:
+        """Calls the server answered: with panels, or with an exception the IDL declares."""
+        declared = sum(n for kind, n in self.failures.items() if hasattr(appstats, kind))
+        return self.ok + self.incomplete + declared
+
+    def finish(self, timeout_s: float = 30.0) -> None:
+        """Let each caller finish the call it has under way, then stop: every call sent is
+        then counted here as it is on the server."""
+        self._finishing = True
+        gevent.joinall(self._greenlets, timeout=timeout_s)
+        self.stop()
 
     def stop(self) -> None:
         gevent.killall(self._greenlets)
