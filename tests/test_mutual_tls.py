@@ -22,6 +22,7 @@ import gevent
 import pytest
 import requests
 import trustme
+from gevent.monkey import get_original
 from thrift.transport.TSSLSocket import TSSLSocket
 from thriftpy2.transport import TTransportException
 
@@ -391,6 +392,40 @@ def test_the_soonest_expiry_of_the_certificates_in_use_is_known_and_follows_a_ro
         10,
         "the renewed certificate's expiry",
     )
+
+
+def test_an_export_thread_reads_the_expiries_and_leaves_looking_at_the_files_to_the_loop(
+    pki: Pki, tmp_path: Path
+) -> None:
+    settings = ServerSettings(
+        tls_cert_file=str(tmp_path / "server.pem"), tls_key_file=str(tmp_path / "server.key")
+    )
+    soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=20)
+    _write_server_leaf(pki, tmp_path, not_after=soon)
+    handshakes = TlsHandshakes(settings, ServerStats())
+    assert abs(handshakes.expirations()["server"] - soon.timestamp()) < 2
+    later = soon + datetime.timedelta(days=60)
+    _write_server_leaf(pki, tmp_path, not_after=later)
+    time.sleep(1.1)  # past the files' look-again period
+
+    def off_the_loop() -> dict[str, float]:
+        """``expirations()`` on a thread of its own, as an OTLP export collects."""
+        done, seen = get_original("_thread", "allocate_lock")(), {}
+        done.acquire()
+
+        def collect() -> None:
+            try:
+                seen.update(handshakes.expirations())
+            finally:
+                done.release()
+
+        get_original("_thread", "start_new_thread")(collect, ())
+        done.acquire()  # blocks this thread, and with it the event loop, until it is over
+        return seen
+
+    assert abs(off_the_loop()["server"] - soon.timestamp()) < 2  # the files not read there
+    gevent.sleep(0.05)  # the loop runs the look that thread asked for
+    assert abs(off_the_loop()["server"] - later.timestamp()) < 2
 
 
 def _write_server_leaf(pki: Pki, directory: Path, not_after: datetime.datetime) -> None:

@@ -19,6 +19,8 @@ import weakref
 from collections.abc import Iterable
 from typing import Any
 
+import gevent
+from gevent.monkey import get_original
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
@@ -32,6 +34,7 @@ __all__ = ["TlsHandshakes"]
 
 log = logging.getLogger(__name__)
 
+_thread_ident = get_original("_thread", "get_ident")
 _meter = metrics.get_meter("fanout.server")
 _refused_handshakes = _meter.create_counter(
     "fanout.tls.handshakes.refused",
@@ -73,6 +76,8 @@ class TlsHandshakes:
         self._allowed_names = frozenset(settings.tls_client_names)
         self._stats = stats
         self._refusals = FailureSummary(log, "TLS handshakes refused")
+        # The event loop's: the files are looked at again there only (see expirations).
+        self._loop, self._loop_thread = gevent.get_hub().loop, _thread_ident()
 
     def secure(self, sock: socket.socket, peer: Any) -> socket.socket | None:
         """The TLS-wrapped socket, or None (counted) if the handshake was refused."""
@@ -95,8 +100,12 @@ class TlsHandshakes:
     def expirations(self) -> dict[str, float]:
         """When the server's certificate and the client CAs in use expire (Unix time), read
         from the files again only once new ones are in use (looked for here too, as when a
-        connection arrives)."""
-        self._context.current()
+        connection arrives: on the event loop, where connections are; an OTLP export
+        collects on a thread of its own, and asks the loop to look, for its next export)."""
+        if _thread_ident() == self._loop_thread:
+            self._context.current()
+        else:
+            self._loop.run_callback_threadsafe(self._context.current)
         if self._expirations is None or self._expirations[0] != self._context.reloads:
             expiring = {role: expires_at(path) for role, path in self._certificates.items() if path}
             self._expirations = (
