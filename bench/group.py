@@ -102,8 +102,7 @@ def kill(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
         for c in psutil.Process(victim).net_connections(kind="tcp")
         if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == group.ports["thrift"]
     )
-    os.kill(victim, signal.SIGKILL)
-    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    group.kill(victim)
     shares, before = [], calls_by_worker(group.scrape())
     for _ in range(3):
         gevent.sleep(5.0)
@@ -145,9 +144,7 @@ def _counted_round(backends: DemoBackends, workdir: Path, number: int) -> dict[s
     for _ in range(3):
         group.process.send_signal(signal.SIGHUP)
         gevent.sleep(3.3)
-    victim = group.workers()[0]
-    os.kill(victim, signal.SIGKILL)
-    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    group.kill(group.workers()[0])
     gevent.sleep(3.0)
     callers.finish()
     poller.kill()
@@ -207,9 +204,7 @@ def scrapes(backends: DemoBackends, workdir: Path) -> dict[str, Any]:
     for _ in range(2):
         group.reload_and_wait()
         gevent.sleep(1.0)
-    victim = group.workers()[0]
-    os.kill(victim, signal.SIGKILL)
-    wait(lambda: victim not in group.workers() and group.all_serving(), 30, "the replacement")
+    group.kill(group.workers()[0])
     gevent.sleep(2.0)
     poller.kill()
     return {

@@ -80,6 +80,11 @@ class Group:
             lambda: not before & set(self.workers()) and self.all_serving(), 30, "a new generation"
         )
 
+    def kill(self, victim: int) -> None:
+        """``kill -9`` the worker ``victim``; return once its replacement serves."""
+        os.kill(victim, signal.SIGKILL)
+        wait(lambda: victim not in self.workers() and self.all_serving(), 30, "the replacement")
+
     def stop(self) -> dict[str, int]:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(timeout=60)
