@@ -97,6 +97,13 @@ def test_after_a_worker_is_killed_connections_spread_to_its_replacement(
     finally:
         callers.stop()
     # Only the callers whose connection the killed worker held saw a failure, once each.
-    assert callers.failed() + callers.incomplete <= before[victim], callers.failures
+    # (A stressed run once saw 19 answers with a panel not OK where the victim held none:
+    # the message says which panels, and what the group logged.)
+    assert callers.failed() + callers.incomplete <= before[victim], (
+        before,
+        callers.failures,
+        callers.not_ok,
+        server.logged()[-4000:],
+    )
     assert all(count >= 10 for count in spread.values()), spread
     assert server.stop() == 0
