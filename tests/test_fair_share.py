@@ -15,13 +15,16 @@ from typing import Any
 import gevent
 import pytest
 
+from lookups.backends.ordered_slots import CALL_FLOW, Flow, OrderedSlots
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded
 from service.overload.admission import AdmissionControl, Refused
+from service.overload.brownout import Criticality
 from service.overload.caller_shares import ACTIVE_S, OTHER, CallerShares
 from service.overload.gate import CallerPacing, CallGate
 from tests.support.clock import FakeClock
+from tracing.context import spawn_in_context
 
 
 def control(clock: FakeClock, weights: dict[str, float] | None = None, **settings: Any):
@@ -310,3 +313,31 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
     counts = gate.admission.callers.counts
     assert (counts["storm"].admitted, counts["storm"].refused) == (2, 1)
     assert (counts["polite"].admitted, counts["polite"].refused) == (0, 1)
+
+
+def test_a_calls_tasks_wait_for_backend_slots_as_its_criticality_and_caller() -> None:
+    clock = FakeClock()
+    gate = CallGate(AdmissionSettings(), 3000, clock=clock)
+    slots, served = OrderedSlots(1), []
+    assert slots.acquire()  # the backend's one slot is busy
+
+    def task(name: str) -> None:  # a lookup's attempt, in a copy of its call's context
+        assert slots.acquire(timeout=5)
+        served.append(name)
+        slots.release()
+
+    tasks, flows = [], []
+    calls = [("storm", Criticality.CRITICAL)] * 3
+    calls += [("report", Criticality.SHEDDABLE), ("page", Criticality.CRITICAL)]
+    for name, criticality in calls:
+        with gate.admitted(Deadline.after_ms(1000, clock), criticality=criticality, name=name):
+            flows.append(CALL_FLOW.get())
+            tasks.append(spawn_in_context(task, name))
+            gevent.sleep(0)  # the task joins the slots' line before the next call comes
+    assert CALL_FLOW.get() == Flow()  # the calls over, their flows went with them
+    slots.release()
+    gevent.joinall(tasks, timeout=5, raise_error=True)
+    assert flows[-1] == Flow(int(Criticality.CRITICAL), "page", 1.0)
+    # The page, critical, after the storm's first task only (they tie at the start); the
+    # report, less critical, last.
+    assert served == ["storm", "page", "storm", "storm", "report"]

@@ -6,12 +6,13 @@ and each attempt holds one of the backend's slots while it runs::
 
     guard.call -> attempt: slot, then the library call, then the slot back
 
-The slots are gevent semaphores of our own, as big as the library's pool, so the
+The slots are our own (:class:`~lookups.backends.ordered_slots.OrderedSlots`, served
+by the calls' places rather than their arrival), as big as the library's pool, so the
 library's pool always has a connection ready and never makes a caller wait: its
 waits are ``threading.Condition`` waits, which a ``gevent.Timeout`` or a kill
 arriving mid-wait leaves corrupted (pymongo then raises ``RuntimeError: Semaphore
-released too many times`` in other tasks; urllib3 ``FullPoolError``). Waiting on a
-gevent semaphore instead is safe to interrupt. Subclasses say how one attempt holds
+released too many times`` in other tasks; urllib3 ``FullPoolError``). Waiting on our
+own slots instead is safe to interrupt. Subclasses say how one attempt holds
 its slot (:meth:`Backend.attempt`) and how the backend is checked (:meth:`Backend.check`).
 """
 
@@ -22,9 +23,9 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
-import gevent.lock
 from gevent import monkey
 
+from lookups.backends.ordered_slots import OrderedSlots
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
@@ -34,18 +35,19 @@ __all__ = ["Backend", "Slots", "new_slots"]
 
 T = TypeVar("T")
 
-Slots = MeteredSlots | gevent.lock.BoundedSemaphore | threading.BoundedSemaphore
+Slots = MeteredSlots | OrderedSlots | threading.BoundedSemaphore
 
 
 def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots:
-    """A bounded semaphore of ``size`` for the running concurrency model, metered as ``name``.
+    """``size`` slots for the running concurrency model, metered as ``name``.
 
-    Under gevent's patching (the server), a gevent semaphore: waiting on it is safe to
-    interrupt. Without patching (code driving lookups from OS threads), a thread one.
+    Under gevent's patching (the server), :class:`OrderedSlots`: waiting on them is safe to
+    interrupt, and served by place. Without patching (code driving lookups from OS
+    threads), a thread semaphore.
     Either way its use shows in ``fanout pools`` and the ``fanout.pool.*`` metrics.
     """
     if monkey.is_module_patched("threading"):
-        semaphore: Any = gevent.lock.BoundedSemaphore(size)
+        semaphore: Any = OrderedSlots(size)
     else:
         semaphore = threading.BoundedSemaphore(size)
     return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock.monotonic))

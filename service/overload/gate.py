@@ -69,6 +69,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from lookups.backends.ordered_slots import CALL_FLOW, Flow
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
@@ -331,10 +332,15 @@ class CallGate:
             self.admission.admit(deadline, criticality, share)
         except Refused as refused:
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
+        # The call's tasks run in copies of this context: they wait for backend slots by
+        # criticality, then fairly among callers by weight, not behind another's storm.
+        fair = self.admission.settings.fair_share
+        flow = CALL_FLOW.set(Flow(int(criticality), share.name if fair else "", share.weight))
         started = self.clock.monotonic()
         try:
             yield
         finally:
+            CALL_FLOW.reset(flow)
             self.admission.done(self.clock.monotonic() - started if call.measured else None, share)
 
     def refused_unread(self, caller: CallerPacing) -> int:
