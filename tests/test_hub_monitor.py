@@ -140,11 +140,21 @@ def test_stopped_monitor_reports_nothing_and_removes_its_tracer(caplog: Any) -> 
 
 def test_short_runs_are_not_reported() -> None:
     monitor = HubMonitor(_THRESHOLD_MS).start()
+    lasted: list[float] = []
+
+    def timed_spin() -> None:
+        began = time.perf_counter()
+        spin(0.01)
+        lasted.append(time.perf_counter() - began)
+
     try:
         for _ in range(20):  # 20 runs of 10 ms: busy, but each well under the threshold
-            gevent.spawn(spin, 0.01).join()
+            gevent.spawn(timed_spin).join()
         gevent.sleep(0.1)
-        assert monitor.blocks_reported == 0
+        # A run the machine preempted lasts longer on the clock, and blocks the loop that
+        # long: a stressed run saw one of 115 ms, rightly reported. None shorter ever is.
+        long_runs = sum(1 for seconds in lasted if seconds >= _THRESHOLD_MS / 1000.0)
+        assert monitor.blocks_reported <= long_runs, lasted
     finally:
         monitor.stop()
 
