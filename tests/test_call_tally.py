@@ -7,7 +7,6 @@ from pathlib import Path
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.semconv._incubating.metrics.rpc_metrics import create_rpc_server_call_duration
 from prometheus_client import CollectorRegistry, generate_latest
@@ -15,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from service.workers.exposition import Exposition, parse_exposition
 from service.workers.kept_calls import CALLS, with_kept_calls
 from tracing.call_tally import KEY_BYTES, SLOTS, CallTally, read_call_tally
-from tracing.metrics import SECONDS_BUCKETS
+from tracing.metrics import seconds_views
 from tracing.spans import rpc_attributes
 
 GET = "AppStats/get_app_stats"
@@ -58,13 +57,9 @@ def test_keys_past_the_last_slot_or_too_long_are_not_kept(tmp_path: Path) -> Non
 def _exporter() -> tuple[CollectorRegistry, MeterProvider]:
     """The exporter as ``tracing.metrics`` sets it up, on a registry of the test's own."""
     registry = CollectorRegistry(auto_describe=True)
-    view = View(
-        instrument_name="*duration*",
-        aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
-    )
     provider = MeterProvider(
         metric_readers=[PrometheusMetricReader(registry=registry)],
-        views=[view],
+        views=seconds_views(),
         resource=Resource.create({}),
     )
     return registry, provider

@@ -34,7 +34,14 @@ from opentelemetry.sdk.resources import Resource
 
 from tracing.settings import METRIC_EXPORTERS, MetricsSettings
 
-__all__ = ["Metrics", "configure_metrics", "exporter_name", "scrape_address", "SECONDS_BUCKETS"]
+__all__ = [
+    "Metrics",
+    "configure_metrics",
+    "exporter_name",
+    "scrape_address",
+    "seconds_views",
+    "SECONDS_BUCKETS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +93,25 @@ def configure_metrics(
         reader, registry, scrape_at = _prometheus_reader(settings, environment)
     else:
         reader = _otlp_reader(settings)
-    views = [
-        View(
-            instrument_name="*duration*",
-            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
-        )
-    ]
     provider = MeterProvider(
         metric_readers=[reader],
-        views=views,
+        views=seconds_views(),
         resource=resource if resource is not None else Resource.create({}),
     )
     metrics.set_meter_provider(provider)
     if metrics.get_meter_provider() is not provider:
         log.warning("a meter provider was already installed; metrics go to that one")
     return Metrics(provider, name, registry, scrape_at)
+
+
+def seconds_views() -> list[View]:
+    """The views every provider of ours takes: durations in :data:`SECONDS_BUCKETS`."""
+    return [
+        View(
+            instrument_name="*duration*",
+            aggregation=ExplicitBucketHistogramAggregation(SECONDS_BUCKETS),
+        )
+    ]
 
 
 def exporter_name(settings: MetricsSettings, env: Mapping[str, str] | None = None) -> str:

@@ -44,11 +44,11 @@ def with_kept_calls(
     if source is None:
         return counts
     common = _common_labels(next(iter(source.samples[CALLS])))
-    kept = Exposition(
-        dict(counts.families), {name: dict(samples) for name, samples in counts.samples.items()}
-    )
-    kept.families.setdefault(CALLS, source.families[CALLS])
-    into = kept.samples.setdefault(CALLS, {})
+    # A new exposition sharing ``counts``'s other families: only the calls' is written.
+    families = dict(counts.families)
+    families.setdefault(CALLS, source.families[CALLS])
+    into = dict(counts.samples.get(CALLS, {}))
+    kept = Exposition(families, {**counts.samples, CALLS: into})
     for tallied in calls:
         for key, value in _series(common, tallied):
             into[key] = max(into.get(key, 0.0), value)
