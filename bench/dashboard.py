@@ -17,7 +17,8 @@ runs, each on a fresh ``fanout serve``:
 
 1. ``uncached``: one instance, no cache;
 2. ``cached``: one instance, the in-process cache (warmed by one call per app first),
-   its windows planned as ``--plan`` says (``cache.plan``);
+   its windows planned as ``--plan`` says (``cache.plan``, its default
+   unless given);
 3. ``shared``: three instances sharing a real ``redis-server``, viewers spread over them;
 4. ``redis killed``: the same, with Redis killed halfway.
 
@@ -58,6 +59,7 @@ from bench.dashboard_stack import (
     settle,
     window_now,
 )
+from lookups.cache.settings import CacheSettings
 from service.client import AppStatsClient
 from tests.support.panels import close_panels
 
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES))
     parser.add_argument("--bucket-ms", type=int, default=120_000)
     parser.add_argument("--settle-ms", type=int, default=30_000)
-    parser.add_argument("--plan", choices=("buckets", "measured"), default="buckets")
+    parser.add_argument("--plan", choices=("buckets", "measured"), default=CacheSettings().plan)
     args = parser.parse_args(argv)
     if args.seconds is None:  # a whole bucket cycle and a refresh
         args.seconds = (args.bucket_ms + args.settle_ms) / 1000 + REFRESH_S

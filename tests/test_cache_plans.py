@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
 import pytest
+from gevent.event import Event
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
 from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
-from lookups.cache.plans import FIRST_BUCKET_WINDOWS, Plan, PlanChooser
+from lookups.cache.plans import FIRST_BUCKET_WINDOWS, PROBE_ATTEMPTS, Plan, PlanChooser
 from lookups.cache.stores import MemoryStore
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup
@@ -36,43 +40,69 @@ DAY = Window("shop", SAMPLE_START_MS, SAMPLE_END_MS)
 COMMAND_DELAY_MS = 200
 
 
+class Use:
+    """What the engine has in flight, as the backend's counter says it: a test sets it."""
+
+    def __init__(self) -> None:
+        self.idle = Event()
+        self.idle.set()
+        self.overlaps = 0
+
+
 class Engine:
     """Runs a window by a plan in the time ``times`` gives it, on a clock moved by hand;
-    ``failing``: the plans that raise instead."""
+    ``failing``: the plans that raise instead; ``crowding``: runs that another operation
+    overlaps, the next ones first."""
 
-    def __init__(self, clock: FakeClock, times: dict[Plan, float]) -> None:
-        self.clock, self.times = clock, times
+    def __init__(self, clock: FakeClock, times: dict[Plan, float], use: Use) -> None:
+        self.clock, self.times, self.use = clock, times, use
         self.failing: set[Plan] = set()
+        self.crowding = 0
         self.runs: list[tuple[Plan, bool]] = []
 
-    def __call__(self, plan: Plan, probe: bool) -> str:
+    def answer(self, plan: Plan) -> str:
+        return self._run(plan, False)
+
+    def probe(self, plan: Plan) -> str:
+        return self._run(plan, True)
+
+    def _run(self, plan: Plan, probe: bool) -> str:
         self.runs.append((plan, probe))
         self.clock.advance(self.times[plan])
+        if probe and self.crowding:
+            self.crowding -= 1
+            self.use.overlaps += 1  # a call's operation began meanwhile
         if plan in self.failing:
             raise TimeoutError(f"{plan.value} ran out of time")
         return plan.value
 
 
 def _windows(chooser: PlanChooser, engine: Engine, count: int) -> list[str]:
-    """Answer ``count`` windows, a second apart; the plan of each answer."""
+    """Answer ``count`` windows, a second apart, each probe run to its end; the plan of
+    each answer."""
     answers = []
     for _ in range(count):
-        answers.append(chooser.answer(engine))
+        answers.append(chooser.answer(engine.answer, engine.probe))
+        chooser.join_probe()
         engine.clock.advance(1.0)
     return answers
 
 
 def _chooser(times: dict[Plan, float]) -> tuple[PlanChooser, Engine]:
-    clock = FakeClock()
-    return PlanChooser(60.0, clock.monotonic), Engine(clock, times)
+    clock, use = FakeClock(), Use()
+    return PlanChooser(60.0, use, clock), Engine(clock, times, use)
 
 
 def test_the_buckets_answer_first_then_a_probe_runs_both_and_the_cheaper_answers() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    answers = _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 4)
-    assert answers == ["buckets"] * (FIRST_BUCKET_WINDOWS + 1) + ["query"] * 3
-    probe = FIRST_BUCKET_WINDOWS  # the window after the first ones runs both, buckets first
-    assert engine.runs[probe : probe + 2] == [(Plan.BUCKETS, False), (Plan.QUERY, True)]
+    answers = _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 3)
+    assert answers == ["buckets"] * FIRST_BUCKET_WINDOWS + ["query"] * 3
+    probe = FIRST_BUCKET_WINDOWS  # after the first windows, both plans again, buckets first
+    assert engine.runs[probe : probe + 3] == [
+        (Plan.BUCKETS, True),
+        (Plan.QUERY, True),
+        (Plan.QUERY, False),
+    ]
     assert chooser.ratio == pytest.approx(2.0) and chooser.probes == 1
 
 
@@ -84,14 +114,19 @@ def test_buckets_as_cheap_as_the_query_keep_answering() -> None:
 
 def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 1)  # one probe: the query is chosen
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)  # one probe: the query is chosen
     engine.runs.clear()
     engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper (warmed by the probe)
     _windows(chooser, engine, 20)
     assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no probe
     engine.clock.advance(60.0)
     assert _windows(chooser, engine, 2) == ["query", "query"]  # ratios 2 and 0.25
-    assert engine.runs[20:23] == [(Plan.QUERY, False), (Plan.BUCKETS, True), (Plan.QUERY, False)]
+    assert engine.runs[20:24] == [
+        (Plan.QUERY, False),
+        (Plan.QUERY, True),
+        (Plan.BUCKETS, True),
+        (Plan.QUERY, False),
+    ]
     assert chooser.ratio == pytest.approx(1.125)  # their median: still the query
     engine.clock.advance(60.0)
     assert _windows(chooser, engine, 2) == ["query", "buckets"]  # a third: 0.25
@@ -101,11 +136,44 @@ def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses(
 def test_one_slow_probe_does_not_flip_the_choice() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     for _ in range(3):
-        _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 1)
+        _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
         engine.clock.advance(60.0)
     engine.times[Plan.BUCKETS] = 2.0  # a moment the buckets waited for long
     _windows(chooser, engine, 1)
     assert chooser.probes == 4 and chooser.chosen is Plan.BUCKETS
+
+
+def test_a_probe_waits_until_the_engine_is_alone_and_no_caller_waits_for_it() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    engine.use.idle.clear()  # a call's operation in flight
+    for _ in range(FIRST_BUCKET_WINDOWS):
+        assert chooser.answer(engine.answer, engine.probe) == "buckets"
+    gevent.sleep(0)
+    assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS  # waiting, unseen
+    engine.clock.advance(10.0)
+    assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS
+    engine.use.idle.set()
+    chooser.join_probe()
+    assert engine.runs[FIRST_BUCKET_WINDOWS:] == [(Plan.BUCKETS, True), (Plan.QUERY, True)]
+    assert chooser.chosen is Plan.QUERY
+
+
+def test_a_run_another_operation_overlapped_is_not_counted_and_the_probe_tries_again() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    engine.crowding = 2  # the first attempt's buckets, then the second attempt's buckets
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    probes = [plan for plan, probe in engine.runs if probe]
+    assert probes == [Plan.BUCKETS, Plan.BUCKETS, Plan.BUCKETS, Plan.QUERY]
+    assert chooser.ratio == pytest.approx(2.0) and chooser.probes_crowded == 0
+
+
+def test_a_probe_never_alone_gives_no_ratio_and_a_bounded_number_of_runs() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    engine.crowding = 1_000
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    assert len([run for run in engine.runs if run[1]]) == PROBE_ATTEMPTS
+    assert (chooser.probes, chooser.probes_crowded, chooser.ratio) == (1, 1, None)
+    assert chooser.chosen is Plan.BUCKETS
 
 
 def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:
@@ -117,14 +185,14 @@ def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:
     assert (chooser.probes, chooser.probes_failed, chooser.ratio) == (1, 1, None)
 
 
-def test_the_chosen_plans_failure_is_the_callers() -> None:
+def test_the_chosen_plans_failure_is_the_callers_and_starts_no_probe() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    _windows(chooser, engine, FIRST_BUCKET_WINDOWS - 1)
     engine.failing.add(Plan.BUCKETS)
     with pytest.raises(TimeoutError):
-        chooser.answer(engine)
-    assert engine.runs[-1] == (Plan.BUCKETS, False)  # the probe stopped with it
-    assert chooser.ratio is None
+        chooser.answer(engine.answer, engine.probe)
+    chooser.join_probe()
+    assert engine.runs[-1] == (Plan.BUCKETS, False) and chooser.probes == 0
 
 
 @pytest.fixture
@@ -149,14 +217,25 @@ def _fetch(lookup: CachedLookup, window: Window) -> Any:
     return lookup.fetch(window, Deadline.after_ms(30_000))
 
 
+def _windows_of(lookup: CachedLookup, window: Window, count: int) -> list[Any]:
+    """``count`` answers of ``window``, each probe it starts run to its end before the next."""
+    assert lookup.chooser is not None
+    answers = []
+    for _ in range(count):
+        answers.append(_fetch(lookup, window))
+        lookup.chooser.join_probe()
+    return answers
+
+
 def test_buckets_dearer_than_the_query_send_the_windows_to_the_query(slow_mongo: Any) -> None:
     backend, proxy = slow_mongo
     lookup = _errors(backend, 0, "measured")  # keeps nothing: each window fills and queries
     expected = lookup.inner.fetch(UNEVEN, Deadline.after_ms(30_000))
     proxy.set_delay_ms(COMMAND_DELAY_MS)
-    answers = [_fetch(lookup, UNEVEN) for _ in range(FIRST_BUCKET_WINDOWS + 4)]
+    answers = _windows_of(lookup, UNEVEN, FIRST_BUCKET_WINDOWS + 3)
     assert lookup.chooser is not None and lookup.chooser.chosen is Plan.QUERY
-    assert lookup.store.stats.query_windows == 4  # the one tried, and the three after it
+    assert lookup.chooser.probes == 1 and lookup.chooser.probes_crowded == 0
+    assert lookup.store.stats.query_windows == 3  # the three answers after the probe
     assert all(close_panels(answer, expected) for answer in answers)
 
 
@@ -170,7 +249,31 @@ def test_warm_buckets_cheaper_than_the_query_keep_the_windows(slow_mongo: Any) -
     stats = lookup.store.stats
     misses = stats.misses
     proxy.set_delay_ms(COMMAND_DELAY_MS)
-    answers = [_fetch(lookup, DAY) for _ in range(FIRST_BUCKET_WINDOWS + 4)]
-    assert chooser is not None and chooser.chosen is Plan.BUCKETS
-    assert stats.query_windows == 1 and stats.misses == misses  # only the one try queried
+    answers = _windows_of(lookup, DAY, FIRST_BUCKET_WINDOWS + 3)
+    assert chooser is not None and chooser.chosen is Plan.BUCKETS and chooser.probes == 1
+    assert stats.query_windows == 0 and stats.misses == misses  # only the probe queried
     assert all(close_panels(answer, expected) for answer in answers)
+
+
+def test_a_probe_is_a_trace_of_its_own_and_times_each_plan_alone(
+    slow_mongo: Any, spans: InMemorySpanExporter
+) -> None:
+    backend, proxy = slow_mongo
+    lookup = _errors(backend, 0, "measured")
+    proxy.set_delay_ms(COMMAND_DELAY_MS)
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("caller") as caller:
+        for _ in range(FIRST_BUCKET_WINDOWS):
+            _fetch(lookup, UNEVEN)
+        assert lookup.chooser is not None and lookup.chooser.probes == 1
+        busy = gevent.spawn(_fetch, lookup, DAY)  # a caller's window as the probe starts
+        busy.get()
+    lookup.chooser.join_probe()
+    # The caller's operations overlapped the probe's first try: a second one timed it.
+    assert backend.engine_use.overlaps > 0
+    assert lookup.chooser.ratio is not None and lookup.chooser.probes_failed == 0
+    probes = [span for span in spans.get_finished_spans() if span.name.startswith("fanout.cache")]
+    assert {span.attributes["fanout.cache.probe"] for span in probes} == {"buckets", "query"}
+    assert len(probes) >= 3  # a try overlapped, then both plans alone
+    trace_id = caller.get_span_context().trace_id
+    assert all(span.parent is None and span.context.trace_id != trace_id for span in probes)

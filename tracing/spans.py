@@ -26,6 +26,9 @@ OpenTelemetry packages define)::
                                           fanout.pool.wait_ms, fanout.task.status; a task not
                                           run: status SKIPPED, fanout.task.skip_reason
         <pymongo / requests spans from the official instrumentations, see tracing.clients>
+    fanout.cache.probe <name>   INTERNAL  fanout.task.name, fanout.cache.probe (the plan): a
+                                          cached panel's plan timed for no caller, a root
+        <pymongo spans>
 
 The metric, :class:`CallDurations`: ``rpc.server.call.duration``, one histogram
 (seconds) over every call, from decoding to the reply written, with ``rpc.system.name``
@@ -71,6 +74,7 @@ __all__ = [
     "mark_task_outcome",
     "cut_task_span",
     "skipped_task_span",
+    "probe_span",
     "mark_coalesced",
     "trace_id_hex",
     "follow_parent_sampling",
@@ -259,6 +263,20 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
         finally:
             if span.is_recording():
                 span.end()
+
+
+@contextmanager
+def probe_span(panel: str, plan: str) -> Iterator[Span]:
+    """Open the INTERNAL root span of one run of a cached panel's plan for no caller, to
+    time it (``lookups/cache/plans.py``), current for the block: a trace of its own, as it
+    is no part of any call. An exception is recorded on it and passes through."""
+    with _tracer.start_as_current_span(
+        f"fanout.cache.probe {panel}",
+        context=context_api.Context(),
+        kind=SpanKind.INTERNAL,
+        attributes={"fanout.task.name": panel, "fanout.cache.probe": plan},
+    ) as span:
+        yield span
 
 
 def skipped_task_span(name: str, source: str, reason: str) -> None:

@@ -33,8 +33,8 @@ TITLES = {
     "first design, means of windows minutes apart (`bench.dashboard --plan measured`, "
     "2-minute buckets; its nx-27017 runs were saturated by the uncached load itself)",
     "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
-    " by paired probes (`bench.dashboard --engines nx-27017 --plan measured`, 2-minute "
-    "buckets)",
+    " by its second design, paired probes inside calls (`bench.dashboard --engines nx-27017 "
+    "--plan measured`, 2-minute buckets)",
 }
 #: Text reports the benchmark writes beside its JSON, shown under the run they belong to.
 TEXT_REPORTS = {"results.json": "results.txt"}

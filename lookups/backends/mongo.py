@@ -93,6 +93,11 @@ class MongoBackend(Backend):
     def connections_in_use(self) -> int:
         return self._checked_out.checked_out
 
+    @property
+    def engine_use(self) -> CheckedOutCounter:
+        """This client's operations in flight, to find the engine alone (a cache's probes)."""
+        return self._checked_out
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -118,7 +123,9 @@ def _open_client(settings: MongoBackendSettings, listeners: list[Any]) -> pymong
 
 
 class CheckedOutCounter(monitoring.ConnectionPoolListener):
-    """Counts connections checked out of pymongo's pools (checked out minus checked in).
+    """Counts connections checked out of pymongo's pools (checked out minus checked in):
+    the client's operations in flight, the health check's included (an
+    :class:`~lookups.cache.plans.EngineUse`).
 
     Registered on one client through pymongo's official connection-pool monitoring hook.
     """
@@ -126,18 +133,34 @@ class CheckedOutCounter(monitoring.ConnectionPoolListener):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._checked_out = 0
+        self._overlaps = 0
+        #: Set while no connection is checked out. Setting an event switches to nobody:
+        #: its waiters run later, never inside pymongo's pool code.
+        self.idle = threading.Event()
+        self.idle.set()
 
     @property
     def checked_out(self) -> int:
         return self._checked_out
 
+    @property
+    def overlaps(self) -> int:
+        """Connections checked out while another was out, since the client opened."""
+        return self._overlaps
+
     def connection_checked_out(self, event: monitoring.ConnectionCheckedOutEvent) -> None:
         with self._lock:
             self._checked_out += 1
+            if self._checked_out > 1:
+                self._overlaps += 1
+            else:
+                self.idle.clear()
 
     def connection_checked_in(self, event: monitoring.ConnectionCheckedInEvent) -> None:
         with self._lock:
             self._checked_out -= 1
+            if self._checked_out <= 0:
+                self.idle.set()
 
     # The remaining pool events carry nothing we count.
     def pool_created(self, event: Any) -> None: ...

@@ -62,7 +62,9 @@ def with_cache(
             continue
         backend = lookup.backend
         namespace = f"{backend.name}/{backend.settings.database}"
-        chooser = PlanChooser(settings.replan_ms / 1000) if settings.plan == "measured" else None
+        chooser = None
+        if settings.plan == "measured":
+            chooser = PlanChooser(settings.replan_ms / 1000, backend.engine_use, backend.clock)
         cached[name] = CachedLookup(lookup, parts, store, settings, namespace, merged, chooser)
     return cached
 

@@ -10,7 +10,7 @@ than the panel's one query and each refresh warms the cache further. The sum of 
 parts goes to the panel (:mod:`lookups.mongo_parts`). A window with no whole settled
 bucket, or whose parts cannot be kept whole, is answered by the panel's own query. So,
 with ``cache.plan = "measured"``, is every window while that query costs less than the
-buckets on this engine, timed side by side (:mod:`lookups.cache.plans`). The store never
+buckets on this engine, each timed alone on it (:mod:`lookups.cache.plans`). The store never
 fails a call: what it cannot give is queried.
 """
 
@@ -26,7 +26,7 @@ from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.panel import CachedPanel
-from lookups.cache.plans import Plan, PlanChooser
+from lookups.cache.plans import PROBE_BUDGET_S, Plan, PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.clock import SYSTEM_CLOCK
@@ -43,6 +43,7 @@ from lookups.mongo_parts import (
     subtract_part,
 )
 from lookups.panels import PanelValue, Window
+from tracing.spans import probe_span
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
 
@@ -99,18 +100,28 @@ class CachedLookup(CachedPanel):
             return self.inner.fetch(window, deadline)
         if self.chooser is None:
             return self._from_buckets(window, plan, deadline)
-        return self.chooser.answer(partial(self._by_plan, window, plan, deadline))
+        return self.chooser.answer(
+            partial(self._by_plan, window, plan, deadline), partial(self._probe, window, plan)
+        )
 
     def _by_plan(
-        self, window: Window, plan: BucketPlan, deadline: Deadline, chosen: Plan, probe: bool
+        self, window: Window, plan: BucketPlan, deadline: Deadline, chosen: Plan
     ) -> PanelValue:
-        """The window by ``chosen``; ``probe``: run beside the answer, to time it."""
-        span = trace.get_current_span()
-        span.set_attribute("fanout.cache.probe" if probe else "fanout.cache.plan", chosen.value)
+        """The window by ``chosen``, for its caller."""
+        trace.get_current_span().set_attribute("fanout.cache.plan", chosen.value)
         if chosen is Plan.QUERY:
             self.store.stats.query_windows += 1
             return self.inner.fetch(window, deadline)
         return self._from_buckets(window, plan, deadline)
+
+    def _probe(self, window: Window, plan: BucketPlan, chosen: Plan) -> None:
+        """The window by ``chosen``, for no caller: to time it (:mod:`lookups.cache.plans`)."""
+        deadline = Deadline.after_s(PROBE_BUDGET_S, self.inner.backend.clock)
+        with probe_span(self.name, chosen.value):
+            if chosen is Plan.QUERY:
+                self.inner.fetch(window, deadline)
+            else:
+                self._from_buckets(window, plan, deadline)
 
     def _from_buckets(self, window: Window, plan: BucketPlan, deadline: Deadline) -> PanelValue:
         """The window from the cached buckets, the missing ones filled, and its edges."""

@@ -9,24 +9,29 @@ Where the engine cannot fill many buckets in one query (nx-27017), filling them 
 more than the panel's one query, as Cortex's query-frontend found of its own splits.
 
 So the choice is measured as the panel runs, never taken from the engine's name
-(:class:`PlanChooser`), by **paired probes**: once per ``cache.replan_ms``, one window
-is answered by the chosen plan and then run by the other too, back to back, each timed.
-The ratio of the two times (buckets over query) says which costs less *at that moment*:
-both wait behind the same load, so the engine's queue, a busy event loop or a slow
-network weigh on both, where a comparison of windows answered minutes apart measured the
-load as much as the plan. The median of the last few ratios chooses; the cache's plan
-answers until the first probe, and wherever the two cost the same. A probe of the
-buckets fills what they lack, as their window would, so it measures what going back to
-the buckets costs now, cold buckets included, and warms them for the next probe.
+(:class:`PlanChooser`), by **probes alone on the engine**: once per ``cache.replan_ms``,
+after a window is answered, both plans run for that window again in the background,
+one after the other, each timed, at a moment when this process has nothing else in
+flight on the engine (:class:`EngineUse`). A plan's time alone is what the engine spends
+on it, plus the round trips. Under load it is not: a query's time is then mostly its
+wait, behind the engine's queue or, on an engine that runs many queries side by side
+(FerretDB 2 on PostgreSQL), beside them, and a plan of two round trips waits twice. An
+earlier design timed both plans back to back inside a call, under the dashboard's own
+load, and chose the query on FerretDB 2 where the buckets cost the database a
+twentieth of it. A run that another operation overlapped (a call's panel, a health
+check) is not counted, and the probe tries again at the next quiet moment, a few times
+within half a period. The median of the last few ratios (buckets over query) chooses;
+the cache's plan answers until the first probe, and wherever the two cost the same. A
+probe of the buckets fills what they lack, as their window would, so it measures what
+going back to the buckets costs now, cold buckets included, and warms them.
 
-What a probe costs: one window in ``replan_ms`` runs both plans, and its caller waits
-for both; nothing else is added. The other plan's failure (its own deadline, an engine
-error) fails nothing: that probe gives no ratio.
-
-Where it is wrong: on an engine that runs many queries side by side (FerretDB 2 on
-PostgreSQL), a query's time under load is mostly its wait, not what the engine spends
-on it, and the dashboard bench found the probes choosing the query there too, where the
-buckets cost the database far less. Hence ``cache.plan = "measured"`` is not the default.
+What a probe costs: both plans of one window per panel and ``replan_ms``, run when the
+engine is otherwise idle, so no caller waits for them; a call arriving meanwhile waits
+at most for the operation running then (on an engine that serves one command at a
+time). The probe runs in a greenlet and a trace of its own (it is nobody's call); it is
+bounded by :data:`PROBE_BUDGET_S` a plan, and a failure fails nothing: that probe gives
+no ratio. What "alone" cannot see: other processes' work on the same engine (other
+instances, other applications), which only makes a probe noisier.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ import statistics
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
-from lookups.clock import SYSTEM_CLOCK
+import gevent
 
-__all__ = ["Plan", "PlanChooser", "ByPlan"]
+from lookups.clock import SYSTEM_CLOCK, Clock, Waitable
+
+__all__ = ["Plan", "PlanChooser", "EngineUse", "PROBE_BUDGET_S"]
 
 T = TypeVar("T")
 
@@ -48,6 +55,10 @@ T = TypeVar("T")
 FIRST_BUCKET_WINDOWS = 3
 #: Probes whose ratios the choice takes the median of: one slow moment does not flip it.
 PROBES_KEPT = 5
+#: Each plan of a probe gets this long: a plan slower than that alone has lost anyway.
+PROBE_BUDGET_S = 5.0
+#: Quiet moments a probe tries, within half a replan period, before it gives up.
+PROBE_ATTEMPTS = 5
 
 
 class Plan(Enum):
@@ -57,30 +68,40 @@ class Plan(Enum):
     QUERY = "query"  # the panel's own query over the whole window
 
 
-#: Runs a window by ``plan``; ``probe`` is True for the plan run beside the answer.
-ByPlan = Callable[[Plan, bool], T]
+class EngineUse(Protocol):
+    """What this process has in flight on one engine: its backend's operations."""
+
+    @property
+    def idle(self) -> Waitable:
+        """Set while no operation is in flight."""
+        ...
+
+    @property
+    def overlaps(self) -> int:
+        """Operations begun while another was in flight, since the backend opened."""
+        ...
 
 
 class PlanChooser:
-    """The plan of each window of one panel, by paired probes of both plans.
+    """The plan of each window of one panel, by probes of both plans alone on the engine.
 
     :meth:`answer` answers a window. Not thread-safe: one event loop's greenlets share
     it, as they share the panel.
     """
 
-    def __init__(
-        self, replan_s: float, clock: Callable[[], float] = SYSTEM_CLOCK.monotonic
-    ) -> None:
-        """``replan_s``: how often a window probes both plans; ``clock``: monotonic
-        seconds."""
+    def __init__(self, replan_s: float, use: EngineUse, clock: Clock = SYSTEM_CLOCK) -> None:
+        """``replan_s``: how often a window is probed; ``use``: the engine's operations in
+        flight, to find it alone; ``clock``: the service's."""
         self._replan_s = replan_s
-        self._clock = clock
+        self._use, self._clock = use, clock
         self._ratios: deque[float] = deque(maxlen=PROBES_KEPT)
         self._bucket_windows = 0
         self._probed_at: float | None = None
-        #: Probes made, and those of which the other plan failed (no ratio).
+        self._prober: gevent.Greenlet | None = None
+        #: Probes started; those of which a plan failed, and those never alone (no ratio).
         self.probes = 0
         self.probes_failed = 0
+        self.probes_crowded = 0
 
     @property
     def ratio(self) -> float | None:
@@ -93,29 +114,25 @@ class PlanChooser:
         ratio = self.ratio
         return Plan.QUERY if ratio is not None and ratio > 1.0 else Plan.BUCKETS
 
-    def answer(self, by_plan: ByPlan[T]) -> T:
-        """``by_plan(plan, False)`` for the chosen plan; on a probe's window, then
-        ``by_plan(other, True)`` too, both timed."""
+    def answer(self, by_plan: Callable[[Plan], T], probe: Callable[[Plan], Any]) -> T:
+        """``by_plan(chosen)``; when a probe is due, ``probe(plan)`` then runs each plan in
+        the background, alone on the engine, to time it."""
         chosen = self.chosen
-        if not self._probe_due(chosen):
-            value = by_plan(chosen, False)
-            if chosen is Plan.BUCKETS:
-                self._bucket_windows += 1
-            return value
-        self._probed_at = self._clock()
-        self.probes += 1
-        started = self._clock()
-        value = by_plan(chosen, False)
-        chosen_s = self._clock() - started
-        other = Plan.QUERY if chosen is Plan.BUCKETS else Plan.BUCKETS
-        started = self._clock()
-        try:
-            by_plan(other, True)
-        except Exception:  # noqa: BLE001 - the caller has its answer: the probe gives no ratio
-            self.probes_failed += 1
-            return value
-        self.record(chosen, chosen_s, other, self._clock() - started)
+        value = by_plan(chosen)
+        if chosen is Plan.BUCKETS:
+            self._bucket_windows += 1
+        if self._probe_due():
+            self._probed_at = self._clock.monotonic()
+            self.probes += 1
+            # A greenlet starts with an empty context: the probe is no part of this call.
+            self._prober = gevent.spawn(self._probe, chosen, probe)
         return value
+
+    def join_probe(self, timeout_s: float | None = None) -> None:
+        """Wait for the probe running now, if any, to end."""
+        prober = self._prober
+        if prober is not None:
+            prober.join(timeout_s)
 
     def record(self, first: Plan, first_s: float, second: Plan, second_s: float) -> None:
         """A probe: ``first`` took ``first_s``, ``second`` (the other plan) ``second_s``."""
@@ -125,7 +142,36 @@ class PlanChooser:
         else:  # below the clock's tick: the query is the cheaper unless both were
             self._ratios.append(float("inf") if buckets_s > 0 else 1.0)
 
-    def _probe_due(self, chosen: Plan) -> bool:
+    def _probe_due(self) -> bool:
+        if self._prober is not None:
+            return False
         if self._probed_at is None:
-            return chosen is Plan.BUCKETS and self._bucket_windows >= FIRST_BUCKET_WINDOWS
-        return self._clock() - self._probed_at >= self._replan_s
+            return self._bucket_windows >= FIRST_BUCKET_WINDOWS
+        return self._clock.monotonic() - self._probed_at >= self._replan_s
+
+    def _probe(self, first: Plan, run: Callable[[Plan], Any]) -> None:
+        """Both plans, each timed alone on the engine, at the first quiet moments."""
+        second = Plan.QUERY if first is Plan.BUCKETS else Plan.BUCKETS
+        until = self._clock.monotonic() + self._replan_s / 2
+        try:
+            for _ in range(PROBE_ATTEMPTS):
+                if not self._clock.wait(self._use.idle, until):
+                    break
+                first_s = self._alone(run, first)
+                second_s = self._alone(run, second) if first_s is not None else None
+                if first_s is not None and second_s is not None:
+                    self.record(first, first_s, second, second_s)
+                    return
+            self.probes_crowded += 1
+        except Exception:  # noqa: BLE001 - a probe answers no caller: it gives no ratio
+            self.probes_failed += 1
+        finally:
+            self._prober = None
+
+    def _alone(self, run: Callable[[Plan], Any], plan: Plan) -> float | None:
+        """How long ``run(plan)`` took, or None if another operation overlapped it."""
+        overlaps = self._use.overlaps
+        started = self._clock.monotonic()
+        run(plan)
+        took = self._clock.monotonic() - started
+        return took if self._use.overlaps == overlaps else None

@@ -75,7 +75,7 @@ class CacheSettings:
         metadata={
             "help": "how a MongoDB panel's window is answered: `buckets`, from the cached "
             "buckets; `measured`, by whichever of the buckets or the panel's own query cost "
-            "less on this engine when both last ran side by side (see "
+            "less on this engine when both last ran alone on it (see "
             "[Results cache](../explanation/results-cache.md))",
             "choices": ("buckets", "measured"),
         },
@@ -83,8 +83,9 @@ class CacheSettings:
     replan_ms: int = field(
         default=60_000,
         metadata={
-            "help": 'with `plan = "measured"`, how often one window runs both plans, side by '
-            "side, to time them: a change in what each costs is seen within a few periods",
+            "help": 'with `plan = "measured"`, how often one window runs both plans again, '
+            "each alone on the engine, to time them: a change in what each costs is seen "
+            "within a few periods",
             "min": 100,
         },
     )

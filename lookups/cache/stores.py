@@ -34,9 +34,9 @@ class CacheStats:
     fills: int = 0
     evictions: int = 0
     direct: int = 0
-    #: Windows the panel's own query ran for, because it measured cheaper here than the
-    #: buckets or to time it beside them (``cache.plan = "measured"``,
-    #: :mod:`lookups.cache.plans`).
+    #: Windows the panel's own query answered, because it measured cheaper here than the
+    #: buckets (``cache.plan = "measured"``, :mod:`lookups.cache.plans`; its probes,
+    #: run for no caller, are not counted).
     query_windows: int = 0
     redis_errors: int = 0
     bytes: int = 0

@@ -344,8 +344,8 @@ for _name, _field, _unit, _description in (
         "fanout.cache.query_windows",
         "query_windows",
         "{window}",
-        "Windows the panel's own query ran for: it measured cheaper on this engine than "
-        "the cached buckets, or a probe timed it beside them",
+        "Windows the panel's own query answered: it measured cheaper on this engine than "
+        "the cached buckets (its probes, run for no caller, are not counted)",
     ),
     (
         "fanout.cache.redis_errors",
