@@ -15,12 +15,12 @@ one after the other, each timed, at a moment when this process has nothing else 
 flight on the engine (:class:`EngineUse`). A plan's time alone is what the engine spends
 on it, plus the round trips. Under load it is not: a query's time is then mostly its
 wait, behind the engine's queue or, on an engine that runs many queries side by side
-(FerretDB 2 on PostgreSQL), beside them, and a plan of two round trips waits twice. An
-earlier design timed both plans back to back inside a call, under the dashboard's own
-load, and chose the query on FerretDB 2 where the buckets cost the database a
-twentieth of it. A run that another operation overlapped (a call's panel, a health
-check) is not counted, and the probe tries again at the next quiet moment, a few times
-within half a period. The median of the last few ratios (buckets over query) chooses;
+(FerretDB 2 on PostgreSQL), beside them, and a plan of two round trips waits twice. The
+previous design timed both plans back to back inside a call, under the dashboard's own
+load, and chose the query on FerretDB 2 where the buckets cost the database far less.
+A run that another operation overlapped (a call's panel, a health check) is not
+counted, and the probe tries again at the next quiet moment, a few times within half a
+period. The median of the last few ratios (buckets over query) chooses;
 the cache's plan answers until the first probe, and wherever the two cost the same. A
 probe of the buckets fills what they lack, as their window would, so it measures what
 going back to the buckets costs now, cold buckets included, and warms them.
