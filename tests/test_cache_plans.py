@@ -20,7 +20,13 @@ from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
 from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
-from lookups.cache.plans import FIRST_BUCKET_WINDOWS, PROBE_ATTEMPTS, Plan, PlanChooser
+from lookups.cache.plans import (
+    FIRST_BUCKET_WINDOWS,
+    PROBE_ATTEMPTS,
+    QUIET_WAIT_S,
+    Plan,
+    PlanChooser,
+)
 from lookups.cache.stores import MemoryStore
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup
@@ -150,7 +156,7 @@ def test_a_probe_waits_until_the_engine_is_alone_and_no_caller_waits_for_it() ->
         assert chooser.answer(engine.answer, engine.probe) == "buckets"
     gevent.sleep(0)
     assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS  # waiting, unseen
-    engine.clock.advance(10.0)
+    engine.clock.advance(QUIET_WAIT_S / 2)
     assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS
     engine.use.idle.set()
     chooser.join_probe()
@@ -167,13 +173,29 @@ def test_a_run_another_operation_overlapped_is_not_counted_and_the_probe_tries_a
     assert chooser.ratio == pytest.approx(2.0) and chooser.probes_crowded == 0
 
 
-def test_a_probe_never_alone_gives_no_ratio_and_a_bounded_number_of_runs() -> None:
+def test_a_probe_never_alone_times_both_plans_under_load_on_its_last_try() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
     engine.crowding = 1_000
     _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
-    assert len([run for run in engine.runs if run[1]]) == PROBE_ATTEMPTS
-    assert (chooser.probes, chooser.probes_crowded, chooser.ratio) == (1, 1, None)
-    assert chooser.chosen is Plan.BUCKETS
+    probes = [plan for plan, probe in engine.runs if probe]
+    # Each try stops at its first plan overlapped; the last runs both.
+    assert probes == [Plan.BUCKETS] * PROBE_ATTEMPTS + [Plan.QUERY]
+    assert (chooser.probes, chooser.probes_crowded, chooser.chosen) == (1, 1, Plan.QUERY)
+    assert chooser.ratio == pytest.approx(2.0)
+
+
+def test_an_engine_never_idle_is_timed_under_load_once_the_wait_for_quiet_ends() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    engine.use.idle.clear()  # this process always has an operation there
+    for _ in range(FIRST_BUCKET_WINDOWS):
+        chooser.answer(engine.answer, engine.probe)
+    gevent.sleep(0)
+    engine.clock.advance(QUIET_WAIT_S - 0.5)
+    assert chooser.ratio is None  # still waiting for a quiet moment
+    engine.clock.advance(1.0)
+    chooser.join_probe()
+    assert [run for run in engine.runs if run[1]] == [(Plan.BUCKETS, True), (Plan.QUERY, True)]
+    assert chooser.chosen is Plan.QUERY and chooser.probes_crowded == 1
 
 
 def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:

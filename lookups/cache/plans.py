@@ -19,8 +19,12 @@ wait, behind the engine's queue or, on an engine that runs many queries side by 
 previous design timed both plans back to back inside a call, under the dashboard's own
 load, and chose the query on FerretDB 2 where the buckets cost the database far less.
 A run that another operation overlapped (a call's panel, a health check) is not
-counted, and the probe tries again at the next quiet moment, a few times within half a
-period. The median of the last few ratios (buckets over query) chooses;
+counted, and the probe tries again at the next quiet moment, a few times. An engine this
+process never leaves alone (the cache's own plan saturates it: nx-27017 serving the
+buckets' fills) is timed as the previous design timed it, both plans back to back under
+the load of that moment, on the probe's last try: on an engine that serves one command at
+a time both then wait behind the same queue, and the difference is their work.
+The median of the last few ratios (buckets over query) chooses;
 the cache's plan answers until the first probe, and wherever the two cost the same. A
 probe of the buckets fills what they lack, as their window would, so it measures what
 going back to the buckets costs now, cold buckets included, and warms them.
@@ -57,8 +61,10 @@ FIRST_BUCKET_WINDOWS = 3
 PROBES_KEPT = 5
 #: Each plan of a probe gets this long: a plan slower than that alone has lost anyway.
 PROBE_BUDGET_S = 5.0
-#: Quiet moments a probe tries, within half a replan period, before it gives up.
+#: Quiet moments a probe tries before it times both plans under the load of the moment.
 PROBE_ATTEMPTS = 5
+#: How long a probe waits for a quiet moment (half a replan period, if shorter).
+QUIET_WAIT_S = 5.0
 
 
 class Plan(Enum):
@@ -98,7 +104,8 @@ class PlanChooser:
         self._bucket_windows = 0
         self._probed_at: float | None = None
         self._prober: gevent.Greenlet | None = None
-        #: Probes started; those of which a plan failed, and those never alone (no ratio).
+        #: Probes started; those of which a plan failed (no ratio), and those never alone
+        #: (timed under load).
         self.probes = 0
         self.probes_failed = 0
         self.probes_crowded = 0
@@ -150,28 +157,40 @@ class PlanChooser:
         return self._clock.monotonic() - self._probed_at >= self._replan_s
 
     def _probe(self, first: Plan, run: Callable[[Plan], Any]) -> None:
-        """Both plans, each timed alone on the engine, at the first quiet moments."""
+        """Both plans, each timed alone on the engine, at the first quiet moments; if none
+        comes, both back to back under the load of the moment (its last try)."""
         second = Plan.QUERY if first is Plan.BUCKETS else Plan.BUCKETS
-        until = self._clock.monotonic() + self._replan_s / 2
+        until = self._clock.monotonic() + min(self._replan_s / 2, QUIET_WAIT_S)
         try:
-            for _ in range(PROBE_ATTEMPTS):
-                if not self._clock.wait(self._use.idle, until):
-                    break
-                first_s = self._alone(run, first)
-                second_s = self._alone(run, second) if first_s is not None else None
-                if first_s is not None and second_s is not None:
-                    self.record(first, first_s, second, second_s)
+            for attempt in range(PROBE_ATTEMPTS):
+                quiet = self._clock.wait(self._use.idle, until)
+                last = not quiet or attempt == PROBE_ATTEMPTS - 1
+                times = self._pair(run, first, second, whole=last)
+                if times is None:
+                    continue
+                alone = quiet and times[2]
+                if alone or last:
+                    self.record(first, times[0], second, times[1])
+                    self.probes_crowded += not alone
                     return
-            self.probes_crowded += 1
         except Exception:  # noqa: BLE001 - a probe answers no caller: it gives no ratio
             self.probes_failed += 1
         finally:
             self._prober = None
 
-    def _alone(self, run: Callable[[Plan], Any], plan: Plan) -> float | None:
-        """How long ``run(plan)`` took, or None if another operation overlapped it."""
+    def _pair(
+        self, run: Callable[[Plan], Any], first: Plan, second: Plan, whole: bool
+    ) -> tuple[float, float, bool] | None:
+        """Each plan's time, and whether no other operation overlapped them; None when one
+        overlapped the first and ``whole`` is false (the second is not run for nothing)."""
         overlaps = self._use.overlaps
+        first_s = self._timed(run, first)
+        if not whole and self._use.overlaps != overlaps:
+            return None
+        second_s = self._timed(run, second)
+        return first_s, second_s, self._use.overlaps == overlaps
+
+    def _timed(self, run: Callable[[Plan], Any], plan: Plan) -> float:
         started = self._clock.monotonic()
         run(plan)
-        took = self._clock.monotonic() - started
-        return took if self._use.overlaps == overlaps else None
+        return self._clock.monotonic() - started
