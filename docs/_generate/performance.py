@@ -32,6 +32,9 @@ TITLES = {
     "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"`, its '
     "first design, means of windows minutes apart (`bench.dashboard --plan measured`, "
     "2-minute buckets; its nx-27017 runs were saturated by the uncached load itself)",
+    "dashboard-alone-probes.json": 'The results cache with `cache.plan = "measured"` by '
+    "probes alone on the engine, its third design (`bench.dashboard --plan measured`, "
+    "2-minute buckets; the engines' runs at two commits, as `runs` says)",
     "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
     " by its second design, paired probes inside calls (`bench.dashboard --engines nx-27017 "
     "--plan measured`, 2-minute buckets)",
