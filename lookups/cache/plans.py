@@ -23,19 +23,20 @@ counted, and the probe tries again at the next quiet moment, a few times. An eng
 process never leaves alone (the cache's own plan saturates it: nx-27017 serving the
 buckets' fills) is timed as the previous design timed it, both plans back to back under
 the load of that moment, on the probe's last try: on an engine that serves one command at
-a time both then wait behind the same queue, and the difference is their work.
-The median of the last few ratios (buckets over query) chooses;
-the cache's plan answers until the first probe, and wherever the two cost the same. A
-probe of the buckets fills what they lack, as their window would, so it measures what
-going back to the buckets costs now, cold buckets included, and warms them.
+a time both then wait behind the same queue, and the difference is their work. The
+median of the last few ratios (buckets over query) chooses; the cache's plan answers
+until the first probe, and wherever the two cost the same. A probe of the buckets fills
+what they lack, as their window would, so it measures what going back to the buckets
+costs now, cold buckets included, and warms them.
 
 What a probe costs: both plans of one window per panel and ``replan_ms``, run when the
-engine is otherwise idle, so no caller waits for them; a call arriving meanwhile waits
-at most for the operation running then (on an engine that serves one command at a
-time). The probe runs in a greenlet and a trace of its own (it is nobody's call); it is
-bounded by :data:`PROBE_BUDGET_S` a plan, and a failure fails nothing: that probe gives
-no ratio. What "alone" cannot see: other processes' work on the same engine (other
-instances, other applications), which only makes a probe noisier.
+engine is otherwise idle (or, never alone, once under its load), so no caller waits for
+them; a call arriving meanwhile waits at most for the operation running then (on an
+engine that serves one command at a time). The probe runs in a greenlet and a trace of
+its own (it is nobody's call); it is bounded by :data:`PROBE_BUDGET_S` a plan, and a
+failure fails nothing: that probe gives no ratio. What "alone" cannot see: other
+processes' work on the same engine (other instances, other applications), which only
+makes a probe noisier.
 """
 
 from __future__ import annotations
