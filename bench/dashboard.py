@@ -25,7 +25,7 @@ runs, each on a fresh ``fanout serve``:
 FerretDB 2 runs all four; nx-27017 the first two (the last two are about Redis, not the
 engine). For each run: the database's CPU (the engine's processes, from ``/proc``) per
 call, raw and less what the engine spent idle over 5 s just before (its own background
-work), MongoDB operations per call (``fanout_backend_attempts_total``), the windows the
+work; read once no probe of the measured plan runs), MongoDB operations per call (``fanout_backend_attempts_total``), the windows the
 panels' own queries answered (``fanout_cache_query_windows_total``), Fanout's CPU per
 call (idle included, and less its idle), p50 and p99, failed calls, and the buckets' hit
 ratio. Every answer of a cached run is then compared with the same call asked ``fresh``
@@ -117,6 +117,7 @@ def measure(
 ) -> None:
     """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
     ``midway()`` is called halfway, and the second half is measured apart too."""
+    _wait_for_probes(instances)
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
     ops0, hits0, misses0, query0, _ = _counters(instances)
@@ -202,6 +203,17 @@ def measure(
 
 def _calls(run: Run) -> int:
     return len(run.latencies_ms) + sum(run.failures.values())
+
+
+def _wait_for_probes(instances: list[Instance], timeout_s: float = 60.0) -> None:
+    """Until no instance runs a probe of the measured plan (a minute at most): the engine's
+    idle work is read next, and a probe then would count as the engine's own."""
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        scrapes = [instance.scrape() for instance in instances]
+        if not sum(series_sum(s, "fanout_cache_probes_running") for s in scrapes):
+            return
+        gevent.sleep(0.5)
 
 
 def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[float, float]:

@@ -8,6 +8,7 @@ either cost more than the query (a cache that keeps nothing) or nothing at all (
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import gevent
@@ -21,13 +22,14 @@ from lookups.backends.settings import MongoBackendSettings
 from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
 from lookups.cache.plans import (
-    FIRST_BUCKET_WINDOWS,
+    MAX_REPLAN_FACTOR,
     PROBE_ATTEMPTS,
+    PROBES_KEPT,
     QUIET_WAIT_S,
     Plan,
     PlanChooser,
 )
-from lookups.cache.stores import MemoryStore
+from lookups.cache.stores import CacheStats, MemoryStore
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup
 from lookups.panels import Window
@@ -96,33 +98,57 @@ def _windows(chooser: PlanChooser, engine: Engine, count: int) -> list[str]:
 
 def _chooser(times: dict[Plan, float]) -> tuple[PlanChooser, Engine]:
     clock, use = FakeClock(), Use()
-    return PlanChooser(60.0, use, clock), Engine(clock, times, use)
+    return PlanChooser(60.0, use, CacheStats(), clock), Engine(clock, times, use)
 
 
-def test_the_buckets_answer_first_then_a_probe_runs_both_and_the_cheaper_answers() -> None:
-    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    answers = _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 3)
-    assert answers == ["buckets"] * FIRST_BUCKET_WINDOWS + ["query"] * 3
-    probe = FIRST_BUCKET_WINDOWS  # after the first windows, both plans again, buckets first
-    assert engine.runs[probe : probe + 3] == [
-        (Plan.BUCKETS, True),
-        (Plan.QUERY, True),
+def test_the_query_answers_first_then_a_probe_warms_and_times_both_and_the_cheaper_answers() -> (
+    None
+):
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
+    answers = _windows(chooser, engine, 4)
+    assert answers == ["query"] + ["buckets"] * 3
+    assert engine.runs[:4] == [
         (Plan.QUERY, False),
+        (Plan.BUCKETS, True),  # the buckets filled, untimed
+        (Plan.QUERY, True),
+        (Plan.BUCKETS, True),
     ]
-    assert chooser.ratio == pytest.approx(2.0) and chooser.probes == 1
+    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.probes == 1
 
 
-def test_buckets_as_cheap_as_the_query_keep_answering() -> None:
+def test_buckets_as_dear_as_the_query_answer_nothing() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.2, Plan.QUERY: 0.2})
-    assert set(_windows(chooser, engine, FIRST_BUCKET_WINDOWS + 4)) == {"buckets"}
-    assert chooser.chosen is Plan.BUCKETS and chooser.ratio == pytest.approx(1.0)
+    assert set(_windows(chooser, engine, 5)) == {"query"}
+    assert chooser.chosen is Plan.QUERY and chooser.ratio == pytest.approx(1.0)
+
+
+def test_probes_that_agree_come_ever_later_and_a_change_brings_them_back() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    probed_at = []
+    for _ in range(150):  # a window about every 10 s
+        probes = chooser.stats.probes
+        _windows(chooser, engine, 1)
+        if chooser.stats.probes > probes:
+            probed_at.append(engine.clock.monotonic())
+        engine.clock.advance(9.0)
+    gaps = [later - earlier for earlier, later in pairwise(probed_at)]
+    periods = [60.0, 120.0, 240.0, 60.0 * MAX_REPLAN_FACTOR, 60.0 * MAX_REPLAN_FACTOR]
+    assert len(gaps) == len(periods)
+    assert all(period <= gap < period + 12 for gap, period in zip(gaps, periods))
+    engine.times[Plan.BUCKETS] = 0.01  # the buckets got cheaper: the choice changes
+    engine.clock.advance(chooser.period_s)
+    for _ in range(PROBES_KEPT // 2 + 1):  # until they are most of the kept ratios
+        assert chooser.chosen is Plan.QUERY
+        _windows(chooser, engine, 1)
+        engine.clock.advance(chooser.period_s)
+    assert chooser.chosen is Plan.BUCKETS and chooser.period_s == 60.0
 
 
 def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)  # one probe: the query is chosen
+    _windows(chooser, engine, 1)  # one probe: the query stays
     engine.runs.clear()
-    engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper (warmed by the probe)
+    engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper
     _windows(chooser, engine, 20)
     assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no probe
     engine.clock.advance(60.0)
@@ -134,87 +160,94 @@ def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses(
         (Plan.QUERY, False),
     ]
     assert chooser.ratio == pytest.approx(1.125)  # their median: still the query
-    engine.clock.advance(60.0)
+    engine.clock.advance(120.0)  # the choice stayed: the period doubled
     assert _windows(chooser, engine, 2) == ["query", "buckets"]  # a third: 0.25
-    assert chooser.probes == 3 and chooser.chosen is Plan.BUCKETS
+    assert chooser.stats.probes == 3 and chooser.chosen is Plan.BUCKETS
 
 
 def test_one_slow_probe_does_not_flip_the_choice() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     for _ in range(3):
-        _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
-        engine.clock.advance(60.0)
+        _windows(chooser, engine, 1)
+        engine.clock.advance(chooser.period_s)
     engine.times[Plan.BUCKETS] = 2.0  # a moment the buckets waited for long
     _windows(chooser, engine, 1)
-    assert chooser.probes == 4 and chooser.chosen is Plan.BUCKETS
+    assert chooser.stats.probes == 4 and chooser.chosen is Plan.BUCKETS
 
 
 def test_a_probe_waits_until_the_engine_is_alone_and_no_caller_waits_for_it() -> None:
-    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.use.idle.clear()  # a call's operation in flight
-    for _ in range(FIRST_BUCKET_WINDOWS):
-        assert chooser.answer(engine.answer, engine.probe) == "buckets"
+    assert chooser.answer(engine.answer, engine.probe) == "query"
     gevent.sleep(0)
-    assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS  # waiting, unseen
+    assert engine.runs == [(Plan.QUERY, False)]  # waiting, unseen
     engine.clock.advance(QUIET_WAIT_S / 2)
-    assert engine.runs == [(Plan.BUCKETS, False)] * FIRST_BUCKET_WINDOWS
+    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.probes_running == 1
     engine.use.idle.set()
     chooser.join_probe()
-    assert engine.runs[FIRST_BUCKET_WINDOWS:] == [(Plan.BUCKETS, True), (Plan.QUERY, True)]
-    assert chooser.chosen is Plan.QUERY
+    assert chooser.stats.probes_running == 0
+    assert engine.runs[1:] == [(Plan.BUCKETS, True), (Plan.QUERY, True), (Plan.BUCKETS, True)]
+    assert chooser.chosen is Plan.BUCKETS
 
 
 def test_a_run_another_operation_overlapped_is_not_counted_and_the_probe_tries_again() -> None:
-    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    engine.crowding = 2  # the first attempt's buckets, then the second attempt's buckets
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
+    engine.crowding = 3  # the filling run, then the first two attempts' queries
+    _windows(chooser, engine, 1)
     probes = [plan for plan, probe in engine.runs if probe]
-    assert probes == [Plan.BUCKETS, Plan.BUCKETS, Plan.BUCKETS, Plan.QUERY]
-    assert chooser.ratio == pytest.approx(2.0) and chooser.probes_crowded == 0
+    assert probes == [Plan.BUCKETS, Plan.QUERY, Plan.QUERY, Plan.QUERY, Plan.BUCKETS]
+    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.probes_crowded == 0
 
 
 def test_a_probe_never_alone_times_both_plans_under_load_on_its_last_try() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
     engine.crowding = 1_000
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS)
+    _windows(chooser, engine, 1)
     probes = [plan for plan, probe in engine.runs if probe]
-    # Each try stops at its first plan overlapped; the last runs both.
-    assert probes == [Plan.BUCKETS] * PROBE_ATTEMPTS + [Plan.QUERY]
-    assert (chooser.probes, chooser.probes_crowded, chooser.chosen) == (1, 1, Plan.QUERY)
+    # The buckets filled; each try stops at its first plan overlapped; the last runs both.
+    assert probes == [Plan.BUCKETS] + [Plan.QUERY] * PROBE_ATTEMPTS + [Plan.BUCKETS]
+    assert (chooser.stats.probes, chooser.stats.probes_crowded, chooser.chosen) == (
+        1,
+        1,
+        Plan.QUERY,
+    )
     assert chooser.ratio == pytest.approx(2.0)
 
 
 def test_an_engine_never_idle_is_timed_under_load_once_the_wait_for_quiet_ends() -> None:
-    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.use.idle.clear()  # this process always has an operation there
-    for _ in range(FIRST_BUCKET_WINDOWS):
-        chooser.answer(engine.answer, engine.probe)
+    chooser.answer(engine.answer, engine.probe)
     gevent.sleep(0)
-    engine.clock.advance(QUIET_WAIT_S - 0.5)
-    assert chooser.ratio is None  # still waiting for a quiet moment
-    engine.clock.advance(1.0)
+    for _ in range(2):  # the wait to fill the buckets, then the wait to time both plans
+        engine.clock.advance(QUIET_WAIT_S - 0.5)
+        gevent.sleep(0)
+        assert chooser.ratio is None  # still waiting for a quiet moment
+        engine.clock.advance(1.0)
+        gevent.sleep(0)
     chooser.join_probe()
-    assert [run for run in engine.runs if run[1]] == [(Plan.BUCKETS, True), (Plan.QUERY, True)]
-    assert chooser.chosen is Plan.QUERY and chooser.probes_crowded == 1
+    assert [run for run in engine.runs if run[1]] == [
+        (Plan.BUCKETS, True),
+        (Plan.QUERY, True),
+        (Plan.BUCKETS, True),
+    ]
+    assert chooser.chosen is Plan.BUCKETS and chooser.stats.probes_crowded == 1
 
 
 def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
-    engine.failing.add(Plan.QUERY)
-    assert _windows(chooser, engine, FIRST_BUCKET_WINDOWS + 2) == ["buckets"] * (
-        FIRST_BUCKET_WINDOWS + 2
-    )
-    assert (chooser.probes, chooser.probes_failed, chooser.ratio) == (1, 1, None)
+    engine.failing.add(Plan.BUCKETS)
+    assert _windows(chooser, engine, 3) == ["query"] * 3
+    assert (chooser.stats.probes, chooser.stats.probes_failed, chooser.ratio) == (1, 1, None)
 
 
 def test_the_chosen_plans_failure_is_the_callers_and_starts_no_probe() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
-    _windows(chooser, engine, FIRST_BUCKET_WINDOWS - 1)
-    engine.failing.add(Plan.BUCKETS)
+    engine.failing.add(Plan.QUERY)
     with pytest.raises(TimeoutError):
         chooser.answer(engine.answer, engine.probe)
     chooser.join_probe()
-    assert engine.runs[-1] == (Plan.BUCKETS, False) and chooser.probes == 0
+    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.probes == 0
 
 
 @pytest.fixture
@@ -254,10 +287,11 @@ def test_buckets_dearer_than_the_query_send_the_windows_to_the_query(slow_mongo:
     lookup = _errors(backend, 0, "measured")  # keeps nothing: each window fills and queries
     expected = lookup.inner.fetch(UNEVEN, Deadline.after_ms(30_000))
     proxy.set_delay_ms(COMMAND_DELAY_MS)
-    answers = _windows_of(lookup, UNEVEN, FIRST_BUCKET_WINDOWS + 3)
+    answers = _windows_of(lookup, UNEVEN, 4)
     assert lookup.chooser is not None and lookup.chooser.chosen is Plan.QUERY
-    assert lookup.chooser.probes == 1 and lookup.chooser.probes_crowded == 0
-    assert lookup.store.stats.query_windows == 3  # the three answers after the probe
+    assert lookup.chooser.ratio is not None and lookup.chooser.ratio > 1.0
+    assert lookup.chooser.stats.probes == 1 and lookup.chooser.stats.probes_crowded == 0
+    assert lookup.store.stats.query_windows == 4  # every answer: the buckets never won
     assert all(close_panels(answer, expected) for answer in answers)
 
 
@@ -271,9 +305,11 @@ def test_warm_buckets_cheaper_than_the_query_keep_the_windows(slow_mongo: Any) -
     stats = lookup.store.stats
     misses = stats.misses
     proxy.set_delay_ms(COMMAND_DELAY_MS)
-    answers = _windows_of(lookup, DAY, FIRST_BUCKET_WINDOWS + 3)
-    assert chooser is not None and chooser.chosen is Plan.BUCKETS and chooser.probes == 1
-    assert stats.query_windows == 0 and stats.misses == misses  # only the probe queried
+    answers = _windows_of(lookup, DAY, 4)
+    assert chooser is not None and chooser.chosen is Plan.BUCKETS and chooser.stats.probes == 1
+    # The first answer, before the probe, was the query's; the probe and the buckets since
+    # missed nothing.
+    assert stats.query_windows == 1 and stats.misses == misses
     assert all(close_panels(answer, expected) for answer in answers)
 
 
@@ -285,17 +321,16 @@ def test_a_probe_is_a_trace_of_its_own_and_times_each_plan_alone(
     proxy.set_delay_ms(COMMAND_DELAY_MS)
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("caller") as caller:
-        for _ in range(FIRST_BUCKET_WINDOWS):
-            _fetch(lookup, UNEVEN)
-        assert lookup.chooser is not None and lookup.chooser.probes == 1
+        _fetch(lookup, UNEVEN)
+        assert lookup.chooser is not None and lookup.chooser.stats.probes == 1
         busy = gevent.spawn(_fetch, lookup, DAY)  # a caller's window as the probe starts
         busy.get()
     lookup.chooser.join_probe()
-    # The caller's operations overlapped the probe's first try: a second one timed it.
+    # The caller's operations overlapped the probe: what they overlapped was not timed.
     assert backend.engine_use.overlaps > 0
-    assert lookup.chooser.ratio is not None and lookup.chooser.probes_failed == 0
+    assert lookup.chooser.ratio is not None and lookup.chooser.stats.probes_failed == 0
     probes = [span for span in spans.get_finished_spans() if span.name.startswith("fanout.cache")]
     assert {span.attributes["fanout.cache.probe"] for span in probes} == {"buckets", "query"}
-    assert len(probes) >= 3  # a try overlapped, then both plans alone
+    assert len(probes) >= 3  # the buckets filled, then both plans alone
     trace_id = caller.get_span_context().trace_id
     assert all(span.parent is None and span.context.trace_id != trace_id for span in probes)

@@ -64,7 +64,9 @@ def with_cache(
         namespace = f"{backend.name}/{backend.settings.database}"
         chooser = None
         if settings.plan == "measured":
-            chooser = PlanChooser(settings.replan_ms / 1000, backend.engine_use, backend.clock)
+            chooser = PlanChooser(
+                settings.replan_ms / 1000, backend.engine_use, store.stats, backend.clock
+            )
         cached[name] = CachedLookup(lookup, parts, store, settings, namespace, merged, chooser)
     return cached
 

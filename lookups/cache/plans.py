@@ -9,34 +9,40 @@ Where the engine cannot fill many buckets in one query (nx-27017), filling them 
 more than the panel's one query, as Cortex's query-frontend found of its own splits.
 
 So the choice is measured as the panel runs, never taken from the engine's name
-(:class:`PlanChooser`), by **probes alone on the engine**: once per ``cache.replan_ms``,
-after a window is answered, both plans run for that window again in the background,
-one after the other, each timed, at a moment when this process has nothing else in
-flight on the engine (:class:`EngineUse`). A plan's time alone is what the engine spends
-on it, plus the round trips. Under load it is not: a query's time is then mostly its
-wait, behind the engine's queue or, on an engine that runs many queries side by side
-(FerretDB 2 on PostgreSQL), beside them, and a plan of two round trips waits twice. The
-previous design timed both plans back to back inside a call, under the dashboard's own
-load, and chose the query on FerretDB 2 where the buckets cost the database far less.
-A run that another operation overlapped (a call's panel, a health check) is not
-counted, and the probe tries again at the next quiet moment, a few times. An engine this
-process never leaves alone (the cache's own plan saturates it: nx-27017 serving the
-buckets' fills) is timed as the previous design timed it, both plans back to back under
-the load of that moment, on the probe's last try: on an engine that serves one command at
-a time both then wait behind the same queue, and the difference is their work. The
-median of the last few ratios (buckets over query) chooses; the cache's plan answers
-until the first probe, and wherever the two cost the same. A probe of the buckets fills
-what they lack, as their window would, so it measures what going back to the buckets
-costs now, cold buckets included, and warms them.
+(:class:`PlanChooser`), by **probes alone on the engine**. The panel's own query answers
+until the first probe has measured the cache's plan cheaper: a cache that has not shown
+it saves work costs what no cache costs. The first probe starts after the first window
+is answered; the next once per ``cache.replan_ms``, a period that doubles, up to
+:data:`MAX_REPLAN_FACTOR` times, while the probes keep choosing the same plan, and is
+back to ``cache.replan_ms`` when one changes it. A probe runs both plans for the window
+just answered again, in the background, one after the other, each timed, at a moment
+when this process has nothing else in flight on the engine (:class:`EngineUse`). A
+plan's time alone is what the engine spends on it, plus the round trips. Under load it
+is not: a query's time is then mostly its wait, behind the engine's queue or, on an
+engine that runs many queries side by side (FerretDB 2 on PostgreSQL), beside them, and
+a plan of two round trips waits twice. An earlier design timed both plans back to back
+inside a call, under the dashboard's own load, and chose the query on FerretDB 2 where
+the buckets cost the database far less. A run that another operation overlapped (a
+call's panel, a health check) is not counted, and the probe tries again at the next
+quiet moment, a few times. An engine this process never leaves alone is timed as that
+design timed it, both plans back to back under the load of the moment, on the probe's
+last try: on an engine that serves one command at a time both then wait behind the same
+queue, and the difference is their work. The median of the last few ratios (buckets
+over query) chooses; the query wherever the two cost the same.
 
-What a probe costs: both plans of one window per panel and ``replan_ms``, run when the
-engine is otherwise idle (or, never alone, once under its load), so no caller waits for
-them; a call arriving meanwhile waits at most for the operation running then (on an
-engine that serves one command at a time). The probe runs in a greenlet and a trace of
-its own (it is nobody's call); it is bounded by :data:`PROBE_BUDGET_S` a plan, and a
-failure fails nothing: that probe gives no ratio. What "alone" cannot see: other
-processes' work on the same engine (other instances, other applications), which only
-makes a probe noisier.
+The buckets answer nothing before the first probe, so they are cold then: the first
+probe runs them once untimed, filling them as a dashboard's refreshes would, and then
+times the pair. The later probes of the buckets fill what they lack, as their window
+would, so they measure what going back to the buckets costs now, and warm them.
+
+What a probe costs: both plans of one window per panel and period (three runs the first
+time), run when the engine is otherwise idle (or, never alone, once under its load), so
+no caller waits for them; a call arriving meanwhile waits at most for the operation
+running then (on an engine that serves one command at a time). The probe runs in a
+greenlet and a trace of its own (it is nobody's call); it is bounded by
+:data:`PROBE_BUDGET_S` a plan, and a failure fails nothing: that probe gives no ratio.
+What "alone" cannot see: other processes' work on the same engine (other instances,
+other applications), which only makes a probe noisier.
 """
 
 from __future__ import annotations
@@ -49,15 +55,15 @@ from typing import Any, Protocol, TypeVar
 
 import gevent
 
+from lookups.cache.stores import CacheStats
 from lookups.clock import SYSTEM_CLOCK, Clock, Waitable
 
-__all__ = ["Plan", "PlanChooser", "EngineUse", "PROBE_BUDGET_S"]
+__all__ = ["Plan", "PlanChooser", "EngineUse", "PROBE_BUDGET_S", "PROBES_KEPT", "MAX_REPLAN_FACTOR"]
 
 T = TypeVar("T")
 
-#: Windows the cache's plan answers before the first probe: the first fills the
-#: buckets, the next ones find them warm, as a dashboard's refreshes do.
-FIRST_BUCKET_WINDOWS = 3
+#: How many times ``cache.replan_ms`` the period between probes grows to while they agree.
+MAX_REPLAN_FACTOR = 8
 #: Probes whose ratios the choice takes the median of: one slow moment does not flip it.
 PROBES_KEPT = 5
 #: Each plan of a probe gets this long: a plan slower than that alone has lost anyway.
@@ -96,20 +102,18 @@ class PlanChooser:
     it, as they share the panel.
     """
 
-    def __init__(self, replan_s: float, use: EngineUse, clock: Clock = SYSTEM_CLOCK) -> None:
-        """``replan_s``: how often a window is probed; ``use``: the engine's operations in
-        flight, to find it alone; ``clock``: the service's."""
-        self._replan_s = replan_s
+    def __init__(
+        self, replan_s: float, use: EngineUse, stats: CacheStats, clock: Clock = SYSTEM_CLOCK
+    ) -> None:
+        """``replan_s``: how often a window is probed at first; ``use``: the engine's
+        operations in flight, to find it alone; ``stats``: where the probes are counted (the
+        store's, shared by its panels); ``clock``: the service's."""
+        self._replan_s = self.period_s = replan_s
         self._use, self._clock = use, clock
         self._ratios: deque[float] = deque(maxlen=PROBES_KEPT)
-        self._bucket_windows = 0
         self._probed_at: float | None = None
         self._prober: gevent.Greenlet | None = None
-        #: Probes started; those of which a plan failed (no ratio), and those never alone
-        #: (timed under load).
-        self.probes = 0
-        self.probes_failed = 0
-        self.probes_crowded = 0
+        self.stats = stats
 
     @property
     def ratio(self) -> float | None:
@@ -118,20 +122,19 @@ class PlanChooser:
 
     @property
     def chosen(self) -> Plan:
-        """The plan the probes found cheaper (the cache's until then, and on a tie)."""
+        """The plan the probes found cheaper (the query until then, and on a tie)."""
         ratio = self.ratio
-        return Plan.QUERY if ratio is not None and ratio > 1.0 else Plan.BUCKETS
+        return Plan.BUCKETS if ratio is not None and ratio < 1.0 else Plan.QUERY
 
     def answer(self, by_plan: Callable[[Plan], T], probe: Callable[[Plan], Any]) -> T:
         """``by_plan(chosen)``; when a probe is due, ``probe(plan)`` then runs each plan in
         the background, alone on the engine, to time it."""
         chosen = self.chosen
         value = by_plan(chosen)
-        if chosen is Plan.BUCKETS:
-            self._bucket_windows += 1
         if self._probe_due():
             self._probed_at = self._clock.monotonic()
-            self.probes += 1
+            self.stats.probes += 1
+            self.stats.probes_running += 1
             # A greenlet starts with an empty context: the probe is no part of this call.
             self._prober = gevent.spawn(self._probe, chosen, probe)
         return value
@@ -143,7 +146,16 @@ class PlanChooser:
             prober.join(timeout_s)
 
     def record(self, first: Plan, first_s: float, second: Plan, second_s: float) -> None:
-        """A probe: ``first`` took ``first_s``, ``second`` (the other plan) ``second_s``."""
+        """A probe: ``first`` took ``first_s``, ``second`` (the other plan) ``second_s``.
+        The next probe comes twice as late if the choice stays, at once as set if not."""
+        before = self.chosen if self._ratios else None
+        self._add_ratio(first, first_s, second_s)
+        if self.chosen is before:
+            self.period_s = min(2 * self.period_s, MAX_REPLAN_FACTOR * self._replan_s)
+        else:
+            self.period_s = self._replan_s
+
+    def _add_ratio(self, first: Plan, first_s: float, second_s: float) -> None:
         buckets_s, query_s = (first_s, second_s) if first is Plan.BUCKETS else (second_s, first_s)
         if query_s > 0:
             self._ratios.append(buckets_s / query_s)
@@ -154,15 +166,19 @@ class PlanChooser:
         if self._prober is not None:
             return False
         if self._probed_at is None:
-            return self._bucket_windows >= FIRST_BUCKET_WINDOWS
-        return self._clock.monotonic() - self._probed_at >= self._replan_s
+            return True
+        return self._clock.monotonic() - self._probed_at >= self.period_s
 
     def _probe(self, first: Plan, run: Callable[[Plan], Any]) -> None:
         """Both plans, each timed alone on the engine, at the first quiet moments; if none
         comes, both back to back under the load of the moment (its last try)."""
         second = Plan.QUERY if first is Plan.BUCKETS else Plan.BUCKETS
-        until = self._clock.monotonic() + min(self._replan_s / 2, QUIET_WAIT_S)
+        wait_s = min(self._replan_s / 2, QUIET_WAIT_S)
         try:
+            if not self._ratios:  # the buckets have answered nothing yet: fill them first
+                self._clock.wait(self._use.idle, self._clock.monotonic() + wait_s)
+                run(Plan.BUCKETS)
+            until = self._clock.monotonic() + wait_s
             for attempt in range(PROBE_ATTEMPTS):
                 quiet = self._clock.wait(self._use.idle, until)
                 last = not quiet or attempt == PROBE_ATTEMPTS - 1
@@ -172,12 +188,13 @@ class PlanChooser:
                 alone = quiet and times[2]
                 if alone or last:
                     self.record(first, times[0], second, times[1])
-                    self.probes_crowded += not alone
+                    self.stats.probes_crowded += not alone
                     return
         except Exception:  # noqa: BLE001 - a probe answers no caller: it gives no ratio
-            self.probes_failed += 1
+            self.stats.probes_failed += 1
         finally:
             self._prober = None
+            self.stats.probes_running -= 1
 
     def _pair(
         self, run: Callable[[Plan], Any], first: Plan, second: Plan, whole: bool

@@ -21,7 +21,8 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.event_loop.blocked (runs over server.hub_block_threshold_ms)
-    fanout.cache.hits, .misses, .fills, .evictions, .direct, .query_windows, .redis_errors
+    fanout.cache.hits, .misses, .fills, .evictions, .direct, .query_windows, .probes,
+    .probes_failed, .probes_crowded, .probes_running, .redis_errors
     fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
     fanout.cache.store_up (1, or 0 while Redis is down)
 """
@@ -348,6 +349,24 @@ for _name, _field, _unit, _description in (
         "the cached buckets (its probes, run for no caller, are not counted)",
     ),
     (
+        "fanout.cache.probes",
+        "probes",
+        "{probe}",
+        'Probes of both plans of a window, timed to choose the cheaper (cache.plan = "measured")',
+    ),
+    (
+        "fanout.cache.probes_failed",
+        "probes_failed",
+        "{probe}",
+        "Probes that gave no ratio: a plan failed or ran out of its time",
+    ),
+    (
+        "fanout.cache.probes_crowded",
+        "probes_crowded",
+        "{probe}",
+        "Probes timed under load: the engine was never found alone within their wait",
+    ),
+    (
         "fanout.cache.redis_errors",
         "redis_errors",
         "{error}",
@@ -360,6 +379,12 @@ for _name, _field, _unit, _description in (
         unit=_unit,
         description=_description,
     )
+_meter.create_observable_gauge(
+    "fanout.cache.probes_running",
+    [_summed("fanout.cache.probes_running", _cache_stat("probes_running"))],
+    unit="{probe}",
+    description="Probes of both plans running now, for no caller",
+)
 _meter.create_observable_gauge(
     "fanout.cache.bytes",
     [_summed("fanout.cache.bytes", _cache_stat("bytes"))],
