@@ -27,7 +27,7 @@ How, and what it costs:
   brief run (a timer, a health check) keeps that pace. Each wake-up of a thread costs,
   and an idle server's monitor was a large part of what the server cost at rest
   (``make bench-idle`` measures it on and off): at the default threshold it now looks
-  twice a second at rest, where it looked five times. When
+  once a second at rest, where it looked five times. When
   the hub has not run for longer than the threshold, it takes the blocked thread's stack
   and the blocked greenlet's current span, and hands them to the hub with
   ``loop.run_callback_threadsafe``; the report runs there, in the monitored
@@ -93,7 +93,7 @@ SUMMARY_INTERVAL_S = 60.0
 _STACK_FRAMES = 8  # innermost frames of the blocked stack kept in the report
 _MIN_PERIOD_S = 0.005  # the monitor thread never wakes more often than this
 #: While the loop stays idle, the monitor looks once per this many thresholds at most.
-IDLE_PERIOD_THRESHOLDS = 5
+IDLE_PERIOD_THRESHOLDS = 10
 _MAX_OPEN_SPANS = 100_000  # a bound on the span registry, against spans never ended
 
 _start_thread = get_original("_thread", "start_new_thread")
