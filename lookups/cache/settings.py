@@ -71,11 +71,11 @@ class CacheSettings:
     )
 
     plan: str = field(
-        default="buckets",
+        default="measured",
         metadata={
-            "help": "how a MongoDB panel's window is answered: `buckets`, from the cached "
-            "buckets; `measured`, by whichever of the buckets or the panel's own query cost "
-            "less on this engine when both last ran alone on it (see "
+            "help": "how a MongoDB panel's window is answered: `measured`, by the panel's own "
+            "query until probes of both plans, each alone on the engine, find the buckets "
+            "cheaper there; `buckets`, always from the cached buckets, probing nothing (see "
             "[Results cache](../explanation/results-cache.md))",
             "choices": ("buckets", "measured"),
         },
@@ -84,8 +84,8 @@ class CacheSettings:
         default=60_000,
         metadata={
             "help": 'with `plan = "measured"`, how often one window runs both plans again, '
-            "each alone on the engine, to time them: a change in what each costs is seen "
-            "within a few periods",
+            "each alone on the engine, to time them; the period doubles, up to 8 times, "
+            "while the probes agree, and is back to this when one changes the choice",
             "min": 100,
         },
     )
