@@ -24,6 +24,7 @@ summed field, and grouped here (:meth:`PanelParts.part_of_rows`) as ``$group`` w
 from __future__ import annotations
 
 import abc
+import heapq
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
@@ -50,6 +51,7 @@ __all__ = [
     "ranges_filter",
     "range_condition",
     "encode_part",
+    "part_json_bytes",
     "decode_part",
     "add_parts",
     "subtract_part",
@@ -84,6 +86,21 @@ def range_condition(start_ms: int, end_ms: int) -> dict[str, Any]:
 def encode_part(part: Part) -> bytes:
     """``part`` as compact JSON: one row per group, the key and then its sums."""
     return json.dumps([[key, *sums] for key, sums in part.items()], separators=(",", ":")).encode()
+
+
+#: What a group adds to a part's JSON form beside its key's characters, about: its
+#: quotes, brackets and commas, and then each sum's digits.
+_GROUP_JSON_BYTES = 8
+_SUM_JSON_BYTES = 10
+
+
+def part_json_bytes(part: Part, width: int) -> int:
+    """About the length of ``encode_part(part)`` (``width`` sums a group), not encoding
+    it: its keys' characters and a fixed size a group. What a kept sum is counted at: it
+    holds many groups, and is kept anew at every bucket boundary."""
+    return sum(map(len, filter(None, part))) + len(part) * (
+        _GROUP_JSON_BYTES + _SUM_JSON_BYTES * width
+    )
 
 
 def decode_part(value: bytes) -> Part | None:
@@ -233,7 +250,13 @@ class PanelParts(abc.ABC):
         of ``P`` can overtake them, since theirs only grew."""
         index = self.rank_by
         keys = total if candidates is None else set(candidates)
-        return sorted(keys, key=lambda k: (-total[k][index], k is not None, k or ""))[: self.limit]
+        # Each key's rank as a tuple, compared in C; the key itself, last, is never reached:
+        # distinct keys differ before it. A few of many: a heap, not a sort of them all.
+        rows = [(-total[k][index], k is not None, k or "", k) for k in keys]
+        if self.limit * 4 < len(rows):
+            return [row[3] for row in heapq.nsmallest(self.limit, rows)]
+        rows.sort()
+        return [row[3] for row in rows[: self.limit]]
 
     def _documents(self, total: Part, keys: Iterable[str | None]) -> list[dict[str, Any]]:
         return [{"_id": key, **dict(zip(self.fields, total[key]))} for key in keys]

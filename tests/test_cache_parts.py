@@ -34,7 +34,15 @@ from lookups.mongo import (
     QueriesLookup,
     UrlsLookup,
 )
-from lookups.mongo_parts import PART_GROUP_CAP, NoPart, add_parts, parts_of, ranges_filter
+from lookups.mongo_parts import (
+    PART_GROUP_CAP,
+    NoPart,
+    add_parts,
+    encode_part,
+    part_json_bytes,
+    parts_of,
+    ranges_filter,
+)
 from lookups.panels import ErrorSummary, TopList, Window
 from service.samples import MongoWireServer
 from tests.support.ferretdb import selected_engine
@@ -260,6 +268,36 @@ def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything()
             assert any(sums[1] < 0 for sums in edge.values())
         else:
             assert ranked == parts.ranked_keys(total)
+
+
+@pytest.mark.parametrize("lookup", [ErrorsLookup, QueriesLookup])
+def test_ranked_keys_are_the_querys_order_whether_a_few_or_many(lookup: Any) -> None:
+    parts = parts_of(lookup(None))
+    assert parts is not None
+    index, limit = parts.rank_by, parts.limit
+    rng = __import__("random").Random(5)
+    for size in (0, 1, limit // 2, limit * 4, limit * 4 + 1, limit * 9):
+        total = {f"k{rng.randrange(size * 2 + 1)}": [rng.randrange(4)] * 2 for _ in range(size)}
+        total.update({None: [rng.randrange(4)] * 2, "": [rng.randrange(4)] * 2})
+        # The query's order: the ranked sum descending, then null first, then by key.
+        expected = sorted(total, key=lambda k: (-total[k][index], k is not None, k or ""))
+        assert parts.ranked_keys(total) == expected[:limit]
+
+
+def test_what_a_kept_sum_is_counted_at_is_about_its_json_length() -> None:
+    parts = parts_of(QueriesLookup(None))  # type: ignore[arg-type]
+    assert parts is not None
+    rng = __import__("random").Random(7)
+    for size in (1, 10, 1000):
+        part = {
+            "SELECT " + "x" * rng.randrange(200) + str(i): [
+                rng.randrange(10**6),
+                rng.random() * 1e4,
+            ]
+            for i in range(size)
+        }
+        counted, encoded = part_json_bytes(part, len(parts.fields)), len(encode_part(part))
+        assert encoded / 2 <= counted <= encoded * 2, (size, counted, encoded)
 
 
 def test_fifty_callers_fill_each_bucket_once_on_either_engine(backend: MongoBackend) -> None:

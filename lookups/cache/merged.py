@@ -7,7 +7,7 @@ panel, the app and the run's first and last bucket, with its groups ranked as th
 ranks them; the next refresh of the same window reads neither the store nor any JSON,
 and ranks only those groups and the ones its edges touched
 (:meth:`~lookups.mongo_parts.PanelParts.ranked_keys` says why that is exact). Bounded in
-bytes (each entry counts the length of its JSON form), least recently used out first.
+bytes (each entry counts about the length of its JSON form), least recently used out first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from lookups.cache.stores import CacheStats, SizedLRU
-from lookups.mongo_parts import PanelParts, Part, encode_part
+from lookups.mongo_parts import PanelParts, Part, part_json_bytes
 
 __all__ = ["MergedRun", "MergedRuns"]
 
@@ -40,7 +40,7 @@ class MergedRun:
 
 class MergedRuns:
     """Sums of runs of buckets by key, within ``max_bytes`` (a :class:`SizedLRU`, each sum
-    counted at the length of its JSON form); what they hold is counted in ``stats.bytes``
+    counted at about the length of its JSON form); what they hold is counted in ``stats.bytes``
     too, beside the store's buckets."""
 
     def __init__(self, max_bytes: int, stats: CacheStats | None = None) -> None:
@@ -56,7 +56,7 @@ class MergedRuns:
     def put(self, key: Hashable, total: Part, parts: PanelParts) -> MergedRun:
         """Keep ``total`` (ranked by ``parts``) under ``key``, if it fits; the kept run."""
         merged = MergedRun(total, parts.ranked_keys(total), parts)
-        self._lru.put(key, merged, len(encode_part(total)))
+        self._lru.put(key, merged, part_json_bytes(total, len(parts.fields)))
         return merged
 
     def __len__(self) -> int:
