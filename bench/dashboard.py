@@ -26,7 +26,8 @@ FerretDB 2 runs all four; nx-27017 the first two (the last two are about Redis, 
 engine). For each run: the database's CPU (the engine's processes, from ``/proc``) per
 call, raw and less what the engine spent idle over 5 s just before (its own background
 work; read once no probe of the measured plan runs), MongoDB operations per call (``fanout_backend_attempts_total``), the windows the
-panels' own queries answered (``fanout_cache_query_windows_total``), Fanout's CPU per
+panels' own queries answered (``fanout_cache_query_windows_total``), the measured plan's
+probes run meanwhile (``fanout_cache_probes_total``), Fanout's CPU per
 call (idle included, and less its idle), p50 and p99, failed calls, and the buckets' hit
 ratio. Every answer of a cached run is then compared with the same call asked ``fresh``
 (the data does not change during the bench, so that is the uncached answer of that
@@ -120,7 +121,7 @@ def measure(
     _wait_for_probes(instances)
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
-    ops0, hits0, misses0, query0, _ = _counters(instances)
+    ops0, hits0, misses0, query0, probes0, _ = _counters(instances)
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
@@ -168,8 +169,8 @@ def measure(
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
     *after, cache_bytes = _counters(instances)
-    ops, hits, misses, query_windows = (
-        a - b for a, b in zip(after, (ops0, hits0, misses0, query0))
+    ops, hits, misses, query_windows, probes = (
+        a - b for a, b in zip(after, (ops0, hits0, misses0, query0, probes0))
     )
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
@@ -187,6 +188,7 @@ def measure(
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "fanout_cpu_ms_per_call_with_idle": (cpu - cpu0) * 1000 / max(calls, 1),
         "query_windows": query_windows,
+        "probes": probes,
         "p50_ms": statistics.median(latencies),
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
@@ -227,9 +229,9 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
     )
 
 
-def _counters(instances: list[Instance]) -> tuple[float, float, float, float, float]:
-    """MongoDB operations, buckets read and missed, and windows the panels' own queries
-    answered, since the instances started; the most bytes one of them holds: one scrape
+def _counters(instances: list[Instance]) -> tuple[float, float, float, float, float, float]:
+    """MongoDB operations, buckets read and missed, windows the panels' own queries
+    answered, and the measured plan's probes, since the instances started; the most bytes one of them holds: one scrape
     of each."""
     scrapes = [instance.scrape() for instance in instances]
     return (
@@ -240,6 +242,7 @@ def _counters(instances: list[Instance]) -> tuple[float, float, float, float, fl
         sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
         sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
         sum(series_sum(s, "fanout_cache_query_windows_total") for s in scrapes),
+        sum(series_sum(s, "fanout_cache_probes_total") for s in scrapes),
         max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0),
     )
 

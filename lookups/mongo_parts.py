@@ -236,6 +236,9 @@ class PanelParts(abc.ABC):
     #: groups it keeps: the query's ``{$sort: {field: -1, _id: 1}}, {$limit}``.
     rank_by: ClassVar[int] = 0
     limit: ClassVar[int] = TOP_N
+    #: Whether :meth:`finish` reads only the ranked keys' sums (then a window's total
+    #: need hold no other group); False where it sums every group.
+    finish_reads_ranked_only: ClassVar[bool] = True
 
     def ranked_keys(
         self,
@@ -266,6 +269,7 @@ class ErrorParts(PanelParts):
     fields = ("count",)
     key_field = "message"
     summed = None
+    finish_reads_ranked_only = False  # the total count is every group's
 
     def sums(self) -> dict[str, Any]:
         return {"count": {"$sum": 1}}

@@ -264,10 +264,14 @@ def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything()
         merged = MergedRuns(1 << 30).put(("queries", "shop", 0, 1), run, parts)
         total = add_parts([run, edge])
         ranked = merged.ranked_with(total, edge)
+        top = merged.top_with(edge)
         if ranked is None:  # an edge subtracted somewhere: everything is ranked
-            assert any(sums[1] < 0 for sums in edge.values())
+            assert any(sums[1] < 0 for sums in edge.values()) and top is None
         else:
             assert ranked == parts.ranked_keys(total)
+            # The groups that can rank alone give the panel the whole sum gives.
+            assert top is not None and len(top) <= len(run) + len(edge)
+            assert parts.finish(top, parts.ranked_keys(top)) == parts.finish(total)
 
 
 @pytest.mark.parametrize("lookup", [ErrorsLookup, QueriesLookup])

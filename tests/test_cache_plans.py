@@ -123,7 +123,7 @@ def test_buckets_as_dear_as_the_query_answer_nothing() -> None:
 
 
 def test_probes_that_agree_come_ever_later_and_a_change_brings_them_back() -> None:
-    chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
+    chooser, engine = _chooser({Plan.BUCKETS: 0.22, Plan.QUERY: 0.2})  # close: 1.1
     probed_at = []
     for _ in range(150):  # a window about every 10 s
         probes = chooser.stats.probes
@@ -132,26 +132,39 @@ def test_probes_that_agree_come_ever_later_and_a_change_brings_them_back() -> No
             probed_at.append(engine.clock.monotonic())
         engine.clock.advance(9.0)
     gaps = [later - earlier for earlier, later in pairwise(probed_at)]
-    periods = [60.0, 120.0, 240.0, 60.0 * MAX_REPLAN_FACTOR, 60.0 * MAX_REPLAN_FACTOR]
+    most = 60.0 * MAX_REPLAN_FACTOR
+    periods = [66.0, 132.0, 264.0, most, most]  # 1.1 periods first: the plans' ratio
     assert len(gaps) == len(periods)
     assert all(period <= gap < period + 12 for gap, period in zip(gaps, periods))
-    engine.times[Plan.BUCKETS] = 0.01  # the buckets got cheaper: the choice changes
+    engine.times[Plan.BUCKETS] = 0.19  # the buckets got a little cheaper: the choice changes
     engine.clock.advance(chooser.period_s)
     for _ in range(PROBES_KEPT // 2 + 1):  # until they are most of the kept ratios
         assert chooser.chosen is Plan.QUERY
         _windows(chooser, engine, 1)
         engine.clock.advance(chooser.period_s)
-    assert chooser.chosen is Plan.BUCKETS and chooser.period_s == 60.0
+    assert chooser.chosen is Plan.BUCKETS
+    assert chooser.period_s == pytest.approx(60.0 / 0.95)
+
+
+def test_plans_far_apart_alone_put_the_next_probe_far_off_and_under_load_do_not() -> None:
+    chooser, engine = _chooser({Plan.BUCKETS: 2.0, Plan.QUERY: 0.2})  # ten times dearer
+    _windows(chooser, engine, 1)
+    assert chooser.chosen is Plan.QUERY and chooser.period_s == 60.0 * MAX_REPLAN_FACTOR
+    crowded, engine = _chooser({Plan.BUCKETS: 2.0, Plan.QUERY: 0.2})
+    engine.crowding = 1_000  # never alone: timed under load, less sure
+    _windows(crowded, engine, 1)
+    assert crowded.stats.probes_crowded == 1 and crowded.period_s == 60.0
 
 
 def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    _windows(chooser, engine, 1)  # one probe: the query stays
+    _windows(chooser, engine, 1)  # one probe: the query stays, the next in two periods
+    assert chooser.period_s == pytest.approx(120.0)
     engine.runs.clear()
     engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper
     _windows(chooser, engine, 20)
     assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no probe
-    engine.clock.advance(60.0)
+    engine.clock.advance(chooser.period_s)
     assert _windows(chooser, engine, 2) == ["query", "query"]  # ratios 2 and 0.25
     assert engine.runs[20:24] == [
         (Plan.QUERY, False),
@@ -160,7 +173,8 @@ def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses(
         (Plan.QUERY, False),
     ]
     assert chooser.ratio == pytest.approx(1.125)  # their median: still the query
-    engine.clock.advance(120.0)  # the choice stayed: the period doubled
+    assert chooser.period_s == pytest.approx(240.0)  # the choice stayed: twice the last period
+    engine.clock.advance(chooser.period_s)
     assert _windows(chooser, engine, 2) == ["query", "buckets"]  # a third: 0.25
     assert chooser.stats.probes == 3 and chooser.chosen is Plan.BUCKETS
 

@@ -149,6 +149,12 @@ class CachedLookup(CachedPanel):
                     deadline,
                     lambda: self._query(window.app, ranges, deadline),
                 )
+            if known is not None and self._parts.finish_reads_ranked_only:
+                # A window's sum is its kept run's (thousands of groups) plus its edges': only
+                # the groups that can rank are added up, not a copy of them all.
+                top = known.top_with(rest)
+                if top is not None:
+                    return self._parts.finish(top, self._parts.ranked_keys(top))
             total = add_parts([*parts, rest])
             return self._parts.finish(total, known.ranked_with(total, rest) if known else None)
         except NoPart:
@@ -178,8 +184,10 @@ class CachedLookup(CachedPanel):
                 part = self._shared(
                     ("fill", app, edge), deadline, partial(self._fill, app, edge, deadline)
                 )[start]
-            total = add_parts([old.total, part]) if adding else subtract_part(old.total, part)
-            return self._merged.put(run, total, self._parts)
+            if adding:  # the kept ranking and the bucket's groups are the candidates
+                total = add_parts([old.total, part])
+                return self._merged.put(run, total, self._parts, old.ranked_with(total, part))
+            return self._merged.put(run, subtract_part(old.total, part), self._parts)
         return None
 
     @property

@@ -37,6 +37,21 @@ class MergedRun:
             return None
         return self.parts.ranked_keys(total, [*self.ranked, *added])
 
+    def top_with(self, added: Part) -> Part | None:
+        """This run plus ``added``, for the groups that can rank only: this run's ranked
+        keys and ``added``'s (exact by the argument of
+        :meth:`~lookups.mongo_parts.PanelParts.ranked_keys`); the rest of this run's groups
+        are not copied. None when ``added`` subtracts from the ranking field somewhere."""
+        index = self.parts.rank_by
+        if any(sums[index] < 0 for sums in added.values()):
+            return None
+        total = self.total
+        top = {key: total[key] for key in self.ranked}
+        for key, sums in added.items():
+            known = total.get(key)
+            top[key] = list(sums) if known is None else [a + b for a, b in zip(known, sums)]
+        return top
+
 
 class MergedRuns:
     """Sums of runs of buckets by key, within ``max_bytes`` (a :class:`SizedLRU`, each sum
@@ -53,9 +68,12 @@ class MergedRuns:
     def get(self, key: Hashable) -> MergedRun | None:
         return self._lru.get(key)
 
-    def put(self, key: Hashable, total: Part, parts: PanelParts) -> MergedRun:
-        """Keep ``total`` (ranked by ``parts``) under ``key``, if it fits; the kept run."""
-        merged = MergedRun(total, parts.ranked_keys(total), parts)
+    def put(
+        self, key: Hashable, total: Part, parts: PanelParts, ranked: list[str | None] | None = None
+    ) -> MergedRun:
+        """Keep ``total`` under ``key``, if it fits; the kept run. ``ranked``: its keys as
+        ``parts`` ranks them, when already known (else ranked here)."""
+        merged = MergedRun(total, parts.ranked_keys(total) if ranked is None else ranked, parts)
         self._lru.put(key, merged, part_json_bytes(total, len(parts.fields)))
         return merged
 

@@ -14,21 +14,23 @@ until the first probe has measured the cache's plan cheaper: a cache that has no
 it saves work costs what no cache costs. The first probe starts after the first window
 is answered; the next once per ``cache.replan_ms``, a period that doubles, up to
 :data:`MAX_REPLAN_FACTOR` times, while the probes keep choosing the same plan, and is
-back to ``cache.replan_ms`` when one changes it. A probe runs both plans for the window
-just answered again, in the background, one after the other, each timed, at a moment
-when this process has nothing else in flight on the engine (:class:`EngineUse`). A
-plan's time alone is what the engine spends on it, plus the round trips. Under load it
-is not: a query's time is then mostly its wait, behind the engine's queue or, on an
-engine that runs many queries side by side (FerretDB 2 on PostgreSQL), beside them, and
-a plan of two round trips waits twice. An earlier design timed both plans back to back
-inside a call, under the dashboard's own load, and chose the query on FerretDB 2 where
-the buckets cost the database far less. A run that another operation overlapped (a
-call's panel, a health check) is not counted, and the probe tries again at the next
-quiet moment, a few times. An engine this process never leaves alone is timed as that
-design timed it, both plans back to back under the load of the moment, on the probe's
-last try: on an engine that serves one command at a time both then wait behind the same
-queue, and the difference is their work. The median of the last few ratios (buckets
-over query) chooses; the query wherever the two cost the same.
+back to ``cache.replan_ms`` when one changes it; after a probe alone, it is at least as
+many times ``cache.replan_ms`` as the dearer plan cost the cheaper (the median of the
+kept probes'), up to the same bound: the plans far apart, the next probe comes late. A
+probe runs both plans for the window just answered again, in the background, one after
+the other, each timed, at a moment when this process has nothing else in flight on the
+engine (:class:`EngineUse`). A plan's time alone is what the engine spends on it, plus
+the round trips. Under load it is not: a query's time is then mostly its wait, behind
+the engine's queue or, on an engine that runs many queries side by side (FerretDB 2 on
+PostgreSQL), beside them, and a plan of two round trips waits twice. An earlier design
+timed both plans back to back inside a call, under the dashboard's own load, and chose
+the query on FerretDB 2 where the buckets cost the database far less. A run that another
+operation overlapped (a call's panel, a health check) is not counted, and the probe
+tries again at the next quiet moment, a few times. An engine this process never leaves
+alone is timed as that design timed it, both plans back to back under the load of the
+moment, on the probe's last try: on an engine that serves one command at a time both
+then wait behind the same queue, and the difference is their work. The median of the
+last few ratios (buckets over query) chooses; the query wherever the two cost the same.
 
 The buckets answer nothing before the first probe, so they are cold then: the first
 probe runs them once untimed, filling them as a dashboard's refreshes would, and then
@@ -145,15 +147,21 @@ class PlanChooser:
         if prober is not None:
             prober.join(timeout_s)
 
-    def record(self, first: Plan, first_s: float, second: Plan, second_s: float) -> None:
-        """A probe: ``first`` took ``first_s``, ``second`` (the other plan) ``second_s``.
-        The next probe comes twice as late if the choice stays, at once as set if not."""
+    def record(
+        self, first: Plan, first_s: float, second: Plan, second_s: float, alone: bool = True
+    ) -> None:
+        """A probe: ``first`` took ``first_s``, ``second`` (the other plan) ``second_s``;
+        ``alone``: each on an engine otherwise idle. The next probe comes twice as late if
+        the choice stays, one period later if not; and, timed alone, at least as many
+        periods later as one plan cost times the other (at most :data:`MAX_REPLAN_FACTOR`):
+        a plan many times dearer does not become the cheaper soon."""
         before = self.chosen if self._ratios else None
         self._add_ratio(first, first_s, second_s)
-        if self.chosen is before:
-            self.period_s = min(2 * self.period_s, MAX_REPLAN_FACTOR * self._replan_s)
-        else:
-            self.period_s = self._replan_s
+        factor = 2 * self.period_s / self._replan_s if self.chosen is before else 1.0
+        ratio = self.ratio
+        if alone and ratio is not None:
+            factor = max(factor, ratio, 1 / ratio if ratio > 0 else MAX_REPLAN_FACTOR)
+        self.period_s = self._replan_s * min(factor, MAX_REPLAN_FACTOR)
 
     def _add_ratio(self, first: Plan, first_s: float, second_s: float) -> None:
         buckets_s, query_s = (first_s, second_s) if first is Plan.BUCKETS else (second_s, first_s)
@@ -187,7 +195,7 @@ class PlanChooser:
                     continue
                 alone = quiet and times[2]
                 if alone or last:
-                    self.record(first, times[0], second, times[1])
+                    self.record(first, times[0], second, times[1], bool(alone))
                     self.stats.probes_crowded += not alone
                     return
         except Exception:  # noqa: BLE001 - a probe answers no caller: it gives no ratio
