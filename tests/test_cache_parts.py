@@ -347,6 +347,25 @@ def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: Mon
             )
 
 
+def test_a_window_moving_on_by_one_bucket_leaves_the_run_it_left(backend: MongoBackend) -> None:
+    """A sliding window does not come back to its old run: the moved sum takes its room."""
+    _seed(backend, _documents(list(range(0, SPAN_MS // 1000, 29)), list(range(800)) * 2))
+    lookup = _cached(backend, 600_000, 120_000, MemoryStore(1 << 24))["queries"]
+    length_ms = 3 * 3_600_000 + 7_000
+    kept = []
+    # The second window's start crosses a boundary, its last settled bucket stays.
+    for end_ms in (BASE_MS + 4 * 3_600_000 + 300_000, BASE_MS + 4 * 3_600_000 + 660_000):
+        window = Window("shop", end_ms - length_ms, end_ms)
+        lookup._clock = lambda end_ms=end_ms: end_ms / 1000
+        _warm(lookup, window)
+        _same(
+            lookup.fetch(window, Deadline.after_ms(10_000)),
+            lookup.inner.fetch(window, Deadline.after_ms(10_000)),
+        )
+        kept.append(len(lookup._merged))
+    assert kept == [1, 1]
+
+
 def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directly(
     backend: MongoBackend,
 ) -> None:

@@ -35,6 +35,10 @@ TITLES = {
     "dashboard-alone-probes.json": 'The results cache with `cache.plan = "measured"` by '
     "probes alone on the engine, its third design (`bench.dashboard --plan measured`, "
     "2-minute buckets; the engines' runs at two commits, as `runs` says)",
+    "dashboard-query-first.json": 'The results cache with `cache.plan = "measured"` '
+    "answering by the query until a probe finds the buckets cheaper, its fourth design and "
+    "the default (`bench.dashboard --plan measured`, 2-minute buckets; `runs` says at which "
+    "commits)",
     "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
     " by its second design, paired probes inside calls (`bench.dashboard --engines nx-27017 "
     "--plan measured`, 2-minute buckets)",

@@ -184,6 +184,9 @@ class CachedLookup(CachedPanel):
                 part = self._shared(
                     ("fill", app, edge), deadline, partial(self._fill, app, edge, deadline)
                 )[start]
+            # A sliding window does not come back to the run it left: its room goes to the
+            # runs still asked for (at a boundary every app's run moves on at once).
+            self._merged.discard(previous)
             if adding:  # the kept ranking and the bucket's groups are the candidates
                 total = add_parts([old.total, part])
                 return self._merged.put(run, total, self._parts, old.ranked_with(total, part))

@@ -77,5 +77,9 @@ class MergedRuns:
         self._lru.put(key, merged, part_json_bytes(total, len(parts.fields)))
         return merged
 
+    def discard(self, key: Hashable) -> None:
+        """Drop the sum kept under ``key``, if any: a window moved on from it."""
+        self._lru.discard(key)
+
     def __len__(self) -> int:
         return len(self._lru)

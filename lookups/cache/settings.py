@@ -85,7 +85,8 @@ class CacheSettings:
         metadata={
             "help": 'with `plan = "measured"`, how often one window runs both plans again, '
             "each alone on the engine, to time them; the period doubles, up to 8 times, "
-            "while the probes agree, and is back to this when one changes the choice",
+            "while the probes agree, and is at least as many times this as the dearer plan "
+            "cost the cheaper (up to 8)",
             "min": 100,
         },
     )

@@ -98,6 +98,12 @@ class SizedLRU(Generic[V]):
             self._count(-dropped)
             self._stats.evictions += self._evictions
 
+    def discard(self, key: Hashable) -> None:
+        """Drop ``key``'s entry, if any (not counted as an eviction)."""
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._count(-old[1])
+
     def clear(self) -> None:
         """Drop every entry (not counted as evictions)."""
         self._entries.clear()
