@@ -164,10 +164,11 @@ def test_an_idle_loop_is_looked_at_less_often_than_a_busy_one() -> None:
     threshold_s = _THRESHOLD_MS / 1000.0
     idle_s = threshold_s * IDLE_PERIOD_THRESHOLDS
     try:
-        # Idle: the monitor backs off to once an idle period. A second asleep in the hub is
-        # enough, unless a greenlet another test left behind ran meanwhile: a few tries.
+        # Idle: the monitor backs off to once an idle period, doubling its wait at each look
+        # that finds nothing ran: a few seconds asleep in the hub, or longer where greenlets
+        # other tests left behind run now and then (a look after one keeps the pace).
         backed_off = False
-        for _ in range(5):
+        for _ in range(20):
             gevent.sleep(1.0)
             backed_off = monitor.waiting_s == idle_s
             if backed_off:
