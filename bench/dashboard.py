@@ -25,14 +25,15 @@ runs, each on a fresh ``fanout serve``:
 FerretDB 2 runs all four; nx-27017 the first two (the last two are about Redis, not the
 engine). For each run: the database's CPU (the engine's processes, from ``/proc``) per
 call, raw and less what the engine spent idle over 5 s just before (its own background
-work; read once no probe of the measured plan runs), MongoDB operations per call (``fanout_backend_attempts_total``), the windows the
-panels' own queries answered (``fanout_cache_query_windows_total``), the measured plan's
-probes run meanwhile (``fanout_cache_probes_total``), Fanout's CPU per
-call (idle included, and less its idle), p50 and p99, failed calls, and the buckets' hit
-ratio. Every answer of a cached run is then compared with the same call asked ``fresh``
-(the data does not change during the bench, so that is the uncached answer of that
-moment): counts, keys and order exactly, sums of durations within 1e-9 relative.
-Bounded: it stops by itself, and stops every process it started.
+work; read once no probe of the measured plan runs), MongoDB operations per call
+(``fanout_backend_attempts_total``), the windows the panels' own queries answered
+(``fanout_cache_query_windows_total``), the measured plan's probes run meanwhile
+(``fanout_cache_probes_total``), Fanout's CPU per call (idle included, and less its
+idle), p50 and p99, failed calls, and the buckets' hit ratio. Every answer of a cached
+run is then compared with the same call asked ``fresh`` (the data does not change during
+the bench, so that is the uncached answer of that moment): counts, keys and order
+exactly, sums of durations within 1e-9 relative. Bounded: it stops by itself, and stops
+every process it started.
 """
 
 from __future__ import annotations
@@ -231,8 +232,8 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
 
 def _counters(instances: list[Instance]) -> tuple[float, float, float, float, float, float]:
     """MongoDB operations, buckets read and missed, windows the panels' own queries
-    answered, and the measured plan's probes, since the instances started; the most bytes one of them holds: one scrape
-    of each."""
+    answered, and the measured plan's probes, since the instances started; the most bytes
+    one of them holds: one scrape of each."""
     scrapes = [instance.scrape() for instance in instances]
     return (
         sum(

@@ -47,6 +47,8 @@ class MergedRun:
             return None
         total = self.total
         top = {key: total[key] for key in self.ranked}
+        # Not add_parts on the ranked groups alone: an added group outside them adds to its
+        # sum in the whole run.
         for key, sums in added.items():
             known = total.get(key)
             top[key] = list(sums) if known is None else [a + b for a, b in zip(known, sums)]
