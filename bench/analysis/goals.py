@@ -15,7 +15,15 @@ from typing import Any
 
 from bench.analysis import stats
 
-__all__ = ["Goal", "ratio_goal", "failures_goal", "value_goal", "info_row", "micro_goals"]
+__all__ = [
+    "Goal",
+    "ratio_goal",
+    "failures_goal",
+    "monitor_goal",
+    "value_goal",
+    "info_row",
+    "micro_goals",
+]
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,36 @@ def failures_goal(
         0,
         True,
         note,
+    )
+
+
+def monitor_goal(scenario: str, results: dict[str, dict[str, Any]]) -> Goal:
+    """Zero replies, over every Fanout configuration of ``scenario`` (its companion group
+    included) and the whole of each run, with a panel that pymongo failed because its
+    monitor's check was answered late."""
+    runs = [
+        r
+        for key, r in results.items()
+        if key.startswith(scenario + "/") and r and r.get("spec", {}).get("server") == "fanout"
+    ]
+    counted = [
+        r["monitor_cut"] + r.get("companion", {}).get("monitor_cut", 0)
+        for r in runs
+        if "monitor_cut" in r
+    ]
+    text = "replies with a panel failed as too slow to answer pymongo's monitor (goal 0)"
+    if not counted:
+        return Goal(scenario, text, "ERROR", "n/a", note="no run counted them")
+    total = sum(counted)
+    return Goal(
+        scenario,
+        text,
+        "PASS" if total == 0 else "GAP",
+        str(total),
+        stats.Estimate(total, total, total, 1),
+        0,
+        True,
+        f"over {len(counted)} runs",
     )
 
 

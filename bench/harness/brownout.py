@@ -31,7 +31,7 @@ import functools
 import math
 from typing import Any
 
-from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.analysis.goals import Goal, info_row, monitor_goal, ratio_goal
 from bench.harness.mixed import Companion
 from bench.harness.overload import REGIMES
 from bench.harness.rounds import (
@@ -305,6 +305,7 @@ def _goals(results: Results) -> list[Goal]:
                     f"{_level_range(result)}; {_optional_share(result)}; {_answers(result)}",
                 )
             )
+    out.append(monitor_goal(NAME, results))
     return out
 
 

@@ -120,6 +120,7 @@ def _summary(load: Any | None, timing: Any) -> dict[str, Any]:
         "whole_per_s": sum(w["whole"] for w in windows) / (timing.window_s * len(windows)),
         "refused": sum(w["failures"].get("overloaded", 0) for w in windows),
         "late": sum(w["failures"].get("timeout", 0) for w in windows),
+        "monitor_cut": load.monitor_cut,
     }
 
 

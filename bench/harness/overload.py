@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
+from bench.analysis.goals import Goal, failures_goal, info_row, monitor_goal, ratio_goal
 from bench.harness.runner import Config
 from bench.harness.scenario import Results, Scale, Scenario, _config, _per_rep
 
@@ -229,6 +229,7 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
             )
         )
         out += _impolite_goals(results, top, held_ms, floor_ms)
+        out.append(monitor_goal(NAME, results))
         return out
 
     return goals

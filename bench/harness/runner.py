@@ -353,6 +353,7 @@ def measure(
         connected=load.connected,
         connect_s=load.connect_s,
         unfinished_at_end=load.unfinished,
+        monitor_cut=load.monitor_cut,
         rss_kib=rss,
         server_side=_server_side(load.samples),
         server_pids=len(stack.server_pids()),

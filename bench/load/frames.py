@@ -10,6 +10,9 @@ Thrift encoding. A reply is classified from its first bytes without decoding it:
     REPLY, result field id n > 0      -> the declared exception's name ("overloaded", ...)
     anything else                     -> "bad_reply"
 
+A reply whose panel pymongo failed because its monitor's check timed out carries
+:data:`MONITOR_CUT_BYTES` in that panel's error; the load generator counts such replies.
+
 Counting OK outcomes looks for the bytes of ``3: TaskStatus status = OK`` (field
 header i32/id 3, value 0). Only TaskOutcome has an i32 field 3 in StatsResponse;
 a string or double that happened to contain those seven bytes could only make a
@@ -26,6 +29,7 @@ from thriftpy2.protocol import TBinaryProtocol
 from thriftpy2.thrift import TMessageType
 from thriftpy2.transport import TMemoryBuffer
 
+from lookups.backends.mongo_errors import MONITOR_CUT
 from service.idl import appstats
 
 __all__ = [
@@ -36,10 +40,13 @@ __all__ = [
     "ping_frame",
     "stats_frame",
     "OK_OUTCOME_BYTES",
+    "MONITOR_CUT_BYTES",
 ]
 
 #: Field header (type i32 = 8, id 3) and value 0 (TaskStatus.OK) of a TaskOutcome.
 OK_OUTCOME_BYTES = b"\x08\x00\x03\x00\x00\x00\x00"
+#: In the error of a panel that pymongo failed because its monitor's check timed out.
+MONITOR_CUT_BYTES = MONITOR_CUT.encode()
 _VERSION_MASK = 0xFFFF0000
 _VERSION_1 = 0x80010000
 

@@ -96,6 +96,7 @@ class LoadResult:
     samples: list[dict[str, Any]]
     unfinished: int
     connect_s: float
+    monitor_cut: int = 0  # replies with a panel failed by pymongo's monitor (frames.py)
     pids: list[int] = field(default_factory=list)
 
 
@@ -278,6 +279,7 @@ class LoadGenerator:
             outside_failures=_sum_dicts([r["outside_failures"] for r in results]),
             samples=[s for r in results for s in r["samples"]],
             unfinished=sum(r["unfinished"] for r in results),
+            monitor_cut=sum(r["monitor_cut"] for r in results),
             connect_s=max(r["connect_s"] for r in ready),
             pids=[r["pid"] for r in ready],
         )

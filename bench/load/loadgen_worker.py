@@ -36,7 +36,7 @@ import gevent
 import gevent.socket
 from gevent.lock import Semaphore
 
-from bench.load.frames import classify_reply, decode_result, exception_names
+from bench.load.frames import MONITOR_CUT_BYTES, classify_reply, decode_result, exception_names
 
 __all__ = ["main"]
 
@@ -57,6 +57,7 @@ class _Recorder:
         self.latencies = [[array("d") for _ in range(frames)] for _ in range(self.reps)]
         self.outside_failures: dict[str, int] = {}
         self.samples: list[dict[str, Any]] = []
+        self.monitor_cut = 0  # replies with a panel failed by pymongo's monitor, whenever
 
     def window(self, now: float) -> int:
         """The measured window ``now`` falls in, or -1 (warm-up or after the end)."""
@@ -188,6 +189,8 @@ class _Caller:
         kind = classify_reply(body, self.plan["expect_ok"], self.exceptions)
         w = recorder.window(time.monotonic())
         if kind == "ok" or kind == "degraded":
+            if MONITOR_CUT_BYTES in body:
+                recorder.monitor_cut += 1
             if w >= 0:
                 counts = recorder.ok if kind == "ok" else recorder.degraded
                 counts[w][self.frame_index] += 1
@@ -262,6 +265,7 @@ def _result(recorder: _Recorder, unfinished: int) -> dict[str, Any]:
         "windows": windows,
         "outside_failures": recorder.outside_failures,
         "samples": recorder.samples,
+        "monitor_cut": recorder.monitor_cut,
         "unfinished": unfinished,
     }
 

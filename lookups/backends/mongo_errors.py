@@ -29,10 +29,13 @@ from pymongo.errors import (
 
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 
-__all__ = ["translated", "selection_failed", "MONGO_ERRORS"]
+__all__ = ["translated", "selection_failed", "MONGO_ERRORS", "MONITOR_CUT"]
 
 #: What :func:`translated` turns into :mod:`lookups.errors`.
 MONGO_ERRORS = (PyMongoError, BSONError)
+#: What a panel's error says when pymongo failed it because its monitor's check timed out
+#: (the bench counts the replies that carry it).
+MONITOR_CUT = "too slow to answer its monitor"
 
 
 def selection_failed(lookup: str, client: pymongo.MongoClient[Any]) -> LookupFailed:
@@ -60,7 +63,7 @@ def translated(lookup: str, exc: Exception, client: pymongo.MongoClient[Any]) ->
     if isinstance(exc, ConnectionFailure):
         if _server_only_slow(client):
             # The monitor's heartbeat timed out, so pymongo cancelled the operations in flight.
-            return BackendTimeout(f"{lookup}: MongoDB too slow to answer its monitor ({kind})")
+            return BackendTimeout(f"{lookup}: MongoDB {MONITOR_CUT} ({kind})")
         # A connection that failed (reset, closed: a restarted server) is what pymongo's
         # retryable reads retry; a fresh attempt takes a fresh connection.
         return BackendUnavailable(f"{lookup}: MongoDB connection failed ({kind})", retry_safe=True)
