@@ -35,7 +35,16 @@ def cpu_per_call(scale: Scale) -> Scenario:
     name = "cpu"
     levels = (1, 50)
     servers = ("fanout", "handwritten", "threaded")
-    configs = [_config(name, s, "stats", c) for c in levels for s in servers]
+    # Beside each level's fanout, the same install with its hot path run from the sources
+    # (FANOUT_PURE=1): what the compiled build saves, measured next to it.
+    configs = [
+        config
+        for c in levels
+        for config in (
+            *(_config(name, s, "stats", c) for s in servers),
+            _config(name, "fanout", "stats", c, label="fanout-pure", pure=True),
+        )
+    ]
     # Each panel asked for alone, as in the efficiency scenario: the yardstick of p50.
     singles = len(panel_names())
     configs.append(
@@ -76,6 +85,17 @@ def cpu_per_call(scale: Scale) -> Scenario:
                     fan,
                     _cpu_ms_per_reply(results.get(f"{name}/handwritten/c{c}")),
                     limit=0.7,
+                    at_most=True,
+                )
+            )
+            out.append(
+                ratio_goal(
+                    name,
+                    f"server CPU per call fanout / the same run from its sources "
+                    f"(FANOUT_PURE=1), {c} connection{'s' if c > 1 else ''}",
+                    fan,
+                    _cpu_ms_per_reply(results.get(f"{name}/fanout-pure/c{c}")),
+                    limit=None,
                     at_most=True,
                 )
             )

@@ -59,6 +59,7 @@ def _config(
         "brownout",
         "fair_share",
         "callers",
+        "pure",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}

@@ -109,6 +109,8 @@ class StackSpec:
     brownout: bool = True  # admission.brownout: false is the server before brownout
     fair_share: bool = True  # admission.fair_share
     callers: tuple[tuple[str, float], ...] = ()  # [callers.<name>] weight, by name
+    # FANOUT_PURE=1: the hot path from its sources where the install is compiled; fanout only.
+    pure: bool = False
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -299,15 +301,18 @@ def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
         )
     )
     argv = [interpreter, "-m", *_SERVER_MODULES[stack.spec.server], "--config", str(config)]
-    server = stack.processes["server"] = _process(stack, "server", argv).spawn()
+    env = {"FANOUT_PURE": "1"} if stack.spec.pure else {}
+    server = stack.processes["server"] = _process(stack, "server", argv, env).spawn()
     ready = server.wait_ready(deadline)
     stack.address = (ready["host"], int(ready["port"]))
     _wait_for_ping(stack.address, server, deadline)
 
 
-def _process(stack: Stack, role: str, argv: list[str]) -> ManagedProcess:
+def _process(
+    stack: Stack, role: str, argv: list[str], env: dict[str, str] | None = None
+) -> ManagedProcess:
     return ManagedProcess(
-        role, argv, stack.workdir / f"{role}.log", env=child_environment(), cwd=_REPO
+        role, argv, stack.workdir / f"{role}.log", env=child_environment(env), cwd=_REPO
     )
 
 
