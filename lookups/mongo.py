@@ -20,13 +20,14 @@ import abc
 import contextlib
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import pymongo
 import pymongo.errors
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
+from mypy_extensions import mypyc_attr
 from pymongo.database import Database
 
 from lookups.backends.mongo import MongoBackend
@@ -134,6 +135,10 @@ def first_batch(
     return cursor["firstBatch"], not cursor["id"]
 
 
+# Each lookup class here is compiled as a Python class (service/compiled.py): under
+# abc.ABC's metaclass, mypyc's native classes would share one registry, and one isinstance
+# answer would poison another. Their methods are compiled all the same.
+@mypyc_attr(native_class=False)
 class MongoLookup(Lookup, abc.ABC):
     """One aggregation over ``collection``; subclasses give the stages after ``$match``.
 
@@ -154,9 +159,7 @@ class MongoLookup(Lookup, abc.ABC):
         if deadline.expired:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        documents = self.backend.run(
-            self.name, lambda db: aggregate_one_batch(db, self.collection, pipeline), deadline
-        )
+        documents = self.backend.run(self.name, _aggregation(self.collection, pipeline), deadline)
         return self.build(documents)
 
     @abc.abstractmethod
@@ -168,6 +171,7 @@ class MongoLookup(Lookup, abc.ABC):
         """The panel value from the aggregation's documents; BadBackendResponse if malformed."""
 
 
+@mypyc_attr(native_class=False)
 class ErrorsLookup(MongoLookup):
     """Total errors in the window and the TOP_N most frequent messages (ties by message)."""
 
@@ -201,6 +205,7 @@ class ErrorsLookup(MongoLookup):
         return ErrorSummary(total=total, top=_sorted_by(top, lambda m: (-m.count, m.message)))
 
 
+@mypyc_attr(native_class=False)
 class TopByCountLookup(MongoLookup):
     """The TOP_N values of ``field`` in ``requests`` by count, with mean and total duration."""
 
@@ -234,16 +239,19 @@ class TopByCountLookup(MongoLookup):
         return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
 
 
+@mypyc_attr(native_class=False)
 class UrlsLookup(TopByCountLookup):
     name: ClassVar[str] = "urls"
     field: ClassVar[str] = "url"
 
 
+@mypyc_attr(native_class=False)
 class ControllersLookup(TopByCountLookup):
     name: ClassVar[str] = "controllers"
     field: ClassVar[str] = "controller"
 
 
+@mypyc_attr(native_class=False)
 class QueriesLookup(MongoLookup):
     """The TOP_N normalised queries by total duration (ties by normalised text).
 
@@ -332,6 +340,14 @@ def _shape(query: str) -> str:
     shape = _NUMBER.sub("?", shape)
     shape = _IN_LIST.sub(r"\1 (?)", shape)
     return _WHITESPACE.sub(" ", shape).strip()
+
+
+def _aggregation(
+    collection: str, pipeline: list[dict[str, Any]]
+) -> Callable[[Database[Any]], list[Any]]:
+    # Built here, not as a lambda in fetch: mypyc cannot compile a closure in a method of a
+    # class it compiles as a Python class (MongoLookup, above).
+    return lambda db: aggregate_one_batch(db, collection, pipeline)
 
 
 def _sorted_by(items: Sequence[Any], key: Any) -> tuple[Any, ...]:

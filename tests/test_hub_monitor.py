@@ -194,8 +194,10 @@ def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
         client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
         wait_for(lambda blocks=blocks: service.hub_monitor.blocks_reported >= blocks)
     service.hub_monitor.flush()
-    stacks = [line for line in blocked_lines(caplog) if "its stack while blocked" in line.message]
-    summaries = [line for line in blocked_lines(caplog) if "blocked again" in line.message]
+    # The spin's place only: on a starved host the loop may also stall elsewhere, unasked.
+    lines = [line for line in blocked_lines(caplog) if " in spin" in line.message]
+    stacks = [line for line in lines if "its stack while blocked" in line.message]
+    summaries = [line for line in lines if "blocked again" in line.message]
     assert len(stacks) == 1, [line.message[:120] for line in blocked_lines(caplog)]
-    assert len(summaries) == 1 and " x2 " in summaries[0].message, summaries
-    assert take(service.parts).event_loop_blocks == service.hub_monitor.blocks_reported == 3
+    assert len(summaries) == 1 and " in spin x2 " in summaries[0].message, summaries
+    assert take(service.parts).event_loop_blocks == service.hub_monitor.blocks_reported >= 3

@@ -123,8 +123,8 @@ class MessageLoop:
             return self._move(connection)
         except MoveNow:  # interrupted while waiting for a call, nothing of it read
             return self._move(connection)
-        except (WireError, _MalformedMessage) as exc:
-            self._rejected.count(self._stats.count_closing(exc), f"{peer}: {exc}")
+        except (WireError, _MalformedMessage) as refused:
+            self._rejected.count(self._stats.count_closing(refused), f"{peer}: {refused}")
         except TimeoutError:
             log.debug(
                 "connection from %s idle for %d ms; closing", peer, self._settings.idle_timeout_ms
@@ -262,8 +262,8 @@ class MessageLoop:
             context.run(set_call_endpoints, connection.endpoints)
             context.run(current_caller.set, connection.caller)
             result.success = context.run(call)
-        except TApplicationException as exc:
-            return exc
+        except TApplicationException as application_error:
+            return application_error
         except Exception as exc:  # noqa: BLE001 - declared or not, every handler error is answered
             if not self._processor.handle_exception(exc, result):
                 return self._internal_error(api, exc)

@@ -191,12 +191,15 @@ class AppStatsHandler:
                 # Every panel failed (an open circuit fails at once): no latency to learn from.
                 call.measured = any(o.status is not TaskStatus.ERROR for o in result.outcomes)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
-        except FanOutOverloaded as exc:
-            raise appstats.Overloaded(message=str(exc), retry_after_ms=exc.retry_after_ms) from None
-        except RequiredTaskFailed as exc:
-            outcomes = self._in_order(valid, exc.result.outcomes, skipped)
+        # One name per clause: mypyc types a name shared by two clauses as the first's class.
+        except FanOutOverloaded as overloaded:
+            raise appstats.Overloaded(
+                message=str(overloaded), retry_after_ms=overloaded.retry_after_ms
+            ) from None
+        except RequiredTaskFailed as failed:
+            outcomes = self._in_order(valid, failed.result.outcomes, skipped)
             raise appstats.PanelFailed(
-                message=str(exc), panel=exc.failed.name, outcomes=to_thrift_outcomes(outcomes)
+                message=str(failed), panel=failed.failed.name, outcomes=to_thrift_outcomes(outcomes)
             ) from None
         return self._in_order(valid, result.outcomes, skipped)
 

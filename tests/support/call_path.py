@@ -10,6 +10,9 @@ connection's, and the task runners'); not the hub's own callbacks, not the backe
 checks and the brownout controller that run on a schedule (``HealthChecker``, ``Dimmer``), not the sample backends
 (``service/samples/``), not this module.
 
+The profiler sees only Python frames, so the server here runs the hot path from its
+sources even where it is compiled (``make compiled``): ``service.compiled.run_sources``.
+
     python -m tests.support.call_path MONGO_URI DATABASE ALERTS_URL METRICS_URL
 """
 
@@ -144,4 +147,7 @@ def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> No
 
 
 if __name__ == "__main__":
+    from service import compiled
+
+    compiled.run_sources()  # before any module of the hot path is imported
     main(*sys.argv[1:5])

@@ -21,13 +21,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-__all__ = ["ROOT", "Dist", "Installed", "dist", "installed"]
+__all__ = ["ROOT", "Dist", "Installed", "dist", "fresh_install", "installed"]
 
 ROOT = Path(__file__).resolve().parents[2]
 _BUILD_TIMEOUT_S = 600
@@ -180,22 +180,33 @@ def dist(tmp_path_factory: pytest.TempPathFactory) -> Dist:
     return _build(tmp_path_factory.mktemp("dist"), scratch)
 
 
-@pytest.fixture(scope="session")
-def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    where = tmp_path_factory.mktemp("installed")
+def fresh_install(where: Path, requirement: str, env: dict[str, str] | None = None) -> Installed:
+    """``requirement`` (a wheel, or an sdist built on the way) in a new venv under ``where``.
+
+    ``env`` is added to the installer's environment (``CC`` for an sdist's build). An sdist
+    is always built afresh, never taken from the installer's cache of earlier builds."""
     venv, outside = where / "venv", where / "work"
-    outside.mkdir()
+    outside.mkdir(parents=True)
     _check([sys.executable, "-m", "venv", "--without-pip", str(venv)], outside)
+    fresh = ["--reinstall-package", "fanout", "--refresh-package", "fanout"]
     _check(
         [
+            "env",
+            *(f"{key}={value}" for key, value in (env or {}).items()),
             _uv(),
             "pip",
             "install",
             "--quiet",
+            *(fresh if requirement.endswith(".tar.gz") else []),
             "--python",
             str(venv / "bin" / "python"),
-            f"{dist.wheel}[demo]",
+            requirement,
         ],
         outside,
     )
-    yield Installed(venv, outside)
+    return Installed(venv, outside)
+
+
+@pytest.fixture(scope="session")
+def installed(dist: Dist, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    return fresh_install(tmp_path_factory.mktemp("installed"), f"{dist.wheel}[demo]")

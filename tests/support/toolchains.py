@@ -63,6 +63,12 @@ TOOLCHAINS = {
             "the Apache Thrift compiler (thrift-compiler; `make toolchains` as root installs "
             "it), Go, Java 17 with Maven, Node with npm",
         ),
+        Toolchain(
+            "compiler",
+            ("gcc",),
+            "the hot path compiled with mypyc (`make compiled`, tests/test_compiled.py)",
+            "a C compiler (gcc; `make toolchains` as root installs it)",
+        ),
         Toolchain("zipkin", ("java",), "the Zipkin trace view (tests/test_trace_ui.py)", "Java 17"),
         Toolchain(
             "image",
