@@ -129,7 +129,7 @@ def describe() -> str:
         why = (
             f"{PURE_ENV} is set"
             if pure_requested()
-            else f"built without a C compiler, or with {PURE_ENV}=1"
+            else f"not compiled: built without a C compiler or with {PURE_ENV}=1"
         )
         return f"pure Python ({why}): same behaviour, more CPU per call"
     pure = ", ".join(name for name in HOT_PATH if name not in compiled)

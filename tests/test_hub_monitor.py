@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +12,7 @@ from typing import Any
 import gevent
 import greenlet
 import pytest
+from gevent.monkey import get_original
 
 from lookups.base import Lookup
 from lookups.deadline import Deadline
@@ -201,3 +204,52 @@ def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
     assert len(stacks) == 1, [line.message[:120] for line in blocked_lines(caplog)]
     assert len(summaries) == 1 and " in spin x2 " in summaries[0].message, summaries
     assert take(service.parts).event_loop_blocks == service.hub_monitor.blocks_reported >= 3
+
+
+def blocking_sleep(seconds: float) -> None:
+    """Sleep in a system call gevent did not patch: the event loop is blocked meanwhile."""
+    get_original("time", "sleep")(seconds)
+
+
+def test_a_blocking_system_call_is_reported_with_the_stack_that_made_it(caplog: Any) -> None:
+    """The timer signal interrupts the call, and the look runs inside it: the stack logged
+    is the sleeping one, not wherever the loop went on after it."""
+    caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
+    monitor = HubMonitor(_THRESHOLD_MS).start()
+    try:
+        gevent.spawn(blocking_sleep, _BUSY_S).join()
+        wait_for(lambda: any("its stack" in line.message for line in blocked_lines(caplog)))
+    finally:
+        monitor.stop()
+    [line, *_] = [line for line in blocked_lines(caplog) if "its stack" in line.message]
+    assert " at " + __file__ in line.message and "in blocking_sleep;" in line.message, line.message
+
+
+def test_the_monitor_starts_no_thread() -> None:
+    """Its looks are a timer signal in the loop's own thread: a thread that woke as often
+    took the GIL from a busy loop each time."""
+    threads = len(os.listdir("/proc/self/task"))
+    monitor = HubMonitor(_THRESHOLD_MS).start()
+    try:
+        assert monitor.running
+        assert len(os.listdir("/proc/self/task")) == threads
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
+    finally:
+        monitor.stop()
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
+
+
+def test_a_sigalrm_handled_by_something_else_is_left_alone(caplog: Any) -> None:
+    def theirs(signum: int, frame: Any) -> None:
+        raise AssertionError("not expected to fire")
+
+    caplog.set_level(logging.INFO, logger="service.operations.hub_monitor")
+    before = signal.signal(signal.SIGALRM, theirs)
+    try:
+        monitor = HubMonitor(_THRESHOLD_MS).start()
+        assert not monitor.running
+        assert signal.getsignal(signal.SIGALRM) is theirs
+        assert any("SIGALRM is handled by something else" in r.message for r in caplog.records)
+    finally:
+        signal.signal(signal.SIGALRM, before)

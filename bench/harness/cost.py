@@ -43,6 +43,8 @@ def cpu_per_call(scale: Scale) -> Scenario:
         for config in (
             *(_config(name, s, "stats", c) for s in servers),
             _config(name, "fanout", "stats", c, label="fanout-pure", pure=True),
+            # As shipped, the hub monitor is on (every other configuration has it off).
+            _config(name, "fanout", "stats", c, label="fanout-hub-monitor", hub_monitor=True),
         )
     ]
     # Each panel asked for alone, as in the efficiency scenario: the yardstick of p50.
@@ -95,6 +97,17 @@ def cpu_per_call(scale: Scale) -> Scenario:
                     f"(FANOUT_PURE=1), {c} connection{'s' if c > 1 else ''}",
                     fan,
                     _cpu_ms_per_reply(results.get(f"{name}/fanout-pure/c{c}")),
+                    limit=None,
+                    at_most=True,
+                )
+            )
+            out.append(
+                ratio_goal(
+                    name,
+                    f"server CPU per call fanout with the hub monitor on (as shipped) / off, "
+                    f"{c} connection{'s' if c > 1 else ''}",
+                    _cpu_ms_per_reply(results.get(f"{name}/fanout-hub-monitor/c{c}")),
+                    fan,
                     limit=None,
                     at_most=True,
                 )

@@ -60,6 +60,7 @@ def _config(
         "fair_share",
         "callers",
         "pure",
+        "hub_monitor",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}

@@ -111,6 +111,8 @@ class StackSpec:
     callers: tuple[tuple[str, float], ...] = ()  # [callers.<name>] weight, by name
     # FANOUT_PURE=1: the hot path from its sources where the install is compiled; fanout only.
     pure: bool = False
+    # server.hub_block_threshold_ms at its default (the monitor on, as shipped) or 0 (off).
+    hub_monitor: bool = False
 
     def __post_init__(self) -> None:
         for name, value, choices in (

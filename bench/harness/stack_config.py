@@ -20,7 +20,7 @@ def stack_config(
         "port = 0",
         f"max_connections = {spec.max_connections}",
         f"workers = {spec.workers}",
-        "hub_block_threshold_ms = 0",
+        f"hub_block_threshold_ms = {100 if getattr(spec, 'hub_monitor', False) else 0}",
         "drain_timeout_ms = 2000",
         "idle_timeout_ms = 600000",
         "",

@@ -20,23 +20,31 @@ How, and what it costs:
 * gevent's compiled ``HubSwitchTracer`` (the tracer behind gevent's own
   ``monitor_thread``) runs on every greenlet switch: it records the greenlet
   switched to and, on a switch into the hub, the time: a few instructions a switch.
-* A native thread wakes every quarter threshold (at least 5 ms) while the loop
-  runs greenlets; while it sits idle in the hub, nothing can block, and the thread
-  looks half as often at each idle look, down to once per
+* The looks are a timer signal (``SIGALRM`` from ``setitimer``), not a thread: the
+  handler runs in the event loop's own thread, between two bytecodes of whatever runs
+  there, every quarter threshold (at least 5 ms) while the loop runs greenlets. A thread
+  that woke that often had to take the GIL from the loop each time, and on a busy host
+  the loop then waited for that thread to be scheduled: a loaded server lost a share of
+  its throughput to it (the ``cpu`` scenario's rows with the monitor on and off give
+  it). A blocking system call that gevent did not patch (``time.sleep``, a
+  blocking ``recv``) is interrupted by the signal, and Python runs the handler inside
+  it, so the stack is still the blocked one; a long computation inside one C call is
+  looked at when it returns. While the loop sits idle in the hub, nothing can block,
+  and the timer is set half as often at each idle look, down to once per
   :data:`IDLE_PERIOD_THRESHOLDS` thresholds; a look that finds it idle again after a
-  brief run (a timer, a health check) keeps that pace. Each wake-up of a thread costs,
-  and an idle server's monitor was a large part of what the server cost at rest
-  (``make bench-idle`` measures it on and off): at the default threshold it now looks
-  once a second at rest, where it looked five times. When
-  the hub has not run for longer than the threshold, it takes the blocked thread's stack
-  and the blocked greenlet's current span, and hands them to the hub with
-  ``loop.run_callback_threadsafe``; the report runs there, in the monitored
-  thread, as soon as the loop runs again. Nothing is logged or recorded from
-  the monitor thread itself.
-* Another thread cannot read the context of a running greenlet, so the current
-  span per greenlet comes from a span processor on the global SDK tracer
-  provider (:class:`_GreenletSpans`): a dict update per span start and end,
-  only for recorded spans. Without an SDK provider there are no span events.
+  brief run (a timer, a health check) keeps that pace. When the hub has not run for
+  longer than the threshold, the handler takes the interrupted stack (without reading
+  any source line) and the blocked greenlet's current span, and hands them to the hub
+  with ``loop.run_callback``; the report runs there as soon as the loop runs again.
+  Nothing is logged or recorded from the handler itself: it may have interrupted a
+  logging call or a span's own lock.
+* So the monitor needs ``SIGALRM``, in the main thread: where the loop runs in another
+  thread, or something else handles ``SIGALRM`` (``pytest-timeout``'s signal method),
+  it does not start and says so once.
+* The current span per greenlet comes from a span processor on the global SDK tracer
+  provider (:class:`_GreenletSpans`): a dict update per span start and end, only for
+  recorded spans, so that a block is put on the nearest span still open when it is
+  reported. Without an SDK provider there are no span events.
 
 A run between one threshold and one and a quarter thresholds long may end
 before the monitor looks and go unreported; longer ones are always reported, except
@@ -55,8 +63,7 @@ before it is seen; and it prints a greenlet-tree report to stderr per block
 unless ``print_blocking_reports`` is turned off for the whole process. We reuse
 its switch tracer (``gevent._tracer``, private: tests/test_hub_monitor.py fails
 if a gevent upgrade moves it) and add measured durations and span attribution.
-One monitor per thread: a second :meth:`HubMonitor.start` in the same thread
-is a no-op (logged).
+One monitor per process: a second :meth:`HubMonitor.start` is a no-op (logged).
 """
 
 from __future__ import annotations
@@ -64,7 +71,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import sys
+import signal
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -91,18 +98,17 @@ STACK_INTERVAL_S = 600.0
 SUMMARY_INTERVAL_S = 60.0
 
 _STACK_FRAMES = 8  # innermost frames of the blocked stack kept in the report
-_MIN_PERIOD_S = 0.005  # the monitor thread never wakes more often than this
+_MIN_PERIOD_S = 0.005  # the monitor never looks more often than this
 #: While the loop stays idle, the monitor looks once per this many thresholds at most.
 IDLE_PERIOD_THRESHOLDS = 10
 _MAX_OPEN_SPANS = 100_000  # a bound on the span registry, against spans never ended
 
-_start_thread = get_original("_thread", "start_new_thread")
-_thread_sleep = get_original("time", "sleep")
-_get_ident = get_original("_thread", "get_ident")
+# The standard library's, not gevent's wrapper (which only adds SIGCHLD handling).
+_set_handler = get_original("signal", "signal")
 
 
 class _GreenletSpans(SpanProcessor):
-    """The innermost open span of each greenlet, readable from another thread.
+    """The innermost open span of each greenlet, readable from the signal's handler.
 
     Inactive (every hook returns at once) while no monitor uses it.
     """
@@ -137,7 +143,7 @@ class _GreenletSpans(SpanProcessor):
             del self._innermost[owner]
 
     def innermost(self, owner: Any) -> Span | None:
-        """The innermost open span started by greenlet ``owner``; safe from any thread."""
+        """The innermost open span started by greenlet ``owner``."""
         return self._innermost.get(owner)
 
     def nearest_recording(self, span: Span | None) -> Span | None:
@@ -155,7 +161,7 @@ class _GreenletSpans(SpanProcessor):
 
 _SPANS = _GreenletSpans()
 _attached_to: list[Any] = []  # the provider _SPANS was added to (processors cannot be removed)
-_active: dict[tuple[int, int], HubMonitor] = {}  # (pid, thread ident) -> the monitor running there
+_active: dict[int, HubMonitor] = {}  # pid -> the monitor running in that process
 
 
 def _attach_span_registry() -> bool:
@@ -172,7 +178,7 @@ def _attach_span_registry() -> bool:
 
 
 class _Look(enum.Enum):
-    """What the monitor thread found the loop doing since its last look."""
+    """What a look found the loop doing since the last one."""
 
     IDLE = "idle"  # in the hub, and nothing ran since the last look
     RESTING = "resting"  # in the hub, after running something since
@@ -181,24 +187,24 @@ class _Look(enum.Enum):
 
 @dataclass
 class _Watch:
-    """The state of one :meth:`HubMonitor.start`, shared with its monitor thread."""
+    """The state of one :meth:`HubMonitor.start`, read and written by its looks."""
 
     tracer: Any
     hub: Any
-    thread_ident: int
-    key: tuple[int, int]  # its key in _active
+    key: int  # its key in _active
     threshold_s: float
     period_s: float
     running: bool = True
     uses_spans: bool = False  # counted in _SPANS.users
     reported_entry: float = 0.0  # hub entry time of the last run reported
     seen_entry: float = 0.0  # hub entry time at the monitor's last look
-    waiting_s: float = 0.0  # what the monitor thread waits between looks now
+    waiting_s: float = 0.0  # the timer's interval now
+    previous_handler: Any = None  # SIGALRM's handler before start, put back by stop
 
 
 @dataclass(frozen=True)
 class _Block:
-    """One blocked run, as seen by the monitor thread."""
+    """One blocked run, as a look saw it."""
 
     greenlet: Any
     entered_hub: float  # SYSTEM_CLOCK.monotonic() when the hub last ran before the block
@@ -206,10 +212,21 @@ class _Block:
     span: Span | None
 
 
+@dataclass(frozen=True)
+class _AlarmHandler:
+    """``SIGALRM``'s handler while a monitor runs: one look."""
+
+    monitor: HubMonitor
+    watch: _Watch
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.monitor._look(self.watch, frame)
+
+
 class HubMonitor:
     """Reports event-loop blocks longer than ``threshold_ms``; ``threshold_ms`` 0 disables it.
 
-    Call :meth:`start` and :meth:`stop` in the thread whose event loop to watch.
+    Call :meth:`start` and :meth:`stop` in the main thread, whose event loop it watches.
     """
 
     def __init__(self, threshold_ms: int) -> None:
@@ -235,36 +252,47 @@ class HubMonitor:
         return self._reported
 
     def start(self) -> HubMonitor:
-        """Install the switch tracer and start the monitor thread; a no-op when disabled,
-        already running, or when another monitor runs in this thread."""
+        """Install the switch tracer and the timer signal's handler; a no-op when disabled,
+        already running, when another monitor runs in this process, or when the signal
+        cannot be ours (not the main thread, or ``SIGALRM`` handled by something else)."""
         if self.threshold_ms == 0 or self._watch is not None:
             return self
-        ident = _get_ident()
-        key = (os.getpid(), ident)  # a forked child may reuse the parent's thread ident
+        key = os.getpid()  # a forked child has a monitor of its own to start
         if key in _active:
-            log.info("hub monitor: one is already running in this thread; not starting another")
+            log.info("hub monitor: one is already running in this process; not starting another")
+            return self
+        previous = signal.getsignal(signal.SIGALRM)
+        # A handler of ours in a forked child is its parent's: it is replaced.
+        if previous not in (signal.SIG_DFL, None) and not isinstance(previous, _AlarmHandler):
+            log.warning("hub monitor: SIGALRM is handled by something else; not starting")
             return self
         hub = get_hub()
         threshold_s = self.threshold_ms / 1000.0
         watch = _Watch(
             HubSwitchTracer(hub, threshold_s),
             hub,
-            ident,
             key,
             threshold_s,
             max(threshold_s / 4, _MIN_PERIOD_S),
         )
+        try:
+            watch.previous_handler = _set_handler(signal.SIGALRM, _AlarmHandler(self, watch))
+        except ValueError:  # only the main thread may handle signals
+            watch.tracer.kill()
+            log.warning("hub monitor: its event loop is not the main thread's; not starting")
+            return self
         if _attach_span_registry():
             watch.uses_spans = True
             _SPANS.users += 1
         self._watch, _active[key] = watch, self
-        _start_thread(self._monitor, (watch,))
+        watch.waiting_s = watch.period_s
+        signal.setitimer(signal.ITIMER_REAL, watch.waiting_s)
         log.info("hub monitor: reporting event-loop blocks over %d ms", self.threshold_ms)
         return self
 
     @property
     def waiting_s(self) -> float:
-        """What the monitor thread waits between looks now: its period while the loop is
+        """The timer's interval between looks now: its period while the loop is
         busy, up to :data:`IDLE_PERIOD_THRESHOLDS` thresholds while it is idle (0 before
         :meth:`start`)."""
         return self._watch.waiting_s if self._watch is not None else 0.0
@@ -274,12 +302,16 @@ class HubMonitor:
         self._summary.flush()
 
     def stop(self) -> None:
-        """Stop reporting and remove the tracer; idempotent. The thread ends within one period."""
+        """Stop reporting, remove the tracer and the signal's handler; idempotent."""
         watch, self._watch = self._watch, None
         if watch is None:
             return
         self._summary.flush()
         watch.running = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        previous = watch.previous_handler
+        keep = previous is not None and not isinstance(previous, _AlarmHandler)
+        _set_handler(signal.SIGALRM, previous if keep else signal.SIG_DFL)
         _active.pop(watch.key, None)
         if watch.uses_spans:
             _SPANS.users -= 1
@@ -292,32 +324,30 @@ class HubMonitor:
                 "hub monitor: another greenlet tracer was installed later; ours stays chained"
             )
 
-    def _monitor(self, watch: _Watch) -> None:
-        """The monitor thread. Reads the tracer; writes nothing the hub acts on (only
-        ``watch.waiting_s``, which :attr:`waiting_s` reports)."""
-        watch.waiting_s = watch.period_s
+    def _look(self, watch: _Watch, frame: Any) -> None:
+        """The timer signal's handler: runs in the loop's thread, in whatever ran there."""
+        if not watch.running:
+            return
         try:
-            while watch.running:
-                _thread_sleep(watch.waiting_s)
-                if watch.running:
-                    looked = self._check(watch)
-                    # An idle loop cannot block: look less often, up to once an idle period.
-                    # A loop that ran something and is idle again (a timer, a health check)
-                    # keeps the pace it had; one found running greenlets is looked at often.
-                    if looked is _Look.BUSY:
-                        watch.waiting_s = watch.period_s
-                    elif looked is _Look.IDLE:
-                        watch.waiting_s = min(
-                            watch.waiting_s * 2, watch.threshold_s * IDLE_PERIOD_THRESHOLDS
-                        )
-        except Exception as exc:  # noqa: BLE001 - the process is exiting, or a bug: report it in the hub
-            if watch.running:
-                watch.hub.loop.run_callback_threadsafe(
-                    log.error, "hub monitor: monitor thread failed: %r", exc
+            looked = self._check(watch, frame)
+            # An idle loop cannot block: look less often, up to once an idle period. A
+            # loop that ran something and is idle again (a timer, a health check) keeps
+            # the pace it had; one found running greenlets is looked at often.
+            if looked is _Look.BUSY:
+                watch.waiting_s = watch.period_s
+            elif looked is _Look.IDLE:
+                watch.waiting_s = min(
+                    watch.waiting_s * 2, watch.threshold_s * IDLE_PERIOD_THRESHOLDS
                 )
+        except Exception as exc:  # noqa: BLE001 - a bug here must not break what it interrupted
+            watch.hub.loop.run_callback(log.error, "hub monitor: a look failed: %r", exc)
+        finally:
+            if watch.running:
+                signal.setitimer(signal.ITIMER_REAL, watch.waiting_s)
 
-    def _check(self, watch: _Watch) -> _Look:
-        """Report a block going on; what the loop did since the last look."""
+    def _check(self, watch: _Watch, frame: Any) -> _Look:
+        """Report a block going on (``frame``: where the signal interrupted it); what the
+        loop did since the last look."""
         tracer = watch.tracer
         entered = tracer.last_entered_hub
         blocked = tracer.active_greenlet
@@ -329,12 +359,14 @@ class HubMonitor:
         if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
             return _Look.BUSY
         watch.reported_entry = entered
-        frame = sys._current_frames().get(watch.thread_ident)
-        stack = traceback.extract_stack(frame, limit=_STACK_FRAMES) if frame is not None else None
-        if tracer.last_entered_hub != entered:
-            stack = None  # the block ended while we looked: that stack is someone else's
-        block = _Block(blocked, entered, stack, _SPANS.innermost(blocked))
-        watch.hub.loop.run_callback_threadsafe(self._report, watch, block)
+        # No source line read here (file I/O inside a signal handler): the report's
+        # formatting reads them, in the hub.
+        stack = traceback.StackSummary.extract(
+            traceback.walk_stack(frame), limit=_STACK_FRAMES, lookup_lines=False
+        )
+        stack.reverse()
+        block = _Block(blocked, entered, stack or None, _SPANS.innermost(blocked))
+        watch.hub.loop.run_callback(self._report, watch, block)
         return _Look.BUSY
 
     def _report(self, watch: _Watch, block: _Block) -> None:

@@ -7,8 +7,9 @@ pymongo and requests instrumentations installed for the whole session, and a pro
 can install them only once. The call goes over a connection that has already served
 two, so accepting it is not on the path. What runs in greenlets counts (the
 connection's, and the task runners'); not the hub's own callbacks, not the backend
-checks and the brownout controller that run on a schedule (``HealthChecker``, ``Dimmer``), not the sample backends
-(``service/samples/``), not this module.
+checks and the brownout controller that run on a schedule (``HealthChecker``, ``Dimmer``), not the
+hub monitor's looks (a timer signal's handler, run inside whatever runs when it fires), not the
+sample backends (``service/samples/``), not this module.
 
 The profiler sees only Python frames, so the server here runs the hot path from its
 sources even where it is compiled (``make compiled``): ``service.compiled.run_sources``.
@@ -30,6 +31,7 @@ __all__ = ["PROJECT_PACKAGES", "files_of_one_warm_call"]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT_PACKAGES = ("service", "lookups", "tracing")
+_SCHEDULED_BY_SIGNAL = "service/operations/hub_monitor.py"
 _BACKEND_KEYS = ("mongo.uri", "mongo.database", "http.alerts_url", "http.metrics_url")
 
 
@@ -58,6 +60,8 @@ def _project_file(filename: str) -> str:
         return ""
     parts = relative.parts
     if parts[0] not in PROJECT_PACKAGES or parts[:2] == ("service", "samples"):
+        return ""
+    if str(relative) == _SCHEDULED_BY_SIGNAL:
         return ""
     return str(relative)
 
