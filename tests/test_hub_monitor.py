@@ -21,7 +21,13 @@ from lookups.registry import LookupRegistry
 from service.app import FanOutService
 from service.client import AppStatsClient
 from service.idl import appstats
-from service.operations.hub_monitor import BLOCKED_EVENT, IDLE_PERIOD_THRESHOLDS, HubMonitor
+from service.operations.hub_monitor import (
+    BLOCKED_EVENT,
+    IDLE_PERIOD_THRESHOLDS,
+    HubMonitor,
+    Look,
+    next_wait,
+)
 from service.operations.snapshot import take
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.samples import GENEROUS_BUDGETS, StartService
@@ -253,3 +259,16 @@ def test_a_sigalrm_handled_by_something_else_is_left_alone(caplog: Any) -> None:
         assert any("SIGALRM is handled by something else" in r.message for r in caplog.records)
     finally:
         signal.signal(signal.SIGALRM, before)
+
+
+def test_the_looks_follow_what_they_find() -> None:
+    """Busy: every quarter threshold; resting between runs: doubling up to one threshold
+    (a longer wait from idle kept); idle: doubling up to the idle period."""
+    period, threshold = 0.025, 0.1
+    idle = threshold * IDLE_PERIOD_THRESHOLDS
+    assert next_wait(Look.BUSY, idle, period, threshold) == period
+    assert next_wait(Look.RESTING, period, period, threshold) == 2 * period
+    assert next_wait(Look.RESTING, 0.08, period, threshold) == threshold
+    assert next_wait(Look.RESTING, idle, period, threshold) == idle
+    assert next_wait(Look.IDLE, threshold, period, threshold) == 2 * threshold
+    assert next_wait(Look.IDLE, idle, period, threshold) == idle

@@ -29,9 +29,12 @@ How, and what it costs:
   it). A blocking system call that gevent did not patch (``time.sleep``, a
   blocking ``recv``) is interrupted by the signal, and Python runs the handler inside
   it, so the stack is still the blocked one; a long computation inside one C call is
-  looked at when it returns. While the loop sits idle in the hub, nothing can block,
-  and the timer is set half as often at each idle look, down to once per
-  :data:`IDLE_PERIOD_THRESHOLDS` thresholds; a look that finds it idle again after a
+  looked at when it returns. Each signal that finds the loop waiting in the hub wakes
+  the process, so the looks follow what they find: one that finds a greenlet running
+  sets the timer to a quarter threshold; one that finds the loop resting in the hub after
+  a run (a server between calls at a light load) doubles it, up to one threshold; and
+  while the loop sits idle, where nothing can block, each look doubles it, up to
+  :data:`IDLE_PERIOD_THRESHOLDS` thresholds, and a look that finds it resting after a
   brief run (a timer, a health check) keeps that pace. When the hub has not run for
   longer than the threshold, the handler takes the interrupted stack (without reading
   any source line) and the blocked greenlet's current span, and hands them to the hub
@@ -47,7 +50,8 @@ How, and what it costs:
   reported. Without an SDK provider there are no span events.
 
 A run between one threshold and one and a quarter thresholds long may end
-before the monitor looks and go unreported; longer ones are always reported, except
+before the monitor looks and go unreported (up to two thresholds where the looks find
+the loop resting: a light load); longer ones are always reported, except
 that the first run after an idle spell (or one of a few brief runs a second) may go
 unseen up to one idle period longer (:data:`IDLE_PERIOD_THRESHOLDS` thresholds): a
 server at rest has had little to block, and one at work, found running greenlets, is
@@ -86,7 +90,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from lookups.clock import SYSTEM_CLOCK
 from service.engine.summary import FailureSummary
 
-__all__ = ["HubMonitor", "BLOCKED_EVENT"]
+__all__ = ["HubMonitor", "BLOCKED_EVENT", "Look", "next_wait"]
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +181,7 @@ def _attach_span_registry() -> bool:
     return True
 
 
-class _Look(enum.Enum):
+class Look(enum.Enum):
     """What a look found the loop doing since the last one."""
 
     IDLE = "idle"  # in the hub, and nothing ran since the last look
@@ -210,6 +214,21 @@ class _Block:
     entered_hub: float  # SYSTEM_CLOCK.monotonic() when the hub last ran before the block
     stack: traceback.StackSummary | None
     span: Span | None
+
+
+def next_wait(looked: Look, waiting_s: float, period_s: float, threshold_s: float) -> float:
+    """The timer's next interval after a look that found ``looked``.
+
+    A look that finds the loop waiting wakes the process: look as often as what is found
+    asks. A loop found running greenlets is looked at every ``period_s``; one resting
+    between runs less, doubling up to once a threshold (a longer wait, from idle, is
+    kept); an idle loop cannot block: doubling up to once an idle period.
+    """
+    if looked is Look.BUSY:
+        return period_s
+    if looked is Look.RESTING:
+        return max(waiting_s, min(waiting_s * 2, threshold_s))
+    return min(waiting_s * 2, threshold_s * IDLE_PERIOD_THRESHOLDS)
 
 
 @dataclass(frozen=True)
@@ -330,22 +349,14 @@ class HubMonitor:
             return
         try:
             looked = self._check(watch, frame)
-            # An idle loop cannot block: look less often, up to once an idle period. A
-            # loop that ran something and is idle again (a timer, a health check) keeps
-            # the pace it had; one found running greenlets is looked at often.
-            if looked is _Look.BUSY:
-                watch.waiting_s = watch.period_s
-            elif looked is _Look.IDLE:
-                watch.waiting_s = min(
-                    watch.waiting_s * 2, watch.threshold_s * IDLE_PERIOD_THRESHOLDS
-                )
+            watch.waiting_s = next_wait(looked, watch.waiting_s, watch.period_s, watch.threshold_s)
         except Exception as exc:  # noqa: BLE001 - a bug here must not break what it interrupted
             watch.hub.loop.run_callback(log.error, "hub monitor: a look failed: %r", exc)
         finally:
             if watch.running:
                 signal.setitimer(signal.ITIMER_REAL, watch.waiting_s)
 
-    def _check(self, watch: _Watch, frame: Any) -> _Look:
+    def _check(self, watch: _Watch, frame: Any) -> Look:
         """Report a block going on (``frame``: where the signal interrupted it); what the
         loop did since the last look."""
         tracer = watch.tracer
@@ -353,11 +364,11 @@ class HubMonitor:
         blocked = tracer.active_greenlet
         seen, watch.seen_entry = watch.seen_entry, entered
         if blocked is watch.hub:
-            return _Look.IDLE if entered == seen else _Look.RESTING
+            return Look.IDLE if entered == seen else Look.RESTING
         if blocked is None or not entered or entered == watch.reported_entry:
-            return _Look.BUSY
+            return Look.BUSY
         if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
-            return _Look.BUSY
+            return Look.BUSY
         watch.reported_entry = entered
         # No source line read here (file I/O inside a signal handler): the report's
         # formatting reads them, in the hub.
@@ -367,7 +378,7 @@ class HubMonitor:
         stack.reverse()
         block = _Block(blocked, entered, stack or None, _SPANS.innermost(blocked))
         watch.hub.loop.run_callback(self._report, watch, block)
-        return _Look.BUSY
+        return Look.BUSY
 
     def _report(self, watch: _Watch, block: _Block) -> None:
         """Runs in the hub, right after the blocked run ended."""
