@@ -85,51 +85,35 @@ def cpu_per_call(scale: Scale) -> Scenario:
                 limit=1.15,
             )
         ]
+        rows = (
+            ("fanout / hand-written gevent", "fanout", "handwritten", 0.7),
+            (
+                "fanout / the same run from its sources (FANOUT_PURE=1)",
+                "fanout",
+                "fanout-pure",
+                None,
+            ),
+            (
+                "fanout with the hub monitor on (as shipped) / off",
+                "fanout-hub-monitor",
+                "fanout",
+                None,
+            ),
+            ("fanout / threaded", "fanout", "threaded", None),
+        )
         for c in levels:
-            fan = _cpu_ms_per_reply(results.get(f"{name}/fanout/c{c}"))
-            out.append(
-                ratio_goal(
-                    name,
-                    f"server CPU per call fanout / hand-written gevent, "
-                    f"{c} connection{'s' if c > 1 else ''}",
-                    fan,
-                    _cpu_ms_per_reply(results.get(f"{name}/handwritten/c{c}")),
-                    limit=0.7,
-                    at_most=True,
+            connections = f"{c} connection{'s' if c > 1 else ''}"
+            for text, over, under, limit in rows:
+                out.append(
+                    ratio_goal(
+                        name,
+                        f"server CPU per call {text}, {connections}",
+                        _cpu_ms_per_reply(results.get(f"{name}/{over}/c{c}")),
+                        _cpu_ms_per_reply(results.get(f"{name}/{under}/c{c}")),
+                        limit=limit,
+                        at_most=True,
+                    )
                 )
-            )
-            out.append(
-                ratio_goal(
-                    name,
-                    f"server CPU per call fanout / the same run from its sources "
-                    f"(FANOUT_PURE=1), {c} connection{'s' if c > 1 else ''}",
-                    fan,
-                    _cpu_ms_per_reply(results.get(f"{name}/fanout-pure/c{c}")),
-                    limit=None,
-                    at_most=True,
-                )
-            )
-            out.append(
-                ratio_goal(
-                    name,
-                    f"server CPU per call fanout with the hub monitor on (as shipped) / off, "
-                    f"{c} connection{'s' if c > 1 else ''}",
-                    _cpu_ms_per_reply(results.get(f"{name}/fanout-hub-monitor/c{c}")),
-                    fan,
-                    limit=None,
-                    at_most=True,
-                )
-            )
-            out.append(
-                ratio_goal(
-                    name,
-                    f"server CPU per call fanout / threaded, {c} connection{'s' if c > 1 else ''}",
-                    fan,
-                    _cpu_ms_per_reply(results.get(f"{name}/threaded/c{c}")),
-                    limit=None,
-                    at_most=True,
-                )
-            )
         out.append(
             ratio_goal(
                 name,
