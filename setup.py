@@ -23,7 +23,8 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 IDL = Path("thrift") / "appstats.thrift"
-HOT_PATH = runpy.run_path(str(Path("service") / "compiled.py"))["HOT_PATH"]
+COMPILED = runpy.run_path(str(Path("service") / "compiled.py"))  # not imported: see there
+HOT_PATH = COMPILED["HOT_PATH"]
 #: The type-check mypyc runs to compile. Only the compiled modules are read; what they
 #: import from elsewhere (the libraries, our other modules) is typed Any, so the build is
 #: the same whether or not the dependencies are installed beside it (an isolated build
@@ -66,8 +67,11 @@ def _pure(why: str) -> None:
 
 
 def _compiled_extensions() -> list[object]:
-    if os.environ.get("FANOUT_PURE", "") not in ("", "0"):
-        print("fanout: the hot path stays pure Python: FANOUT_PURE is set", file=sys.stderr)
+    if COMPILED["pure_requested"]():
+        print(
+            f"fanout: the hot path stays pure Python: {COMPILED['PURE_ENV']} is set",
+            file=sys.stderr,
+        )
         return []
     if any(arg.startswith(("develop", "editable")) for arg in sys.argv[1:]):
         return []  # an editable install runs the sources as they are edited

@@ -20,7 +20,7 @@ import abc
 import contextlib
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pymongo
@@ -159,7 +159,10 @@ class MongoLookup(Lookup, abc.ABC):
         if deadline.expired:
             raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
         pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        documents = self.backend.run(self.name, _aggregation(self.collection, pipeline), deadline)
+        aggregate = functools.partial(
+            aggregate_one_batch, collection=self.collection, pipeline=pipeline
+        )
+        documents = self.backend.run(self.name, aggregate, deadline)
         return self.build(documents)
 
     @abc.abstractmethod
@@ -340,14 +343,6 @@ def _shape(query: str) -> str:
     shape = _NUMBER.sub("?", shape)
     shape = _IN_LIST.sub(r"\1 (?)", shape)
     return _WHITESPACE.sub(" ", shape).strip()
-
-
-def _aggregation(
-    collection: str, pipeline: list[dict[str, Any]]
-) -> Callable[[Database[Any]], list[Any]]:
-    # Built here, not as a lambda in fetch: mypyc cannot compile a closure in a method of a
-    # class it compiles as a Python class (MongoLookup, above).
-    return lambda db: aggregate_one_batch(db, collection, pipeline)
 
 
 def _sorted_by(items: Sequence[Any], key: Any) -> tuple[Any, ...]:

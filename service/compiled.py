@@ -120,9 +120,10 @@ def pure_requested() -> bool:
     return os.environ.get(PURE_ENV, "") not in ("", "0")
 
 
-def describe() -> str:
-    """One line: whether the hot path runs compiled, and if only in part, which modules."""
-    compiled = compiled_modules()
+def describe(compiled: list[str] | None = None) -> str:
+    """One line: whether the hot path runs compiled, and if only in part, which modules
+    (``compiled``: :func:`compiled_modules`, when already known)."""
+    compiled = compiled_modules() if compiled is None else compiled
     if len(compiled) == len(HOT_PATH):
         return f"compiled with mypyc ({len(HOT_PATH)} modules)"
     if not compiled:

@@ -293,10 +293,8 @@ def _log_hot_path() -> None:
     or pure Python (a build without a C compiler), which costs more CPU per call."""
     from service import compiled
 
-    if compiled.compiled_modules():
-        log.info("hot path: %s", compiled.describe())
-    else:
-        log.warning("hot path: %s", compiled.describe())
+    loaded = compiled.compiled_modules()
+    log.log(logging.INFO if loaded else logging.WARNING, "hot path: %s", compiled.describe(loaded))
 
 
 def _print_serving(address: tuple[str, int]) -> None:

@@ -203,7 +203,6 @@ class _Watch:
     reported_entry: float = 0.0  # hub entry time of the last run reported
     seen_entry: float = 0.0  # hub entry time at the monitor's last look
     waiting_s: float = 0.0  # the timer's interval now
-    previous_handler: Any = None  # SIGALRM's handler before start, put back by stop
 
 
 @dataclass(frozen=True)
@@ -295,7 +294,7 @@ class HubMonitor:
             max(threshold_s / 4, _MIN_PERIOD_S),
         )
         try:
-            watch.previous_handler = _set_handler(signal.SIGALRM, _AlarmHandler(self, watch))
+            _set_handler(signal.SIGALRM, _AlarmHandler(self, watch))
         except ValueError:  # only the main thread may handle signals
             watch.tracer.kill()
             log.warning("hub monitor: its event loop is not the main thread's; not starting")
@@ -328,9 +327,8 @@ class HubMonitor:
         self._summary.flush()
         watch.running = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-        previous = watch.previous_handler
-        keep = previous is not None and not isinstance(previous, _AlarmHandler)
-        _set_handler(signal.SIGALRM, previous if keep else signal.SIG_DFL)
+        # start took SIGALRM only from the default (or a forked parent's handler of ours).
+        _set_handler(signal.SIGALRM, signal.SIG_DFL)
         _active.pop(watch.key, None)
         if watch.uses_spans:
             _SPANS.users -= 1
