@@ -51,6 +51,7 @@ from bench.harness.processes import (
 )
 from bench.harness.stack_config import stack_config
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
+from service import compiled
 from service.idl import appstats
 
 __all__ = [
@@ -303,7 +304,7 @@ def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
         )
     )
     argv = [interpreter, "-m", *_SERVER_MODULES[stack.spec.server], "--config", str(config)]
-    env = {"FANOUT_PURE": "1"} if stack.spec.pure else {}
+    env = {compiled.PURE_ENV: "1"} if stack.spec.pure else {}
     server = stack.processes["server"] = _process(stack, "server", argv, env).spawn()
     ready = server.wait_ready(deadline)
     stack.address = (ready["host"], int(ready["port"]))
