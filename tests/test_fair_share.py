@@ -189,6 +189,27 @@ def test_weights_decide_who_is_under_its_share(weights: dict[str, float], order:
     assert callers.order == order
 
 
+def test_callers_all_over_their_share_get_the_freed_slots_by_weight() -> None:
+    clock = FakeClock()
+    limit = {"initial_limit": 8, "min_limit": 8, "max_limit": 8}
+    callers = Callers(control(clock, weights={"heavy": 3.0}, **limit))
+    running = ["heavy", "light"] * 4  # oldest first; each call takes as long as the next
+    for name in running:
+        callers.admit(name)
+    for _ in range(3):  # both storms keep three calls waiting: both over their share
+        callers.wait("heavy")
+        callers.wait("light")
+    for _ in range(48):
+        admitted = len(callers.order)
+        callers.end(running.pop(0))
+        assert len(callers.order) == admitted + 1
+        running.append(callers.order[-1])
+        callers.wait(callers.order[-1])
+    last = callers.order[-32:]
+    assert last.count("heavy") == 24 and last.count("light") == 8
+    assert running.count("heavy") == 6
+
+
 def test_a_caller_alone_borrows_everything_and_others_share_once_active() -> None:
     clock = FakeClock()
     shares = CallerShares({}, max_callers=100, clock=clock)

@@ -14,12 +14,20 @@ criticality the calls of callers under their share go first, and evict the other
 line that stands is the callers' over their share: a waiter under its share may still
 wait ``queue_interval_ms`` (CoDel's cut would refuse it whenever no call ended within
 ``queue_target_ms``, for another's storm).
+
+Where the callers waiting at one place are all over their share (two storms), the one a
+freed slot goes to is, of the next :data:`CHOICE` waiters in order, that of the caller
+with the fewest calls in flight for its weight: the weights then share the slots, as
+deficit round robin shares a link, instead of the callers' rates of asking. A place is
+decided when a call joins, from its caller's demand (calls in flight and waiting); the
+choice looks at calls in flight at the moment a slot frees.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import islice
 
 from gevent.event import Event
 
@@ -27,10 +35,22 @@ from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
 from service.overload.caller_shares import CallerShare
 
-__all__ = ["WaitingLine", "Waiter", "place_of", "criticality_at", "under_share", "PLACES"]
+__all__ = [
+    "WaitingLine",
+    "Waiter",
+    "place_of",
+    "criticality_at",
+    "under_share",
+    "PLACES",
+    "CHOICE",
+]
 
 #: Places in the line: two per criticality (callers under their share, then over).
 PLACES = 2 * len(Criticality)
+#: How many waiters of the place next in line a freed slot chooses among (fair share on):
+#: enough that two or three callers asking at once are each among them, few enough that
+#: a hand-over stays O(1).
+CHOICE = 8
 
 
 def place_of(criticality: int, over_share: bool) -> int:
@@ -123,12 +143,33 @@ class WaitingLine:
             return None
         newest = self.standing
         top = next(r for r, count in enumerate(self._by_place) if count)
+        order = reversed(self.waiters) if newest else iter(self.waiters)
         if self._by_place[top] == len(self.waiters):  # one place waits: the usual case
-            waiter = self.waiters[-1] if newest else self.waiters[0]
+            candidates = order
         else:
-            order = reversed(self.waiters) if newest else iter(self.waiters)
-            waiter = next(w for w in order if w.place == top)
+            candidates = (w for w in order if w.place == top)
+        if self._settings.fair_share:
+            waiter = least_served(islice(candidates, CHOICE))
+        else:
+            waiter = next(candidates)
         self.leave(waiter)
         waiter.admitted = True
         waiter.event.set()
         return waiter
+
+
+def least_served(candidates: Iterable[Waiter]) -> Waiter:
+    """Of ``candidates`` (at least one, in the order the line serves them), the first whose
+    caller has the fewest calls in flight for its weight; a waiter of no known caller
+    counts as having none."""
+    best: Waiter | None = None
+    best_load = 0.0
+    for waiter in candidates:
+        caller = waiter.caller
+        load = caller.inflight / caller.weight if caller is not None else 0.0
+        if best is None or load < best_load:
+            best, best_load = waiter, load
+            if load == 0.0:
+                break
+    assert best is not None, "least_served needs a candidate"
+    return best
