@@ -1,12 +1,14 @@
-"""Micro-benchmarks of the engine: per-task overhead, and memory per task and per connection.
+"""Micro-benchmarks of the engine: per-task overhead, memory per task and per connection, and
+the CPU of one span.
 
 ``python -m bench.micro [--quick]`` prints the JSON of :func:`run_micro`::
 
     {"task_overhead_us": {"p50", "p99", "mean", "ci95", "reps", "tasks_per_run", "runs_per_rep"},
      "rss_per_inflight_task_kib": {"mean", "n", "rss_before_kib", "rss_during_kib"},
-     "rss_per_idle_connection_kib": {"mean", "n", "rss_before_kib", "rss_during_kib"}}
+     "rss_per_idle_connection_kib": {"mean", "n", "rss_before_kib", "rss_during_kib"},
+     "span_cost_us": {"sdk", "encode", "task_span": {"p50", "p99", "mean", "ci95"}}}
 
-Why not pyperf: two of the three figures are memory (RSS per task, per connection),
+Why not pyperf: two of the figures are memory (RSS per task, per connection),
 which pyperf does not measure, and the timing probe must run under gevent's
 patching inside a hub, where pyperf's runner, which owns the command line and
 spawns and calibrates its own workers, cannot host it without wrapping the probe
@@ -25,6 +27,8 @@ installed (a tracer provider, monkey-patching, warm caches) does not leak in:
 * **RSS per idle connection**: ``fanout serve`` with tracing off; ``n`` client
   connections from this process, each makes one ``ping`` and then stays idle;
   the server's (during - before) / n.
+* **CPU of one span** (:mod:`bench.span_cost`): the OpenTelemetry SDK's own work, with
+  Fanout's OTLP encoding, and through Fanout's task-span helper, per span.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ _WARMUP_TASKS = 50
 
 
 def run_micro(reps: int = 30, quick: bool = False) -> dict:
-    """Run the three micro-benchmarks, each in a fresh subprocess; return their figures.
+    """Run the micro-benchmarks, each in a fresh subprocess; return their figures.
 
     ``quick`` shrinks the work (fewer runs per rep, fewer tasks and connections)
     for a smoke run. Raises ``RuntimeError`` if a probe process fails.
@@ -69,6 +73,7 @@ def run_micro(reps: int = 30, quick: bool = False) -> dict:
         ),
         "rss_per_inflight_task_kib": _probe("inflight", "--n", str(inflight_n)),
         "rss_per_idle_connection_kib": measure_idle_connections(connections_n),
+        "span_cost_us": _probe("spans", "--reps", str(reps), "--n", "500" if quick else "4000"),
         "goals": dict(_GOALS),
     }
 
@@ -300,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="less work, for a smoke run")
     parser.add_argument("--reps", type=int, default=30)
-    parser.add_argument("--probe", choices=["engine", "inflight"], help=argparse.SUPPRESS)
+    parser.add_argument("--probe", choices=["engine", "inflight", "spans"], help=argparse.SUPPRESS)
     parser.add_argument("--runs-per-rep", type=int, default=200, help=argparse.SUPPRESS)
     parser.add_argument("--tasks-per-run", type=int, default=7, help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=10_000, help=argparse.SUPPRESS)
@@ -309,6 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         result = _probe_engine(args.reps, args.runs_per_rep, args.tasks_per_run)
     elif args.probe == "inflight":
         result = _probe_inflight(args.n)
+    elif args.probe == "spans":
+        from bench.span_cost import measure_span_cost
+
+        samples = measure_span_cost(args.reps, args.n)
+        result = {name: _summary(values) for name, values in samples.items()}
     else:
         result = run_micro(args.reps, args.quick)
     print(json.dumps(result, indent=None if args.probe else 2))

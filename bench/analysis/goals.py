@@ -242,4 +242,12 @@ def micro_goals(figures: dict[str, Any] | None, error: str = "") -> list[Goal]:
         )
         note = f"(during - before) / n over n = {memory['n']}" if memory else error
         out.append(value_goal("micro", text, estimate, "KiB", limit, note=note))
+    spans = figures.get("span_cost_us")
+    for key, text in (
+        ("sdk", "CPU of one span, the OpenTelemetry SDK's own work (us, p50 of reps)"),
+        ("encode", "...with Fanout's OTLP encoding (us)"),
+        ("task_span", "...made by Fanout's task-span helper and encoded (us)"),
+    ):
+        shown = f"{spans[key]['p50']:.1f} +/- {spans[key]['ci95']:.1f}" if spans else "-"
+        out.append(info_row("micro", text, shown, "" if spans else error))
     return out
