@@ -10,6 +10,7 @@ under real load are ``make bench``'s (``bench/fair_share.py``).
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import Any
 
 import gevent
@@ -208,6 +209,25 @@ def test_callers_all_over_their_share_get_the_freed_slots_by_weight() -> None:
     last = callers.order[-32:]
     assert last.count("heavy") == 24 and last.count("light") == 8
     assert running.count("heavy") == 6
+
+
+def test_a_storm_running_under_its_share_is_read_though_over_it_by_demand() -> None:
+    """What UnreadRefusals asks: a caller back early is refused unread only while its calls
+    in flight reach its share; by demand both storms are over theirs."""
+    clock = FakeClock()
+    callers = Callers(control(clock, weights={"heavy": 3.0}, min_limit=4, max_limit=4))
+    for name in ("heavy", "heavy", "light", "light"):
+        callers.admit(name)
+    for _ in range(3):
+        callers.wait("heavy")
+        callers.wait("light")
+    admission = callers.admission
+    heavy, light = admission.callers.arrived("heavy"), admission.callers.arrived("light")
+    assert admission.over_share(heavy) and admission.over_share(light)  # 2 + 3 of 3; of 1
+    assert admission.runs_under_share(heavy)  # 2 in flight of its 3
+    assert not admission.runs_under_share(light)  # 2 in flight of its 1
+    admission.settings = replace(admission.settings, fair_share=False)
+    assert not admission.runs_under_share(heavy)
 
 
 def test_a_caller_alone_borrows_everything_and_others_share_once_active() -> None:

@@ -165,6 +165,15 @@ class AdmissionControl:
             and not self.callers.over(caller, self.cpu.least.cap(self.limit))
         )
 
+    def runs_under_share(self, caller: CallerShare) -> bool:
+        """Whether ``caller`` has fewer calls in flight than its fair share while other
+        callers are active, however many it has waiting (never, with fair share off)."""
+        return (
+            self.settings.fair_share
+            and self.callers.others_active(caller)
+            and self.callers.runs_under(caller, self.cpu.least.cap(self.limit))
+        )
+
     def done(self, latency_s: float | None, caller: CallerShare | None = None) -> None:
         """An admitted call of ``caller`` ended after ``latency_s`` (None: a call that says
         nothing of the service's latency, as concurrency-limits' ``onIgnore``): update the

@@ -142,6 +142,11 @@ class CallerShares:
         of them run."""
         return share.inflight + share.waiting >= self._share_of(share, limit)
 
+    def runs_under(self, share: CallerShare, limit: float) -> bool:
+        """Whether ``share``'s caller has fewer calls in flight than its share of ``limit``
+        (its waiting calls aside): a freed slot may still go to it."""
+        return share.inflight < self._share_of(share, limit)
+
     def others_active(self, share: CallerShare) -> bool:
         """Whether callers other than ``share``'s are active now."""
         return self._active_weight > share.weight * (1 + 1e-9)

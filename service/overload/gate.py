@@ -53,8 +53,10 @@ paced refusal, within the deadline that caller's last call carried, and counted 
 every refusal is (``fanout.calls.overloaded``, ``fanout.calls.held``,
 ``rpc.server.call.duration`` with ``error.type`` ``Overloaded``). It makes no span. A
 malformed call from such a caller is refused, not rejected, until it is read. Other
-callers and other methods are read as usual. The same holds while the brownout dimmer
-refuses every call of the criticality that caller's last call carried.
+callers and other methods are read as usual, and so are the calls of a caller with fewer
+calls in flight than its fair share (:mod:`service.overload.caller_shares`). The same
+holds while the brownout dimmer refuses every call of the criticality that caller's last
+call carried.
 
 The gate's counters and admission's state are series of the service
 (:mod:`service.operations.service_metrics`).
@@ -382,8 +384,12 @@ class UnreadRefusals:
             self._admission.saturated or self._dimmer.level >= REFUSED_FROM[caller.criticality]
         ):
             return None
-        if caller.share is not None and self._admission.under_share(caller.share):
-            return None  # read it: admission serves a caller under its share first
+        if caller.share is not None and self._admission.runs_under_share(caller.share):
+            # Read it: admission serves a caller under its share first, and a freed slot
+            # goes to the caller with the fewest calls in flight for its weight. By demand
+            # (waiting calls too) two storms are both over their share, and refused unread
+            # alike they reached admission at the same rate, whatever their weights.
+            return None
         header = call_header(message, self._protocol)
         if header is None or header[0] != _METHOD:
             return None
