@@ -23,6 +23,8 @@ TITLES = {
     "brownout.json": 'Brownout and criticality (`make bench BENCH_ARGS="--only brownout"`)',
     "fair-share.json": 'Fair share per caller (`make bench BENCH_ARGS="--only fair"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
+    "tracing.json": 'Tracing cost and the CPU of one span (`make bench BENCH_ARGS="--only '
+    'tracing,micro"`)',
     "cost.json": "CPU, tracing, efficiency, latency and coalescing",
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
