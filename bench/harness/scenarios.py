@@ -234,7 +234,7 @@ SATURATING_CONNECTIONS = 20
 
 def tracing_cost(scale: Scale) -> Scenario:
     name = "tracing"
-    modes = ("off", "ratio10", "full")
+    modes = ("off", "ratio1", "ratio10", "full")
     configs = [
         _config(name, "fanout", "stats", SATURATING_CONNECTIONS, label=f"tracing-{m}", tracing=m)
         for m in modes
@@ -244,7 +244,7 @@ def tracing_cost(scale: Scale) -> Scenario:
         off_result = results.get(f"{name}/tracing-off/c{SATURATING_CONNECTIONS}")
         off = _per_rep(off_result, "rps")
         out = []
-        for mode, limit in (("ratio10", 0.95), ("full", 0.75)):
+        for mode, limit in (("ratio1", 0.95), ("ratio10", 0.95), ("full", 0.75)):
             traced = results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}")
             out.append(
                 ratio_goal(
@@ -256,7 +256,7 @@ def tracing_cost(scale: Scale) -> Scenario:
                     at_most=False,
                 )
             )
-        for mode, limit in (("ratio10", 1.05), ("full", 1.20)):
+        for mode, limit in (("ratio1", 1.05), ("ratio10", 1.05), ("full", 1.20)):
             traced = results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}")
             out.append(
                 ratio_goal(
@@ -274,8 +274,9 @@ def tracing_cost(scale: Scale) -> Scenario:
     notes = [
         f"Closed loop at {SATURATING_CONNECTIONS} connections: enough to keep the server's "
         "CPU busy (so tracing's CPU shows as lost throughput), few enough that no lookup "
-        "runs into its 1 s timeout. full = 100% sampling, batch processor, OTLP/HTTP "
-        "export to a local sink (its CPU is in the otlp column)."
+        "runs into its 1 s timeout. ratio1 and ratio10 = 1% and 10% parent-based sampling, "
+        "full = 100%; batch processor, OTLP/HTTP export to a local sink (its CPU is in the "
+        "otlp column)."
     ]
     return Scenario(name, "Tracing cost", configs, goals, notes)
 

@@ -16,7 +16,7 @@ mongo "nx"         ``python -m bench.servers.nx_backend``: nx-27017 seeded with 
                    real queries, no added delay
 http               ``python -m bench.servers.http_backend``: the sample alerts and metrics answers,
                    cached, after ``delay_ms`` per request
-otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio10" or "full" only)
+otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio1", "ratio10" or "full" only)
 server "fanout"    ``python -m service.cli serve --config FILE``
 server "sequential", "threaded", "bare", "handwritten", "refusing"
                    ``python -m bench.baselines.<name> --config FILE``
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "refusing")
 MONGO_BACKENDS = ("responder", "nx")
-TRACING_MODES = ("off", "ratio10", "full")
+TRACING_MODES = ("off", "ratio1", "ratio10", "full")
 ROLES = ("server", "mongo", "http", "otlp")
 _SERVER_MODULES = {
     "fanout": ["service.cli", "serve"],
@@ -97,7 +97,7 @@ class StackSpec:
     mongo: str = "responder"  # "responder" | "nx"
     delay_ms: int = 20  # added to every MongoDB-wire (responder only) and HTTP operation
     workers: int = 1  # fanout only
-    tracing: str = "off"  # "off" | "ratio10" | "full"; fanout only
+    tracing: str = "off"  # "off" | "ratio1" | "ratio10" | "full"; fanout only
     max_connections: int = 12_000
     pool_size: int = 200  # mongo.max_pool_size and http.pool_maxsize
     # "adaptive" (the defaults) | "one" (a limit of one call, refusals not held) | "one-held"

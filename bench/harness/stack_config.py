@@ -63,7 +63,7 @@ def stack_config(
     if spec.tracing == "off":
         lines.append("enabled = false")
     else:
-        ratio = 0.1 if spec.tracing == "ratio10" else 1.0
+        ratio = {"ratio1": 0.01, "ratio10": 0.1}.get(spec.tracing, 1.0)
         lines += [
             "enabled = true",
             'exporter = "otlp"',
