@@ -49,7 +49,7 @@ from bench.harness.processes import (
     child_environment,
     raise_nofile_limit,
 )
-from bench.harness.stack_config import stack_config
+from bench.harness.stack_config import SAMPLE_RATIOS, stack_config
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
 from service import compiled
 from service.idl import appstats
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "refusing")
 MONGO_BACKENDS = ("responder", "nx")
-TRACING_MODES = ("off", "ratio1", "ratio10", "full")
+TRACING_MODES = ("off", *SAMPLE_RATIOS)
 ROLES = ("server", "mongo", "http", "otlp")
 _SERVER_MODULES = {
     "fanout": ["service.cli", "serve"],

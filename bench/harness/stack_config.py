@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["stack_config"]
+__all__ = ["stack_config", "SAMPLE_RATIOS"]
+
+#: The traced modes of a stack (``StackSpec.tracing``) and the share of calls each samples.
+SAMPLE_RATIOS = {"ratio1": 0.01, "ratio10": 0.1, "full": 1.0}
 
 
 def stack_config(
@@ -63,7 +66,7 @@ def stack_config(
     if spec.tracing == "off":
         lines.append("enabled = false")
     else:
-        ratio = {"ratio1": 0.01, "ratio10": 0.1}.get(spec.tracing, 1.0)
+        ratio = SAMPLE_RATIOS[spec.tracing]
         lines += [
             "enabled = true",
             'exporter = "otlp"',
