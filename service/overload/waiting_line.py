@@ -149,7 +149,7 @@ class WaitingLine:
         else:
             candidates = (w for w in order if w.place == top)
         if self._settings.fair_share:
-            waiter = least_served(islice(candidates, CHOICE))
+            waiter = _least_served(islice(candidates, CHOICE))
         else:
             waiter = next(candidates)
         self.leave(waiter)
@@ -158,7 +158,7 @@ class WaitingLine:
         return waiter
 
 
-def least_served(candidates: Iterable[Waiter]) -> Waiter:
+def _least_served(candidates: Iterable[Waiter]) -> Waiter:
     """Of ``candidates`` (at least one, in the order the line serves them), the first whose
     caller has the fewest calls in flight for its weight; a waiter of no known caller
     counts as having none."""
@@ -171,5 +171,5 @@ def least_served(candidates: Iterable[Waiter]) -> Waiter:
             best, best_load = waiter, load
             if load == 0.0:
                 break
-    assert best is not None, "least_served needs a candidate"
+    assert best is not None, "_least_served needs a candidate"
     return best
