@@ -75,9 +75,10 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 # The whole suite with two CPU-bound processes beside it, as a busy machine runs it: run it
-# before you stop. STRESS_RUNS=N runs it N times in a row and stops at the first failure.
+# before you stop. Against the compiled hot path, as `make test`. STRESS_RUNS=N runs it N
+# times in a row and stops at the first failure.
 STRESS_RUNS ?= 1
-test-stress: $(STAMP) lint
+test-stress: $(STAMP) lint compiled
 	$(PY) tests/stress.py --runs $(STRESS_RUNS) -- $(PYTEST_ARGS)
 
 # Only the interop tests (about a minute on a clean machine, most of it downloads).
