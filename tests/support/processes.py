@@ -57,8 +57,14 @@ class Server:
             raise
 
     def signal(self, signum: int) -> float:
+        """Send ``signum``; return the monotonic time just before it was sent.
+
+        Read before, not after: on a busy machine this process may be descheduled
+        between the two, while the server already acts on the signal.
+        """
+        sent = time.monotonic()
         self.process.send_signal(signum)
-        return time.monotonic()
+        return sent
 
     def wait(self, timeout_s: float) -> int:
         return self.process.wait(timeout=timeout_s)
