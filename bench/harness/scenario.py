@@ -1,6 +1,6 @@
 """What every scenario is made of: its scale, its configurations, and the helpers that
 read repetitions out of results. The catalog of scenarios is ``scenarios.py``; the
-scenarios in ``cost.py``, ``overload.py`` and ``pythons.py`` build on this module too."""
+scenarios in ``cost.py``, ``overload.py``, ``pythons.py`` and the others build on this module too."""
 
 from __future__ import annotations
 
@@ -12,9 +12,20 @@ from typing import Any
 from bench.analysis.goals import Goal, ratio_goal
 from bench.harness.runner import Config, panel_names
 
-__all__ = ["SERVERS", "Results", "Scale", "Scenario", "SINGLE_INTERVAL_S", "over_slowest_lookup"]
+__all__ = [
+    "SATURATING_CONNECTIONS",
+    "SERVERS",
+    "Results",
+    "Scale",
+    "Scenario",
+    "SINGLE_INTERVAL_S",
+    "over_slowest_lookup",
+]
 
 SINGLE_INTERVAL_S = 0.1
+#: A closed loop this wide keeps one server process's CPU busy, yet no lookup runs into its
+#: timeout.
+SATURATING_CONNECTIONS = 20
 SERVERS = ("fanout", "sequential", "threaded")
 Results = dict[str, dict[str, Any]]
 

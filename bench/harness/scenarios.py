@@ -16,16 +16,17 @@ from bench.harness.overload import overload
 from bench.harness.pythons import python_versions
 from bench.harness.runner import panel_names
 from bench.harness.scenario import (
+    SATURATING_CONNECTIONS,
     SERVERS,
     SINGLE_INTERVAL_S,
     Results,
     Scale,
     Scenario,
     _config,
-    _cpu_ms_per_reply,
     _per_rep,
     over_slowest_lookup,
 )
+from bench.harness.tracing_cost import tracing_cost
 
 __all__ = ["Scenario", "Scale", "all_scenarios", "SCENARIO_NAMES"]
 
@@ -225,62 +226,6 @@ def raw_rpc(scale: Scale) -> Scenario:
         "thriftpy2 processor loop with none of Fanout's limits."
     ]
     return Scenario(name, "Raw RPC (ping)", configs, goals, notes)
-
-
-# ---- tracing cost -------------------------------------------------------------------------------
-
-SATURATING_CONNECTIONS = 20
-
-
-#: Each traced mode's goals against tracing off: the least calls/s, the most CPU per call.
-TRACING_LIMITS = {"ratio1": (0.95, 1.05), "ratio10": (0.95, 1.05), "full": (0.75, 1.20)}
-
-
-def tracing_cost(scale: Scale) -> Scenario:
-    name = "tracing"
-    configs = [
-        _config(name, "fanout", "stats", SATURATING_CONNECTIONS, label=f"tracing-{m}", tracing=m)
-        for m in ("off", *TRACING_LIMITS)
-    ]
-
-    def goals(results: Results) -> list[Goal]:
-        off_result = results.get(f"{name}/tracing-off/c{SATURATING_CONNECTIONS}")
-        traced = {
-            mode: results.get(f"{name}/tracing-{mode}/c{SATURATING_CONNECTIONS}")
-            for mode in TRACING_LIMITS
-        }
-        out = [
-            ratio_goal(
-                name,
-                f"RPS tracing {mode} / off (loss at most {100 * (1 - least):.0f}%)",
-                _per_rep(traced[mode], "rps"),
-                _per_rep(off_result, "rps"),
-                limit=least,
-                at_most=False,
-            )
-            for mode, (least, _) in TRACING_LIMITS.items()
-        ]
-        out += [
-            ratio_goal(
-                name,
-                f"server CPU per call, tracing {mode} / off (at most +{100 * (most - 1):.0f}%)",
-                _cpu_ms_per_reply(traced[mode]),
-                _cpu_ms_per_reply(off_result),
-                limit=most,
-                at_most=True,
-            )
-            for mode, (_, most) in TRACING_LIMITS.items()
-        ]
-        return out
-
-    notes = [
-        f"Closed loop at {SATURATING_CONNECTIONS} connections: enough to keep the server's "
-        "CPU busy (so tracing's CPU shows as lost throughput), few enough that no lookup "
-        "runs into its 1 s timeout. ratio1 and ratio10 = 1% and 10% parent-based sampling, "
-        "full = 100%; batch processor, OTLP/HTTP export to a local sink (its CPU is in the "
-        "otlp column)."
-    ]
-    return Scenario(name, "Tracing cost", configs, goals, notes)
 
 
 # ---- multi-core ---------------------------------------------------------------------------------

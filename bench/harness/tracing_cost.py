@@ -1,0 +1,104 @@
+"""The tracing scenario: what tracing costs a call, sampled at 1%, at 10%, and every call.
+
+A closed loop at :data:`SATURATING_CONNECTIONS` connections keeps the server's CPU busy,
+so tracing's CPU shows as lost calls a second as well as CPU per call. The four modes
+(``off`` and :data:`TRACING_LIMITS`'s) run in turn, a few rounds each
+(:mod:`bench.harness.rounds`): run one after the other, the machine's drift from one
+minute to the next weighed as much as a 1% sampler does, and the first mode run looked
+the cheapest. Each mode's rounds are merged back into one result for its goals.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.harness.rounds import interleaved, merged, round_label, round_ratios, rounds_of
+from bench.harness.runner import Config
+from bench.harness.scenario import (
+    SATURATING_CONNECTIONS,
+    Results,
+    Scale,
+    Scenario,
+    _config,
+    _cpu_ms_per_reply,
+    _per_rep,
+)
+
+__all__ = ["TRACING_LIMITS", "tracing_cost"]
+
+NAME = "tracing"
+ROUNDS = 3
+
+#: Each traced mode's goals against tracing off: the least calls/s, the most CPU per call.
+TRACING_LIMITS = {"ratio1": (0.95, 1.05), "ratio10": (0.95, 1.05), "full": (0.75, 1.20)}
+
+
+def _mode(mode: str, n: int, share: float) -> Config:
+    return _config(
+        NAME,
+        "fanout",
+        "stats",
+        SATURATING_CONNECTIONS,
+        label=round_label(f"tracing-{mode}", n),
+        tracing=mode,
+        reps_share=share,
+    )
+
+
+def _key(label: str) -> str:
+    return f"{NAME}/{label}/c{SATURATING_CONNECTIONS}"
+
+
+def _goals(results: Results) -> list[Goal]:
+    rounds = {
+        mode: rounds_of(results, _key, f"tracing-{mode}", ROUNDS)
+        for mode in ("off", *TRACING_LIMITS)
+    }
+    off = merged(rounds["off"])
+    out = []
+    for mode, (least, most) in TRACING_LIMITS.items():
+        traced = merged(rounds[mode])
+        out += [
+            ratio_goal(
+                NAME,
+                f"RPS tracing {mode} / off (loss at most {100 * (1 - least):.0f}%)",
+                _per_rep(traced, "rps"),
+                _per_rep(off, "rps"),
+                limit=least,
+                at_most=False,
+            ),
+            ratio_goal(
+                NAME,
+                f"server CPU per call, tracing {mode} / off (at most +{100 * (most - 1):.0f}%)",
+                _cpu_ms_per_reply(traced),
+                _cpu_ms_per_reply(off),
+                limit=most,
+                at_most=True,
+            ),
+            info_row(
+                NAME,
+                f"server CPU per call, tracing {mode} / off, each round in turn",
+                ", ".join(
+                    f"{r:.2f}x"
+                    for r in round_ratios(rounds[mode], rounds["off"], _cpu_ms_per_reply)
+                ),
+            ),
+        ]
+    return out
+
+
+def tracing_cost(scale: Scale) -> Scenario:
+    """Tracing off, and at each of :data:`TRACING_LIMITS`'s modes, in turn."""
+    configs = interleaved(
+        1 if scale.quick else ROUNDS,
+        *(functools.partial(_mode, mode) for mode in ("off", *TRACING_LIMITS)),
+    )
+    notes = [
+        f"Closed loop at {SATURATING_CONNECTIONS} connections: enough to keep the server's "
+        "CPU busy (so tracing's CPU shows as lost throughput), few enough that no lookup "
+        "runs into its 1 s timeout. ratio1 and ratio10 = 1% and 10% parent-based sampling, "
+        "full = 100%; batch processor, OTLP/HTTP export to a local sink (its CPU is in the "
+        f"otlp column). The modes run in turn, {ROUNDS} rounds each."
+    ]
+    return Scenario(NAME, "Tracing cost", configs, _goals, notes)
