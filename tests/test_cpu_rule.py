@@ -68,3 +68,25 @@ def test_a_call_of_no_time_at_all_is_no_division_by_zero() -> None:
     clock.now += 0.3
     assert rule.saturated()
     assert rule.saturated_step(demand=True) == pytest.approx(0.9)
+
+
+def _step(queue: float, contended: bool) -> float:
+    """The limit's step after a saturated window whose calls took ``queue`` times the least."""
+    clock = FakeClock()
+    rule = CpuRule(clock, lambda: clock.now - 1000.0, saturated_share=0.97)
+    rule.least.sample(0.02)
+    rule.call_ended(0.02 * queue)
+    clock.now += 0.3
+    assert rule.saturated()
+    return rule.saturated_step(demand=True, contended=lambda: contended)
+
+
+@pytest.mark.parametrize(
+    ("queue", "alone", "contended"),
+    [(2.5, 0.9, 0.9), (1.8, 1.0, 0.9), (1.4, 1 / 0.9, 1.0), (1.1, 1 / 0.9, 1 / 0.9)],
+)
+def test_while_callers_contend_the_queue_for_the_core_is_held_shorter(
+    queue: float, alone: float, contended: float
+) -> None:
+    assert _step(queue, contended=False) == pytest.approx(alone)
+    assert _step(queue, contended=True) == pytest.approx(contended)

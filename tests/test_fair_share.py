@@ -306,6 +306,25 @@ def test_a_caller_starts_and_stops_being_refused_in_one_log_line_each(caplog: An
     ]
 
 
+def test_callers_contend_while_one_is_over_its_share_and_another_within() -> None:
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=10, clock=clock)
+    storm = shares.arrived("storm")
+    for _ in range(10):
+        shares.admitted(storm)
+    assert not shares.contended(10)  # over the limit, but alone: no one else to serve
+    polite = shares.arrived("polite")
+    assert shares.contended(10)  # the storm is over its half, polite within its own
+    for _ in range(5):
+        shares.admitted(polite)
+    assert not shares.contended(10)  # both at their shares: they share by weight alone
+    shares.done(polite)
+    assert shares.contended(10)
+    for _ in range(10):
+        shares.done(storm)
+    assert not shares.contended(10)  # both within
+
+
 def test_the_gate_names_a_caller_by_certificate_then_by_meta_then_anonymous() -> None:
     clock = FakeClock()
     gate = CallGate(AdmissionSettings(), 3000, clock=clock)

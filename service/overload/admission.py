@@ -298,13 +298,16 @@ class AdmissionControl:
             self._set_limit(min(self.limit, self._cut_from * gradient))
             return
         if (in_use >= self.limit * _CPU_IN_USE or refused) and self.cpu.saturated():
-            self._set_limit(self.limit * self.cpu.saturated_step(bool(demand)))
+            self._set_limit(self.limit * self.cpu.saturated_step(bool(demand), self._contended))
             return
         if self.cpu.near():
             self._set_limit(self.limit * self.cpu.near_step(gradient >= 1.0 and bool(demand)))
             return
         target = self.limit + math.sqrt(self.limit) if gradient >= 1.0 and demand else self.limit
         self._set_limit(self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING)
+
+    def _contended(self) -> bool:
+        return self.settings.fair_share and self.callers.contended(self.cpu.least.cap(self.limit))
 
     def _set_limit(self, limit: float) -> None:
         self.limit = min(float(self.settings.max_limit), max(float(self.settings.min_limit), limit))

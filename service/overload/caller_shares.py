@@ -147,6 +147,20 @@ class CallerShares:
         (its waiting calls aside): a freed slot may still go to it."""
         return share.inflight < self._share_of(share, limit)
 
+    def contended(self, limit: float) -> bool:
+        """Whether callers contend for ``limit``: one active caller is over its share while
+        another is within its own. O(active callers): for a rare look (a window of the
+        CPU rule), never per call."""
+        over = within = False
+        for share in self._active.values():
+            if self.over(share, limit):
+                over = True
+            else:
+                within = True
+            if over and within:
+                return True
+        return False
+
     def others_active(self, share: CallerShare) -> bool:
         """Whether callers other than ``share``'s are active now."""
         return self._active_weight > share.weight * (1 + 1e-9)

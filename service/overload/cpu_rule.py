@@ -13,6 +13,15 @@ queue for the core, as TCP Vegas keeps a path's queue:
 * it grows while they take less than 1.6 times (and the limit is in demand);
 * between, it holds: a queue for the core about as long as the rest of a call.
 
+**While callers contend** (one over its share, another within its own:
+:meth:`~service.overload.caller_shares.CallerShares.contended`), the queue is held
+shorter: the limit falls past 1.5 times the least and grows below 1.2 times. The calls of
+a caller within its share wait for the core in the same queue as the storm's, so the
+queue's length is their latency; a shorter one costs the callers over their share a
+little of their throughput (the manual's Performance page gives the figures). Looked at
+each window, not held for longer: held a second after callers were last seen to contend,
+the storm lost more throughput, and the polite caller's p99 gained nothing.
+
 One step a window because the measure is a window old: a step at every update (many a
 window) swung the limit by half within one. Not down to the core's bare need: below
 about twice the least latency the loop is still saturated but wakes for fewer events at
@@ -52,6 +61,7 @@ _WINDOW_S = 0.25  # the loop's demand for a core is measured over windows this l
 _STEP = 0.9  # the limit's step down per window (and 1 / _STEP up)
 _QUEUE_HIGH = 2.2  # it falls while calls take longer than this many times the least,
 _QUEUE_LOW = 1.6  # ...and grows while they take less than this many times
+_CONTENDED_QUEUE = (1.5, 1.2)  # the two, while callers contend
 _NEAR = 0.9  # a loop this share of saturated, or more, grows one step a window
 EPOCH_S = 10.0  # the least is the least of this epoch and the last; a probe an epoch
 PROBE_CALLS = 4  # calls in flight during a probe, and calls it waits for
@@ -110,16 +120,19 @@ class CpuRule:
         self._window = (now, demand)
         self._latency_sum_s, self._calls = 0.0, 0
 
-    def saturated_step(self, demand: bool) -> float:
-        """On a saturated loop: the factor for the limit (1: hold). Starts a probe of the
-        least latency once an epoch."""
+    def saturated_step(self, demand: bool, contended: Callable[[], bool] | None = None) -> float:
+        """On a saturated loop: the factor for the limit (1: hold), a shorter queue held
+        while ``contended()`` (asked once a window). Starts a probe of the least latency
+        once an epoch."""
         if not self._measured:
             return 1.0
         self.least.start_probe()
+        shorter = contended is not None and contended()
+        high, low = _CONTENDED_QUEUE if shorter else (_QUEUE_HIGH, _QUEUE_LOW)
         queue = self.window_latency_s / max(self.least.seconds, 1e-6)
-        if queue > _QUEUE_HIGH:
+        if queue > high:
             return _STEP
-        return 1.0 / _STEP if queue < _QUEUE_LOW and demand else 1.0
+        return 1.0 / _STEP if queue < low and demand else 1.0
 
     def near(self) -> bool:
         """Whether the loop, not saturated, was close to it over the last window."""
