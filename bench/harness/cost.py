@@ -22,6 +22,7 @@ from bench.harness.scenario import (
     _cpu_ms_per_reply,
     _per_rep,
     over_slowest_lookup,
+    rps_and_cpu_goals,
 )
 from service.settings.cores import usable_cores
 
@@ -262,24 +263,15 @@ def coalescing(scale: Scale) -> Scenario:
     def goals(results: Results) -> list[Goal]:
         on = results.get(f"{name}/coalesce-on/c{ZIPF_VIEWERS}")
         off = results.get(f"{name}/coalesce-off/c{ZIPF_VIEWERS}")
-        out = [
-            ratio_goal(
-                name,
+        out = rps_and_cpu_goals(
+            name,
+            (
                 "calls/s coalescing on / off (200 viewers, Zipf over 20 dashboards)",
-                _per_rep(on, "rps"),
-                _per_rep(off, "rps"),
-                limit=None,
-                at_most=False,
-            ),
-            ratio_goal(
-                name,
                 "server CPU per reply, coalescing on / off",
-                _cpu_ms_per_reply(on),
-                _cpu_ms_per_reply(off),
-                limit=None,
-                at_most=True,
             ),
-        ]
+            on,
+            off,
+        )
         for label, result in (("on", on), ("off", off)):
             out.append(
                 info_row(

@@ -20,6 +20,7 @@ __all__ = [
     "Scenario",
     "SINGLE_INTERVAL_S",
     "over_slowest_lookup",
+    "rps_and_cpu_goals",
 ]
 
 SINGLE_INTERVAL_S = 0.1
@@ -85,6 +86,35 @@ def _config(
         connections=connections,
         **rest,
     )
+
+
+def rps_and_cpu_goals(
+    scenario: str,
+    texts: tuple[str, str],
+    top: dict[str, Any] | None,
+    bottom: dict[str, Any] | None,
+    limits: tuple[float | None, float | None] = (None, None),
+) -> list[Goal]:
+    """Two ratios of ``top`` over ``bottom``: calls a second (at least ``limits[0]``) and
+    the server's CPU per reply (at most ``limits[1]``), named ``texts``."""
+    return [
+        ratio_goal(
+            scenario,
+            texts[0],
+            _per_rep(top, "rps"),
+            _per_rep(bottom, "rps"),
+            limit=limits[0],
+            at_most=False,
+        ),
+        ratio_goal(
+            scenario,
+            texts[1],
+            _cpu_ms_per_reply(top),
+            _cpu_ms_per_reply(bottom),
+            limit=limits[1],
+            at_most=True,
+        ),
+    ]
 
 
 def over_slowest_lookup(

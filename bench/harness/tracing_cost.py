@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.analysis.goals import Goal, info_row
 from bench.harness.rounds import interleaved, merged, round_label, round_ratios, rounds_of
 from bench.harness.runner import Config
 from bench.harness.scenario import (
@@ -22,7 +22,7 @@ from bench.harness.scenario import (
     Scenario,
     _config,
     _cpu_ms_per_reply,
-    _per_rep,
+    rps_and_cpu_goals,
 )
 
 __all__ = ["TRACING_LIMITS", "tracing_cost"]
@@ -56,26 +56,20 @@ def _goals(results: Results) -> list[Goal]:
         for mode in ("off", *TRACING_LIMITS)
     }
     off = merged(rounds["off"])
-    out = []
+    out: list[Goal] = []
     for mode, (least, most) in TRACING_LIMITS.items():
         traced = merged(rounds[mode])
-        out += [
-            ratio_goal(
-                NAME,
+        out += rps_and_cpu_goals(
+            NAME,
+            (
                 f"RPS tracing {mode} / off (loss at most {100 * (1 - least):.0f}%)",
-                _per_rep(traced, "rps"),
-                _per_rep(off, "rps"),
-                limit=least,
-                at_most=False,
-            ),
-            ratio_goal(
-                NAME,
                 f"server CPU per call, tracing {mode} / off (at most +{100 * (most - 1):.0f}%)",
-                _cpu_ms_per_reply(traced),
-                _cpu_ms_per_reply(off),
-                limit=most,
-                at_most=True,
             ),
+            traced,
+            off,
+            (least, most),
+        )
+        out.append(
             info_row(
                 NAME,
                 f"server CPU per call, tracing {mode} / off, each round in turn",
@@ -83,8 +77,8 @@ def _goals(results: Results) -> list[Goal]:
                     f"{r:.2f}x"
                     for r in round_ratios(rounds[mode], rounds["off"], _cpu_ms_per_reply)
                 ),
-            ),
-        ]
+            )
+        )
     return out
 
 
