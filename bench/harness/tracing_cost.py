@@ -32,6 +32,7 @@ ROUNDS = 3
 
 #: Each traced mode's goals against tracing off: the least calls/s, the most CPU per call.
 TRACING_LIMITS = {"ratio1": (0.95, 1.05), "ratio10": (0.95, 1.05), "full": (0.75, 1.20)}
+_MODES = ("off", *TRACING_LIMITS)
 
 
 def _mode(mode: str, n: int, share: float) -> Config:
@@ -51,10 +52,7 @@ def _key(label: str) -> str:
 
 
 def _goals(results: Results) -> list[Goal]:
-    rounds = {
-        mode: rounds_of(results, _key, f"tracing-{mode}", ROUNDS)
-        for mode in ("off", *TRACING_LIMITS)
-    }
+    rounds = {mode: rounds_of(results, _key, f"tracing-{mode}", ROUNDS) for mode in _MODES}
     off = merged(rounds["off"])
     out: list[Goal] = []
     for mode, (least, most) in TRACING_LIMITS.items():
@@ -86,7 +84,7 @@ def tracing_cost(scale: Scale) -> Scenario:
     """Tracing off, and at each of :data:`TRACING_LIMITS`'s modes, in turn."""
     configs = interleaved(
         1 if scale.quick else ROUNDS,
-        *(functools.partial(_mode, mode) for mode in ("off", *TRACING_LIMITS)),
+        *(functools.partial(_mode, mode) for mode in _MODES),
     )
     notes = [
         f"Closed loop at {SATURATING_CONNECTIONS} connections: enough to keep the server's "

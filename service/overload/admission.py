@@ -152,9 +152,7 @@ class AdmissionControl:
     def over_share(self, caller: CallerShare) -> bool:
         """Whether one more call of ``caller`` would take it past its fair share of the
         limit (never, with ``admission.fair_share`` off)."""
-        return self.settings.fair_share and self.callers.over(
-            caller, self.cpu.least.cap(self.limit)
-        )
+        return self.settings.fair_share and self.callers.over(caller, self._cap())
 
     def under_share(self, caller: CallerShare) -> bool:
         """Whether ``caller`` is under its fair share while other callers are active: its
@@ -162,7 +160,7 @@ class AdmissionControl:
         return (
             self.settings.fair_share
             and self.callers.others_active(caller)
-            and not self.callers.over(caller, self.cpu.least.cap(self.limit))
+            and not self.callers.over(caller, self._cap())
         )
 
     def runs_under_share(self, caller: CallerShare) -> bool:
@@ -171,7 +169,7 @@ class AdmissionControl:
         return (
             self.settings.fair_share
             and self.callers.others_active(caller)
-            and self.callers.runs_under(caller, self.cpu.least.cap(self.limit))
+            and self.callers.runs_under(caller, self._cap())
         )
 
     def done(self, latency_s: float | None, caller: CallerShare | None = None) -> None:
@@ -198,9 +196,7 @@ class AdmissionControl:
     @property
     def saturated(self) -> bool:
         """True while a call arriving now would have to queue: the limit is reached."""
-        return self.settings.enabled and (
-            self.inflight >= self.cpu.least.cap(self.limit) or bool(self._line.waiters)
-        )
+        return self.settings.enabled and (self.inflight >= self._cap() or bool(self._line.waiters))
 
     def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
         """Count a refusal decided before the call was read (a caller back too early while
@@ -243,7 +239,7 @@ class AdmissionControl:
             raise self._refuse("no call finished while this one waited", criticality_at(place))
 
     def _hand_over(self) -> None:
-        while self._line.waiters and self.inflight < self.cpu.least.cap(self.limit):
+        while self._line.waiters and self.inflight < self._cap():
             waiter = self._line.admit_next()
             assert waiter is not None  # the line holds waiters
             self._admitted(criticality_at(waiter.place), waiter.caller)
@@ -306,8 +302,13 @@ class AdmissionControl:
         target = self.limit + math.sqrt(self.limit) if gradient >= 1.0 and demand else self.limit
         self._set_limit(self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING)
 
+    def _cap(self) -> int:
+        """Calls that may be in flight now: the limit, or fewer during a probe of the least
+        latency (:class:`~service.overload.cpu_rule.LeastLatency`)."""
+        return self.cpu.least.cap(self.limit)
+
     def _contended(self) -> bool:
-        return self.settings.fair_share and self.callers.contended(self.cpu.least.cap(self.limit))
+        return self.settings.fair_share and self.callers.contended(self._cap())
 
     def _set_limit(self, limit: float) -> None:
         self.limit = min(float(self.settings.max_limit), max(float(self.settings.min_limit), limit))
