@@ -83,7 +83,13 @@ def _step(queue: float, contended: bool) -> float:
 
 @pytest.mark.parametrize(
     ("queue", "alone", "contended"),
-    [(2.5, 0.9, 0.9), (1.8, 1.0, 0.9), (1.4, 1 / 0.9, 1.0), (1.1, 1 / 0.9, 1 / 0.9)],
+    [
+        (2.5, 0.9, 0.9),
+        (1.8, 1.0, 0.9),
+        (1.4, 1 / 0.9, 0.9),
+        (1.2, 1 / 0.9, 1.0),
+        (1.05, 1 / 0.9, 1 / 0.9),
+    ],
 )
 def test_while_callers_contend_the_queue_for_the_core_is_held_shorter(
     queue: float, alone: float, contended: float
