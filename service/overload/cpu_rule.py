@@ -19,10 +19,10 @@ shorter: the limit falls past 1.3 times the least and grows below 1.1 times. The
 a caller within its share wait for the core in the same queue as the storm's, so the
 queue's length is their latency; a shorter one costs the callers over their share a
 little of their throughput (the manual's Performance page gives the figures). Held at 1.5
-and 1.2 times, the polite caller's p99 beside a storm stayed well over one and a half
-times its p99 alone. Looked at each window, not held for longer: held a second after
-callers were last seen to contend, the storm lost more throughput, and the polite
-caller's p99 gained nothing.
+and 1.2 times, the polite caller's p99 beside a storm stayed above the fair scenario's
+goal for it. Looked at each window, not held for longer: held a second after callers
+were last seen to contend, the storm lost more throughput, and the polite caller's p99
+gained nothing.
 
 One step a window because the measure is a window old: a step at every update (many a
 window) swung the limit by half within one. Not down to the core's bare need: below
