@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -262,6 +264,23 @@ def test_the_requests_instrumentations_exception_event_has_no_source_lines(spans
     assert 'File "' in stack and ", in send" in stack
     # Source lines follow their frame's line, indented by four spaces, in format_exception.
     assert not any(line.startswith("    ") for line in stack.splitlines()), stack[:1500]
+
+
+def test_an_ended_span_is_freed_at_once_not_by_the_collector(spans) -> None:
+    """The exception recorder each span gets holds it weakly: no span is a reference
+    cycle, so reference counting frees it, attributes and all, when it is dropped."""
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(LookupBroke), request_span("getStats", {}, "req-freed") as span:
+            alive = weakref.ref(span)
+            fail_with_a_cause()
+        del span
+        assert alive() is None
+    finally:
+        gc.enable()
+    (event,) = finished(spans, "AppStats/getStats").events  # recorded through the weak proxy
+    assert event.attributes["exception.type"] == f"{__name__}.LookupBroke"
 
 
 def test_trace_id_hex() -> None:
