@@ -49,20 +49,19 @@ _FRAME = re.compile(r"^(?P<function>.*) \((?P<path>[^()]*?)(?::\d+)?\)$")
 def charge(path: str) -> tuple[str, str]:
     """``(package, module)`` a frame's file is charged to; module is "" outside our code.
 
-    py-spy names a file relative to the ``sys.path`` entry it was found under
-    (``requests/sessions.py``, ``threading.py``, ``service/rpc/handler.py``), gevent's
-    compiled modules by their source (``src/gevent/_hub_primitives.py``).
+    py-spy runs with ``--full-filenames``: a file is named by its whole path
+    (``.../site-packages/requests/sessions.py``, ``.../lib/python3.11/threading.py``),
+    gevent's compiled modules by their source (``src/gevent/_hub_primitives.py``), our
+    own by their path in the checkout or the installed package. OpenTelemetry's
+    namespace package is split by its second part (``opentelemetry.sdk``,
+    ``opentelemetry.instrumentation``...): its SDK's ``trace`` package must not be taken
+    for the standard library's ``trace`` module, as py-spy's shortened names made it.
     """
-    parts = Path(path).parts
-    versions = [i for i, part in enumerate(parts) if re.fullmatch(r"python3\.\d+", part)]
-    if "site-packages" in parts:
-        parts = parts[parts.index("site-packages") + 1 :]
-    elif versions:  # the standard library, named by its whole path
-        parts = parts[versions[0] + 1 :]
-    elif parts[:1] == ("src",):
-        parts = parts[1:]
+    parts = _from_import_root(Path(path).parts)
     if not parts:
         return ("other", "")
+    if parts[0] == "opentelemetry" and len(parts) > 2:
+        return (".".join(parts[:2]), "")
     top = parts[0].removesuffix(".py")
     if top in OWN:
         return (top, "/".join(parts))
@@ -71,6 +70,19 @@ def charge(path: str) -> tuple[str, str]:
     if top.startswith(("<", "__")):  # code made at run time: dataclasses, namedtuples, exec
         return ("generated", "")
     return (top, "")
+
+
+def _from_import_root(parts: tuple[str, ...]) -> tuple[str, ...]:
+    """A file's path parts from the directory it was imported from."""
+    if "site-packages" in parts:
+        return parts[parts.index("site-packages") + 1 :]
+    versions = [i for i, part in enumerate(parts) if re.fullmatch(r"python3\.\d+", part)]
+    if versions:  # the standard library
+        return parts[versions[0] + 1 :]
+    if "src" in parts:  # a compiled module named by its source
+        return parts[len(parts) - parts[::-1].index("src") :]
+    own = [i for i, part in enumerate(parts) if part in OWN]
+    return parts[own[0] :] if own else parts
 
 
 def fold(raw: str) -> dict[str, Any]:
@@ -147,7 +159,8 @@ def _start_py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
         [
-            *(spy, "record", "--nonblocking", "--format", "raw", "--rate", "250"),
+            *(spy, "record", "--nonblocking", "--full-filenames", "--format", "raw"),
+            *("--rate", "250"),
             *("--duration", str(int(seconds)), "--pid", str(pid), "--output", str(out)),
         ],
         stdout=subprocess.DEVNULL,
