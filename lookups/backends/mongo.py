@@ -72,12 +72,15 @@ class MongoBackend(Backend):
         super().__init__(name, settings, max(1, settings.pool_size - 1), policies, clock)
         self._checked_out = CheckedOutCounter()
         self.client = _open_client(settings, [self._checked_out, *event_listeners])
+        # Made once: pymongo builds a new Database (its codec options, read preference
+        # and concerns) on every ``client[name]``, and every operation needs it.
+        self._db: Database[Any] = self.client[settings.database]
         self._closed = False
 
     @property
     def db(self) -> Database[Any]:
         """The configured database (``database``)."""
-        return self.client[self.settings.database]
+        return self._db
 
     def run(self, lookup: str, operation: Callable[[Database[Any]], T], deadline: Deadline) -> T:
         """``operation(db)`` for ``lookup``: guarded, retried, ended by ``deadline``."""
