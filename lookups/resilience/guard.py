@@ -71,6 +71,10 @@ class RetryPolicy:
     hedge: bool = False
 
 
+#: The policy of a lookup the settings name none for; shared, as a policy is immutable.
+_DEFAULT_POLICY = RetryPolicy()
+
+
 def _is_backend_fault(error: BaseException, given_s: float) -> bool:
     """Whether a call's failure counts against the backend for its circuit breaker:
     unreachable or timed out, by the backend's doing. Not a bad answer, not the breaker's
@@ -116,7 +120,7 @@ class BackendGuard:
         self.calls = self.failures = 0
 
     def policy(self, lookup: str) -> RetryPolicy:
-        return self._policies.get(lookup, RetryPolicy())
+        return self._policies.get(lookup, _DEFAULT_POLICY)
 
     def call(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
         """``attempt(deadline)`` with retries as in the module doc; raises its last failure.
