@@ -79,10 +79,12 @@ def _from_import_root(parts: tuple[str, ...]) -> tuple[str, ...]:
     versions = [i for i, part in enumerate(parts) if re.fullmatch(r"python3\.\d+", part)]
     if versions:  # the standard library
         return parts[versions[0] + 1 :]
+    own = [i for i, part in enumerate(parts) if part in OWN]
+    if own:  # ours, in a checkout
+        return parts[own[0] :]
     if "src" in parts:  # a compiled module named by its source
         return parts[len(parts) - parts[::-1].index("src") :]
-    own = [i for i, part in enumerate(parts) if part in OWN]
-    return parts[own[0] :] if own else parts
+    return parts
 
 
 def fold(raw: str) -> dict[str, Any]:

@@ -21,6 +21,7 @@ SITE = "/venv/lib/python3.11/site-packages"
         (f"{SITE}/requests/sessions.py", ("requests", "")),
         ("src/gevent/_hub_primitives.py", ("gevent", "")),
         ("/home/me/fanout/service/rpc/handler.py", ("service", "service/rpc/handler.py")),
+        ("/home/me/src/fanout/lookups/http.py", ("lookups", "lookups/http.py")),
         (f"{SITE}/lookups/mongo.py", ("lookups", "lookups/mongo.py")),
         ("<string>", ("generated", "")),
     ],
