@@ -11,14 +11,10 @@ BENCH_STAMP := $(VENV)/.bench-stamp
 FUZZ_EXAMPLES ?= 50000
 SOAK_MINUTES ?= 10
 
-# The hot path (service/compiled.py lists it), compiled in place with mypyc by `make compiled`.
-HOT_SOURCES := $(shell $(PYTHON) -c "import runpy; print(' '.join(n.replace('.', '/') + '.py' for n in runpy.run_path('service/compiled.py')['HOT_PATH']))")
-COMPILED_STAMP := build/compiled-stamp
-
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test test-pure compiled pure lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle bench-profile docs docs-serve compat compat-engine ferretdb monitoring
+.PHONY: setup demo test test-without-toolchains lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle bench-profile docs docs-serve compat compat-engine ferretdb monitoring
 
 setup: $(STAMP)
 
@@ -41,30 +37,9 @@ trace-ui: $(STAMP)
 # Thrift compiler, Go, Java, Maven, Node, podman) are skipped when it is missing, one line
 # each in the header; FANOUT_REQUIRE_TOOLCHAINS=1 (as .ci/run sets) makes that an error.
 # Five pytest processes at once (TEST_JOBS), each under gevent's patching, then the tests
-# marked solo in one process alone: tests/parallel.py. The suite runs against the hot path
-# compiled (`make compiled`), as the wheel ships it; `make test-pure` against the sources.
-test: $(STAMP) lint compiled
+# marked solo in one process alone: tests/parallel.py.
+test: $(STAMP) lint
 	$(PY) tests/parallel.py $(PYTEST_ARGS)
-
-# The same suite against the hot path in pure Python, as a build without a C compiler runs
-# it (CI runs both); it leaves the checkout pure.
-test-pure: $(STAMP) lint pure
-	FANOUT_HOT_PATH=pure $(PY) tests/parallel.py $(PYTEST_ARGS)
-
-# The hot path compiled with mypyc into C extensions beside its sources (setup.py; about 20 s,
-# again only when one of them changes). The tests refuse to run over a stale one. Without a
-# C compiler it stays pure, and says so, unless FANOUT_REQUIRE_TOOLCHAINS=1 (CI) requires it.
-compiled: $(COMPILED_STAMP)
-
-$(COMPILED_STAMP): $(STAMP) $(HOT_SOURCES) service/compiled.py setup.py
-	@if command -v gcc >/dev/null 2>&1 || [ "$(FANOUT_REQUIRE_TOOLCHAINS)" = 1 ]; then \
-	  FANOUT_REQUIRE_COMPILED=1 $(PY) setup.py --quiet build_ext --inplace --force; \
-	else echo "make: no C compiler (gcc): the hot path runs in pure Python" >&2; fi
-	mkdir -p build && touch $(COMPILED_STAMP)
-
-# Back to the sources alone: the compiled hot path removed.
-pure:
-	rm -f $(COMPILED_STAMP) $(patsubst %.py,%.*.so,$(HOT_SOURCES)) */hot_path__mypyc.*.so
 
 # Style and types, as `make test` checks them first: ruff's rules and formatting on the whole
 # tree, mypy --strict on service/, lookups/ and tracing/ (pyproject.toml says which rules, why).
@@ -74,11 +49,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --no-cache --check .
 	$(VENV)/bin/mypy
 
+# The tests that reach an optional program (redis-server, promtool, podman, the Thrift
+# compiler, Java, openssl...), with all of those hidden from PATH: each must skip with the
+# header's one line per toolchain, and none fail (tests/without_toolchains.py; CI runs it).
+test-without-toolchains: $(STAMP)
+	$(PY) tests/without_toolchains.py $(PYTEST_ARGS)
+
 # The whole suite with two CPU-bound processes beside it, as a busy machine runs it: run it
-# before you stop. Against the compiled hot path, as `make test`. STRESS_RUNS=N runs it N
-# times in a row and stops at the first failure.
+# before you stop. STRESS_RUNS=N runs it N times in a row and stops at the first failure.
 STRESS_RUNS ?= 1
-test-stress: $(STAMP) lint compiled
+test-stress: $(STAMP) lint
 	$(PY) tests/stress.py --runs $(STRESS_RUNS) -- $(PYTEST_ARGS)
 
 # Only the interop tests (about a minute on a clean machine, most of it downloads).
@@ -105,7 +85,7 @@ compat: $(STAMP) compat-engine
 # The Debian packages behind the commands those tests run, installed when missing and we may
 # (root with apt-get); otherwise one line saying what is missing. Go, Java 17 with Maven and
 # Node come with the machine.
-TOOLCHAIN_PACKAGES := gcc:gcc thrift:thrift-compiler podman:podman mmdebstrap:mmdebstrap runc:runc \
+TOOLCHAIN_PACKAGES := thrift:thrift-compiler podman:podman mmdebstrap:mmdebstrap runc:runc \
   redis-server:redis-server promtool:prometheus
 toolchains:
 	@missing=; for pair in $(TOOLCHAIN_PACKAGES); do command -v $${pair%%:*} >/dev/null 2>&1 \
@@ -199,5 +179,5 @@ docs: $(STAMP)
 docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
-clean: pure
+clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -20,8 +20,6 @@ import operator
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from mypy_extensions import mypyc_attr
-
 from lookups.backends.http import HttpBackend
 from lookups.base import Lookup
 from lookups.deadline import Deadline
@@ -71,10 +69,6 @@ def app_path_segment(app: str) -> str:
     return quote(app, safe="")
 
 
-# Each lookup class here is compiled as a Python class (service/compiled.py): under
-# abc.ABC's metaclass, mypyc's native classes would share one registry, and one isinstance
-# answer would poison another. Their methods are compiled all the same.
-@mypyc_attr(native_class=False)
 class HttpLookup(Lookup, abc.ABC):
     """A lookup that GETs JSON from the HTTP service it names (``backend_name``).
 
@@ -99,7 +93,6 @@ class HttpLookup(Lookup, abc.ABC):
         return self.backend.get_json(self.name, path, params, deadline, self.route)
 
 
-@mypyc_attr(native_class=False)
 class AlertsLookup(HttpLookup):
     """Alerts triggered in the window, sorted by ``triggered_ms`` then ``id``."""
 
@@ -126,7 +119,6 @@ class AlertsLookup(HttpLookup):
         ]
 
 
-@mypyc_attr(native_class=False)
 class SeriesLookup(HttpLookup):
     """One metric series over the window, at the step :func:`step_ms_for` chooses."""
 
@@ -155,13 +147,11 @@ class SeriesLookup(HttpLookup):
         return points
 
 
-@mypyc_attr(native_class=False)
 class LatencyLookup(SeriesLookup):
     name: ClassVar[str] = "latency"
     route: ClassVar[str] = "/apps/{app}/series/latency"
 
 
-@mypyc_attr(native_class=False)
 class VolumeLookup(SeriesLookup):
     name: ClassVar[str] = "volume"
     route: ClassVar[str] = "/apps/{app}/series/volume"

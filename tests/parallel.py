@@ -22,7 +22,8 @@ thread; under gevent's patching (which the server's code needs) that thread is
 a greenlet blocking the whole process on its pipe. Whole processes need no such
 care.
 
-Usage: ``python tests/parallel.py [--jobs N] [pytest arguments]``; the arguments
+Usage: ``python tests/parallel.py [--jobs N] [--only A,B] [pytest arguments]``; ``--only``
+deals only those test files, as the whole suite's are dealt. The arguments
 (``-k``, ``-x``, ``-m``, ...) go to every process. With a path among them, that path runs
 in one process, solo tests included, as plain pytest would. Exit status: the worst of
 the processes'.
@@ -181,6 +182,7 @@ def report(groups: list[list[str]], logs: list[Path], codes: list[int], name: st
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "5")))
+    parser.add_argument("--only", default="", help="comma-separated test files, dealt alike")
     args, pytest_args = parser.parse_known_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.support.toolchains import header_lines
@@ -195,7 +197,7 @@ def main(argv: Sequence[str]) -> int:
     if paths_given:  # one ordinary run
         phases = [("run", [[]], pytest_args)]
     else:
-        targets = test_targets()
+        targets = args.only.split(",") if args.only else test_targets()
         phases = [
             ("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
             (SOLO, [solo_targets(targets)], phase_arguments(pytest_args, SOLO)),

@@ -37,6 +37,7 @@ from tests.support.pki import Pki, make_pki, swap_secret, write_leaf, write_uri_
 from tests.support.processes import FANOUT
 from tests.support.sockets import wait_for
 from tests.support.thrift_calls import apache_thrift_ping
+from tests.support.toolchains import require
 
 WEB_TIER = "web.internal"
 WEB_TIER_ID = "spiffe://cluster.local/ns/shop/sa/web"
@@ -357,6 +358,7 @@ def test_an_unreadable_client_ca_stops_start_up_naming_the_key(pki: Pki, tmp_pat
 
 def _openssl_end_date(pem_file: str) -> float:
     """The first certificate's notAfter in ``pem_file``, as openssl reads it (Unix time)."""
+    require("openssl")
     shown = subprocess.run(
         ["openssl", "x509", "-noout", "-enddate", "-in", pem_file],
         capture_output=True,

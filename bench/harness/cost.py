@@ -36,8 +36,6 @@ def cpu_per_call(scale: Scale) -> Scenario:
     name = "cpu"
     levels = (1, 50)
     servers = ("fanout", "handwritten", "threaded")
-    # Beside each level's fanout, the same install with its hot path run from the sources
-    # (FANOUT_PURE=1): what the compiled build saves, measured next to it.
     # Brownout off: at 50 connections the loop is saturated, and lighter answers (optional
     # panels not run) would be counted as calls of the same work as the baselines'.
     whole = {"brownout": False}
@@ -47,7 +45,6 @@ def cpu_per_call(scale: Scale) -> Scenario:
         for config in (
             _config(name, "fanout", "stats", c, **whole),
             *(_config(name, s, "stats", c) for s in servers if s != "fanout"),
-            _config(name, "fanout", "stats", c, label="fanout-pure", pure=True, **whole),
             # As shipped, the hub monitor is on (every other configuration has it off).
             _config(
                 name, "fanout", "stats", c, label="fanout-hub-monitor", hub_monitor=True, **whole
@@ -88,12 +85,6 @@ def cpu_per_call(scale: Scale) -> Scenario:
         ]
         rows = (
             ("fanout / hand-written gevent", "fanout", "handwritten", 0.7),
-            (
-                "fanout / the same run from its sources (FANOUT_PURE=1)",
-                "fanout",
-                "fanout-pure",
-                None,
-            ),
             (
                 "fanout with the hub monitor on (as shipped) / off",
                 "fanout-hub-monitor",

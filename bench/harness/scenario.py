@@ -71,7 +71,6 @@ def _config(
         "brownout",
         "fair_share",
         "callers",
-        "pure",
         "hub_monitor",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})

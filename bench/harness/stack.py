@@ -51,7 +51,6 @@ from bench.harness.processes import (
 )
 from bench.harness.stack_config import SAMPLE_RATIOS, stack_config
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
-from service import compiled
 from service.idl import appstats
 
 __all__ = [
@@ -110,8 +109,6 @@ class StackSpec:
     brownout: bool = True  # admission.brownout: false is the server before brownout
     fair_share: bool = True  # admission.fair_share
     callers: tuple[tuple[str, float], ...] = ()  # [callers.<name>] weight, by name
-    # FANOUT_PURE=1: the hot path from its sources where the install is compiled; fanout only.
-    pure: bool = False
     # server.hub_block_threshold_ms at its default (the monitor on, as shipped) or 0 (off).
     hub_monitor: bool = False
 
@@ -304,8 +301,7 @@ def _start_server(stack: Stack, interpreter: str, deadline: float) -> None:
         )
     )
     argv = [interpreter, "-m", *_SERVER_MODULES[stack.spec.server], "--config", str(config)]
-    env = {compiled.PURE_ENV: "1"} if stack.spec.pure else {}
-    server = stack.processes["server"] = _process(stack, "server", argv, env).spawn()
+    server = stack.processes["server"] = _process(stack, "server", argv).spawn()
     ready = server.wait_ready(deadline)
     stack.address = (ready["host"], int(ready["port"]))
     _wait_for_ping(stack.address, server, deadline)

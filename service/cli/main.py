@@ -274,7 +274,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     configure_logging(settings.logging, args.log_level)
-    _log_hot_path()
     try:
         if settings.server.workers > 1:
             from service.workers.master import run_workers
@@ -286,15 +285,6 @@ def _serve(args: argparse.Namespace) -> int:
     except OSError as exc:  # a port that cannot be bound (the text names it): exit, no restarts
         print(f"fanout: {exc.strerror or exc}", file=sys.stderr)
         return 1
-
-
-def _log_hot_path() -> None:
-    """Once at start, for the whole service (its workers run the same install): compiled,
-    or pure Python (a build without a C compiler), which costs more CPU per call."""
-    from service import compiled
-
-    loaded = compiled.compiled_modules()
-    log.log(logging.INFO if loaded else logging.WARNING, "hot path: %s", compiled.describe(loaded))
 
 
 def _print_serving(address: tuple[str, int]) -> None:

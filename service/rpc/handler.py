@@ -191,7 +191,6 @@ class AppStatsHandler:
                 # Every panel failed (an open circuit fails at once): no latency to learn from.
                 call.measured = any(o.status is not TaskStatus.ERROR for o in result.outcomes)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
-        # One name per clause: mypyc types a name shared by two clauses as the first's class.
         except FanOutOverloaded as overloaded:
             raise appstats.Overloaded(
                 message=str(overloaded), retry_after_ms=overloaded.retry_after_ms

@@ -11,9 +11,6 @@ checks and the brownout controller that run on a schedule (``HealthChecker``, ``
 hub monitor's looks (a timer signal's handler, run inside whatever runs when it fires), not the
 sample backends (``service/samples/``), not this module.
 
-The profiler sees only Python frames, so the server here runs the hot path from its
-sources even where it is compiled (``make compiled``): ``service.compiled.run_sources``.
-
     python -m tests.support.call_path MONGO_URI DATABASE ALERTS_URL METRICS_URL
 """
 
@@ -151,7 +148,4 @@ def main(mongo_uri: str, database: str, alerts_url: str, metrics_url: str) -> No
 
 
 if __name__ == "__main__":
-    from service import compiled
-
-    compiled.run_sources()  # before any module of the hot path is imported
     main(*sys.argv[1:5])

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.deployment import ContainerRun
+from tests.support.toolchains import require
 
 __all__ = ["IMAGE_TOOLS", "podman", "run_options"]
 
@@ -27,6 +28,7 @@ def podman(
     args: Sequence[str], timeout_s: float = 120, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
     """``podman ARGS`` with this project's podman environment."""
+    require("image")
     script = f'source "{IMAGE_TOOLS / "podman-env"}" && exec podman "$@"'
     done = subprocess.run(
         ["bash", "-c", script, "podman", *args], capture_output=True, text=True, timeout=timeout_s

@@ -18,6 +18,7 @@ import yaml
 
 from service.samples.mongo_server import free_port, stop_process
 from tests.support.sockets import wait_for
+from tests.support.toolchains import require
 
 __all__ = ["PrometheusServer", "FOR_IN_TESTS"]
 
@@ -28,6 +29,7 @@ class PrometheusServer:
     """``prometheus`` scraping ``target`` (host:port) as job ``fanout`` with ``rule_files``."""
 
     def __init__(self, target: str, rule_files: Iterable[Path]) -> None:
+        require("prometheus")
         self._dir = tempfile.TemporaryDirectory(prefix="fanout-prometheus-")
         directory = Path(self._dir.name)
         rules = [self._shortened(path, directory) for path in rule_files]

@@ -13,6 +13,7 @@ import redis
 
 from service.samples.mongo_server import free_port, stop_process
 from tests.support.sockets import wait_for
+from tests.support.toolchains import require
 
 __all__ = ["RedisServer", "redis_server"]
 
@@ -22,6 +23,7 @@ class RedisServer:
     :meth:`resume` stop and continue the process (a Redis that is slow to answer)."""
 
     def __init__(self) -> None:
+        require("redis")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._dir = tempfile.TemporaryDirectory(prefix="fanout-redis-")

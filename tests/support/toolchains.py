@@ -27,6 +27,7 @@ __all__ = [
     "TOOLCHAINS",
     "missing",
     "needs",
+    "require",
     "header_lines",
     "required",
     "check_required",
@@ -63,12 +64,6 @@ TOOLCHAINS = {
             "the Apache Thrift compiler (thrift-compiler; `make toolchains` as root installs "
             "it), Go, Java 17 with Maven, Node with npm",
         ),
-        Toolchain(
-            "compiler",
-            ("gcc",),
-            "the hot path compiled with mypyc (`make compiled`, tests/test_compiled.py)",
-            "a C compiler (gcc; `make toolchains` as root installs it)",
-        ),
         Toolchain("zipkin", ("java",), "the Zipkin trace view (tests/test_trace_ui.py)", "Java 17"),
         Toolchain(
             "image",
@@ -87,6 +82,12 @@ TOOLCHAINS = {
             ("promtool", "prometheus"),
             "the alerting rules and their unit tests (tests/test_monitoring.py)",
             "Debian's prometheus, which brings promtool (`make toolchains` as root installs it)",
+        ),
+        Toolchain(
+            "openssl",
+            ("openssl",),
+            "the certificates' dates as openssl reads them (tests/test_mutual_tls.py)",
+            "OpenSSL's command (Debian's openssl)",
         ),
         Toolchain(
             "compat",
@@ -118,6 +119,17 @@ def _reason(name: str) -> str:
 def needs(name: str) -> pytest.MarkDecorator:
     """A mark skipping the test (or module) when toolchain ``name`` is incomplete."""
     return pytest.mark.skipif(bool(missing(name)), reason=_reason(name) if missing(name) else "")
+
+
+def require(name: str) -> None:
+    """Skip the test at hand unless toolchain ``name`` is complete.
+
+    Every fixture and helper that starts one of the toolchains' programs calls it first,
+    so a test reaching the program through them cannot forget the check; with
+    ``FANOUT_REQUIRE_TOOLCHAINS`` the session has refused to start already.
+    """
+    if missing(name):
+        pytest.skip(_reason(name))
 
 
 def header_lines() -> list[str]:
