@@ -456,6 +456,45 @@ def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
     assert admission.inflight == 0 and admission.stats.admitted == 250
 
 
+@pytest.mark.parametrize(
+    ("statuses", "measured"),
+    [
+        (["OK", "OK", "OK"], True),
+        (["OK", "TIMEOUT"], True),  # slow: what the limit is for
+        (["OK", "REJECTED"], True),  # no pool slot in time: the load
+        (["OK", "ERROR"], False),  # an open circuit, or a server down
+        (["OK", "CANCELLED", "ERROR"], False),
+        (["ERROR", "ERROR"], False),
+    ],
+)
+def test_only_a_call_whose_tasks_did_their_work_or_ran_out_of_time_is_measured(
+    statuses: list[str], measured: bool
+) -> None:
+    from service.engine.tasks import TaskStatus
+    from service.overload.gate import AdmittedCall
+
+    call = AdmittedCall(lighter=False)
+    call.ran(TaskStatus[status] for status in statuses)
+    assert call.measured is measured
+
+
+def test_a_call_whose_required_panel_failed_is_left_out() -> None:
+    from service.engine.tasks import RequiredTaskFailed
+    from service.overload.gate import CallGate
+
+    gate = CallGate(AdmissionSettings(initial_limit=20), 2000)
+    admission = gate.admission
+    for _ in range(50):
+        admission.admit(far())
+        admission.done(0.2)
+    before = (admission._short_s, admission._long_s, admission.limit)
+    for _ in range(20):
+        with pytest.raises(RequiredTaskFailed), gate.admitted(far()):
+            raise RequiredTaskFailed.__new__(RequiredTaskFailed)
+    assert (admission._short_s, admission._long_s, admission.limit) == before
+    assert admission.inflight == 0
+
+
 def test_slow_calls_ending_together_cut_the_limit_once_not_again_and_again() -> None:
     """The calls admitted since a cut have not ended: the same latency cuts once per round."""
     clock = FakeClock()

@@ -520,3 +520,67 @@ def test_killed_mongo_tasks_leave_the_pool_sound(mongo_server: MongoWireServer) 
             calls = [gevent.spawn(lookup.fetch, window, Deadline.after_s(5.0)) for _ in range(8)]
             gevent.joinall(calls, timeout=15, raise_error=True)
             assert all(call.value.entries for call in calls)
+
+
+def test_after_mongo_is_killed_under_traffic_and_back_admission_serves_as_before(
+    rig: Rig, sample_data: SampleData
+) -> None:
+    """Four callers call without a pause while MongoDB is killed and another starts on the
+    same address, with the circuit breakers as shipped. Calls that failed a panel (at once
+    on an open circuit, or after waiting for the dead server) teach admission nothing: its
+    limit does not move during the outage, and once MongoDB is back every caller is
+    answered whole again, none refused, with room in the limit for all of them at once."""
+    own = MongoWireServer().start()
+    rig.extra.append(own)
+    seed_mongo_at(own.uri, SAMPLE_DATABASE, sample_data)
+    rig.proxy.set_target(("127.0.0.1", own.port))
+    shipped = load_settings(env={})
+    rig.start(
+        mongo__breaker_failures=shipped.mongo.breaker_failures,
+        mongo__breaker_failure_rate=shipped.mongo.breaker_failure_rate,
+    )
+    assert rig.service is not None
+    admission = rig.service.gate.admission
+    answers: list[tuple[str, str]] = []  # (phase it began in, "whole" | "part" | the error)
+    phase = ["before"]
+
+    def caller() -> None:
+        client = AppStatsClient(*rig.service.address, timeout_ms=DEADLINE_MS)  # type: ignore[union-attr]
+        try:
+            while (began := phase[0]) != "done":
+                try:
+                    response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+                    whole = all(o.status == Status.OK for o in response.outcomes)
+                    answers.append((began, "whole" if whole else "part"))
+                except Exception as exc:
+                    answers.append((began, f"{type(exc).__name__}: {exc}"))
+                gevent.sleep(0.02)
+        finally:
+            client.close()
+
+    callers = [gevent.spawn(caller) for _ in range(4)]
+    try:
+        assert wait_for(lambda: answers.count(("before", "whole")) >= 20, 20)
+        own.kill()
+        phase[0] = "outage"
+        assert wait_for(lambda: answers.count(("outage", "part")) >= 4, 10)
+        limit_in_outage = admission.limit
+        # Long enough for the circuit to open, half-open and open again.
+        assert wait_for(lambda: answers.count(("outage", "part")) >= 100, 30)
+        assert admission.limit >= limit_in_outage
+        back = MongoWireServer().start()
+        rig.extra.append(back)
+        seed_mongo_at(back.uri, SAMPLE_DATABASE, sample_data)
+        rig.proxy.set_target(("127.0.0.1", back.port))
+        phase[0] = "back"
+        # The circuit closes at its next half-open call; from the first whole answer on,
+        # every answer is whole and none is refused.
+        assert wait_for(lambda: ("back", "whole") in answers, 30)
+        phase[0] = "after"
+        assert wait_for(lambda: answers.count(("after", "whole")) >= 40, 30)
+    finally:
+        phase[0] = "done"
+        gevent.joinall(callers, timeout=DEADLINE_MS / 1000 + MARGIN_S)
+    after = [kind for began, kind in answers if began == "after"]
+    assert set(after) == {"whole"}, sorted(set(after))
+    assert admission.limit > len(callers)  # all of them in flight at once, none waiting

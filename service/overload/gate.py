@@ -65,7 +65,7 @@ The gate's counters and admission's state are series of the service
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -75,7 +75,7 @@ from lookups.backends.ordered_slots import CALL_FLOW, Flow
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
-from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed
+from service.engine.tasks import FanOutOverloaded, RequiredTaskFailed, TaskStatus
 from service.idl import appstats
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import REFUSED_FROM, BrownoutVerdict, Criticality, Dimmer
@@ -205,19 +205,34 @@ class GateStats:
         self.refused[criticality.name] = self.refused.get(criticality.name, 0) + 1
 
 
+#: Task ends that say nothing of what a call costs: an error (at once on an open circuit,
+#: or after the wait for a server that is down) and a task cut short by a sibling's failure.
+UNMEASURED_ENDS = frozenset({TaskStatus.ERROR, TaskStatus.CANCELLED})
+
+
 @dataclass
 class AdmittedCall:
     """What the gate tells the block of an admitted call, and what the block tells back.
 
-    ``lighter``: answer it without its optional panels (brownout). ``measured``: set it
-    false when the call says nothing of how long the service takes (every task failed,
-    say at once on an open circuit): admission then leaves its latency out,
-    as concurrency-limits ignores such calls; fast failures had taught it a latency of a
-    millisecond, and every real call afterwards looked two hundred times slower.
+    ``lighter``: answer it without its optional panels (brownout). ``measured``: whether
+    the call's latency says how long the service takes; :meth:`ran` sets it from the
+    call's task outcomes, and admission leaves an unmeasured call's latency out, as
+    concurrency-limits' ``onIgnore``.
     """
 
     lighter: bool
     measured: bool = True
+
+    def ran(self, statuses: Iterable[TaskStatus]) -> None:
+        """The call's tasks ended with ``statuses``. It is measured only when every task
+        did its work or ran out of time (``OK``, ``TIMEOUT``, ``REJECTED``: the load).
+
+        A task that failed (:data:`UNMEASURED_ENDS`) did not do the work a call costs:
+        during a backend outage such calls end as soon as the other panels do, or when
+        the wait for the dead server ends, and the limit learnt from them fell to its
+        floor and stayed there once the backend was back.
+        """
+        self.measured = not any(status in UNMEASURED_ENDS for status in statuses)
 
 
 class CallGate:
@@ -341,6 +356,9 @@ class CallGate:
         started = self.clock.monotonic()
         try:
             yield
+        except BaseException:
+            call.measured = False  # a required panel failed, or no task could start
+            raise
         finally:
             CALL_FLOW.reset(flow)
             self.admission.done(self.clock.monotonic() - started if call.measured else None, share)

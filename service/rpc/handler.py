@@ -188,8 +188,7 @@ class AppStatsHandler:
             ) as call:
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context)
-                # Every panel failed (an open circuit fails at once): no latency to learn from.
-                call.measured = any(o.status is not TaskStatus.ERROR for o in result.outcomes)
+                call.ran(o.status for o in result.outcomes)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as overloaded:
             raise appstats.Overloaded(
