@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# uv installs the dependencies: the same set pip resolves, in a fraction of its time.
+UV     := $(VENV)/bin/uv
 # pytest runs under gevent's monkey-patching launcher, so the standard library is
 # patched before pytest, pymongo or requests import anything.
 PYTEST := $(PY) -m gevent.monkey --module pytest
@@ -21,8 +23,8 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is required")'
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,docs]"
+	$(PY) -m pip install --quiet --disable-pip-version-check uv
+	$(UV) pip install --quiet --python $(PY) -e ".[test,docs]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -137,7 +139,7 @@ soak: $(STAMP)
 	$(PY) -m bench.soak --minutes $(SOAK_MINUTES) $(SOAK_ARGS)
 
 $(BENCH_STAMP): $(STAMP) pyproject.toml
-	$(PY) -m pip install --quiet -e ".[test,docs,bench]"
+	$(UV) pip install --quiet --python $(PY) -e ".[test,docs,bench]"
 	touch $(BENCH_STAMP)
 
 # The side-by-side benchmark (BENCH_ARGS=--quick for a short run); never part of `make test`.

@@ -10,12 +10,12 @@ they share only the machine and the wheel that the first to need it builds
 to the least loaded process, by the seconds each took in a ``make test`` run
 (:data:`SECONDS`; a file not listed counts as :data:`DEFAULT_S`).
 
-Tests marked ``solo`` run after the rest, in one process alone
-(:data:`SOLO`): each loads its own server with callers, or holds it to a window of
-a few hundred milliseconds, and what it asserts is the server's behaviour with a
-core to itself. Among four other processes on a slow host their event loop
-stalled for half a second and more, and they failed for want of CPU, not for a
-fault of the server.
+Tests marked ``solo`` run after the rest, in one process per core (:data:`SOLO`,
+``--solo-jobs``, dealt by :data:`SOLO_SECONDS`): each loads its own server with callers,
+or holds it to a window of a few hundred milliseconds, and what it asserts is the
+server's behaviour with a core to itself. Among four other processes on a slow host
+their event loop stalled for half a second and more, and they failed for want of CPU,
+not for a fault of the server; one beside another has a core of its own.
 
 Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
 thread; under gevent's patching (which the server's code needs) that thread is
@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,43 +45,60 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Seconds per file among the other processes in a ``make test`` run on a slow 2-core host,
 #: the tests marked solo left out, the files over 3 s.
 SECONDS = {
-    "test_worker_group.py": 106,
+    "test_worker_group.py": 98,
     "test_image.py": 85.5,
-    "test_workers.py": 75,
-    "test_lifecycle.py": 64,
-    "test_fuzz.py": 48.5,
-    "test_results_cache.py": 46,
+    "test_workers.py": 63.5,
+    "test_lifecycle.py": 50,
+    "test_cache_parts.py": 47,
+    "test_packaging.py": 44.5,
+    "test_results_cache.py": 44,
+    "test_cli.py": 44,
     "interop": 40,
-    "test_cli.py": 38.5,
-    "test_cache_parts.py": 33.5,
-    "test_trace_ui.py": 32.5,
-    "test_packaging.py": 28,
-    "test_plugins.py": 25.5,
-    "test_capacity.py": 21.5,
+    "test_fuzz.py": 35,
+    "test_group_counts.py": 32,
+    "test_trace_ui.py": 26,
+    "test_mutual_tls.py": 22.5,
+    "test_secrets.py": 18,
+    "test_mongo_monitor.py": 16.5,
+    "test_plugins.py": 15.5,
     "test_instances.py": 15.5,
-    "test_tracing_otlp_wire.py": 11,
-    "test_backends.py": 10.5,
-    "test_mutual_tls.py": 10.5,
-    "test_resilience.py": 8.5,
-    "test_health.py": 8,
-    "test_tls.py": 7.5,
-    "test_lookups_mongo.py": 7.5,
-    "test_pool_advice.py": 6.5,
-    "test_tracing_export.py": 6.5,
-    "test_secrets.py": 6.5,
-    "test_bench_responder.py": 5.5,
-    "test_service.py": 4,
-    "test_lookups_http.py": 4,
-    "test_call_path.py": 3.5,
-    "test_cache_alerts.py": 3.5,
-    "test_logs.py": 3.5,
-    "test_backend_tls.py": 3,
-    "test_fanout.py": 3,
-    "test_compat.py": 3.5,
-    "test_docs.py": 10,
     "test_monitoring.py": 15,
+    "test_capacity.py": 14,
+    "test_parallel_runner.py": 12.5,
+    "test_lookups_mongo.py": 12.5,
+    "test_docs.py": 12.5,
+    "test_health.py": 9,
+    "test_backends.py": 8.5,
+    "test_hub_monitor.py": 8,
+    "test_cache_plans.py": 7,
+    "test_tls.py": 7,
+    "test_tracing_otlp_wire.py": 7,
+    "test_pool_advice.py": 6.5,
+    "test_tracing_export.py": 6,
+    "test_resilience.py": 6,
+    "test_bench_responder.py": 5.5,
+    "test_logs.py": 5,
+    "test_call_path.py": 5,
+    "test_service.py": 5,
+    "test_callers.py": 4.5,
+    "test_brownout.py": 4,
+    "test_fanout.py": 3,
+    "test_cache_alerts.py": 3,
+    "test_compat.py": 3.5,
 }
 DEFAULT_S = 1
+#: The same for the tests marked solo, in a ``make test`` run's solo phase.
+SOLO_SECONDS = {
+    "test_backend_faults.py": 42,
+    "test_instance_faults.py": 25,
+    "test_worker_moves.py": 22,
+    "test_pacing.py": 15,
+    "test_held_connections.py": 12,
+    "test_brownout.py": 11.5,
+    "test_resilience.py": 10.5,
+    "test_capacity.py": 8.5,
+    "test_lifecycle.py": 3,
+}
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds
 #: it at the start of its group while these wait their turn (else one group waits on the
 #: other's build).
@@ -113,15 +130,18 @@ def _files(path: Path) -> list[Path]:
     return sorted(path.rglob("test_*.py")) if path.is_dir() else [path]
 
 
-def deal(targets: Sequence[str], jobs: int) -> list[list[str]]:
-    """``targets`` in ``jobs`` groups of about equal seconds, longest first (LPT); in each
-    group the files of :data:`AFTER_THE_WHEEL` run last, once another group has built it."""
+def deal(
+    targets: Sequence[str], jobs: int, seconds: Mapping[str, float] = SECONDS
+) -> list[list[str]]:
+    """``targets`` in ``jobs`` groups of about equal ``seconds``, longest first (LPT); in
+    each group the files of :data:`AFTER_THE_WHEEL` run last, once another group has built
+    it."""
     groups: list[list[str]] = [[] for _ in range(jobs)]
     loads = [0.0] * jobs
-    for target in sorted(targets, key=lambda t: -SECONDS.get(Path(t).name, DEFAULT_S)):
+    for target in sorted(targets, key=lambda t: -seconds.get(Path(t).name, DEFAULT_S)):
         lightest = loads.index(min(loads))
         groups[lightest].append(target)
-        loads[lightest] += SECONDS.get(Path(target).name, DEFAULT_S)
+        loads[lightest] += seconds.get(Path(target).name, DEFAULT_S)
     return [
         sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group
     ]
@@ -182,6 +202,11 @@ def report(groups: list[list[str]], logs: list[Path], codes: list[int], name: st
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("TEST_JOBS", "5")))
+    parser.add_argument(
+        "--solo-jobs",
+        type=int,
+        default=int(os.environ.get("SOLO_JOBS", len(os.sched_getaffinity(0)))),
+    )
     parser.add_argument("--only", default="", help="comma-separated test files, dealt alike")
     args, pytest_args = parser.parse_known_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -200,7 +225,11 @@ def main(argv: Sequence[str]) -> int:
         targets = args.only.split(",") if args.only else test_targets()
         phases = [
             ("group", deal(targets, max(1, args.jobs)), phase_arguments(pytest_args, "rest")),
-            (SOLO, [solo_targets(targets)], phase_arguments(pytest_args, SOLO)),
+            (
+                SOLO,
+                deal(solo_targets(targets), max(1, args.solo_jobs), SOLO_SECONDS),
+                phase_arguments(pytest_args, SOLO),
+            ),
         ]
     codes: list[int] = []
     with tempfile.TemporaryDirectory(prefix="fanout-tests-") as shared:
