@@ -120,8 +120,14 @@ def _run_micro(reps: int, quick: bool) -> tuple[dict[str, Any] | None, str]:
         return None, "bench.micro printed no JSON"
 
 
-def _run_configs(scenarios: list[Scenario], timing: Timing, progress: tqdm) -> list[dict[str, Any]]:
-    results = []
+def _advance(progress: tqdm[Any]) -> None:
+    progress.update(1)
+
+
+def _run_configs(
+    scenarios: list[Scenario], timing: Timing, progress: tqdm[Any]
+) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
     configs = [c for s in scenarios for c in s.configs]
     remaining = sum(_estimate_s(c, timing) for c in configs)
     for config in configs:
@@ -141,7 +147,7 @@ def _run_configs(scenarios: list[Scenario], timing: Timing, progress: tqdm) -> l
             remaining -= _estimate_s(config, timing)
             progress.write(f"{config.key}: ERROR {exc}")
             continue
-        result = run_config(config, timing, on_window=lambda: progress.update(1))
+        result = run_config(config, timing, on_window=lambda: _advance(progress))
         remaining -= _estimate_s(config, timing)
         planned = config.timing(timing).reps
         progress.update(planned - len(result.get("reps") or []))  # keep the bar honest on errors

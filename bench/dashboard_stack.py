@@ -49,7 +49,7 @@ def window_now() -> tuple[int, int]:
 def seed(uri: str, documents: int, now_ms: int) -> None:
     """``documents`` requests, half as many queries, a quarter as many errors, over the last
     25 hours for :data:`APPS`; the ``(app, ts)`` index."""
-    db = pymongo.MongoClient(uri).apm
+    db: pymongo.database.Database[dict[str, Any]] = pymongo.MongoClient(uri).apm
     rng = random.Random(7)
     start_ms = now_ms - DAY_MS - HOUR_MS
     for name, count in (
@@ -188,9 +188,9 @@ def settle(engine_pids: list[int], limit_s: float = 120.0) -> float:
 
 def probe_ms(uri: str) -> float:
     """How long one uncached aggregation (the urls panel, one app's 24 hours) takes."""
-    db = pymongo.MongoClient(uri).apm
+    db: pymongo.database.Database[dict[str, Any]] = pymongo.MongoClient(uri).apm
     start_ms, end_ms = window_now()
-    pipeline = [
+    pipeline: list[dict[str, Any]] = [
         {
             "$match": {
                 "$and": [

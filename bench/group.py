@@ -131,7 +131,7 @@ def _counted_round(backends: DemoBackends, workdir: Path, number: int) -> dict[s
     group = Group(backends, workdir, f"counts-{number}")
     wait(group.all_serving, 30, "both workers serving")
     callers = Callers(group.ports["thrift"], 16)
-    resets, last = [0], [{}]
+    resets, last = [0], [dict[str, float]()]
 
     def poll() -> None:  # as Prometheus scrapes: a counter that goes back is a reset
         while True:

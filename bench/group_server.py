@@ -119,9 +119,15 @@ def group_memory(group: Group) -> dict[str, float]:
     rss = pss = 0.0
     for pid in [group.process.pid, *group.workers()]:
         rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        rss += int(re.search(r"^Rss:\s+(\d+)", rollup, re.M).group(1)) / 1024
-        pss += int(re.search(r"^Pss:\s+(\d+)", rollup, re.M).group(1)) / 1024
+        rss += _kib(r"^Rss:\s+(\d+)", rollup) / 1024
+        pss += _kib(r"^Pss:\s+(\d+)", rollup) / 1024
     return {"rss_mib": round(rss, 1), "pss_mib": round(pss, 1)}
+
+
+def _kib(pattern: str, rollup: str) -> int:
+    found = re.search(pattern, rollup, re.M)
+    assert found is not None, rollup
+    return int(found.group(1))
 
 
 def workers_in(scrape: str) -> set[str]:

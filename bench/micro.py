@@ -58,7 +58,7 @@ _PROBE_TIMEOUT_S = 300
 _WARMUP_TASKS = 50
 
 
-def run_micro(reps: int = 30, quick: bool = False) -> dict:
+def run_micro(reps: int = 30, quick: bool = False) -> dict[str, Any]:
     """Run the micro-benchmarks, each in a fresh subprocess; return their figures.
 
     ``quick`` shrinks the work (fewer runs per rep, fewer tasks and connections)
@@ -78,7 +78,7 @@ def run_micro(reps: int = 30, quick: bool = False) -> dict:
     }
 
 
-def _probe(name: str, *args: str) -> dict:
+def _probe(name: str, *args: str) -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.micro", "--probe", name, *args]
     done = subprocess.run(
         command,
@@ -116,7 +116,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 # --- probes (run in their own process, monkey-patched) -----------------------------------------
 
 
-def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict:
+def _probe_engine(reps: int, runs_per_rep: int, tasks_per_run: int) -> dict[str, Any]:
     from service.engine import FanOut, FanOutSettings, RequestContext, Task
 
     fanout = FanOut(FanOutSettings(pool_size=tasks_per_run, max_inflight_tasks=10 * tasks_per_run))
@@ -143,7 +143,7 @@ def _trivial(deadline: Any) -> str:
     return "ok"
 
 
-def _probe_inflight(n: int) -> dict:
+def _probe_inflight(n: int) -> dict[str, Any]:
     import gc
 
     import gevent
@@ -210,7 +210,7 @@ def _own_rss_kib() -> int:
 # --- RSS per idle connection (a real server process) -------------------------------------------
 
 
-def measure_idle_connections(n: int, warmup: int = 50) -> dict:
+def measure_idle_connections(n: int, warmup: int = 50) -> dict[str, Any]:
     """Start ``fanout serve`` (tracing off), hold ``n`` idle connections, return the server's RSS per connection."""
     # Imported here: this module's probes patch the standard library before it loads.
     from service.samples.mongo_server import stop_process
@@ -258,7 +258,7 @@ def _raise_fd_limit(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
 
 
-def _wait_for_address(server: subprocess.Popen, timeout_s: float = 60.0) -> tuple[str, int]:
+def _wait_for_address(server: subprocess.Popen[Any], timeout_s: float = 60.0) -> tuple[str, int]:
     give_up = time.monotonic() + timeout_s
     assert server.stdout is not None
     while time.monotonic() < give_up:

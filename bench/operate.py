@@ -89,7 +89,7 @@ def _get(url: str) -> tuple[bool, float]:
 
 def _start_server(
     backends: DemoBackends, workers: int, log: Path
-) -> tuple[subprocess.Popen, dict[str, int]]:
+) -> tuple[subprocess.Popen[Any], dict[str, int]]:
     ports = {"thrift": free_port(), "probes": free_port(), "metrics": free_port()}
     keys = {
         **backends.settings_overrides(),

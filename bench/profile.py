@@ -103,7 +103,7 @@ def fold(raw: str) -> dict[str, Any]:
         if module:
             modules[module] += int(count)
         total += int(count)
-    share = {"samples": total}
+    share: dict[str, Any] = {"samples": total}
     if total:
         share["by_package"] = {k: round(v / total, 4) for k, v in packages.most_common()}
         share["by_own_module"] = {k: round(v / total, 4) for k, v in modules.most_common(25)}

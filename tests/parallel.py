@@ -220,7 +220,7 @@ def main(argv: Sequence[str]) -> int:
         not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args
     )
     if paths_given:  # one ordinary run
-        phases = [("run", [[]], pytest_args)]
+        phases: list[tuple[str, list[list[str]], list[str]]] = [("run", [[]], pytest_args)]
     else:
         targets = args.only.split(",") if args.only else test_targets()
         phases = [

@@ -34,6 +34,11 @@ def control(clock: FakeClock, **settings: Any) -> AdmissionControl:
     return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000, clock=clock)
 
 
+def probing(admission: AdmissionControl) -> bool:
+    """Whether a probe of the least latency runs (read anew each time: it changes as calls end)."""
+    return admission.cpu.least.probing
+
+
 def far() -> Deadline:
     return Deadline.after_ms(60_000)
 
@@ -409,8 +414,8 @@ def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() ->
     clock = FakeClock()
     admission = cpu_bound(clock, busy=1.0)
     first = steady_load(admission, clock, 260, 0.001)  # the first window measured: one step
-    assert admission.cpu.least.probing
-    while admission.cpu.least.probing:  # ...and a probe, which moves nothing
+    assert probing(admission)
+    while probing(admission):  # ...and a probe, which moves nothing
         steady_load(admission, clock, 1, 0.001)
     assert admission.limit == first
     assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9**2)  # two more

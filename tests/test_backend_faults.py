@@ -448,6 +448,7 @@ def test_bearer_token_is_sent_to_both_services(rig: Rig, sample_data: SampleData
     client = rig.start(http__auth_token="tok-123")
     assert_healthy(rig.call()[0], ALL_PANELS)
     client.close()
+    assert rig.service is not None
     rig.service.stop()
 
     rig.start()  # no token configured: the guarded services answer 401

@@ -12,15 +12,20 @@ import gevent
 import pymongo
 import pytest
 import requests
+import requests.adapters
 from pymongo.errors import PyMongoError
 
 from lookups.backends.collection import Backends
-from lookups.backends.settings import backends_from_aliases
+from lookups.backends.settings import (
+    HttpBackendSettings,
+    MongoBackendSettings,
+    backends_from_aliases,
+)
 from lookups.base import Lookup
 from lookups.deadline import Deadline
 from lookups.http import AlertsLookup
 from lookups.mongo import ErrorsLookup
-from lookups.panels import AlertList, Window
+from lookups.panels import AlertList, ErrorSummary, Window
 from lookups.registry import LookupRegistry, default_registry
 from lookups.settings import HttpSettings, MongoSettings
 from service.samples import (
@@ -47,7 +52,7 @@ def test_sample_data_is_deterministic_per_seed() -> None:
 
 
 def test_sample_data_shape(sample_data: SampleData) -> None:
-    stamped = [*sample_data.errors, *sample_data.requests, *sample_data.queries]
+    stamped: list[Any] = [*sample_data.errors, *sample_data.requests, *sample_data.queries]
     assert all(SAMPLE_START_MS <= r.ts_ms < SAMPLE_END_MS and r.ts_ms % 1000 == 0 for r in stamped)
     assert 1000 <= len(sample_data.requests) <= 10_000
     assert {r.app for r in sample_data.requests} == set(sample_data.apps)
@@ -65,7 +70,9 @@ def test_sample_data_shape(sample_data: SampleData) -> None:
 
 
 def _ping(uri: str) -> bool:
-    client: pymongo.MongoClient = pymongo.MongoClient(uri, serverSelectionTimeoutMS=300)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
+        uri, serverSelectionTimeoutMS=300
+    )
     try:
         client.admin.command("ping")
         return True
@@ -110,7 +117,7 @@ def test_a_server_that_cannot_start_is_reported(tmp_path: Path) -> None:
 def test_seeding_loads_every_record_and_indexes(
     mongo_server: MongoWireServer, sample_data: SampleData
 ) -> None:
-    client: pymongo.MongoClient = pymongo.MongoClient(
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
         mongo_server.uri, serverSelectionTimeoutMS=5000
     )
     try:
@@ -218,7 +225,9 @@ def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
         tables = tomllib.loads(demo.config_snippet())["backends"]
         assert tables["mongo"]["uri"] == overrides["backends.mongo.uri"]
         assert settings.alias_sections == ()  # no deprecated section in what we hand out
-        assert (settings.backends["mongo"].uri, settings.backends["alerts"].url) == (
+        mongo, alerts = settings.backends["mongo"], settings.backends["alerts"]
+        assert isinstance(mongo, MongoBackendSettings) and isinstance(alerts, HttpBackendSettings)
+        assert (mongo.uri, alerts.url) == (
             overrides["backends.mongo.uri"],
             overrides["backends.alerts.url"],
         )
@@ -226,6 +235,7 @@ def test_demo_backends_point_a_server_at_themselves(tmp_path: Path) -> None:
             summary = ErrorsLookup(backends.mongo()).fetch(
                 Window("shop", SAMPLE_START_MS, SAMPLE_END_MS), Deadline.after_s(5.0)
             )
+        assert isinstance(summary, ErrorSummary)
         assert summary.total == sum(1 for e in demo.data.errors if e.app == "shop")
     assert all(
         _refuses(overrides[key])
@@ -276,6 +286,7 @@ def test_backends_use_the_settings(backend_settings: Settings, backends: Backend
         http = backends.http(name)
         assert (http.settings.url, http.meter.size) == (url, backend_settings.http.pool_maxsize)
         adapter = http.session.get_adapter(url)
+        assert isinstance(adapter, requests.adapters.HTTPAdapter)
         assert adapter._pool_maxsize == backend_settings.http.pool_maxsize
         assert adapter._pool_block is True
         assert http.guard.name == name

@@ -95,7 +95,7 @@ def test_a_budget_shorter_than_the_delay_times_out_as_with_mongodb(answers):
 
 def test_an_unrecorded_pipeline_is_refused_not_answered_wrongly(answers):
     with MongoResponder(answers) as responder:
-        client: pymongo.MongoClient = pymongo.MongoClient(
+        client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
             responder.uri, serverSelectionTimeoutMS=5000
         )
         try:

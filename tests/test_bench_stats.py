@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from typing import Any
 
 import pytest
 from thriftpy2.protocol import TBinaryProtocol
@@ -114,7 +115,7 @@ def test_value_goal_against_an_upper_limit() -> None:
 
 
 def _reply(
-    method: str, result: object, message_type: int = TMessageType.REPLY, strict: bool = True
+    method: str, result: Any, message_type: int = TMessageType.REPLY, strict: bool = True
 ) -> bytes:
     buffer = TMemoryBuffer()
     protocol = TBinaryProtocol(buffer, strict_write=strict)
@@ -224,7 +225,7 @@ def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts(
     weigh as much as one with a thousand (the mean of per-window ratios would say 0.53 ms)."""
     from bench.harness.overload import _refusal_cpu_ms
 
-    def rep(refused: int, answered: int, cpu_pct: float) -> dict:
+    def rep(refused: int, answered: int, cpu_pct: float) -> dict[str, Any]:
         return {
             "ok": answered,
             "degraded": 0,
@@ -260,7 +261,7 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
     full = Timing(reps=30, window_s=0.5, warmup_s=2.5)
     assert [c.timing(full).reps for c in configs if c.label.startswith("alone-r")] == [10] * 6
 
-    def result(per_s: list[float], refused: int) -> dict:
+    def result(per_s: list[float], refused: int) -> dict[str, Any]:
         windows = [{"whole": 0, "lighter": 0, "failures": {"overloaded": refused}}] * len(per_s)
         return {
             "reps": [{"p99_ms": 50.0, "failures": {}}] * len(per_s),
@@ -281,6 +282,6 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
     ratios = round_ratios(
         [result([95.0], 0), result([80.0], 0)],
         [result([100.0], 0), result([100.0, 60.0], 0)],
-        lambda r: r["essential"]["per_s"],
+        lambda r: (r or {})["essential"]["per_s"],
     )
     assert ratios == pytest.approx([0.95, 1.0])

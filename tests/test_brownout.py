@@ -38,7 +38,7 @@ ESSENTIAL = {"errors", "urls", "alerts", "latency"}
 C = Criticality
 
 
-def shares(dimmer: Dimmer, criticality: Criticality, calls: int = 100) -> Counter:
+def shares(dimmer: Dimmer, criticality: Criticality, calls: int = 100) -> Counter[BrownoutVerdict]:
     return Counter(dimmer.decide(criticality) for _ in range(calls))
 
 
@@ -390,7 +390,7 @@ def test_the_dimmer_at_rest_sleeps_until_admission_refuses_then_climbs() -> None
 
 
 def test_a_critical_newcomer_takes_a_sheddable_waiters_place_and_is_served_first() -> None:
-    admission, order = one_call_admission(), []
+    admission, order = one_call_admission(), list[Any]()
     waiting(admission, C.SHEDDABLE, order)  # the line holds one: it is full now
     waiting(admission, C.CRITICAL, order)  # takes its place
     assert order == ["refused SHEDDABLE"]
@@ -511,7 +511,7 @@ def test_a_critical_plus_call_is_served_while_sheddable_calls_are_refused(
         admission__queue_interval_ms=1000,
         admission__queue_target_ms=1000,
     )
-    refused, served = Counter(), Counter()
+    refused, served = Counter[str](), Counter[str]()
     stop = gevent.event.Event()
 
     def sheddable_caller() -> None:
@@ -563,7 +563,7 @@ def test_metrics_count_each_skipped_panel_and_refusal_once_as_callers_got_them(
             "admission.brownout_min_level": 0.5,
         },
     )
-    received_skips, received_refusals = 0, Counter()
+    received_skips, received_refusals = 0, Counter[str]()
     with AppStatsClient("127.0.0.1", server.port, overload_retry_ratio=0.0) as client:
         for criticality in ["SHEDDABLE", "SHEDDABLE_PLUS", "CRITICAL", None, "CRITICAL_PLUS"] * 4:
             try:
@@ -685,7 +685,7 @@ def test_a_sheddable_caller_the_dimmer_refuses_is_told_a_growing_pause(start_ser
 
     service, _ = start_service(admission__brownout_min_level=0.4)
     request = sheddable_request()
-    told = []
+    told: list[Any] = []
     with socket.create_connection(service.address, timeout=5) as sock:
         client = plain_client(sock)
         started = time.monotonic()

@@ -8,6 +8,7 @@ Under ``make compat`` it runs on FerretDB 2 as well.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -259,8 +260,12 @@ def test_ranking_a_run_and_its_edges_from_candidates_equals_ranking_everything()
     assert parts is not None
     rng = __import__("random").Random(3)
     for _ in range(200):
-        run = {f"q{i}": [1, float(rng.randrange(50))] for i in range(rng.randrange(0, 1500))}
-        edge = {f"q{rng.randrange(2000)}": [1, float(rng.randrange(-1, 200))] for _ in range(30)}
+        run: dict[str | None, list[float]] = {
+            f"q{i}": [1, float(rng.randrange(50))] for i in range(rng.randrange(0, 1500))
+        }
+        edge: dict[str | None, list[float]] = {
+            f"q{rng.randrange(2000)}": [1, float(rng.randrange(-1, 200))] for _ in range(30)
+        }
         merged = MergedRuns(1 << 30).put(("queries", "shop", 0, 1), run, parts)
         total = add_parts([run, edge])
         ranked = merged.ranked_with(total, edge)
@@ -281,7 +286,9 @@ def test_ranked_keys_are_the_querys_order_whether_a_few_or_many(lookup: Any) -> 
     index, limit = parts.rank_by, parts.limit
     rng = __import__("random").Random(5)
     for size in (0, 1, limit // 2, limit * 4, limit * 4 + 1, limit * 9):
-        total = {f"k{rng.randrange(size * 2 + 1)}": [rng.randrange(4)] * 2 for _ in range(size)}
+        total: dict[str | None, list[Any]] = {
+            f"k{rng.randrange(size * 2 + 1)}": [rng.randrange(4)] * 2 for _ in range(size)
+        }
         total.update({None: [rng.randrange(4)] * 2, "": [rng.randrange(4)] * 2})
         # The query's order: the ranked sum descending, then null first, then by key.
         expected = sorted(total, key=lambda k: (-total[k][index], k is not None, k or ""))
@@ -338,7 +345,7 @@ def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: Mon
         end_ms = BASE_MS + 4 * 3_600_000 + step
         window = Window("shop", end_ms - length_ms, end_ms)
         for lookup in cached.values():
-            lookup._clock = lambda end_ms=end_ms: end_ms / 1000
+            lookup._clock = functools.partial(float, end_ms / 1000)
             if step == 0:
                 _warm(lookup, window)  # every later step moves a kept sum
             _same(
@@ -356,7 +363,7 @@ def test_a_window_moving_on_by_one_bucket_leaves_the_run_it_left(backend: MongoB
     # The second window's start crosses a boundary, its last settled bucket stays.
     for end_ms in (BASE_MS + 4 * 3_600_000 + 300_000, BASE_MS + 4 * 3_600_000 + 660_000):
         window = Window("shop", end_ms - length_ms, end_ms)
-        lookup._clock = lambda end_ms=end_ms: end_ms / 1000
+        lookup._clock = functools.partial(float, end_ms / 1000)
         _warm(lookup, window)
         _same(
             lookup.fetch(window, Deadline.after_ms(10_000)),
@@ -378,7 +385,7 @@ def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directl
     lookup = _cached(backend, 3_600_000, 0, store)["queries"]
     for hours in (2, 3):  # the kept sum of two hours moves on to the crowded third
         window = Window("shop", BASE_MS, BASE_MS + hours * 3_600_000)
-        lookup._clock = lambda window=window: window.end_ms / 1000
+        lookup._clock = functools.partial(float, window.end_ms / 1000)
         if hours == 2:
             _warm(lookup, window)
         _same(

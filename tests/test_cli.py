@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import gevent
 import pytest
@@ -23,20 +24,21 @@ FANOUT = [sys.executable, "-m", "service.cli"]
 ENV = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
 
 
-def read_until(process: subprocess.Popen, marker: str, timeout_s: float = 30) -> list[str]:
+def read_until(process: subprocess.Popen[Any], marker: str, timeout_s: float = 30) -> list[str]:
     """Lines of ``process``'s stdout up to and including the first containing ``marker``."""
     lines: list[str] = []
     with gevent.Timeout(
         timeout_s, AssertionError(f"no {marker!r} within {timeout_s}s; got {lines}")
     ):
         while not lines or marker not in lines[-1]:
+            assert process.stdout is not None
             line = process.stdout.readline()
             assert line, f"process ended before {marker!r}: {lines}"
             lines.append(line.rstrip("\n"))
     return lines
 
 
-def stop(process: subprocess.Popen) -> int:
+def stop(process: subprocess.Popen[Any]) -> int:
     process.send_signal(signal.SIGTERM)
     try:
         return process.wait(timeout=15)
@@ -46,8 +48,8 @@ def stop(process: subprocess.Popen) -> int:
 
 
 @pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen]]:
-    started: list[subprocess.Popen] = []
+def processes() -> Iterator[list[subprocess.Popen[Any]]]:
+    started: list[subprocess.Popen[Any]] = []
     yield started
     for process in started:
         if process.poll() is None:
@@ -56,8 +58,8 @@ def processes() -> Iterator[list[subprocess.Popen]]:
 
 
 def spawn(
-    processes: list[subprocess.Popen], *args: str, env: dict[str, str] | None = None
-) -> subprocess.Popen:
+    processes: list[subprocess.Popen[Any]], *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[Any]:
     process = subprocess.Popen(
         [*FANOUT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or ENV
     )
@@ -66,7 +68,7 @@ def spawn(
 
 
 def test_backends_serve_and_call_work_together(
-    tmp_path: Path, processes: list[subprocess.Popen]
+    tmp_path: Path, processes: list[subprocess.Popen[Any]]
 ) -> None:
     ports = {name: free_port() for name in ("mongo", "alerts", "metrics")}
     backends = spawn(
@@ -145,6 +147,7 @@ def test_backends_serve_and_call_work_together(
     assert bad.returncode == 1 and "InvalidRequest" in bad.stderr and "app" in bad.stderr
 
     assert stop(server) == 0
+    assert server.stderr is not None
     logged = server.stderr.read()
     assert "spans flushed" in logged and "export" not in logged.lower(), logged
     assert "deprecated" not in logged  # what `fanout backends` prints is the current form
@@ -274,7 +277,9 @@ def test_log_level_is_taken_before_or_after_the_command(argv: list[str], level: 
     assert _parser().parse_args(argv).log_level == level
 
 
-def test_an_unknown_log_level_after_the_command_is_refused(capsys: pytest.CaptureFixture) -> None:
+def test_an_unknown_log_level_after_the_command_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from service.cli.main import _parser
 
     with pytest.raises(SystemExit) as exited:

@@ -26,6 +26,11 @@ from tests.support.clock import FakeClock
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def state(breaker: CircuitBreaker) -> CircuitState:
+    """The breaker's state, read anew after each step that may move it."""
+    return breaker.state
+
+
 def _breaker(clock: FakeClock, open_ms: int = 2000) -> CircuitBreaker:
     return CircuitBreaker("db", BreakerPolicy(consecutive_failures=3, open_ms=open_ms), clock)
 
@@ -39,17 +44,17 @@ def test_the_breaker_stays_open_for_exactly_open_ms_then_lets_one_probe_through(
     clock = FakeClock()
     breaker = _breaker(clock)
     _fail(breaker, 3)
-    assert breaker.state is CircuitState.OPEN
+    assert state(breaker) is CircuitState.OPEN
     clock.advance(1.999)
     with pytest.raises(CircuitOpen):
         breaker.check()
     clock.advance(0.001)
     assert breaker.check() is True  # the probe
-    assert breaker.state is CircuitState.HALF_OPEN
+    assert state(breaker) is CircuitState.HALF_OPEN
     with pytest.raises(CircuitOpen):
         breaker.check()  # one probe at a time
     breaker.record(failed=False, probe=True)
-    assert breaker.state is CircuitState.CLOSED
+    assert state(breaker) is CircuitState.CLOSED
     assert breaker.check() is False
 
 
@@ -76,9 +81,9 @@ def test_the_failure_rate_counts_only_the_window() -> None:
     clock.advance(10.5)  # those three leave the window
     for failed in (True, False, False, True):
         breaker.record(failed)
-    assert breaker.state is CircuitState.CLOSED  # 2 of 4 is not more than half
+    assert state(breaker) is CircuitState.CLOSED  # 2 of 4 is not more than half
     breaker.record(True)
-    assert breaker.state is CircuitState.OPEN  # 3 of 5
+    assert state(breaker) is CircuitState.OPEN  # 3 of 5
 
 
 def test_the_retry_budget_earns_min_per_s_tokens_a_second_and_no_more() -> None:

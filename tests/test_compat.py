@@ -41,7 +41,7 @@ WINDOWS = {
     "three_hours": (SAMPLE_START_MS + 6 * HOUR_MS, SAMPLE_START_MS + 9 * HOUR_MS),
 }
 MONGO_PANELS = ["errors", "urls", "controllers", "queries"]
-FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
+FLOAT_TOLERANCE: dict[str, Any] = {"rel": 1e-9, "abs": 1e-6}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,7 @@ def engines(sample_data: SampleData, mongo_server: Any) -> Iterator[dict[str, An
     """Both engines, running and seeded with the same data: the session's server is one of
     them (nx-27017, or FerretDB under ``make compat``), and the other is started here."""
     with contextlib.ExitStack() as stack:
-        found = (
+        found: dict[str, Any] = (
             {"ferretdb": mongo_server}
             if isinstance(mongo_server, FerretDbServer)
             else {"nx-27017": mongo_server}
@@ -62,7 +62,7 @@ def engines(sample_data: SampleData, mongo_server: Any) -> Iterator[dict[str, An
 
 
 def test_the_engine_is_ferretdb_2_on_documentdb(engines: dict[str, Any]) -> None:
-    client: pymongo.MongoClient = pymongo.MongoClient(engines["ferretdb"].uri)
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(engines["ferretdb"].uri)
     try:
         info = client.admin.command("buildInfo")
         # DocumentDB keeps the documents: FerretDB 2 has no other storage.

@@ -76,7 +76,9 @@ timeout_ms = 250
         ("", {"FANOUT_TRACING_SAMPLE_RATIO": "2"}, "tracing.sample_ratio"),
     ],
 )
-def test_bad_values_fail_naming_the_key(tmp_path: Path, text: str, env: dict, key: str) -> None:
+def test_bad_values_fail_naming_the_key(
+    tmp_path: Path, text: str, env: dict[str, Any], key: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(write(tmp_path, text), env=env)
     assert str(caught.value).startswith(key)
@@ -169,7 +171,7 @@ def test_hardening_defaults_are_bounded_and_safe() -> None:
         ({"server.hub_block_threshold_ms": -1}, "server.hub_block_threshold_ms"),
     ],
 )
-def test_hardening_settings_are_checked_together(overrides: dict, message: str) -> None:
+def test_hardening_settings_are_checked_together(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_settings(env={}, overrides=overrides)
 
@@ -259,10 +261,13 @@ def test_backend_tables_by_kind_and_the_aliases_they_replace(tmp_path: Path) -> 
     assert backends["metrics"] == HttpBackendSettings(
         url="http://metrics.old:8082", pool_size=20
     )  # alias
-    assert backends["alerts"].url == "http://127.0.0.1:8081" and backends["alerts"].pool_size == 20
+    alerts = backends["alerts"]
+    assert isinstance(alerts, HttpBackendSettings)
+    assert alerts.url == "http://127.0.0.1:8081" and alerts.pool_size == 20
     assert backends["jobs"] == HttpBackendSettings(url="https://jobs.internal")
     env = {"FANOUT_BACKENDS_JOBS_READ_TIMEOUT_MS": "250", "FANOUT_BACKENDS_JOBS_KIND": "http"}
-    assert load_settings(env=env).backends["jobs"].read_timeout_ms == 250
+    jobs = load_settings(env=env).backends["jobs"]
+    assert isinstance(jobs, HttpBackendSettings) and jobs.read_timeout_ms == 250
 
 
 @pytest.mark.parametrize(
@@ -408,7 +413,7 @@ def test_an_ill_declared_section_is_refused_when_first_read() -> None:
         ({"FANOUT_SERVER_WORKERS": "sixteen"}, "server.workers: must be an integer, got 'sixteen'"),
     ],
 )
-def test_declared_bounds_are_enforced_naming_the_key(env: dict, message: str) -> None:
+def test_declared_bounds_are_enforced_naming_the_key(env: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_settings(env=env)
     assert str(caught.value).startswith(message), caught.value

@@ -197,7 +197,7 @@ def test_the_python_api_pages_come_from_the_docstrings(site: Path) -> None:
         if not name.startswith("_") and callable(member) and member.__doc__:
             assert name in client, name
     lookup = page_text(site, "reference/lookup-api.html")
-    assert inspect.getdoc(base.Lookup).split("\n")[0][:40] in lookup
+    assert (inspect.getdoc(base.Lookup) or "").split("\n")[0][:40] in lookup
 
 
 def test_the_performance_pages_are_made_from_every_results_file(site: Path) -> None:

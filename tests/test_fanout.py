@@ -60,7 +60,7 @@ def raiser(exc: Exception, after_s: float = 0.0) -> Callable[[Deadline], Any]:
 
 
 def task(
-    name: str, call: Callable[[float], Any], timeout_ms: int = 2000, required: bool = False
+    name: str, call: Callable[[Deadline], Any], timeout_ms: int = 2000, required: bool = False
 ) -> Task:
     return Task(name=name, source="test", call=call, timeout_ms=timeout_ms, required=required)
 
@@ -140,7 +140,7 @@ def test_no_task_can_start_raises_overloaded() -> None:
 
 def test_children_see_the_callers_context_variables_and_parent_span(spans: Any) -> None:
     fan = engine()
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def look(deadline: Deadline) -> str:
         seen["value"] = caller_value.get()
@@ -268,7 +268,7 @@ def test_every_error_kind_becomes_its_outcome() -> None:
         "TimeoutError",
     )
     assert by_name["bug"].status is TaskStatus.ERROR and by_name["bug"].error_type == "KeyError"
-    assert len(by_name["bug"].message) <= 500
+    assert len(by_name["bug"].message or "") <= 500
     assert by_name["fine"].ok
 
 

@@ -40,10 +40,9 @@ from service.listener.server import ThriftServer
 from service.rpc.validation import validate_stats_request
 from service.settings.server import ServerSettings
 from tests.support.server import COMBINATIONS, read_until_closed, sample_response
+from tests.support.thrift_calls import encode_call, thrift_client
 from tests.test_wire_limits import (
-    encode_call,
     on_the_wire,
-    thrift_client,
     varint,
     with_list_count,
     with_string_length,

@@ -87,7 +87,7 @@ def silent_port() -> Iterator[int]:
 def failing_http() -> Iterator[str]:
     """An HTTP service that answers every request with 503."""
 
-    def app(environ: dict, start_response: Callable) -> list[bytes]:
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         start_response("503 Service Unavailable", [("Content-Length", "0")])
         return [b""]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -89,6 +90,10 @@ def blocked_events(spans: Any) -> list[tuple[str, Any]]:
         for event in span.events
         if event.name == BLOCKED_EVENT
     ]
+
+
+def _reported(service: Any, blocks: int) -> bool:
+    return bool(service.hub_monitor.blocks_reported >= blocks)
 
 
 def test_blocking_lookup_is_logged_and_recorded_on_its_span(
@@ -201,7 +206,7 @@ def test_a_place_that_blocks_again_is_counted_and_summed_up_not_logged_again(
     service, client = start_busy(_THRESHOLD_MS)
     for blocks in (1, 2, 3):
         client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
-        wait_for(lambda blocks=blocks: service.hub_monitor.blocks_reported >= blocks)
+        wait_for(functools.partial(_reported, service, blocks))
     service.hub_monitor.flush()
     # The spin's place only: on a starved host the loop may also stall elsewhere, unasked.
     lines = [line for line in blocked_lines(caplog) if " in spin" in line.message]

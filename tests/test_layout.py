@@ -124,7 +124,7 @@ def test_every_module_has_a_row_in_the_tests_index() -> None:
     """tests/README.md says where each module's tests are; a new module needs its row."""
     index = (ROOT / "tests" / "README.md").read_text()
     rows = [line for line in index.splitlines() if line.startswith("| `")]
-    listed = set()
+    listed: set[str] = set()
     for row in rows:
         cell = row.split("|")[1]
         names = [name.strip("` ") for name in cell.split(",")]

@@ -34,6 +34,7 @@ from service.settings.config import load_settings
 from service.workers.lifecycle import GC_YOUNG_THRESHOLD, run_server
 from tests.support.samples import backend_overrides
 from tests.support.sockets import listening_addresses, wait_for
+from tests.support.tracing import provider_of
 from tracing.settings import TracingSettings
 from tracing.setup import configure_tracing
 
@@ -77,7 +78,8 @@ class HeldAlerts:
             self.release.wait(timeout=60)
             return answer(segments, environ)
 
-        self.services.alerts.answer = held  # the real service, answering later
+        # The real service, answering later.
+        self.services.alerts.answer = held  # type: ignore[method-assign]
 
     def wait_for(self, count: int, timeout_s: float = 30) -> None:
         self.expected = count
@@ -291,7 +293,7 @@ def test_span_flush_at_shutdown_is_bounded_when_the_collector_is_down(collector:
             env={},
         )
         for index in range(5):
-            tracing.provider.get_tracer("test").start_span(f"pending {index}").end()
+            provider_of(tracing).get_tracer("test").start_span(f"pending {index}").end()
         started = time.monotonic()
         assert tracing.shutdown(timeout_ms=300) is False
         # The exporter alone would retry for its 10 s timeout.

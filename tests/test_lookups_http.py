@@ -9,13 +9,13 @@ import json
 import math
 import socket
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import gevent
 import pytest
-import requests
 from gevent.server import StreamServer
 
 from lookups.backends.collection import Backends
@@ -23,7 +23,7 @@ from lookups.backends.settings import backends_from_aliases
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
 from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup, step_ms_for
-from lookups.panels import Window
+from lookups.panels import Series, Window
 from lookups.settings import HttpSettings, MongoSettings
 from service.samples import SampleData, SampleHttpServices
 from service.samples.http_services import path_segments, serve_wsgi
@@ -112,6 +112,7 @@ def test_series_panels(
     series = lookup_class(backends.http(lookup_class.backend_name)).fetch(
         window, Deadline.after_s(5.0)
     )
+    assert isinstance(series, Series), series
     expected = _expected_series(sample_data, window, lookup_class.name)
     assert series.step_ms == _expected_step(window)
     assert len(series.points) <= 120
@@ -390,7 +391,7 @@ def test_app_names_stay_one_quoted_segment(
     VolumeLookup(backends.http(VolumeLookup.backend_name)).fetch(window, Deadline.after_s(5.0))
     paths = [raw.split("?", 1)[0] for raw in seen]
     assert paths == [f"/base/apps/{segment}/alerts", f"/base/apps/{segment}/series/volume"]
-    assert all(requests.utils.unquote(p.split("/")[3]) == app for p in paths)
+    assert all(urllib.parse.unquote(p.split("/")[3]) == app for p in paths)
 
 
 @pytest.fixture

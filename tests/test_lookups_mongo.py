@@ -11,7 +11,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import gevent
 import pymongo
@@ -32,7 +32,7 @@ from lookups.mongo import (
     aggregate_one_batch,
     normalise_query,
 )
-from lookups.panels import TopList, Window
+from lookups.panels import ErrorSummary, TopList, Window
 from lookups.settings import HttpSettings, MongoSettings
 from service.samples import MongoWireServer, SampleData
 from service.samples.faults import TcpFaultProxy
@@ -42,7 +42,7 @@ from tests.support.sockets import dead_port
 from tracing.context import spawn_in_context
 
 HOUR_MS = 3_600_000
-FLOAT_TOLERANCE = {"rel": 1e-9, "abs": 1e-6}
+FLOAT_TOLERANCE: dict[str, Any] = {"rel": 1e-9, "abs": 1e-6}
 
 
 def _windows(data: SampleData) -> dict[str, tuple[int, int]]:
@@ -85,6 +85,16 @@ def _expected_top(
     return sorted(rows, key=lambda row: (-row[1], row[0]))[:10]
 
 
+P = TypeVar("P", ErrorSummary, TopList)
+
+
+def _fetched(lookup: Any, window: Window, kind: type[P]) -> P:
+    """What ``lookup`` answers for ``window``, checked to be a ``kind``."""
+    value = lookup.fetch(window, Deadline.after_s(5.0))
+    assert isinstance(value, kind), value
+    return value
+
+
 def _assert_top_list(actual: TopList, expected: list[tuple[str, int, float, float]]) -> None:
     assert [(e.key, e.count) for e in actual.entries] == [
         (key, count) for key, count, _, _ in expected
@@ -110,7 +120,7 @@ def test_errors_panel(
     counts = Counter(r.message for r in records)
     expected_top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:10]
 
-    summary = ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0))
+    summary = _fetched(ErrorsLookup(backends.mongo()), window, ErrorSummary)
 
     assert summary.total == len(records)
     assert [(m.message, m.count) for m in summary.top] == expected_top
@@ -123,7 +133,7 @@ def test_urls_panel(
 ) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.url)
-    _assert_top_list(UrlsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
+    _assert_top_list(_fetched(UrlsLookup(backends.mongo()), window, TopList), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -133,9 +143,7 @@ def test_controllers_panel(
 ) -> None:
     window = _window(sample_data, app, window_name)
     expected = _expected_top(_in_window(sample_data.requests, window), lambda r: r.controller)
-    _assert_top_list(
-        ControllersLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected
-    )
+    _assert_top_list(_fetched(ControllersLookup(backends.mongo()), window, TopList), expected)
 
 
 @pytest.mark.parametrize("app", APPS)
@@ -151,12 +159,12 @@ def test_queries_panel(
         ((shape, len(d), sum(d) / len(d), sum(d)) for shape, d in totals.items()),
         key=lambda row: (-row[3], row[0]),
     )[:10]
-    _assert_top_list(QueriesLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)), expected)
+    _assert_top_list(_fetched(QueriesLookup(backends.mongo()), window, TopList), expected)
 
 
 def test_a_wide_window(backends: Backends, sample_data: SampleData) -> None:
     window = Window("search", 0, 4_102_444_800_000)  # 1970 to 2100
-    summary = ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0))
+    summary = _fetched(ErrorsLookup(backends.mongo()), window, ErrorSummary)
     assert summary.total == sum(1 for r in sample_data.errors if r.app == "search")
 
 
@@ -164,8 +172,8 @@ def test_whole_day_panels_are_full(backends: Backends, sample_data: SampleData) 
     """The seeded data is rich enough that every top list is cut at ten."""
     window = _window(sample_data, "shop", "day")
     for lookup in (UrlsLookup(backends.mongo()), QueriesLookup(backends.mongo())):
-        assert len(lookup.fetch(window, Deadline.after_s(5.0)).entries) == 10
-    assert len(ErrorsLookup(backends.mongo()).fetch(window, Deadline.after_s(5.0)).top) == 10
+        assert len(_fetched(lookup, window, TopList).entries) == 10
+    assert len(_fetched(ErrorsLookup(backends.mongo()), window, ErrorSummary).top) == 10
 
 
 @pytest.mark.parametrize(

@@ -196,7 +196,9 @@ def _serial_seen(server: ThriftServer, pki: Pki, client: tuple[str, str]) -> int
         socket.create_connection(server.address, timeout=5) as raw,
         context.wrap_socket(raw, server_hostname="localhost") as secured,
     ):
-        return int(secured.getpeercert()["serialNumber"], 16)
+        certificate = secured.getpeercert()
+        assert certificate is not None
+        return int(str(certificate["serialNumber"]), 16)
 
 
 def _serial_of(pem: bytes) -> int:

@@ -4,6 +4,8 @@ kill) loses no slot."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import gevent
 import pytest
 
@@ -39,7 +41,7 @@ def _serve(slots: OrderedSlots, waiting: list[Flow]) -> list[str]:
 
 
 def test_a_slot_given_back_goes_to_the_lowest_place_then_the_longest_waiting() -> None:
-    slots, served = OrderedSlots(1), []
+    slots, served = OrderedSlots(1), list[Any]()
     assert slots.acquire()
     waiters = []
     for place in (3, 1, 2, 1, 0):  # each in the line before the next comes
@@ -78,7 +80,7 @@ def test_the_more_critical_go_first_whatever_their_callers_used() -> None:
 
 
 def test_a_waiter_that_gives_up_or_is_killed_leaves_the_line_and_no_slot_is_lost() -> None:
-    slots, served = OrderedSlots(2), []
+    slots, served = OrderedSlots(2), list[Any]()
     assert slots.acquire() and slots.acquire()
     assert not slots.acquire(timeout=0.01)  # gave up: out of the line
     killed = gevent.spawn(_waiting_at, slots, 0, served)
@@ -94,7 +96,7 @@ def test_a_waiter_that_gives_up_or_is_killed_leaves_the_line_and_no_slot_is_lost
 
 
 def test_a_slot_handed_to_a_waiter_killed_before_it_woke_goes_to_the_next() -> None:
-    slots, served = OrderedSlots(1), []
+    slots, served = OrderedSlots(1), list[Any]()
     assert slots.acquire()
     first = gevent.spawn(_waiting_at, slots, 0, served, 0.01)
     second = gevent.spawn(_waiting_at, slots, 1, served)

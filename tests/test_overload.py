@@ -96,6 +96,7 @@ def test_running_out_of_file_descriptors_pauses_accepting_and_recovers() -> None
     clients: list[socket.socket] = []
     try:
         with gevent.Timeout(30):
+            assert proc.stdout is not None
             port = int(proc.stdout.readline())
         log: list[str] = []
         clients = [
@@ -108,6 +109,7 @@ def test_running_out_of_file_descriptors_pauses_accepting_and_recovers() -> None
             sock.close()
         assert connect_and_ping(port) == "pong"  # accepting resumed by itself
 
+        assert proc.stdin is not None
         proc.stdin.close()
         _, rest = proc.communicate(timeout=20)
         log.extend(rest.splitlines())

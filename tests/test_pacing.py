@@ -99,7 +99,7 @@ def test_callers_honouring_retry_after_are_never_held(
 
     callers = [gevent.spawn(polite) for _ in range(8)]
     gevent.joinall(callers, timeout=20)
-    kinds = sum((c.get() for c in callers), Counter())
+    kinds: Counter[str] = sum((c.get() for c in callers), Counter())
     assert service.gate.stats.overloaded >= 8 and kinds["answered"] >= 1
     assert service.gate.stats.held == 0
 

@@ -124,6 +124,7 @@ def _serve_and_call(
         stderr=subprocess.PIPE,
     )
     try:
+        assert server.stdout is not None and server.stderr is not None
         assert "serving on" in server.stdout.readline(), server.stderr.read()
         done = installed.run(
             [
@@ -145,6 +146,7 @@ def _serve_and_call(
         assert '"status": "OK"' in done.stdout and '"status": "ERROR"' not in done.stdout
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0
+        assert server.stderr is not None
         return server.stderr.read()
     finally:
         _stop(server)

@@ -82,7 +82,9 @@ def test_the_manual_example_runs_through_fanout_serve_as_written(
     assert panels == [*BUILT_IN, "slow_urls"]
     assert [(o.name, o.status) for o in response.outcomes] == [("slow_urls", 0), ("errors", 0)]
     entries = response.panels["slow_urls"].top_list.entries
-    min_count = int(re.search(r"^min_count = (\d+)", config, re.M).group(1))
+    found = re.search(r"^min_count = (\d+)", config, re.M)
+    assert found is not None, config
+    min_count = int(found.group(1))
     assert [(e.key, e.count) for e in entries] == expected_slow_urls(sample_data, "shop", min_count)
     # The panel's own key took effect: without it, some of these URLs would rank.
     assert expected_slow_urls(sample_data, "shop", 1) != expected_slow_urls(

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import gevent
 import pytest
@@ -146,7 +147,7 @@ def _cpu_starved_pool_is_told_cpu() -> None:
     assert report.recommended == report.size, report
 
 
-def _pool(name: str, **values: object) -> dict:
+def _pool(name: str, **values: object) -> dict[str, Any]:
     base = {
         "name": name,
         "size": 10,
@@ -163,7 +164,7 @@ def _pool(name: str, **values: object) -> dict:
     return {**base, **values}
 
 
-def _report(pools: list, limit: int, in_flight: int) -> dict:
+def _report(pools: list[Any], limit: int, in_flight: int) -> dict[str, Any]:
     return {
         "pools": pools,
         "admission_limit": limit,

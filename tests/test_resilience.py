@@ -50,7 +50,7 @@ def fetch_many(
     the exceptions."""
 
     def caller() -> list[Any]:
-        results = []
+        results: list[Any] = []
         for _ in range(each):
             gevent.sleep(pause_s)
             try:
@@ -98,9 +98,11 @@ def backlog5() -> Iterator[str]:
     )
     try:
         with gevent.Timeout(20, AssertionError("the backlog-5 server did not start")):
+            assert process.stdout is not None
             port = int(process.stdout.readline())
         yield f"http://127.0.0.1:{port}"
     finally:
+        assert process.stdin is not None
         process.stdin.close()
         process.wait(timeout=10)
 

@@ -161,6 +161,7 @@ def _counters(stats: CacheStats) -> tuple[int, int, int]:
 
 def test_a_fresh_call_reads_no_cached_bucket(start_service: StartService) -> None:
     service, client = start_service(**QUARTERS)
+    assert isinstance(service.cache, MemoryStore)
     stats = service.cache.stats
     for _ in range(6 // FILL_FACETS + 1):
         cached = _ask(client)
@@ -356,6 +357,7 @@ def test_fanout_pools_shows_the_cache_and_a_group_adds_it_up(start_service: Star
     for _ in range(2):
         _ask(client)
     report = client.pool_stats()
+    assert service.cache is not None
     stats = service.cache.stats
     assert (report.cache_hits, report.cache_misses, report.cache_bytes, report.cache_max_bytes) == (
         stats.hits,
@@ -393,6 +395,7 @@ def test_the_probes_and_health_show_the_cache_store_down_and_back(
     service, client = start_service(
         **CACHE_ON, cache__url=redis_server.url, cache__redis_timeout_ms=100, server__probe_port=0
     )
+    assert service.probes is not None
     probes = f"http://127.0.0.1:{service.probes.address[1]}/readyz"
 
     def shown() -> tuple[Any, Any]:

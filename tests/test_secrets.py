@@ -111,7 +111,7 @@ def test_secrets_stay_out_of_logs_spans_and_answers(
     assert any('"fanout.task.status": "ERROR"' in text for text in finished)
 
 
-def wait_for_port(out_path: Path, server: subprocess.Popen, timeout_s: float = 30) -> int:
+def wait_for_port(out_path: Path, server: subprocess.Popen[Any], timeout_s: float = 30) -> int:
     """The port from the server's "serving on host:port" line (written to ``out_path``)."""
     ends = time.monotonic() + timeout_s
     while time.monotonic() < ends and server.poll() is None:

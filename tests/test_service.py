@@ -144,7 +144,7 @@ def test_client_deadline_cuts_a_hanging_backend_and_leaks_nothing(
     ],
 )
 def test_bad_requests_get_invalid_request(
-    start_service: StartService, kwargs: dict, field: str
+    start_service: StartService, kwargs: dict[str, Any], field: str
 ) -> None:
     _, client = start_service()
     with pytest.raises(appstats.InvalidRequest) as caught:

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 from contextlib import contextmanager
+from typing import Any
 
 import gevent
 import grpc
@@ -17,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind
 
+from tests.support.tracing import provider_of
 from tracing.exporters import prepare_grpc_for_gevent
 from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing
@@ -32,7 +34,7 @@ class Received:
         self.paths: list[str] = []
         self.delay_s = 0.0
 
-    def spans(self) -> dict[str, dict]:
+    def spans(self) -> dict[str, dict[str, Any]]:
         """Every span of the next export request, by name, as plain values."""
         try:
             request = self.requests.get(timeout=RECEIVE_TIMEOUT_S)
@@ -54,7 +56,7 @@ class Received:
         return found
 
 
-def _attributes(key_values) -> dict:
+def _attributes(key_values) -> dict[str, Any]:
     return {item.key: getattr(item.value, item.value.WhichOneof("value")) for item in key_values}
 
 
@@ -87,11 +89,11 @@ def http_receiver() -> Iterator[tuple[str, Received]]:
 
 
 @pytest.fixture
-def configure() -> Iterator:
+def configure() -> Iterator[Any]:
     """configure_tracing for standalone providers, each shut down after the test."""
     handles: list[Tracing] = []
 
-    def _configure(env: Mapping[str, str] | None = None, **settings: object) -> Tracing:
+    def _configure(env: Mapping[str, str] | None = None, **settings: Any) -> Tracing:
         handle = configure_tracing(
             TracingSettings(service_name="export-test", **settings), set_global=False, env=env or {}
         )
@@ -121,7 +123,7 @@ def ticking() -> Iterator[list[float]]:
 
 
 def make_trace(handle: Tracing) -> None:
-    tracer = handle.provider.get_tracer("export-test")
+    tracer = provider_of(handle).get_tracer("export-test")
     with tracer.start_as_current_span(
         "AppStats/getStats", kind=SpanKind.SERVER, attributes={"rpc.method": "getStats"}
     ):
@@ -131,7 +133,7 @@ def make_trace(handle: Tracing) -> None:
             pass
 
 
-def assert_trace_arrived(spans: dict[str, dict]) -> None:
+def assert_trace_arrived(spans: dict[str, dict[str, Any]]) -> None:
     server, task = spans["AppStats/getStats"], spans["fanout.task errors"]
     assert task["trace_id"] == server["trace_id"]
     assert task["parent_span_id"] == server["span_id"]

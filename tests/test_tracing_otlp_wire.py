@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import (
@@ -24,6 +24,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
+from tests.support.tracing import provider_of
 from tracing.otlp_wire import encode_spans, use_for_http_export
 from tracing.settings import TracingSettings
 from tracing.setup import configure_tracing
@@ -85,7 +86,9 @@ scopes = st.lists(
 )
 
 
-def finished_spans(plans: list[dict[str, Any]], resource: Resource, scope_specs: list) -> tuple:
+def finished_spans(
+    plans: list[dict[str, Any]], resource: Resource, scope_specs: list[Any]
+) -> tuple[Any, ...]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(
         resource=resource,
@@ -167,11 +170,12 @@ def test_the_http_exporter_sends_these_bytes_and_a_module_without_an_encoder_is_
         TracingSettings(exporter="otlp", endpoint="http://127.0.0.1:9"), set_global=False, env={}
     )
     try:
-        span = handle.provider.get_tracer("test").start_span("probe", attributes={"k": "v"})
+        span = provider_of(handle).get_tracer("test").start_span("probe", attributes={"k": "v"})
         span.end()
-        assert trace_exporter.encode_spans([span]).SerializePartialToString() == encode_spans(
-            [span]
-        )
+        assert isinstance(span, ReadableSpan)
+        # The name the exporter imported, where use_for_http_export put ours.
+        sent = trace_exporter.encode_spans  # type: ignore[attr-defined]
+        assert sent([span]).SerializePartialToString() == encode_spans([span])
     finally:
         handle.shutdown(timeout_ms=100)
     assert use_for_http_export(types.ModuleType("no_encoder")) is False

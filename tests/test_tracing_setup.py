@@ -4,6 +4,7 @@ and the batch processor's sizes."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -19,6 +20,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+from tests.support.tracing import provider_of
 from tracing.batching import batch_processor
 from tracing.settings import TracingSettings
 from tracing.setup import DEFAULT_SERVICE_NAME, Tracing, TracingAlreadyConfigured, configure_tracing
@@ -32,11 +34,11 @@ SAMPLED_REMOTE_PARENT = SpanContext(
 
 
 @pytest.fixture
-def build() -> Iterator:
+def build() -> Iterator[Any]:
     """Build standalone providers and shut every one down after the test."""
     handles: list[Tracing] = []
 
-    def _build(env: Mapping[str, str] | None = None, **settings: object) -> Tracing:
+    def _build(env: Mapping[str, str] | None = None, **settings: Any) -> Tracing:
         handle = configure_tracing(TracingSettings(**settings), set_global=False, env=env or {})
         handles.append(handle)
         return handle
@@ -99,7 +101,7 @@ def test_process_environment_is_used_when_no_mapping_is_given(monkeypatch) -> No
     handle = configure_tracing(TracingSettings(), set_global=False)
     try:
         assert exporter_types(handle) == [ConsoleSpanExporter]
-        assert handle.provider.resource.attributes["service.name"] == "from-process-env"
+        assert provider_of(handle).resource.attributes["service.name"] == "from-process-env"
     finally:
         handle.shutdown()
 
@@ -140,13 +142,13 @@ def test_unsupported_otel_env_values_fail_at_start_up(build, env, message) -> No
 )
 def test_service_name_precedence(build, settings, env, expected) -> None:
     handle = build(env, exporter="none", **settings)
-    assert handle.provider.resource.attributes["service.name"] == expected
+    assert provider_of(handle).resource.attributes["service.name"] == expected
 
 
 def recorded(handle: Tracing, parent: SpanContext | None = None) -> bool:
     """Whether the provider records a span started as a root, or under ``parent``."""
     context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
-    span = handle.provider.get_tracer("test").start_span("probe", context=context)
+    span = provider_of(handle).get_tracer("test").start_span("probe", context=context)
     recording = span.is_recording()
     span.end()
     return recording
@@ -154,7 +156,7 @@ def recorded(handle: Tracing, parent: SpanContext | None = None) -> bool:
 
 def test_sample_ratio_setting_is_parent_based(build) -> None:
     handle = build({"OTEL_TRACES_SAMPLER": "always_on"}, exporter="none", sample_ratio=0.0)
-    assert "TraceIdRatioBased{0.0}" in handle.provider.sampler.get_description()
+    assert "TraceIdRatioBased{0.0}" in provider_of(handle).sampler.get_description()
     assert not recorded(handle)
     assert recorded(handle, SAMPLED_REMOTE_PARENT)
 
@@ -196,11 +198,11 @@ def test_extra_processors_receive_spans_and_shutdown_stops_them(build) -> None:
         env={},
         extra_processors=[SimpleSpanProcessor(memory)],
     )
-    handle.provider.get_tracer("test").start_span("before").end()
+    provider_of(handle).get_tracer("test").start_span("before").end()
     assert handle.force_flush(1000)
     handle.shutdown()
     handle.shutdown()
-    handle.provider.get_tracer("test").start_span("after").end()
+    provider_of(handle).get_tracer("test").start_span("after").end()
     assert [span.name for span in memory.get_finished_spans()] == ["before"]
 
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 from gevent.lock import BoundedSemaphore
 
-from lookups.cache import RedisStore
+from lookups.cache.stores import RedisStore
 from lookups.deadline import Deadline
 from service.engine.fanout import FanOut
 from service.engine.settings import FanOutSettings

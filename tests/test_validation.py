@@ -96,7 +96,7 @@ def test_defaults_all_offered_panels_and_server_deadline() -> None:
         (dict(meta=appstats.RequestMeta(headers={"traceparent": "x" * 10_000})), "meta.headers"),
     ],
 )
-def test_bad_fields_are_named(fields: dict, field: str) -> None:
+def test_bad_fields_are_named(fields: dict[str, Any], field: str) -> None:
     with pytest.raises(appstats.InvalidRequest) as caught:
         validate(request(**fields))
     assert caught.value.field == field
@@ -152,7 +152,7 @@ HOUR_MS = 3600 * 1000
         (dict(meta=appstats.RequestMeta(headers={"traceparent": 7})), "meta.headers"),
     ],
 )
-def test_each_invalid_argument_names_its_field(fields: dict, field: str) -> None:
+def test_each_invalid_argument_names_its_field(fields: dict[str, Any], field: str) -> None:
     settings = FanOutSettings(request_deadline_ms=2000, max_window_ms=HOUR_MS)
     with pytest.raises(appstats.InvalidRequest) as caught:
         validate_stats_request(

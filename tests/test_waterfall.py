@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import gevent
 import pytest
@@ -18,7 +19,7 @@ MS = 1_000_000
 PANELS = ("errors", "urls", "controllers", "queries", "alerts", "latency", "volume")
 
 
-def parse(text: str) -> list[dict]:
+def parse(text: str) -> list[dict[str, Any]]:
     rows = []
     for line in text.splitlines()[1:]:
         match = LINE.match(line)
@@ -101,7 +102,7 @@ def run_request(spawn_all: bool) -> None:
                 lookup(name)
 
 
-def overlap(rows: list[dict]) -> tuple[int, int]:
+def overlap(rows: list[dict[str, Any]]) -> tuple[int, int]:
     """The columns every bar covers: (first, last); first > last when they do not all overlap."""
     return max(row["first"] for row in rows), min(row["last"] for row in rows)
 

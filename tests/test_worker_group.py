@@ -155,7 +155,7 @@ def test_fanout_pools_describes_every_worker_of_the_group(
         ]
         assert group.size == sum(pool.size for pool in each) > 0
 
-    def shown_by_cli() -> subprocess.CompletedProcess[str]:
+    def shown_by_cli() -> subprocess.CompletedProcess[str] | None:
         done = subprocess.run(
             [*FANOUT, "pools", "--port", str(server.address[1])],
             env=ENV,
@@ -164,7 +164,7 @@ def test_fanout_pools_describes_every_worker_of_the_group(
             timeout=60,
         )
         assert done.returncode == 0, done.stderr
-        return done.stdout.startswith("group of 2 workers\n") and done  # whichever answers
+        return done if done.stdout.startswith("group of 2 workers\n") else None  # whichever answers
 
     shown = wait_for(shown_by_cli, 20, "fanout pools answering for both workers")
     assert re.search(r"^worker=0 mongo size=\d+", shown.stdout, re.M), shown.stdout
@@ -251,9 +251,9 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
     assert "Traceback" not in server.logged()
 
 
-def _backend_up(ports: dict[str, int], server: Server, name: str) -> set[str]:
+def _backend_up(ports: dict[str, int], server: Server, name: str) -> dict[str, Any]:
     """What the probes, the merged scrape and health() each say of backend ``name``."""
-    said = {"probe": probe(ports, "/healthz").json()["backends"][name]["up"]}
+    said: dict[str, Any] = {"probe": probe(ports, "/healthz").json()["backends"][name]["up"]}
     scrape = requests.get(f"http://127.0.0.1:{ports['metrics']}/metrics", timeout=5).text
     gauges = re.findall(
         rf'^fanout_backend_up\{{.*fanout_backend="{name}".*\}} (\S+)$', scrape, re.M

@@ -98,6 +98,7 @@ def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
     for pid in range(100, 110):
         master._positions.started(position, pid, pid)
         assert master._on_exit(pid, -signal.SIGKILL) is None  # killed by a signal: restart
+        assert position.restart_at is not None
         delays.append(round(position.restart_at - time.monotonic(), 1))
     assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
     assert master._positions.due() == []  # none due yet

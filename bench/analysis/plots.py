@@ -37,7 +37,7 @@ def _only(summaries: Summaries, prefix: str) -> str:
     return next((key for key in summaries if key.startswith(prefix)), prefix)
 
 
-def _bars(ax: Any, groups: list[str], series: dict[str, list[tuple | None]]) -> None:
+def _bars(ax: Any, groups: list[str], series: dict[str, list[tuple[Any, ...] | None]]) -> None:
     width = 0.8 / max(1, len(series))
     for n, (name, points) in enumerate(series.items()):
         xs = [i + (n - (len(series) - 1) / 2) * width for i in range(len(groups))]
@@ -154,12 +154,12 @@ def _overload(summaries: Summaries, levels: list[int], path: Path) -> None:
             data = [
                 (c, _point(summaries, f"overload/{server}-{regime}/c{c}", "rps")) for c in levels
             ]
-            data = [(c, p) for c, p in data if p]
-            if data:
+            points = [(c, p) for c, p in data if p]
+            if points:
                 ax.errorbar(
-                    [c for c, _ in data],
-                    [p[0] for _, p in data],
-                    yerr=[[p[1] for _, p in data], [p[2] for _, p in data]],
+                    [c for c, _ in points],
+                    [p[0] for _, p in points],
+                    yerr=[[p[1] for _, p in points], [p[2] for _, p in points]],
                     marker="o",
                     capsize=3,
                     label=server,

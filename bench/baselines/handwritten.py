@@ -50,7 +50,7 @@ __all__ = ["HandwrittenHandler", "main"]
 
 
 def _plain_mongo(base: type) -> type:
-    class Plain(base):  # type: ignore[misc, valid-type]
+    class Plain(base):  # type: ignore[misc]
         """The lookup's pipeline and parsing, run as one plain ``aggregate`` call."""
 
         def __init__(self, db: Any) -> None:  # no backend: a plain pymongo database
@@ -69,7 +69,7 @@ def _plain_mongo(base: type) -> type:
 
 
 def _plain_http(base: type) -> type:
-    class Plain(base):  # type: ignore[misc, valid-type]
+    class Plain(base):  # type: ignore[misc]
         """The lookup's URL and parsing, fetched with one plain ``session.get``."""
 
         def __init__(self, session: requests.Session, base_url: str) -> None:  # no backend
@@ -110,7 +110,7 @@ class HandwrittenHandler(BaselineHandler):
 
 
 def _lookups(settings: Any) -> dict[str, Any]:
-    client: pymongo.MongoClient = pymongo.MongoClient(
+    client: pymongo.MongoClient[dict[str, Any]] = pymongo.MongoClient(
         settings.mongo.uri,
         maxPoolSize=settings.mongo.max_pool_size,
         connectTimeoutMS=settings.mongo.connect_timeout_ms,
@@ -123,9 +123,9 @@ def _lookups(settings: Any) -> dict[str, Any]:
     lookups: dict[str, Any] = {}
     for lookup in (ErrorsLookup, UrlsLookup, ControllersLookup, QueriesLookup):
         lookups[lookup.name] = _plain_mongo(lookup)(db)
-    for lookup in (AlertsLookup, LatencyLookup, VolumeLookup):
-        lookups[lookup.name] = _plain_http(lookup)(
-            session, settings.backends[lookup.backend_name].url
+    for http_lookup in (AlertsLookup, LatencyLookup, VolumeLookup):
+        lookups[http_lookup.name] = _plain_http(http_lookup)(
+            session, settings.backends[http_lookup.backend_name].url
         )
     return lookups
 

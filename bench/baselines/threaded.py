@@ -84,7 +84,7 @@ class ThreadedHandler(BaselineHandler):
         return outcomes
 
 
-class _BoundServerSocket(TServerSocket):
+class _BoundServerSocket(TServerSocket):  # type: ignore[misc]  # thriftpy2 is untyped
     """Listens from construction, so the port the kernel chose for port 0 is known."""
 
     def __init__(self, host: str, port: int, client_timeout_ms: int) -> None:

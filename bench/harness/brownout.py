@@ -61,6 +61,13 @@ PACED_CALLERS = 200
 ROUNDS = 3
 
 
+def _round(regime: str, name: str, companion: Companion | None, n: int, share: float) -> Config:
+    """Round ``n`` of the critical callers, alone or with ``companion`` (for ``interleaved``)."""
+    return _run(
+        round_label(name, n), regime, CRITICAL_CALLERS, companion=companion, reps_share=share
+    )
+
+
 def _run(
     label: str,
     regime: str,
@@ -98,16 +105,8 @@ def _configs(scale: Scale) -> list[Config]:
     for regime in REGIMES:
         configs += interleaved(
             1 if scale.quick else ROUNDS,
-            lambda n, share, regime=regime: _run(
-                round_label("alone", n), regime, CRITICAL_CALLERS, reps_share=share
-            ),
-            lambda n, share, regime=regime: _run(
-                round_label("mixed", n),
-                regime,
-                CRITICAL_CALLERS,
-                companion=sheddable,
-                reps_share=share,
-            ),
+            functools.partial(_round, regime, "alone", None),
+            functools.partial(_round, regime, "mixed", sheddable),
         )
         configs.append(_run("ignored", regime, CRITICAL_CALLERS, "", today, brownout=False))
         for on in (True, False):

@@ -38,7 +38,7 @@ def cpu_per_call(scale: Scale) -> Scenario:
     servers = ("fanout", "handwritten", "threaded")
     # Brownout off: at 50 connections the loop is saturated, and lighter answers (optional
     # panels not run) would be counted as calls of the same work as the baselines'.
-    whole = {"brownout": False}
+    whole: dict[str, Any] = {"brownout": False}
     configs = [
         config
         for c in levels

@@ -80,6 +80,11 @@ def _companion(connections: int, caller: str) -> Companion:
     return Companion(connections, overloaded_pause_s=PAUSE_S, caller=caller, call="stats_essential")
 
 
+def _polite_round(regime: str, name: str, beside: bool, n: int, share: float) -> Config:
+    """Round ``n`` of the polite callers alone or beside the storm (for ``interleaved``)."""
+    return _polite(regime, round_label(name, n), share, beside)
+
+
 def _polite(regime: str, label: str, share: float, beside: bool) -> Config:
     return _run(
         label,
@@ -99,8 +104,8 @@ def _configs(scale: Scale) -> list[Config]:
         configs.append(_run("storm", regime, STORM_CALLERS, **_naive("storm")))
         configs += interleaved(
             1 if scale.quick else ROUNDS,
-            lambda n, share, regime=regime: _polite(regime, round_label("polite", n), share, False),
-            lambda n, share, regime=regime: _polite(regime, round_label("beside", n), share, True),
+            functools.partial(_polite_round, regime, "polite", False),
+            functools.partial(_polite_round, regime, "beside", True),
         )
         for label, weights in (("pair-equal", ()), ("pair-weighted", WEIGHTS)):
             configs.append(

@@ -68,17 +68,18 @@ def merged(results: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
     for result in results:
         if result is None or "reps" not in result:
             return {"error": (result or {}).get("error", "a round did not run")}
+    ran = [r for r in results if r is not None]
     out: dict[str, Any] = {
-        "reps": [rep for r in results for rep in r["reps"]],
-        "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in results],
-        "brownout_levels": [lv for r in results for lv in r.get("brownout_levels", [])],
+        "reps": [rep for r in ran for rep in r["reps"]],
+        "rounds_p99_ms": [r["pooled"]["p99_ms"] for r in ran],
+        "brownout_levels": [lv for r in ran for lv in r.get("brownout_levels", [])],
     }
-    essentials = [r.get("essential") or {} for r in results]
+    essentials = [r.get("essential") or {} for r in ran]
     if any(essentials):
         out["essential"] = {
             key: [v for e in essentials for v in e.get(key, [])] for key in _ESSENTIAL
         }
-    companions = [r.get("companion") or {} for r in results]
+    companions = [r.get("companion") or {} for r in ran]
     if any(c.get("windows") for c in companions):
         out["companion"] = {
             "windows": [w for c in companions for w in c.get("windows", [])],

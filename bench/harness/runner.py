@@ -120,6 +120,7 @@ def loadgen_processes(connections: int) -> int:
 
 def plan_of(config: Config, address: tuple[str, int], timing: Timing) -> LoadPlan:
     """The load generator's plan for ``config`` against ``address``."""
+    encoded: tuple[bytes, ...]
     if config.call == "ping":
         method, encoded, expect_ok = "ping", (frames.ping_frame(),), 0
     elif config.call == "stats_zipf":
@@ -174,7 +175,7 @@ def _expect_ok(call: str) -> int:
     return len(panel_names() if call == "stats" else set(panel_names()) - SHIPPED_OPTIONAL)
 
 
-def _percentiles(values: array) -> dict[str, float]:
+def _percentiles(values: array[float]) -> dict[str, float]:
     ordered = sorted(values)
     if not ordered:
         return {"p50_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": float("nan"), "n": 0}
@@ -240,7 +241,7 @@ def _pooled(load: LoadResult) -> dict[str, Any]:
     everything = array("d")
     for part in per_frame:
         everything.extend(part)
-    pooled = _percentiles(everything)
+    pooled: dict[str, Any] = dict(_percentiles(everything))
     if frames_n > 1:
         pooled["frames"] = [_percentiles(part) for part in per_frame]
     return pooled
@@ -364,7 +365,7 @@ def measure(
         result["samples"] = load.samples  # every decoded reply, for bench.harness.mixed
 
 
-def _task_counts(address: tuple[str, int]) -> dict[str, int]:
+def _task_counts(address: tuple[str, int]) -> dict[str, Any]:
     """Tasks the server started and those that shared a call (its ``pool_stats``), so far."""
     from service.client import AppStatsClient
 

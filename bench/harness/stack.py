@@ -174,7 +174,8 @@ class Stack:
         from urllib.request import urlopen
 
         with urlopen(sink.facts["stats_url"], timeout=5) as answer:
-            return json.loads(answer.read())
+            received: dict[str, int] = json.loads(answer.read())
+            return received
 
     def describe(self) -> dict[str, Any]:
         """The spec and, in words, which backends this stack used (for the results)."""

@@ -58,7 +58,7 @@ def encode_call(method: str, args: Any, seqid: int = 0) -> bytes:
     protocol.write_message_begin(method, TMessageType.CALL, seqid)
     args.write(protocol)
     protocol.write_message_end()
-    body = buffer.getvalue()
+    body: bytes = buffer.getvalue()
     return struct.pack("!i", len(body)) + body
 
 

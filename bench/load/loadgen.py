@@ -83,7 +83,7 @@ class Window:
     ok: list[int]
     degraded: list[int]
     failures: dict[str, int]
-    latencies_ms: list[array]
+    latencies_ms: list[array[float]]
     loadgen_cpu_s: float = 0.0
 
 
@@ -119,15 +119,18 @@ class _Child:
         self.ps = psutil.Process(self.process.pid)
 
     def _read_stdout(self) -> None:
+        assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.put(line)
         self.lines.put(None)
 
     def _read_stderr(self) -> None:
+        assert self.process.stderr is not None
         for line in self.process.stderr:
             self.stderr_tail = ([*self.stderr_tail, line])[-30:]
 
     def send(self, line: str) -> None:
+        assert self.process.stdin is not None
         self.process.stdin.write(line + "\n")
         self.process.stdin.flush()
 

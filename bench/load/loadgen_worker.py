@@ -73,7 +73,7 @@ class _Recorder:
 def _exchange(sock: Any, frame: bytes) -> bytes:
     """Send one call and return its reply message without the 4-byte frame header."""
     sock.sendall(frame)
-    data = sock.recv(_RECV_BYTES)
+    data: bytes = sock.recv(_RECV_BYTES)
     while len(data) < 4:
         more = sock.recv(_RECV_BYTES)
         if not more:

@@ -12,7 +12,7 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any
+from typing import Any, Self
 
 import gevent
 from gevent.event import Event
@@ -115,7 +115,7 @@ class TcpFaultProxy:
             for sock in pair:
                 reset_socket(sock)
 
-    def start(self) -> TcpFaultProxy:
+    def start(self) -> Self:
         if self._server is None:
             self._pool = Pool()
             tls: dict[str, Any] = {"ssl_context": self._ssl_context} if self._ssl_context else {}
@@ -132,7 +132,7 @@ class TcpFaultProxy:
         if server is not None:
             server.stop(timeout=_STOP_GRACE_S)
 
-    def __enter__(self) -> TcpFaultProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

@@ -62,7 +62,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def stop_process(
-    process: subprocess.Popen[bytes] | None, timeout_s: float, kill_wait_s: float | None = None
+    process: subprocess.Popen[Any] | None, timeout_s: float, kill_wait_s: float | None = None
 ) -> None:
     """SIGTERM ``process``, wait up to ``timeout_s``, then SIGKILL it and wait up to
     ``kill_wait_s`` (default ``timeout_s``) to reap it. Nothing for None or one that ended."""

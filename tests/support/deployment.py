@@ -163,7 +163,7 @@ def check_serving(
 
 def check_drain(
     ports: Mapping[str, int],
-    send_sigterm: Callable[[], None],
+    send_sigterm: Callable[[], object],
     exit_code: Callable[[float], int],
     grace_s: float,
     host: str = "127.0.0.1",

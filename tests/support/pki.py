@@ -14,7 +14,8 @@ from pathlib import Path
 import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 __all__ = ["Pki", "make_pki", "write_leaf", "write_uri_leaf", "swap_secret"]
 
@@ -51,6 +52,7 @@ def write_uri_leaf(ca: trustme.CA, directory: Path, stem: str, uri: str) -> tupl
     """A client certificate whose only identity is the URI SAN ``uri``, signed by ``ca``."""
     issuer = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
     issuer_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), password=None)
+    assert isinstance(issuer_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey), issuer_key
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     certificate = (
@@ -64,11 +66,9 @@ def write_uri_leaf(ca: trustme.CA, directory: Path, stem: str, uri: str) -> tupl
         .add_extension(
             x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True
         )
-        .add_extension(
-            x509.ExtendedKeyUsage([x509.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(issuer_key, hashes.SHA256())
-    )  # type: ignore[arg-type]
+    )
     cert_file, key_file = str(directory / f"{stem}.pem"), str(directory / f"{stem}.key")
     Path(cert_file).write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     Path(key_file).write_bytes(

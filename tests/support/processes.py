@@ -47,6 +47,7 @@ class Server:
         )
         try:
             with gevent.Timeout(30, AssertionError("server did not start")):
+                assert self.process.stdout is not None
                 line = self.process.stdout.readline()
             found = re.search(r"serving on [^\s\"]+:(\d+)", line)  # plain, or a JSON line
             assert found, line + self.log()

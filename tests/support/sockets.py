@@ -20,8 +20,10 @@ def wait_for(
     timeout_s: float = 5.0,
     what: str = "condition",
     poll_s: float = 0.01,
-) -> T:
-    """Poll ``condition`` until it returns something truthy, and return that.
+) -> Any:
+    """Poll ``condition`` until it returns something truthy, and return that (typed Any: a
+    condition such as ``(w := workers()) and len(w) == 2 and w`` is typed with its falsy
+    answers, which this never returns).
 
     The first polls are ``poll_s`` apart, and each wait half again as long as the last, up
     to :data:`LONGEST_POLL_S`: what is true at once is seen at once, and a condition that

@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing
 
-__all__ = ["session_tracing", "span_exporter", "spans"]
+__all__ = ["session_tracing", "span_exporter", "spans", "provider_of"]
 
 _exporter = InMemorySpanExporter()
 
@@ -49,3 +50,9 @@ def spans(span_exporter: InMemorySpanExporter) -> InMemorySpanExporter:
     """The in-memory exporter, emptied before the test: ``spans.get_finished_spans()``."""
     span_exporter.clear()
     return span_exporter
+
+
+def provider_of(handle: Tracing) -> TracerProvider:
+    """The provider of a configured (enabled) ``handle``."""
+    assert handle.provider is not None, "tracing is disabled"
+    return handle.provider

@@ -45,13 +45,14 @@ ALL_PANELS = ["errors", "urls", "controllers", "queries", "alerts", "latency", "
 class Server:
     """A ``fanout serve`` process: its address, its workers, and a way to stop it."""
 
-    def __init__(self, process: subprocess.Popen) -> None:
+    def __init__(self, process: subprocess.Popen[Any]) -> None:
         self.process = process
         # What the group logs is read as it is written: a pipe left unread fills (64 KiB)
         # and then stops every process of the group at its next log line. A loaded
         # machine logs more (blocked loops, late workers): a reload once hung on it.
         self._logged: list[str] = []
         self._reader = gevent.spawn(self._read_log)
+        assert process.stdout is not None and process.stderr is not None
         with gevent.Timeout(30, AssertionError("fanout serve did not print its address")):
             self.line = process.stdout.readline().strip()
         found = re.search(r"serving on (\S+):(\d+)", self.line)
@@ -59,6 +60,7 @@ class Server:
         self.address = (found.group(1), int(found.group(2)))
 
     def _read_log(self) -> None:
+        assert self.process.stderr is not None
         for line in self.process.stderr:
             self._logged.append(line)
 
