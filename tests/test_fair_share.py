@@ -258,6 +258,25 @@ def test_a_caller_with_calls_in_flight_stays_active() -> None:
     assert len(shares) == 1
 
 
+def test_a_caller_with_calls_only_waiting_stays_active() -> None:
+    """Its calls wait in admission's line, none runs: it is the storm still, and its
+    weight still divides the limit."""
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=100, clock=clock)
+    waiting = shares.arrived("waiting")
+    waiting.waiting += 1  # as admission's line counts it in
+    other = shares.arrived("other")
+    for _ in range(5):
+        clock.advance(ACTIVE_S)
+        shares.arrived("other")
+    assert len(shares) == 2 and shares.others_active(other)
+    assert shares.shares(10) == {"waiting": 5.0, "other": 5.0}
+    waiting.waiting -= 1
+    clock.advance(ACTIVE_S + 0.1)
+    shares.arrived("other")
+    assert len(shares) == 1
+
+
 def test_at_most_max_callers_are_tracked() -> None:
     clock = FakeClock()
     shares = CallerShares({}, max_callers=50, clock=clock)

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -264,6 +265,22 @@ def test_a_sigalrm_handled_by_something_else_is_left_alone(caplog: Any) -> None:
         assert any("SIGALRM is handled by something else" in r.message for r in caplog.records)
     finally:
         signal.signal(signal.SIGALRM, before)
+
+
+def test_a_look_in_the_hub_tells_an_idle_loop_from_one_resting_between_runs() -> None:
+    """Found in the hub: idle if the loop has not left it since the last look (nothing can
+    block there, so the looks back off furthest), resting if it ran something since."""
+    from service.operations.hub_monitor import _Watch
+
+    hub = object()
+    tracer = types.SimpleNamespace(last_entered_hub=5.0, active_greenlet=hub)
+    watch = _Watch(tracer=tracer, hub=hub, key=0, threshold_s=0.1, period_s=0.025)
+    monitor = HubMonitor(_THRESHOLD_MS)
+    assert monitor._check(watch, None) is Look.RESTING  # it entered the hub since
+    assert monitor._check(watch, None) is Look.IDLE  # and has stayed there
+    tracer.last_entered_hub = 6.0  # ran a greenlet, back in the hub
+    assert monitor._check(watch, None) is Look.RESTING
+    assert monitor._check(watch, None) is Look.IDLE
 
 
 def test_the_looks_follow_what_they_find() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import gevent
+import gevent.event
 import pytest
 
 from lookups.backends.ordered_slots import CALL_FLOW, Flow, OrderedSlots
@@ -112,3 +113,67 @@ def test_releasing_more_than_was_taken_is_refused() -> None:
     slots = OrderedSlots(1)
     with pytest.raises(ValueError):
         slots.release()
+
+
+class _Line:
+    """One slot, held by the test; tasks join the line in flows and keep the slot until
+    the test hands it on with :meth:`serve`, so callers can join while the line moves."""
+
+    def __init__(self) -> None:
+        self.slots = OrderedSlots(1)
+        assert self.slots.acquire()
+        self.served: list[str] = []
+        self._tasks: list[gevent.Greenlet] = []
+        self._done = gevent.event.Event()
+
+    def join(self, flow: Flow, count: int = 1) -> None:
+        for _ in range(count):
+            self._tasks.append(gevent.spawn(self._task, flow))
+            gevent.sleep(0)  # in the line before the next comes
+
+    def _task(self, flow: Flow) -> None:
+        CALL_FLOW.set(flow)
+        assert self.slots.acquire(timeout=5)
+        self.served.append(flow.caller)
+
+    def serve(self, count: int) -> list[str]:
+        """Hand the slot on ``count`` times: the callers served, in order."""
+        before = len(self.served)
+        for _ in range(count):
+            self.slots.release()  # from the holder to the next in the line
+            gevent.sleep(0)
+        return self.served[before:]
+
+    def close(self) -> None:
+        while self.slots._waiting:
+            self.slots.release()
+            gevent.sleep(0)
+        gevent.joinall(self._tasks, timeout=5, raise_error=True)
+
+
+def test_a_caller_back_with_a_burst_while_the_line_moves_shares_it_with_the_storm() -> None:
+    """The virtual time follows the line: a caller that comes back after the storm's tasks
+    moved it on starts there, beside the storm's next task, not at its own old finish
+    tag, far behind the storm's and so ahead of its whole backlog."""
+    line = _Line()
+    storm, polite = Flow(caller="storm"), Flow(caller="polite")
+    line.join(storm, 30)
+    line.join(polite)
+    assert line.serve(12).count("polite") == 1  # served once, early
+    line.join(polite, 8)  # back with a burst; eighteen of the storm's still wait
+    served = line.serve(8)
+    assert 3 <= served.count("storm") <= 5, served  # one for one, as two callers waiting
+    line.close()
+
+
+def test_a_line_that_empties_starts_every_caller_again_at_the_virtual_time() -> None:
+    """A light caller's burst, served alone, left its finish tag far ahead; once the line
+    is empty that is forgotten, and it queues beside a newcomer by arrival again."""
+    line = _Line()
+    light, other = Flow(caller="light", weight=0.25), Flow(caller="other")
+    line.join(light, 4)
+    assert line.serve(4) == ["light"] * 4  # the line is empty again
+    line.join(light)
+    line.join(other, 3)
+    assert line.serve(4) == ["light", "other", "other", "other"]
+    line.close()
