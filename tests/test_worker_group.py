@@ -30,14 +30,21 @@ from tests.support.group import (  # noqa: F401 (a fixture)
     reload_and_wait,
 )
 from tests.support.sockets import wait_for
-from tests.support.workers import ALL_PANELS, ENV, FANOUT, Server, serve  # noqa: F401
+from tests.support.workers import (  # noqa: F401 (serve: a fixture)
+    ALL_PANELS,
+    ENV,
+    FANOUT,
+    PATIENT_START_S,
+    Server,
+    serve,
+)
 
 
 def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
     serve: Callable[..., Server], group_ports: dict[str, int]
 ) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
-    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    wait_for(lambda: all_serving(group_ports, 2), PATIENT_START_S, "both workers serving")
     ready = probe(group_ports, "/readyz")
     assert ready.status_code == 200 and ready.json() == {
         "status": "ready",
@@ -88,7 +95,7 @@ def test_reloads_with_probes_and_metrics_on_fail_no_call_and_keep_the_ports(
     serve: Callable[..., Server], group_ports: dict[str, int]
 ) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
-    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    wait_for(lambda: all_serving(group_ports, 2), PATIENT_START_S, "both workers serving")
     outcomes: list[str] = []
     callers = [gevent.spawn(_caller, server.address, outcomes) for _ in range(4)]
     try:
@@ -137,7 +144,7 @@ def test_fanout_pools_describes_every_worker_of_the_group(
     serve: Callable[..., Server], group_ports: dict[str, int]
 ) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
-    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    wait_for(lambda: all_serving(group_ports, 2), PATIENT_START_S, "both workers serving")
 
     def group_report() -> Any:
         with AppStatsClient(*server.address, timeout_ms=5_000) as client:
@@ -186,7 +193,7 @@ def test_one_keep_alive_scrape_and_probe_connection_see_the_whole_group_through_
     serve: Callable[..., Server], group_ports: dict[str, int]
 ) -> None:
     server = serve("--workers", "2", env=group_env(group_ports))
-    wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+    wait_for(lambda: all_serving(group_ports, 2), PATIENT_START_S, "both workers serving")
     scrapes, readiness = requests.Session(), requests.Session()  # one connection each, kept
     wait_for(
         lambda: (
@@ -274,7 +281,7 @@ def test_a_backend_going_down_with_no_calls_shows_everywhere_and_comes_back(
     env = {**group_env(group_ports), "FANOUT_MONGO_URI": f"mongodb://127.0.0.1:{port}"}
     server = serve("--workers", "2", env=env)
     try:
-        wait_for(lambda: all_serving(group_ports, 2), 20, "both workers serving")
+        wait_for(lambda: all_serving(group_ports, 2), PATIENT_START_S, "both workers serving")
         wait_for(
             lambda: (
                 _backend_up(group_ports, server, "mongo")

@@ -13,7 +13,7 @@ import requests
 
 from service.samples.mongo_server import free_port
 from tests.support.sockets import wait_for
-from tests.support.workers import Server
+from tests.support.workers import PATIENT_START_S, Server
 
 __all__ = ["group_ports", "group_env", "probe", "scrape", "all_serving", "reload_and_wait"]
 
@@ -52,9 +52,9 @@ def reload_and_wait(server: Server, ports: dict[str, int]) -> None:
     """SIGHUP, then wait until two new workers serve and the old ones are gone."""
     before = set(server.workers())
     server.process.send_signal(signal.SIGHUP)
-    # Patient: on a loaded machine two workers start (imports and all) and two drain.
+    # Two workers start and two drain: twice a start's patience.
     wait_for(
         lambda: not before & set(server.workers()) and all_serving(ports, 2),
-        60,
+        2 * PATIENT_START_S,
         "two new workers serving, the old ones gone",
     )
