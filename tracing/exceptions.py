@@ -2,8 +2,7 @@
 
 The SDK's ``Span.record_exception`` formats the source line of every frame
 (``traceback.format_exception``): reading each file into ``linecache`` the first
-time (measured once at 120 ms of a blocked event loop, for a requests failure),
-and on Python 3.11+ parsing each line to place carets, about a millisecond per
+time, a long block of the event loop for a requests failure, and on Python 3.11+ parsing each line to place carets, about a millisecond per
 failure afterwards, spent exactly when a failing backend makes every request
 fail. Its events also carried several kilobytes of stack trace each.
 

@@ -284,8 +284,6 @@ class AdmissionControl:
             # One cut per round (a typical call's latency), whole, as deep as the worst
             # gradient in the round: the calls admitted since the round began have not ended,
             # so the same latency must not cut again and again (TCP cuts once per round trip).
-            # Cut a little every few calls, a burst of slow calls took the limit from 100 to
-            # its least within half a second, and it took a minute to grow back.
             now = self._clock()
             if now - self._cut_at >= short_s:
                 self._cut_at, self._cut_from = now, self.limit

@@ -98,7 +98,7 @@ REPORT_WINDOW_S = POOLS_WINDOW_S
 _PRESENT_WINDOWS = 8
 #: Windows in a row without a refusal or a standing queue before the level comes down.
 COOL_WINDOWS = 8
-#: Doublings of the cool stretch after steps down that brought refusals back (8x: 16 s).
+#: Doublings of the cool stretch after steps down that brought refusals back (at most 8x).
 BACKOFF_MAX = 3
 #: Cool windows after a step down within which a refusal counts against it (8 s): calls
 #: that wait on pools admitted at the lower level push admission to refuse seconds later.

@@ -18,25 +18,20 @@ queue for the core, as TCP Vegas keeps a path's queue:
 shorter: the limit falls past 1.3 times the least and grows below 1.1 times. The calls of
 a caller within its share wait for the core in the same queue as the storm's, so the
 queue's length is their latency; a shorter one costs the callers over their share a
-little of their throughput (the manual's Performance page gives the figures). Held at 1.5
-and 1.2 times, the polite caller's p99 beside a storm stayed above the fair scenario's
-goal for it. Looked at each window, not held for longer: held a second after callers
-were last seen to contend, the storm lost more throughput, and the polite caller's p99
-gained nothing.
+little of their throughput (the manual's Performance page gives the figures). Whether
+callers contend is looked at each window, not held for longer.
 
-One step a window because the measure is a window old: a step at every update (many a
-window) swung the limit by half within one. Not down to the core's bare need: below
-about twice the least latency the loop is still saturated but wakes for fewer events at
-a time, so each call costs it more, and a limit cut until the loop had a moment to spare
-swung back up whenever a window had one. Close to saturated (``_NEAR`` of it), a window
-with a moment to spare grows the limit one step too, not at every update: grown at
-every update, a pause of the callers took it from 18 to 37 within one window.
+One step a window, because the measure is a window old: a step at every update would
+swing the limit on one stale measure. Not down to the core's bare need: below about
+twice the least latency the loop is still saturated but wakes for fewer events at a
+time, so each call costs it more. Close to saturated (``_NEAR`` of it), a window with a
+moment to spare grows the limit one step too, not at every update, so that a pause of
+the callers does not take it up several steps at once.
 
 **The least latency, learnt by a probe** (:class:`LeastLatency`). Learnt from ordinary
 calls, that least is only as low as the limit lets it be: on a saturated loop every call
-queues for the core, so a least learnt at a limit of 30 held a limit of 30, and one
-learnt at 20 held 20. Which of the two a server kept depended on how its overload began
-(the manual's Performance page gives the runs).
+queues for the core, so a least learnt at some limit would hold that limit, whatever
+the core could do.
 
 So while the rule is in force, the least is learnt afresh by a probe, as BBR's ProbeRTT
 drains a path every 10 s to learn its round-trip time without its own queue: once an

@@ -139,7 +139,7 @@ def tune_collector() -> None:
     of the CPU, with frequent full collections long enough to block the event loop (the
     hub monitor's "event loop blocked" lines); after ``gc.freeze()`` (the modules,
     clients and settings are never scanned again) and a young threshold of
-    :data:`GC_YOUNG_THRESHOLD`, about a third of that, in short young collections and no
+    :data:`GC_YOUNG_THRESHOLD`, a fraction of that, in short young collections and no
     full one. Reference cycles are still collected.
 
     50,000 rather than 10,000: the count is net of what reference counting frees, so it
