@@ -514,3 +514,28 @@ def test_slow_calls_ending_together_cut_the_limit_once_not_again_and_again() -> 
         admission.admit(far())
         admission.done(0.5)
     assert admission.limit < before / 2
+
+
+def test_room_to_spare_is_no_wait_and_at_most_half_the_limit_in_flight_since_the_last_look() -> (
+    None
+):
+    clock = FakeClock()
+    admission = control(clock, initial_limit=10)
+    for _ in range(5):
+        admission.admit(far())
+    assert admission.room_to_spare()  # five of ten
+    admission.admit(far())
+    for _ in range(6):
+        admission.done(None)
+    assert not admission.room_to_spare()  # six were in flight since the last look
+    assert admission.room_to_spare()  # none since
+    for _ in range(10):
+        admission.admit(far())
+    waiter = gevent.spawn(admission.admit, far())
+    gevent.sleep(0)  # it waits in the line
+    for _ in range(10):
+        admission.done(None)
+    waiter.join(timeout=5)
+    admission.done(None)
+    assert not admission.room_to_spare()  # a call waited
+    assert admission.room_to_spare()

@@ -112,6 +112,8 @@ class Signals:
         self.standing = False
         self.cuts = 0
         self.now = 0.0
+        self.spare = False  # admission had room to spare this window
+        self.pools_short = False
 
 
 def controller(min_level: float = 0.0) -> tuple[Dimmer, Signals]:
@@ -121,6 +123,8 @@ def controller(min_level: float = 0.0) -> tuple[Dimmer, Signals]:
         lambda: signals.standing,
         min_level=min_level,
         latency_cuts=lambda: signals.cuts,
+        pools_short=lambda: signals.pools_short,
+        spare=lambda: signals.spare,
         clock=lambda: signals.now,
     )
     return dimmer, signals
@@ -177,6 +181,33 @@ def test_the_controller_holds_on_a_standing_queue_and_comes_down_only_after_a_co
     window(dimmer, signals, refusals=1)
     cool = [window(dimmer, signals) for _ in range(wait_after(1))]
     assert cool == [0.25] * (wait_after(1) - 1) + [0.2]
+
+
+def test_the_dimmer_lets_go_at_once_when_admission_has_room_to_spare(caplog) -> None:
+    """The storm ended: a window in which nothing waited and half the limit or less was in
+    flight takes the level to its floor, not a step per cool stretch."""
+    dimmer, signals = controller(min_level=0.1)
+    for _ in range(12):
+        window(dimmer, signals, refusals=1)
+    assert dimmer.level == 0.7
+    signals.spare = True
+    with caplog.at_level(logging.INFO, logger="service.overload.brownout"):
+        assert window(dimmer, signals) == 0.1
+    assert any("(the load is gone)" in r.getMessage() for r in caplog.records)
+    assert window(dimmer, signals, refusals=1) == 0.15  # a refusal: up again, as ever
+
+
+def test_room_to_spare_does_not_let_go_while_refusing_cutting_or_short_of_slots() -> None:
+    dimmer, signals = controller()
+    for _ in range(12):
+        window(dimmer, signals, refusals=1)
+    signals.spare = True
+    assert window(dimmer, signals, refusals=1) == 0.65  # refused: up, as ever
+    assert window(dimmer, signals, cuts=1) == 0.65  # latency cut: holds
+    signals.pools_short = True  # the optional panels would take slots essential ones wait for
+    assert window(dimmer, signals) >= 0.65
+    signals.pools_short = False
+    assert window(dimmer, signals) == 0.0
 
 
 def wait_after(failures: int) -> int:
@@ -697,3 +728,43 @@ def test_a_sheddable_caller_the_dimmer_refuses_is_told_a_growing_pause(start_ser
             time.sleep(told[-1] / 2000.0)
     assert max(told) > told[0], told
     assert service.gate.admission.stats.refused == 0
+
+
+@pytest.mark.solo
+def test_after_a_storm_ends_a_lone_call_is_answered_whole(start_service: Any, caplog: Any) -> None:
+    """Callers storm a server whose limit is four calls: admission refuses, the dimmer climbs.
+    Once they stop, a lone call every tenth of a second finds the dimmer let go at once,
+    not a step per cool stretch."""
+    caplog.set_level(logging.INFO, logger="service.overload.brownout")
+    service, _ = start_service(
+        admission__initial_limit=4, admission__min_limit=4, admission__max_limit=4
+    )
+    stop = gevent.event.Event()
+
+    def storm() -> None:
+        with AppStatsClient(*service.address, overload_retry_ratio=0.0) as client:
+            while not stop.is_set():
+                try:
+                    client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+                except appstats.Overloaded:
+                    gevent.sleep(0.01)
+
+    callers = [gevent.spawn(storm) for _ in range(24)]
+    try:
+        # At 0.6 every CRITICAL call is answered lighter.
+        wait_for(lambda: service.gate.dimmer.level >= 0.6, 30, "the dimmer climbing")
+    finally:
+        stop.set()
+        gevent.joinall(callers, timeout=10)
+    whole: list[bool] = []
+    with AppStatsClient(*service.address, overload_retry_ratio=0.0) as client:
+
+        def lone_call_whole() -> bool:
+            gevent.sleep(0.1)
+            response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS)
+            whole.append(all(o.status == appstats.TaskStatus.OK for o in response.outcomes))
+            return whole[-1]
+
+        wait_for(lone_call_whole, 30, "a lone call answered whole")
+    assert service.gate.dimmer.level == 0.0 and whole[-1]
+    assert any("(the load is gone)" in r.getMessage() for r in caplog.records)

@@ -118,6 +118,7 @@ class AdmissionControl:
         self._line = WaitingLine(settings, clock)
         self.retry_after = RetryAfter(clock, lambda: self._short_s)
         self._refused_since_update = 0
+        self._peak_inflight, self._waited = 0, False  # since room_to_spare() last looked
         #: Set at each refusal admission decides and each cut of its limit: the brownout
         #: dimmer, at rest, sleeps on it instead of looking four times a second.
         self.pressure = gevent.event.Event()
@@ -183,6 +184,13 @@ class AdmissionControl:
             self._sample(latency_s)
         self._hand_over()
 
+    def room_to_spare(self) -> bool:
+        """Whether, since the last time this was asked, no call waited and no more than half
+        the limit was ever in flight (the brownout dimmer asks once a window)."""
+        spare = not self._waited and self._peak_inflight <= self.limit * _GROW_IN_USE
+        self._peak_inflight, self._waited = self.inflight, bool(self._line.waiters)
+        return spare and self.settings.enabled
+
     @property
     def refusals_decided(self) -> int:
         """Refusals admission decided itself (not those of callers back too early)."""
@@ -223,6 +231,7 @@ class AdmissionControl:
         line = self._line
         waiter, longest_s = line.join(place, caller)
         self.stats.queued += 1
+        self._waited = True
         if caller is not None:
             caller.waiting += 1
         try:
@@ -315,6 +324,8 @@ class AdmissionControl:
 
     def _admitted(self, rank: int, caller: CallerShare | None = None) -> None:
         self.inflight += 1
+        if self.inflight > self._peak_inflight:
+            self._peak_inflight = self.inflight
         if caller is not None:
             self.callers.admitted(caller)
         self.cpu.least.admitted()

@@ -54,6 +54,12 @@ callers 0.6 sheds all there is to shed; higher would only slow the way back). A 
 setpoint of its own would fight admission's limit (both would act on one signal);
 queueing alone is no overload (a closed loop of callers at capacity always queues, and
 is served whole). ``brownout_min_level`` keeps the level up by hand (an expected peak).
+
+**It lets go when the load does.** A window in which admission had room to spare (no
+call waited, and no more than half its limit was ever in flight: ``spare``), with no
+refusal, no cut and no backend pool short of slots, takes the level straight down to
+its floor: nothing is left to shed for, and stepping down a cool stretch at a time
+would answer the calls after a storm lighter for seconds on an idle server.
 """
 
 from __future__ import annotations
@@ -167,7 +173,8 @@ class Dimmer:
 
     ``refusals`` and ``queue_standing`` read admission's state (refusals so far that
     admission decided itself; whether its queue has stood longer than its interval);
-    ``pools_short`` tells whether a backend pool is short of slots; ``pressure`` is set
+    ``pools_short`` tells whether a backend pool is short of slots; ``spare`` whether
+    admission had room to spare since it was last asked; ``pressure`` is set
     at each refusal or cut admission makes (the dimmer sleeps on it while at rest);
     ``clock`` is monotonic seconds. Tests drive :meth:`update` with their own clock.
     """
@@ -180,6 +187,7 @@ class Dimmer:
         latency_cuts: Callable[[], int] | None = None,
         pressure: gevent.event.Event | None = None,
         pools_short: Callable[[], bool] = lambda: False,
+        spare: Callable[[], bool] = lambda: False,
         enabled: bool = True,
         min_level: float = 0.0,
         clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
@@ -191,6 +199,7 @@ class Dimmer:
         self._refusals = refusals
         self._queue_standing = queue_standing
         self._pools_short = pools_short
+        self._spare = spare
         self._clock = clock
         self._seen_refusals = refusals()
         self._latency_cuts = latency_cuts or (lambda: 0)
@@ -280,9 +289,12 @@ class Dimmer:
         cut, self._seen_cuts = cuts > self._seen_cuts, cuts
         if not self.enabled:
             return
+        spare = self._spare()  # asked every window: it answers for the time since the last
         if self._at_rest() and not (refused or cut):
             return  # at rest, as an idle server is: nothing pushes it up, it can go no lower
         before = self.level
+        if spare and not (refused or cut) and self._let_go():
+            return
         ceiling = self._ceiling()
         failed = cut and self._probing is not None  # latency rose since the last step down
         # Read only where it can move the level, once a window at most: a report is not
@@ -330,6 +342,19 @@ class Dimmer:
                 if short
                 else "no refusal for a while",
             )
+
+    def _let_go(self) -> bool:
+        """The load is gone (admission had room to spare): down to the floor at once,
+        unless a backend pool is short of slots; whether it did."""
+        before = self.level
+        if before <= self.min_level or self._pools_short():
+            return False
+        self.level = self.min_level
+        self._cool, self._backoff, self._probing = 0, 0, None
+        self._note_peak(before)
+        self.stats.steps += 1
+        log.info("brownout level %.2f -> %.2f (the load is gone)", before, self.level)
+        return True
 
     def _note_peak(self, before: float) -> None:
         now = self._clock()

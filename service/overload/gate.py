@@ -259,6 +259,7 @@ class CallGate:
             latency_cuts=lambda: admission.stats.latency_cuts,
             pressure=admission.pressure,
             pools_short=pools_short,
+            spare=admission.room_to_spare,
             enabled=settings.brownout,
             min_level=settings.brownout_min_level,
             clock=clock.monotonic,
