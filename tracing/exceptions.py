@@ -2,9 +2,10 @@
 
 The SDK's ``Span.record_exception`` formats the source line of every frame
 (``traceback.format_exception``): reading each file into ``linecache`` the first
-time, a long block of the event loop for a requests failure, and on Python 3.11+ parsing each line to place carets, about a millisecond per
-failure afterwards, spent exactly when a failing backend makes every request
-fail. Its events also carried several kilobytes of stack trace each.
+time, a long block of the event loop for a requests failure, and on Python 3.11+
+parsing each line to place carets, about a millisecond per failure afterwards,
+spent exactly when a failing backend makes every request fail. Its events also
+carried several kilobytes of stack trace each.
 
 :class:`ExceptionEventsWithoutSource`, the first processor of every provider
 ``tracing.setup`` builds, gives each span it starts a ``record_exception`` that
