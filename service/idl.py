@@ -1,7 +1,8 @@
 """The Thrift contract, loaded once.
 
 An installed Fanout reads the IDL that its wheel carries as package data
-(``service/appstats.thrift``, copied there from ``thrift/`` by ``setup.py``);
+(``appstats.thrift`` in the ``service`` package, copied there from ``thrift/`` by
+``setup.py``);
 a source checkout reads ``thrift/appstats.thrift``, the only copy in the tree.
 """
 

@@ -2,7 +2,7 @@
 
 Most tests wait (on servers, sockets, timers), so on this 2-core machine five
 processes finish in well under a third of the time of one (five rather than four keeps
-both cores busier while some processes wait; tests/README.md has the figures). Each process is a whole
+both cores busier while some processes wait). Each process is a whole
 ``python -m gevent.monkey --module pytest`` run over a share of the test files,
 with session fixtures of its own (a MongoDB-wire server, the sample services);
 they share only the machine and the wheel that the first to need it builds

@@ -4,7 +4,7 @@ state and exact counts by label.
 
 As in ``test_admission.py``: waiters are greenlets blocked in the admission line,
 ``gevent.sleep(0)`` lets them reach it; nothing waits on the wall clock. The shares
-under real load are ``make bench``'s (``bench/fair_share.py``).
+under real load are ``make bench``'s (``bench/harness/fair_share.py``).
 """
 
 from __future__ import annotations

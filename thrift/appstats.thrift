@@ -44,8 +44,8 @@ struct RequestMeta {
   3: optional string request_id
   /** How much this call matters under overload; absent means CRITICAL. Optional addition. */
   4: optional Criticality criticality
-  /** true: an answer that reads no cached bucket (see the README's "Results cache");
-   *  absent means false. Optional addition. */
+  /** true: an answer that reads no cached bucket (the manual's "Results cache" how-to,
+   *  docs/how-to/results-cache.md); absent means false. Optional addition. */
   5: optional bool fresh
   /** Who is calling (a product, a job), for fair share under overload: 1-128 characters
    *  of letters, digits and . _ : / @ -. A mutual-TLS client certificate's name takes

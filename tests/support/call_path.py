@@ -1,5 +1,5 @@
 """The project files one warm ``get_app_stats`` runs on the server, traced, for the path
-that ``docs/architecture.md`` writes down (``tests/test_call_path.py``).
+that ``docs/explanation/architecture.md`` writes down (``tests/test_call_path.py``).
 
 The server runs in a process of its own with tracing off (``tracing.enabled =
 false``), as the path is measured: the test process has a tracer provider and the
