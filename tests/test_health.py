@@ -303,7 +303,7 @@ def test_an_http_backend_answering_404_at_its_url_is_down_and_health_path_is_che
         },
     )
     with Backends(settings.backends) as backends:
-        statuses = {s.name: s for s in HealthChecker(backends).check()}
+        statuses = {s.name: s for s in HealthChecker(backends, timeout_ms=2000).check()}
     assert statuses["alerts"].up
     assert (statuses["wrong"].up, statuses["wrong"].detail) == (False, "HTTP 404")
     assert (statuses["checked"].up, statuses["checked"].detail) == (False, "HTTP 404")

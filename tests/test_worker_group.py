@@ -39,6 +39,10 @@ from tests.support.workers import (  # noqa: F401 (serve: a fixture)
     serve,
 )
 
+# A group starts, reloads (twice in one test) and stops: on a machine whose cores other work
+# takes, each may take its whole patience, so the test as a whole may take several.
+pytestmark = pytest.mark.timeout(6 * PATIENT_START_S)
+
 
 def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
     serve: Callable[..., Server], group_ports: dict[str, int]
