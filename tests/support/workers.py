@@ -59,10 +59,14 @@ class Server:
         self._logged: list[str] = []
         self._reader = gevent.spawn(self._read_log)
         assert process.stdout is not None and process.stderr is not None
-        with gevent.Timeout(
-            PATIENT_START_S, AssertionError("fanout serve did not print its address")
-        ):
-            self.line = process.stdout.readline().strip()
+        try:
+            with gevent.Timeout(PATIENT_START_S):
+                self.line = process.stdout.readline().strip()
+        except gevent.Timeout:
+            raise AssertionError(
+                f"fanout serve did not print its address within {PATIENT_START_S} s; "
+                f"its log:\n{self.logged()[-3000:]}"
+            ) from None
         found = re.search(r"serving on (\S+):(\d+)", self.line)
         assert found, self.line
         self.address = (found.group(1), int(found.group(2)))
