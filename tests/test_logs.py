@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +52,18 @@ def test_json_lines_carry_the_trace_span_and_request_ids(root_logging: None) -> 
     assert inside["span_id"] == format(context.span_id, "016x")
     assert inside["request_id"] == "web-42"
     assert outside["trace_id"] == "0" and outside["message"] == "before any call"
+
+
+def test_json_time_is_rfc_3339_in_utc(root_logging: None) -> None:
+    """Log platforms read a zone-less ``2026-12-07 01:35:45,272`` as their own local time."""
+    stream = io.StringIO()
+    configure_logging(LoggingSettings(format="json"), "info", stream=stream)
+    before = datetime.datetime.now(datetime.UTC)
+    logging.getLogger("service.test").info("now")
+    (line,) = json_lines(stream.getvalue())
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line["time"]), line["time"]
+    logged = datetime.datetime.fromisoformat(line["time"])
+    assert abs((logged - before).total_seconds()) < 60  # UTC, not the machine's zone
 
 
 def test_text_stays_the_default_format(root_logging: None) -> None:

@@ -2,7 +2,7 @@
 
 ``logging.format = "json"`` writes one JSON object per line (python-json-logger)::
 
-    {"time": "...", "level": "WARNING", "logger": "lookups.resilience.breaker",
+    {"time": "2026-11-23T09:58:01.204Z", "level": "WARNING", "logger": "lookups.resilience.breaker",
      "message": "circuit mongo: closed -> open for 2000 ms (failing fast)",
      "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "span_id": "00f067aa0ba902b7",
      "request_id": "web-42"}
@@ -21,6 +21,7 @@ in text. A single-process server leaves it empty.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -112,8 +113,16 @@ def configure_logging(settings: LoggingSettings, level: str, stream: TextIO = sy
         from pythonjsonlogger.core import RESERVED_ATTRS
         from pythonjsonlogger.json import JsonFormatter
 
+        class Rfc3339JsonFormatter(JsonFormatter):
+            """``time`` as RFC 3339 in UTC, to the millisecond (``2026-12-07T01:35:45.272Z``):
+            what log platforms read without guessing a zone."""
+
+            def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+                at = datetime.datetime.fromtimestamp(record.created, datetime.UTC)
+                return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
         handler.setFormatter(
-            JsonFormatter(
+            Rfc3339JsonFormatter(
                 _JSON_FIELDS,
                 rename_fields={record: field for field, record in _RECORD_NAMES.items()},
                 reserved_attrs=[*RESERVED_ATTRS, *_NOT_IN_JSON],
