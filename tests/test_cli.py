@@ -218,7 +218,13 @@ def test_unreachable_server_and_busy_port_are_clear_errors() -> None:
         timeout=60,
     )
     assert call.returncode == 1
-    assert f"cannot reach 127.0.0.1:{busy_port}" in call.stderr and "Traceback" not in call.stderr
+    assert f"fanout call: cannot reach 127.0.0.1:{busy_port}" in call.stderr
+    assert "Traceback" not in call.stderr
+    pools = subprocess.run(
+        [*FANOUT, "pools", "--port", busy_port], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    assert pools.returncode == 1
+    assert pools.stderr.startswith(f"fanout pools: cannot reach 127.0.0.1:{busy_port}")
 
 
 def test_call_no_retry_shows_the_first_refusal_a_sheddable_caller_gets(

@@ -84,6 +84,24 @@ def test_bad_values_fail_naming_the_key(
     assert str(caught.value).startswith(key)
 
 
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ("sever", "sever: unknown section; did you mean [server]?"),
+        ("backend", "backend: unknown section; did you mean [backends]?"),
+        ("zzz", "zzz: unknown section; expected one of "),
+    ],
+)
+def test_an_unknown_section_is_refused_with_the_nearest_known_one(
+    tmp_path: Path, section: str, message: str
+) -> None:
+    config = tmp_path / "fanout.toml"
+    config.write_text(f"[{section}]\nport = 9090\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, env={})
+    assert str(refused.value).startswith(message), refused.value
+
+
 def test_kubernetes_service_links_are_ignored_but_a_misspelled_key_is_not(tmp_path: Path) -> None:
     links = {
         "FANOUT_SERVICE_HOST": "10.0.0.7",
@@ -273,7 +291,7 @@ def test_backend_tables_by_kind_and_the_aliases_they_replace(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"url": "http://x"}, "backends.jobs.kind: must be one of 'mongo', 'http', got None"),
+        ({"url": "http://x"}, "backends.jobs.kind: missing; set it to one of 'mongo', 'http'"),
         ({"kind": "redis"}, "backends.jobs.kind: must be one of 'mongo', 'http', got 'redis'"),
         ({"kind": "http", "uri": "mongodb://x"}, "backends.jobs.uri: unknown key"),
         (

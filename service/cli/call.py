@@ -36,17 +36,17 @@ def run_call(
         print("fanout call get_app_stats: --app is required", file=sys.stderr)
         return 2
     settings = settings_of(args)
+    command = "fanout pools" if args.method == "pool_stats" else "fanout call"
     try:
         result = _call_server(args, settings)
     except TTransportException as exc:
         print(
-            f"fanout call: cannot reach {settings.server.host}:{settings.server.port}: "
-            f"{exc.message}",
+            f"{command}: cannot reach {settings.server.host}:{settings.server.port}: {exc.message}",
             file=sys.stderr,
         )
         return 1
     except _CallFailed as exc:
-        print(f"fanout call: {exc}", file=sys.stderr)
+        print(f"{command}: {exc}", file=sys.stderr)
         return 1
     if args.method == "get_app_stats":
         print(

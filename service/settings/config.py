@@ -31,6 +31,7 @@ tables of keys are made from the same declarations (``service/cli/settings_table
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import os
@@ -286,7 +287,11 @@ def _table_variable(
 def _build(raw: Mapping[str, Any], plugins: PluginSections) -> Settings:
     unknown = set(raw) - set(_SECTIONS) - {"lookups", "backends", "callers"}
     if unknown:
-        raise ConfigError(f"{sorted(unknown)[0]}: unknown section")
+        first = sorted(unknown)[0]
+        known = [*_SECTIONS, "lookups", "backends", "callers"]
+        near = difflib.get_close_matches(first, known, n=1)
+        hint = f"; did you mean [{near[0]}]?" if near else f"; expected one of {', '.join(known)}"
+        raise ConfigError(f"{first}: unknown section{hint}")
     parts = {name: build_section(name, cls, raw.get(name, {})) for name, cls in _SECTIONS.items()}
     lookups_raw = raw.get("lookups", {})
     if not isinstance(lookups_raw, Mapping):
@@ -338,11 +343,11 @@ def _build_backends(raw: Any) -> dict[str, BackendSettings]:
         if not _BACKEND_NAME.fullmatch(name):
             raise ConfigError(f"backends.{name}: a backend name is letters, digits and _")
         kind = body.get("kind") if isinstance(body, Mapping) else None
+        kinds = ", ".join(repr(k) for k in BACKEND_KINDS)
+        if kind is None:
+            raise ConfigError(f"backends.{name}.kind: missing; set it to one of {kinds}")
         if kind not in BACKEND_KINDS:
-            raise ConfigError(
-                f"backends.{name}.kind: must be one of "
-                f"{', '.join(repr(k) for k in BACKEND_KINDS)}, got {kind!r}"
-            )
+            raise ConfigError(f"backends.{name}.kind: must be one of {kinds}, got {kind!r}")
         built[name] = build_section(f"backends.{name}", BACKEND_KINDS[str(kind)], body)
     return built
 
