@@ -241,6 +241,13 @@ def test_call_no_retry_shows_the_first_refusal_a_sheddable_caller_gets(
     )
     assert first.returncode == 1 and "Overloaded" in first.stderr, first.stderr
     assert service.gate.stats.overloaded == 1
+    as_json = subprocess.run(
+        [*ask, "--no-retry", "--json"], capture_output=True, text=True, env=ENV, timeout=60
+    )
+    refusal = json.loads(as_json.stdout)  # --json: the refusal is JSON too
+    assert as_json.returncode == 1 and refusal["error"] == "Overloaded", as_json
+    assert refusal["retry_after_ms"] > 0 and refusal["message"]
+    assert service.gate.stats.overloaded == 2
     again = subprocess.run(ask, capture_output=True, text=True, env=ENV, timeout=60)
     assert again.returncode == 1 and "Overloaded" in again.stderr, again.stderr
     assert service.gate.stats.overloaded > 2  # the default call tried again

@@ -20,7 +20,27 @@ __all__ = ["run_call", "sample_window"]
 
 
 class _CallFailed(Exception):
-    """The server answered a call with a declared exception; ``str`` says which."""
+    """The server answered a call with a declared exception; ``str`` says which, and
+    :meth:`to_json` says it for ``--json``."""
+
+    def __init__(self, declared: Any) -> None:
+        super().__init__(f"{type(declared).__name__}: {declared.message}")
+        self.declared = declared
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"error": "Overloaded", "message": ..., "retry_after_ms": 40}``: the exception's
+        name and its declared fields that are set (a ``PanelFailed``'s outcomes as in an
+        answer's JSON)."""
+        from service.cli.report import outcomes_to_json
+
+        fields = {
+            name: value
+            for name, value in vars(self.declared).items()
+            if value is not None and not name.startswith("_") and name != "outcomes"
+        }
+        if getattr(self.declared, "outcomes", None) is not None:
+            fields["outcomes"] = outcomes_to_json(self.declared.outcomes)
+        return {"error": type(self.declared).__name__, **fields}
 
 
 def run_call(
@@ -46,7 +66,10 @@ def run_call(
         )
         return 1
     except _CallFailed as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps(exc.to_json(), indent=2))
+        else:
+            print(f"{command}: {exc}", file=sys.stderr)
         return 1
     if args.method == "get_app_stats":
         print(
@@ -136,7 +159,7 @@ def _call_server(args: argparse.Namespace, settings: Settings) -> Any:
                 fresh=args.fresh,
             )
         except (appstats.InvalidRequest, appstats.Overloaded, appstats.PanelFailed) as exc:
-            raise _CallFailed(f"{type(exc).__name__}: {exc.message}") from None
+            raise _CallFailed(exc) from None
 
 
 def _health_to_json(health: Any) -> dict[str, Any]:

@@ -127,7 +127,11 @@ def _parser() -> argparse.ArgumentParser:
         help="who calls (RequestMeta.caller), for the server's fair share under overload "
         "(default: the anonymous caller, or the --tls-cert's name)",
     )
-    call.add_argument("--json", action="store_true", help="print the response as JSON")
+    call.add_argument(
+        "--json",
+        action="store_true",
+        help="print the response, or the declared error it got, as JSON",
+    )
     _client_flags(call)
     call.set_defaults(run=_call)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from service.idl import appstats
 
-__all__ = ["format_response", "response_to_json"]
+__all__ = ["format_response", "response_to_json", "outcomes_to_json"]
 
 _STATUS_NAMES: dict[int, str] = dict(appstats.TaskStatus._VALUES_TO_NAMES)
 
@@ -87,10 +87,13 @@ def response_to_json(response: Any) -> dict[str, Any]:
         "trace_id": response.trace_id,
         "elapsed_ms": response.elapsed_ms,
         "panels": {name: _to_plain(panel) for name, panel in (response.panels or {}).items()},
-        "outcomes": [
-            {**_to_plain(o), "status": status_name(o.status)} for o in response.outcomes or []
-        ],
+        "outcomes": outcomes_to_json(response.outcomes),
     }
+
+
+def outcomes_to_json(outcomes: Any) -> list[dict[str, Any]]:
+    """Task outcomes, JSON-ready: an answer's, or a ``PanelFailed``'s."""
+    return [{**_to_plain(o), "status": status_name(o.status)} for o in outcomes or []]
 
 
 def _to_plain(value: Any) -> Any:
