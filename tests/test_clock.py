@@ -5,6 +5,7 @@ nothing (tests/support/clock.py)."""
 from __future__ import annotations
 
 import ast
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,28 @@ def _breaker(clock: FakeClock, open_ms: int = 2000) -> CircuitBreaker:
 def _fail(breaker: CircuitBreaker, times: int) -> None:
     for _ in range(times):
         breaker.record(failed=True, probe=breaker.check())
+
+
+def test_an_outage_is_logged_when_it_begins_and_when_it_ends_not_at_every_probe(
+    caplog: Any,
+) -> None:
+    """A dead backend makes the circuit half-open and open again every ``open_ms``: those
+    probes are DEBUG lines; the operator gets one WARNING and one INFO for the outage."""
+    clock = FakeClock()
+    breaker = _breaker(clock)
+    with caplog.at_level(logging.DEBUG, logger="lookups.resilience.breaker"):
+        _fail(breaker, 3)
+        for _ in range(10):  # ten failed probes, one every two seconds
+            clock.advance(2.0)
+            _fail(breaker, 1)
+        clock.advance(2.0)
+        breaker.record(failed=False, probe=breaker.check())
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
+    assert said == [
+        ("WARNING", "circuit db: closed -> open for 2000 ms (failing fast)"),
+        ("INFO", "circuit db: half_open -> closed after 22.0 s, 10 probes failed"),
+    ]
+    assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 21  # the probing
 
 
 def test_the_breaker_stays_open_for_exactly_open_ms_then_lets_one_probe_through() -> None:

@@ -9,8 +9,10 @@ States, and what moves between them::
 
 While OPEN, :meth:`CircuitBreaker.check` raises :class:`~lookups.errors.CircuitOpen`
 at once: the panel fails fast (``ERROR``, retryable) and its call does not wait out
-a dead backend's timeout. A change of state is logged once (WARNING when it opens,
-INFO when it closes).
+a dead backend's timeout. An outage is logged twice: WARNING when the circuit opens
+(``closed -> open``), INFO when it closes again, with how long it was open and how many
+probes failed meanwhile. Its half-open probes and their failures, a few a second
+during an outage, are DEBUG lines only.
 
 What counts as a failure is the backend's: unreachable, timed out, or HTTP 5xx
 (``BackendUnavailable`` and ``BackendTimeout``). A bad answer (4xx, wrong JSON) is
@@ -65,6 +67,8 @@ class CircuitBreaker:
         self._failures_in_window = 0
         self._open_until = 0.0
         self._probing = False
+        self._outage_since = 0.0  # when it last opened from closed
+        self._failed_probes = 0  # probes failed since
 
     def check(self) -> bool:
         """Before a call: raise :class:`CircuitOpen` if it may not go; True if it is a probe."""
@@ -133,15 +137,24 @@ class CircuitBreaker:
         if state is self.state:
             return
         previous, self.state = self.state, state
-        if state is CircuitState.OPEN:
+        if previous is CircuitState.CLOSED:  # an outage begins
+            self._outage_since, self._failed_probes = self._clock.monotonic(), 0
             log.warning(
-                "circuit %s: %s -> open for %d ms (failing fast)",
+                "circuit %s: closed -> open for %d ms (failing fast)",
                 self.name,
-                previous.value,
                 self.policy.open_ms,
             )
-        else:
-            log.info("circuit %s: %s -> %s", self.name, previous.value, state.value)
+        elif state is CircuitState.CLOSED:  # and ends
+            log.info(
+                "circuit %s: %s -> closed after %.1f s, %d probes failed",
+                self.name,
+                previous.value,
+                self._clock.monotonic() - self._outage_since,
+                self._failed_probes,
+            )
+        else:  # the probing within an outage
+            self._failed_probes += state is CircuitState.OPEN
+            log.debug("circuit %s: %s -> %s", self.name, previous.value, state.value)
 
     def __repr__(self) -> str:
         return f"<CircuitBreaker {self.name} {self.state.value}>"
