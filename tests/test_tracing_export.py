@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from concurrent import futures
@@ -226,3 +227,46 @@ def test_otlp_grpc_export_under_gevent(configure) -> None:
         assert len(ticks) >= 15, len(ticks)
     finally:
         server.stop(grace=None).wait(5)
+
+
+def test_an_exporter_that_cannot_export_is_said_once_and_again_when_it_can(caplog: Any) -> None:
+    """A real collector refusing every batch (HTTP 400, which the exporter does not retry),
+    then taking them: the exporter's own line and one WARNING for the outage, nothing for
+    the batches after, and one INFO when a batch goes through again."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tracing.export_outages import ReportedExporter
+
+    status = ["400 Bad Request"]
+
+    def application(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read()
+        start_response(status[0], [("Content-Type", "application/x-protobuf")])
+        return [b""]
+
+    server = WSGIServer(("127.0.0.1", 0), application, log=None, error_log=None)
+    server.start()
+    endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    exporter = ReportedExporter(OTLPSpanExporter(endpoint=endpoint), "the collector")
+    tracer = TracerProvider().get_tracer("test")
+    try:
+        with caplog.at_level(logging.INFO):
+            for _ in range(5):
+                span = tracer.start_span("batch")
+                span.end()
+                exporter.export([span])  # type: ignore[list-item]
+            status[0] = "200 OK"
+            span = tracer.start_span("batch")
+            span.end()
+            exporter.export([span])  # type: ignore[list-item]
+    finally:
+        exporter.shutdown()
+        server.stop()
+    said = [(r.name, r.levelname) for r in caplog.records]
+    assert said == [
+        ("opentelemetry.exporter.otlp.proto.http.trace_exporter", "ERROR"),
+        ("tracing.export_outages", "WARNING"),
+        ("tracing.export_outages", "INFO"),
+    ], [r.getMessage() for r in caplog.records]
+    assert "(5 batches failed meanwhile)" in caplog.records[-1].getMessage()

@@ -56,6 +56,7 @@ from tracing.batching import batch_processor
 from tracing.clients import MongoConnectionEvents, pymongo_request_hook, requests_request_hook
 from tracing.conventions import prefer_stable_conventions
 from tracing.exceptions import ExceptionEventsWithoutSource
+from tracing.export_outages import ReportedExporter
 from tracing.exporters import build_exporters
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
@@ -208,7 +209,8 @@ def configure_tracing(
     )
     provider.add_span_processor(ExceptionEventsWithoutSource())  # first: before any span records
     for exporter in exporters:
-        provider.add_span_processor(batch_processor(exporter, environment))
+        reported = ReportedExporter(exporter, f"the {type(exporter).__name__}")
+        provider.add_span_processor(batch_processor(reported, environment))
     for processor in extra_processors:
         provider.add_span_processor(processor)
     if not set_global:
