@@ -120,6 +120,23 @@ def test_the_prometheus_rule_object_holds_exactly_the_rule_files_rules() -> None
     assert shipped["spec"]["groups"] == groups
 
 
+def test_the_prometheus_rule_generator_writes_the_shipped_file(tmp_path: Path) -> None:
+    """Run as ``make monitoring`` runs it: what it writes now is, to the byte, the file the
+    repository ships (and it writes the header that says where to edit)."""
+    import subprocess
+    import sys
+
+    made = tmp_path / "prometheusrule.yaml"
+    subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "monitoring" / "prometheusrule.py"), str(made)],
+        check=True,
+        timeout=60,
+    )
+    shipped = ROOT / "deploy" / "kubernetes" / "monitoring" / "prometheusrule.yaml"
+    assert made.read_text() == shipped.read_text()
+    assert made.read_text().startswith("# Made by deploy/monitoring/prometheusrule.py")
+
+
 def _dashboard_module() -> Any:
     import importlib.util
 
