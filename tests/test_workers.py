@@ -43,7 +43,7 @@ def test_two_workers_serve_restart_after_a_kill_and_stop_cleanly(
     serve: Callable[..., Server],
 ) -> None:
     server = serve("--workers", "2")
-    assert server.line.endswith("(2 workers)")
+    assert server.line.endswith(f"(2 workers, master pid {server.process.pid})")
     workers = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 10, "two workers")
     gather_all_panels(server.address)
 

@@ -7,6 +7,7 @@ monkey.patch_all()
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -300,7 +301,9 @@ def _print_serving(address: tuple[str, int]) -> None:
 def _print_serving_workers(address: tuple[str, int], workers: int) -> None:
     from service.operations.logs import console_line
 
-    print(console_line(f"serving on {address[0]}:{address[1]} ({workers} workers)"), flush=True)
+    # The master's pid: what `kill -HUP` (reload) and `kill -TTIN` (a worker more) take.
+    line = f"serving on {address[0]}:{address[1]} ({workers} workers, master pid {os.getpid()})"
+    print(console_line(line), flush=True)
 
 
 def _wait_for_signal() -> None:
