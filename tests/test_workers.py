@@ -210,3 +210,27 @@ def test_a_reload_whose_backends_cannot_be_built_is_refused_and_the_workers_stay
     logged = server.logged()
     assert "the new configuration is refused, keeping the old" in logged, logged[-3000:]
     assert "Traceback" not in logged
+
+
+def test_a_starting_worker_keeps_its_grace_until_it_serves_then_beats_in_time() -> None:
+    """Before it serves, a worker's beats date its file START_GRACE_S ahead: a start whose
+    loop is held longer than the heartbeat timeout (parts built on a busy machine) is not
+    taken for a stuck worker. Once it announces, its beats are dated now."""
+    from lookups.clock import SYSTEM_CLOCK
+    from service.workers.heartbeat import START_GRACE_S, Heartbeats
+
+    master = Heartbeats()
+    try:
+        master.reset(7)
+        worker = Heartbeats(master.directory)
+        beating = worker.start_beating(7)
+        gevent.sleep(0.01)  # it beat once, starting
+        assert master.path(7).stat().st_mtime > SYSTEM_CLOCK.wall() + START_GRACE_S - 5
+        assert master.age_s(7) == 0.0
+        worker.announce(7, metrics="http://127.0.0.1:1/metrics")
+        gevent.sleep(0.01)
+        assert abs(master.path(7).stat().st_mtime - SYSTEM_CLOCK.wall()) < 5
+        assert master.announcement(7) is not None
+        beating.kill()
+    finally:
+        master.remove()

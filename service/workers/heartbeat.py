@@ -8,7 +8,9 @@ did not patch, a deadlock, a SIGSTOP) stops touching it; the master, checking
 twice a second, kills a worker whose file is older than
 ``server.worker_heartbeat_timeout_ms`` and restarts its position as for any death.
 A new worker's file is dated :data:`START_GRACE_S` ahead, for the time it takes
-to load and start serving.
+to load and start serving, and each beat before it serves (:meth:`Heartbeats.announce`)
+dates it that far ahead again: building a worker's parts may hold its loop longer than
+the heartbeat timeout on a busy machine, which is a slow start, not a stuck worker.
 
 A worker also announces itself there once it serves (:meth:`Heartbeats.announce`):
 its pid and where its metrics are scraped, which the master's group endpoints
@@ -48,6 +50,7 @@ class Heartbeats:
         self._dir = (
             Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
         )
+        self._serving = False  # in a worker: whether it announced that it serves
 
     @property
     def directory(self) -> str:
@@ -77,7 +80,13 @@ class Heartbeats:
         return self._dir / f"worker-{worker}.json"
 
     def announce(self, worker: int, **facts: Any) -> None:
-        """In the worker: say that it serves, with ``facts`` (its pid is added)."""
+        """In the worker: say that it serves, with ``facts`` (its pid is added); its beats
+        count from now on."""
+        self._serving = True
+        try:
+            os.utime(self.path(worker))
+        except OSError:
+            pass  # the master is going away with its directory
         partial = self._dir / f".worker-{worker}.json.part"
         partial.write_text(json.dumps({**facts, "pid": os.getpid()}))
         partial.replace(self._announcement(worker))  # atomic: never read half-written
@@ -104,13 +113,16 @@ class Heartbeats:
             return 0.0
 
     def start_beating(self, worker: int) -> gevent.Greenlet:
-        """In the worker: touch its file every ``BEAT_S`` while the event loop runs."""
+        """In the worker: touch its file every ``BEAT_S`` while the event loop runs (dated
+        :data:`START_GRACE_S` ahead until it announces that it serves)."""
         path = self.path(worker)
 
         def beat() -> None:
             while True:
+                now = SYSTEM_CLOCK.wall()
+                at = now if self._serving else now + START_GRACE_S
                 try:
-                    os.utime(path)
+                    os.utime(path, (at, at))
                 except OSError:
                     pass  # the master is going away with its directory
                 gevent.sleep(BEAT_S)
