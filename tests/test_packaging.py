@@ -4,6 +4,7 @@ Deployment's own command line run against that installed package."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import tarfile
@@ -116,16 +117,19 @@ def _serve_and_call(
         f'[http]\nalerts_url = "{keys["http.alerts_url"]}"\n'
         f'metrics_url = "{keys["http.metrics_url"]}"\n'
     )
-    port = free_port()
+    # Port 0, read back from its line: a port found free a moment before may be taken by
+    # then, by another test's process.
     server = installed.popen(
-        ["fanout", "serve", "--config", str(config), "--port", str(port), "--log-level", "info"],
+        ["fanout", "serve", "--config", str(config), "--port", "0", "--log-level", "info"],
         env={"OTEL_TRACES_EXPORTER": "none"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
     try:
         assert server.stdout is not None and server.stderr is not None
-        assert "serving on" in server.stdout.readline(), server.stderr.read()
+        found = re.search(r"serving on [\d.]+:(\d+)", server.stdout.readline())
+        assert found, server.stderr.read()
+        port = int(found.group(1))
         done = installed.run(
             [
                 "fanout",
