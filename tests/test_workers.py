@@ -7,6 +7,8 @@ import re
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any
 
 import gevent
 import psutil
+import pytest
 
 from service.settings.config import load_settings
 from service.workers.master import _Master
@@ -234,3 +237,38 @@ def test_a_starting_worker_keeps_its_grace_until_it_serves_then_beats_in_time() 
         beating.kill()
     finally:
         master.remove()
+
+
+@pytest.mark.parametrize(
+    ("state", "cpu_since_beat_s", "stuck"),
+    [
+        ("R", 0.2, False),  # runnable, ran little: waiting for a core on a busy machine
+        ("R", 1.5, True),  # ran half the timeout without returning to its loop
+        ("T", 0.0, True),  # stopped (SIGSTOP)
+        ("S", 0.0, True),  # asleep in something that never wakes its loop
+        ("D", 0.0, True),
+    ],
+)
+def test_a_worker_that_missed_its_beats_is_stuck_unless_it_waited_for_a_core(
+    state: str, cpu_since_beat_s: float, stuck: bool
+) -> None:
+    from service.workers.heartbeat import ProcessState, looks_stuck
+
+    assert looks_stuck(ProcessState(state, 10.0), cpu_since_beat_s, 3.0) is stuck
+    assert looks_stuck(None, 0.0, 3.0)  # gone, or no /proc: as before
+
+
+def test_the_kernel_tells_a_stopped_process_from_a_running_one() -> None:
+    from service.workers.heartbeat import process_state
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        stopped = wait_for(lambda: (s := process_state(child.pid)) and s.state == "T" and s, 5)
+        assert stopped.cpu_s >= 0.0
+        os.kill(child.pid, signal.SIGCONT)
+        wait_for(lambda: (s := process_state(child.pid)) and s.state in "RS", 5)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_state(child.pid) is None  # reaped: gone

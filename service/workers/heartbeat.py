@@ -26,14 +26,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import gevent
 
 from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
-__all__ = ["Heartbeats", "BEAT_S"]
+__all__ = ["Heartbeats", "BEAT_S", "ProcessState", "process_state", "looks_stuck"]
 
 BEAT_S = 0.5
 #: How long a new worker may take to beat for the first time.
@@ -131,3 +131,41 @@ class Heartbeats:
 
     def remove(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class ProcessState(NamedTuple):
+    """What the kernel says of a process: its state letter (``R`` runnable, ``S`` asleep,
+    ``T`` stopped, ...) and the CPU seconds it has used."""
+
+    state: str
+    cpu_s: float
+
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_state(pid: int) -> ProcessState | None:
+    """``pid``'s state from ``/proc``, or None where it cannot be read (gone, or no /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) "
+    try:
+        return ProcessState(fields[0], (int(fields[11]) + int(fields[12])) / _TICKS_PER_S)
+    except (IndexError, ValueError):
+        return None
+
+
+def looks_stuck(state: ProcessState | None, cpu_since_beat_s: float, timeout_s: float) -> bool:
+    """Whether a worker that has not beaten for ``timeout_s`` is stuck, not starved.
+
+    A heartbeat is wall time, and so is a machine whose cores other work takes: a worker
+    runnable (``R``) that has used less than half the timeout's CPU since its last beat
+    was waiting for a core, and beats once it has one. Stuck is a worker that is not
+    runnable (stopped, or asleep in something that never returns to its loop), or one
+    that ran that long without returning to its loop to beat.
+    """
+    if state is None:
+        return True
+    return state.state != "R" or cpu_since_beat_s >= timeout_s / 2

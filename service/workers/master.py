@@ -40,7 +40,7 @@ from service.settings.config import ConfigError, Settings
 from service.workers.counts import GroupCounts
 from service.workers.group import GroupEndpoints, ScrapeTarget
 from service.workers.group_state import GroupState
-from service.workers.heartbeat import Heartbeats
+from service.workers.heartbeat import Heartbeats, looks_stuck, process_state
 from service.workers.launch import WorkerLink, launch_worker
 from service.workers.positions import MAX_RESTART_DELAY_S, STORM_WINDOW_S, Position, Positions
 from service.workers.process import CONFIG_ERROR_STATUS, signal_name
@@ -80,6 +80,7 @@ class _Master:
         self._settings = settings
         self._reload = reload
         self._heartbeats = Heartbeats()
+        self._cpu_at_beat: dict[int, float] = {}  # by worker pid: its CPU at a fresh beat seen
         self._positions = Positions(settings.server.workers)
         self._ledger = GroupCounts()  # every worker's counts, across lifetimes
         self._links: dict[int, WorkerLink] = {}  # by pid: every worker running, old ones too
@@ -281,10 +282,15 @@ class _Master:
         return None
 
     def _kill_stuck(self) -> None:
-        """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``."""
-        for position in self._positions.stuck(
-            self._heartbeats, self._settings.server.worker_heartbeat_timeout_ms
-        ):
+        """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``
+        and that looks stuck, not starved of a core (:func:`looks_stuck`)."""
+        timeout_ms = self._settings.server.worker_heartbeat_timeout_ms
+        self._note_fresh_beats(timeout_ms / 2000.0)
+        for position in self._positions.stuck(self._heartbeats, timeout_ms):
+            state = process_state(position.pid)
+            cpu_since = state.cpu_s - self._cpu_at_beat.get(position.pid, 0.0) if state else 0.0
+            if not looks_stuck(state, cpu_since, timeout_ms / 1000.0):
+                continue  # runnable, waiting for a core: it beats once it has one
             log.warning(
                 "master: worker %d (position %d) has not answered for %.1f s (stopped or "
                 "blocked); killing it",
@@ -297,6 +303,20 @@ class _Master:
             except ProcessLookupError:
                 pass
             self._heartbeats.reset(position.serial)  # one kill per stale beat; its exit restarts it
+
+    def _note_fresh_beats(self, fresh_s: float) -> None:
+        """Each worker's CPU when its beat was last seen fresh (younger than ``fresh_s``)."""
+        alive = set()
+        for position in self._positions:
+            if not position.pid:
+                continue
+            alive.add(position.pid)
+            if self._heartbeats.age_s(position.serial) < fresh_s:
+                state = process_state(position.pid)
+                if state is not None:
+                    self._cpu_at_beat[position.pid] = state.cpu_s
+        for pid in set(self._cpu_at_beat) - alive:
+            del self._cpu_at_beat[pid]
 
     def _resize(self, signum: int) -> None:
         """SIGHUP: reload the settings and replace every worker (the old ones hand their
