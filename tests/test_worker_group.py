@@ -82,11 +82,13 @@ def test_two_workers_answer_one_probe_endpoint_and_one_merged_scrape(
 
 
 def _caller(address: tuple[str, int], outcomes: list[str]) -> None:
-    with AppStatsClient(*address, timeout_ms=5_000) as client:
+    with AppStatsClient(*address, timeout_ms=12_000) as client:
         while True:
             try:
+                # A deadline a starved machine keeps: what is tested is that a reload loses
+                # no call, not how fast a machine this busy answers.
                 response = client.get_app_stats(
-                    "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=3_000
+                    "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=10_000
                 )
                 statuses = {o.name: o.status for o in response.outcomes}
                 outcomes.append("ok" if statuses == {name: 0 for name in ALL_PANELS} else "partial")

@@ -23,6 +23,7 @@ import pytest
 
 from service.samples import SampleHttpServices
 from tests.support.samples import GENEROUS_BUDGETS, backend_overrides
+from tests.support.workers import PATIENT_START_S
 
 __all__ = ["FANOUT", "Server", "server_environment", "serve"]
 
@@ -46,7 +47,7 @@ class Server:
             env=env,
         )
         try:
-            with gevent.Timeout(30, AssertionError("server did not start")):
+            with gevent.Timeout(PATIENT_START_S, AssertionError("server did not start")):
                 assert self.process.stdout is not None
                 line = self.process.stdout.readline()
             found = re.search(r"serving on [^\s\"]+:(\d+)", line)  # plain, or a JSON line
