@@ -66,7 +66,7 @@ def run_call(
         )
         return 1
     except _CallFailed as exc:
-        if getattr(args, "json", False):
+        if args.json:
             print(json.dumps(exc.to_json(), indent=2))
         else:
             print(f"{command}: {exc}", file=sys.stderr)

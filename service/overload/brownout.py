@@ -293,21 +293,20 @@ class Dimmer:
         if self._at_rest() and not (refused or cut):
             return  # at rest, as an idle server is: nothing pushes it up, it can go no lower
         before = self.level
-        if spare and not (refused or cut) and self._let_go():
-            return
         ceiling = self._ceiling()
+        gone = spare and not (refused or cut) and self._let_go()
         failed = cut and self._probing is not None  # latency rose since the last step down
         # Read only where it can move the level, once a window at most: a report is not
         # free, and at the ceiling it is read once per cool stretch, not every window.
         below_ceiling = 0.0 < self.level < ceiling
-        short = not (refused or failed) and below_ceiling and self._pools_short()
+        short = not (gone or refused or failed) and below_ceiling and self._pools_short()
         if refused or failed or short:
             if self._probing is not None:  # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
                 self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
             self._cool = 0
             self.level = min(ceiling, self.level + STEP)
-        elif cut or self._queue_standing():
+        elif gone or cut or self._queue_standing():
             self._cool = 0
         else:
             self._cool += 1
@@ -334,7 +333,9 @@ class Dimmer:
                 "brownout level %.2f -> %.2f (%s)",
                 before,
                 self.level,
-                "admission refused calls"
+                "the load is gone"
+                if gone
+                else "admission refused calls"
                 if refused
                 else "latency rose after a step down"
                 if failed
@@ -344,16 +345,12 @@ class Dimmer:
             )
 
     def _let_go(self) -> bool:
-        """The load is gone (admission had room to spare): down to the floor at once,
-        unless a backend pool is short of slots; whether it did."""
-        before = self.level
-        if before <= self.min_level or self._pools_short():
+        """The load is gone (admission had room to spare): the level to its floor at once,
+        unless a backend pool is short of slots; whether it went."""
+        if self.level <= self.min_level or self._pools_short():
             return False
         self.level = self.min_level
         self._cool, self._backoff, self._probing = 0, 0, None
-        self._note_peak(before)
-        self.stats.steps += 1
-        log.info("brownout level %.2f -> %.2f (the load is gone)", before, self.level)
         return True
 
     def _note_peak(self, before: float) -> None:

@@ -285,6 +285,8 @@ class _Master:
         """SIGKILL a worker whose heartbeat is older than ``server.worker_heartbeat_timeout_ms``
         and that looks stuck, not starved of a core (:func:`looks_stuck`)."""
         timeout_ms = self._settings.server.worker_heartbeat_timeout_ms
+        if not timeout_ms:
+            return  # 0: workers are never killed for their heartbeat
         self._note_fresh_beats(timeout_ms / 2000.0)
         for position in self._positions.stuck(self._heartbeats, timeout_ms):
             state = process_state(position.pid)
