@@ -229,8 +229,8 @@ class AdmittedCall:
 
         A task that failed (:data:`UNMEASURED_ENDS`) did not do the work a call costs:
         during a backend outage such calls end as soon as the other panels do, or when
-        the wait for the dead server ends, and the limit learnt from them fell to its
-        floor and stayed there once the backend was back.
+        the wait for the dead server ends, and a limit learnt from them would fall to its
+        floor and stay there once the backend was back.
         """
         self.measured = not any(status in UNMEASURED_ENDS for status in statuses)
 
