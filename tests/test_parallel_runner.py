@@ -37,21 +37,37 @@ def test_the_helpers_in_tests_support_have_their_asserts_rewritten() -> None:
     assert isinstance(helper.__loader__, AssertionRewritingHook)
 
 
-def test_the_solo_phase_collects_every_file_with_a_solo_test() -> None:
-    """The solo phase reads only the files marking a test solo; pytest, collecting every
-    file, finds solo tests in those files and no others."""
+def test_a_solo_test_outside_the_solo_phases_files_is_found() -> None:
+    tests = [
+        ("tests/test_a.py::test_one", True),
+        ("tests/test_a.py::test_two", False),
+        ("tests/interop/test_c.py::test_three[x]", True),
+        ("tests/test_b.py::test_four", True),
+        ("tests/test_d.py::test_five", False),
+    ]
+    assert parallel.solo_tests_outside(tests, ["tests/test_a.py", "tests/interop"]) == [
+        "tests/test_b.py::test_four"
+    ]
+    assert parallel.solo_tests_outside(tests, ["tests/test_a.py", "tests/test_b.py"]) == [
+        "tests/interop/test_c.py::test_three[x]"
+    ]
+
+
+def test_a_group_process_stops_when_the_solo_phase_would_miss_a_solo_test() -> None:
+    """tests/conftest.py checks what it collects against the files the runner names (every
+    group process of ``make test`` passes the check)."""
+    import os
     import subprocess
     import sys
 
-    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
-    collected = subprocess.run(
-        [*pytest, "--collect-only", "-q", "-m", SOLO, "tests"],
+    target = "tests/test_pacing.py"  # marks one test solo
+    assert target in parallel.solo_targets([target])
+    refused = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--co", "-q", target],
         cwd=parallel.ROOT,
+        env={**os.environ, parallel.SOLO_FILES_ENV: "tests/test_cli.py"},
         capture_output=True,
         text=True,
         timeout=120,
-        check=True,
     )
-    files = {line.split("::")[0] for line in collected.stdout.splitlines() if "::" in line}
-    chosen = parallel.solo_targets(parallel.test_targets())
-    assert files and {f.split("/")[1] for f in files} == {t.split("/")[1] for t in chosen}
+    assert refused.returncode == 4 and f"{target}::" in refused.stderr, refused.stderr
