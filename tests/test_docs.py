@@ -58,6 +58,26 @@ def test_the_site_works_offline_from_its_folder(site: Path) -> None:
         assert (site / "how-to" / image).resolve().exists(), image
 
 
+def test_every_page_loads_what_it_needs_from_the_site_and_search_reads_an_inlined_index(
+    site: Path,
+) -> None:
+    """Opened from disk with no network, a page loads no script, stylesheet or image from
+    elsewhere, and search finds its index as a script beside it (docs/_generate/offline.py)."""
+    loaded = re.compile(r'<(?:script|link|img)\b[^>]*?\b(?:src|href)="([^"#]+)"')
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 40
+    for page in pages:
+        for url in loaded.findall(page.read_text()):
+            assert not re.match(r"(https?:)?//", url), f"{page.relative_to(site)} loads {url}"
+            base = site if url.startswith("/") else page.parent  # 404.html: from the root
+            assert (base / url.split("?")[0].lstrip("/")).resolve().exists(), (page, url)
+    assert '<script src="assets/javascripts/iframe-worker-shim.js">' in (
+        site / "index.html"
+    ).read_text()
+    index = (site / "search" / "search_index.json").read_text()
+    assert (site / "search" / "search_index.js").read_text() == "var __index = " + index
+
+
 def test_a_newcomer_reaches_each_goal_from_the_home_page_in_one_click(site: Path) -> None:
     home = (site / "index.html").read_text()
     for target in (
