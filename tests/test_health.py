@@ -159,7 +159,23 @@ def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead
             now[0] += 1.0
             after = {s.name: s for s in checker.check()}
 
-    assert not after["mongo"].up and after["mongo"].detail
+    assert not after["mongo"].up and after["mongo"].detail.startswith("cannot connect"), after
+
+
+def test_a_mongodb_port_refusing_connections_is_reported_as_such_within_the_round(
+    http_services, dead_port
+) -> None:
+    """Not as a timeout: pymongo's server selection ends past the check's 300 ms (it looks
+    again every half second), and the round waits for the reason it recorded."""
+    settings = settings_for(
+        f"mongodb://127.0.0.1:{dead_port}", http_services.alerts_url, http_services.metrics_url
+    )
+    with Backends(settings.backends) as backends:
+        checker = HealthChecker(backends, timeout_ms=300, cache_ms=0)
+        checker.check()  # the first round also starts pymongo's monitor: the rounds after
+        mongo = next(s for s in checker.check() if s.name == "mongo")
+    assert mongo.detail == "cannot connect (no server accepts connections)", mongo
+    assert mongo.latency_ms < 300 + 600
 
 
 def test_checks_run_in_parallel_each_with_its_own_timeout(backend_settings, silent_port) -> None:

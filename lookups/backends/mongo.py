@@ -31,14 +31,14 @@ import pymongo
 from gevent import monkey
 from pymongo import monitoring
 from pymongo.database import Database
-from pymongo.errors import ConfigurationError, PyMongoError
+from pymongo.errors import ConfigurationError, PyMongoError, ServerSelectionTimeoutError
 
 from lookups.backends.base import Backend, Slots
 from lookups.backends.mongo_errors import MONGO_ERRORS, selection_failed, translated
 from lookups.backends.settings import MongoBackendSettings
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
-from lookups.errors import BackendTimeout, blame_own_wait
+from lookups.errors import BackendTimeout, BackendUnavailable, blame_own_wait
 from lookups.resilience import RetryPolicy
 from tracing.context import spawn_in_context
 
@@ -90,8 +90,18 @@ class MongoBackend(Backend):
         return _run_bounded(lookup, self.db, self.slots, deadline, lambda: operation(deadline))
 
     def check(self, timeout_s: float) -> None:
-        with pymongo.timeout(timeout_s):
-            self.client.admin.command("ping")
+        """A ``ping`` within ``timeout_s``; :class:`~lookups.errors.BackendUnavailable` when
+        no server could be selected and pymongo recorded why (refused, reset, unresolvable),
+        pymongo's error otherwise. pymongo's server selection looks again every half second,
+        so a check of a server that is down may end up to that much past ``timeout_s``."""
+        try:
+            with pymongo.timeout(timeout_s):
+                self.client.admin.command("ping")
+        except ServerSelectionTimeoutError as exc:
+            failed = selection_failed("health check", self.client)
+            if isinstance(failed, BackendUnavailable):
+                raise failed from None
+            raise exc from None
 
     def connections_in_use(self) -> int:
         return self._checked_out.checked_out

@@ -18,7 +18,8 @@ worker reports the master's rounds (:meth:`HealthChecker.follow`).
 
 ``detail`` is written here from the failure's kind (never from a library's
 message, which may quote a URI with credentials): for example
-``"no answer within 300 ms (ServerSelectionTimeoutError)"`` or ``"HTTP 503"``.
+``"no answer within 300 ms (ServerSelectionTimeoutError)"``, ``"cannot connect (...)"``
+(refused, reset, unresolvable) or ``"HTTP 503"``.
 
 The HTTP probes that report it are in :mod:`service.operations.probes`; the last round of
 checks is also the ``fanout.backend.up`` gauge (1 up, 0 down, per backend).
@@ -43,6 +44,7 @@ from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
 from lookups.cache import BucketStore
 from lookups.clock import SYSTEM_CLOCK
+from lookups.errors import BackendUnavailable
 from tracing.context import spawn_in_context
 
 __all__ = [
@@ -62,7 +64,10 @@ DEFAULT_CHECK_TIMEOUT_MS = 300
 CHECK_INTERVAL_S = 2.0
 DEFAULT_CACHE_MS = 1000
 # How much longer than a check's own timeout the refresh waits for it.
-_JOIN_MARGIN_S = 0.2
+#: How long past its timeout a round waits for a check: pymongo's server selection looks
+#: again only every half second (``MIN_HEARTBEAT_INTERVAL``), so a check of a MongoDB
+#: server that is down ends up to that much past its timeout, with the reason pymongo found.
+_JOIN_MARGIN_S = 0.6
 
 
 @dataclass(frozen=True)
@@ -210,11 +215,12 @@ class HealthChecker:
         self._running = {name: check for (name, _), check in zip(self._probes, checks)}
         gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
+        timeout_ms = f"{self._timeout_s * 1000:.0f}"
         # A check still running is left to end on its own timeout, not killed.
         statuses = tuple(
             check.value
             if check.successful()
-            else BackendStatus(name, False, late_ms, "check did not finish in time")
+            else BackendStatus(name, False, late_ms, f"no answer within {timeout_ms} ms")
             for (name, _), check in zip(self._probes, checks)
         )
         self._probe_circuits(statuses)
@@ -248,6 +254,8 @@ def _describe(exc: Exception, timeout_s: float) -> str:
         isinstance(exc, PyMongoError) and exc.timeout
     ):
         return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
+    if isinstance(exc, BackendUnavailable):  # MongoDB: pymongo recorded why it cannot connect
+        return "cannot connect (no server accepts connections)"
     if isinstance(exc, (OSError, ConnectionFailure)):  # requests' errors are OSErrors too
         return f"cannot connect ({kind})"
     if isinstance(exc, OperationFailure):
