@@ -71,9 +71,10 @@ def test_every_page_loads_what_it_needs_from_the_site_and_search_reads_an_inline
             assert not re.match(r"(https?:)?//", url), f"{page.relative_to(site)} loads {url}"
             base = site if url.startswith("/") else page.parent  # 404.html: from the root
             assert (base / url.split("?")[0].lstrip("/")).resolve().exists(), (page, url)
-    assert '<script src="assets/javascripts/iframe-worker-shim.js">' in (
-        site / "index.html"
-    ).read_text()
+    assert (
+        '<script src="assets/javascripts/iframe-worker-shim.js">'
+        in (site / "index.html").read_text()
+    )
     index = (site / "search" / "search_index.json").read_text()
     assert (site / "search" / "search_index.js").read_text() == "var __index = " + index
 
