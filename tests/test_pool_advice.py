@@ -213,3 +213,18 @@ def test_a_group_report_adds_the_workers_up_and_keeps_each_one_labelled() -> Non
     assert (alerts.name, alerts.size) == ("alerts", 20)
     assert [p.name for p in group.workers[0].pools] == ["mongo", "alerts"]
     assert group.workers[1].admission_limit == 40
+
+
+def test_an_idle_workers_pool_adds_no_advice_to_the_groups_recommendation() -> None:
+    """An idle worker's recommendation is its size ("nothing measured"): the group's comes
+    from the workers with traffic, as though every worker had their load."""
+    from service.rpc.pool_report import group_report
+
+    busy = _pool("mongo", size=31, offered_per_s=50.0, recommended=3, in_use_p99=2)
+    idle = _pool("mongo", size=31, recommended=31)
+    group = group_report("0", {"0": _report([busy], 40, 2), "1": _report([idle], 40, 0)})
+    assert (group.pools[0].size, group.pools[0].recommended) == (62, 6)
+    both = group_report("0", {"0": _report([busy], 40, 2), "1": _report([busy], 40, 2)})
+    assert both.pools[0].recommended == 6
+    asleep = group_report("0", {"0": _report([idle], 40, 0), "1": _report([idle], 40, 0)})
+    assert asleep.pools[0].recommended == 62

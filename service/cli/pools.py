@@ -28,9 +28,10 @@ not called within the last second), its calls in flight, and its calls since sta
 
     caller reports weight=1 share=40.0 in_flight=12 admitted=5210 refused=0
 
-With pre-forked workers the first block is the group's (sizes, use, arrivals and
-recommendations added up), then one block per serving worker, each line led by
-``worker=N``; the last line names the worker that answered.
+With pre-forked workers the first block is the group's (sizes, use and arrivals added up;
+recommendations added up over the workers with traffic in the window and scaled to them
+all, as an idle worker's pool measured nothing), then one block per serving worker, each
+line led by ``worker=N``; the last line names the worker that answered.
 """
 
 from __future__ import annotations

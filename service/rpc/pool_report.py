@@ -5,13 +5,15 @@ state, read from one :class:`~service.operations.snapshot.ServiceSnapshot`
 (:func:`own_report`, as plain values, which the workers of a group also send
 their master). In a group the worker that answers gives every serving worker's
 report, labelled by worker, and above them the group's: sizes, use, arrivals,
-timeouts and recommendations added up, waits and percentiles the largest, the mean
-hold weighted by arrivals (:func:`group_report`).
+timeouts added up, recommendations added up over the workers that had traffic and scaled
+to them all, waits and percentiles the largest, the mean hold weighted by arrivals
+(:func:`group_report`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -151,10 +153,22 @@ def _merged(name: str, pools: list[dict[str, Any]]) -> dict[str, Any]:
         if offered
         else 0.0
     )
+    merged["recommended"] = _group_recommended(pools)
     merged["limited_by"] = next(
         (pool["limited_by"] for pool in pools if pool.get("limited_by")), ""
     )
     return {"name": name, **merged}
+
+
+def _group_recommended(pools: list[dict[str, Any]]) -> int:
+    """The group's size for a pool, from the workers whose pool was asked for anything in
+    the window, scaled to every worker: an idle worker's pool measured nothing, and counting
+    its size as its recommendation would read as advice (the spread of connections gives
+    it the others' share of the load). Every worker idle: the sizes, nothing to change."""
+    measured = [pool["recommended"] for pool in pools if pool["offered_per_s"] > 0]
+    if not measured:
+        return sum(pool["recommended"] for pool in pools)
+    return math.ceil(sum(measured) * len(pools) / len(measured))
 
 
 def _group_callers(rows_by_worker: Iterable[list[dict[str, Any]] | None]) -> list[dict[str, Any]]:
