@@ -165,7 +165,7 @@ def _group_recommended(pools: list[dict[str, Any]]) -> int:
     the window, scaled to every worker: an idle worker's pool measured nothing, and counting
     its size as its recommendation would read as advice (the spread of connections gives
     it the others' share of the load). Every worker idle: the sizes, nothing to change."""
-    measured = [pool["recommended"] for pool in pools if pool["offered_per_s"] > 0]
+    measured: list[int] = [pool["recommended"] for pool in pools if pool["offered_per_s"] > 0]
     if not measured:
         return sum(pool["recommended"] for pool in pools)
     return math.ceil(sum(measured) * len(pools) / len(measured))
