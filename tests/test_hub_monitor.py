@@ -104,15 +104,22 @@ def test_blocking_lookup_is_logged_and_recorded_on_its_span(
     service, client = start_busy(_THRESHOLD_MS)
     response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, ["busy"])
     assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK]
-    wait_for(lambda: blocked_lines(caplog))
+    busy = "span 'fanout.task busy'"
+    wait_for(lambda: [r for r in blocked_lines(caplog) if busy in r.message])
 
-    [line] = blocked_lines(caplog)
+    # A machine whose cores other work takes may stall the loop elsewhere too: reported
+    # apart, each once.
+    [line] = [r for r in blocked_lines(caplog) if busy in r.message]
     assert line.levelno == logging.WARNING
     assert "span 'fanout.task busy'" in line.message
     assert "in fetch" in line.message and "spin" in line.message  # the stack while blocked
-    assert service.hub_monitor.blocks_reported == 1
+    assert service.hub_monitor.blocks_reported >= 1
 
-    [(span_name, event)] = blocked_events(spans)
+    [(span_name, event)] = [
+        (name, event)
+        for name, event in blocked_events(spans)
+        if event.attributes["span"] == "fanout.task busy"
+    ]
     assert span_name in (
         "fanout.task busy",
         "AppStats/get_app_stats",
