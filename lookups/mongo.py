@@ -99,7 +99,7 @@ def aggregate_one_batch(
     Every lookup's pipeline ends in a ``$limit`` of at most :data:`QUERY_GROUP_CAP`, so
     its result comes back in the first batch. Sent with ``Database.command`` (the command
     ``Collection.aggregate`` sends, with the database's read preference and read concern)
-    it costs about a sixth less CPU than ``Collection.aggregate``, which also builds a
+    it costs less CPU than ``Collection.aggregate``, which also builds a
     command cursor and a retryable read (retries are the guard's). A result needing a
     second batch (over 16 MiB) is read again through ``Collection.aggregate``."""
     found, whole = first_batch(db, collection, pipeline, QUERY_GROUP_CAP)

@@ -2,49 +2,31 @@
 
 A window has two plans. The cache's (``BUCKETS``): the buckets read from the store, the
 missing ones filled, the window's uneven edges queried. The panel's own (``QUERY``): one
-query over the whole window. Which costs less depends on the engine. Where a query's
-cost follows the documents it matches and the engine groups by bucket (MongoDB,
-FerretDB 2 on an index), the edges cost a small part of the window and the cache wins.
-Where the engine cannot fill many buckets in one query (nx-27017), filling them costs
-more than the panel's one query, as Cortex's query-frontend found of its own splits.
+query over the whole window. Which costs less depends on the engine (see
+docs/explanation/results-cache.md), so :class:`PlanChooser` measures it as the panel runs,
+never from the engine's name, by **probes alone on the engine**:
 
-So the choice is measured as the panel runs, never taken from the engine's name
-(:class:`PlanChooser`), by **probes alone on the engine**. The panel's own query answers
-until the first probe has measured the cache's plan cheaper: a cache that has not shown
-it saves work costs what no cache costs. The first probe starts after the first window
-is answered; the next once per ``cache.replan_ms``, a period that doubles, up to
-:data:`MAX_REPLAN_FACTOR` times, while the probes keep choosing the same plan, and is
-back to ``cache.replan_ms`` when one changes it; after a probe alone, it is at least as
-many times ``cache.replan_ms`` as the dearer plan cost the cheaper (the median of the
-kept probes'), up to the same bound: the plans far apart, the next probe comes late. A
-probe runs both plans for the window just answered again, in the background, one after
-the other, each timed, at a moment when this process has nothing else in flight on the
-engine (:class:`EngineUse`). A plan's time alone is what the engine spends on it, plus
-the round trips. Under load it is not: a query's time is then mostly its wait, behind
-the engine's queue or, on an engine that runs many queries side by side (FerretDB 2 on
-PostgreSQL), beside them, and a plan of two round trips waits twice. An earlier design
-timed both plans back to back inside a call, under the dashboard's own load, and chose
-the query on FerretDB 2 where the buckets cost the database far less. A run that another
-operation overlapped (a call's panel, a health check) is not counted, and the probe
-tries again at the next quiet moment, a few times. An engine this process never leaves
-alone is timed as that design timed it, both plans back to back under the load of the
-moment, on the probe's last try: on an engine that serves one command at a time both
-then wait behind the same queue, and the difference is their work. The median of the
-last few ratios (buckets over query) chooses; the query wherever the two cost the same.
+* The query answers until a probe has measured the buckets cheaper.
+* A probe runs both plans for the window just answered again, in a greenlet and a trace
+  of its own, one after the other, each timed, when this process has nothing else in
+  flight on the engine (:class:`EngineUse`): a plan's time is then the engine's work and
+  round trips, not a wait behind other queries. The first probe fills the buckets once,
+  untimed, before timing the pair; later ones fill what the buckets lack, so they
+  measure what going back to the buckets costs now.
+* A run another operation overlapped is not counted; the probe tries again at the next
+  quiet moment, a few times, and on its last try times both plans back to back under the
+  load of the moment (an engine this process never leaves alone), where both wait behind
+  the same queue and the difference is their work.
+* The median of the last few ratios (buckets over query) chooses; the query wherever the
+  two cost the same.
+* Probes come once per ``cache.replan_ms``, a period that doubles, up to
+  :data:`MAX_REPLAN_FACTOR` times, while they keep choosing the same plan, and is back to
+  ``cache.replan_ms`` when one changes it; after a probe alone, it is at least as many
+  times ``cache.replan_ms`` as the dearer plan cost the cheaper, up to the same bound.
 
-The buckets answer nothing before the first probe, so they are cold then: the first
-probe runs them once untimed, filling them as a dashboard's refreshes would, and then
-times the pair. The later probes of the buckets fill what they lack, as their window
-would, so they measure what going back to the buckets costs now, and warm them.
-
-What a probe costs: both plans of one window per panel and period (three runs the first
-time), run when the engine is otherwise idle (or, never alone, once under its load), so
-no caller waits for them; a call arriving meanwhile waits at most for the operation
-running then (on an engine that serves one command at a time). The probe runs in a
-greenlet and a trace of its own (it is nobody's call); it is bounded by
-:data:`PROBE_BUDGET_S` a plan, and a failure fails nothing: that probe gives no ratio.
-What "alone" cannot see: other processes' work on the same engine (other instances,
-other applications), which only makes a probe noisier.
+Each plan of a probe is bounded by :data:`PROBE_BUDGET_S`, and a failure fails nothing:
+that probe gives no ratio. Other processes' work on the same engine only makes a probe
+noisier.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ A measured figure goes stale with the next run, so it lives in a results file
 a comment or a docstring. These patterns find the forms such figures take in this
 project's prose: ``0.93x``, ``1.04-1.42 s``, ``4.7 KB``, ``550 refusals a second``,
 ``from 521 ms to 57 ms``, ``358.9 ± 5.1``, ``435 → 453``, ``about 30 us``, "on 26
-November". A setting's value is written as a whole number in its own unit (``500 ms``,
+November", and the outcome of a run told in words: "held a limit of 101", "between 6 and
+47", "531 to 544 a second", "about a third", "53 s here", "8x: 16 s", "measured once at
+120 ms". A setting's value is written as a whole number in its own unit (``500 ms``,
 not ``0.5 s``), which none of them matches. Code, sample output and log lines quoted in
 backticks or fenced blocks are left out: they show a format, not a claim.
 """
@@ -36,6 +38,16 @@ PATTERNS = {
     rf"(?:{_TIME}|{_SIZE})(?!\w)",
     "plus-minus": rf"{_ALONE}{_NUM}\s?±\s?{_NUM}",
     "arrow": rf"{_ALONE}{_NUM}\s?→\s?{_NUM}",
+    "outcome": r"\b(?:held|reached|peaked at|fell to|rose to|settled at|stayed at)\s"
+    rf"(?:an? |the )?(?:[a-z]+ )?(?:of |at )?{_NUM}(?![\w.])",
+    "between": rf"\bbetween {_NUM} and {_NUM}(?!\.?\d)(?!\w| times)",
+    "range rate": rf"{_ALONE}{_NUM}\s?(?:to|[-\u2013])\s?{_NUM}\s(?:[a-z]+\s)?"
+    r"(?:a|per) second",
+    "share": r"\b(?:about|roughly|nearly|almost) (?:a|one|two) "
+    r"(?:third|quarter|fifth|sixth|tenth)s?\b",
+    "here": rf"{_ALONE}{_NUM}\s?{_TIME}\s(?:here|on this machine|in this run)\b",
+    "times ratio": rf"{_ALONE}\d+x:\s?{_NUM}\s?{_TIME}\b",
+    "measured at": rf"\bmeasured (?:[a-z]+ )?at {_NUM}\s?(?:{_TIME}|{_SIZE})(?!\w)",
     "dated run": r"\b\d{1,2} (?:January|February|March|April|May|June|July|August|"
     r"September|October|November|December)\b",
 }
