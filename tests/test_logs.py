@@ -118,3 +118,36 @@ def test_fanout_serve_logs_json_lines_of_a_call_with_its_ids(
     assert len(opened) == 1, lines
     assert opened[0]["trace_id"] == response.trace_id
     assert opened[0]["request_id"] == "web-42" and opened[0]["span_id"] != "0"
+
+
+@pytest.mark.parametrize("asked_by", ["variable", "file", "neither"])
+def test_a_configuration_error_is_a_json_line_when_the_log_is_json(
+    tmp_path: Any, asked_by: str
+) -> None:
+    """A log platform reading a JSON log gets the error that stopped the start as JSON too."""
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "fanout.toml"
+    logging_section = '[logging]\nformat = "json"\n' if asked_by == "file" else ""
+    config.write_text(f"{logging_section}[server]\nport = 99999\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FANOUT_")}
+    if asked_by == "variable":
+        env["FANOUT_LOGGING_FORMAT"] = "json"
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    if asked_by == "neither":
+        assert done.stderr.startswith("fanout: configuration error: "), done.stderr
+        assert "port" in done.stderr
+        return
+    [text] = [text for text in done.stderr.splitlines() if text.strip()]  # JSON only
+    line = json.loads(text)
+    assert line["level"] == "ERROR" and line["message"].startswith("configuration error: ")
+    assert "port" in line["message"], line

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import sys
+import tomllib
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +33,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ConfigError as exc:
-        print(f"fanout: configuration error: {exc}", file=sys.stderr)
+        _say_config_error(str(exc), getattr(args, "config", None))
         return 2
+
+
+def _say_config_error(message: str, config: str | None) -> None:
+    """``configuration error: MESSAGE`` on stderr: one JSON line of the log when the log was
+    asked for as JSON (``FANOUT_LOGGING_FORMAT``, else the file's ``[logging] format``),
+    so that a log platform reading it gets JSON only; else a plain line."""
+    if _json_log_asked(config):
+        from service.operations.logs import LoggingSettings, configure_logging
+
+        configure_logging(LoggingSettings(format="json"), "error")
+        log.error("configuration error: %s", message)
+    else:
+        print(f"fanout: configuration error: {message}", file=sys.stderr)
+
+
+def _json_log_asked(config: str | None) -> bool:
+    """Whether the settings that failed to load ask for a JSON log: the variable, which
+    overrides the file, else the file's ``[logging] format`` if the file reads as TOML."""
+    asked = os.environ.get("FANOUT_LOGGING_FORMAT")
+    if asked is not None:
+        return asked.strip().lower() == "json"
+    try:
+        with open(config or "", "rb") as file:
+            section = tomllib.load(file).get("logging")
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return isinstance(section, dict) and section.get("format") == "json"
 
 
 _DESCRIPTION = (
