@@ -118,6 +118,22 @@ def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
     assert order == ["patient"]
 
 
+def test_without_fair_share_codel_cuts_every_callers_wait() -> None:
+    """With ``admission.fair_share`` off no caller is "under its share": a standing line
+    cuts the wait of every waiter, named callers' too."""
+    clock = FakeClock()
+    admission = control(clock, queue_interval_ms=100, queue_target_ms=0, fair_share=False)
+    caller = admission.callers.arrived("polite")
+    admission.admit(far(), caller=caller)
+    admission.admit(far(), caller=caller)
+    patient = queue(admission, ["patient"], [])
+    clock.now += 0.2
+    with pytest.raises(Refused, match="no call finished while this one waited"):
+        admission.admit(far(), caller=admission.callers.arrived("polite"))
+    release(admission, 1)
+    gevent.joinall(patient, raise_error=True)
+
+
 def test_a_full_queue_refuses_at_once() -> None:
     clock = FakeClock()
     admission = control(clock)

@@ -131,6 +131,8 @@ def test_a_full_line_refuses_the_caller_over_its_share_first() -> None:
 
 
 def test_a_standing_line_cuts_the_wait_of_callers_over_their_share_only() -> None:
+    """A waiter under its share is at the head of its criticality's line: it waits for the
+    next slot that frees (within its deadline), however long the storm's line stood."""
     clock = FakeClock()
     callers = Callers(control(clock, queue_interval_ms=100, queue_target_ms=0))
     for _ in range(4):
@@ -140,12 +142,14 @@ def test_a_standing_line_cuts_the_wait_of_callers_over_their_share_only() -> Non
     late = callers.wait("storm")  # over its share: refused when nothing ends at once
     polite = callers.wait("polite")  # under its share: may still wait the interval
     late.join(timeout=5)  # its wait of 0 ends on the loop's next turn
-    assert callers.refused == ["storm"] and not polite.dead
+    assert callers.refused == ["storm"]
+    # Past queue_interval_ms (real time): the storm's first waiter is refused, the polite
+    # one still waits.
+    first.join(timeout=5)
+    assert callers.refused == ["storm", "storm"] and not polite.dead
     callers.end("storm")
     gevent.joinall([polite], raise_error=True)
     assert callers.order == ["polite"]
-    callers.end("storm")
-    gevent.joinall([first], raise_error=True)
 
 
 def test_a_caller_with_calls_waiting_is_over_its_share_however_few_run() -> None:
@@ -370,9 +374,9 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
     )
     gate = CallGate(settings, 3000, clock=clock)
 
-    def call(pacing: CallerPacing, name: str) -> FanOutOverloaded:
+    def call(pacing: CallerPacing, name: str, deadline_ms: int = 1000) -> FanOutOverloaded:
         with pytest.raises(FanOutOverloaded) as refused:
-            with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
+            with gate.admitted(Deadline.after_ms(deadline_ms, clock), pacing, name=name):
                 pass
         return refused.value
 
@@ -382,9 +386,11 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
                 gate.admitted(Deadline.after_ms(1000, clock), CallerPacing(clock), name="storm")
             )
         polite, storm = CallerPacing(clock), CallerPacing(clock)
-        # Both refused (nothing finishes while they wait); the polite caller, under its
-        # share, is told the shortest pause and not paced; the storm the steered one.
-        assert call(polite, "polite").retry_after_ms == gate.admission.retry_after.least_ms()
+        # Both refused (nothing finishes while they wait: the polite caller waits until its
+        # deadline); the polite caller, under its share, is told the shortest pause and not
+        # paced; the storm the steered one.
+        refused = call(polite, "polite", deadline_ms=30)
+        assert refused.retry_after_ms == gate.admission.retry_after.least_ms()
         assert not polite.back_early()
         assert call(storm, "storm").retry_after_ms == gate.admission.retry_after_ms()
         assert storm.back_early()

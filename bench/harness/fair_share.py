@@ -188,6 +188,7 @@ def _beside_goals(results: Results, regime: str) -> list[Goal]:
             at_most=True,
         ),
         _zero(f"polite caller's late answers beside the storm ({regime})", beside, "timeout"),
+        _zero(f"polite caller's refusals beside the storm ({regime})", beside, "overloaded"),
         _zero(f"polite caller's refusals alone, below capacity ({regime})", alone, "overloaded"),
         ratio_goal(
             NAME,

@@ -11,9 +11,10 @@ least critical waiters, if it is less critical than the newcomer; that one is re
 A waiter's *place* is its criticality, then whether its caller is over its fair share
 (:mod:`service.overload.caller_shares`): ``2 x criticality + over``. So within one
 criticality the calls of callers under their share go first, and evict the others. A
-line that stands is the callers' over their share: a waiter under its share may still
-wait ``queue_interval_ms`` (CoDel's cut would refuse it whenever no call ended within
-``queue_target_ms``, for another's storm).
+line that stands is the callers' over their share: a waiter under its share waits for the
+next slot that frees, within its deadline, whatever the line's age (a wait bounded by
+``queue_interval_ms``, or CoDel's cut, would refuse it for another's storm). With fair
+share off no caller is under its share, and CoDel bounds every wait.
 
 Where the callers waiting at one place are all over their share (two storms), the one a
 freed slot goes to is, of the next :data:`CHOICE` waiters in order, that of the caller
@@ -25,6 +26,7 @@ choice looks at calls in flight at the moment a slot frees.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
@@ -112,8 +114,11 @@ class WaitingLine:
         self.waiters.append(waiter)
         self._by_place[place] += 1
         settings = self._settings
-        cut = self.standing and not (caller is not None and under_share(place))
-        wait_ms = settings.queue_target_ms if cut else settings.queue_interval_ms
+        if settings.fair_share and caller is not None and under_share(place):
+            # At the head of its criticality's line, it is served by the next slot that
+            # frees: a wait cut short would refuse it for another caller's load.
+            return waiter, math.inf
+        wait_ms = settings.queue_target_ms if self.standing else settings.queue_interval_ms
         return waiter, wait_ms / 1000.0
 
     def leave(self, waiter: Waiter) -> None:
