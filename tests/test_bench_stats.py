@@ -285,3 +285,17 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
         lambda r: (r or {})["essential"]["per_s"],
     )
     assert ratios == pytest.approx([0.95, 1.0])
+
+
+def test_the_tracing_plot_has_a_series_per_round_with_every_mode() -> None:
+    from bench.analysis.plot_series import TRACING_MODES, tracing_series
+
+    modes = [mode for mode, _ in TRACING_MODES]
+    rounds: dict[str, dict[str, Any]] = {
+        f"tracing/tracing-{m}-r{n}/c20": {} for n in (1, 2, 10) for m in modes
+    }
+    series = tracing_series({"fair/polite-r1-cpu/c50": {}, **rounds})
+    assert list(series) == ["round 1", "round 2", "round 10"]
+    assert series["round 2"] == [f"tracing/tracing-{m}-r2/c20" for m in modes]
+    plain = tracing_series({f"tracing/tracing-{m}/c20": {} for m in modes})
+    assert plain == {"fanout": [f"tracing/tracing-{m}/c20" for m in modes]}

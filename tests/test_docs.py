@@ -224,17 +224,38 @@ def test_the_python_api_pages_come_from_the_docstrings(site: Path) -> None:
 def test_the_performance_pages_are_made_from_every_results_file(site: Path) -> None:
     import json
 
+    spec = importlib.util.spec_from_file_location("pages", DOCS / "_generate" / "performance.py")
+    assert spec is not None and spec.loader is not None
+    pages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pages)
+    superseded: dict[str, str] = pages.SUPERSEDED
+
     text = page_text(site, "performance/index.html")
     log = page_text(site, "performance/log.html")
     files = sorted(DOCS.glob("performance/*.json"))
-    assert len(files) >= 5
+    assert len(files) >= 5 and set(superseded) <= {path.name for path in files}
     for path in files:
-        assert path.name in text and path.name in log, path.name
+        # Today's runs on the index; a superseded run's figures on the log page only.
+        shown_in = log if path.name in superseded else text
+        assert path.name in log and (path.name in text) == (path.name not in superseded)
         data = json.loads(path.read_text())
         for goal in data.get("goals", []) if isinstance(data.get("goals"), list) else []:
-            assert goal["shown"] in text, goal["text"]
+            assert goal["shown"] in shown_in, goal["text"]
         if "machine" in data:
-            assert data["machine"]["date_utc"] in text
+            assert data["machine"]["date_utc"] in shown_in
+
+
+def test_each_plot_is_shown_once_under_the_newest_run_that_drew_it(site: Path) -> None:
+    """A run writes its plots over the last one's: an older run's section shows none of them."""
+    import json
+
+    index = (site / "performance" / "index.html").read_text()
+    shown = re.findall(r'<img[^>]+src="([^"]+\.png)"', index)
+    assert shown and len(shown) == len(set(shown)), shown
+    runs = [json.loads(path.read_text()) for path in DOCS.glob("performance/*.json")]
+    drawn = {plot for run in runs if "machine" in run for plot in run.get("plots") or []}
+    assert set(shown) <= drawn
+    assert "<img" not in (site / "performance" / "log.html").read_text()
 
 
 def hand_written_pages() -> list[Path]:

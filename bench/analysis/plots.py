@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench.analysis.plot_series import TRACING_MODES, only, tracing_series
+
 __all__ = ["write_plots"]
 
 Summaries = dict[str, dict[str, Any]]
@@ -30,11 +32,6 @@ def _point(summaries: Summaries, key: str, figure: str) -> tuple[float, float, f
         return None
     value = estimate["value"]
     return value, value - estimate["low"], estimate["high"] - value
-
-
-def _only(summaries: Summaries, prefix: str) -> str:
-    """The one configuration key starting with ``prefix`` (its connection count varies)."""
-    return next((key for key in summaries if key.startswith(prefix)), prefix)
 
 
 def _bars(ax: Any, groups: list[str], series: dict[str, list[tuple[Any, ...] | None]]) -> None:
@@ -209,12 +206,8 @@ def write_plots(
             summaries,
             "Tracing cost: get_app_stats, closed loop",
             "complete replies per second",
-            ["off", "10% parent-based", "100% + batch"],
-            {
-                "fanout": [
-                    _only(summaries, f"tracing/tracing-{m}/") for m in ("off", "ratio10", "full")
-                ]
-            },
+            [label for _, label in TRACING_MODES],
+            tracing_series(summaries),
             "rps",
             written[-1],
         )
@@ -225,7 +218,7 @@ def write_plots(
             "server.workers on CPU-bound load (no backend delay)",
             "complete replies per second",
             ["1 worker", "2 workers"],
-            {"fanout": [_only(summaries, f"workers/workers-{w}/") for w in (1, 2)]},
+            {"fanout": [only(summaries, f"workers/workers-{w}/") for w in (1, 2)]},
             "rps",
             written[-1],
         )

@@ -37,13 +37,20 @@ TITLES = {
     "dashboard-alone-probes.json": 'The results cache with `cache.plan = "measured"` by '
     "probes alone on the engine, its third design (`bench.dashboard --plan measured`, "
     "2-minute buckets; the engines' runs at two commits, as `runs` says)",
-    "dashboard-query-first.json": 'The results cache with `cache.plan = "measured"` '
-    "answering by the query until a probe finds the buckets cheaper, its fourth design and "
-    "the default (`bench.dashboard --plan measured`, 2-minute buckets; `runs` says at which "
-    "commits)",
+    "dashboard-query-first.json": 'The results cache with `cache.plan = "measured"`, the '
+    "default: the query answers until a probe finds the buckets cheaper "
+    "(`bench.dashboard --plan measured`, 2-minute buckets; `runs` says at which commits)",
     "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
     " by its second design, paired probes inside calls (`bench.dashboard --engines nx-27017 "
     "--plan measured`, 2-minute buckets)",
+}
+#: Runs of a design or a scenario since replaced: on the log page, not the index.
+SUPERSEDED = {
+    "cost.json": "results.json and tracing.json",
+    "after-gc.json": "results.json and tracing.json",
+    "dashboard-measured-plan.json": "dashboard-query-first.json",
+    "dashboard-alone-probes.json": "dashboard-query-first.json",
+    "dashboard-nx-measured.json": "dashboard-query-first.json",
 }
 #: Text reports the benchmark writes beside its JSON, shown under the run they belong to.
 TEXT_REPORTS = {"results.json": "results.txt"}
@@ -59,7 +66,22 @@ def pages(results: Path) -> dict[str, str]:
         reverse=True,
     )
     undated = [r for r in runs if "machine" not in r[1]]
-    return {"index.md": _index(results, dated, undated), "log.md": _log(dated, undated)}
+    current = [r for r in dated if r[0].name not in SUPERSEDED]
+    return {
+        "index.md": _index(results, current, [r for r in undated if r[0].name not in SUPERSEDED]),
+        "log.md": _log(dated, undated, [r for r in runs if r[0].name in SUPERSEDED]),
+    }
+
+
+def _newest_plots(dated: list[Any]) -> dict[str, str]:
+    """Each plot file by the results file of the newest run that lists it: a run writes its
+    plots over the last run's, so an older section's plot is no longer its own."""
+    owners: dict[str, str] = {}
+    for path, data in dated:  # newest first
+        plots = data.get("plots") or []
+        for plot in plots if isinstance(plots, list) else list(plots):
+            owners.setdefault(plot, path.name)
+    return owners
 
 
 def _index(results: Path, dated: list[Any], undated: list[Any]) -> str:
@@ -72,19 +94,11 @@ def _index(results: Path, dated: list[Any], undated: list[Any]) -> str:
         "with the goal. [The log](log.md) lists every run these files hold.",
         "",
     ]
+    owners = _newest_plots(dated)
     for path, data in dated:
-        lines += _dated_section(results, path, data)
+        lines += _dated_section(results, path, data, owners)
     for path, data in undated:
-        lines += [
-            f"## {TITLES.get(path.name, path.name)}",
-            "",
-            f"From `{path.name}` (the file records no machine).",
-            "",
-            "| figure | value |",
-            "| --- | --- |",
-        ]
-        lines += [f"| {key} | {_value(value)} |" for key, value in _flatten(data)]
-        lines.append("")
+        lines += _undated_section(path, data)
     for name, title in LOOSE_TEXT_REPORTS.items():
         if (results / name).exists():
             lines += [
@@ -98,9 +112,24 @@ def _index(results: Path, dated: list[Any], undated: list[Any]) -> str:
     return "\n".join(lines)
 
 
-def _dated_section(results: Path, path: Path, data: dict[str, Any]) -> list[str]:
+def _undated_section(path: Path, data: dict[str, Any], level: str = "##") -> list[str]:
     lines = [
-        f"## {TITLES.get(path.name, path.name)}",
+        f"{level} {TITLES.get(path.name, path.name)}",
+        "",
+        f"From `{path.name}` (the file records no machine).",
+        "",
+        "| figure | value |",
+        "| --- | --- |",
+    ]
+    lines += [f"| {key} | {_value(value)} |" for key, value in _flatten(data)]
+    return [*lines, ""]
+
+
+def _dated_section(
+    results: Path, path: Path, data: dict[str, Any], owners: dict[str, str], level: str = "##"
+) -> list[str]:
+    lines = [
+        f"{level} {TITLES.get(path.name, path.name)}",
         "",
         _machine_line(path, data),
         "",
@@ -112,7 +141,7 @@ def _dated_section(results: Path, path: Path, data: dict[str, Any]) -> list[str]
     lines.append("")
     plots = data.get("plots") or []
     for plot in plots if isinstance(plots, list) else list(plots):
-        if (results / plot).exists():
+        if owners.get(plot) == path.name and (results / plot).exists():
             lines += [f"![{plot}]({plot})", ""]
     report = TEXT_REPORTS.get(path.name)
     if report and (results / report).exists():
@@ -140,11 +169,12 @@ def _machine_line(path: Path, data: dict[str, Any]) -> str:
     )
 
 
-def _log(dated: list[Any], undated: list[Any]) -> str:
+def _log(dated: list[Any], undated: list[Any], superseded: list[Any]) -> str:
     lines = [
         "# Performance log",
         "",
-        "Every run the results files hold, newest first.",
+        "Every run the results files hold, newest first; then the runs of designs and "
+        "scenarios since replaced, whole.",
         "",
         "| date (UTC) | file | commit | command | load at start | goals met |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -161,6 +191,15 @@ def _log(dated: list[Any], undated: list[Any]) -> str:
         )
     for path, _ in undated:
         lines.append(f"| (not recorded) | `{path.name}` | | | | |")
+    if superseded:
+        lines += ["", "## Superseded runs", ""]
+    for path, data in superseded:
+        section = (
+            _dated_section(path.parent, path, data, {}, "###")
+            if "machine" in data
+            else _undated_section(path, data, "###")
+        )
+        lines += [section[0], "", f"Superseded by {SUPERSEDED[path.name]}.", *section[1:]]
     return "\n".join(lines) + "\n"
 
 

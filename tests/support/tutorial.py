@@ -34,6 +34,7 @@ __all__ = ["Step", "steps", "Tutorial", "CALL_BUDGET_MS"]
 CALL_BUDGET_MS = 10_000
 
 _BLOCK = re.compile(r'^```(\w+)(?: title="([^"]*)")?\n(.*?)^```', re.M | re.S)
+_HEADING = re.compile(r"^## (.+)$", re.M)
 _TERMINAL = re.compile(r"terminal (\d+) \(keeps running\)")
 _PORT = re.compile(r"(?<![\d.])(\d{4,5})(?!\d)")
 
@@ -45,18 +46,21 @@ class Step:
     kind: str
     text: str
     name: str = ""  # the file's name, or the server's terminal
+    section: str = ""  # the heading above it ("4. Optional: ...")
 
 
 def steps(page: str) -> Iterator[Step]:
     """The page's runnable blocks, in order."""
+    headings = [(m.start(), m.group(1)) for m in _HEADING.finditer(page)]
     for match in _BLOCK.finditer(page):
         language, title, body = match.group(1), match.group(2) or "", match.group(3)
+        section = next((text for at, text in reversed(headings) if at < match.start()), "")
         if language == "toml" and title:
-            yield Step("file", body, title)
+            yield Step("file", body, title, section)
         elif language == "sh" and (terminal := _TERMINAL.search(title)):
-            yield Step("server", body.strip(), terminal.group(1))
+            yield Step("server", body.strip(), terminal.group(1), section)
         elif language == "sh":
-            yield Step("commands", body)
+            yield Step("commands", body, section=section)
 
 
 @dataclass
