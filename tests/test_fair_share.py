@@ -22,7 +22,7 @@ from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import Criticality
-from service.overload.caller_shares import ACTIVE_S, OTHER, CallerShares
+from service.overload.caller_shares import ACTIVE_S, OTHER, RATE_WINDOW_S, CallerShares
 from service.overload.gate import CallerPacing, CallGate
 from tests.support.clock import FakeClock
 from tracing.context import spawn_in_context
@@ -83,19 +83,22 @@ class Callers:
         gevent.sleep(0)
 
 
-def test_a_caller_under_its_share_goes_ahead_of_one_over_it() -> None:
+def test_a_caller_under_its_share_is_admitted_past_the_limit_the_storm_reached() -> None:
+    """As a partition under its limit is in concurrency-limits' partitioned limiters: the
+    limit was reached by the caller over its share, and this one's share is its own."""
     clock = FakeClock()
     callers = Callers(control(clock))
     for _ in range(4):
         callers.admit("storm")  # alone, the storm may take the whole limit (borrowing)
     assert callers.admission.saturated
     late = [callers.wait("storm"), callers.wait("storm")]
-    polite = callers.wait("polite")  # under its share (0 of 2): ahead of the storm's waiters
-    callers.end("storm")
+    polite = callers.wait("polite")  # under its share (0 of 2): admitted at once
+    assert callers.order == ["polite"] and polite.dead and callers.admission.inflight == 5
+    callers.end("storm")  # 4 in flight: still the limit, no waiter let in
     assert callers.order == ["polite"]
     callers.end("storm")
     callers.end("storm")
-    gevent.joinall([polite, *late], raise_error=True)
+    gevent.joinall(late, raise_error=True)
     assert callers.order == ["polite", "storm", "storm"]
 
 
@@ -112,27 +115,30 @@ def test_with_fair_share_off_the_line_is_first_come_first_served() -> None:
     assert callers.order == ["storm", "storm", "polite"]
 
 
-def test_a_full_line_refuses_the_caller_over_its_share_first() -> None:
+def test_what_a_caller_under_its_share_takes_past_the_limit_is_bounded_by_its_share() -> None:
     clock = FakeClock()
     callers = Callers(control(clock))
     for _ in range(4):
         callers.admit("storm")
     storm = [callers.wait("storm") for _ in range(4)]  # the line holds as many as the limit
-    polite = [callers.wait("polite"), callers.wait("polite")]  # each takes a storm's place
-    gevent.sleep(0)  # the storm's evicted waiters see their refusal
-    assert callers.refused == ["storm", "storm"]
+    callers.wait("polite")
+    callers.wait("polite")  # 1 of its share of 2: admitted at once too
+    assert callers.order == ["polite", "polite"] and callers.admission.inflight == 6
+    third = callers.wait("polite")  # at its share: over it, behind a full line
     share = callers.admission.callers.arrived("storm")
     with pytest.raises(Refused, match="queue is full"):
         callers.admission.admit(far(), caller=share)  # over its share, behind everyone
-    for _ in range(4):
-        callers.end("storm")
-    gevent.joinall([*polite, *storm], raise_error=True)
-    assert callers.order == ["polite", "polite", "storm", "storm"]
+    third.join(timeout=5)
+    assert callers.refused == ["polite"] and callers.admission.inflight == 6
+    for name in ("polite", "polite", "storm", "storm", "storm", "storm"):
+        callers.end(name)
+    gevent.joinall(storm, raise_error=True)
+    assert callers.order == ["polite", "polite", *["storm"] * 4]
 
 
-def test_a_standing_line_cuts_the_wait_of_callers_over_their_share_only() -> None:
-    """A waiter under its share is at the head of its criticality's line: it waits for the
-    next slot that frees (within its deadline), however long the storm's line stood."""
+def test_a_standing_line_cuts_the_wait_of_callers_over_their_share() -> None:
+    """The standing line is the storm's: its newcomers' waits are cut, its first waiter's
+    ends at queue_interval_ms; a polite caller is admitted at once all the while."""
     clock = FakeClock()
     callers = Callers(control(clock, queue_interval_ms=100, queue_target_ms=0))
     for _ in range(4):
@@ -140,16 +146,11 @@ def test_a_standing_line_cuts_the_wait_of_callers_over_their_share_only() -> Non
     first = callers.wait("storm")
     clock.advance(0.2)  # the line has stood longer than queue_interval_ms: CoDel cuts waits
     late = callers.wait("storm")  # over its share: refused when nothing ends at once
-    polite = callers.wait("polite")  # under its share: may still wait the interval
+    polite = callers.wait("polite")  # under its share: admitted past the limit
     late.join(timeout=5)  # its wait of 0 ends on the loop's next turn
-    assert callers.refused == ["storm"]
-    # Past queue_interval_ms (real time): the storm's first waiter is refused, the polite
-    # one still waits.
-    first.join(timeout=5)
-    assert callers.refused == ["storm", "storm"] and not polite.dead
-    callers.end("storm")
-    gevent.joinall([polite], raise_error=True)
-    assert callers.order == ["polite"]
+    assert callers.refused == ["storm"] and callers.order == ["polite"] and polite.dead
+    first.join(timeout=5)  # past queue_interval_ms of real time
+    assert callers.refused == ["storm", "storm"]
 
 
 def test_a_caller_with_calls_waiting_is_over_its_share_however_few_run() -> None:
@@ -159,6 +160,46 @@ def test_a_caller_with_calls_waiting_is_over_its_share_however_few_run() -> None
     storm.inflight, storm.waiting = 1, 40
     assert shares.over(storm, 10.0)  # 41 asked for, of a share of 5
     polite.inflight = 1
+    assert not shares.over(polite, 10.0)
+
+
+def test_a_caller_asking_for_less_than_its_share_of_the_rate_is_within_it_in_a_burst() -> None:
+    """Counts alone put a polite caller over its share whenever its calls bunch up beside a
+    storm; once the rates of a whole window are known, one asking for fewer calls a second
+    than its share of those admitted is within it, and a storm asking for more is over."""
+    clock = FakeClock()
+    shares = CallerShares({}, max_callers=100, clock=clock)
+
+    def second(storm_asks: int, polite_asks: int, admitted: int) -> tuple[Any, Any]:
+        """A second of calls, in tenths: both callers stay active throughout."""
+        for _ in range(10):
+            for _ in range(storm_asks // 10):
+                storm = shares.arrived("storm")
+            for _ in range(polite_asks // 10):
+                polite = shares.arrived("polite")
+            for _ in range(admitted // 10):
+                shares.admitted(storm)
+                shares.done(storm)
+            clock.advance(RATE_WINDOW_S / 10)
+        return storm, polite
+
+    # The first window: the callers were not tracked for all of it, the counts decide.
+    clock.advance(RATE_WINDOW_S / 2)
+    storm, polite = second(1000, 30, 100)
+    polite.inflight, storm.inflight, storm.waiting = 6, 4, 40
+    assert polite.asked_per_s is None
+    assert shares.over(polite, 10.0) and shares.over(storm, 10.0)  # 6 of a share of 5
+    # The next: both were tracked the whole window. The polite caller asked 30 a second of
+    # a share of 50 (half the 100 admitted): within it, whatever its count. The storm asked
+    # 1,000: over.
+    storm, polite = second(1000, 30, 100)
+    assert polite.asked_per_s is not None
+    assert not shares.over(polite, 10.0) and shares.over(storm, 10.0)
+    # Asking for more than its share of the rate, it is over its share again.
+    storm, polite = second(1000, 80, 100)
+    assert shares.over(polite, 10.0)
+    # Under its share by count, it is within it whatever its rate.
+    polite.inflight = 2
     assert not shares.over(polite, 10.0)
 
 
@@ -198,7 +239,9 @@ def test_callers_all_over_their_share_get_the_freed_slots_by_weight() -> None:
     clock = FakeClock()
     limit = {"initial_limit": 8, "min_limit": 8, "max_limit": 8}
     callers = Callers(control(clock, weights={"heavy": 3.0}, **limit))
-    running = ["heavy", "light"] * 4  # oldest first; each call takes as long as the next
+    # Oldest first, each call taking as long as the next: heavy at its share of 6, light at
+    # its 2, so that neither is admitted past the limit.
+    running = ["heavy", "heavy", "heavy", "light"] * 2
     for name in running:
         callers.admit(name)
     for _ in range(3):  # both storms keep three calls waiting: both over their share
@@ -219,14 +262,10 @@ def test_a_storm_running_under_its_share_is_read_though_over_it_by_demand() -> N
     """What UnreadRefusals asks: a caller back early is refused unread only while its calls
     in flight reach its share; by demand both storms are over theirs."""
     clock = FakeClock()
-    callers = Callers(control(clock, weights={"heavy": 3.0}, min_limit=4, max_limit=4))
-    for name in ("heavy", "heavy", "light", "light"):
-        callers.admit(name)
-    for _ in range(3):
-        callers.wait("heavy")
-        callers.wait("light")
-    admission = callers.admission
+    admission = control(clock, weights={"heavy": 3.0}, min_limit=4, max_limit=4)
     heavy, light = admission.callers.arrived("heavy"), admission.callers.arrived("light")
+    heavy.inflight, heavy.waiting = 2, 3
+    light.inflight, light.waiting = 2, 3
     assert admission.over_share(heavy) and admission.over_share(light)  # 2 + 3 of 3; of 1
     assert admission.runs_under_share(heavy)  # 2 in flight of its 3
     assert not admission.runs_under_share(light)  # 2 in flight of its 1
@@ -368,16 +407,19 @@ def test_the_gate_names_a_caller_by_certificate_then_by_meta_then_anonymous() ->
 
 
 def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_paced() -> None:
+    """Under its share a caller is admitted past the limit; the engine may still refuse it
+    (no task could start): the storm is another caller's, so it is told the shortest pause
+    and not paced. The storm, over its share, is told the steered pause and paced."""
     clock = FakeClock()
     settings = AdmissionSettings(
         initial_limit=2, min_limit=1, queue_interval_ms=0, queue_target_ms=0
     )
     gate = CallGate(settings, 3000, clock=clock)
 
-    def call(pacing: CallerPacing, name: str, deadline_ms: int = 1000) -> FanOutOverloaded:
+    def call(pacing: CallerPacing, name: str) -> FanOutOverloaded:
         with pytest.raises(FanOutOverloaded) as refused:
-            with gate.admitted(Deadline.after_ms(deadline_ms, clock), pacing, name=name):
-                pass
+            with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
+                raise FanOutOverloaded("no task could start", 0)  # as the engine refuses
         return refused.value
 
     with ExitStack() as running:
@@ -386,18 +428,14 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
                 gate.admitted(Deadline.after_ms(1000, clock), CallerPacing(clock), name="storm")
             )
         polite, storm = CallerPacing(clock), CallerPacing(clock)
-        # Both refused (nothing finishes while they wait: the polite caller waits until its
-        # deadline); the polite caller, under its share, is told the shortest pause and not
-        # paced; the storm the steered one.
-        refused = call(polite, "polite", deadline_ms=30)
-        assert refused.retry_after_ms == gate.admission.retry_after.least_ms()
+        assert call(polite, "polite").retry_after_ms == gate.admission.retry_after.least_ms()
         assert not polite.back_early()
         assert call(storm, "storm").retry_after_ms == gate.admission.retry_after_ms()
         assert storm.back_early()
         assert gate.admission.retry_after.least_ms() < gate.admission.retry_after_ms()
     counts = gate.admission.callers.counts
     assert (counts["storm"].admitted, counts["storm"].refused) == (2, 1)
-    assert (counts["polite"].admitted, counts["polite"].refused) == (0, 1)
+    assert (counts["polite"].admitted, counts["polite"].refused) == (1, 1)
 
 
 def test_a_calls_tasks_wait_for_backend_slots_as_its_criticality_and_caller() -> None:

@@ -21,7 +21,9 @@ takes half, so that a loop saturated by its calls always finds it in use (at hal
 limit just past twice the calls in use never fell); a limit used less is left alone
 (something else saturates the loop).
 
-A call finding the limit reached waits in a bounded line, the more critical first
+A call finding the limit reached is admitted all the same when its caller is under its
+fair share while others are active (:mod:`service.overload.caller_shares`: the limit was
+reached by callers over theirs). Any other waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
 once, without queueing, when its remaining deadline is shorter than its expected wait
 (behind the waiters as critical as it or more) plus the typical latency, or when the
@@ -135,7 +137,11 @@ class AdmissionControl:
     ) -> None:
         """Return once the call may start; raise :class:`Refused` if it should not."""
         rank = int(criticality)
-        if not self.saturated:
+        if not self.saturated or (caller is not None and self.under_share(caller)):
+            # Under its share while others are active, the limit was reached by callers over
+            # theirs: this caller's share is its own, as a partition under its limit is
+            # admitted by concurrency-limits' partitioned limiters. What that lets in past
+            # the limit is bounded by the shares of the callers under theirs.
             self._admitted(rank, caller)
             return
         place = place_of(rank, caller is not None and self.over_share(caller))

@@ -8,15 +8,20 @@ itself serves fairness, not security: anyone may claim any name.
 **A caller's share** is admission's limit times its weight (``[callers.<name>] weight``,
 1 by default) over the weights of the callers active now: those with a call in flight or
 one arrived within the last :data:`ACTIVE_S`; it is over its share while its calls in
-flight and waiting are as many or more. Nothing is reserved: below the limit every
+flight and waiting are as many or more, and it asks for calls faster than its share of
+the calls admitted a second (each measured over the last whole :data:`RATE_WINDOW_S`).
+The rate keeps a caller asking for less than its share within it when its calls bunch up
+for a moment (its calls arrive at random, and the limit moves), which counts alone would
+not; the counts keep a caller whose rate is not known yet, or whose calls hold slots
+long, from taking more than its share of them. Nothing is reserved: below the limit every
 call is admitted, whoever asks, so a caller alone may use all of it (work-conserving, as
 the partitions of Netflix's concurrency-limits borrow what the others leave). Once the
-limit is reached, admission (:mod:`service.overload.admission`) puts a call from a caller
-under its share ahead of the waiting calls of callers over theirs, and lets it take the
-place of the newest of them when the line is full: so the calls it refuses are those of
-the callers above their share first. Criticality still comes first; fairness orders the
-calls of one criticality. A refusal to a caller under its share is never held, and tells
-it the shortest pause (:mod:`service.overload.gate`).
+limit is reached, admission (:mod:`service.overload.admission`) still admits a call from
+a caller under its share while others are active (the limit was reached by callers over
+theirs), so the calls it queues and refuses are those of the callers above their share.
+Criticality still comes first; fairness orders the calls of one criticality. A refusal to
+a caller under its share is never held, and tells it the shortest pause
+(:mod:`service.overload.gate`).
 
 **Bounded**: at most ``admission.max_callers`` callers are tracked, the least recently
 active forgotten first; each call costs a few dictionary operations; there is no thread.
@@ -40,6 +45,7 @@ __all__ = [
     "CALLER_PATTERN",
     "CALLER_RULE",
     "ACTIVE_S",
+    "RATE_WINDOW_S",
     "LABELLED_CALLERS",
     "CallerShare",
     "CallerShares",
@@ -64,6 +70,8 @@ OTHER = "other"
 ACTIVE_S = 1.0
 #: How many names, besides the configured ones, get their own label.
 LABELLED_CALLERS = 20
+#: The window over which callers' asking rates and the admission rate are measured.
+RATE_WINDOW_S = 1.0
 #: A caller refused is said to be no longer refused once this long passed without a refusal.
 _QUIET_S = 5.0
 
@@ -81,6 +89,9 @@ class CallerShare:
         "seen_at",
         "refused_at",
         "refusing",
+        "asked",
+        "asked_per_s",
+        "tracked_at",
     )
 
     def __init__(self, name: str, label: str, weight: float, now: float) -> None:
@@ -90,6 +101,9 @@ class CallerShare:
         self.seen_at = now
         self.refused_at = 0.0
         self.refusing = False
+        self.asked = 0  # calls arrived in the current rate window
+        self.asked_per_s: float | None = None  # over the last whole window; None: not known
+        self.tracked_at = now
 
 
 @dataclass
@@ -122,6 +136,9 @@ class CallerShares:
         self._labels = set(self._weights)
         self._labelled_left = labelled
         self.counts = {name: CallerCounts() for name in self._weights}  # by label
+        self._window_at = clock()
+        self._admitted_in_window = 0
+        self._admitted_per_s = 0.0
 
     def arrived(self, name: str) -> CallerShare:
         """A call from ``name`` arrived now: its caller, tracked and active."""
@@ -132,6 +149,9 @@ class CallerShares:
         else:
             share.seen_at = now
             self._active.move_to_end(name)
+        share.asked += 1
+        if now - self._window_at >= RATE_WINDOW_S:
+            self._measure_rates(now)
         self._expire(now)
         return share
 
@@ -140,7 +160,10 @@ class CallerShares:
         and waiting) past its share of ``limit`` (a caller alone has all of it). Demand, not
         in flight alone: a caller with hundreds of calls waiting is the storm, even while few
         of them run."""
-        return share.inflight + share.waiting >= self._share_of(share, limit)
+        if share.inflight + share.waiting < self._share_of(share, limit):
+            return False
+        asked_per_s = share.asked_per_s
+        return asked_per_s is None or asked_per_s >= self._share_of(share, self._admitted_per_s)
 
     def runs_under(self, share: CallerShare, limit: float) -> bool:
         """Whether ``share``'s caller has fewer calls in flight than its share of ``limit``
@@ -167,6 +190,7 @@ class CallerShares:
 
     def admitted(self, share: CallerShare) -> None:
         share.inflight += 1
+        self._admitted_in_window += 1
         counts = self.counts[share.label]
         counts.admitted += 1
         counts.inflight += 1
@@ -223,6 +247,18 @@ class CallerShares:
         label = name if name in self._labels else OTHER
         self.counts.setdefault(label, CallerCounts())
         return label
+
+    def _measure_rates(self, now: float) -> None:
+        """End the rate window: each active caller's asking rate over it (unknown for one
+        tracked since it began), and the calls admitted a second. O(active callers), once a
+        window."""
+        elapsed = now - self._window_at
+        for share in self._active.values():
+            whole = share.tracked_at <= self._window_at
+            share.asked_per_s = share.asked / elapsed if whole else None
+            share.asked = 0
+        self._admitted_per_s = self._admitted_in_window / elapsed
+        self._window_at, self._admitted_in_window = now, 0
 
     def _expire(self, now: float) -> None:
         """Forget the callers no longer active; one still in flight is looked at again in
