@@ -57,6 +57,7 @@ SECONDS = {
     "test_fuzz.py": 35,
     "test_group_counts.py": 27,
     "test_trace_ui.py": 26,
+    "test_tutorial.py": 25,
     "test_mutual_tls.py": 22.5,
     "test_secrets.py": 18,
     "test_mongo_monitor.py": 16.5,
