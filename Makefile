@@ -16,7 +16,7 @@ SOAK_MINUTES ?= 10
 VERSION   := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE_TAG ?= fanout:$(VERSION)
 
-.PHONY: setup demo test test-without-toolchains lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle bench-profile docs docs-serve compat compat-engine ferretdb monitoring
+.PHONY: setup demo test test-without-toolchains lint test-stress fuzz soak bench bench-operate clean trace-ui interop toolchains dist image image-smoke kube-play bench-group bench-dashboard bench-idle bench-alerts bench-profile docs docs-serve compat compat-engine ferretdb monitoring
 
 setup: $(STAMP)
 
@@ -166,6 +166,12 @@ bench-profile: $(BENCH_STAMP)
 # and with the hub monitor off (about two and a half minutes; bench/idle.py).
 bench-idle: $(BENCH_STAMP)
 	$(PY) -m bench.idle $(IDLE_ARGS)
+
+# The shipped alerts on a real Prometheus (Debian's), with their own `for:`: two workers under
+# traffic, MongoDB killed for 7 minutes and back, then a 20-second burst of refusals; each
+# alert's state change, second by second (about 15 minutes; bench/alerts_trial.py).
+bench-alerts: $(BENCH_STAMP)
+	$(PY) -m gevent.monkey --module bench.alerts_trial --out docs/performance/alerts-trial.json $(ALERTS_ARGS)
 
 # The results cache against no cache on FerretDB 2 (make compat first) and nx-27017, with many
 # viewers of a sliding 24-hour dashboard, each run a whole bucket cycle; on FerretDB 2 also

@@ -29,6 +29,8 @@ TITLES = {
     "after-gc.json": "Tracing, latency, coalescing and Python versions",
     "dashboard.json": "The results cache with many dashboard viewers (`make bench-dashboard`)",
     "group.json": "Several workers as one service (`make bench-group`)",
+    "alerts-trial.json": "The shipped alerts on a real Prometheus (`make bench-alerts`): "
+    "each alert's pending and firing spans in seconds from the trial's start",
     "idle.json": "An idle server (`make bench-idle`)",
     "profile.json": "Where a call's CPU goes (`make bench-profile`)",
     "dashboard-measured-plan.json": 'The results cache with `cache.plan = "measured"`, its '
