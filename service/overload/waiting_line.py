@@ -11,10 +11,9 @@ least critical waiters, if it is less critical than the newcomer; that one is re
 A waiter's *place* is its criticality, then whether its caller is over its fair share
 (:mod:`service.overload.caller_shares`): ``2 x criticality + over``. So within one
 criticality the calls of callers under their share go first, and evict the others. A
-line that stands is the callers' over their share: a waiter under its share waits for the
-next slot that frees, within its deadline, whatever the line's age (a wait bounded by
-``queue_interval_ms``, or CoDel's cut, would refuse it for another's storm). With fair
-share off no caller is under its share, and CoDel bounds every wait.
+caller under its share while others are active does not wait at all (admission lets it
+past the limit), so the line holds the calls of callers over their share, or of a caller
+alone: CoDel bounds every wait.
 
 Where the callers waiting at one place are all over their share (two storms), the one a
 freed slot goes to is, of the next :data:`CHOICE` waiters in order, that of the caller
@@ -26,7 +25,6 @@ choice looks at calls in flight at the moment a slot frees.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import islice
@@ -42,7 +40,6 @@ __all__ = [
     "Waiter",
     "place_of",
     "criticality_at",
-    "under_share",
     "PLACES",
     "CHOICE",
 ]
@@ -58,11 +55,6 @@ CHOICE = 8
 def place_of(criticality: int, over_share: bool) -> int:
     """A waiter's place: its criticality first, then whether its caller is over its share."""
     return 2 * criticality + over_share
-
-
-def under_share(place: int) -> bool:
-    """Whether the calls at ``place`` are of callers under their share."""
-    return place % 2 == 0
 
 
 def criticality_at(place: int) -> int:
@@ -114,10 +106,6 @@ class WaitingLine:
         self.waiters.append(waiter)
         self._by_place[place] += 1
         settings = self._settings
-        if settings.fair_share and caller is not None and under_share(place):
-            # At the head of its criticality's line, it is served by the next slot that
-            # frees: a wait cut short would refuse it for another caller's load.
-            return waiter, math.inf
         wait_ms = settings.queue_target_ms if self.standing else settings.queue_interval_ms
         return waiter, wait_ms / 1000.0
 
