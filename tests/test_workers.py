@@ -22,7 +22,13 @@ from service.settings.config import load_settings
 from service.workers.master import _Master
 from service.workers.positions import Positions
 from tests.support.sockets import wait_for
-from tests.support.workers import Server, gather_all_panels, serve, set_server_keys  # noqa: F401
+from tests.support.workers import (  # noqa: F401 (serve: a fixture)
+    PATIENT_START_S,
+    Server,
+    gather_all_panels,
+    serve,
+    set_server_keys,
+)
 
 
 def open_idle_connection(address: tuple[str, int]) -> socket.socket:
@@ -175,14 +181,20 @@ def test_sighup_reloads_the_configuration_and_replaces_every_worker(
     assert server.stop() == 0
 
 
+@pytest.mark.timeout(4 * PATIENT_START_S)  # three waits of a start's patience, and the stop
 def test_sigttin_and_sigttou_add_and_retire_a_worker(serve: Any) -> None:
     server = serve("--workers", "2")
-    before = wait_for(lambda: len(server.workers()) == 2 and server.workers(), 15, "two workers")
+    # A start, and a retiring worker's drain, take a starved machine's patience.
+    before = wait_for(
+        lambda: len(server.workers()) == 2 and server.workers(), PATIENT_START_S, "two workers"
+    )
     server.process.send_signal(signal.SIGTTIN)
-    grown = wait_for(lambda: len(server.workers()) == 3 and server.workers(), 15, "three workers")
+    grown = wait_for(
+        lambda: len(server.workers()) == 3 and server.workers(), PATIENT_START_S, "three workers"
+    )
     assert set(before) <= set(grown)  # the running workers stay
     server.process.send_signal(signal.SIGTTOU)
-    wait_for(lambda: len(server.workers()) == 2, 15, "two workers again")
+    wait_for(lambda: len(server.workers()) == 2, PATIENT_START_S, "two workers again")
     gather_all_panels(server.address)
     assert server.stop() == 0
 
