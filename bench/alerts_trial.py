@@ -37,6 +37,7 @@ from service.client import AppStatsClient
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, DemoBackends, seed_mongo_at
 from service.samples.mongo_server import MongoWireServer, free_port
 from tests.support.prometheus import PrometheusServer
+from tracing.context import spawn_in_context
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "monitoring" / "rules" / "alerts.rules.yaml"
@@ -90,7 +91,7 @@ def _caller(port: int, pause_s: float, counts: dict[str, int], name: str) -> Non
 
 
 def _storm(port: int, connections: int, counts: dict[str, int]) -> list[gevent.Greenlet]:
-    return [gevent.spawn(_caller, port, 0.02, counts, "storm") for _ in range(connections)]
+    return [spawn_in_context(_caller, port, 0.02, counts, "storm") for _ in range(connections)]
 
 
 class Timeline:
@@ -148,7 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     restarted: MongoWireServer | None = None
     try:
         timeline = Timeline(prometheus)
-        callers = [gevent.spawn(_caller, ports["thrift"], 0.33, counts, "web") for _ in range(2)]
+        callers = [
+            spawn_in_context(_caller, ports["thrift"], 0.33, counts, "web") for _ in range(2)
+        ]
         timeline.watch(args.steady_s, "steady")
         backends.mongo.kill()
         timeline.watch(args.outage_s, "MongoDB killed")

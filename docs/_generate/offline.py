@@ -22,7 +22,6 @@ SHIM_URI = "assets/javascripts/iframe-worker-shim.js"
 
 
 def on_config(config: Any) -> Any:
-    config.use_directory_urls = False  # pages link as files, which a folder on disk serves
     config.extra["polyfills"] = [SHIM_URI]
     return config
 

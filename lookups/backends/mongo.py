@@ -97,11 +97,11 @@ class MongoBackend(Backend):
         try:
             with pymongo.timeout(timeout_s):
                 self.client.admin.command("ping")
-        except ServerSelectionTimeoutError as exc:
+        except ServerSelectionTimeoutError:
             failed = selection_failed("health check", self.client)
             if isinstance(failed, BackendUnavailable):
                 raise failed from None
-            raise exc from None
+            raise
 
     def connections_in_use(self) -> int:
         return self._checked_out.checked_out

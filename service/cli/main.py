@@ -17,7 +17,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
-from service.settings.config import ConfigError, Settings, load_settings
+from service.settings.config import ENV_PREFIX, ConfigError, Settings, load_settings
 from service.wire.formats import PROTOCOLS, TRANSPORTS
 
 __all__ = ["main"]
@@ -53,7 +53,7 @@ def _say_config_error(message: str, config: str | None) -> None:
 def _json_log_asked(config: str | None) -> bool:
     """Whether the settings that failed to load ask for a JSON log: the variable, which
     overrides the file, else the file's ``[logging] format`` if the file reads as TOML."""
-    asked = os.environ.get("FANOUT_LOGGING_FORMAT")
+    asked = os.environ.get(f"{ENV_PREFIX}LOGGING_FORMAT")
     if asked is not None:
         return asked.strip().lower() == "json"
     try:

@@ -63,7 +63,6 @@ DEFAULT_CHECK_TIMEOUT_MS = 300
 #: How often a server checks its backends whatever the traffic (:meth:`HealthChecker.watch`).
 CHECK_INTERVAL_S = 2.0
 DEFAULT_CACHE_MS = 1000
-# How much longer than a check's own timeout the refresh waits for it.
 #: How long past its timeout a round waits for a check: pymongo's server selection looks
 #: again only every half second (``MIN_HEARTBEAT_INTERVAL``), so a check of a MongoDB
 #: server that is down ends up to that much past its timeout, with the reason pymongo found.
@@ -215,12 +214,11 @@ class HealthChecker:
         self._running = {name: check for (name, _), check in zip(self._probes, checks)}
         gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
-        timeout_ms = f"{self._timeout_s * 1000:.0f}"
         # A check still running is left to end on its own timeout, not killed.
         statuses = tuple(
             check.value
             if check.successful()
-            else BackendStatus(name, False, late_ms, f"no answer within {timeout_ms} ms")
+            else BackendStatus(name, False, late_ms, _no_answer(self._timeout_s))
             for (name, _), check in zip(self._probes, checks)
         )
         self._probe_circuits(statuses)
@@ -245,6 +243,10 @@ class HealthChecker:
         return BackendStatus(name, not detail, latency_ms, detail)
 
 
+def _no_answer(timeout_s: float) -> str:
+    return f"no answer within {timeout_s * 1000:.0f} ms"
+
+
 def _describe(exc: Exception, timeout_s: float) -> str:
     """Why a check failed, from the exception's kind only (messages may quote credentials)."""
     kind = type(exc).__name__
@@ -253,7 +255,7 @@ def _describe(exc: Exception, timeout_s: float) -> str:
     if isinstance(exc, (requests.Timeout, TimeoutError)) or (
         isinstance(exc, PyMongoError) and exc.timeout
     ):
-        return f"no answer within {timeout_s * 1000:.0f} ms ({kind})"
+        return f"{_no_answer(timeout_s)} ({kind})"
     if isinstance(exc, BackendUnavailable):  # MongoDB: pymongo recorded why it cannot connect
         return "cannot connect (no server accepts connections)"
     if isinstance(exc, (OSError, ConnectionFailure)):  # requests' errors are OSErrors too
