@@ -68,7 +68,12 @@ class Server:
                 f"its log:\n{self.logged()[-3000:]}"
             ) from None
         found = re.search(r"serving on (\S+):(\d+)", self.line)
-        assert found, self.line
+        if found is None:  # it ended before serving: its log says why
+            process.wait(timeout=10)
+            self._reader.join(timeout=5)
+        assert found, (
+            f"first line {self.line!r}, exit {process.poll()}; log:\n{self.logged()[-3000:]}"
+        )
         self.address = (found.group(1), int(found.group(2)))
 
     def _read_log(self) -> None:
