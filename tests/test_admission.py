@@ -19,7 +19,11 @@ from service.engine.settings import AdmissionSettings
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import Criticality
 from service.overload.cpu_rule import PROBE_CALLS
+from service.overload.ticket import CallTicket
 from tests.support.clock import FakeClock
+
+#: The ticket of a call of no caller: all that ``done`` reads of it.
+ANY_CALL = CallTicket(Deadline.after_s(3600))
 
 
 def control(clock: FakeClock, **settings: Any) -> AdmissionControl:
@@ -47,17 +51,17 @@ def steady(admission: AdmissionControl, inflight: int, latency_s: float, calls: 
     """``inflight`` calls admitted, then ``calls`` ending after ``latency_s``, each slot
     taken again at once."""
     for _ in range(inflight):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     for _ in range(calls):
-        admission.done(latency_s)
-        admission.admit(far())
+        admission.done(ANY_CALL, latency_s)
+        admission.admit(CallTicket(far()))
 
 
 def queue(admission: AdmissionControl, names: list[str], order: list[str]) -> list[gevent.Greenlet]:
     """One waiter per name, queued in that order; each appends its name once admitted."""
 
     def wait(name: str) -> None:
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
         order.append(name)
 
     waiters = []
@@ -69,7 +73,7 @@ def queue(admission: AdmissionControl, names: list[str], order: list[str]) -> li
 
 def release(admission: AdmissionControl, count: int) -> None:
     for _ in range(count):
-        admission.done(0.01)
+        admission.done(ANY_CALL, 0.01)
         gevent.sleep(0)
 
 
@@ -77,7 +81,7 @@ def test_a_queue_that_drained_recently_is_served_first_in_first_out() -> None:
     clock = FakeClock()
     admission = control(clock, initial_limit=3)  # the queue holds as many
     for _ in range(3):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     assert admission.saturated
     order: list[str] = []
     waiters = queue(admission, ["a", "b", "c"], order)
@@ -91,7 +95,7 @@ def test_a_standing_queue_serves_the_newest_first() -> None:
     clock = FakeClock()
     admission = control(clock, queue_interval_ms=100, initial_limit=3)
     for _ in range(3):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     order: list[str] = []
     waiters = queue(admission, ["a", "b", "c"], order)
     clock.now += 0.2  # the queue has not been empty for longer than queue_interval_ms
@@ -105,13 +109,13 @@ def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
     when nothing finishes) instead of queue_interval_ms."""
     clock = FakeClock()
     admission = control(clock, queue_interval_ms=100, queue_target_ms=0)
-    admission.admit(far())
-    admission.admit(far())
+    admission.admit(CallTicket(far()))
+    admission.admit(CallTicket(far()))
     order: list[str] = []
     patient = queue(admission, ["patient"], order)  # the queue has just formed: a long wait
     clock.now += 0.2  # ...and now it has stood too long
     with pytest.raises(Refused, match="no call finished while this one waited"):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     assert admission.stats.refused_queue == 1
     release(admission, 1)
     gevent.joinall(patient, raise_error=True)
@@ -123,13 +127,13 @@ def test_without_fair_share_codel_cuts_every_callers_wait() -> None:
     cuts the wait of every waiter, named callers' too."""
     clock = FakeClock()
     admission = control(clock, queue_interval_ms=100, queue_target_ms=0, fair_share=False)
-    caller = admission.callers.arrived("polite")
-    admission.admit(far(), caller=caller)
-    admission.admit(far(), caller=caller)
+    caller = admission.arrived("polite")
+    admission.admit(CallTicket(far(), caller=caller))
+    admission.admit(CallTicket(far(), caller=caller))
     patient = queue(admission, ["patient"], [])
     clock.now += 0.2
     with pytest.raises(Refused, match="no call finished while this one waited"):
-        admission.admit(far(), caller=admission.callers.arrived("polite"))
+        admission.admit(CallTicket(far(), caller=admission.arrived("polite")))
     release(admission, 1)
     gevent.joinall(patient, raise_error=True)
 
@@ -137,12 +141,12 @@ def test_without_fair_share_codel_cuts_every_callers_wait() -> None:
 def test_a_full_queue_refuses_at_once() -> None:
     clock = FakeClock()
     admission = control(clock)
-    admission.admit(far())
-    admission.admit(far())
+    admission.admit(CallTicket(far()))
+    admission.admit(CallTicket(far()))
     order: list[str] = []
     waiters = queue(admission, ["a", "b"], order)  # the queue holds as many as the limit
     with pytest.raises(Refused, match="queue is full") as refused:
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     assert refused.value.retry_after_ms > 0
     assert (admission.stats.refused, admission.stats.refused_queue) == (1, 1)
     release(admission, 2)
@@ -153,12 +157,12 @@ def test_a_call_that_cannot_finish_in_time_is_refused_without_queueing() -> None
     clock = FakeClock()
     admission = control(clock)
     for _ in range(2):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     for _ in range(8):  # calls take 0.5 s now
-        admission.done(0.5)
-        admission.admit(far())
+        admission.done(ANY_CALL, 0.5)
+        admission.admit(CallTicket(far()))
     with pytest.raises(Refused, match="cannot finish within its deadline"):
-        admission.admit(Deadline.after_ms(100))
+        admission.admit(CallTicket(Deadline.after_ms(100)))
     assert admission.stats.refused_deadline == 1 and admission.queued == 0
 
 
@@ -245,8 +249,8 @@ def test_the_limit_falls_when_latency_jumps_and_grows_while_it_holds() -> None:
     for _ in range(40):  # latency ten times as high: a call ends every 10 ms
         clock.now += 0.01
         before = admission.limit
-        admission.done(0.2)
-        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+        admission.done(ANY_CALL, 0.2)
+        admission.admit(CallTicket(far())) if admission.inflight < int(admission.limit) else None
         if admission.limit < before:
             cuts.append(round(admission.limit / before, 2))
     assert admission.limit < settled * 0.6
@@ -262,20 +266,20 @@ def test_latency_cuts_are_counted_once_a_round() -> None:
     admission = control(clock, initial_limit=20)
     steady(admission, 20, 0.02)
     for _ in range(60):  # latency ten times as high, within one round (the clock stands)
-        admission.done(0.2)
-        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+        admission.done(ANY_CALL, 0.2)
+        admission.admit(CallTicket(far())) if admission.inflight < int(admission.limit) else None
     assert admission.stats.latency_cuts == 1
     clock.now += 1.0  # a round later, higher again
     for _ in range(20):
-        admission.done(2.0)
-        admission.admit(far()) if admission.inflight < int(admission.limit) else None
+        admission.done(ANY_CALL, 2.0)
+        admission.admit(CallTicket(far())) if admission.inflight < int(admission.limit) else None
     assert admission.stats.latency_cuts == 2
 
 
 def test_a_disabled_control_admits_everything() -> None:
     admission = control(FakeClock(), enabled=False, initial_limit=1)
     for _ in range(50):
-        admission.admit(Deadline.after_ms(1))
+        admission.admit(CallTicket(Deadline.after_ms(1)))
     assert admission.inflight == 50 and not admission.saturated
 
 
@@ -286,13 +290,13 @@ def test_refusals_without_a_queue_still_let_a_small_limit_grow() -> None:
     clock = FakeClock()
     admission = control(clock, initial_limit=2, min_limit=2)
     for _ in range(2):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     for _ in range(200):  # steady latency; each slot freed or added is taken at once
         for _ in range(5):
             admission.refuse_unread()
-        admission.done(0.2)
+        admission.done(ANY_CALL, 0.2)
         while admission.inflight < int(admission.limit):
-            admission.admit(far())
+            admission.admit(CallTicket(far()))
     assert admission.limit > 10 and admission.queued == 0
 
 
@@ -303,12 +307,12 @@ def test_callers_the_dimmer_refuses_unread_are_no_demand_for_the_limit() -> None
     clock = FakeClock()
     admission = control(clock, initial_limit=20)
     for _ in range(2):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     for _ in range(200):  # steady latency, far below the limit
         for _ in range(5):
             admission.refuse_unread(Criticality.SHEDDABLE)
-        admission.done(0.2)
-        admission.admit(far())
+        admission.done(ANY_CALL, 0.2)
+        admission.admit(CallTicket(far()))
     assert admission.limit == 20 and admission.stats.refused_unread == 1000
 
 
@@ -360,9 +364,9 @@ def steady_load(
     flight); the limit after them."""
     for number in range(calls):
         while not admission.saturated and (not in_use or admission.inflight < in_use):
-            admission.admit(far())
+            admission.admit(CallTicket(far()))
         clock.now += apart_s
-        admission.done(least_s if number % 10 == 9 else 0.05)
+        admission.done(ANY_CALL, least_s if number % 10 == 9 else 0.05)
     return admission.limit
 
 
@@ -410,13 +414,13 @@ def test_a_probe_learns_the_least_latency_a_high_limit_hid() -> None:
     most_in_probe = 0
     for _ in range(6000):
         while not admission.saturated:
-            admission.admit(far())
+            admission.admit(CallTicket(far()))
             latency_s = 0.01 + 0.002 * admission.inflight  # the core's queue: 2 ms a call
             heapq.heappush(ends, (clock.now + latency_s, latency_s))
             if admission.cpu.least.probing:
                 most_in_probe = max(most_in_probe, admission.inflight)
         clock.now, latency_s = heapq.heappop(ends)
-        admission.done(latency_s)
+        admission.done(ANY_CALL, latency_s)
     assert admission.cpu.least.probes >= 2 and most_in_probe <= PROBE_CALLS
     assert admission.cpu.least.seconds <= 0.01 + 0.002 * PROBE_CALLS  # the call's own latency
     # ...and the limit holds a queue for the core of 0.6 to 1.2 times the rest of a call.
@@ -467,8 +471,8 @@ def test_a_call_that_says_nothing_of_latency_is_left_out() -> None:
     admission = gate.admission
     admission._clock = clock
     for _ in range(50):
-        admission.admit(far())
-        admission.done(0.2)
+        admission.admit(CallTicket(far()))
+        admission.done(ANY_CALL, 0.2)
     short, long, limit = admission._short_s, admission._long_s, admission.limit
     for _ in range(200):
         with gate.admitted(far()) as call:
@@ -494,7 +498,7 @@ def test_only_a_call_whose_tasks_did_their_work_or_ran_out_of_time_is_measured(
     from service.engine.tasks import TaskStatus
     from service.overload.gate import AdmittedCall
 
-    call = AdmittedCall(lighter=False)
+    call = AdmittedCall(CallTicket(far()), lighter=False)
     call.ran(TaskStatus[status] for status in statuses)
     assert call.measured is measured
 
@@ -506,8 +510,8 @@ def test_a_call_whose_required_panel_failed_is_left_out() -> None:
     gate = CallGate(AdmissionSettings(initial_limit=20), 2000)
     admission = gate.admission
     for _ in range(50):
-        admission.admit(far())
-        admission.done(0.2)
+        admission.admit(CallTicket(far()))
+        admission.done(ANY_CALL, 0.2)
     before = (admission._short_s, admission._long_s, admission.limit)
     for _ in range(20):
         with pytest.raises(RequiredTaskFailed), gate.admitted(far()):
@@ -523,12 +527,12 @@ def test_slow_calls_ending_together_cut_the_limit_once_not_again_and_again() -> 
     steady(admission, 40, 0.01, calls=100)
     before = admission.limit
     for _ in range(30):  # thirty slow calls end in the same instant
-        admission.done(0.5)
+        admission.done(ANY_CALL, 0.5)
     assert before / 2 <= admission.limit < before
     clock.now += 1.0  # a round later, the next cut may come
     for _ in range(8):
-        admission.admit(far())
-        admission.done(0.5)
+        admission.admit(CallTicket(far()))
+        admission.done(ANY_CALL, 0.5)
     assert admission.limit < before / 2
 
 
@@ -538,20 +542,20 @@ def test_room_to_spare_is_no_wait_and_at_most_half_the_limit_in_flight_since_the
     clock = FakeClock()
     admission = control(clock, initial_limit=10)
     for _ in range(5):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     assert admission.room_to_spare()  # five of ten
-    admission.admit(far())
+    admission.admit(CallTicket(far()))
     for _ in range(6):
-        admission.done(None)
+        admission.done(ANY_CALL, None)
     assert not admission.room_to_spare()  # six were in flight since the last look
     assert admission.room_to_spare()  # none since
     for _ in range(10):
-        admission.admit(far())
+        admission.admit(CallTicket(far()))
     waiter = gevent.spawn(admission.admit, far())
     gevent.sleep(0)  # it waits in the line
     for _ in range(10):
-        admission.done(None)
+        admission.done(ANY_CALL, None)
     waiter.join(timeout=5)
-    admission.done(None)
+    admission.done(ANY_CALL, None)
     assert not admission.room_to_spare()  # a call waited
     assert admission.room_to_spare()

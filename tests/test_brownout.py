@@ -30,12 +30,16 @@ from service.overload.brownout import (
     Criticality,
     Dimmer,
 )
+from service.overload.ticket import CallTicket
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
 from tests.support.sockets import wait_for
 
 OPTIONAL = {"controllers", "queries", "volume"}
 ESSENTIAL = {"errors", "urls", "alerts", "latency"}
 C = Criticality
+
+#: The ticket of a call of no caller: all that ``done`` reads of it.
+ANY_CALL = CallTicket(Deadline.after_s(3600))
 
 
 def shares(dimmer: Dimmer, criticality: Criticality, calls: int = 100) -> Counter[BrownoutVerdict]:
@@ -374,14 +378,14 @@ def one_call_admission() -> AdmissionControl:
         initial_limit=1, min_limit=1, max_limit=1, queue_interval_ms=2000, queue_target_ms=2000
     )
     admission = AdmissionControl(settings, 10_000)
-    admission.admit(Deadline.after_s(10))  # the one call in flight
+    admission.admit(CallTicket(Deadline.after_s(10)))  # the one call in flight
     return admission
 
 
 def waiting(admission: AdmissionControl, criticality: Criticality, order: list[str]) -> Any:
     def wait() -> None:
         try:
-            admission.admit(Deadline.after_s(10), criticality)
+            admission.admit(CallTicket(Deadline.after_s(10), criticality))
         except Refused:
             order.append(f"refused {criticality.name}")
             return
@@ -411,7 +415,7 @@ def test_the_dimmer_at_rest_sleeps_until_admission_refuses_then_climbs() -> None
         gevent.sleep(6 * WINDOW_S)
         assert looks[0] == 3  # at start, and twice before it slept: not once a window
         with pytest.raises(Refused):
-            admission.admit(Deadline.after_s(-1.0))  # no time left while saturated
+            admission.admit(CallTicket(Deadline.after_s(-1.0)))  # no time left while saturated
         for criticality in Criticality:  # calls the dimmer could shed arrived (the gate counts)
             dimmer.arrivals[criticality] += 1
         wait_for(lambda: dimmer.level > 0.0, 10, "the dimmer climbing")
@@ -427,7 +431,7 @@ def test_a_critical_newcomer_takes_a_sheddable_waiters_place_and_is_served_first
     assert order == ["refused SHEDDABLE"]
     waiting(admission, C.SHEDDABLE_PLUS, order)  # less critical than the line: refused
     assert order == ["refused SHEDDABLE", "refused SHEDDABLE_PLUS"]
-    admission.done(0.01)
+    admission.done(ANY_CALL, 0.01)
     gevent.sleep(0.01)
     assert order[-1] == "admitted CRITICAL"
     assert admission.stats.refused_queue == 2
@@ -439,12 +443,12 @@ def test_the_line_serves_the_more_critical_first_whatever_the_order_they_came_in
     )
     admission = AdmissionControl(settings, 10_000)
     for _ in range(3):
-        admission.admit(Deadline.after_s(10))
+        admission.admit(CallTicket(Deadline.after_s(10)))
     order: list[str] = []
     for criticality in (C.SHEDDABLE, C.CRITICAL, C.CRITICAL_PLUS):
         waiting(admission, criticality, order)
     for _ in range(3):
-        admission.done(0.01)
+        admission.done(ANY_CALL, 0.01)
         gevent.sleep(0.01)
     assert order == ["admitted CRITICAL_PLUS", "admitted CRITICAL", "admitted SHEDDABLE"]
 

@@ -21,7 +21,7 @@ from lookups.resilience.guard import RetryBudget
 from service.engine.fanout import FanOut
 from service.engine.settings import FanOutSettings
 from service.engine.tasks import RequestContext, Task, TaskStatus
-from service.overload.gate import CallerPacing
+from service.overload.pacing import ConnectionPacing
 from tests.support.clock import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,7 +123,7 @@ def test_the_retry_budget_earns_min_per_s_tokens_a_second_and_no_more() -> None:
 
 def test_a_caller_refused_is_early_until_the_pause_it_was_told_ends() -> None:
     clock = FakeClock()
-    pacing = CallerPacing(clock)
+    pacing = ConnectionPacing(clock)
     pacing.arrived(Deadline.after_ms(1000, clock))
     assert pacing.refused(200, Deadline.after_ms(1000, clock)) == 0.0  # on time: no hold
     assert pacing.back_early()

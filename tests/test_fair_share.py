@@ -1,4 +1,4 @@
-"""Fair share per caller (:mod:`service.overload.caller_shares`) on a clock the test moves:
+"""Fair share per caller (:mod:`service.overload.fair_share`) on a clock the test moves:
 who is refused first and in which order, with and without weights, borrowing, bounded
 state and exact counts by label.
 
@@ -10,7 +10,6 @@ under real load are ``make bench``'s (``bench/harness/fair_share.py``).
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import Any
 
 import gevent
@@ -22,8 +21,10 @@ from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import Criticality
-from service.overload.caller_shares import ACTIVE_S, OTHER, RATE_WINDOW_S, CallerShares
-from service.overload.gate import CallerPacing, CallGate
+from service.overload.fair_share import ACTIVE_S, OTHER, RATE_WINDOW_S, FairShare
+from service.overload.gate import CallGate
+from service.overload.pacing import ConnectionPacing
+from service.overload.ticket import CallTicket
 from tests.support.clock import FakeClock
 from tracing.context import spawn_in_context
 
@@ -57,17 +58,17 @@ class Callers:
 
     def admit(self, name: str) -> None:
         """A call of ``name`` admitted at once (the test knows the limit is not reached)."""
-        share = self.admission.callers.arrived(name)
-        self.admission.admit(far(), caller=share)
+        share = self.admission.arrived(name)
+        self.admission.admit(CallTicket(far(), caller=share))
         self.running.setdefault(name, []).append(share)
 
     def wait(self, name: str) -> gevent.Greenlet:
         """A call of ``name`` that joins the line; its name is appended once admitted."""
 
         def call() -> None:
-            share = self.admission.callers.arrived(name)
+            share = self.admission.arrived(name)
             try:
-                self.admission.admit(far(), caller=share)
+                self.admission.admit(CallTicket(far(), caller=share))
             except Refused:
                 self.refused.append(name)
                 return
@@ -79,7 +80,7 @@ class Callers:
         return waiter
 
     def end(self, name: str) -> None:
-        self.admission.done(0.01, self.running[name].pop())
+        self.admission.done(CallTicket(far(), caller=self.running[name].pop()), 0.01)
         gevent.sleep(0)
 
 
@@ -125,9 +126,9 @@ def test_what_a_caller_under_its_share_takes_past_the_limit_is_bounded_by_its_sh
     callers.wait("polite")  # 1 of its share of 2: admitted at once too
     assert callers.order == ["polite", "polite"] and callers.admission.inflight == 6
     third = callers.wait("polite")  # at its share: over it, behind a full line
-    share = callers.admission.callers.arrived("storm")
+    share = callers.admission.arrived("storm")
     with pytest.raises(Refused, match="queue is full"):
-        callers.admission.admit(far(), caller=share)  # over its share, behind everyone
+        callers.admission.admit(CallTicket(far(), caller=share))  # over its share, behind everyone
     third.join(timeout=5)
     assert callers.refused == ["polite"] and callers.admission.inflight == 6
     for name in ("polite", "polite", "storm", "storm", "storm", "storm"):
@@ -155,7 +156,7 @@ def test_a_standing_line_cuts_the_wait_of_callers_over_their_share() -> None:
 
 def test_a_caller_with_calls_waiting_is_over_its_share_however_few_run() -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=100, clock=clock)
+    shares = FairShare({}, max_callers=100, clock=clock)
     storm, polite = shares.arrived("storm"), shares.arrived("polite")
     storm.inflight, storm.waiting = 1, 40
     assert shares.over(storm, 10.0)  # 41 asked for, of a share of 5
@@ -168,7 +169,7 @@ def test_a_caller_asking_for_less_than_its_share_of_the_rate_is_within_it_in_a_b
     storm; once the rates of a whole window are known, one asking for fewer calls a second
     than its share of those admitted is within it, and a storm asking for more is over."""
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=100, clock=clock)
+    shares = FairShare({}, max_callers=100, clock=clock)
 
     def second(storm_asks: int, polite_asks: int, admitted: int) -> tuple[Any, Any]:
         """A second of calls, in tenths: both callers stay active throughout."""
@@ -205,7 +206,7 @@ def test_a_caller_asking_for_less_than_its_share_of_the_rate_is_within_it_in_a_b
 
 def test_weights_divide_the_limit() -> None:
     clock = FakeClock()
-    shares = CallerShares({"reports": 3.0}, max_callers=100, clock=clock)
+    shares = FairShare({"reports": 3.0}, max_callers=100, clock=clock)
     reports, pages = shares.arrived("reports"), shares.arrived("pages")
     reports.inflight, pages.inflight = 5, 2
     assert not shares.over(reports, 8.0)  # 5 of its 6 (8 x 3/4)
@@ -263,19 +264,22 @@ def test_a_storm_running_under_its_share_is_read_though_over_it_by_demand() -> N
     in flight reach its share; by demand both storms are over theirs."""
     clock = FakeClock()
     admission = control(clock, weights={"heavy": 3.0}, min_limit=4, max_limit=4)
-    heavy, light = admission.callers.arrived("heavy"), admission.callers.arrived("light")
+    heavy, light = admission.arrived("heavy"), admission.arrived("light")
     heavy.inflight, heavy.waiting = 2, 3
     light.inflight, light.waiting = 2, 3
     assert admission.over_share(heavy) and admission.over_share(light)  # 2 + 3 of 3; of 1
     assert admission.runs_under_share(heavy)  # 2 in flight of its 3
     assert not admission.runs_under_share(light)  # 2 in flight of its 1
-    admission.settings = replace(admission.settings, fair_share=False)
-    assert not admission.runs_under_share(heavy)
+    unfair = control(clock, weights={"heavy": 3.0}, min_limit=4, max_limit=4, fair_share=False)
+    heavy, light = unfair.arrived("heavy"), unfair.arrived("light")
+    heavy.inflight, heavy.waiting = 2, 3
+    light.inflight, light.waiting = 2, 3
+    assert not unfair.runs_under_share(heavy) and not unfair.over_share(light)
 
 
 def test_a_caller_alone_borrows_everything_and_others_share_once_active() -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=100, clock=clock)
+    shares = FairShare({}, max_callers=100, clock=clock)
     storm = shares.arrived("storm")
     storm.inflight = 9
     assert not shares.over(storm, 10.0)  # alone: the whole limit is its share
@@ -288,7 +292,7 @@ def test_a_caller_alone_borrows_everything_and_others_share_once_active() -> Non
 
 def test_a_caller_with_calls_in_flight_stays_active() -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=100, clock=clock)
+    shares = FairShare({}, max_callers=100, clock=clock)
     slow = shares.arrived("slow")
     shares.admitted(slow)
     for _ in range(5):
@@ -305,14 +309,14 @@ def test_a_caller_with_calls_only_waiting_stays_active() -> None:
     """Its calls wait in admission's line, none runs: it is the storm still, and its
     weight still divides the limit."""
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=100, clock=clock)
+    shares = FairShare({}, max_callers=100, clock=clock)
     waiting = shares.arrived("waiting")
     waiting.waiting += 1  # as admission's line counts it in
     other = shares.arrived("other")
     for _ in range(5):
         clock.advance(ACTIVE_S)
         shares.arrived("other")
-    assert len(shares) == 2 and shares.others_active(other)
+    assert len(shares) == 2 and shares.runs_under(other, 10)
     assert shares.shares(10) == {"waiting": 5.0, "other": 5.0}
     waiting.waiting -= 1
     clock.advance(ACTIVE_S + 0.1)
@@ -322,7 +326,7 @@ def test_a_caller_with_calls_only_waiting_stays_active() -> None:
 
 def test_at_most_max_callers_are_tracked() -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=50, clock=clock)
+    shares = FairShare({}, max_callers=50, clock=clock)
     for number in range(1000):
         shares.arrived(f"caller-{number}")
     assert len(shares) == 50
@@ -330,7 +334,7 @@ def test_at_most_max_callers_are_tracked() -> None:
 
 def test_labels_stay_bounded_and_counts_exact_with_ten_thousand_callers() -> None:
     clock = FakeClock()
-    shares = CallerShares({"reports": 2.0}, max_callers=1000, clock=clock, labelled=20)
+    shares = FairShare({"reports": 2.0}, max_callers=1000, clock=clock, labelled=20)
     admitted = refused = 0
     for number in range(10_000):
         share = shares.arrived(f"caller-{number % 5000}")
@@ -353,9 +357,9 @@ def test_labels_stay_bounded_and_counts_exact_with_ten_thousand_callers() -> Non
 
 def test_a_caller_starts_and_stops_being_refused_in_one_log_line_each(caplog: Any) -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=10, clock=clock)
+    shares = FairShare({}, max_callers=10, clock=clock)
     storm = shares.arrived("storm")
-    with caplog.at_level("INFO", logger="service.overload.caller_shares"):
+    with caplog.at_level("INFO", logger="service.overload.fair_share"):
         for _ in range(100):
             shares.refused(storm)
         shares.admitted(storm)  # admitted soon after: still said to be refused
@@ -370,7 +374,7 @@ def test_a_caller_starts_and_stops_being_refused_in_one_log_line_each(caplog: An
 
 def test_callers_contend_while_one_is_over_its_share_and_another_within() -> None:
     clock = FakeClock()
-    shares = CallerShares({}, max_callers=10, clock=clock)
+    shares = FairShare({}, max_callers=10, clock=clock)
     storm = shares.arrived("storm")
     for _ in range(10):
         shares.admitted(storm)
@@ -391,14 +395,14 @@ def test_the_gate_names_a_caller_by_certificate_then_by_meta_then_anonymous() ->
     clock = FakeClock()
     gate = CallGate(AdmissionSettings(), 3000, clock=clock)
     for pacing, name in [
-        (CallerPacing(clock, identity="web.internal"), "claimed"),
-        (CallerPacing(clock), "pages"),
-        (CallerPacing(clock), None),
+        (ConnectionPacing(clock, identity="web.internal"), "claimed"),
+        (ConnectionPacing(clock), "pages"),
+        (ConnectionPacing(clock), None),
         (None, None),
     ]:
         with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
             pass
-    counts = gate.admission.callers.counts
+    counts = gate.admission.snapshot().callers
     assert {label: c.admitted for label, c in counts.items()} == {
         "web.internal": 1,
         "pages": 1,
@@ -416,7 +420,7 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
     )
     gate = CallGate(settings, 3000, clock=clock)
 
-    def call(pacing: CallerPacing, name: str) -> FanOutOverloaded:
+    def call(pacing: ConnectionPacing, name: str) -> FanOutOverloaded:
         with pytest.raises(FanOutOverloaded) as refused:
             with gate.admitted(Deadline.after_ms(1000, clock), pacing, name=name):
                 raise FanOutOverloaded("no task could start", 0)  # as the engine refuses
@@ -425,15 +429,15 @@ def test_a_caller_refused_under_its_share_is_told_the_shortest_pause_and_not_pac
     with ExitStack() as running:
         for _ in range(2):  # the storm takes the whole limit
             running.enter_context(
-                gate.admitted(Deadline.after_ms(1000, clock), CallerPacing(clock), name="storm")
+                gate.admitted(Deadline.after_ms(1000, clock), ConnectionPacing(clock), name="storm")
             )
-        polite, storm = CallerPacing(clock), CallerPacing(clock)
-        assert call(polite, "polite").retry_after_ms == gate.admission.retry_after.least_ms()
+        polite, storm = ConnectionPacing(clock), ConnectionPacing(clock)
+        assert call(polite, "polite").retry_after_ms == gate.admission.least_retry_after_ms()
         assert not polite.back_early()
         assert call(storm, "storm").retry_after_ms == gate.admission.retry_after_ms()
         assert storm.back_early()
-        assert gate.admission.retry_after.least_ms() < gate.admission.retry_after_ms()
-    counts = gate.admission.callers.counts
+        assert gate.admission.least_retry_after_ms() < gate.admission.retry_after_ms()
+    counts = gate.admission.snapshot().callers
     assert (counts["storm"].admitted, counts["storm"].refused) == (2, 1)
     assert (counts["polite"].admitted, counts["polite"].refused) == (1, 1)
 

@@ -145,3 +145,46 @@ def test_every_module_has_a_row_in_the_tests_index() -> None:
     assert {name for name in named if name.startswith("test_")} <= {
         p.name for p in (ROOT / "tests").glob("test_*.py")
     }
+
+
+def _named(node: ast.expr, names: tuple[str, ...]) -> bool:
+    return (isinstance(node, ast.Name) and node.id in names) or (
+        isinstance(node, ast.Attribute) and node.attr in names
+    )
+
+
+def reaches_into(package: str, owner: str, names: tuple[str, ...]) -> list[str]:
+    """``X.<name>.part.field`` anywhere under ``package`` but in ``owner``: a part of the
+    object held as one of ``names`` worked from outside it. Its verbs and read-only
+    properties (``X.admission.admit(...)``, ``X.admission.limit``) are one level."""
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        if relative == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), relative)):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and _named(node.value.value, names)
+            ):
+                found.append(f"{relative}:{node.lineno} .{node.value.attr}.{node.attr}")
+    return found
+
+
+def test_admission_alone_works_its_parts() -> None:
+    """Admission owns the limit, its line, the callers' shares, retry-after and the CPU
+    rule: the rest of the service reaches it through its verbs, never through its parts."""
+    owner = "service/overload/admission.py"
+    assert reaches_into("service", owner, ("admission", "_admission")) == []
+
+
+def test_the_fair_share_switch_is_read_in_one_place() -> None:
+    """``admission.fair_share`` is read where admission is made; its parts are told."""
+    reads = []
+    for path in sorted((ROOT / "service").rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), relative)):
+            if isinstance(node, ast.Attribute) and node.attr == "fair_share":
+                reads.append(relative)
+    assert reads == ["service/overload/admission.py"]

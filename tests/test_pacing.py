@@ -13,7 +13,7 @@ import pytest
 from lookups.deadline import Deadline
 from service.client import AppStatsClient
 from service.idl import appstats
-from service.overload.gate import CallerPacing
+from service.overload.pacing import ConnectionPacing
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.faults import FaultyHttpService
 from tests.support.pacing import (
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 
 
 def test_a_caller_back_early_is_held_within_its_deadline_and_a_polite_one_is_not() -> None:
-    pacing = CallerPacing()
+    pacing = ConnectionPacing()
     pacing.arrived(Deadline.after_ms(300))
     assert pacing.refused(10_000, Deadline.after_ms(300)) == 0.0  # nothing known yet
 

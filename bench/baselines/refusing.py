@@ -38,8 +38,8 @@ from bench.baselines.common import settings_from_argv
 from bench.servers.ready import announce_ready, wait_for_stop_signal
 from lookups.deadline import Deadline
 from service.idl import appstats
-from service.overload.gate import CallerPacing
 from service.overload.held_connections import on_the_tick
+from service.overload.pacing import ConnectionPacing
 from service.wire.header import call_header
 
 __all__ = ["encoded_replies", "serve_refusing", "main"]
@@ -89,7 +89,7 @@ class _RefusingConnection:
         self._replies = replies
         self._deadline_ms = deadline_ms
         self._max_frame_bytes = max_frame_bytes
-        self._pacing = CallerPacing()
+        self._pacing = ConnectionPacing()
         self._buffer = b""
         self._seqid = 0
         self._loop = get_hub().loop

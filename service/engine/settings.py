@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-__all__ = ["FanOutSettings", "AdmissionSettings", "CallerSettings"]
+__all__ = ["FanOutSettings", "AdmissionSettings", "CallerSettings", "CALLER_PATTERN", "CALLER_RULE"]
+
+#: What a caller's name may be: a certificate's DNS name or URI (``spiffe://...``), or a
+#: name the caller gives (``RequestMeta.caller``, ``[callers.<name>]``).
+CALLER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")
+CALLER_RULE = (
+    "must be 1-128 characters of letters, digits, '.', '_', ':', '/', '@' or '-', "
+    "starting with a letter or digit"
+)
 
 
 @dataclass(frozen=True)

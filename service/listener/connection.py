@@ -33,8 +33,8 @@ from service.idl import appstats
 from service.listener.handover import MoveNow
 from service.listener.served import ServedConnection
 from service.listener.stats import ServerStats
-from service.overload.gate import CallerPacing, current_caller
 from service.overload.held_connections import HeldConnections, HeldReply, on_the_tick
+from service.overload.pacing import ConnectionPacing, current_connection
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import protocol_for
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 _Reply = Any
 #: Given a connection's caller and a checked message, ``(method, seqid, reply)`` to answer
 #: without reading it further, or None (:class:`service.overload.gate.UnreadRefusals`).
-RefuseUnread = Callable[[CallerPacing, Any], tuple[str, int, TPayload] | None]
+RefuseUnread = Callable[[ConnectionPacing, Any], tuple[str, int, TPayload] | None]
 
 
 class _MalformedMessage(Exception):
@@ -260,7 +260,7 @@ class MessageLoop:
             # A fresh context per call: nothing one call sets can leak into the next.
             context = contextvars.Context()
             context.run(set_call_endpoints, connection.endpoints)
-            context.run(current_caller.set, connection.caller)
+            context.run(current_connection.set, connection.caller)
             result.success = context.run(call)
         except TApplicationException as application_error:
             return application_error

@@ -12,7 +12,7 @@ from thriftpy2.protocol.base import TProtocolBase
 
 from lookups.clock import SYSTEM_CLOCK, Clock
 from service.listener.handover import MoveSink
-from service.overload.gate import CallerPacing
+from service.overload.pacing import ConnectionPacing
 from service.settings.server import ServerSettings
 from service.wire.channel import Channel
 from service.wire.channels import open_channel, shared_output_buffer
@@ -58,8 +58,8 @@ class ServedConnection:
         # For the SERVER span of every call on this connection (tracing.spans.set_call_endpoints).
         self.endpoints = connection_endpoints(sock)
         # One caller per connection: its refusals are paced (service.overload.gate), and its
-        # client certificate, if any, names it for fair share (service.overload.caller_shares).
-        self.caller = CallerPacing(clock, client_identity(sock, settings.tls_client_names))
+        # client certificate, if any, names it for fair share (service.overload.fair_share).
+        self.caller = ConnectionPacing(clock, client_identity(sock, settings.tls_client_names))
         self.served_while_draining = False
         # The greenlet serving it, and where it moves at its next point between calls
         # (service.listener.handover), if it is to move.

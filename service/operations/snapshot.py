@@ -23,7 +23,7 @@ from service.engine.coalescing import Coalescer
 from service.engine.fanout import FanOut, FanOutStats
 from service.operations.health import BackendStatus, HealthChecker, store_statuses
 from service.operations.hub_monitor import HubMonitor
-from service.overload.caller_shares import CallerCounts
+from service.overload.fair_share import CallerCounts
 from service.overload.gate import CallGate
 from tracing.pools import PoolMeter, PoolReport
 
@@ -118,12 +118,16 @@ class ServiceSnapshot:
 
 def take(parts: ServiceParts) -> ServiceSnapshot:
     """Read ``parts`` once, copying every counter (the parts go on counting)."""
-    admission, dimmer, gate_stats = parts.gate.admission, parts.gate.dimmer, parts.gate.stats
+    admission, dimmer, gate_stats = (
+        parts.gate.admission.snapshot(),
+        parts.gate.dimmer,
+        parts.gate.stats,
+    )
     peak, lighter, shed = dimmer.recent()
     return ServiceSnapshot(
         pools=tuple(meter.report() for meter in parts.pool_meters()),
-        admission_limit=int(admission.limit),
-        admission_min_limit=admission.settings.min_limit,
+        admission_limit=admission.limit,
+        admission_min_limit=admission.min_limit,
         calls_in_flight=admission.inflight,
         calls_queued=admission.queued,
         brownout_level=dimmer.level,
@@ -141,13 +145,9 @@ def take(parts: ServiceParts) -> ServiceSnapshot:
         backends=tuple(_backend(backend.guard) for backend in parts.backends),
         health=parts.health.current(),
         event_loop_blocks=parts.hub_monitor.blocks_reported if parts.hub_monitor else 0,
-        callers={
-            label: dataclasses.replace(counts) for label, counts in admission.callers.counts.items()
-        },
-        caller_weights={
-            label: admission.callers.weight_of(label) for label in admission.callers.counts
-        },
-        caller_shares=admission.callers.shares(admission.cpu.least.cap(admission.limit)),
+        callers=admission.callers,
+        caller_weights=admission.caller_weights,
+        caller_shares=admission.caller_shares,
     )
 
 

@@ -22,7 +22,7 @@ limit just past twice the calls in use never fell); a limit used less is left al
 (something else saturates the loop).
 
 A call finding the limit reached is admitted all the same when its caller is under its
-fair share while others are active (:mod:`service.overload.caller_shares`: the limit was
+fair share while others are active (:mod:`service.overload.fair_share`: the limit was
 reached by callers over theirs). Any other waits in a bounded line, the more critical first
 (:mod:`service.overload.waiting_line`: adaptive LIFO and CoDel). A call is refused at
 once, without queueing, when its remaining deadline is shorter than its expected wait
@@ -39,23 +39,27 @@ tasks, enforced by :class:`~service.engine.fanout.FanOut`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import gevent.event
 
+from lookups.backends.ordered_slots import Flow
 from lookups.clock import SYSTEM_CLOCK
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
-from service.overload.caller_shares import CallerShare, CallerShares
 from service.overload.cpu_rule import CpuRule
+from service.overload.fair_share import CallerCounts, CallerState, FairShare
 from service.overload.retry_after import RetryAfter
-from service.overload.waiting_line import WaitingLine, criticality_at, place_of
+from service.overload.ticket import CallTicket
+from service.overload.waiting_line import CHOICE, WaitingLine, criticality_at, place_of
 from tracing.pools import cpu_demand_s
 
-__all__ = ["AdmissionControl", "AdmissionStats", "Refused"]
+__all__ = ["AdmissionControl", "AdmissionSnapshot", "AdmissionStats", "Refusal", "Refused"]
 
 _SHORT_WEIGHT = 0.2  # the short-term latency average: about the last five calls
 _LONG_WEIGHT = 0.01  # the long-term one: about the last hundred
@@ -85,16 +89,45 @@ class AdmissionStats:
     latency_cuts: int = 0  # rounds of cuts to the limit because latency rose
 
 
-class AdmissionControl:
-    """The adaptive limit on calls in flight, its queue, and ``retry_after_ms``.
+@dataclass(frozen=True)
+class AdmissionSnapshot:
+    """Admission's state at one moment, copied: what the service's metrics and reports read."""
 
-    Use ``admit(deadline)`` before the work and ``done(latency_s)`` after it,
-    exactly once per admitted call (``FanOut.run`` does both), each given the call's
-    caller (:meth:`CallerShares.arrived` of :attr:`callers`) when known. ``clock`` (monotonic
-    seconds) decides whether the queue stands and when ``retry_after_ms`` is steered,
-    and ``cpu_demand`` (seconds the loop's thread ran or waited for a core, so far)
-    whether the loop is CPU-saturated; tests pass their own. A call's deadline reads the
-    same clock (the service gives both); waiting itself keeps real time.
+    limit: int
+    min_limit: int
+    inflight: int
+    queued: int
+    stats: AdmissionStats
+    #: Calls admitted, refused and in flight by caller label (fair share)...
+    callers: Mapping[str, CallerCounts] = field(default_factory=dict)
+    #: ...and each label's weight, and its share of the limit now (0: not active).
+    caller_weights: Mapping[str, float] = field(default_factory=dict)
+    caller_shares: Mapping[str, float] = field(default_factory=dict)
+
+
+class Refusal(NamedTuple):
+    """How a refused call is answered: the pause to tell it, and whether its caller's
+    connection is paced (held if it came back early); a caller under its fair share,
+    refused for another's storm, is not."""
+
+    retry_after_ms: int
+    paced: bool
+
+
+class AdmissionControl:
+    """The adaptive limit on calls in flight, its queue, the callers' fair shares, the CPU
+    rule and ``retry_after_ms``: the one owner of who is served under overload.
+
+    Its verbs, each given the call's :class:`~service.overload.ticket.CallTicket`:
+    :meth:`admit` before the work and :meth:`done` after it, exactly once per admitted
+    call (:class:`~service.overload.gate.CallGate` does both); :meth:`refused` for a call
+    refused however; :meth:`refuse_unread` and :meth:`shed` for refusals decided before
+    it; :meth:`snapshot` to read it. A ticket's caller comes from :meth:`arrived`.
+    ``clock`` (monotonic seconds) decides whether the queue stands and when
+    ``retry_after_ms`` is steered, and ``cpu_demand`` (seconds the loop's thread ran or
+    waited for a core, so far) whether the loop is CPU-saturated; tests pass their own. A
+    call's deadline reads the same clock (the service gives both); waiting itself keeps
+    real time.
     """
 
     def __init__(
@@ -106,9 +139,10 @@ class AdmissionControl:
         weights: Mapping[str, float] | None = None,
     ) -> None:
         """``weights``: callers' weights by name (``[callers.<name>]``; others weigh 1)."""
-        self.settings = settings
+        self._settings = settings
         self._clock = clock
-        self.callers = CallerShares(weights or {}, settings.max_callers, clock)
+        fair = settings.fair_share  # read here alone: the parts below are told
+        self._callers = FairShare(weights or {}, settings.max_callers, clock, enabled=fair)
         self.cpu = CpuRule(clock, cpu_demand, settings.cpu_saturated)
         self.stats = AdmissionStats()
         self.limit = float(settings.initial_limit)
@@ -117,8 +151,8 @@ class AdmissionControl:
         self._short_s = self._long_s = 0.0
         self._samples_since_update = 0
         self._cut_at, self._cut_from = -math.inf, self.limit  # the current round of cuts
-        self._line = WaitingLine(settings, clock)
-        self.retry_after = RetryAfter(clock, lambda: self._short_s)
+        self._line = WaitingLine(settings, clock, choice=CHOICE if fair else 1)
+        self._retry_after = RetryAfter(clock, lambda: self._short_s)
         self._refused_since_update = 0
         self._peak_inflight, self._waited = 0, False  # since room_to_spare() last looked
         #: Set at each refusal admission decides and each cut of its limit: the brownout
@@ -129,73 +163,123 @@ class AdmissionControl:
     def queued(self) -> int:
         return len(self._line.waiters)
 
-    def admit(
-        self,
-        deadline: Deadline,
-        criticality: Criticality = Criticality.CRITICAL,
-        caller: CallerShare | None = None,
-    ) -> None:
-        """Return once the call may start; raise :class:`Refused` if it should not."""
-        rank = int(criticality)
+    def arrived(self, name: str) -> CallerState:
+        """A call from the caller ``name`` arrived now: the caller, for its ticket."""
+        return self._callers.arrived(name)
+
+    def admit(self, ticket: CallTicket) -> None:
+        """Return once the call may start, its ticket's flow set; raise :class:`Refused`
+        if it should not."""
+        rank, caller = int(ticket.criticality), ticket.caller
         if not self.saturated or (caller is not None and self.under_share(caller)):
             # Under its share while others are active, the limit was reached by callers over
             # theirs: this caller's share is its own, as a partition under its limit is
             # admitted by concurrency-limits' partitioned limiters. What that lets in past
             # the limit is bounded by the shares of the callers under theirs.
             self._admitted(rank, caller)
-            return
-        place = place_of(rank, caller is not None and self.over_share(caller))
-        expected_s = self._expected_wait_s(place) + self._short_s
-        if deadline.remaining_s() < expected_s:
-            self.stats.refused_deadline += 1
-            raise self._refuse("cannot finish within its deadline at the current load", rank)
-        if len(self._line.waiters) >= max(
-            int(self.limit), self.settings.min_limit
-        ) and not self._line.evict_behind(place):
-            self.stats.refused_queue += 1
-            raise self._refuse("the admission queue is full", rank)
-        self._wait(deadline, place, caller)
+        else:
+            self._queue(ticket, place_of(rank, caller is not None and self.over_share(caller)))
+        ticket.flow = self._flow(ticket)
 
-    def over_share(self, caller: CallerShare) -> bool:
+    def over_share(self, caller: CallerState) -> bool:
         """Whether one more call of ``caller`` would take it past its fair share of the
         limit (never, with ``admission.fair_share`` off)."""
-        return self.settings.fair_share and self.callers.over(caller, self._cap())
+        return self._callers.over(caller, self._cap())
 
-    def under_share(self, caller: CallerShare) -> bool:
+    def under_share(self, caller: CallerState) -> bool:
         """Whether ``caller`` is under its fair share while other callers are active: its
         refusals come of another's demand (never, with ``admission.fair_share`` off)."""
-        return (
-            self.settings.fair_share
-            and self.callers.others_active(caller)
-            and not self.callers.over(caller, self._cap())
-        )
+        return self._callers.under(caller, self._cap())
 
-    def runs_under_share(self, caller: CallerShare) -> bool:
+    def runs_under_share(self, caller: CallerState) -> bool:
         """Whether ``caller`` has fewer calls in flight than its fair share while other
         callers are active, however many it has waiting (never, with fair share off)."""
-        return (
-            self.settings.fair_share
-            and self.callers.others_active(caller)
-            and self.callers.runs_under(caller, self._cap())
-        )
+        return self._callers.runs_under(caller, self._cap())
 
-    def done(self, latency_s: float | None, caller: CallerShare | None = None) -> None:
-        """An admitted call of ``caller`` ended after ``latency_s`` (None: a call that says
+    def done(self, ticket: CallTicket, latency_s: float | None) -> None:
+        """The admitted call of ``ticket`` ended after ``latency_s`` (None: a call that says
         nothing of the service's latency, as concurrency-limits' ``onIgnore``): update the
         limit, pass the slot on."""
         self.inflight -= 1
-        if caller is not None:
-            self.callers.done(caller)
+        if ticket.caller is not None:
+            self._callers.done(ticket.caller)
         if latency_s is not None:
             self._sample(latency_s)
         self._hand_over()
+
+    def refused(self, ticket: CallTicket, told_ms: int, shed: bool = False) -> Refusal:
+        """The call of ``ticket`` is refused (by admission or the engine, or ``shed`` by
+        the dimmer), so far told ``told_ms`` (0: nothing): count it against its caller, and
+        say how to answer it. A caller under its fair share, refused by admission or the
+        engine, is told the shortest pause and not paced: the storm is another caller's."""
+        caller = ticket.caller
+        if caller is not None:
+            self._callers.refused(caller)
+        if not shed and caller is not None and self.under_share(caller):
+            return Refusal(self.least_retry_after_ms(), paced=False)
+        return Refusal(told_ms or self.retry_after_ms(ticket.criticality), paced=True)
+
+    def refuse_unread(
+        self, criticality: Criticality = Criticality.CRITICAL, caller: CallerState | None = None
+    ) -> int:
+        """Count a refusal decided before the call was read (a caller back too early while
+        :attr:`saturated`, or while the dimmer refuses its kind: :mod:`service.overload.gate`),
+        against ``caller``, that of its connection's last call; the ``retry_after_ms`` to
+        answer. Only the first kind is demand for the limit."""
+        self.stats.refused_unread += 1
+        self._count_refusal(int(criticality), demand=self.saturated)
+        if caller is not None:
+            self._callers.refused(caller)
+        return self.retry_after_ms(criticality)
+
+    def shed(self, criticality: Criticality) -> int:
+        """Count a call the dimmer refused, for ``retry_after_ms`` only (the dimmer follows
+        admission's own refusals, not its own); the ``retry_after_ms`` to answer. Uncounted,
+        a shed caller's pause fell to its floor, and one ignoring it was never held."""
+        self._retry_after.refused(criticality)
+        return self.retry_after_ms(criticality)
+
+    def retry_after_ms(self, criticality: Criticality = Criticality.CRITICAL) -> int:
+        """When a refused caller of ``criticality`` should try again, in milliseconds."""
+        return self._retry_after.ms(criticality)
+
+    def least_retry_after_ms(self) -> int:
+        """The shortest pause told: to a caller refused under its fair share."""
+        return self._retry_after.least_ms()
+
+    def snapshot(self) -> AdmissionSnapshot:
+        """Admission's state now, copied (the counters go on counting)."""
+        callers, cap = self._callers, self._cap()
+        return AdmissionSnapshot(
+            limit=int(self.limit),
+            min_limit=self._settings.min_limit,
+            inflight=self.inflight,
+            queued=self.queued,
+            stats=dataclasses.replace(self.stats),
+            callers={label: dataclasses.replace(c) for label, c in callers.counts.items()},
+            caller_weights={label: callers.weight_of(label) for label in callers.counts},
+            caller_shares=callers.shares(cap),
+        )
+
+    @property
+    def latency_cuts(self) -> int:
+        """Rounds of cuts to the limit because latency rose, since start."""
+        return self.stats.latency_cuts
+
+    def _flow(self, ticket: CallTicket) -> Flow:
+        """The call's place in the backends' lines: by criticality, then fairly among
+        callers by weight (no caller, with fair share off)."""
+        caller = ticket.caller
+        if caller is None or not self._callers.enabled:
+            return Flow(int(ticket.criticality))
+        return Flow(int(ticket.criticality), caller.name, caller.weight)
 
     def room_to_spare(self) -> bool:
         """Whether, since the last time this was asked, no call waited and no more than half
         the limit was ever in flight (the brownout dimmer asks once a window)."""
         spare = not self._waited and self._peak_inflight <= self.limit * _GROW_IN_USE
         self._peak_inflight, self._waited = self.inflight, bool(self._line.waiters)
-        return spare and self.settings.enabled
+        return spare and self._settings.enabled
 
     @property
     def refusals_decided(self) -> int:
@@ -210,30 +294,27 @@ class AdmissionControl:
     @property
     def saturated(self) -> bool:
         """True while a call arriving now would have to queue: the limit is reached."""
-        return self.settings.enabled and (self.inflight >= self._cap() or bool(self._line.waiters))
-
-    def refuse_unread(self, criticality: Criticality = Criticality.CRITICAL) -> int:
-        """Count a refusal decided before the call was read (a caller back too early while
-        :attr:`saturated`, or while the dimmer refuses its kind: :mod:`service.overload.gate`);
-        the ``retry_after_ms`` to answer. Only the first kind is demand for the limit."""
-        self.stats.refused_unread += 1
-        self._count_refusal(int(criticality), demand=self.saturated)
-        return self.retry_after_ms(criticality)
-
-    def shed(self, criticality: Criticality) -> int:
-        """Count a call the dimmer refused, for ``retry_after_ms`` only (the dimmer follows
-        admission's own refusals, not its own); the ``retry_after_ms`` to answer. Uncounted,
-        a shed caller's pause fell to its floor, and one ignoring it was never held."""
-        self.retry_after.refused(criticality)
-        return self.retry_after_ms(criticality)
-
-    def retry_after_ms(self, criticality: Criticality = Criticality.CRITICAL) -> int:
-        """When a refused caller of ``criticality`` should try again, in milliseconds."""
-        return self.retry_after.ms(criticality)
+        return self._settings.enabled and (self.inflight >= self._cap() or bool(self._line.waiters))
 
     # --- the queue -------------------------------------------------------------------
 
-    def _wait(self, deadline: Deadline, place: int, caller: CallerShare | None) -> None:
+    def _queue(self, ticket: CallTicket, place: int) -> None:
+        """Wait at ``place`` in the line, or be refused at once: when the remaining deadline
+        is shorter than the expected wait plus a typical call, or the line is full of waiters
+        at ``place`` or further forward."""
+        rank = criticality_at(place)
+        expected_s = self._expected_wait_s(place) + self._short_s
+        if ticket.deadline.remaining_s() < expected_s:
+            self.stats.refused_deadline += 1
+            raise self._refuse("cannot finish within its deadline at the current load", rank)
+        if len(self._line.waiters) >= max(
+            int(self.limit), self._settings.min_limit
+        ) and not self._line.evict_behind(place):
+            self.stats.refused_queue += 1
+            raise self._refuse("the admission queue is full", rank)
+        self._wait(ticket.deadline, place, ticket.caller)
+
+    def _wait(self, deadline: Deadline, place: int, caller: CallerState | None) -> None:
         line = self._line
         waiter, longest_s = line.join(place, caller)
         self.stats.queued += 1
@@ -284,7 +365,7 @@ class AdmissionControl:
     def _update_limit(self) -> None:
         if self.cpu.least.probing:
             return  # its calls say nothing of the limit's
-        settings, short_s = self.settings, max(self._short_s, 1e-6)
+        settings, short_s = self._settings, max(self._short_s, 1e-6)
         gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
         if short_s > self._ceiling_s:
             gradient = min(gradient, max(0.5, self._ceiling_s / short_s))
@@ -321,22 +402,24 @@ class AdmissionControl:
         return self.cpu.least.cap(self.limit)
 
     def _contended(self) -> bool:
-        return self.settings.fair_share and self.callers.contended(self._cap())
+        return self._callers.contended(self._cap())
 
     def _set_limit(self, limit: float) -> None:
-        self.limit = min(float(self.settings.max_limit), max(float(self.settings.min_limit), limit))
+        self.limit = min(
+            float(self._settings.max_limit), max(float(self._settings.min_limit), limit)
+        )
 
     # --- accounting ------------------------------------------------------------------
 
-    def _admitted(self, rank: int, caller: CallerShare | None = None) -> None:
+    def _admitted(self, rank: int, caller: CallerState | None = None) -> None:
         self.inflight += 1
         if self.inflight > self._peak_inflight:
             self._peak_inflight = self.inflight
         if caller is not None:
-            self.callers.admitted(caller)
+            self._callers.admitted(caller)
         self.cpu.least.admitted()
         self.stats.admitted += 1
-        self.retry_after.admissions[rank > _CRITICAL] += 1  # a counter: see retry_after
+        self._retry_after.admissions[rank > _CRITICAL] += 1  # a counter: see retry_after
 
     def _refuse(self, reason: str, rank: int) -> Refused:
         self._count_refusal(rank)
@@ -347,7 +430,7 @@ class AdmissionControl:
     def _count_refusal(self, rank: int, demand: bool = True) -> None:
         self.stats.refused += 1
         self._refused_since_update += demand
-        self.retry_after.refused(rank)
+        self._retry_after.refused(rank)
 
 
 _CRITICAL = int(Criticality.CRITICAL)

@@ -14,7 +14,7 @@ queue for the core, as TCP Vegas keeps a path's queue:
 * between, it holds: a queue for the core about as long as the rest of a call.
 
 **While callers contend** (one over its share, another within its own:
-:meth:`~service.overload.caller_shares.CallerShares.contended`), the queue is held
+:meth:`~service.overload.fair_share.FairShare.contended`), the queue is held
 shorter: the limit falls past 1.3 times the least and grows below 1.1 times. The calls of
 a caller within its share wait for the core in the same queue as the storm's, so the
 queue's length is their latency; a shorter one costs the callers over their share a

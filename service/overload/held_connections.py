@@ -96,7 +96,7 @@ class HeldConnections:
     whether a connection may serve another call (the server is not draining, the
     connection is not too old). A connection is an object with ``sock``,
     ``channel`` (a :mod:`service.wire.channel` channel) and ``caller`` (its
-    :class:`~service.overload.gate.CallerPacing`).
+    :class:`~service.overload.gate.ConnectionPacing`).
     """
 
     def __init__(

@@ -9,7 +9,7 @@ first, and a newcomer finding the line full takes the place of the newest of the
 least critical waiters, if it is less critical than the newcomer; that one is refused.
 
 A waiter's *place* is its criticality, then whether its caller is over its fair share
-(:mod:`service.overload.caller_shares`): ``2 x criticality + over``. So within one
+(:mod:`service.overload.fair_share`): ``2 x criticality + over``. So within one
 criticality the calls of callers under their share go first, and evict the others. A
 caller under its share while others are active does not wait at all (admission lets it
 past the limit), so the line holds the calls of callers over their share, or of a caller
@@ -33,7 +33,7 @@ from gevent.event import Event
 
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
-from service.overload.caller_shares import CallerShare
+from service.overload.fair_share import CallerState
 
 __all__ = [
     "WaitingLine",
@@ -68,7 +68,7 @@ class Waiter:
 
     __slots__ = ("event", "admitted", "place", "caller")
 
-    def __init__(self, place: int, caller: CallerShare | None = None) -> None:
+    def __init__(self, place: int, caller: CallerState | None = None) -> None:
         self.event = Event()
         self.admitted = False
         self.place = place
@@ -81,8 +81,13 @@ class WaitingLine:
     ``waiters`` is read directly by admission's fast path: an empty line costs no call.
     """
 
-    def __init__(self, settings: AdmissionSettings, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, settings: AdmissionSettings, clock: Callable[[], float], choice: int = CHOICE
+    ) -> None:
+        """``choice``: of how many waiters at the front the least served caller's goes
+        first (1: the line's own order alone)."""
         self._settings = settings
+        self._choice = choice
         self._clock = clock
         self.waiters: deque[Waiter] = deque()
         self._by_place = [0] * PLACES
@@ -100,7 +105,7 @@ class WaitingLine:
         """Waiters a newcomer at ``place`` would wait behind: as far forward or more."""
         return sum(self._by_place[: place + 1])
 
-    def join(self, place: int, caller: CallerShare | None = None) -> tuple[Waiter, float]:
+    def join(self, place: int, caller: CallerState | None = None) -> tuple[Waiter, float]:
         """A new waiter, and the longest it may wait (seconds) as the line stands now."""
         waiter = Waiter(place, caller)
         self.waiters.append(waiter)
@@ -141,10 +146,7 @@ class WaitingLine:
             candidates = order
         else:
             candidates = (w for w in order if w.place == top)
-        if self._settings.fair_share:
-            waiter = _least_served(islice(candidates, CHOICE))
-        else:
-            waiter = next(candidates)
+        waiter = _least_served(islice(candidates, self._choice))
         self.leave(waiter)
         waiter.admitted = True
         waiter.event.set()

@@ -28,7 +28,7 @@ from service.engine.tasks import (
 )
 from service.idl import appstats
 from service.operations.snapshot import ServiceParts, take
-from service.overload.gate import current_caller
+from service.overload.pacing import current_connection
 from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.rpc.validation import ValidRequest, validate_stats_request
 from service.settings.config import Settings
@@ -184,7 +184,7 @@ class AppStatsHandler:
         skipped: list[TaskOutcome] = []
         try:
             with self._gate.admitted(
-                context.deadline, current_caller.get(), valid.criticality, valid.caller
+                context.deadline, current_connection.get(), valid.criticality, valid.caller
             ) as call:
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context)

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lookups.panels import Window
-from service.engine.settings import FanOutSettings
+from service.engine.settings import CALLER_PATTERN, CALLER_RULE, FanOutSettings
 from service.idl import appstats
 from service.overload.brownout import Criticality
-from service.overload.caller_shares import CALLER_PATTERN, CALLER_RULE
 from tracing.context import propagation_fields
 
 __all__ = ["ValidRequest", "validate_stats_request", "APP_PATTERN", "MAX_DEADLINE_MS"]

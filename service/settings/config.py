@@ -51,10 +51,15 @@ from lookups.backends.settings import (
 )
 from lookups.cache.settings import CacheSettings
 from lookups.settings import SHIPPED_OPTIONAL, HttpSettings, LookupSettings, MongoSettings
-from service.engine.settings import AdmissionSettings, CallerSettings, FanOutSettings
+from service.engine.settings import (
+    CALLER_PATTERN,
+    CALLER_RULE,
+    AdmissionSettings,
+    CallerSettings,
+    FanOutSettings,
+)
 from service.errors import ConfigError
 from service.operations.logs import LoggingSettings
-from service.overload.caller_shares import CALLER_PATTERN, CALLER_RULE
 from service.settings.declarations import as_config_error, build_section, keys_of
 from service.settings.server import ServerSettings
 from tracing.settings import MetricsSettings, TracingSettings

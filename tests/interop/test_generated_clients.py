@@ -114,7 +114,7 @@ def test_generated_client(
     host, port = service.address
     stats = service.cache.stats
     before = (stats.hits, stats.misses, stats.fills, len(service.cache))
-    callers = service.gate.admission.callers.counts
+    callers = service.gate.admission.snapshot().callers
     named = f"interop-{language}"
     admitted_before = callers[named].admitted if named in callers else 0
     trace_id = secrets.token_hex(16)
@@ -133,7 +133,7 @@ def test_generated_client(
     assert report["app"] == "shop"
     assert report["trace_id"] == trace_id  # joined the caller's trace
     # The first call named its caller (RequestMeta.caller), counted under that name.
-    assert callers[named].admitted == admitted_before + 1
+    assert service.gate.admission.snapshot().callers[named].admitted == admitted_before + 1
     assert report["statuses"] == {name: "OK" for name in ALL_PANELS}
     # The dimmer held at 0.2 sheds the optional panels of SHEDDABLE calls only: the call
     # above said nothing (CRITICAL) and got them all; this one asked to be SHEDDABLE.

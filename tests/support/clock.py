@@ -1,7 +1,7 @@
 """A clock the test moves by hand, as trio's ``MockClock`` and Twisted's ``task.Clock``.
 
 Give it where the product takes a clock (``FanOutService(clock=...)``, ``CircuitBreaker``,
-``RetryBudget``, ``CallerPacing``, ``Deadline.after_ms(ms, clock)``): time stands still
+``RetryBudget``, ``ConnectionPacing``, ``Deadline.after_ms(ms, clock)``): time stands still
 until :meth:`FakeClock.advance` moves it, so a test of timing behaviour asserts exactly
 what happens at a moment, and takes no wall time however busy the machine is. A wait on
 a deadline (:meth:`FakeClock.wait`) ends when its event is set or when ``advance`` moves

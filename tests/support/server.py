@@ -27,7 +27,7 @@ from thriftpy2.thrift import TProcessor
 
 from service.idl import appstats
 from service.listener.server import ThriftServer
-from service.overload.gate import current_caller
+from service.overload.pacing import current_connection
 from service.settings.server import ServerSettings
 
 __all__ = [
@@ -131,7 +131,7 @@ class RecordingHandler:
 
     def get_app_stats(self, request: Any) -> Any:
         self.requests.append(request)
-        pacing = current_caller.get()
+        pacing = current_connection.get()
         self.identities.append(pacing.identity if pacing is not None else "")
         self.active += 1
         self.max_active = max(self.max_active, self.active)

@@ -34,7 +34,6 @@ values stay few, and its counts are exact and never go back.
 from __future__ import annotations
 
 import logging
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,13 +41,11 @@ from dataclasses import dataclass
 __all__ = [
     "ANONYMOUS",
     "OTHER",
-    "CALLER_PATTERN",
-    "CALLER_RULE",
     "ACTIVE_S",
     "RATE_WINDOW_S",
     "LABELLED_CALLERS",
-    "CallerShare",
-    "CallerShares",
+    "CallerState",
+    "FairShare",
     "CallerCounts",
 ]
 
@@ -57,13 +54,6 @@ log = logging.getLogger(__name__)
 #: The caller of a call that says nothing of who it is, over a connection without a
 #: client certificate.
 ANONYMOUS = "anonymous"
-#: What a caller's name may be: a certificate's DNS name or URI (``spiffe://...``), or a
-#: name the caller gives (``RequestMeta.caller``, ``[callers.<name>]``).
-CALLER_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@-]{0,127}")
-CALLER_RULE = (
-    "must be 1-128 characters of letters, digits, '.', '_', ':', '/', '@' or '-', "
-    "starting with a letter or digit"
-)
 #: The label every caller past the labelled ones counts under.
 OTHER = "other"
 #: A caller without a call in flight is active this long after its last call arrived.
@@ -76,7 +66,7 @@ RATE_WINDOW_S = 1.0
 _QUIET_S = 5.0
 
 
-class CallerShare:
+class CallerState:
     """One caller's state: its weight, its calls in flight and waiting for admission, when it
     was last active."""
 
@@ -115,10 +105,12 @@ class CallerCounts:
     inflight: int = 0
 
 
-class CallerShares:
+class FairShare:
     """The callers active now, their weights, and each one's share of a limit.
 
-    ``weights`` by name (others weigh 1); ``clock`` in monotonic seconds.
+    ``weights`` by name (others weigh 1); ``clock`` in monotonic seconds. Not ``enabled``
+    (``admission.fair_share`` off), callers are still counted, and no caller is ever over
+    or under its share.
     """
 
     def __init__(
@@ -127,11 +119,13 @@ class CallerShares:
         max_callers: int,
         clock: Callable[[], float],
         labelled: int = LABELLED_CALLERS,
+        enabled: bool = True,
     ) -> None:
+        self._enabled = enabled
         self._weights = dict(weights)
         self._max = max(1, max_callers)
         self._clock = clock
-        self._active: OrderedDict[str, CallerShare] = OrderedDict()  # least recent first
+        self._active: OrderedDict[str, CallerState] = OrderedDict()  # least recent first
         self._active_weight = 0.0
         self._labels = set(self._weights)
         self._labelled_left = labelled
@@ -140,43 +134,54 @@ class CallerShares:
         self._admitted_in_window = 0
         self._admitted_per_s = 0.0
 
-    def arrived(self, name: str) -> CallerShare:
+    @property
+    def enabled(self) -> bool:
+        """Whether callers are ever over or under their shares (``admission.fair_share``)."""
+        return self._enabled
+
+    def arrived(self, name: str) -> CallerState:
         """A call from ``name`` arrived now: its caller, tracked and active."""
         now = self._clock()
-        share = self._active.get(name)
-        if share is None:
-            share = self._track(name, now)
+        caller = self._active.get(name)
+        if caller is None:
+            caller = self._track(name, now)
         else:
-            share.seen_at = now
+            caller.seen_at = now
             self._active.move_to_end(name)
-        share.asked += 1
+        caller.asked += 1
         if now - self._window_at >= RATE_WINDOW_S:
             self._measure_rates(now)
         self._expire(now)
-        return share
+        return caller
 
-    def over(self, share: CallerShare, limit: float) -> bool:
-        """Whether one more call of ``share``'s caller would take its demand (calls in flight
+    def over(self, caller: CallerState, limit: float) -> bool:
+        """Whether one more call of ``caller`` would take its demand (calls in flight
         and waiting) past its share of ``limit`` (a caller alone has all of it). Demand, not
         in flight alone: a caller with hundreds of calls waiting is the storm, even while few
         of them run."""
-        if share.inflight + share.waiting < self._share_of(share, limit):
+        if not self._enabled or caller.inflight + caller.waiting < self._share_of(caller, limit):
             return False
-        asked_per_s = share.asked_per_s
-        return asked_per_s is None or asked_per_s >= self._share_of(share, self._admitted_per_s)
+        asked_per_s = caller.asked_per_s
+        return asked_per_s is None or asked_per_s >= self._share_of(caller, self._admitted_per_s)
 
-    def runs_under(self, share: CallerShare, limit: float) -> bool:
-        """Whether ``share``'s caller has fewer calls in flight than its share of ``limit``
-        (its waiting calls aside): a freed slot may still go to it."""
-        return share.inflight < self._share_of(share, limit)
+    def under(self, caller: CallerState, limit: float) -> bool:
+        """Whether ``caller`` is under its share of ``limit`` while other callers are active:
+        refusals of its calls would come of another's demand."""
+        return self._others_active(caller) and not self.over(caller, limit)
+
+    def runs_under(self, caller: CallerState, limit: float) -> bool:
+        """Whether ``caller`` has fewer calls in flight than its share of ``limit`` while
+        other callers are active, however many it has waiting: a freed slot may still go
+        to it."""
+        return self._others_active(caller) and caller.inflight < self._share_of(caller, limit)
 
     def contended(self, limit: float) -> bool:
         """Whether callers contend for ``limit``: one active caller is over its share while
         another is within its own. O(active callers): for a rare look (a window of the
         CPU rule), never per call."""
         over = within = False
-        for share in self._active.values():
-            if self.over(share, limit):
+        for caller in self._active.values():
+            if self.over(caller, limit):
                 over = True
             else:
                 within = True
@@ -184,46 +189,46 @@ class CallerShares:
                 return True
         return False
 
-    def others_active(self, share: CallerShare) -> bool:
-        """Whether callers other than ``share``'s are active now."""
-        return self._active_weight > share.weight * (1 + 1e-9)
+    def _others_active(self, caller: CallerState) -> bool:
+        """Whether callers other than ``caller`` are active now (never, not enabled)."""
+        return self._enabled and self._active_weight > caller.weight * (1 + 1e-9)
 
-    def admitted(self, share: CallerShare) -> None:
-        share.inflight += 1
+    def admitted(self, caller: CallerState) -> None:
+        caller.inflight += 1
         self._admitted_in_window += 1
-        counts = self.counts[share.label]
+        counts = self.counts[caller.label]
         counts.admitted += 1
         counts.inflight += 1
-        if share.refusing and self._clock() - share.refused_at >= _QUIET_S:
-            self._stop_refusing(share)
+        if caller.refusing and self._clock() - caller.refused_at >= _QUIET_S:
+            self._stop_refusing(caller)
 
-    def done(self, share: CallerShare) -> None:
-        share.inflight -= 1
-        self.counts[share.label].inflight -= 1
+    def done(self, caller: CallerState) -> None:
+        caller.inflight -= 1
+        self.counts[caller.label].inflight -= 1
 
-    def refused(self, share: CallerShare) -> None:
-        self.counts[share.label].refused += 1
-        share.refused_at = self._clock()
-        if not share.refusing:
-            share.refusing = True
+    def refused(self, caller: CallerState) -> None:
+        self.counts[caller.label].refused += 1
+        caller.refused_at = self._clock()
+        if not caller.refusing:
+            caller.refusing = True
             log.info(
                 "caller %s: calls refused (%d in flight, weight %g)",
-                share.name,
-                share.inflight,
-                share.weight,
+                caller.name,
+                caller.inflight,
+                caller.weight,
             )
 
     def shares(self, limit: float) -> dict[str, float]:
         """Each label's fair share of ``limit`` now: its active callers' shares added up."""
         found: dict[str, float] = {}
-        for share in self._active.values():
-            found[share.label] = found.get(share.label, 0.0) + self._share_of(share, limit)
+        for caller in self._active.values():
+            found[caller.label] = found.get(caller.label, 0.0) + self._share_of(caller, limit)
         return found
 
-    def _share_of(self, share: CallerShare, limit: float) -> float:
-        """Calls of ``limit`` that are ``share``'s caller's fair share now (all of it, alone;
+    def _share_of(self, caller: CallerState, limit: float) -> float:
+        """Calls of ``limit`` that are ``caller``'s fair share now (all of it, alone;
         its weight counts even once forgotten past ``max_callers``)."""
-        return limit * share.weight / max(self._active_weight, share.weight)
+        return limit * caller.weight / max(self._active_weight, caller.weight)
 
     def weight_of(self, label: str) -> float:
         """A label's weight: its configured one, else 1 (``other``: each of its callers')."""
@@ -232,13 +237,13 @@ class CallerShares:
     def __len__(self) -> int:
         return len(self._active)
 
-    def _track(self, name: str, now: float) -> CallerShare:
+    def _track(self, name: str, now: float) -> CallerState:
         if len(self._active) >= self._max:
             self._forget(self._active.popitem(last=False)[1])
-        share = CallerShare(name, self._label(name), self._weights.get(name, 1.0), now)
-        self._active[name] = share
-        self._active_weight += share.weight
-        return share
+        caller = CallerState(name, self._label(name), self._weights.get(name, 1.0), now)
+        self._active[name] = caller
+        self._active_weight += caller.weight
+        return caller
 
     def _label(self, name: str) -> str:
         if name not in self._labels and self._labelled_left > 0:
@@ -253,10 +258,10 @@ class CallerShares:
         tracked since it began), and the calls admitted a second. O(active callers), once a
         window."""
         elapsed = now - self._window_at
-        for share in self._active.values():
-            whole = share.tracked_at <= self._window_at
-            share.asked_per_s = share.asked / elapsed if whole else None
-            share.asked = 0
+        for caller in self._active.values():
+            whole = caller.tracked_at <= self._window_at
+            caller.asked_per_s = caller.asked / elapsed if whole else None
+            caller.asked = 0
         self._admitted_per_s = self._admitted_in_window / elapsed
         self._window_at, self._admitted_in_window = now, 0
 
@@ -264,21 +269,21 @@ class CallerShares:
         """Forget the callers no longer active; one still in flight is looked at again in
         a while. Each is looked at about once per :data:`ACTIVE_S`: O(1) a call, amortised."""
         for _ in range(len(self._active)):
-            share = next(iter(self._active.values()))
-            if now - share.seen_at < ACTIVE_S:
+            caller = next(iter(self._active.values()))
+            if now - caller.seen_at < ACTIVE_S:
                 return
-            if share.inflight or share.waiting:
-                share.seen_at = now
-                self._active.move_to_end(share.name)
+            if caller.inflight or caller.waiting:
+                caller.seen_at = now
+                self._active.move_to_end(caller.name)
             else:
-                del self._active[share.name]
-                self._forget(share)
+                del self._active[caller.name]
+                self._forget(caller)
 
-    def _forget(self, share: CallerShare) -> None:
-        self._active_weight = max(0.0, self._active_weight - share.weight)
-        if share.refusing:
-            self._stop_refusing(share)
+    def _forget(self, caller: CallerState) -> None:
+        self._active_weight = max(0.0, self._active_weight - caller.weight)
+        if caller.refusing:
+            self._stop_refusing(caller)
 
-    def _stop_refusing(self, share: CallerShare) -> None:
-        share.refusing = False
-        log.info("caller %s: no longer refused", share.name)
+    def _stop_refusing(self, caller: CallerState) -> None:
+        caller.refusing = False
+        log.info("caller %s: no longer refused", caller.name)
