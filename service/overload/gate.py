@@ -18,8 +18,9 @@ The gate makes the call's one :class:`~service.overload.ticket.CallTicket` and h
 that on, to admission's verbs and, as its flow, to the backends' slots; admission alone
 works the limit, its line, the callers' shares and the pause to tell.
 
-**Pacing** (:class:`~service.overload.pacing.ConnectionPacing`, one per connection). A refusal costs the process a
-read, a decode and a reply, about a fiftieth of an admitted call. A caller that
+**Pacing** (:class:`~service.overload.pacing.ConnectionPacing`, one per connection). A
+refusal costs the process a read, a decode and a reply, a small part of an admitted
+call's cost. A caller that
 honours ``retry_after_ms`` is refused a few times a second; one that tries again at
 once (a retry loop in a web tier, users pressing reload) is refused as fast as the
 process can refuse, and a thousand such callers take the whole CPU from the calls
