@@ -85,6 +85,7 @@ class Config:
     criticality: str = ""  # RequestMeta.criticality of every call ("": none)
     caller: str = ""  # RequestMeta.caller of every call ("": none, the anonymous caller)
     companion: Any = None  # a second group of callers (bench.harness.mixed)
+    states: bool = False  # a Fanout server's admission and dimmer read at each window's end
 
     def timing(self, base: Timing) -> Timing:
         return dataclasses.replace(
@@ -329,9 +330,12 @@ def measure(
         result["stack"] = stack.describe()
     rss = {"before_connect": stack.rss_kib()}
     cpu: list[dict[str, float]] = []
+    states: list[dict[str, Any]] = []
 
     def boundary(i: int) -> None:
         cpu.append({**stack.cpu_seconds(), _MACHINE: _machine_busy_s()})
+        if config.states and i > 0:
+            states.append(_server_state(stack.address))
         if i > 0:
             on_window()
 
@@ -361,8 +365,30 @@ def measure(
     )
     if config.spec.server == "fanout":
         result["tasks"] = _task_counts(stack.address)
+    if states:
+        result["states"] = states
     if config.companion is not None:
         result["samples"] = load.samples  # every decoded reply, for bench.harness.mixed
+
+
+def _server_state(address: tuple[str, int]) -> dict[str, Any]:
+    """A Fanout server's admission limit, calls in flight and queued, and the dimmer's
+    level and its calls answered lighter and shed so far (its ``pool_stats``), now."""
+    from service.client import AppStatsClient
+
+    try:
+        with AppStatsClient(address[0], address[1], timeout_ms=5000) as client:
+            report = client.pool_stats()
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {
+        "limit": report.admission_limit,
+        "inflight": report.calls_in_flight,
+        "queued": report.calls_queued,
+        "brownout_level": report.brownout_level,
+        "lighter": report.calls_lighter,
+        "shed": report.calls_shed,
+    }
 
 
 def _task_counts(address: tuple[str, int]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from bench.harness.scenario import (
     _per_rep,
     over_slowest_lookup,
 )
+from bench.harness.steady import steady_storm
 from bench.harness.tracing_cost import tracing_cost
 
 __all__ = ["Scenario", "Scale", "all_scenarios", "SCENARIO_NAMES"]
@@ -312,6 +313,7 @@ SCENARIO_BUILDERS = {
     "python": python_versions,
     "brownout": brownout,
     "fair": fair_share,
+    "steady": steady_storm,
 }
 SCENARIO_NAMES = (*tuple(SCENARIO_BUILDERS), "micro")
 
