@@ -22,7 +22,7 @@ TITLES = {
     "results.json": "The whole benchmark (`make bench`)",
     "brownout.json": 'Brownout and criticality (`make bench BENCH_ARGS="--only brownout"`)',
     "fair-share.json": 'Fair share per caller (`make bench BENCH_ARGS="--only fair"`)',
-    "steady-storm.json": 'A steady storm: capacity minute after minute, and what refusals '
+    "steady-storm.json": "A steady storm: capacity minute after minute, and what refusals "
     'cost (`make bench BENCH_ARGS="--only steady"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
     "tracing.json": 'Tracing cost and the CPU of one span (`make bench BENCH_ARGS="--only '
