@@ -4,9 +4,11 @@ Everything that measures an interval, sets a deadline or waits for a moment read
 :class:`Clock` given to it where the service is built (``FanOutService(clock=...)``), as
 trio's code reads its run's clock: :class:`~lookups.deadline.Deadline`, admission, the
 gate and its pacing, the dimmer, the breaker, the retry budget, hedging and the
-coalescer. A test of timing behaviour gives them a clock it moves by hand
-(``tests/support/clock.py``), so a breaker's open period or a refill ends exactly when
-the test says, however busy the machine is.
+coalescer, the fair shares, the waiting line, the pools' meters, the health checks and
+the results cache's dates. Every part takes this one shape, never a bare callable. A
+test of timing behaviour gives them a clock it moves by hand (``FakeClock``, shipped
+with the product in ``service.testing``), so a breaker's open period or a refill ends
+exactly when the test says, however busy the machine is.
 
 Two readings, never mixed:
 
@@ -43,6 +45,10 @@ class Clock(Protocol):
         """Wait for ``event`` until ``until`` on :meth:`monotonic`; True if it is set."""
         ...
 
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` on :meth:`monotonic` (0: only let the others run)."""
+        ...
+
 
 class Waitable(Protocol):
     """An event to wait for (``gevent.event.Event``, ``threading.Event``)."""
@@ -64,6 +70,9 @@ class SystemClock:
     def wait(self, event: Waitable, until: float) -> bool:
         event.wait(timeout=max(0.0, until - time.monotonic()))
         return event.is_set()
+
+    # gevent's sleep under the server's patching; a thread's otherwise.
+    sleep = staticmethod(time.sleep)
 
     def __repr__(self) -> str:
         return "SystemClock()"

@@ -85,7 +85,7 @@ class FanOutService:
             clock=clock,
             weights=settings.caller_weights(),
         )
-        self.health = HealthChecker(self.backends, clock=clock.monotonic)
+        self.health = HealthChecker(self.backends, clock=clock)
         with as_config_error():
             lookups = registry.build(self.backends, settings.plugin_settings)
         for warning in read_timeout_warnings(settings, lookups.values()):

@@ -20,7 +20,7 @@ from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import Criticality
 from service.overload.cpu_rule import PROBE_CALLS
 from service.overload.ticket import CallTicket
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 
 #: The ticket of a call of no caller: all that ``done`` reads of it.
 ANY_CALL = CallTicket(Deadline.after_s(3600))
@@ -97,9 +97,10 @@ def test_a_standing_queue_serves_the_newest_first() -> None:
     for _ in range(3):
         admission.admit(CallTicket(far()))
     order: list[str] = []
+    clock.advance(0.09)  # the line empty for most of its interval...
     waiters = queue(admission, ["a", "b", "c"], order)
-    clock.now += 0.2  # the queue has not been empty for longer than queue_interval_ms
-    release(admission, 3)
+    clock.advance(0.02)  # ...then standing: not empty for longer than queue_interval_ms,
+    release(admission, 3)  # while its waiters, there 20 ms of their 100, still wait
     gevent.joinall(waiters, raise_error=True)
     assert order == ["c", "b", "a"]
 
@@ -112,8 +113,9 @@ def test_codel_cuts_the_wait_once_the_queue_stands() -> None:
     admission.admit(CallTicket(far()))
     admission.admit(CallTicket(far()))
     order: list[str] = []
+    clock.advance(0.09)
     patient = queue(admission, ["patient"], order)  # the queue has just formed: a long wait
-    clock.now += 0.2  # ...and now it has stood too long
+    clock.advance(0.02)  # ...and now it has stood too long
     with pytest.raises(Refused, match="no call finished while this one waited"):
         admission.admit(CallTicket(far()))
     assert admission.stats.refused_queue == 1
@@ -130,8 +132,9 @@ def test_without_fair_share_codel_cuts_every_callers_wait() -> None:
     caller = admission.arrived("polite")
     admission.admit(CallTicket(far(), caller=caller))
     admission.admit(CallTicket(far(), caller=caller))
+    clock.advance(0.09)
     patient = queue(admission, ["patient"], [])
-    clock.now += 0.2
+    clock.advance(0.02)
     with pytest.raises(Refused, match="no call finished while this one waited"):
         admission.admit(CallTicket(far(), caller=admission.arrived("polite")))
     release(admission, 1)

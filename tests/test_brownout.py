@@ -13,6 +13,7 @@ import gevent.event
 import pytest
 import requests
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.cli.pools import format_pools
 from service.client import AppStatsClient
@@ -32,6 +33,7 @@ from service.overload.brownout import (
 )
 from service.overload.ticket import CallTicket
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData, SampleHttpServices
+from service.testing import FakeClock
 from tests.support.sockets import wait_for
 
 OPTIONAL = {"controllers", "queries", "volume"}
@@ -115,7 +117,7 @@ class Signals:
         self.refusals = 0
         self.standing = False
         self.cuts = 0
-        self.now = 0.0
+        self.clock = FakeClock(0.0)
         self.spare = False  # admission had room to spare this window
         self.pools_short = False
 
@@ -129,7 +131,7 @@ def controller(min_level: float = 0.0) -> tuple[Dimmer, Signals]:
         latency_cuts=lambda: signals.cuts,
         pools_short=lambda: signals.pools_short,
         spare=lambda: signals.spare,
-        clock=lambda: signals.now,
+        clock=signals.clock,
     )
     return dimmer, signals
 
@@ -146,7 +148,7 @@ def window(
     admission, calls of ``arrived``."""
     for criticality in arrived:
         dimmer.arrivals[criticality] += 1
-    signals.now += 0.25
+    signals.clock.advance(0.25)
     signals.refusals += refusals
     signals.cuts += cuts
     signals.standing = standing
@@ -279,7 +281,7 @@ def test_a_pool_short_of_slots_climbs_a_level_that_is_up_and_holds_it_but_starts
         lambda: signals.refusals,
         lambda: signals.standing,
         pools_short=lambda: short["now"],
-        clock=lambda: signals.now,
+        clock=signals.clock,
     )
     only_critical = (C.CRITICAL,)
     # Full pools alone shed nothing: a load admission carries without refusing is served whole.
@@ -373,12 +375,12 @@ def test_min_level_holds_the_dimmer_up_and_a_disabled_dimmer_never_moves() -> No
 # --- admission's line: the more critical first -----------------------------------------------
 
 
-def one_call_admission() -> AdmissionControl:
+def one_call_admission(clock: Clock = SYSTEM_CLOCK) -> AdmissionControl:
     settings = AdmissionSettings(
         initial_limit=1, min_limit=1, max_limit=1, queue_interval_ms=2000, queue_target_ms=2000
     )
-    admission = AdmissionControl(settings, 10_000)
-    admission.admit(CallTicket(Deadline.after_s(10)))  # the one call in flight
+    admission = AdmissionControl(settings, 10_000, clock=clock)
+    admission.admit(CallTicket(Deadline.after_s(10, clock)))  # the one call in flight
     return admission
 
 
@@ -397,7 +399,9 @@ def waiting(admission: AdmissionControl, criticality: Criticality, order: list[s
 
 
 def test_the_dimmer_at_rest_sleeps_until_admission_refuses_then_climbs() -> None:
-    admission = one_call_admission()
+    """On the service's clock: the dimmer's windows pass only as the test moves it."""
+    clock = FakeClock()
+    admission = one_call_admission(clock)
     looks = [0]
 
     def refusals() -> int:
@@ -409,16 +413,23 @@ def test_the_dimmer_at_rest_sleeps_until_admission_refuses_then_climbs() -> None
         lambda: admission.queue_standing,
         latency_cuts=lambda: admission.stats.latency_cuts,
         pressure=admission.pressure,
+        clock=clock,
     )
     dimmer.start()
     try:
-        gevent.sleep(6 * WINDOW_S)
-        assert looks[0] == 3  # at start, and twice before it slept: not once a window
+        gevent.sleep(0.05)
+        assert looks[0] == 3  # at start, and twice before it slept...
+        for _ in range(6):
+            clock.advance(WINDOW_S)
+        assert looks[0] == 3  # ...and not once a window since
         with pytest.raises(Refused):
-            admission.admit(CallTicket(Deadline.after_s(-1.0)))  # no time left while saturated
+            admission.admit(CallTicket(Deadline.after_s(-1.0, clock)))  # no time left, saturated
         for criticality in Criticality:  # calls the dimmer could shed arrived (the gate counts)
             dimmer.arrivals[criticality] += 1
-        wait_for(lambda: dimmer.level > 0.0, 10, "the dimmer climbing")
+        gevent.sleep(0)  # the refusal woke it: it sleeps a window of the clock
+        assert dimmer.level == 0.0
+        clock.advance(WINDOW_S)
+        assert dimmer.level == STEP
     finally:
         dimmer.stop()
     assert dimmer.level == STEP

@@ -26,6 +26,7 @@ from lookups.panels import Window
 from service.samples import SampleData, SampleHttpServices
 from service.samples.seed import AlertRecord
 from service.settings.config import load_settings
+from service.testing import FakeClock
 
 HOUR_MS = 3_600_000
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00Z: a multiple of every bucket below
@@ -91,7 +92,7 @@ def _cached(backends: Backends, bucket_ms: int, settle_ms: int) -> CachedAlerts:
     )  # a series is not split (lookups/cache/alerts.py)
     alerts = cached["alerts"]
     assert isinstance(alerts, CachedAlerts)
-    alerts._clock = lambda: NOW_MS / 1000
+    alerts._clock = FakeClock(wall_start=NOW_MS / 1000)
     return alerts
 
 

@@ -8,7 +8,6 @@ Under ``make compat`` it runs on FerretDB 2 as well.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -46,6 +45,7 @@ from lookups.mongo_parts import (
 )
 from lookups.panels import ErrorSummary, TopList, Window
 from service.samples import MongoWireServer
+from service.testing import FakeClock
 from tests.support.ferretdb import selected_engine
 
 DATABASE = "cache_parts_test"
@@ -115,7 +115,7 @@ def _cached(
     cached = with_cache(lookups, settings, store)
     for lookup in cached.values():
         assert isinstance(lookup, CachedLookup)
-        lookup._clock = lambda: NOW_MS / 1000
+        lookup._clock = FakeClock(wall_start=NOW_MS / 1000)
     return cached  # type: ignore[return-value]
 
 
@@ -345,7 +345,7 @@ def test_a_window_sliding_across_boundaries_equals_the_direct_query(backend: Mon
         end_ms = BASE_MS + 4 * 3_600_000 + step
         window = Window("shop", end_ms - length_ms, end_ms)
         for lookup in cached.values():
-            lookup._clock = functools.partial(float, end_ms / 1000)
+            lookup._clock = FakeClock(wall_start=end_ms / 1000)
             if step == 0:
                 _warm(lookup, window)  # every later step moves a kept sum
             _same(
@@ -363,7 +363,7 @@ def test_a_window_moving_on_by_one_bucket_leaves_the_run_it_left(backend: MongoB
     # The second window's start crosses a boundary, its last settled bucket stays.
     for end_ms in (BASE_MS + 4 * 3_600_000 + 300_000, BASE_MS + 4 * 3_600_000 + 660_000):
         window = Window("shop", end_ms - length_ms, end_ms)
-        lookup._clock = functools.partial(float, end_ms / 1000)
+        lookup._clock = FakeClock(wall_start=end_ms / 1000)
         _warm(lookup, window)
         _same(
             lookup.fetch(window, Deadline.after_ms(10_000)),
@@ -385,7 +385,7 @@ def test_a_window_sliding_onto_a_bucket_with_too_many_groups_is_answered_directl
     lookup = _cached(backend, 3_600_000, 0, store)["queries"]
     for hours in (2, 3):  # the kept sum of two hours moves on to the crowded third
         window = Window("shop", BASE_MS, BASE_MS + hours * 3_600_000)
-        lookup._clock = functools.partial(float, window.end_ms / 1000)
+        lookup._clock = FakeClock(wall_start=window.end_ms / 1000)
         if hours == 2:
             _warm(lookup, window)
         _same(
@@ -494,7 +494,7 @@ def test_edges_with_more_rows_than_a_batch_are_grouped_by_the_engine(
         _seed(backend, _documents(list(range(0, 3 * 3600, 61)) + crowded, list(range(5000))))
         lookup = _cached(backend, 3_600_000, 0, MemoryStore(1 << 24))["errors"]
         window = Window("shop", BASE_MS + 1_000_000, BASE_MS + 3 * 3_600_000 + 700_000)
-        lookup._clock = lambda: window.end_ms / 1000
+        lookup._clock = FakeClock(wall_start=window.end_ms / 1000)
         _warm(lookup, Window("shop", window.start_ms, BASE_MS + 3 * 3_600_000))  # no end edge
         for rows_first in (True, False):  # then the app is known to be dense: grouped at once
             commands.clear()

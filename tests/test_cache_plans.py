@@ -36,7 +36,7 @@ from lookups.panels import Window
 from service.samples import MongoWireServer
 from service.samples.faults import TcpFaultProxy
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 from tests.support.panels import close_panels
 from tests.support.samples import SAMPLE_DATABASE
 

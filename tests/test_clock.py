@@ -1,6 +1,6 @@
 """Timing behaviour on a clock the test moves: the breaker, the retry budget, pacing, a
 deadline cutting a task. Nothing here waits on the wall clock, so a busy machine changes
-nothing (tests/support/clock.py)."""
+nothing (service/testing.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from service.engine.fanout import FanOut
 from service.engine.settings import FanOutSettings
 from service.engine.tasks import RequestContext, Task, TaskStatus
 from service.overload.pacing import ConnectionPacing
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -180,6 +180,29 @@ def test_the_system_clock_reads_the_machine() -> None:
     assert SYSTEM_CLOCK.wait(Event(), SYSTEM_CLOCK.monotonic()) is False
 
 
+def test_a_sleep_on_the_fake_clock_ends_when_the_clock_passes_it_not_on_wall_time() -> None:
+    clock = FakeClock()
+    woke: list[float] = []
+
+    def sleeper() -> None:
+        clock.sleep(30.0)
+        woke.append(clock.monotonic())
+
+    sleeping = gevent.spawn(sleeper)
+    gevent.sleep(0.05)  # wall time passes; the clock's does not
+    clock.advance(29.0)
+    assert not woke
+    clock.advance(1.0)
+    sleeping.join(timeout=5)
+    assert woke == [1030.0]
+
+
+def test_the_system_clock_sleeps_the_machine_time() -> None:
+    started = SYSTEM_CLOCK.monotonic()
+    SYSTEM_CLOCK.sleep(0.02)
+    assert SYSTEM_CLOCK.monotonic() - started >= 0.02
+
+
 #: What reads the time; only lookups/clock.py may (the samples, test fixtures that ship
 #: for the demo, aside).
 _TIME_READS = {"monotonic", "time", "perf_counter", "monotonic_ns", "time_ns", "perf_counter_ns"}
@@ -208,3 +231,29 @@ def test_product_code_reads_the_time_in_the_clock_module_only() -> None:
         for read in _time_reads(path)
     ]
     assert reads and all(read.startswith("lookups/clock.py") for read in reads), reads
+
+
+def _clock_parameters(path: Path) -> list[str]:
+    """Each parameter named ``clock`` in ``path``, with its annotation as written."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args
+            for arg in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs):
+                if arg.arg == "clock":
+                    shape = ast.unparse(arg.annotation) if arg.annotation else "(none)"
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {shape}")
+    return found
+
+
+def test_every_part_takes_the_clock_in_one_shape() -> None:
+    """A ``Clock``, never a bare callable: a part reads ``monotonic()`` or ``wall()`` of
+    the service's clock, and a test gives every part the same ``FakeClock``."""
+    parameters = [
+        parameter
+        for package in ("service", "lookups", "tracing")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for parameter in _clock_parameters(path)
+    ]
+    assert len(parameters) > 20
+    assert [p for p in parameters if not p.endswith(": Clock")] == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, CpuRule, LeastLatency
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 
 
 def test_the_least_is_the_least_of_this_epoch_and_the_last() -> None:

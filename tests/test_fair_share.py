@@ -25,7 +25,7 @@ from service.overload.fair_share import ACTIVE_S, OTHER, RATE_WINDOW_S, FairShar
 from service.overload.gate import CallGate
 from service.overload.pacing import ConnectionPacing
 from service.overload.ticket import CallTicket
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 from tracing.context import spawn_in_context
 
 
@@ -144,13 +144,16 @@ def test_a_standing_line_cuts_the_wait_of_callers_over_their_share() -> None:
     callers = Callers(control(clock, queue_interval_ms=100, queue_target_ms=0))
     for _ in range(4):
         callers.admit("storm")
-    first = callers.wait("storm")
-    clock.advance(0.2)  # the line has stood longer than queue_interval_ms: CoDel cuts waits
+    clock.advance(0.05)  # the line, empty since it was made, is about to stand
+    first = callers.wait("storm")  # it may wait queue_interval_ms, to 0.15 s
+    clock.advance(0.06)  # the line has stood longer than queue_interval_ms: CoDel cuts waits
     late = callers.wait("storm")  # over its share: refused when nothing ends at once
     polite = callers.wait("polite")  # under its share: admitted past the limit
     late.join(timeout=5)  # its wait of 0 ends on the loop's next turn
     assert callers.refused == ["storm"] and callers.order == ["polite"] and polite.dead
-    first.join(timeout=5)  # past queue_interval_ms of real time
+    assert not first.dead  # its own wait is not over...
+    clock.advance(0.05)  # ...until queue_interval_ms from when it came
+    first.join(timeout=5)
     assert callers.refused == ["storm", "storm"]
 
 

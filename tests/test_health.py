@@ -28,6 +28,7 @@ from service.operations.health import HealthChecker
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, MongoWireServer, SampleHttpServices
 from service.samples.http_services import serve_wsgi
 from service.settings.config import Settings, load_settings
+from service.testing import FakeClock
 from tests.support.samples import SAMPLE_DATABASE, backend_overrides
 from tests.support.sockets import wait_for
 
@@ -142,13 +143,13 @@ def test_mongo_down_is_reported_without_credentials(
 
 def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead_port) -> None:
     """Up, then the MongoDB-wire server stops: down once the cached answer expires."""
-    now = [0.0]
+    clock = FakeClock(0.0)
     with MongoWireServer() as mongo:
         settings = settings_for(mongo.uri, failing_http, f"http://127.0.0.1:{dead_port}")
         with Backends(settings.backends) as backends:
             # A patient budget: beside two CPU hogs the first server selection took longer
             # than the default 300 ms, and the server that was up was reported down.
-            checker = HealthChecker(backends, timeout_ms=2000, clock=lambda: now[0])
+            checker = HealthChecker(backends, timeout_ms=2000, clock=clock)
             first = {s.name: s for s in checker.check()}
             assert first["mongo"].up
             assert (first["alerts"].up, first["alerts"].detail) == (False, "HTTP 503")
@@ -156,7 +157,7 @@ def test_stopped_mongo_and_failing_http_services(sample_data, failing_http, dead
 
             mongo.stop()
             assert {s.name: s for s in checker.check()} == first  # cached: no new round of checks
-            now[0] += 1.0
+            clock.advance(1.0)
             after = {s.name: s for s in checker.check()}
 
     assert not after["mongo"].up and after["mongo"].detail.startswith("cannot connect"), after

@@ -22,7 +22,7 @@ from thriftpy2.transport import TCyBufferedTransport
 from service.idl import appstats
 from service.overload.held_connections import HOLD_TICK_S, HeldConnections, HeldReply, on_the_tick
 from service.samples.faults import FaultyHttpService
-from tests.support.clock import FakeClock
+from service.testing import FakeClock
 from tests.support.pacing import (
     CALLER_TIMEOUT_S,
     CALLERS,
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.solo  # make test runs it alone: tests/parallel.py
 def saturated(start_service: Any, slow_alerts: FaultyHttpService) -> Iterator[Callable[..., Any]]:
     """``saturated(**overrides)``: a server admitting one call at a time, its one slot taken
     by a call that hangs on the alerts service until the test ends; others are refused at
-    once (no queueing). Its clock stands still (tests/support/clock.py): a caller that
+    once (no queueing). Its clock stands still (service/testing.py): a caller that
     comes back after a refusal is early however long the busy machine took to send it,
     so it is held; the holds themselves keep the loop's real time."""
     busy: list[Any] = []

@@ -31,6 +31,7 @@ from service.listener.handshakes import TlsHandshakes
 from service.listener.server import ThriftServer
 from service.listener.stats import ServerStats
 from service.settings.config import ConfigError, ServerSettings, load_settings
+from service.testing import FakeClock
 from service.wire.certificates import RotatingContext
 from service.wire.tls import TlsConfigError, server_context
 from tests.support.pki import Pki, make_pki, swap_secret, write_leaf, write_uri_leaf
@@ -295,7 +296,7 @@ def test_a_bad_new_key_keeps_the_previous_certificate_and_logs_an_error(
 def test_rotating_context_looks_at_the_files_at_most_once_per_interval(
     pki: Pki, tmp_path: Path
 ) -> None:
-    now = [0.0]
+    clock = FakeClock(0.0)
     cert = tmp_path / "tls.crt"
     cert.write_bytes(Path(pki.cert_file).read_bytes())
     settings = ServerSettings(tls_cert_file=str(cert), tls_key_file=pki.key_file)
@@ -307,16 +308,14 @@ def test_rotating_context_looks_at_the_files_at_most_once_per_interval(
         built.append(context)
         return context
 
-    rotating = RotatingContext(
-        build, [str(cert), pki.key_file], check_every_s=1.0, clock=lambda: now[0]
-    )
+    rotating = RotatingContext(build, [str(cert), pki.key_file], check_every_s=1.0, clock=clock)
     first = rotating.current()
     cert.write_bytes(Path(pki.cert_file).read_bytes() + b"\n")  # changed: size and mtime
-    now[0] = 0.5
+    clock.now = 0.5
     assert rotating.current() is first and len(built) == 1  # not looked at yet
-    now[0] = 1.0
+    clock.now = 1.0
     assert rotating.current() is not first and (len(built), rotating.reloads) == (2, 1)
-    now[0] = 2.0
+    clock.now = 2.0
     assert rotating.current() is built[-1] and len(built) == 2  # unchanged: not rebuilt
 
 

@@ -13,6 +13,7 @@ import gevent
 import pytest
 from gevent.lock import BoundedSemaphore
 
+from lookups.clock import SYSTEM_CLOCK
 from tracing.pools import MeteredSlots, PoolMeter
 
 
@@ -31,7 +32,7 @@ def hold_slots(slots: MeteredSlots, takers: int, hold_s: float, timeout_s: float
 
 def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger() -> None:
     # Holds alone would understate the need: two slots busy for half the window.
-    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2, clock=time.monotonic))
+    slots = MeteredSlots(BoundedSemaphore(2), PoolMeter("burst", 2, clock=SYSTEM_CLOCK))
     gevent.sleep(0.3)
     assert all(hold_slots(slots, takers=8, hold_s=0.05, timeout_s=5))
     report = slots.meter.report()
@@ -40,7 +41,7 @@ def test_a_pool_saturated_by_a_burst_after_a_quiet_spell_is_recommended_bigger()
 
 
 def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
-    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1, clock=time.monotonic))
+    slots = MeteredSlots(BoundedSemaphore(1), PoolMeter("vain", 1, clock=SYSTEM_CLOCK))
     got = hold_slots(slots, takers=4, hold_s=0.2, timeout_s=0.05)
     report = slots.meter.report()
     assert got.count(True) == 1 and report.timeouts == 3
@@ -48,7 +49,7 @@ def test_takers_that_waited_in_vain_count_towards_the_recommendation() -> None:
 
 
 def test_a_pool_that_never_waits_is_recommended_about_what_it_uses() -> None:
-    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10, clock=time.monotonic))
+    slots = MeteredSlots(BoundedSemaphore(10), PoolMeter("quiet", 10, clock=SYSTEM_CLOCK))
     for _ in range(5):
         assert all(hold_slots(slots, takers=2, hold_s=0.03, timeout_s=1))
     report = slots.meter.report()
@@ -73,7 +74,7 @@ def keep_taking(slots: MeteredSlots, takers: int, hold_s: float, seconds: float)
 
 def test_idle_time_counts_as_idle_and_a_burst_after_it_is_recommended_what_it_used() -> None:
     slots = MeteredSlots(
-        BoundedSemaphore(4), PoolMeter("idle-then-burst", 4, window_s=1.2, clock=time.monotonic)
+        BoundedSemaphore(4), PoolMeter("idle-then-burst", 4, window_s=1.2, clock=SYSTEM_CLOCK)
     )
     assert all(hold_slots(slots, takers=4, hold_s=0.05, timeout_s=1))
     gevent.sleep(1.5)  # longer than the window: the first burst has left it
@@ -92,7 +93,7 @@ def test_idle_time_counts_as_idle_and_a_burst_after_it_is_recommended_what_it_us
 def test_advice_is_never_below_what_was_in_use_at_p99() -> None:
     # Ten slots in use for an instant, once, in a long window: Little's law alone says 1.
     slots = MeteredSlots(
-        BoundedSemaphore(10), PoolMeter("spike", 10, window_s=2.0, clock=time.monotonic)
+        BoundedSemaphore(10), PoolMeter("spike", 10, window_s=2.0, clock=SYSTEM_CLOCK)
     )
     assert all(hold_slots(slots, takers=10, hold_s=0.01, timeout_s=1))
     gevent.sleep(0.5)
@@ -129,7 +130,7 @@ def test_a_pool_whose_waits_come_from_a_saturated_cpu_is_not_told_to_grow(shared
 
 def _cpu_starved_pool_is_told_cpu() -> None:
     slots = MeteredSlots(
-        BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0, clock=time.monotonic)
+        BoundedSemaphore(2), PoolMeter("cpu-starved", 2, window_s=5.0, clock=SYSTEM_CLOCK)
     )
     stop = time.monotonic() + 1.0
 

@@ -23,7 +23,7 @@ from service.client import AppStatsClient
 from service.idl import appstats
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS, SampleData
 from service.samples.faults import FaultyHttpService, TcpFaultProxy
-from tests.support.clock import FakeClock, SkippingClock
+from service.testing import FakeClock, SkippingClock
 from tests.support.samples import SAMPLE_DATABASE
 from tests.support.sockets import dead_port, wait_for
 
@@ -448,7 +448,7 @@ def test_a_worker_following_the_master_s_checks_closes_its_own_circuit() -> None
         for _ in range(breaker.policy.consecutive_failures):
             breaker.check()
             breaker.record(failed=True)
-        checker = HealthChecker(backends, clock=clock.monotonic)
+        checker = HealthChecker(backends, clock=clock)
         checker.follow([BackendStatus("alerts", False, 1.0, "HTTP 503")])
         clock.advance(1.0)
         checker.follow([BackendStatus("alerts", False, 1.0, "HTTP 503")])

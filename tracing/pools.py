@@ -27,9 +27,11 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
+
+from lookups.clock import Clock
 
 __all__ = [
     "WINDOW_S",
@@ -121,19 +123,17 @@ class _Bucket:
 
 class PoolMeter:
     """The rolling statistics of one named pool of ``size`` slots, over the last
-    ``window_s`` seconds (:data:`WINDOW_S`), timed by ``clock`` (a monotonic reading in
-    seconds: the service's clock, ``lookups.clock``)."""
+    ``window_s`` seconds (:data:`WINDOW_S`), timed by ``clock`` (the service's,
+    :mod:`lookups.clock`)."""
 
-    def __init__(
-        self, name: str, size: int, window_s: float = WINDOW_S, *, clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, name: str, size: int, window_s: float = WINDOW_S, *, clock: Clock) -> None:
         self.name = name
         self._clock = clock
         self.size = size
         self.window_s = window_s
         self.in_use = 0
         self.waiting = 0
-        self._changed_at = self._created_at = clock()
+        self._changed_at = self._created_at = clock.monotonic()
         self._buckets: list[_Bucket] = [_Bucket(self._changed_at, size)]
 
     def _current(self, now: float) -> _Bucket:
@@ -157,7 +157,7 @@ class PoolMeter:
 
     def arriving(self) -> float:
         """Note an attempt to take a slot; returns the moment, for :meth:`taken`."""
-        now = self._clock()
+        now = self._clock.monotonic()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting += 1
@@ -170,7 +170,7 @@ class PoolMeter:
 
     def taken(self, since: float) -> None:
         """A slot was taken after waiting since ``since``."""
-        now = self._clock()
+        now = self._clock.monotonic()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting -= 1
@@ -180,7 +180,7 @@ class PoolMeter:
 
     def gave_up(self, since: float) -> None:
         """No slot came free before the taker's timeout."""
-        now = self._clock()
+        now = self._clock.monotonic()
         bucket = self._current(now)
         self._integrate(now, bucket)
         self.waiting -= 1
@@ -188,13 +188,13 @@ class PoolMeter:
         bucket.wait_counts[_wait_bucket(now - since)] += 1
 
     def returned(self) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         self._integrate(now, self._current(now))
         self.in_use -= 1
 
     def report(self) -> PoolReport:
         """The pool over the rolling window (to now)."""
-        now = self._clock()
+        now = self._clock.monotonic()
         self._integrate(now, self._current(now))
         buckets = self._buckets
         # The whole window (idle time without buckets counts as idle), or since the
@@ -260,12 +260,12 @@ class DemandMeter(PoolMeter):
     recommendation is its 99th percentile.
     """
 
-    def __init__(self, name: str, size: int, *, clock: Callable[[], float]) -> None:
+    def __init__(self, name: str, size: int, *, clock: Clock) -> None:
         super().__init__(name, size, clock=clock)
         self._demands: deque[int] = deque(maxlen=_DEMANDS_KEPT)
 
     def wanted(self, slots: int) -> None:
-        self._current(self._clock()).attempts += 1
+        self._current(self._clock.monotonic()).attempts += 1
         self._demands.append(slots)
 
     def report(self) -> PoolReport:

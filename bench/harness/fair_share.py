@@ -260,9 +260,10 @@ def _cost_goal(results: Results) -> Goal:
 def fairness_cost_s(callers: int = 1000, calls: int = 200_000) -> float:
     """Seconds of CPU fairness adds to one admitted call: finding its caller among
     ``callers`` active ones, its share, and its counts in and out."""
+    from lookups.clock import SYSTEM_CLOCK
     from service.overload.fair_share import FairShare
 
-    shares = FairShare({}, max_callers=callers, clock=time.monotonic)
+    shares = FairShare({}, max_callers=callers, clock=SYSTEM_CLOCK)
     names = [f"caller-{n}" for n in range(callers)]
     started = time.process_time()
     for n in range(calls):

@@ -50,7 +50,7 @@ def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots
         semaphore: Any = OrderedSlots(size)
     else:
         semaphore = threading.BoundedSemaphore(size)
-    return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock.monotonic))
+    return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock))
 
 
 class Backend(abc.ABC):

@@ -53,7 +53,7 @@ def with_cache(
         if type(lookup) is AlertsLookup:
             service = lookup.backend
             cached[name] = CachedAlerts(
-                lookup, store, settings, f"{service.name}/{service.settings.url}"
+                lookup, store, settings, f"{service.name}/{service.settings.url}", service.clock
             )
             continue
         parts = parts_of(lookup)
@@ -67,7 +67,9 @@ def with_cache(
             chooser = PlanChooser(
                 settings.replan_ms / 1000, backend.engine_use, store.stats, backend.clock
             )
-        cached[name] = CachedLookup(lookup, parts, store, settings, namespace, merged, chooser)
+        cached[name] = CachedLookup(
+            lookup, parts, store, settings, namespace, merged, chooser, backend.clock
+        )
     return cached
 
 

@@ -17,14 +17,13 @@ so no set of cached buckets gives the points of a window that starts anywhere el
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
 
 from lookups.cache.buckets import bucket_runs, plan_buckets
 from lookups.cache.panel import CachedPanel
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.errors import BadBackendResponse
 from lookups.http import MAX_ITEMS, AlertsLookup
@@ -45,7 +44,7 @@ class CachedAlerts(CachedPanel):
         store: BucketStore,
         settings: CacheSettings,
         namespace: str,
-        clock: Callable[[], float] = SYSTEM_CLOCK.wall,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         super().__init__(
             inner, store, settings, f"fanout:alerts-v1:{namespace}:{settings.bucket_ms}", clock

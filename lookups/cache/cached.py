@@ -29,7 +29,7 @@ from lookups.cache.panel import CachedPanel
 from lookups.cache.plans import PROBE_BUDGET_S, Plan, PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.mongo import QUERY_GROUP_CAP, MongoLookup, aggregate_one_batch, first_batch
 from lookups.mongo_parts import (
@@ -71,7 +71,7 @@ class CachedLookup(CachedPanel):
         namespace: str,
         merged: MergedRuns,
         chooser: PlanChooser | None = None,
-        clock: Callable[[], float] = SYSTEM_CLOCK.wall,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         """``chooser`` picks each window's plan (:mod:`lookups.cache.plans`); without one,
         every window is answered from the buckets."""
@@ -254,7 +254,7 @@ class CachedLookup(CachedPanel):
         match = {"$match": ranges_filter(app, ranges)}
         if (
             sum(end - start for start, end in ranges) <= self._rows_span_ms
-            and self._dense.get(app, 0.0) <= self._clock()
+            and self._dense.get(app, 0.0) <= self._clock.wall()
         ):
             rows, whole = self._run(
                 lambda db: first_batch(
@@ -266,7 +266,7 @@ class CachedLookup(CachedPanel):
                 return self._parts.part_of_rows(rows)
             if len(self._dense) >= _DENSE_APPS:
                 self._dense.clear()
-            self._dense[app] = self._clock() + self._bucket_ms / 1000
+            self._dense[app] = self._clock.wall() + self._bucket_ms / 1000
         return self._parts.part(self._aggregate([match, *self._parts.stages()], deadline))
 
     def _aggregate(self, pipeline: list[dict[str, Any]], deadline: Deadline) -> list[Any]:

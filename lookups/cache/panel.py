@@ -12,6 +12,7 @@ from opentelemetry import trace
 from lookups.base import Lookup
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
+from lookups.clock import Clock
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout
 
@@ -30,9 +31,10 @@ class CachedPanel(Lookup):
         store: BucketStore,
         settings: CacheSettings,
         prefix: str,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
-        """``prefix`` starts every key of this panel's buckets; ``clock`` is epoch seconds."""
+        """``prefix`` starts every key of this panel's buckets; ``clock`` is the service's,
+        read for dates."""
         self.inner, self.store = inner, store
         self.name, self.source = inner.name, inner.source  # type: ignore[misc]  # ClassVars of the class, copied per instance
         self._bucket_ms, self._settle_ms = settings.bucket_ms, settings.settle_ms
@@ -45,7 +47,7 @@ class CachedPanel(Lookup):
 
     def _settled_before_ms(self) -> int:
         """Buckets that end before this instant may be cached: ``settle_ms`` ago."""
-        return int(self._clock() * 1000) - self._settle_ms
+        return int(self._clock.wall() * 1000) - self._settle_ms
 
     def _counted(self, cached: int, queried: int) -> None:
         """Count buckets read and missing, on the store's counters and the task's span."""

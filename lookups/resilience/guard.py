@@ -34,7 +34,6 @@ thread-safe by design: one budget lives in one gevent hub.
 from __future__ import annotations
 
 import random
-import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -169,7 +168,7 @@ class BackendGuard:
             return False
         if not self.budget.try_retry():
             return False
-        time.sleep(backoff_ms / 1000.0)  # gevent's under patching; a thread's otherwise
+        self._clock.sleep(backoff_ms / 1000.0)
         return True
 
     def _once(self, attempt: Callable[[Deadline], T], deadline: Deadline, hedge: bool) -> T:

@@ -160,9 +160,9 @@ class FanOut:
         self.stats = FanOutStats()
         self._inflight = MeteredSlots(
             BoundedSemaphore(settings.max_inflight_tasks),
-            PoolMeter("fanout.tasks", settings.max_inflight_tasks, clock=clock.monotonic),
+            PoolMeter("fanout.tasks", settings.max_inflight_tasks, clock=clock),
         )
-        self.request_pool = DemandMeter("fanout.request", settings.pool_size, clock=clock.monotonic)
+        self.request_pool = DemandMeter("fanout.request", settings.pool_size, clock=clock)
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
         self.failures = FailureSummary(log, "task failures")

@@ -43,7 +43,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
 from lookups.cache import BucketStore
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.errors import BackendUnavailable
 from tracing.context import spawn_in_context
 
@@ -102,7 +102,7 @@ class HealthChecker:
     """Checks every backend of one :class:`~lookups.backends.collection.Backends`, cached briefly.
 
     :meth:`check` never raises for a backend failure: that backend is reported
-    down. ``clock`` (seconds, monotonic) is replaceable for unit tests.
+    down. ``clock`` is the service's (:mod:`lookups.clock`).
     """
 
     def __init__(
@@ -111,7 +111,7 @@ class HealthChecker:
         *,
         timeout_ms: int = DEFAULT_CHECK_TIMEOUT_MS,
         cache_ms: int = DEFAULT_CACHE_MS,
-        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._timeout_s = timeout_ms / 1000.0
         self._cache_s = cache_ms / 1000.0
@@ -142,12 +142,12 @@ class HealthChecker:
         if self._following is not None:
             return self._following
         with self._lock:  # one refresh at a time; the others then read its result
-            if self._cached is None or self._clock() - self._checked_at >= self._cache_s:
+            if self._cached is None or self._clock.monotonic() - self._checked_at >= self._cache_s:
                 fresh = self._refresh()
                 following = self.following()  # told to follow while it checked?
                 if following is not None:
                     return following
-                self._cached, self._checked_at = fresh, self._clock()
+                self._cached, self._checked_at = fresh, self._clock.monotonic()
             return self.current()
 
     def current(self) -> tuple[BackendStatus, ...]:
@@ -185,7 +185,7 @@ class HealthChecker:
     def _watch(self, interval_s: float) -> None:
         while self._following is None:
             self.check()
-            gevent.sleep(interval_s)
+            self._clock.sleep(interval_s)
 
     def stop_watching(self) -> None:
         """End :meth:`watch` (at once when it sleeps, after its round when it checks)."""
@@ -232,14 +232,14 @@ class HealthChecker:
                 breaker.checked_healthy()
 
     def _timed(self, name: str, probe: Callable[[], None]) -> BackendStatus:
-        started = self._clock()
+        started = self._clock.monotonic()
         detail = ""
         with suppress_instrumentation():
             try:
                 probe()
             except Exception as exc:  # noqa: BLE001 - any failure of a probe means "not healthy"
                 detail = _describe(exc, self._timeout_s)
-        latency_ms = round((self._clock() - started) * 1000.0, 3)
+        latency_ms = round((self._clock.monotonic() - started) * 1000.0, 3)
         return BackendStatus(name, not detail, latency_ms, detail)
 
 

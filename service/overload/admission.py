@@ -48,7 +48,7 @@ from typing import NamedTuple
 import gevent.event
 
 from lookups.backends.ordered_slots import Flow
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
@@ -123,7 +123,7 @@ class AdmissionControl:
     call (:class:`~service.overload.gate.CallGate` does both); :meth:`refused` for a call
     refused however; :meth:`refuse_unread` and :meth:`shed` for refusals decided before
     it; :meth:`snapshot` to read it. A ticket's caller comes from :meth:`arrived`.
-    ``clock`` (monotonic seconds) decides whether the queue stands and when
+    ``clock`` (the service's) decides whether the queue stands and when
     ``retry_after_ms`` is steered, and ``cpu_demand`` (seconds the loop's thread ran or
     waited for a core, so far) whether the loop is CPU-saturated; tests pass their own. A
     call's deadline reads the same clock (the service gives both); waiting itself keeps
@@ -134,7 +134,7 @@ class AdmissionControl:
         self,
         settings: AdmissionSettings,
         request_deadline_ms: int,
-        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
         cpu_demand: Callable[[], float] = cpu_demand_s,
         weights: Mapping[str, float] | None = None,
     ) -> None:
@@ -322,9 +322,8 @@ class AdmissionControl:
         if caller is not None:
             caller.waiting += 1
         try:
-            waiter.event.wait(
-                timeout=min(longest_s, max(0.0, deadline.remaining_s() - self._short_s))
-            )
+            waited_s = min(longest_s, max(0.0, deadline.remaining_s() - self._short_s))
+            self._clock.wait(waiter.event, self._clock.monotonic() + waited_s)
         finally:
             if caller is not None:
                 caller.waiting -= 1
@@ -380,7 +379,7 @@ class AdmissionControl:
             # One cut per round (a typical call's latency), whole, as deep as the worst
             # gradient in the round: the calls admitted since the round began have not ended,
             # so the same latency must not cut again and again (TCP cuts once per round trip).
-            now = self._clock()
+            now = self._clock.monotonic()
             if now - self._cut_at >= short_s:
                 self._cut_at, self._cut_from = now, self.limit
                 self.stats.latency_cuts += 1

@@ -74,7 +74,7 @@ import gevent
 import gevent.event
 from gevent import Greenlet
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from tracing.context import spawn_in_context
 from tracing.pools import WINDOW_S as POOLS_WINDOW_S
 
@@ -176,7 +176,7 @@ class Dimmer:
     ``pools_short`` tells whether a backend pool is short of slots; ``spare`` whether
     admission had room to spare since it was last asked; ``pressure`` is set
     at each refusal or cut admission makes (the dimmer sleeps on it while at rest);
-    ``clock`` is monotonic seconds. Tests drive :meth:`update` with their own clock.
+    ``clock`` is the service's. Tests drive :meth:`update` with their own clock.
     """
 
     def __init__(
@@ -190,7 +190,7 @@ class Dimmer:
         spare: Callable[[], bool] = lambda: False,
         enabled: bool = True,
         min_level: float = 0.0,
-        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.enabled = enabled
         self.min_level = min_level if enabled else 0.0
@@ -236,7 +236,7 @@ class Dimmer:
                 self._pressure.clear()
                 if self._resting():
                     self._pressure.wait()
-            gevent.sleep(WINDOW_S)
+            self._clock.sleep(WINDOW_S)
             self.update()
 
     def _at_rest(self) -> bool:
@@ -303,7 +303,10 @@ class Dimmer:
         if refused or failed or short:
             if self._probing is not None:  # the last step down brought refusals back
                 self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
-                self._avoid = (self.level, self._clock() + (AVOID_S << (self._backoff - 1)))
+                self._avoid = (
+                    self.level,
+                    self._clock.monotonic() + (AVOID_S << (self._backoff - 1)),
+                )
             self._cool = 0
             self.level = min(ceiling, self.level + STEP)
         elif gone or cut or self._queue_standing():
@@ -319,7 +322,7 @@ class Dimmer:
                 lowered = max(self.min_level, self.level - STEP)
                 if lowered < self.level and not below_ceiling and self._pools_short():
                     lowered = self.level  # no slot to spare (below the ceiling: read above)
-                if lowered <= self._avoid[0] and self._clock() < self._avoid[1]:
+                if lowered <= self._avoid[0] and self._clock.monotonic() < self._avoid[1]:
                     lowered = self.level  # a level that brought refusals back lately
                 self._probing = 0 if lowered < self.level else self._probing
                 self.level = lowered
@@ -354,7 +357,7 @@ class Dimmer:
         return True
 
     def _note_peak(self, before: float) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         self._windows.append(
             (now, max(before, self.level), _total(self.stats.lighter), _total(self.stats.refused))
         )

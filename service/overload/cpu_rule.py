@@ -52,6 +52,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from lookups.clock import Clock
+
 __all__ = ["CpuRule", "LeastLatency", "PROBE_CALLS"]
 
 _WINDOW_S = 0.25  # the loop's demand for a core is measured over windows this long
@@ -68,13 +70,13 @@ _PROBE_LONGEST_S = 1.0  # a probe whose calls do not end (none came) gives up af
 class CpuRule:
     """The loop's windows, the least latency, and the limit's step for the CPU.
 
-    ``clock`` is monotonic seconds and ``cpu_demand`` the seconds the loop's thread ran
+    ``clock`` is the service's and ``cpu_demand`` the seconds the loop's thread ran
     or waited for a core, so far; ``saturated_share`` is ``admission.cpu_saturated``
     (0: the rule is off).
     """
 
     def __init__(
-        self, clock: Callable[[], float], cpu_demand: Callable[[], float], saturated_share: float
+        self, clock: Clock, cpu_demand: Callable[[], float], saturated_share: float
     ) -> None:
         self._clock = clock
         self._cpu_demand = cpu_demand
@@ -82,7 +84,7 @@ class CpuRule:
         self.least = LeastLatency(clock)
         self.busy = 0.0  # the loop's demand for a core over the last window
         self.window_latency_s = 0.0  # the calls' mean latency over the last window
-        self._start_window(clock(), cpu_demand())
+        self._start_window(clock.monotonic(), cpu_demand())
         self._measured = False  # the last window ended at the last measure
 
     def call_ended(self, latency_s: float) -> None:
@@ -90,7 +92,7 @@ class CpuRule:
         if self.least.sample(latency_s):
             # The probe ended: the loop had moments to spare during it, which are no room
             # to grow. The window before it stands until one after it is measured.
-            self._start_window(self._clock(), self._cpu_demand())
+            self._start_window(self._clock.monotonic(), self._cpu_demand())
             self._measured = False
         self._latency_sum_s += latency_s
         self._calls += 1
@@ -101,7 +103,7 @@ class CpuRule:
         if self._share <= 0:
             return False
         started, demand_at = self._window
-        now = self._clock()
+        now = self._clock.monotonic()
         self._measured = now - started >= _WINDOW_S
         if self._measured:
             demand = self._cpu_demand()
@@ -147,10 +149,10 @@ class LeastLatency:
     probe if none ran this epoch; ``cap(limit)`` is how many calls may be in flight now.
     """
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._epochs = [math.inf, math.inf]  # the least: last epoch, this one
-        self._epoch_since = clock()
+        self._epoch_since = clock.monotonic()
         self._probe_since: float | None = None  # while a probe runs: when it began
         self._probe_open: float | None = None  # ...when it admitted its first call
         self._probe_ended = 0  # calls started under it that ended
@@ -176,7 +178,7 @@ class LeastLatency:
             self._epochs[1] = latency_s
         if self._probe_since is None:
             return False
-        now = self._clock()
+        now = self._clock.monotonic()
         if self._probe_open is not None and now - latency_s >= self._probe_open:
             self._probe_ended += 1  # it started under the probe
         if self._probe_ended >= PROBE_CALLS or now - self._probe_since >= _PROBE_LONGEST_S:
@@ -189,11 +191,11 @@ class LeastLatency:
         started since ran with no more than :data:`PROBE_CALLS` in flight (calls admitted
         before the probe, whose greenlets had yet to run, did not)."""
         if self._probe_since is not None and self._probe_open is None:
-            self._probe_open = self._clock()
+            self._probe_open = self._clock.monotonic()
 
     def start_probe(self) -> bool:
         """Begin a probe unless one ran this epoch (or runs); True if one began."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if self._probe_since is not None or now - self._last_probe < EPOCH_S:
             return False
         self._probe_since, self._probe_open, self._probe_ended = now, None, 0
@@ -203,6 +205,6 @@ class LeastLatency:
 
     def roll(self) -> None:
         """Start a new epoch once the current one is :data:`EPOCH_S` old."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if now - self._epoch_since >= EPOCH_S:
             self._epochs, self._epoch_since = [self._epochs[1], math.inf], now

@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from lookups.clock import Clock
 
 __all__ = [
     "ANONYMOUS",
@@ -108,7 +110,7 @@ class CallerCounts:
 class FairShare:
     """The callers active now, their weights, and each one's share of a limit.
 
-    ``weights`` by name (others weigh 1); ``clock`` in monotonic seconds. Not ``enabled``
+    ``weights`` by name (others weigh 1); ``clock`` the service's. Not ``enabled``
     (``admission.fair_share`` off), callers are still counted, and no caller is ever over
     or under its share.
     """
@@ -117,7 +119,7 @@ class FairShare:
         self,
         weights: Mapping[str, float],
         max_callers: int,
-        clock: Callable[[], float],
+        clock: Clock,
         labelled: int = LABELLED_CALLERS,
         enabled: bool = True,
     ) -> None:
@@ -130,7 +132,7 @@ class FairShare:
         self._labels = set(self._weights)
         self._labelled_left = labelled
         self.counts = {name: CallerCounts() for name in self._weights}  # by label
-        self._window_at = clock()
+        self._window_at = clock.monotonic()
         self._admitted_in_window = 0
         self._admitted_per_s = 0.0
 
@@ -141,7 +143,7 @@ class FairShare:
 
     def arrived(self, name: str) -> CallerState:
         """A call from ``name`` arrived now: its caller, tracked and active."""
-        now = self._clock()
+        now = self._clock.monotonic()
         caller = self._active.get(name)
         if caller is None:
             caller = self._track(name, now)
@@ -199,7 +201,7 @@ class FairShare:
         counts = self.counts[caller.label]
         counts.admitted += 1
         counts.inflight += 1
-        if caller.refusing and self._clock() - caller.refused_at >= _QUIET_S:
+        if caller.refusing and self._clock.monotonic() - caller.refused_at >= _QUIET_S:
             self._stop_refusing(caller)
 
     def done(self, caller: CallerState) -> None:
@@ -208,7 +210,7 @@ class FairShare:
 
     def refused(self, caller: CallerState) -> None:
         self.counts[caller.label].refused += 1
-        caller.refused_at = self._clock()
+        caller.refused_at = self._clock.monotonic()
         if not caller.refusing:
             caller.refusing = True
             log.info(

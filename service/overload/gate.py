@@ -160,7 +160,7 @@ class CallGate:
         self.clock = clock
         self._hold_refusals = settings.hold_refusals
         self.admission = admission = AdmissionControl(
-            settings, request_deadline_ms, clock=clock.monotonic, weights=weights
+            settings, request_deadline_ms, clock=clock, weights=weights
         )
         self.dimmer = Dimmer(
             lambda: admission.refusals_decided,
@@ -171,7 +171,7 @@ class CallGate:
             spare=admission.room_to_spare,
             enabled=settings.brownout,
             min_level=settings.brownout_min_level,
-            clock=clock.monotonic,
+            clock=clock,
         )
         self.stats = GateStats()
 

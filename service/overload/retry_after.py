@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from lookups.clock import Clock
 from service.overload.brownout import Criticality
 
 __all__ = ["RetryAfter"]
@@ -32,12 +33,12 @@ class RetryAfter:
     """The pause to tell refused callers, per class of criticality. ``clock`` is monotonic
     seconds; ``floor_s`` the shortest pause worth telling (admission's typical latency)."""
 
-    def __init__(self, clock: Callable[[], float], floor_s: Callable[[], float]) -> None:
+    def __init__(self, clock: Clock, floor_s: Callable[[], float]) -> None:
         self._clock = clock
         self._floor_s = floor_s
         # Per class: [CRITICAL_PLUS and CRITICAL, SHEDDABLE_PLUS and SHEDDABLE].
         self._pause_s = [0.1, 0.1]
-        self._started = clock()
+        self._started = clock.monotonic()
         #: Calls admitted in the window, per class; admission counts them itself.
         self.admissions = [0, 0]
         self._refused = [0, 0]
@@ -58,7 +59,7 @@ class RetryAfter:
         self._refused[_class(criticality)] += 1
 
     def _roll(self) -> None:
-        now = self._clock()
+        now = self._clock.monotonic()
         elapsed = now - self._started
         if elapsed < _WINDOW_S:
             return

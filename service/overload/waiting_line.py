@@ -26,11 +26,12 @@ choice looks at calls in flight at the moment a slot frees.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from itertools import islice
 
 from gevent.event import Event
 
+from lookups.clock import Clock
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
 from service.overload.fair_share import CallerState
@@ -81,9 +82,7 @@ class WaitingLine:
     ``waiters`` is read directly by admission's fast path: an empty line costs no call.
     """
 
-    def __init__(
-        self, settings: AdmissionSettings, clock: Callable[[], float], choice: int = CHOICE
-    ) -> None:
+    def __init__(self, settings: AdmissionSettings, clock: Clock, choice: int = CHOICE) -> None:
         """``choice``: of how many waiters at the front the least served caller's goes
         first (1: the line's own order alone)."""
         self._settings = settings
@@ -91,14 +90,14 @@ class WaitingLine:
         self._clock = clock
         self.waiters: deque[Waiter] = deque()
         self._by_place = [0] * PLACES
-        self._empty_at = clock()
+        self._empty_at = clock.monotonic()
 
     @property
     def standing(self) -> bool:
         """Whether calls have waited without the line draining for longer than its interval."""
         return (
             bool(self.waiters)
-            and self._clock() - self._empty_at > self._settings.queue_interval_ms / 1000.0
+            and self._clock.monotonic() - self._empty_at > self._settings.queue_interval_ms / 1000.0
         )
 
     def ahead_of(self, place: int) -> int:
@@ -122,7 +121,7 @@ class WaitingLine:
             return
         self._by_place[waiter.place] -= 1
         if not self.waiters:
-            self._empty_at = self._clock()
+            self._empty_at = self._clock.monotonic()
 
     def evict_behind(self, place: int) -> bool:
         """Refuse the newest of the waiters furthest back, if further back than ``place``."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 from cryptography import x509
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.wire.tls import TlsConfigError
 
 __all__ = ["RotatingContext", "CHECK_EVERY_S", "expires_at"]
@@ -51,7 +51,7 @@ class RotatingContext:
         build: Callable[[], ssl.SSLContext],
         paths: Sequence[str],
         check_every_s: float = CHECK_EVERY_S,
-        clock: Callable[[], float] = SYSTEM_CLOCK.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._build = build
         self._paths = tuple(paths)
@@ -59,13 +59,13 @@ class RotatingContext:
         self._clock = clock
         self._seen = _signature(self._paths)
         self._context = build()
-        self._checked = clock()
+        self._checked = clock.monotonic()
         self.reloads = 0  # new contexts in use since start
         self.failed_reloads = 0  # changes whose files did not load
 
     def current(self) -> ssl.SSLContext:
         """The context for a new connection, rebuilt first if the files changed."""
-        now = self._clock()
+        now = self._clock.monotonic()
         if now - self._checked >= self._check_every_s:
             self._checked = now
             self._reload_if_changed()

@@ -113,7 +113,7 @@ def start_service(
 
     ``start(http=None, registry=None, clock=SYSTEM_CLOCK, **overrides)``: ``http`` replaces
     the sample HTTP services, ``registry`` the default lookups, ``clock`` the machine's
-    (tests/support/clock.py); override keys use ``__`` for dots
+    (service/testing.py); override keys use ``__`` for dots
     (``fanout__pool_size=4``).
     """
     started: list[tuple[FanOutService, AppStatsClient]] = []

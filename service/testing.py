@@ -1,11 +1,22 @@
-"""A clock the test moves by hand, as trio's ``MockClock`` and Twisted's ``task.Clock``.
+"""Clocks for tests of timing, shipped with the product as trio ships ``MockClock``.
 
-Give it where the product takes a clock (``FanOutService(clock=...)``, ``CircuitBreaker``,
-``RetryBudget``, ``ConnectionPacing``, ``Deadline.after_ms(ms, clock)``): time stands still
-until :meth:`FakeClock.advance` moves it, so a test of timing behaviour asserts exactly
-what happens at a moment, and takes no wall time however busy the machine is. A wait on
-a deadline (:meth:`FakeClock.wait`) ends when its event is set or when ``advance`` moves
-the clock past the deadline, never by wall time.
+:class:`FakeClock` is moved by hand, as trio's ``MockClock`` and Twisted's
+``task.Clock``. Give it where the product takes a clock (``FanOutService(clock=...)``,
+``CallGate``, ``CircuitBreaker``, ``RetryBudget``, ``ConnectionPacing``,
+``Deadline.after_ms(ms, clock)``): time stands still until :meth:`FakeClock.advance`
+moves it, so a test of timing behaviour asserts exactly what happens at a moment, and
+takes no wall time however busy the machine is. A wait on a deadline
+(:meth:`FakeClock.wait`) ends when its event is set or when ``advance`` moves the clock
+past the deadline, never by wall time.
+
+:class:`SkippingClock` is the machine's time with jumps, for a whole service whose
+sockets and timeouts must run.
+
+    from service.testing import FakeClock
+
+    clock = FakeClock()
+    service = FanOutService(settings, clock=clock)
+    clock.advance(30.0)    # a breaker's open period passes at once
 """
 
 from __future__ import annotations
@@ -35,10 +46,6 @@ class FakeClock:
     def wall(self) -> float:
         return self._now + self._wall_offset
 
-    def __call__(self) -> float:
-        """The monotonic reading: where the product takes a ``clock`` callable."""
-        return self._now
-
     @property
     def now(self) -> float:
         return self._now
@@ -57,6 +64,13 @@ class FakeClock:
         while not event.is_set() and self._now < until:
             gevent.wait([_as_gevent(event), self._moved], count=1)
         return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """Until :meth:`advance` moves the clock ``seconds`` on (0: let the others run)."""
+        until = self._now + seconds
+        gevent.sleep(0)
+        while self._now < until:
+            self._moved.wait()
 
     def __repr__(self) -> str:
         return f"FakeClock(now={self._now})"
@@ -104,3 +118,10 @@ class SkippingClock:
         while not event.is_set() and self.monotonic() < until:
             gevent.wait([_as_gevent(event), self._moved], count=1, timeout=until - self.monotonic())
         return event.is_set()
+
+    def sleep(self, seconds: float) -> None:
+        """``seconds`` of the machine's time, or less if :meth:`skip` jumps past them."""
+        until = self.monotonic() + seconds
+        gevent.sleep(0)
+        while self.monotonic() < until:
+            self._moved.wait(timeout=until - self.monotonic())
