@@ -86,7 +86,11 @@ class MessageLoop:
         self._rejected = FailureSummary(log, "connections closed for what they sent")
         self._durations = CallDurations(appstats.AppStats.thrift_services)
         self.held = HeldConnections(
-            self._refuse_next, self._may_serve_more, settings.max_frame_bytes, self._durations
+            self._refuse_next,
+            self._may_serve_more,
+            settings.max_frame_bytes,
+            self._durations,
+            clock,
         )
 
     def open(self, sock: socket.socket) -> ServedConnection:
@@ -101,7 +105,7 @@ class MessageLoop:
         max_age_ms = self._settings.max_connection_age_ms
         return (
             bool(max_age_ms)
-            and (SYSTEM_CLOCK.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
+            and (self._clock.monotonic() - connection.opened_at) * 1000.0 >= max_age_ms
         )
 
     def flush(self) -> None:
@@ -158,13 +162,13 @@ class MessageLoop:
 
     def _serve_one(self, connection: ServedConnection) -> None:
         message = connection.channel.receive()
-        started = SYSTEM_CLOCK.monotonic()
+        started = self._clock.monotonic()
         api, seqid, reply = self._answer(connection, message)
         hold_s = connection.caller.take_hold()
         if self.stopping:
             hold_s = 0.0  # draining: a refusal goes out at once, the drain waits for no hold
         if not isinstance(reply, TApplicationException) and reply.oneway:
-            self._durations.call_ended(api, _error_type(reply), SYSTEM_CLOCK.monotonic() - started)
+            self._durations.call_ended(api, _error_type(reply), self._clock.monotonic() - started)
             return
         held = self._held_reply(connection, api, seqid, reply, started, hold_s)
         payload = held.payload
@@ -189,7 +193,7 @@ class MessageLoop:
     def _refuse_next(self, connection: ServedConnection, message: Any) -> HeldReply | None:
         """For a held connection (in a callback of the hub): the held reply to a call
         refused unread, or None to serve it in the connection's greenlet."""
-        started = SYSTEM_CLOCK.monotonic()
+        started = self._clock.monotonic()
         refused = self._unread_refusal(connection, message)
         if refused is None:
             return None
@@ -236,7 +240,7 @@ class MessageLoop:
             raise
         finally:  # every call read is recorded once, its reply written or not
             self._durations.call_ended(
-                reply.method, error_type, SYSTEM_CLOCK.monotonic() - reply.started
+                reply.method, error_type, self._clock.monotonic() - reply.started
             )
 
     def _decode_call(

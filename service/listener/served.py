@@ -48,7 +48,7 @@ class ServedConnection:
     ) -> None:
         """``clock``: the service's, which its caller's pacing reads (deadlines read it too)."""
         self.sock = sock
-        self.opened_at = SYSTEM_CLOCK.monotonic()
+        self.opened_at = clock.monotonic()
         self.channel: Channel = open_channel(
             settings.transport, sock, settings.wire_limits(), settings.protocol
         )

@@ -87,6 +87,7 @@ class ThriftServer:
         self._settings = settings
         self._stats = ServerStats()
         self._connections: set[ServedConnection] = set()
+        self._clock = clock
         self._loop = MessageLoop(processor, settings, self._stats, refuse_unread, clock)
         self._server: StreamServer | None = None
         # A socket already bound and listening (pre-forked workers share one).
@@ -222,7 +223,7 @@ class ThriftServer:
         return self._drain_report
 
     def _drain(self, server: StreamServer, timeout_s: float) -> DrainReport:
-        started = SYSTEM_CLOCK.monotonic()
+        started = self._clock.monotonic()
         server.close()
         # Replies held for pacing are written now, and their connections go back to their
         # greenlets, which see the drain (service.overload.held_connections).
@@ -250,7 +251,7 @@ class ThriftServer:
             idle_closed=idle,
             finished=max(busy - killed, 0),
             killed=killed,
-            elapsed_ms=round((SYSTEM_CLOCK.monotonic() - started) * 1000.0, 1),
+            elapsed_ms=round((self._clock.monotonic() - started) * 1000.0, 1),
         )
         self._loop.flush()
         self._loop.held.close()

@@ -43,7 +43,7 @@ import gevent
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
-from lookups.clock import SYSTEM_CLOCK, loop_time
+from lookups.clock import SYSTEM_CLOCK, Clock, loop_time
 from service.engine.summary import FailureSummary
 from tracing.context import spawn_in_context
 from tracing.spans import CallDurations
@@ -68,7 +68,7 @@ HOLD_TICK_S = 0.02
 
 class HeldReply(NamedTuple):
     """A reply to write once ``hold_s`` has passed: framed ``payload`` for a call to
-    ``method`` read at ``started`` (``SYSTEM_CLOCK.monotonic()``), answered with ``error_type``."""
+    ``method`` read at ``started`` (on the service's clock), answered with ``error_type``."""
 
     method: str
     error_type: str
@@ -105,7 +105,10 @@ class HeldConnections:
         may_go_on: Callable[[Any], bool],
         max_frame_bytes: int,
         durations: CallDurations,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the service's, which timed each reply's ``started``."""
+        self._clock = clock
         self._refuse_next = refuse_next
         self._durations = durations
         self._may_go_on = may_go_on
@@ -136,7 +139,7 @@ class HeldConnections:
             if hold.reply is not None:
                 reply = hold.reply
                 self._durations.call_ended(
-                    reply.method, type(exc).__name__, SYSTEM_CLOCK.monotonic() - reply.started
+                    reply.method, type(exc).__name__, self._clock.monotonic() - reply.started
                 )
             raise
         finally:
@@ -156,7 +159,7 @@ class HeldConnections:
     def _ended(self, reply: HeldReply, error_type: str) -> None:
         """Record a held call as finished (from a callback of the hub): by the recorder
         greenlet, since recording takes locks that a callback must not wait on."""
-        self._finished.append((reply.method, error_type, SYSTEM_CLOCK.monotonic() - reply.started))
+        self._finished.append((reply.method, error_type, self._clock.monotonic() - reply.started))
         if self._recorder is None:
             # Once: a greenlet spawned per call costs a stack mapped and unmapped (8 us).
             self._recorder = spawn_in_context(self._record_finished)
