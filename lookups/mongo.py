@@ -34,6 +34,7 @@ from lookups.base import Lookup
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BadBackendResponse
 from lookups.panels import TOP_N, ErrorSummary, MessageCount, PanelValue, TopEntry, TopList, Window
+from tracing.clients import mongo_command_span
 
 __all__ = [
     "COLLECTIONS",
@@ -103,7 +104,10 @@ def aggregate_one_batch(
     command cursor and a retryable read (retries are the guard's). A result needing a
     second batch (over 16 MiB) is read again through ``Collection.aggregate``."""
     found, whole = first_batch(db, collection, pipeline, QUERY_GROUP_CAP)
-    return found if whole else list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
+    if whole:
+        return found
+    with mongo_command_span("aggregate", db.name, collection, db.client):
+        return list(db[collection].aggregate(pipeline, batchSize=QUERY_GROUP_CAP))
 
 
 def first_batch(
@@ -114,17 +118,21 @@ def first_batch(
     concern: dict[str, Any] = (
         {"readConcern": db.read_concern.document} if db.read_concern.document else {}
     )
-    cursor = db.command(
-        "aggregate",
-        collection,
-        pipeline=pipeline,
-        cursor={"batchSize": size},
-        read_preference=db.read_preference,
-        **concern,
-    )["cursor"]
+    with mongo_command_span("aggregate", db.name, collection, db.client):
+        cursor = db.command(
+            "aggregate",
+            collection,
+            pipeline=pipeline,
+            cursor={"batchSize": size},
+            read_preference=db.read_preference,
+            **concern,
+        )["cursor"]
     if cursor["id"]:
         # Best effort: on a replica set the server picked may not hold it (it drops it idle).
-        with contextlib.suppress(pymongo.errors.PyMongoError):
+        with (
+            contextlib.suppress(pymongo.errors.PyMongoError),
+            mongo_command_span("killCursors", db.name, collection, db.client),
+        ):
             db.command(
                 "killCursors",
                 collection,

@@ -215,9 +215,16 @@ def test_disabled_installs_nothing_and_is_inert(session_tracing) -> None:
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
 
 
-def test_session_provider_is_global_and_instruments_pymongo_and_requests(session_tracing) -> None:
+def test_session_provider_is_global_instruments_requests_and_makes_its_own_mongodb_spans(
+    session_tracing,
+) -> None:
+    """``tracing.mongo_spans = "own"`` by default: the pymongo instrumentation stays off
+    (its command listener would cost every command), and ours are on."""
+    import tracing.clients
+
     assert trace.get_tracer_provider() is session_tracing.provider
-    assert PymongoInstrumentor().is_instrumented_by_opentelemetry
+    assert not PymongoInstrumentor().is_instrumented_by_opentelemetry
+    assert tracing.clients._own_mongo_spans
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
 
 

@@ -1,7 +1,13 @@
 """Client spans a reader can tell apart, naming the service they call.
 
-The official pymongo and requests instrumentations make the CLIENT spans; the
-hooks here finish them so a trace view shows what each one is:
+The MongoDB command spans are Fanout's own by default (``tracing.mongo_spans = "own"``,
+:func:`mongo_command_span`): each command a lookup sends, written to the stable
+database conventions exactly as the official pymongo instrumentation writes them. That
+instrumentation listens to pymongo's command monitoring, and pymongo builds the events
+for every command once a listener is registered, sampled or not; a command of our own
+costs nothing outside a recording span. With ``"official"`` the instrumentation makes
+them, as the requests instrumentation makes the HTTP ones; the hooks here finish both so
+a trace view shows what each one is:
 
 * names by the semantic conventions: ``GET /apps/{app}/alerts`` (method and
   ``url.template``) instead of ``GET``; ``aggregate errors`` (operation and
@@ -20,7 +26,9 @@ A lookup names the call it is about to make with :func:`remote_call`::
         session.get(url, ...)
 
 Nothing here runs when tracing is off: the hooks are installed with the
-instrumentations, and :func:`remote_call` only sets a context variable.
+instrumentations, :func:`remote_call` only sets a context variable, and
+:func:`mongo_command_span` makes a span only while our own are on and the span
+current is recording.
 """
 
 from __future__ import annotations
@@ -31,10 +39,14 @@ from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from pymongo import monitoring
+from pymongo.errors import OperationFailure
 
 __all__ = [
     "MONGODB_SERVICE",
+    "mongo_command_span",
+    "own_mongo_spans",
     "remote_call",
     "requests_request_hook",
     "pymongo_request_hook",
@@ -49,6 +61,69 @@ URL_TEMPLATE = "url.template"
 _NOTABLE_MS = 1.0
 
 _current_call: ContextVar[tuple[str, str] | None] = ContextVar("fanout_remote_call", default=None)
+_tracer = trace.get_tracer("fanout.clients")
+#: Whether :func:`mongo_command_span` makes spans: set by tracing's set-up (own spans on).
+_own_mongo_spans = False
+
+
+def own_mongo_spans(on: bool) -> None:
+    """Make MongoDB command spans of our own (``tracing.mongo_spans = "own"``) or not."""
+    global _own_mongo_spans
+    _own_mongo_spans = on
+
+
+@contextmanager
+def mongo_command_span(command: str, database: str, collection: str, client: Any) -> Iterator[None]:
+    """A CLIENT span for one command sent in this block, as the pymongo instrumentation
+    writes one with the stable conventions: named ``command collection``, with
+    ``db.system.name``, ``db.namespace``, ``db.query.text`` (the command's name, never its
+    values), ``db.collection.name``, ``server.address``/``server.port`` and
+    ``peer.service``; a command the server fails gets an ERROR status with its message
+    and ``error.type``, its code name (``UnknownError`` without one). The server is the
+    one ``client`` (a ``MongoClient``) knows once the command is over, when it can tell
+    which: its only one, or the primary. Nothing is made unless our own spans are on
+    and the current span records."""
+    if not _own_mongo_spans or not trace.get_current_span().is_recording():
+        yield
+        return
+    call = _current_call.get()
+    attributes: dict[str, Any] = {
+        "db.system.name": "mongodb",
+        "db.namespace": database,
+        "db.query.text": command,
+        "db.collection.name": collection,
+    }
+    attributes[PEER_SERVICE] = call[0] if call is not None else MONGODB_SERVICE
+    # Not made current: a connection pymongo opens or checks out for the command shows on
+    # the task's span, as with the instrumentation, whose span starts after the check-out.
+    span = _tracer.start_span(
+        f"{command} {collection}", kind=SpanKind.CLIENT, attributes=attributes
+    )
+    try:
+        yield
+    except Exception as failed:
+        details = failed.details if isinstance(failed, OperationFailure) else None
+        failure = details if isinstance(details, dict) else {"errmsg": str(failed)}
+        span.set_status(Status(StatusCode.ERROR, str(failure.get("errmsg", "Unknown error"))))
+        span.set_attribute("error.type", str(failure.get("codeName", "UnknownError")))
+        raise
+    finally:
+        address = _server_of(client)
+        if address is not None:
+            span.set_attribute("server.address", address[0])
+            span.set_attribute("server.port", address[1])
+        span.end()
+
+
+def _server_of(client: Any) -> tuple[str, int] | None:
+    """The server ``client``'s commands go to, when its topology says without a selection:
+    its only known server, else its primary; None while it knows neither."""
+    known = client.topology_description.known_servers
+    if len(known) == 1:
+        address: tuple[str, int] = known[0].address
+        return address
+    primaries = [server.address for server in known if server.is_writable]
+    return primaries[0] if len(primaries) == 1 else None
 
 
 @contextmanager

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TracingSettings", "MetricsSettings", "EXPORTERS", "OTLP_PROTOCOLS", "METRIC_EXPORTERS"]
+__all__ = [
+    "TracingSettings",
+    "MetricsSettings",
+    "EXPORTERS",
+    "OTLP_PROTOCOLS",
+    "METRIC_EXPORTERS",
+    "MONGO_SPANS",
+]
 
 #: Span exporters, by their ``OTEL_TRACES_EXPORTER`` names.
 EXPORTERS = ("otlp", "zipkin", "console", "none")
+#: Who makes the MongoDB command spans (``tracing.mongo_spans``).
+MONGO_SPANS = ("own", "official")
 #: OTLP protocols, by their ``OTEL_EXPORTER_OTLP_PROTOCOL`` names.
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -67,6 +76,16 @@ class TracingSettings:
             "help": "`0..1`: parent-based trace-id-ratio sampling; below 0: `OTEL_TRACES_SAMPLER` "
             "and `OTEL_TRACES_SAMPLER_ARG`, else parent-based always-on",
             "max": 1.0,
+        },
+    )
+    mongo_spans: str = field(
+        default="own",
+        metadata={
+            "help": "who makes the MongoDB command spans: `own`, Fanout's record of each "
+            "command it sends, written to the same conventions; `official`, the pymongo "
+            "instrumentation, whose command listener costs every command, sampled or not "
+            "(see [Tracing](../how-to/tracing.md))",
+            "choices": MONGO_SPANS,
         },
     )
     flush_timeout_ms: int = field(

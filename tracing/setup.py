@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import gevent
 import gevent.monkey
@@ -53,7 +54,12 @@ from opentelemetry.sdk.trace.sampling import (
 from pymongo import monitoring
 
 from tracing.batching import batch_processor
-from tracing.clients import MongoConnectionEvents, pymongo_request_hook, requests_request_hook
+from tracing.clients import (
+    MongoConnectionEvents,
+    own_mongo_spans,
+    pymongo_request_hook,
+    requests_request_hook,
+)
 from tracing.conventions import prefer_stable_conventions
 from tracing.exceptions import ExceptionEventsWithoutSource
 from tracing.export_outages import ReportedExporter
@@ -102,10 +108,14 @@ class Tracing:
         provider: TracerProvider | None,
         exporters: Sequence[SpanExporter] = (),
         instrumentors: Sequence[BaseInstrumentor] = (),
+        own_mongo_spans: bool = False,
     ) -> None:
+        """``own_mongo_spans``: this handle switched our own MongoDB spans on (and its
+        shutdown switches them off)."""
         self.provider = provider
         self.exporters: tuple[SpanExporter, ...] = tuple(exporters)
         self._instrumentors = tuple(instrumentors)
+        self._own_mongo_spans = own_mongo_spans
         self._shut_down = False
 
     @property
@@ -137,6 +147,8 @@ class Tracing:
         self._shut_down = True
         for instrumentor in self._instrumentors:
             instrumentor.uninstrument()
+        if self._own_mongo_spans:
+            own_mongo_spans(False)
         if timeout_ms is None:
             self.provider.shutdown()
             return True
@@ -225,7 +237,8 @@ def configure_tracing(
     follow_parent_sampling(
         isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF
     )
-    return Tracing(provider, exporters, _instrument(provider))
+    own = settings.mongo_spans == "own"
+    return Tracing(provider, exporters, _instrument(provider, own_mongo=own), own_mongo_spans=own)
 
 
 def build_resource(settings: TracingSettings, env: Mapping[str, str] | None = None) -> Resource:
@@ -267,8 +280,10 @@ def _sampler_ratio(raw: str) -> float:
     return 1.0
 
 
-def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
-    """Switch on the official instrumentations not already on; return those this call switched on.
+def _instrument(provider: TracerProvider, own_mongo: bool) -> tuple[BaseInstrumentor, ...]:
+    """Switch on the official instrumentations not already on, the pymongo one only
+    unless ``own_mongo`` (our own MongoDB spans instead, :mod:`tracing.clients`); return
+    those this call switched on.
 
     They emit the current (stable) HTTP and database conventions (``server.address``,
     ``db.system.name``, ...) unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` says otherwise,
@@ -281,10 +296,14 @@ def _instrument(provider: TracerProvider) -> tuple[BaseInstrumentor, ...]:
         monitoring.register(MongoConnectionEvents())
         _mongo_events_registered = True
     switched_on = []
-    for instrumentor, hooks in (
-        (PymongoInstrumentor(), {"request_hook": pymongo_request_hook}),
-        (RequestsInstrumentor(), {"request_hook": requests_request_hook}),
-    ):
+    official: list[tuple[BaseInstrumentor, dict[str, Any]]] = [
+        (RequestsInstrumentor(), {"request_hook": requests_request_hook})
+    ]
+    if own_mongo:
+        own_mongo_spans(True)
+    else:
+        official.append((PymongoInstrumentor(), {"request_hook": pymongo_request_hook}))
+    for instrumentor, hooks in official:
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(tracer_provider=provider, **hooks)
             switched_on.append(instrumentor)

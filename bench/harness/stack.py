@@ -96,7 +96,7 @@ class StackSpec:
     mongo: str = "responder"  # "responder" | "nx"
     delay_ms: int = 20  # added to every MongoDB-wire (responder only) and HTTP operation
     workers: int = 1  # fanout only
-    tracing: str = "off"  # "off" | "ratio1" | "ratio10" | "full"; fanout only
+    tracing: str = "off"  # "off" or a mode of SAMPLE_RATIOS; fanout only
     max_connections: int = 12_000
     pool_size: int = 200  # mongo.max_pool_size and http.pool_maxsize
     # "adaptive" (the defaults) | "one" (a limit of one call, refusals not held) | "one-held"

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["stack_config", "SAMPLE_RATIOS"]
+__all__ = ["stack_config", "SAMPLE_RATIOS", "OFFICIAL_MONGO"]
 
-#: The traced modes of a stack (``StackSpec.tracing``) and the share of calls each samples.
-SAMPLE_RATIOS = {"ratio1": 0.01, "ratio10": 0.1, "full": 1.0}
+#: The traced modes of a stack (``StackSpec.tracing``) and the share of calls each samples;
+#: a mode ending in :data:`OFFICIAL_MONGO` has the pymongo instrumentation make the
+#: MongoDB spans (``tracing.mongo_spans = "official"``) instead of Fanout.
+SAMPLE_RATIOS = {"ratio1": 0.01, "ratio10": 0.1, "full": 1.0, "ratio1-official-mongo": 0.01}
+OFFICIAL_MONGO = "-official-mongo"
 
 
 def stack_config(
@@ -76,4 +79,6 @@ def stack_config(
             'service_name = "fanout-bench"',
             "flush_timeout_ms = 2000",
         ]
+        if spec.tracing.endswith(OFFICIAL_MONGO):
+            lines.append('mongo_spans = "official"')
     return "\n".join(lines) + "\n"
