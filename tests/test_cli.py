@@ -79,7 +79,9 @@ def test_backends_serve_and_call_work_together(
     snippet = "\n".join(printed[printed.index("[backends.mongo]") : printed.index(hint)])
     assert f"127.0.0.1:{ports['mongo']}" in snippet and f"127.0.0.1:{ports['metrics']}" in snippet
     config = tmp_path / "fanout.toml"
-    config.write_text(snippet)
+    # A patient budget for the first call of a cold server: beside two CPU hogs its
+    # MongoDB panels, opening their connections, outran the default second.
+    config.write_text(snippet + "\n[fanout]\ntask_timeout_ms = 8000\nrequest_deadline_ms = 10000\n")
 
     # The snippet alone must keep the server from exporting spans to a collector not there.
     without_exporter = {k: v for k, v in ENV.items() if not k.startswith("OTEL_")}
@@ -110,6 +112,8 @@ def test_backends_serve_and_call_work_together(
             str(SAMPLE_START_MS),
             "--end-ms",
             str(SAMPLE_END_MS),
+            "--deadline-ms",
+            "10000",
             "--json",
         ],
         capture_output=True,

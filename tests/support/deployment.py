@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from service.client import AppStatsClient
+from service.idl import appstats
 from service.samples.mongo_server import free_port
 from service.samples.seed import SAMPLE_END_MS, SAMPLE_START_MS
 from tests.support.sockets import wait_for
@@ -136,6 +137,10 @@ def http_get(url: str, timeout_s: float = 5.0) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
+#: Calls a freshly started server may answer with timed-out panels while it warms.
+COLD_CALLS = 3
+
+
 def _answers(url: str) -> bool:
     try:
         return http_get(url, timeout_s=1.0)[0] == 200
@@ -155,7 +160,16 @@ def check_serving(
     assert status == 200 and json.loads(body)["status"] == "ready", body
     with AppStatsClient(host, ports["thrift"], timeout_ms=10_000) as client:
         assert client.ping()
-        response = client.get_app_stats("shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=10_000)
+        for _ in range(COLD_CALLS):
+            response = client.get_app_stats(
+                "shop", SAMPLE_START_MS, SAMPLE_END_MS, deadline_ms=10_000
+            )
+            short = [o for o in response.outcomes if o.status != appstats.TaskStatus.OK]
+            if not short:
+                break
+            # A cold pod's first call opens its MongoDB connections: beside a busy node a
+            # panel may run out of its task timeout then, and fail no other way.
+            assert {o.status for o in short} == {appstats.TaskStatus.TIMEOUT}, short
     assert {o.name for o in response.outcomes if o.status == 0} == ALL_PANELS, response.outcomes
     status, scrape = http_get(f"http://{host}:{ports['metrics']}/metrics")
     assert status == 200 and "rpc_server_call_duration_seconds_count" in scrape, scrape[:2000]
