@@ -81,3 +81,29 @@ def test_power_of_two_choices_prefers_the_less_busy_instance(start_server: Any) 
         busy, idle = client.instances.all
         busy.inflight = 5
         assert {client.instances.pick() for _ in range(20)} == {idle}
+
+
+def test_ejections_run_on_the_clients_clock() -> None:
+    """An ejection lasts ``eject_ms`` of the client's clock, then twice as long, whatever
+    the wall clock does: a client given a FakeClock is moved by its test."""
+    from service.client.connections import ConnectionPool
+    from service.client.instances import Instances
+    from service.testing import FakeClock
+
+    clock = FakeClock()
+
+    def no_connection(deadline: Any) -> Any:
+        raise AssertionError("no call is made here")
+
+    instances = Instances(
+        [("127.0.0.1", 1), ("127.0.0.1", 2)],
+        lambda host, port: ConnectionPool(no_connection, 1, 1.0, clock),
+        eject_s=5.0,
+        clock=clock,
+    )
+    first = instances.all[0]
+    instances.eject(first)
+    assert first.ejected_until == clock.monotonic() + 5.0
+    clock.advance(5.0)
+    instances.eject(first)
+    assert first.ejected_until == clock.monotonic() + 10.0

@@ -58,7 +58,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.transport import TTransportException
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from lookups.resilience.guard import RetryBudget
 from service.client.connections import Connection, ConnectionPool, Connector
@@ -91,6 +91,8 @@ class AppStatsClient:
     the global one. ``tls_ca_file`` turns TLS on (see the module doc); raises
     :class:`service.wire.tls.TlsConfigError` when it cannot be read. ``caller`` names
     who calls (``RequestMeta.caller``), for the server's fair share under overload.
+    ``clock`` (the machine's unless given) times its deadlines, idle connections, the
+    pauses ``Overloaded`` asks for, ejections and backup requests.
     """
 
     def __init__(
@@ -118,6 +120,7 @@ class AppStatsClient:
         backup_percentile: float = 0.99,
         backup_ratio: float = 0.05,
         caller: str | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {transport!r}")
@@ -126,6 +129,7 @@ class AppStatsClient:
         if min(pool_size, connect_timeout_ms, timeout_ms) < 1:
             raise ValueError("pool_size, connect_timeout_ms and timeout_ms must be at least 1")
         self._timeout_ms = timeout_ms
+        self._clock = clock
         self.caller = caller
         if (tls_cert_file or tls_key_file) and not tls_ca_file:
             raise ValueError("tls_cert_file and tls_key_file need tls_ca_file (TLS first)")
@@ -142,12 +146,13 @@ class AppStatsClient:
                 tls=tls,
                 tls_server_hostname=tls_server_hostname or host,
             )
-            return ConnectionPool(connector, pool_size, max_idle_ms / 1000.0)
+            return ConnectionPool(connector, pool_size, max_idle_ms / 1000.0, clock)
 
         options: dict[str, Any] = {
             "resolve_interval_s": resolve_interval_ms / 1000.0,
             "eject_s": eject_ms / 1000.0,
             "prober": self._answers_ping,
+            "clock": clock,
         }
         #: Backup requests for get_app_stats (``backup_ratio`` 0: none).
         self.backups = BackupRequests(backup_percentile, backup_ratio)
@@ -157,7 +162,7 @@ class AppStatsClient:
             if resolve
             else Instances(addresses or [(host, port)], make_pool, **options)
         )
-        self.retry_budget = RetryBudget(overload_retry_ratio)  # 0: no retries at all
+        self.retry_budget = RetryBudget(overload_retry_ratio, clock=clock)  # 0: no retries at all
         self._tracer = trace.get_tracer("service.client", tracer_provider=tracer_provider)
         #: ``peer.service`` of the client's spans: what trace views name the server in their graphs.
         self.peer_service = peer_service
@@ -228,7 +233,9 @@ class AppStatsClient:
             )
             return (request,)
 
-        deadline = Deadline.after_ms(self._timeout_ms if deadline_ms is None else deadline_ms)
+        deadline = Deadline.after_ms(
+            self._timeout_ms if deadline_ms is None else deadline_ms, self._clock
+        )
         self.retry_budget.record_call()
         self.backups.budget.record_call()
         for attempt in range(1, MAX_OVERLOAD_ATTEMPTS + 1):
@@ -274,7 +281,7 @@ class AppStatsClient:
         build_args: Callable[[int], tuple[Any, ...]],
         hedged: bool = False,
     ) -> Any:
-        deadline = Deadline.after_ms(deadline_ms)
+        deadline = Deadline.after_ms(deadline_ms, self._clock)
         delay_s = self.backups.delay_s() if hedged and len(self.instances.all) > 1 else None
         if delay_s is None or delay_s * 1000.0 >= deadline.remaining_ms():
             return self._call_retrying(
@@ -308,7 +315,7 @@ class AppStatsClient:
 
     def _answers_ping(self, instance: Instance) -> bool:
         """For :class:`Instances`: does ``instance`` answer a ping on a new connection?"""
-        deadline = Deadline.after_ms(self._probe_timeout_ms)
+        deadline = Deadline.after_ms(self._probe_timeout_ms, self._clock)
         try:
             result: bool = (
                 self._call_on(
@@ -343,7 +350,7 @@ class AppStatsClient:
         instance.inflight += 1
         instance.calls += 1
         reused = exchanging = False
-        started = SYSTEM_CLOCK.monotonic()
+        started = self._clock.monotonic()
         try:
             with (
                 self._tracer.start_as_current_span(
@@ -355,7 +362,7 @@ class AppStatsClient:
                 value = self._exchange(connection, method, deadline, deadline_ms, build_args)
             instance.succeeded()
             if method == "get_app_stats":
-                self.backups.record(SYSTEM_CLOCK.monotonic() - started)
+                self.backups.record(self._clock.monotonic() - started)
             return value
         except TTransportException as failure:
             if failure.type == TTransportException.TIMED_OUT:

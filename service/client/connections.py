@@ -26,7 +26,7 @@ from thriftpy2.transport import (
     TTransportException,
 )
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.idl import appstats
 from service.wire.formats import PROTOCOLS, TRANSPORTS
@@ -52,7 +52,7 @@ class Connection:
     def __init__(self, socket: TSocket, client: TClient) -> None:
         self.socket = socket
         self.client = client
-        self.idle_since = SYSTEM_CLOCK.monotonic()
+        self.idle_since = 0.0  # set when the pool takes it back
         self.reused = False  # lent from the pool's idle ones, not opened for this call
         self.rest_until = 0.0  # answered Overloaded: not lent again before this moment
 
@@ -107,8 +107,14 @@ class ConnectionPool:
     """At most ``size`` open connections; idle ones are reused, broken ones closed."""
 
     def __init__(
-        self, connect: Callable[[Deadline], Connection], size: int, max_idle_s: float
+        self,
+        connect: Callable[[Deadline], Connection],
+        size: int,
+        max_idle_s: float,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the client's, which idle and resting times read."""
+        self._clock = clock
         self._connect = connect
         self._size = size
         self._max_idle_s = max_idle_s
@@ -142,7 +148,7 @@ class ConnectionPool:
             in_step = True
             if connection is not None:
                 connection.rest_until = (
-                    SYSTEM_CLOCK.monotonic() + (overloaded.retry_after_ms or 0) / 1000.0
+                    self._clock.monotonic() + (overloaded.retry_after_ms or 0) / 1000.0
                 )
             raise
         except _REPLY_ERRORS:
@@ -157,7 +163,7 @@ class ConnectionPool:
             self._slots.release()
 
     def _give_back(self, connection: Connection) -> None:
-        connection.idle_since = SYSTEM_CLOCK.monotonic()
+        connection.idle_since = self._clock.monotonic()
         self._idle.append(connection)
         if len(self._idle) > self._size:  # resting ones made room for new ones: keep size
             self._idle.pop(0).close()
@@ -165,7 +171,7 @@ class ConnectionPool:
     def _reusable(self) -> Connection | None:
         """The most recently used idle connection that is not too old nor resting after an
         ``Overloaded``; older ones are closed."""
-        now = SYSTEM_CLOCK.monotonic()
+        now = self._clock.monotonic()
         for index in range(len(self._idle) - 1, -1, -1):
             connection = self._idle[index]
             if now - connection.idle_since >= self._max_idle_s:

@@ -31,7 +31,7 @@ from typing import Any
 
 import gevent
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.client.connections import ConnectionPool
 
 __all__ = ["Instance", "Instances", "MAX_EJECT_S", "SLOW_EJECT_AFTER"]
@@ -70,12 +70,13 @@ class Instance:
         self._eject_s = 0.0
         self.slow_in_a_row = 0
 
-    def eject(self, base_s: float) -> None:
+    def eject(self, base_s: float, now: float) -> None:
+        """Out of the choice from ``now``, for ``base_s`` the first time, then twice as long."""
         self.failures += 1
         self.slow_in_a_row = 0
         self.unproven = True
         self._eject_s = min(MAX_EJECT_S, self._eject_s * 2 if self._eject_s else base_s)
-        self.ejected_until = SYSTEM_CLOCK.monotonic() + self._eject_s
+        self.ejected_until = now + self._eject_s
 
 
 class Instances:
@@ -90,13 +91,16 @@ class Instances:
         resolve_interval_s: float = 30.0,
         eject_s: float = 5.0,
         prober: Callable[[Instance], bool] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        """``clock``: the client's, which ejections and resolving read."""
+        self._clock = clock
         self._make_pool = make_pool
         self._prober = prober
         self._resolve_name, self._resolve_port = (resolve, 0)
         self._resolve_interval_s = resolve_interval_s
         self._eject_s = eject_s
-        self._resolved_at = SYSTEM_CLOCK.monotonic()
+        self._resolved_at = self._clock.monotonic()
         self._by_address: dict[tuple[str, int], Instance] = {}
         self._update(list(addresses))
         for instance in self._by_address.values():
@@ -118,7 +122,7 @@ class Instances:
     def pick(self, exclude: Iterable[Instance] = ()) -> Instance:
         """Power of two choices among the eligible instances, ``exclude`` left out if possible."""
         self._maybe_resolve()
-        now, excluded = SYSTEM_CLOCK.monotonic(), set(map(id, exclude))
+        now, excluded = self._clock.monotonic(), set(map(id, exclude))
         self._probe_due(now)
         candidates = [i for i in self._by_address.values() if id(i) not in excluded] or self.all
         eligible = [i for i in candidates if i.eligible(now)]
@@ -130,7 +134,7 @@ class Instances:
         return first if first.inflight <= second.inflight else second
 
     def eject(self, instance: Instance) -> None:
-        instance.eject(self._eject_s)
+        instance.eject(self._eject_s, self._clock.monotonic())
 
     def slow(self, instance: Instance) -> None:
         """``instance`` was too slow for a call: ejected after :data:`SLOW_EJECT_AFTER` in a row."""
@@ -155,7 +159,7 @@ class Instances:
             if self._prober(instance):
                 instance.unproven = False
                 instance.succeeded()
-            elif instance.ejected_until <= SYSTEM_CLOCK.monotonic():
+            elif instance.ejected_until <= self._clock.monotonic():
                 self.eject(instance)
         finally:
             instance.probing = False
@@ -167,10 +171,10 @@ class Instances:
     def _maybe_resolve(self) -> None:
         if (
             self._resolve_name is None
-            or SYSTEM_CLOCK.monotonic() - self._resolved_at < self._resolve_interval_s
+            or self._clock.monotonic() - self._resolved_at < self._resolve_interval_s
         ):
             return
-        self._resolved_at = SYSTEM_CLOCK.monotonic()
+        self._resolved_at = self._clock.monotonic()
         try:
             addresses = _resolve(self._resolve_name, self._resolve_port)
         except OSError:
