@@ -155,7 +155,8 @@ class FanOut:
     """Runs the tasks of one request at a time; one instance serves the whole process."""
 
     def __init__(self, settings: FanOutSettings, clock: Clock = SYSTEM_CLOCK) -> None:
-        """``clock`` times the pools' meters; a call's own times come from its deadline's."""
+        """``clock`` times the pools' meters and the failures' summary; a call's own times
+        come from its deadline's."""
         self.settings = settings
         self.stats = FanOutStats()
         self._inflight = MeteredSlots(
@@ -165,7 +166,7 @@ class FanOut:
         self.request_pool = DemandMeter("fanout.request", settings.pool_size, clock=clock)
         self._runners = TaskRunners()
         self._reapers: set[Greenlet] = set()
-        self.failures = FailureSummary(log, "task failures")
+        self.failures = FailureSummary(log, "task failures", clock=clock)
 
     @property
     def inflight(self) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 from gevent.hub import get_hub
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from tracing.context import spawn_in_context
 
 __all__ = ["FailureSummary"]
@@ -28,15 +28,24 @@ _KINDS_SHOWN = 12
 
 
 class FailureSummary:
-    """Counts failures by kind; logs a summary at most once per ``interval_s``."""
+    """Counts failures by kind; logs a summary at most once per ``interval_s`` of ``clock``
+    (the service's where it has one), or by a timer of the hub's loop when nothing more
+    comes."""
 
-    def __init__(self, logger: logging.Logger, what: str, interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        interval_s: float = 5.0,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self._clock = clock
         self._log = logger
         self._what = what
         self._interval_s = interval_s
         self._counts: Counter[str] = Counter()
         self._examples: dict[str, str] = {}
-        self._since = SYSTEM_CLOCK.monotonic()
+        self._since = self._clock.monotonic()
         self._timer: Any | None = None
         self.total = 0
 
@@ -58,7 +67,7 @@ class FailureSummary:
                 exc_info=error,
             )
         self.tally(kind, detail)
-        if SYSTEM_CLOCK.monotonic() - self._since >= self._interval_s:
+        if self._clock.monotonic() - self._since >= self._interval_s:
             self.flush()
 
     def tally(self, kind: str, detail: object | None = None) -> None:
@@ -78,7 +87,7 @@ class FailureSummary:
         if self._timer is not None:
             self._timer.close()
             self._timer = None
-        now = SYSTEM_CLOCK.monotonic()
+        now = self._clock.monotonic()
         counts, self._counts = self._counts, Counter()
         examples, self._examples = self._examples, {}
         elapsed, self._since = now - self._since, now

@@ -80,10 +80,10 @@ class MessageLoop:
         #: True from the start of the server's drain (a plain flag: read before every call).
         self.stopping = False
         self._make_protocol = protocol_for(settings.protocol)
-        self._declared = FailureSummary(log, "declared exceptions answered")
+        self._declared = FailureSummary(log, "declared exceptions answered", clock=clock)
         # A port scanner or a web client sends hundreds of bad connections a second:
         # one line per interval, by kind, with an example, never one per connection.
-        self._rejected = FailureSummary(log, "connections closed for what they sent")
+        self._rejected = FailureSummary(log, "connections closed for what they sent", clock=clock)
         self._durations = CallDurations(appstats.AppStats.thrift_services)
         self.held = HeldConnections(
             self._refuse_next,

@@ -118,7 +118,7 @@ class HeldConnections:
         self._recorder: Any | None = None
         self._recorder_waiting: Waiter | None = None
         # A failure per call would be a log line per call: one summary per interval instead.
-        self._unrecorded = FailureSummary(log, "held calls not recorded")
+        self._unrecorded = FailureSummary(log, "held calls not recorded", clock=clock)
 
     def __len__(self) -> int:
         return len(self._holds)
