@@ -21,6 +21,7 @@ import contextlib
 import functools
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pymongo
@@ -51,6 +52,11 @@ __all__ = [
     "UrlsLookup",
     "ControllersLookup",
     "QueriesLookup",
+    "RequestTops",
+    "RequestTopsCommand",
+    "aggregate_window",
+    "top_by_count",
+    "top_by_count_stages",
 ]
 
 COLLECTIONS = ("errors", "requests", "queries")
@@ -142,6 +148,23 @@ def first_batch(
     return cursor["firstBatch"], not cursor["id"]
 
 
+def aggregate_window(
+    backend: MongoBackend,
+    name: str,
+    collection: str,
+    window: Window,
+    stages: list[dict[str, Any]],
+    deadline: Deadline,
+) -> list[Any]:
+    """The documents of ``stages`` over ``collection``'s documents in ``window``, by
+    ``backend`` for the lookup ``name``: guarded, retried, ended by ``deadline``."""
+    if deadline.expired:
+        raise BackendTimeout(f"{name}: no time left to query MongoDB", backend_fault=False)
+    pipeline = [{"$match": window_filter(window)}, *stages]
+    aggregate = functools.partial(aggregate_one_batch, collection=collection, pipeline=pipeline)
+    return backend.run(name, aggregate, deadline)
+
+
 class MongoLookup(Lookup, abc.ABC):
     """One aggregation over ``collection``; subclasses give the stages after ``$match``.
 
@@ -159,13 +182,9 @@ class MongoLookup(Lookup, abc.ABC):
         self.backend = backend
 
     def fetch(self, window: Window, deadline: Deadline) -> PanelValue:
-        if deadline.expired:
-            raise BackendTimeout(f"{self.name}: no time left to query MongoDB", backend_fault=False)
-        pipeline = [{"$match": window_filter(window)}, *self.stages()]
-        aggregate = functools.partial(
-            aggregate_one_batch, collection=self.collection, pipeline=pipeline
+        documents = aggregate_window(
+            self.backend, self.name, self.collection, window, self.stages(), deadline
         )
-        documents = self.backend.run(self.name, aggregate, deadline)
         return self.build(documents)
 
     @abc.abstractmethod
@@ -210,6 +229,36 @@ class ErrorsLookup(MongoLookup):
         return ErrorSummary(total=total, top=_sorted_by(top, lambda m: (-m.count, m.message)))
 
 
+def top_by_count_stages(field: str) -> list[dict[str, Any]]:
+    """The stages that group the matched ``requests`` by ``field``: the TOP_N by count."""
+    return [
+        {
+            "$group": {
+                "_id": f"${field}",
+                "count": {"$sum": 1},
+                "total_ms": {"$sum": "$duration_ms"},
+                "mean_ms": {"$avg": "$duration_ms"},
+            }
+        },
+        {"$sort": {"count": -1, "_id": 1}},
+        {"$limit": TOP_N},
+    ]
+
+
+def top_by_count(lookup: str, groups: Sequence[Any]) -> TopList:
+    """The panel value of :func:`top_by_count_stages`' groups; BadBackendResponse if malformed."""
+    entries = tuple(
+        TopEntry(
+            key=_field(lookup, group, "_id", str),
+            count=_field(lookup, group, "count", int),
+            mean_ms=_duration(lookup, group, "mean_ms"),
+            total_ms=_duration(lookup, group, "total_ms"),
+        )
+        for group in groups[:TOP_N]
+    )
+    return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
+
+
 class TopByCountLookup(MongoLookup):
     """The TOP_N values of ``field`` in ``requests`` by count, with mean and total duration."""
 
@@ -217,30 +266,10 @@ class TopByCountLookup(MongoLookup):
     field: ClassVar[str]
 
     def stages(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "$group": {
-                    "_id": f"${self.field}",
-                    "count": {"$sum": 1},
-                    "total_ms": {"$sum": "$duration_ms"},
-                    "mean_ms": {"$avg": "$duration_ms"},
-                }
-            },
-            {"$sort": {"count": -1, "_id": 1}},
-            {"$limit": TOP_N},
-        ]
+        return top_by_count_stages(self.field)
 
     def build(self, documents: Sequence[Any]) -> TopList:
-        entries = tuple(
-            TopEntry(
-                key=_field(self.name, group, "_id", str),
-                count=_field(self.name, group, "count", int),
-                mean_ms=_duration(self.name, group, "mean_ms"),
-                total_ms=_duration(self.name, group, "total_ms"),
-            )
-            for group in documents[:TOP_N]
-        )
-        return TopList(_sorted_by(entries, lambda e: (-e.count, e.key)))
+        return top_by_count(self.name, documents)
 
 
 class UrlsLookup(TopByCountLookup):
@@ -251,6 +280,49 @@ class UrlsLookup(TopByCountLookup):
 class ControllersLookup(TopByCountLookup):
     name: ClassVar[str] = "controllers"
     field: ClassVar[str] = "controller"
+
+
+@dataclass(frozen=True)
+class RequestTops:
+    """The urls and controllers panels of one window, as one command gathered them."""
+
+    urls: TopList
+    controllers: TopList
+
+
+class RequestTopsCommand:
+    """The urls and controllers panels by one command: a ``$facet`` of both groupings over
+    the window's ``requests`` (``fanout.merge_commands``). The two panels then succeed or
+    fail together (one collection, one backend, one command), and each outcome still
+    names its panel. Not a panel: the handler shares one between the two tasks."""
+
+    name: ClassVar[str] = "urls+controllers"
+    #: The panels it answers, and the field each groups by.
+    PANELS: ClassVar[dict[str, str]] = {
+        UrlsLookup.name: UrlsLookup.field,
+        ControllersLookup.name: ControllersLookup.field,
+    }
+
+    def __init__(self, backend: MongoBackend) -> None:
+        self.backend = backend
+
+    def stages(self) -> list[dict[str, Any]]:
+        return [
+            {"$facet": {name: top_by_count_stages(field) for name, field in self.PANELS.items()}}
+        ]
+
+    def fetch(self, window: Window, deadline: Deadline) -> RequestTops:
+        """Both panels' values, or the typed failure of the one command (see MongoLookup)."""
+        documents = aggregate_window(
+            self.backend, self.name, "requests", window, self.stages(), deadline
+        )
+        facets = _one_document(self.name, documents)
+        return RequestTops(
+            urls=top_by_count("urls", _field("urls", facets, "urls", list)),
+            controllers=top_by_count(
+                "controllers", _field("controllers", facets, "controllers", list)
+            ),
+        )
 
 
 class QueriesLookup(MongoLookup):

@@ -56,6 +56,14 @@ class FanOutSettings:
             "min": 1,
         },
     )
+    merge_commands: bool = field(
+        default=False,
+        metadata={
+            "help": "the urls and controllers panels of one call answered by one MongoDB command "
+            "(a `$facet`) instead of two; they then succeed or fail together (see "
+            "[Request coalescing](../reference/limits.md#request-coalescing))"
+        },
+    )
     coalesce: bool = field(
         default=True,
         metadata={

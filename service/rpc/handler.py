@@ -29,6 +29,7 @@ from service.engine.tasks import (
 from service.idl import appstats
 from service.operations.snapshot import ServiceParts, take
 from service.overload.pacing import current_connection
+from service.rpc.merged import merged_calls
 from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.rpc.validation import ValidRequest, validate_stats_request
 from service.settings.config import Settings
@@ -211,8 +212,8 @@ class AppStatsHandler:
         return [by_name[name] for name in valid.panels if name in by_name]
 
     def _plan(self, valid: ValidRequest, lighter: bool) -> tuple[list[Task], list[TaskOutcome]]:
-        tasks, skipped = [], []
-        coalescer = self._coalescer
+        skipped: list[TaskOutcome] = []
+        planned: dict[str, Lookup] = {}
         for name in valid.panels:
             lookup, policy = self._lookups[name], self._policies[name]
             if not policy.enabled or (lighter and policy.optional):
@@ -220,16 +221,24 @@ class AppStatsHandler:
                 continue
             if valid.fresh and isinstance(lookup, CachedPanel):
                 lookup = lookup.inner  # the panel's own query: no cached bucket is read
-            tasks.append(
-                Task(
-                    name=name,
-                    source=lookup.source,
-                    call=_panel_call(lookup, valid.window, coalescer),
-                    timeout_ms=self._timeouts_ms[name],
-                    required=policy.required,
-                    optional=policy.optional,
-                )
+            planned[name] = lookup
+        coalescer = self._coalescer
+        merged = (
+            merged_calls(planned, valid.window, coalescer, to_panel_data)
+            if self._settings.fanout.merge_commands
+            else {}
+        )
+        tasks = [
+            Task(
+                name=name,
+                source=lookup.source,
+                call=merged.get(name) or _panel_call(lookup, valid.window, coalescer),
+                timeout_ms=self._timeouts_ms[name],
+                required=self._policies[name].required,
+                optional=self._policies[name].optional,
             )
+            for name, lookup in planned.items()
+        ]
         return tasks, skipped
 
 
