@@ -67,6 +67,7 @@ def _config(
         "pool_size",
         "admission",
         "coalesce",
+        "merge_commands",
         "python",
         "brownout",
         "fair_share",

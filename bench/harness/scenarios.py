@@ -12,6 +12,7 @@ from bench.analysis.goals import Goal, failures_goal, info_row, ratio_goal
 from bench.harness.brownout import brownout
 from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency
 from bench.harness.fair_share import fair_share
+from bench.harness.merged import merged_commands
 from bench.harness.overload import overload
 from bench.harness.pythons import python_versions
 from bench.harness.runner import panel_names
@@ -314,6 +315,7 @@ SCENARIO_BUILDERS = {
     "brownout": brownout,
     "fair": fair_share,
     "steady": steady_storm,
+    "merge": merged_commands,
 }
 SCENARIO_NAMES = (*tuple(SCENARIO_BUILDERS), "micro")
 

@@ -104,6 +104,7 @@ class StackSpec:
     # Off unless a scenario is about it: every other scenario sends the same app and window
     # on every call, and sharing those calls would compare unequal work with the baselines.
     coalesce: bool = False  # fanout.coalesce
+    merge_commands: bool = False  # fanout.merge_commands
     # Another CPython for the server alone (bench.harness.pythons); "" = this interpreter.
     python: str = ""
     brownout: bool = True  # admission.brownout: false is the server before brownout

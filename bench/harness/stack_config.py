@@ -36,6 +36,7 @@ def stack_config(
         "max_inflight_tasks = 20000",
         "request_deadline_ms = 2000",
         f"coalesce = {str(spec.coalesce).lower()}",
+        f"merge_commands = {str(spec.merge_commands).lower()}",
         "",
         "[mongo]",
         f"uri = {q(mongo_uri)}",

@@ -24,6 +24,8 @@ TITLES = {
     "fair-share.json": 'Fair share per caller (`make bench BENCH_ARGS="--only fair"`)',
     "steady-storm.json": "A steady storm: capacity minute after minute, and what refusals "
     'cost (`make bench BENCH_ARGS="--only steady"`)',
+    "merged-commands.json": "One MongoDB command for the urls and controllers panels, "
+    'against nx-27017 (`make bench BENCH_ARGS="--only merge"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
     "tracing.json": 'Tracing cost and the CPU of one span (`make bench BENCH_ARGS="--only '
     'tracing,micro"`)',
