@@ -339,3 +339,17 @@ def test_a_factory_must_build_the_lookup_it_names(backends: Backends) -> None:
     registry.register("other", lambda _: _ConstantAlerts())
     with pytest.raises(ValueError, match="named 'constant'"):
         registry.build(backends)
+
+
+def test_a_free_port_for_a_server_is_below_the_range_outgoing_connections_take() -> None:
+    """free_port picks below the kernel's ephemeral range, which outgoing connections take
+    their local ports from: between the pick and a server's bind, a busy machine's next
+    connection could take a port from that range, and the server would not start."""
+    from service.samples.mongo_server import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(20_000 <= port < low for port in ports), (ports, low)
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+            server.bind(("127.0.0.1", port))  # free indeed

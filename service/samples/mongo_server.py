@@ -6,6 +6,7 @@ server refuses to start when another instance already owns the default pid file.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -55,10 +56,36 @@ def find_executable() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port of ``host`` free now (the kernel's pick for port 0)."""
+    """A TCP port of ``host`` free now, below the kernel's range of ephemeral ports.
+
+    The kernel's pick for port 0 comes from that range, the one it also gives outgoing
+    connections their local ports from: between this pick and the server's bind, one of
+    the many connections a busy machine opens could take it ("Address already in use").
+    Below the range only another listener can. The kernel's pick when none is free there.
+    """
+    low = _ephemeral_low()
+    for port in random.sample(range(_LISTEN_LOW, low), min(64, max(0, low - _LISTEN_LOW))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return int(probe.getsockname()[1])
+
+
+#: The lowest port :func:`free_port` hands out: past the well-known and most registered ones.
+_LISTEN_LOW = 20_000
+
+
+def _ephemeral_low() -> int:
+    """The first port of Linux's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def stop_process(
