@@ -36,7 +36,7 @@ from bench.harness.rounds import (
     merged,
     p99s,
     round_label,
-    round_ratios,
+    round_ratios_shown,
     rounds_of,
 )
 from bench.harness.runner import Config
@@ -177,7 +177,7 @@ def _beside_goals(results: Results, regime: str) -> list[Goal]:
         info_row(
             NAME,
             f"polite caller's goodput, beside / alone, each round in turn ({regime})",
-            ", ".join(f"{r:.2f}x" for r in round_ratios(besides, alones, _rates)),
+            round_ratios_shown(besides, alones, _rates),
         ),
         ratio_goal(
             NAME,

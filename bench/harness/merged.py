@@ -14,7 +14,13 @@ from __future__ import annotations
 import functools
 
 from bench.analysis.goals import Goal, info_row, ratio_goal
-from bench.harness.rounds import interleaved, merged, round_label, round_ratios, rounds_of
+from bench.harness.rounds import (
+    interleaved,
+    merged,
+    round_label,
+    round_ratios_shown,
+    rounds_of,
+)
 from bench.harness.runner import Config
 from bench.harness.scenario import (
     SATURATING_CONNECTIONS,
@@ -65,7 +71,7 @@ def _goals(results: Results) -> list[Goal]:
             info_row(
                 NAME,
                 f"server CPU per call, one command / two, each round ({connections})",
-                ", ".join(f"{r:.2f}x" for r in round_ratios(on, off, _cpu_ms_per_reply)),
+                round_ratios_shown(on, off, _cpu_ms_per_reply),
             ),
             ratio_goal(
                 NAME,

@@ -101,3 +101,12 @@ def round_ratios(
         a, b = figure(top), figure(bottom)
         ratios.append(ratio_of_means(a, b) if a and b and sum(b) else math.nan)
     return ratios
+
+
+def round_ratios_shown(
+    numerators: Sequence[dict[str, Any] | None],
+    denominators: Sequence[dict[str, Any] | None],
+    figure: Callable[[dict[str, Any] | None], list[float]],
+) -> str:
+    """:func:`round_ratios` as a goal row shows them: ``1.02x, 0.97x, 1.00x``."""
+    return ", ".join(f"{r:.2f}x" for r in round_ratios(numerators, denominators, figure))

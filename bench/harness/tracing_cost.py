@@ -13,7 +13,13 @@ from __future__ import annotations
 import functools
 
 from bench.analysis.goals import Goal, info_row
-from bench.harness.rounds import interleaved, merged, round_label, round_ratios, rounds_of
+from bench.harness.rounds import (
+    interleaved,
+    merged,
+    round_label,
+    round_ratios_shown,
+    rounds_of,
+)
 from bench.harness.runner import Config
 from bench.harness.scenario import (
     SATURATING_CONNECTIONS,
@@ -74,10 +80,7 @@ def _goals(results: Results) -> list[Goal]:
             info_row(
                 NAME,
                 f"server CPU per call, tracing {mode} / off, each round in turn",
-                ", ".join(
-                    f"{r:.2f}x"
-                    for r in round_ratios(rounds[mode], rounds["off"], _cpu_ms_per_reply)
-                ),
+                round_ratios_shown(rounds[mode], rounds["off"], _cpu_ms_per_reply),
             )
         )
     out.append(
@@ -85,10 +88,7 @@ def _goals(results: Results) -> list[Goal]:
             NAME,
             "server CPU per call at 1%: Fanout's MongoDB spans / the pymongo "
             "instrumentation's, each round in turn",
-            ", ".join(
-                f"{r:.2f}x"
-                for r in round_ratios(rounds["ratio1"], rounds[OFFICIAL], _cpu_ms_per_reply)
-            ),
+            round_ratios_shown(rounds["ratio1"], rounds[OFFICIAL], _cpu_ms_per_reply),
         )
     )
     return out
