@@ -318,10 +318,7 @@ class RequestTopsCommand:
         )
         facets = _one_document(self.name, documents)
         return RequestTops(
-            urls=top_by_count("urls", _field("urls", facets, "urls", list)),
-            controllers=top_by_count(
-                "controllers", _field("controllers", facets, "controllers", list)
-            ),
+            **{name: top_by_count(name, _field(name, facets, name, list)) for name in self.PANELS}
         )
 
 

@@ -34,7 +34,7 @@ current is recording.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -72,8 +72,9 @@ def own_mongo_spans(on: bool) -> None:
     _own_mongo_spans = on
 
 
-@contextmanager
-def mongo_command_span(command: str, database: str, collection: str, client: Any) -> Iterator[None]:
+def mongo_command_span(
+    command: str, database: str, collection: str, client: Any
+) -> AbstractContextManager[None]:
     """A CLIENT span for one command sent in this block, as the pymongo instrumentation
     writes one with the stable conventions: named ``command collection``, with
     ``db.system.name``, ``db.namespace``, ``db.query.text`` (the command's name, never its
@@ -84,16 +85,23 @@ def mongo_command_span(command: str, database: str, collection: str, client: Any
     which: its only one, or the primary. Nothing is made unless our own spans are on
     and the current span records."""
     if not _own_mongo_spans or not trace.get_current_span().is_recording():
-        yield
-        return
+        return _NO_SPAN  # the usual case: no generator made for every command
+    return _command_span(command, database, collection, client)
+
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
+
+
+@contextmanager
+def _command_span(command: str, database: str, collection: str, client: Any) -> Iterator[None]:
     call = _current_call.get()
     attributes: dict[str, Any] = {
         "db.system.name": "mongodb",
         "db.namespace": database,
         "db.query.text": command,
         "db.collection.name": collection,
+        PEER_SERVICE: call[0] if call is not None else MONGODB_SERVICE,
     }
-    attributes[PEER_SERVICE] = call[0] if call is not None else MONGODB_SERVICE
     # Not made current: a connection pymongo opens or checks out for the command shows on
     # the task's span, as with the instrumentation, whose span starts after the check-out.
     span = _tracer.start_span(

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from scipy.stats import t as student_t
 
-__all__ = ["Estimate", "mean_ci", "percentile", "bootstrap_ratio", "ratio_of_means"]
+__all__ = [
+    "Estimate",
+    "mean_ci",
+    "mean_or_nan",
+    "percentile",
+    "bootstrap_ratio",
+    "ratio_of_means",
+]
 
 _BOOTSTRAP_SEED = 20260101
 _BOOTSTRAP_SAMPLES = 2000
@@ -76,6 +83,11 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 def _mean(values: Sequence[float]) -> float:
     return math.fsum(values) / len(values)
+
+
+def mean_or_nan(values: Sequence[float]) -> float:
+    """The mean of ``values``; NaN when there are none (a configuration that did not run)."""
+    return _mean(values) if values else math.nan
 
 
 def ratio_of_means(numerator: Sequence[float], denominator: Sequence[float]) -> float:

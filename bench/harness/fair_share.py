@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.analysis.stats import mean_or_nan
 from bench.harness.mixed import Companion
 from bench.harness.overload import REGIMES
 from bench.harness.rounds import (
@@ -139,10 +140,6 @@ def _window_s(result: dict[str, Any] | None) -> float:
     return float((result or {}).get("window_s") or 1.0)
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
 def _goals(results: Results) -> list[Goal]:
     out: list[Goal] = []
     for regime in REGIMES:
@@ -201,8 +198,8 @@ def _beside_goals(results: Results, regime: str) -> list[Goal]:
         info_row(
             NAME,
             f"complete calls a second: storm alone; polite alone, beside; storm beside ({regime})",
-            f"{_mean(capacity):.0f}; {_mean(_rates(alone)):.0f}, {_mean(_rates(beside)):.0f}; "
-            f"{_mean(_companion_rates(beside, _window_s(besides[0] if besides else None))):.0f}",
+            f"{mean_or_nan(capacity):.0f}; {mean_or_nan(_rates(alone)):.0f}, {mean_or_nan(_rates(beside)):.0f}; "
+            f"{mean_or_nan(_companion_rates(beside, _window_s(besides[0] if besides else None))):.0f}",
         ),
     ]
 
@@ -248,7 +245,7 @@ def _cost_goal(results: Results) -> Goal:
     ]
     if not per_call:
         return Goal(NAME, "CPU of fairness per call / a call's (goal <= 2%)", "ERROR", "n/a")
-    share = fairness_cost_s() / _mean(per_call)
+    share = fairness_cost_s() / mean_or_nan(per_call)
     return Goal(
         NAME,
         "CPU of fairness per call / a call's CPU (goal <= 2%)",

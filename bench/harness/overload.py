@@ -25,6 +25,7 @@ import math
 from typing import Any
 
 from bench.analysis.goals import Goal, failures_goal, info_row, monitor_goal, ratio_goal
+from bench.analysis.stats import mean_or_nan
 from bench.harness.runner import Config
 from bench.harness.scenario import Results, Scale, Scenario, _config, _per_rep
 
@@ -210,7 +211,7 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
                 at_most=True,
             )
         )
-        admitted_ms = _mean(
+        admitted_ms = mean_or_nan(
             _cpu_per_answer_ms(results.get(_key("fanout", "cpu", BASE)), ("ok", "degraded"))
         )
         held_ms = _refusal_cpu_ms(
@@ -225,7 +226,7 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
                 f"{held_ms:.3f}; the floor, a gevent server that only holds and "
                 f"refuses: {floor_ms:.3f} (fanout / floor "
                 f"{held_ms / floor_ms if floor_ms else math.nan:.2f}x); "
-                f"read in full and answered at once: {_mean(refusal_ms):.3f}",
+                f"read in full and answered at once: {mean_or_nan(refusal_ms):.3f}",
             )
         )
         out += _impolite_goals(results, top, held_ms, floor_ms)
@@ -233,10 +234,6 @@ def _goals(levels: tuple[int, ...], servers: tuple[str, ...]) -> Any:
         return out
 
     return goals
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
 
 
 def _refusal_cpu_ms(result: dict[str, Any] | None, admitted_ms: float) -> float:

@@ -24,10 +24,11 @@ import math
 from typing import Any
 
 from bench.analysis.goals import Goal, info_row
+from bench.analysis.stats import mean_or_nan
 from bench.harness.overload import REGIMES
 from bench.harness.rounds import interleaved, round_label, rounds_of
 from bench.harness.runner import Config
-from bench.harness.scenario import Results, Scale, Scenario, _config
+from bench.harness.scenario import Results, Scale, Scenario, _config, _per_rep
 
 __all__ = ["steady_storm"]
 
@@ -120,20 +121,15 @@ def _server_cores(result: dict[str, Any] | None) -> list[float]:
     return [r["cpu_pct"].get("server", math.nan) / 100.0 for r in _reps(result)]
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
-
-
 def cpu_per_call_s(result: dict[str, Any] | None) -> float:
     """Server CPU seconds per complete call, over a result's windows."""
-    reps = _reps(result)
-    calls = sum(r["rps"] for r in reps)
+    calls = sum(_per_rep(result, "rps"))
     return sum(_server_cores(result)) / calls if calls else math.nan
 
 
 def _goals(results: Results) -> list[Goal]:
     storm = results.get(f"{NAME}/storm/c{CALLERS}")
-    rates = [r["rps"] for r in _reps(storm)]
+    rates = _per_rep(storm, "rps")
     out = [
         info_row(
             NAME,
@@ -144,7 +140,7 @@ def _goals(results: Results) -> list[Goal]:
     if not rates:
         note = (storm or {}).get("error", "did not run")
         return [*out, Goal(NAME, "storm's windows", "ERROR", "n/a", note=note)]
-    spread = (max(rates) - min(rates)) / _mean(rates)
+    spread = (max(rates) - min(rates)) / mean_or_nan(rates)
     out.append(
         Goal(
             NAME,
@@ -177,14 +173,14 @@ def _refusal_goals(results: Results) -> list[Goal]:
         if not _reps(base) or not _reps(storm):
             continue
         per_call_s = cpu_per_call_s(base)
-        rates = [r["rps"] for r in _reps(storm)]
+        rates = _per_rep(storm, "rps")
         cores = _server_cores(storm)
-        refusing.append(_mean(cores) - _mean(rates) * per_call_s)
-        refused.append(_mean(_refusals_per_s(storm)))
+        refusing.append(mean_or_nan(cores) - mean_or_nan(rates) * per_call_s)
+        refused.append(mean_or_nan(_refusals_per_s(storm)))
         per_call.append(per_call_s)
     if not refusing:
         return [Goal(NAME, "server CPU spent refusing", "ERROR", "n/a", note="did not run")]
-    share = _mean(refusing)
+    share = mean_or_nan(refusing)
     return [
         info_row(
             NAME,
@@ -196,7 +192,9 @@ def _refusal_goals(results: Results) -> list[Goal]:
             ),
         ),
         info_row(
-            NAME, "CPU one refusal costs in the storm", f"{share / _mean(refused) * 1e6:.0f} us"
+            NAME,
+            "CPU one refusal costs in the storm",
+            f"{share / mean_or_nan(refused) * 1e6:.0f} us",
         ),
         Goal(
             NAME,

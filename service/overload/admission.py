@@ -97,7 +97,6 @@ class AdmissionSnapshot:
     min_limit: int
     inflight: int
     queued: int
-    stats: AdmissionStats
     #: Calls admitted, refused and in flight by caller label (fair share)...
     callers: Mapping[str, CallerCounts] = field(default_factory=dict)
     #: ...and each label's weight, and its share of the limit now (0: not active).
@@ -255,7 +254,6 @@ class AdmissionControl:
             min_limit=self._settings.min_limit,
             inflight=self.inflight,
             queued=self.queued,
-            stats=dataclasses.replace(self.stats),
             callers={label: dataclasses.replace(c) for label, c in callers.counts.items()},
             caller_weights={label: callers.weight_of(label) for label in callers.counts},
             caller_shares=callers.shares(cap),
