@@ -17,6 +17,12 @@ server's behaviour with a core to itself. Among four other processes on a slow h
 their event loop stalled for half a second and more, and they failed for want of CPU,
 not for a fault of the server; one beside another has a core of its own.
 
+Before the first phase the project's own modules are compiled to bytecode
+(:func:`compile_sources`), as the set-up compiles the installed packages: under
+``PYTHONDONTWRITEBYTECODE`` no process writes it, and each of the suite's few hundred
+(pytest, ``fanout serve`` and its workers, the CLI) compiled every module it imported
+again, which took about as much CPU as the tests themselves.
+
 Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
 thread; under gevent's patching (which the server's code needs) that thread is
 a greenlet blocking the whole process on its pipe. Whole processes need no such
@@ -32,6 +38,7 @@ the processes'.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import subprocess
 import sys
@@ -104,6 +111,8 @@ SOLO_SECONDS = {
 #: it at the start of its group while these wait their turn (else one group waits on the
 #: other's build).
 AFTER_THE_WHEEL = ("test_packaging.py",)
+#: The project's packages, compiled before the run (the installed ones are at set-up).
+SOURCES = ("service", "lookups", "tracing", "tests", "bench")
 #: The marker of the tests that run after the rest, in a process alone.
 SOLO = "solo"
 #: The files the solo phase reads, comma-separated, as the runner tells its processes
@@ -161,6 +170,17 @@ def deal(
     return [
         sorted(group, key=lambda t: Path(t).name in AFTER_THE_WHEEL) for group in groups if group
     ]
+
+
+def compile_sources(root: Path = ROOT) -> bool:
+    """The bytecode of every module of :data:`SOURCES`, written beside it as Python writes
+    it (``__pycache__``) whatever ``PYTHONDONTWRITEBYTECODE`` says; what is up to date is
+    left. Whether all compiled (a syntax error is the tests' to report)."""
+    return all(
+        compileall.compile_dir(root / name, quiet=2, workers=0)
+        for name in SOURCES
+        if (root / name).is_dir()
+    )
 
 
 def phase_arguments(pytest_args: list[str], phase: str) -> list[str]:
@@ -231,6 +251,7 @@ def main(argv: Sequence[str]) -> int:
     for line in header_lines():  # one line per missing toolchain, at the top as pytest's header
         print(line)
     started = time.monotonic()
+    compile_sources()
     (ROOT / ".pytest-logs").mkdir(exist_ok=True)
     paths_given = any(
         not a.startswith("-") and Path(a.split("::")[0]).exists() for a in pytest_args

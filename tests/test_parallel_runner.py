@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+from pathlib import Path
+
 from tests import parallel  # the module: its test_targets() is no test
-from tests.parallel import SOLO, deal, phase_arguments
+from tests.parallel import SOLO, compile_sources, deal, phase_arguments
 
 
 def test_each_phase_gets_its_marker_joined_with_the_callers() -> None:
@@ -71,3 +75,19 @@ def test_a_group_process_stops_when_the_solo_phase_would_miss_a_solo_test() -> N
         timeout=120,
     )
     assert refused.returncode == 4 and f"{target}::" in refused.stderr, refused.stderr
+
+
+def test_the_sources_are_compiled_once_whatever_the_environment_says(tmp_path: Path) -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE`` (as this machine may set it) the runner still
+    writes the bytecode every process of the suite then reads instead of compiling."""
+    package = tmp_path / "service"
+    package.mkdir()
+    module = package / "thing.py"
+    module.write_text("VALUE = 1\n")
+    cached = Path(importlib.util.cache_from_source(str(module)))
+    assert compile_sources(tmp_path) and cached.exists()
+    written = cached.stat().st_mtime_ns
+    os.utime(cached, ns=(written - 10**9, written - 10**9))  # what is up to date stays
+    assert compile_sources(tmp_path) and cached.stat().st_mtime_ns == written - 10**9
+    (package / "broken.py").write_text("def (:\n")
+    assert not compile_sources(tmp_path)

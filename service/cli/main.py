@@ -1,9 +1,9 @@
 """The ``fanout`` command: serve, call, pools, backends, demo, trace-ui."""
 
 # gevent must patch the standard library before pymongo, requests or grpc load.
-from gevent import monkey
+from service.patching import patch_all
 
-monkey.patch_all()
+patch_all()
 
 import argparse
 import logging

@@ -18,10 +18,10 @@ connections in and out, and feeds it the group's backend checks and pools. It
 exits with ``run_server``'s code, 2 for a configuration error, 1 for anything else.
 """
 
-from gevent import monkey
-
 # The worker is a program of its own: patch before anything imports socket or ssl.
-monkey.patch_all()
+from service.patching import patch_all
+
+patch_all()
 
 import dataclasses
 import logging

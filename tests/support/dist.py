@@ -197,6 +197,7 @@ def fresh_install(where: Path, requirement: str, env: dict[str, str] | None = No
             "pip",
             "install",
             "--quiet",
+            "--compile-bytecode",  # as pip installs: compiled once, not at each start
             *(fresh if requirement.endswith(".tar.gz") else []),
             "--python",
             str(venv / "bin" / "python"),
