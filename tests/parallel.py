@@ -21,7 +21,7 @@ Before the first phase the project's own modules are compiled to bytecode
 (:func:`compile_sources`), as the set-up compiles the installed packages: under
 ``PYTHONDONTWRITEBYTECODE`` no process writes it, and each of the suite's few hundred
 (pytest, ``fanout serve`` and its workers, the CLI) compiled every module it imported
-again, which took about as much CPU as the tests themselves.
+again, at every start.
 
 Why not pytest-xdist: its workers are started by execnet, whose I/O loop runs in a
 thread; under gevent's patching (which the server's code needs) that thread is
@@ -49,63 +49,63 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: Seconds per file among the other processes in a ``make test`` run on a slow 2-core host,
-#: the tests marked solo left out, the files over 3 s.
+#: Seconds per file among the other processes in a ``make test`` run on a quiet 2-core host,
+#: the tests marked solo left out, the files over 3 s; a file's builds (the wheel, the
+#: image, the interop clients, the site) and servers of its own (Zipkin) included.
 SECONDS = {
-    "test_worker_group.py": 75,
-    "test_image.py": 85.5,
-    "test_workers.py": 63.5,
-    "test_lifecycle.py": 50,
-    "test_cache_parts.py": 47,
-    "test_packaging.py": 44.5,
-    "test_results_cache.py": 44,
-    "test_cli.py": 44,
-    "interop": 40,
-    "test_fuzz.py": 35,
-    "test_group_counts.py": 27,
-    "test_trace_ui.py": 26,
-    "test_tutorial.py": 25,
-    "test_mutual_tls.py": 22.5,
-    "test_secrets.py": 18,
-    "test_mongo_monitor.py": 16.5,
-    "test_plugins.py": 15.5,
-    "test_instances.py": 15.5,
-    "test_monitoring.py": 15,
-    "test_capacity.py": 14,
-    "test_parallel_runner.py": 5,
-    "test_lookups_mongo.py": 12.5,
-    "test_docs.py": 12.5,
-    "test_health.py": 9,
-    "test_backends.py": 8.5,
+    "test_image.py": 62,
+    "test_worker_group.py": 55,
+    "test_workers.py": 46,
+    "test_results_cache.py": 45,
+    "test_cache_parts.py": 42,
+    "test_lifecycle.py": 39,
+    "test_cli.py": 33,
+    "test_group_counts.py": 30,
+    "interop": 29,
+    "test_packaging.py": 27,
+    "test_tutorial.py": 24,
+    "test_prometheus.py": 20,
+    "test_fuzz.py": 20,
+    "test_trace_ui.py": 20,
+    "test_docs.py": 17,
+    "test_mongo_monitor.py": 16,
+    "test_secrets.py": 16,
+    "test_mutual_tls.py": 15,
+    "test_monitoring.py": 14,
+    "test_lookups_mongo.py": 13,
+    "test_health.py": 10,
+    "test_capacity.py": 10,
     "test_hub_monitor.py": 8,
-    "test_cache_plans.py": 7,
-    "test_tls.py": 7,
-    "test_tracing_otlp_wire.py": 7,
-    "test_pool_advice.py": 6.5,
+    "test_instances.py": 8,
+    "test_merged_commands.py": 8,
+    "test_tracing_otlp_wire.py": 8,
+    "test_backends.py": 7,
+    "test_plugins.py": 7,
+    "test_callers.py": 6,
+    "test_pool_advice.py": 6,
     "test_tracing_export.py": 6,
-    "test_resilience.py": 6,
-    "test_bench_responder.py": 5.5,
-    "test_logs.py": 5,
-    "test_call_path.py": 5,
-    "test_service.py": 5,
-    "test_callers.py": 4.5,
-    "test_brownout.py": 4,
-    "test_fanout.py": 3,
+    "test_cache_plans.py": 6,
+    "test_logs.py": 6,
+    "test_resilience.py": 4,
+    "test_tls.py": 4,
+    "test_service.py": 4,
+    "test_parallel_runner.py": 3,
+    "test_snapshot.py": 3,
+    "test_bench_responder.py": 3,
     "test_cache_alerts.py": 3,
-    "test_compat.py": 3.5,
 }
 DEFAULT_S = 1
 #: The same for the tests marked solo, in a ``make test`` run's solo phase.
 SOLO_SECONDS = {
-    "test_backend_faults.py": 42,
-    "test_instance_faults.py": 25,
-    "test_worker_moves.py": 22,
+    "test_backend_faults.py": 36,
+    "test_instance_faults.py": 18,
     "test_pacing.py": 15,
+    "test_worker_moves.py": 13,
+    "test_brownout.py": 13,
     "test_held_connections.py": 12,
-    "test_brownout.py": 11.5,
-    "test_resilience.py": 10.5,
-    "test_capacity.py": 8.5,
-    "test_lifecycle.py": 3,
+    "test_resilience.py": 11,
+    "test_capacity.py": 9,
+    "test_lifecycle.py": 2,
 }
 #: Files that need the shared wheel but not first: test_image.py, which needs it too, builds
 #: it at the start of its group while these wait their turn (else one group waits on the
