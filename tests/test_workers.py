@@ -9,7 +9,6 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import psutil
 import pytest
 
 from service.settings.config import load_settings
+from service.testing import FakeClock
 from service.workers.master import _Master
 from service.workers.positions import Positions
 from tests.support.sockets import wait_for
@@ -101,20 +101,44 @@ def test_one_worker_is_the_single_process_server(serve: Callable[..., Server]) -
 
 
 def test_restart_backoff_doubles_and_a_storm_gives_up() -> None:
-    master = _Master(load_settings(env={}, overrides={"server.workers": 2}))
+    clock = FakeClock()
+    master = _Master(load_settings(env={}, overrides={"server.workers": 2}), clock=clock)
     position, other = list(master._positions)
     delays = []
     for pid in range(100, 110):
         master._positions.started(position, pid, pid)
         assert master._on_exit(pid, -signal.SIGKILL) is None  # killed by a signal: restart
         assert position.restart_at is not None
-        delays.append(round(position.restart_at - time.monotonic(), 1))
-    assert delays[:4] == [0.1, 0.2, 0.4, 0.8] and max(delays) == 10.0
-    assert master._positions.due() == []  # none due yet
+        delays.append(round(position.restart_at - clock.monotonic(), 1))
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 10.0, 10.0, 10.0]
+    assert master._positions.due() == [] and master._positions.next_wake_in() == 0.5
+    clock.advance(10.0)
+    assert master._positions.due() == [position] and master._positions.next_wake_in() == 0.0
     master._positions.started(position, 110, 110)
     assert master._on_exit(110, 1) == 1  # the 11th in a minute: give up
     master._positions.started(other, 200, 200)
     assert master._on_exit(200, 2) == 2  # a configuration error: stop
+
+
+def test_a_stable_worker_restarts_at_once_and_a_minute_forgets_a_storm() -> None:
+    clock = FakeClock()
+    positions = Positions(1, clock)
+    [position] = positions
+    for pid in range(100, 104):
+        positions.started(position, pid, pid)
+        delay = positions.died(position)
+    assert delay == 0.8
+    positions.started(position, 104, 104)
+    clock.advance(10.0)  # it lived long enough: the back-off starts again
+    assert positions.died(position) == 0.1
+    for pid in range(105, 110):  # ten restarts within the minute: the storm's limit
+        positions.started(position, pid, pid)
+        assert positions.died(position) is not None
+    positions.started(position, 110, 110)
+    assert positions.died(position) is None  # the eleventh: a storm
+    positions.started(position, 111, 111)
+    clock.advance(60.1)  # a minute on, and a worker that lived it: all forgotten
+    assert positions.died(position) == 0.1 and positions.recent_restarts == 1
 
 
 def test_slots_grow_shrink_and_are_replaced_on_a_reload() -> None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lookups.backends.collection import Backends
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.operations.health import CHECK_INTERVAL_S, BackendStatus, HealthChecker
 from service.settings.config import Settings, as_config_error
 from service.workers.balance import excess
@@ -54,7 +54,9 @@ class GroupState:
         settings: Settings,
         links: dict[int, WorkerLink],
         serving: Callable[[], list[WorkerLink]],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock
         self._links = links
         self._serving = serving
         self._backends: Backends | None = None
@@ -131,7 +133,7 @@ class GroupState:
                 if link.pid != from_pid and link.tell({"kind": "adopt", "unread": unread}, fd):
                     link.connections += 1
                     return
-            self._homeless.append((SYSTEM_CLOCK.monotonic(), os.dup(fd), unread))
+            self._homeless.append((self._clock.monotonic(), os.dup(fd), unread))
         finally:
             os.close(fd)
 
@@ -139,11 +141,11 @@ class GroupState:
         """Place what waits, push the group's state, and judge the balance."""
         homeless, self._homeless = self._homeless, []
         for since, fd, unread in homeless:
-            if SYSTEM_CLOCK.monotonic() - since > _HOMELESS_S:
+            if self._clock.monotonic() - since > _HOMELESS_S:
                 os.close(fd)  # its caller sees the connection close, as at any worker's end
             else:
                 self.place(fd, unread, 0)
-        now = SYSTEM_CLOCK.monotonic()
+        now = self._clock.monotonic()
         if now - self._pushed_at >= PUSH_S:
             self._pushed_at = now
             self._push()

@@ -33,7 +33,7 @@ from typing import Any
 import gevent
 from gevent.queue import Empty, Queue
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.operations.logs import set_worker
 from service.operations.ports import bind_listener
 from service.settings.config import ConfigError, Settings
@@ -76,12 +76,18 @@ def run_workers(
 class _Master:
     """The supervising process. Every decision runs in its main greenlet."""
 
-    def __init__(self, settings: Settings, reload: Callable[[], Settings] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        reload: Callable[[], Settings] | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self._settings = settings
+        self._clock = clock
         self._reload = reload
         self._heartbeats = Heartbeats()
         self._cpu_at_beat: dict[int, float] = {}  # by worker pid: its CPU at a fresh beat seen
-        self._positions = Positions(settings.server.workers)
+        self._positions = Positions(settings.server.workers, clock)
         self._ledger = GroupCounts()  # every worker's counts, across lifetimes
         self._links: dict[int, WorkerLink] = {}  # by pid: every worker running, old ones too
         self._old_generation: list[WorkerLink] = []  # to retire once the new one serves
@@ -101,7 +107,7 @@ class _Master:
         set_worker("master")
         self._listener = listener = bind_listener(server.host, server.port)
         host, port = listener.getsockname()[:2]
-        self._state = GroupState(self._settings, self._links, self._serving)
+        self._state = GroupState(self._settings, self._links, self._serving, self._clock)
         try:
             self._group = GroupEndpoints(
                 server.probe_bind_host,
@@ -143,14 +149,14 @@ class _Master:
             self._heartbeats.remove()
 
     def _supervise(self) -> int:
-        ticked = SYSTEM_CLOCK.monotonic()
+        ticked = self._clock.monotonic()
         while True:
             try:
                 event = self._events.get(timeout=self._positions.next_wake_in())
             except Empty:
                 event = None
-            if SYSTEM_CLOCK.monotonic() - ticked >= _TICK_S or event is None:
-                ticked = SYSTEM_CLOCK.monotonic()
+            if self._clock.monotonic() - ticked >= _TICK_S or event is None:
+                ticked = self._clock.monotonic()
                 self._tick()
             if event is None:
                 continue
@@ -332,7 +338,7 @@ class _Master:
             self._settings = settings
             old = self._positions.replace(settings.server.workers)
             self._old_generation += [self._links[p.pid] for p in old if p.pid in self._links]
-            self._old_since = SYSTEM_CLOCK.monotonic()
+            self._old_since = self._clock.monotonic()
             for position in self._positions:
                 self._start(position)
         log.info("master: %s: %d workers", signal.Signals(signum).name, len(self._positions))
@@ -342,7 +348,7 @@ class _Master:
         if not self._old_generation:
             return
         serving = len(self._serving()) == len(self._positions)
-        if serving or SYSTEM_CLOCK.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
+        if serving or self._clock.monotonic() - self._old_since > _NEW_GENERATION_WAIT_S:
             old, self._old_generation = self._old_generation, []
             self._retire([link.pid for link in old])
 
@@ -379,7 +385,7 @@ class _Master:
         # The workers hold their own copies; once they close theirs, connects are refused.
         self._listener.close()
         self._positions.cancel_restarts()
-        stop_workers(self._links, self._events, drain_time_s(self._settings))
+        stop_workers(self._links, self._events, drain_time_s(self._settings), self._clock)
         log.info("master: all workers stopped; exiting %d", exit_code)
         return exit_code
 

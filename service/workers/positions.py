@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.workers.group import WorkerState
 from service.workers.heartbeat import Heartbeats
 
@@ -41,7 +41,8 @@ class Position:
 class Positions:
     """The positions in index order, with the restart policy over them."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._positions = [Position(index) for index in range(count)]
         self._restarts: deque[float] = deque()
         #: Worker exits booked since the group started (retirements on a reload aside).
@@ -77,17 +78,17 @@ class Positions:
 
     def started(self, position: Position, pid: int, serial: int) -> None:
         position.pid, position.serial = pid, serial
-        position.started_at, position.restart_at = SYSTEM_CLOCK.monotonic(), None
+        position.started_at, position.restart_at = self._clock.monotonic(), None
 
     def fork_failed(self, position: Position) -> None:
-        position.restart_at = SYSTEM_CLOCK.monotonic() + MAX_RESTART_DELAY_S
+        position.restart_at = self._clock.monotonic() + MAX_RESTART_DELAY_S
 
     def died(self, position: Position) -> float | None:
         """Book ``position``'s worker's death: the delay before its restart, or ``None`` for a
         storm."""
         position.pid = 0
         self.exits += 1
-        now = SYSTEM_CLOCK.monotonic()
+        now = self._clock.monotonic()
         quick = now - position.started_at < _STABLE_AFTER_S
         position.quick_deaths = position.quick_deaths + 1 if quick else 1
         self._restarts.append(now)
@@ -106,7 +107,7 @@ class Positions:
 
     def due(self) -> list[Position]:
         """The positions whose restart time has come."""
-        now = SYSTEM_CLOCK.monotonic()
+        now = self._clock.monotonic()
         return [s for s in self._positions if s.restart_at is not None and s.restart_at <= now]
 
     def cancel_restarts(self) -> None:
@@ -116,7 +117,7 @@ class Positions:
     def next_wake_in(self) -> float:
         """Until the next restart is due, and at least every heartbeat check."""
         due = [s.restart_at for s in self._positions if s.restart_at is not None]
-        until_restart = min(due) - SYSTEM_CLOCK.monotonic() if due else _HEARTBEAT_CHECK_S
+        until_restart = min(due) - self._clock.monotonic() if due else _HEARTBEAT_CHECK_S
         return max(0.0, min(until_restart, _HEARTBEAT_CHECK_S))
 
     def stuck(self, heartbeats: Heartbeats, timeout_ms: int) -> list[Position]:

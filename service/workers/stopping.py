@@ -14,7 +14,7 @@ from typing import Any
 
 from gevent.queue import Empty, Queue
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.settings.config import Settings
 
 __all__ = ["stop_workers", "drain_time_s", "send_signal"]
@@ -36,12 +36,14 @@ def drain_time_s(settings: Settings) -> float:
     ) / 1000.0 + _STOP_MARGIN_S
 
 
-def stop_workers(links: dict[int, Any], events: Queue, timeout_s: float) -> None:
+def stop_workers(
+    links: dict[int, Any], events: Queue, timeout_s: float, clock: Clock = SYSTEM_CLOCK
+) -> None:
     """SIGTERM every worker in ``links`` (by pid), book their exits from ``events``, and
-    SIGKILL those still running after ``timeout_s``."""
+    SIGKILL those still running after ``timeout_s`` of ``clock``."""
     for pid in list(links):
         send_signal(pid, signal.SIGTERM)
-    if not _wait_for_exits(links, events, timeout_s):
+    if not _wait_for_exits(links, events, timeout_s, clock):
         live = sorted(links)
         log.warning(
             "master: %d worker(s) still running after %.1f s; killing %s",
@@ -51,7 +53,7 @@ def stop_workers(links: dict[int, Any], events: Queue, timeout_s: float) -> None
         )
         for pid in live:
             send_signal(pid, signal.SIGKILL)
-        _wait_for_exits(links, events, _KILL_WAIT_S)
+        _wait_for_exits(links, events, _KILL_WAIT_S, clock)
 
 
 def send_signal(pid: int, signum: int) -> None:
@@ -61,11 +63,11 @@ def send_signal(pid: int, signum: int) -> None:
         pass  # already gone; its exit event is on the way
 
 
-def _wait_for_exits(links: dict[int, Any], events: Queue, timeout_s: float) -> bool:
+def _wait_for_exits(links: dict[int, Any], events: Queue, timeout_s: float, clock: Clock) -> bool:
     """Book exits until no worker is left or ``timeout_s`` passes; True if none is left."""
-    deadline = SYSTEM_CLOCK.monotonic() + timeout_s
+    deadline = clock.monotonic() + timeout_s
     while links:
-        remaining = deadline - SYSTEM_CLOCK.monotonic()
+        remaining = deadline - clock.monotonic()
         if remaining <= 0:
             return False
         try:
