@@ -15,6 +15,7 @@ from typing import Any
 from gevent.queue import Empty, Queue
 
 from lookups.clock import SYSTEM_CLOCK, Clock
+from lookups.deadline import Deadline
 from service.settings.config import Settings
 
 __all__ = ["stop_workers", "drain_time_s", "send_signal"]
@@ -43,7 +44,7 @@ def stop_workers(
     SIGKILL those still running after ``timeout_s`` of ``clock``."""
     for pid in list(links):
         send_signal(pid, signal.SIGTERM)
-    if not _wait_for_exits(links, events, timeout_s, clock):
+    if not _wait_for_exits(links, events, Deadline.after_s(timeout_s, clock)):
         live = sorted(links)
         log.warning(
             "master: %d worker(s) still running after %.1f s; killing %s",
@@ -53,7 +54,7 @@ def stop_workers(
         )
         for pid in live:
             send_signal(pid, signal.SIGKILL)
-        _wait_for_exits(links, events, _KILL_WAIT_S, clock)
+        _wait_for_exits(links, events, Deadline.after_s(_KILL_WAIT_S, clock))
 
 
 def send_signal(pid: int, signum: int) -> None:
@@ -63,11 +64,10 @@ def send_signal(pid: int, signum: int) -> None:
         pass  # already gone; its exit event is on the way
 
 
-def _wait_for_exits(links: dict[int, Any], events: Queue, timeout_s: float, clock: Clock) -> bool:
-    """Book exits until no worker is left or ``timeout_s`` passes; True if none is left."""
-    deadline = clock.monotonic() + timeout_s
+def _wait_for_exits(links: dict[int, Any], events: Queue, deadline: Deadline) -> bool:
+    """Book exits until no worker is left or ``deadline`` passes; True if none is left."""
     while links:
-        remaining = deadline - clock.monotonic()
+        remaining = deadline.remaining_s()
         if remaining <= 0:
             return False
         try:
