@@ -118,7 +118,7 @@ dist: $(STAMP)
 	rm -rf build/dist *.egg-info
 	$(PY) -m build --outdir build/dist .
 
-# The image (Containerfile) from that wheel, with podman state under build/image.
+# The image (Containerfile) from that wheel, with podman state under ~/.cache/fanout/podman.
 # BASE_IMAGE=docker.io/library/python:3.12-slim-bookworm builds on an official image instead.
 image: dist toolchains
 	deploy/image/build $(firstword $(wildcard build/dist/fanout-$(VERSION)-*.whl)) $(IMAGE_TAG)

@@ -36,7 +36,8 @@ from tests.support.samples import backend_overrides
 from tests.support.sockets import wait_for
 from tests.support.toolchains import needs
 
-_TEST_TAG = "localhost/fanout:test"
+#: This run's tag: podman's storage is shared by every checkout on the machine (podman-env).
+_TEST_TAG = f"localhost/fanout:test-{os.getpid()}"
 _BUILD_TIMEOUT_S = 900
 # The first build on a machine (a Debian root fetched and unpacked) ran past the suite's
 # 120 s a test on a slow host: the test that waits on a build gets the build's bound, and
@@ -45,12 +46,13 @@ pytestmark = [needs("image"), pytest.mark.timeout(_BUILD_TIMEOUT_S + 300)]
 
 
 @pytest.fixture(scope="module")
-def image(request: pytest.FixtureRequest) -> str:
+def image(request: pytest.FixtureRequest) -> Iterator[str]:
     if named := os.environ.get("FANOUT_IMAGE"):
         assert podman(["image", "exists", named], check=False).returncode == 0, (
-            f"FANOUT_IMAGE={named} is not an image in build/image (make image makes it)"
+            f"FANOUT_IMAGE={named} is not an image in podman's storage (make image makes it)"
         )
-        return named
+        yield named
+        return
     dist = request.getfixturevalue("dist")
     done = subprocess.run(
         [str(IMAGE_TOOLS / "build"), str(dist.wheel), _TEST_TAG],
@@ -59,7 +61,8 @@ def image(request: pytest.FixtureRequest) -> str:
         timeout=_BUILD_TIMEOUT_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return _TEST_TAG
+    yield _TEST_TAG
+    podman(["rmi", "--force", _TEST_TAG], check=False)
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Podman as ``deploy/image/build`` configures it, and a pod's container run by it.
 
 Commands go through ``deploy/image/podman-env``, so they see the storage that
-``make image`` built into (``build/image``) and the ulimits this machine needs.
+``make image`` built into (``~/.cache/fanout/podman``) and the ulimits this machine needs.
 :func:`run_options` turns the Deployment's container into ``podman run`` flags:
 its ``command`` becomes the entrypoint and its ``args`` the arguments, as
 Kubernetes does, and the security context and ``emptyDir`` mounts become their
