@@ -25,10 +25,10 @@ runs, each on a fresh ``fanout serve``:
 FerretDB 2 runs all four; nx-27017 the first two (the last two are about Redis, not the
 engine). For each run: the database's CPU (the engine's processes, from ``/proc``) per
 call, raw and less what the engine spent idle over 5 s just before (its own background
-work; read once no probe of the measured plan runs), MongoDB operations per call
+work; read once no timing of the measured plan runs), MongoDB operations per call
 (``fanout_backend_attempts_total``), the windows the panels' own queries answered
-(``fanout_cache_query_windows_total``), the measured plan's probes run meanwhile
-(``fanout_cache_probes_total``), Fanout's CPU per call (idle included, and less its
+(``fanout_cache_query_windows_total``), the measured plan's timings run meanwhile
+(``fanout_cache_timings_total``), Fanout's CPU per call (idle included, and less its
 idle), p50 and p99, failed calls, and the buckets' hit ratio. Every answer of a cached
 run is then compared with the same call asked ``fresh`` (the data does not change during
 the bench, so that is the uncached answer of that moment): counts, keys and order
@@ -55,7 +55,7 @@ from bench.dashboard_stack import (
     APPS,
     Instance,
     database_cpu_s,
-    probe_ms,
+    one_aggregation_ms,
     seed,
     series_sum,
     settle,
@@ -119,10 +119,10 @@ def measure(
 ) -> None:
     """Run ``viewers`` for ``seconds`` over ``instances`` (round robin) and fill ``run.figures``;
     ``midway()`` is called halfway, and the second half is measured apart too."""
-    _wait_for_probes(instances)
+    _wait_for_timings(instances)
     idle_per_s, fanout_idle_per_s = _idle_per_s(instances, engine_pids)
     # Scrapes cost the instances CPU: they come before the CPU is read, and after it.
-    ops0, hits0, misses0, query0, probes0, _ = _counters(instances)
+    ops0, hits0, misses0, query0, timings0, _ = _counters(instances)
     db0, cpu0 = database_cpu_s(engine_pids), sum(i.cpu_s() for i in instances)
     began = time.monotonic()
     until = time.monotonic() + seconds
@@ -170,8 +170,8 @@ def measure(
     elapsed = time.monotonic() - began
     busy = db - db0 - idle_per_s * elapsed
     *after, cache_bytes = _counters(instances)
-    ops, hits, misses, query_windows, probes = (
-        a - b for a, b in zip(after, (ops0, hits0, misses0, query0, probes0))
+    ops, hits, misses, query_windows, timings = (
+        a - b for a, b in zip(after, (ops0, hits0, misses0, query0, timings0))
     )
     latencies = sorted(run.latencies_ms) or [float("nan")]
     run.figures = {
@@ -189,7 +189,7 @@ def measure(
         "fanout_cpu_ms_per_call": (cpu - cpu0 - fanout_idle_per_s * elapsed) * 1000 / max(calls, 1),
         "fanout_cpu_ms_per_call_with_idle": (cpu - cpu0) * 1000 / max(calls, 1),
         "query_windows": query_windows,
-        "probes": probes,
+        "timings": timings,
         "p50_ms": statistics.median(latencies),
         "p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
@@ -208,13 +208,13 @@ def _calls(run: Run) -> int:
     return len(run.latencies_ms) + sum(run.failures.values())
 
 
-def _wait_for_probes(instances: list[Instance], timeout_s: float = 60.0) -> None:
-    """Until no instance runs a probe of the measured plan (a minute at most): the engine's
-    idle work is read next, and a probe then would count as the engine's own."""
+def _wait_for_timings(instances: list[Instance], timeout_s: float = 60.0) -> None:
+    """Until no instance runs a timing of the measured plan (a minute at most): the engine's
+    idle work is read next, and a timing then would count as the engine's own."""
     until = time.monotonic() + timeout_s
     while time.monotonic() < until:
         scrapes = [instance.scrape() for instance in instances]
-        if not sum(series_sum(s, "fanout_cache_probes_running") for s in scrapes):
+        if not sum(series_sum(s, "fanout_cache_timings_running") for s in scrapes):
             return
         gevent.sleep(0.5)
 
@@ -232,7 +232,7 @@ def _idle_per_s(instances: list[Instance], engine_pids: list[int]) -> tuple[floa
 
 def _counters(instances: list[Instance]) -> tuple[float, float, float, float, float, float]:
     """MongoDB operations, buckets read and missed, windows the panels' own queries
-    answered, and the measured plan's probes, since the instances started; the most bytes
+    answered, and the measured plan's timings, since the instances started; the most bytes
     one of them holds: one scrape of each."""
     scrapes = [instance.scrape() for instance in instances]
     return (
@@ -243,22 +243,22 @@ def _counters(instances: list[Instance]) -> tuple[float, float, float, float, fl
         sum(series_sum(s, "fanout_cache_hits_total") for s in scrapes),
         sum(series_sum(s, "fanout_cache_misses_total") for s in scrapes),
         sum(series_sum(s, "fanout_cache_query_windows_total") for s in scrapes),
-        sum(series_sum(s, "fanout_cache_probes_total") for s in scrapes),
+        sum(series_sum(s, "fanout_cache_timings_total") for s in scrapes),
         max((series_sum(s, "fanout_cache_bytes") for s in scrapes), default=0.0),
     )
 
 
 def warm(instances: list[Instance]) -> None:
-    """One call per app on each instance, twice, the probes the first round started ended
+    """One call per app on each instance, twice, the timings the first round started ended
     before the second: the measured plan has chosen (the first call of each panel starts its
-    first probe), and the buckets, if chosen, are filled (every bucket of each app's window,
+    first timing), and the buckets, if chosen, are filled (every bucket of each app's window,
     where the engine groups by bucket), as a warmed cache's are."""
     for _ in range(2):
         for instance in instances:
             with AppStatsClient("127.0.0.1", instance.port, timeout_ms=60_000) as client:
                 for app in APPS:
                     client.get_app_stats(app, *window_now(), PANELS, deadline_ms=60_000)
-        _wait_for_probes(instances)
+        _wait_for_timings(instances)
 
 
 def verify(run: Run, instances: list[Instance]) -> dict[str, int]:
@@ -357,7 +357,7 @@ def engine_runs(name: str, workdir: Path, args: argparse.Namespace) -> dict[str,
         documents = args.documents if name == "ferretdb" else args.nx_documents
         seed(engine.uri, documents, int(time.time() * 1000))
         figures["seed_s"] = round(time.monotonic() - began, 1)
-        figures["one_uncached_aggregation_ms"] = round(probe_ms(engine.uri), 1)
+        figures["one_uncached_aggregation_ms"] = round(one_aggregation_ms(engine.uri), 1)
         figures["settle_s"] = settle(engine.pids())
         print(
             f"dashboard: {name}: seeded in {figures['seed_s']} s; one uncached aggregation "

@@ -63,7 +63,7 @@ def _cached_against_uncached(
         / plain["fanout_cpu_ms_per_call_with_idle"],
         "Fanout CPU per window, idle off, cached / uncached": per_window("fanout_cpu_ms_per_call"),
         "windows the panels' own queries answered, cached run": cached["query_windows"],
-        "probes of the measured plan run meanwhile, cached run": cached.get("probes", 0.0),
+        "timings of the measured plan run meanwhile, cached run": cached.get("timings", 0.0),
         "failed calls, cached run (0)": sum(cached["failed"].values()),
         "uncached run's failed calls (0: served without overload)": sum(plain["failed"].values()),
         "answers differing, cached run (0)": cached.get("answers_differing", 0),

@@ -28,7 +28,7 @@ __all__ = [
     "HOUR_MS",
     "Instance",
     "database_cpu_s",
-    "probe_ms",
+    "one_aggregation_ms",
     "seed",
     "series_sum",
     "settle",
@@ -186,7 +186,7 @@ def settle(engine_pids: list[int], limit_s: float = 120.0) -> float:
     return round(time.monotonic() - began, 1)
 
 
-def probe_ms(uri: str) -> float:
+def one_aggregation_ms(uri: str) -> float:
     """How long one uncached aggregation (the urls panel, one app's 24 hours) takes."""
     db: pymongo.database.Database[dict[str, Any]] = pymongo.MongoClient(uri).apm
     start_ms, end_ms = window_now()

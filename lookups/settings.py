@@ -57,7 +57,8 @@ class Resilience:
         },
     )
     breaker_open_ms: int = field(
-        default=2000, metadata={"help": "how long a circuit stays open before one probe", "min": 1}
+        default=2000,
+        metadata={"help": "how long a circuit stays open before one trial call", "min": 1},
     )
 
     def _check_resilience(self) -> None:

@@ -18,7 +18,7 @@ from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
 from service.overload.admission import AdmissionControl, Refused
 from service.overload.brownout import Criticality
-from service.overload.cpu_rule import PROBE_CALLS
+from service.overload.cpu_rule import LULL_CALLS
 from service.overload.ticket import CallTicket
 from service.testing import FakeClock
 
@@ -38,9 +38,9 @@ def control(clock: FakeClock, **settings: Any) -> AdmissionControl:
     return AdmissionControl(AdmissionSettings(**options), request_deadline_ms=2000, clock=clock)
 
 
-def probing(admission: AdmissionControl) -> bool:
-    """Whether a probe of the least latency runs (read anew each time: it changes as calls end)."""
-    return admission.cpu.least.probing
+def lulling(admission: AdmissionControl) -> bool:
+    """Whether a lull to learn the least latency runs (read anew each time: it changes as calls end)."""
+    return admission.cpu.least.lulling
 
 
 def far() -> Deadline:
@@ -406,26 +406,26 @@ def test_a_saturated_loop_holds_the_limit_while_calls_queue_about_as_long_as_the
     assert grown > 1.5 * measured
 
 
-def test_a_probe_learns_the_least_latency_a_high_limit_hid() -> None:
+def test_a_lull_learns_the_least_latency_a_high_limit_hid() -> None:
     """Calls that queue for a saturated core take longer the more are in flight, so a
     least latency learnt from them is only as low as the limit: one learnt at a limit of
-    30 held 30, where 20 answered more. Once an epoch a probe lets only a few calls in
+    30 held 30, where 20 answered more. Once an epoch a lull lets only a few calls in
     flight, and learns the call's own latency, whatever the limit."""
     clock = FakeClock()
     admission = cpu_bound(clock, busy=1.0, initial_limit=60, max_limit=200)
     ends: list[tuple[float, float]] = []  # (when it ends, its latency), for calls in flight
-    most_in_probe = 0
+    most_in_lull = 0
     for _ in range(6000):
         while not admission.saturated:
             admission.admit(CallTicket(far()))
             latency_s = 0.01 + 0.002 * admission.inflight  # the core's queue: 2 ms a call
             heapq.heappush(ends, (clock.now + latency_s, latency_s))
-            if admission.cpu.least.probing:
-                most_in_probe = max(most_in_probe, admission.inflight)
+            if admission.cpu.least.lulling:
+                most_in_lull = max(most_in_lull, admission.inflight)
         clock.now, latency_s = heapq.heappop(ends)
         admission.done(ANY_CALL, latency_s)
-    assert admission.cpu.least.probes >= 2 and most_in_probe <= PROBE_CALLS
-    assert admission.cpu.least.seconds <= 0.01 + 0.002 * PROBE_CALLS  # the call's own latency
+    assert admission.cpu.least.lulls >= 2 and most_in_lull <= LULL_CALLS
+    assert admission.cpu.least.seconds <= 0.01 + 0.002 * LULL_CALLS  # the call's own latency
     # ...and the limit holds a queue for the core of 0.6 to 1.2 times the rest of a call.
     assert 1.6 * 0.9 <= admission.cpu.window_latency_s / admission.cpu.least.seconds <= 2.2 / 0.9
 
@@ -437,15 +437,15 @@ def test_a_saturated_loop_takes_the_limit_down_one_step_per_window_measured() ->
     clock = FakeClock()
     admission = cpu_bound(clock, busy=1.0)
     first = steady_load(admission, clock, 260, 0.001)  # the first window measured: one step
-    assert probing(admission)
-    while probing(admission):  # ...and a probe, which moves nothing
+    assert lulling(admission)
+    while lulling(admission):  # ...and a lull, which moves nothing
         steady_load(admission, clock, 1, 0.001)
     assert admission.limit == first
     assert steady_load(admission, clock, 540, 0.001) == pytest.approx(first * 0.9**2)  # two more
 
 
 def test_a_loop_close_to_saturated_grows_the_limit_one_step_per_window_measured() -> None:
-    """A window with a moment to spare on a loop close to saturated (a probe's aftermath,
+    """A window with a moment to spare on a loop close to saturated (a lull's aftermath,
     a pause of the callers): grown at every update, the limit went from 18 to 37 within
     one window."""
     clock = FakeClock()

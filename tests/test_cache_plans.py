@@ -24,8 +24,8 @@ from lookups.cache.cached import CachedLookup
 from lookups.cache.plans import (
     MAX_REPLAN_FACTOR,
     PROBE_ATTEMPTS,
-    PROBES_KEPT,
     QUIET_WAIT_S,
+    TIMINGS_KEPT,
     Plan,
     PlanChooser,
 )
@@ -71,13 +71,13 @@ class Engine:
     def answer(self, plan: Plan) -> str:
         return self._run(plan, False)
 
-    def probe(self, plan: Plan) -> str:
+    def timing(self, plan: Plan) -> str:
         return self._run(plan, True)
 
-    def _run(self, plan: Plan, probe: bool) -> str:
-        self.runs.append((plan, probe))
+    def _run(self, plan: Plan, timing: bool) -> str:
+        self.runs.append((plan, timing))
         self.clock.advance(self.times[plan])
-        if probe and self.crowding:
+        if timing and self.crowding:
             self.crowding -= 1
             self.use.overlaps += 1  # a call's operation began meanwhile
         if plan in self.failing:
@@ -86,12 +86,12 @@ class Engine:
 
 
 def _windows(chooser: PlanChooser, engine: Engine, count: int) -> list[str]:
-    """Answer ``count`` windows, a second apart, each probe run to its end; the plan of
+    """Answer ``count`` windows, a second apart, each timing run to its end; the plan of
     each answer."""
     answers = []
     for _ in range(count):
-        answers.append(chooser.answer(engine.answer, engine.probe))
-        chooser.join_probe()
+        answers.append(chooser.answer(engine.answer, engine.timing))
+        chooser.join_timing()
         engine.clock.advance(1.0)
     return answers
 
@@ -101,7 +101,7 @@ def _chooser(times: dict[Plan, float]) -> tuple[PlanChooser, Engine]:
     return PlanChooser(60.0, use, CacheStats(), clock), Engine(clock, times, use)
 
 
-def test_the_query_answers_first_then_a_probe_warms_and_times_both_and_the_cheaper_answers() -> (
+def test_the_query_answers_first_then_a_timing_warms_and_times_both_and_the_cheaper_answers() -> (
     None
 ):
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
@@ -113,7 +113,7 @@ def test_the_query_answers_first_then_a_probe_warms_and_times_both_and_the_cheap
         (Plan.QUERY, True),
         (Plan.BUCKETS, True),
     ]
-    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.probes == 1
+    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.timings == 1
 
 
 def test_buckets_as_dear_as_the_query_answer_nothing() -> None:
@@ -122,23 +122,23 @@ def test_buckets_as_dear_as_the_query_answer_nothing() -> None:
     assert chooser.chosen is Plan.QUERY and chooser.ratio == pytest.approx(1.0)
 
 
-def test_probes_that_agree_come_ever_later_and_a_change_brings_them_back() -> None:
+def test_timings_that_agree_come_ever_later_and_a_change_brings_them_back() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.22, Plan.QUERY: 0.2})  # close: 1.1
-    probed_at = []
+    timed_at = []
     for _ in range(150):  # a window about every 10 s
-        probes = chooser.stats.probes
+        timings = chooser.stats.timings
         _windows(chooser, engine, 1)
-        if chooser.stats.probes > probes:
-            probed_at.append(engine.clock.monotonic())
+        if chooser.stats.timings > timings:
+            timed_at.append(engine.clock.monotonic())
         engine.clock.advance(9.0)
-    gaps = [later - earlier for earlier, later in pairwise(probed_at)]
+    gaps = [later - earlier for earlier, later in pairwise(timed_at)]
     most = 60.0 * MAX_REPLAN_FACTOR
     periods = [66.0, 132.0, 264.0, most, most]  # 1.1 periods first: the plans' ratio
     assert len(gaps) == len(periods)
     assert all(period <= gap < period + 12 for gap, period in zip(gaps, periods))
     engine.times[Plan.BUCKETS] = 0.19  # the buckets got a little cheaper: the choice changes
     engine.clock.advance(chooser.period_s)
-    for _ in range(PROBES_KEPT // 2 + 1):  # until they are most of the kept ratios
+    for _ in range(TIMINGS_KEPT // 2 + 1):  # until they are most of the kept ratios
         assert chooser.chosen is Plan.QUERY
         _windows(chooser, engine, 1)
         engine.clock.advance(chooser.period_s)
@@ -146,24 +146,24 @@ def test_probes_that_agree_come_ever_later_and_a_change_brings_them_back() -> No
     assert chooser.period_s == pytest.approx(60.0 / 0.95)
 
 
-def test_plans_far_apart_alone_put_the_next_probe_far_off_and_under_load_do_not() -> None:
+def test_plans_far_apart_alone_put_the_next_timing_far_off_and_under_load_do_not() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 2.0, Plan.QUERY: 0.2})  # ten times dearer
     _windows(chooser, engine, 1)
     assert chooser.chosen is Plan.QUERY and chooser.period_s == 60.0 * MAX_REPLAN_FACTOR
     crowded, engine = _chooser({Plan.BUCKETS: 2.0, Plan.QUERY: 0.2})
     engine.crowding = 1_000  # never alone: timed under load, less sure
     _windows(crowded, engine, 1)
-    assert crowded.stats.probes_crowded == 1 and crowded.period_s == 60.0
+    assert crowded.stats.timings_crowded == 1 and crowded.period_s == 60.0
 
 
-def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses() -> None:
+def test_one_window_a_replan_period_timings_and_the_median_of_the_timings_chooses() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
-    _windows(chooser, engine, 1)  # one probe: the query stays, the next in two periods
+    _windows(chooser, engine, 1)  # one timing: the query stays, the next in two periods
     assert chooser.period_s == pytest.approx(120.0)
     engine.runs.clear()
     engine.times[Plan.BUCKETS] = 0.05  # the buckets got cheaper
     _windows(chooser, engine, 20)
-    assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no probe
+    assert engine.runs == [(Plan.QUERY, False)] * 20  # within the period: no timing
     engine.clock.advance(chooser.period_s)
     assert _windows(chooser, engine, 2) == ["query", "query"]  # ratios 2 and 0.25
     assert engine.runs[20:24] == [
@@ -176,51 +176,51 @@ def test_one_window_a_replan_period_probes_and_the_median_of_the_probes_chooses(
     assert chooser.period_s == pytest.approx(240.0)  # the choice stayed: twice the last period
     engine.clock.advance(chooser.period_s)
     assert _windows(chooser, engine, 2) == ["query", "buckets"]  # a third: 0.25
-    assert chooser.stats.probes == 3 and chooser.chosen is Plan.BUCKETS
+    assert chooser.stats.timings == 3 and chooser.chosen is Plan.BUCKETS
 
 
-def test_one_slow_probe_does_not_flip_the_choice() -> None:
+def test_one_slow_timing_does_not_flip_the_choice() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     for _ in range(3):
         _windows(chooser, engine, 1)
         engine.clock.advance(chooser.period_s)
     engine.times[Plan.BUCKETS] = 2.0  # a moment the buckets waited for long
     _windows(chooser, engine, 1)
-    assert chooser.stats.probes == 4 and chooser.chosen is Plan.BUCKETS
+    assert chooser.stats.timings == 4 and chooser.chosen is Plan.BUCKETS
 
 
-def test_a_probe_waits_until_the_engine_is_alone_and_no_caller_waits_for_it() -> None:
+def test_a_timing_waits_until_the_engine_is_alone_and_no_caller_waits_for_it() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.use.idle.clear()  # a call's operation in flight
-    assert chooser.answer(engine.answer, engine.probe) == "query"
+    assert chooser.answer(engine.answer, engine.timing) == "query"
     gevent.sleep(0)
     assert engine.runs == [(Plan.QUERY, False)]  # waiting, unseen
     engine.clock.advance(QUIET_WAIT_S / 2)
-    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.probes_running == 1
+    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.timings_running == 1
     engine.use.idle.set()
-    chooser.join_probe()
-    assert chooser.stats.probes_running == 0
+    chooser.join_timing()
+    assert chooser.stats.timings_running == 0
     assert engine.runs[1:] == [(Plan.BUCKETS, True), (Plan.QUERY, True), (Plan.BUCKETS, True)]
     assert chooser.chosen is Plan.BUCKETS
 
 
-def test_a_run_another_operation_overlapped_is_not_counted_and_the_probe_tries_again() -> None:
+def test_a_run_another_operation_overlapped_is_not_counted_and_the_timing_tries_again() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.crowding = 3  # the filling run, then the first two attempts' queries
     _windows(chooser, engine, 1)
-    probes = [plan for plan, probe in engine.runs if probe]
-    assert probes == [Plan.BUCKETS, Plan.QUERY, Plan.QUERY, Plan.QUERY, Plan.BUCKETS]
-    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.probes_crowded == 0
+    timings = [plan for plan, timing in engine.runs if timing]
+    assert timings == [Plan.BUCKETS, Plan.QUERY, Plan.QUERY, Plan.QUERY, Plan.BUCKETS]
+    assert chooser.ratio == pytest.approx(0.25) and chooser.stats.timings_crowded == 0
 
 
-def test_a_probe_never_alone_times_both_plans_under_load_on_its_last_try() -> None:
+def test_a_timing_never_alone_times_both_plans_under_load_on_its_last_try() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.4, Plan.QUERY: 0.2})
     engine.crowding = 1_000
     _windows(chooser, engine, 1)
-    probes = [plan for plan, probe in engine.runs if probe]
+    timings = [plan for plan, timing in engine.runs if timing]
     # The buckets filled; each try stops at its first plan overlapped; the last runs both.
-    assert probes == [Plan.BUCKETS] + [Plan.QUERY] * PROBE_ATTEMPTS + [Plan.BUCKETS]
-    assert (chooser.stats.probes, chooser.stats.probes_crowded, chooser.chosen) == (
+    assert timings == [Plan.BUCKETS] + [Plan.QUERY] * PROBE_ATTEMPTS + [Plan.BUCKETS]
+    assert (chooser.stats.timings, chooser.stats.timings_crowded, chooser.chosen) == (
         1,
         1,
         Plan.QUERY,
@@ -231,7 +231,7 @@ def test_a_probe_never_alone_times_both_plans_under_load_on_its_last_try() -> No
 def test_an_engine_never_idle_is_timed_under_load_once_the_wait_for_quiet_ends() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.use.idle.clear()  # this process always has an operation there
-    chooser.answer(engine.answer, engine.probe)
+    chooser.answer(engine.answer, engine.timing)
     gevent.sleep(0)
     for _ in range(2):  # the wait to fill the buckets, then the wait to time both plans
         engine.clock.advance(QUIET_WAIT_S - 0.5)
@@ -239,29 +239,29 @@ def test_an_engine_never_idle_is_timed_under_load_once_the_wait_for_quiet_ends()
         assert chooser.ratio is None  # still waiting for a quiet moment
         engine.clock.advance(1.0)
         gevent.sleep(0)
-    chooser.join_probe()
+    chooser.join_timing()
     assert [run for run in engine.runs if run[1]] == [
         (Plan.BUCKETS, True),
         (Plan.QUERY, True),
         (Plan.BUCKETS, True),
     ]
-    assert chooser.chosen is Plan.BUCKETS and chooser.stats.probes_crowded == 1
+    assert chooser.chosen is Plan.BUCKETS and chooser.stats.timings_crowded == 1
 
 
 def test_the_other_plans_failure_fails_nothing_and_gives_no_ratio() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.failing.add(Plan.BUCKETS)
     assert _windows(chooser, engine, 3) == ["query"] * 3
-    assert (chooser.stats.probes, chooser.stats.probes_failed, chooser.ratio) == (1, 1, None)
+    assert (chooser.stats.timings, chooser.stats.timings_failed, chooser.ratio) == (1, 1, None)
 
 
-def test_the_chosen_plans_failure_is_the_callers_and_starts_no_probe() -> None:
+def test_the_chosen_plans_failure_is_the_callers_and_starts_no_timing() -> None:
     chooser, engine = _chooser({Plan.BUCKETS: 0.05, Plan.QUERY: 0.2})
     engine.failing.add(Plan.QUERY)
     with pytest.raises(TimeoutError):
-        chooser.answer(engine.answer, engine.probe)
-    chooser.join_probe()
-    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.probes == 0
+        chooser.answer(engine.answer, engine.timing)
+    chooser.join_timing()
+    assert engine.runs == [(Plan.QUERY, False)] and chooser.stats.timings == 0
 
 
 @pytest.fixture
@@ -287,12 +287,12 @@ def _fetch(lookup: CachedLookup, window: Window) -> Any:
 
 
 def _windows_of(lookup: CachedLookup, window: Window, count: int) -> list[Any]:
-    """``count`` answers of ``window``, each probe it starts run to its end before the next."""
+    """``count`` answers of ``window``, each timing it starts run to its end before the next."""
     assert lookup.chooser is not None
     answers = []
     for _ in range(count):
         answers.append(_fetch(lookup, window))
-        lookup.chooser.join_probe()
+        lookup.chooser.join_timing()
     return answers
 
 
@@ -304,7 +304,7 @@ def test_buckets_dearer_than_the_query_send_the_windows_to_the_query(slow_mongo:
     answers = _windows_of(lookup, UNEVEN, 4)
     assert lookup.chooser is not None and lookup.chooser.chosen is Plan.QUERY
     assert lookup.chooser.ratio is not None and lookup.chooser.ratio > 1.0
-    assert lookup.chooser.stats.probes == 1 and lookup.chooser.stats.probes_crowded == 0
+    assert lookup.chooser.stats.timings == 1 and lookup.chooser.stats.timings_crowded == 0
     assert lookup.store.stats.query_windows == 4  # every answer: the buckets never won
     assert all(close_panels(answer, expected) for answer in answers)
 
@@ -320,14 +320,14 @@ def test_warm_buckets_cheaper_than_the_query_keep_the_windows(slow_mongo: Any) -
     misses = stats.misses
     proxy.set_delay_ms(COMMAND_DELAY_MS)
     answers = _windows_of(lookup, DAY, 4)
-    assert chooser is not None and chooser.chosen is Plan.BUCKETS and chooser.stats.probes == 1
-    # The first answer, before the probe, was the query's; the probe and the buckets since
+    assert chooser is not None and chooser.chosen is Plan.BUCKETS and chooser.stats.timings == 1
+    # The first answer, before the timing, was the query's; the timing and the buckets since
     # missed nothing.
     assert stats.query_windows == 1 and stats.misses == misses
     assert all(close_panels(answer, expected) for answer in answers)
 
 
-def test_a_probe_is_a_trace_of_its_own_and_times_each_plan_alone(
+def test_a_timing_is_a_trace_of_its_own_and_times_each_plan_alone(
     slow_mongo: Any, spans: InMemorySpanExporter
 ) -> None:
     backend, proxy = slow_mongo
@@ -336,18 +336,18 @@ def test_a_probe_is_a_trace_of_its_own_and_times_each_plan_alone(
     tracer = trace.get_tracer("tests")
     with tracer.start_as_current_span("caller") as caller:
         _fetch(lookup, UNEVEN)
-        assert lookup.chooser is not None and lookup.chooser.stats.probes == 1
-        busy = gevent.spawn(_fetch, lookup, DAY)  # a caller's window as the probe starts
+        assert lookup.chooser is not None and lookup.chooser.stats.timings == 1
+        busy = gevent.spawn(_fetch, lookup, DAY)  # a caller's window as the timing starts
         busy.get()
-    lookup.chooser.join_probe()
-    # The caller's operations overlapped the probe: what they overlapped was not timed.
+    lookup.chooser.join_timing()
+    # The caller's operations overlapped the timing: what they overlapped was not timed.
     assert backend.engine_use.overlaps > 0
-    assert lookup.chooser.ratio is not None and lookup.chooser.stats.probes_failed == 0
-    probes = [span for span in spans.get_finished_spans() if span.name.startswith("fanout.cache")]
-    assert {(span.attributes or {}).get("fanout.cache.probe") for span in probes} == {
+    assert lookup.chooser.ratio is not None and lookup.chooser.stats.timings_failed == 0
+    timings = [span for span in spans.get_finished_spans() if span.name.startswith("fanout.cache")]
+    assert {(span.attributes or {}).get("fanout.cache.timing") for span in timings} == {
         "buckets",
         "query",
     }
-    assert len(probes) >= 3  # the buckets filled, then both plans alone
+    assert len(timings) >= 3  # the buckets filled, then both plans alone
     trace_id = caller.get_span_context().trace_id
-    assert all(span.parent is None and span.context.trace_id != trace_id for span in probes)
+    assert all(span.parent is None and span.context.trace_id != trace_id for span in timings)

@@ -38,7 +38,7 @@ def _breaker(clock: FakeClock, open_ms: int = 2000) -> CircuitBreaker:
 
 def _fail(breaker: CircuitBreaker, times: int) -> None:
     for _ in range(times):
-        breaker.record(failed=True, probe=breaker.check())
+        breaker.record(failed=True, trial=breaker.check())
 
 
 def test_an_outage_is_logged_when_it_begins_and_when_it_ends_not_at_every_probe(
@@ -54,16 +54,16 @@ def test_an_outage_is_logged_when_it_begins_and_when_it_ends_not_at_every_probe(
             clock.advance(2.0)
             _fail(breaker, 1)
         clock.advance(2.0)
-        breaker.record(failed=False, probe=breaker.check())
+        breaker.record(failed=False, trial=breaker.check())
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno > logging.DEBUG]
     assert said == [
         ("WARNING", "circuit db: closed -> open for 2000 ms (failing fast)"),
-        ("INFO", "circuit db: half_open -> closed after 22.0 s, 10 probes failed"),
+        ("INFO", "circuit db: half_open -> closed after 22.0 s, 10 trial calls failed"),
     ]
     assert sum(r.levelno == logging.DEBUG for r in caplog.records) == 21  # the probing
 
 
-def test_the_breaker_stays_open_for_exactly_open_ms_then_lets_one_probe_through() -> None:
+def test_the_breaker_stays_open_for_exactly_open_ms_then_lets_one_trial_call_through() -> None:
     clock = FakeClock()
     breaker = _breaker(clock)
     _fail(breaker, 3)
@@ -72,21 +72,21 @@ def test_the_breaker_stays_open_for_exactly_open_ms_then_lets_one_probe_through(
     with pytest.raises(CircuitOpen):
         breaker.check()
     clock.advance(0.001)
-    assert breaker.check() is True  # the probe
+    assert breaker.check() is True  # the trial call
     assert state(breaker) is CircuitState.HALF_OPEN
     with pytest.raises(CircuitOpen):
-        breaker.check()  # one probe at a time
-    breaker.record(failed=False, probe=True)
+        breaker.check()  # one trial call at a time
+    breaker.record(failed=False, trial=True)
     assert state(breaker) is CircuitState.CLOSED
     assert breaker.check() is False
 
 
-def test_a_failed_probe_opens_the_breaker_for_another_full_period() -> None:
+def test_a_failed_trial_call_opens_the_breaker_for_another_full_period() -> None:
     clock = FakeClock()
     breaker = _breaker(clock, open_ms=500)
     _fail(breaker, 3)
     clock.advance(0.5)
-    breaker.record(failed=True, probe=breaker.check())
+    breaker.record(failed=True, trial=breaker.check())
     assert (breaker.state, breaker.opened) == (CircuitState.OPEN, 2)
     clock.advance(0.499)
     with pytest.raises(CircuitOpen):

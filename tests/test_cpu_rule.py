@@ -1,12 +1,12 @@
 """Unit tests of the least latency of :mod:`service.overload.cpu_rule` on a clock the test
-moves: the least of two epochs, and the probe's life (when it opens, which calls it waits
+moves: the least of two epochs, and the lull's life (when it opens, which calls it waits
 for, when it ends). How admission steps its limit with it is in ``test_admission.py``."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.overload.cpu_rule import EPOCH_S, PROBE_CALLS, CpuRule, LeastLatency
+from service.overload.cpu_rule import EPOCH_S, LULL_CALLS, CpuRule, LeastLatency
 from service.testing import FakeClock
 
 
@@ -23,40 +23,40 @@ def test_the_least_is_the_least_of_this_epoch_and_the_last() -> None:
     assert least.seconds == 0.05  # two epochs old: forgotten (a backend slowed)
 
 
-def test_a_probe_caps_the_calls_in_flight_only_while_it_runs() -> None:
+def test_a_lull_caps_the_calls_in_flight_only_while_it_runs() -> None:
     clock = FakeClock()
     least = LeastLatency(clock)
     assert least.cap(20.0) == 20
-    assert least.start_probe() and least.probing
-    assert least.cap(20.0) == PROBE_CALLS and least.cap(2.0) == 2
-    assert not least.start_probe()  # one at a time
+    assert least.start_lull() and least.lulling
+    assert least.cap(20.0) == LULL_CALLS and least.cap(2.0) == 2
+    assert not least.start_lull()  # one at a time
 
 
-def test_a_probe_waits_for_calls_that_started_under_it_not_those_before() -> None:
+def test_a_lull_waits_for_calls_that_started_under_it_not_those_before() -> None:
     clock = FakeClock()
     least = LeastLatency(clock)
-    least.start_probe()
+    least.start_lull()
     clock.now += 0.05
-    for _ in range(10):  # calls from before the probe drain: none counts
+    for _ in range(10):  # calls from before the lull drain: none counts
         assert not least.sample(0.04)
-    least.admitted()  # the first call under the probe: it opens
+    least.admitted()  # the first call under the lull: it opens
     clock.now += 0.02
-    for number in range(PROBE_CALLS):
-        ended = least.sample(0.015)  # started 5 ms after the probe opened
-        assert ended == (number == PROBE_CALLS - 1)
-    assert not least.probing and least.seconds == 0.015 and least.probes == 1
+    for number in range(LULL_CALLS):
+        ended = least.sample(0.015)  # started 5 ms after the lull opened
+        assert ended == (number == LULL_CALLS - 1)
+    assert not least.lulling and least.seconds == 0.015 and least.lulls == 1
 
 
-def test_one_probe_an_epoch_and_none_runs_for_ever() -> None:
+def test_one_lull_an_epoch_and_none_runs_for_ever() -> None:
     clock = FakeClock()
     least = LeastLatency(clock)
-    least.start_probe()
-    clock.now += 1.0  # no call came: the probe gives up at the next one
-    assert least.sample(0.04) and not least.probing
+    least.start_lull()
+    clock.now += 1.0  # no call came: the lull gives up at the next one
+    assert least.sample(0.04) and not least.lulling
     clock.now += EPOCH_S / 2
-    assert not least.start_probe()  # this epoch had its probe
+    assert not least.start_lull()  # this epoch had its lull
     clock.now += EPOCH_S / 2
-    assert least.start_probe() and least.probes == 2
+    assert least.start_lull() and least.lulls == 2
 
 
 def test_a_call_of_no_time_at_all_is_no_division_by_zero() -> None:

@@ -171,7 +171,7 @@ def test_retries_never_exceed_the_retry_budget() -> None:
     assert guard.budget.refused > 0
 
 
-def test_the_breaker_opens_fails_fast_probes_and_closes() -> None:
+def test_the_breaker_opens_fails_fast_tries_one_call_and_closes() -> None:
     breaker = CircuitBreaker("test", BreakerPolicy(consecutive_failures=3, open_ms=100))
     for _ in range(3):
         assert breaker.check() is False
@@ -181,14 +181,14 @@ def test_the_breaker_opens_fails_fast_probes_and_closes() -> None:
         breaker.check()
     assert fast.value.retryable
     time.sleep(0.15)
-    assert breaker.check() is True  # the one probe
+    assert breaker.check() is True  # the one trial call
     with pytest.raises(CircuitOpen):
         breaker.check()  # others still fail fast meanwhile
-    breaker.record(failed=True, probe=True)  # probe failed: open again
+    breaker.record(failed=True, trial=True)  # the trial failed: open again
     assert breaker.state is CircuitState.OPEN
     time.sleep(0.15)
     assert breaker.check() is True
-    breaker.record(failed=False, probe=True)
+    breaker.record(failed=False, trial=True)
     assert breaker.state is CircuitState.CLOSED and breaker.opened == 2
 
 
@@ -252,7 +252,7 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
         assert circuits["alerts"] == "open" and circuits["mongo"] == "closed"
 
         hole.set_mode("ok")
-        clock.skip(600)  # the open period passes: the next call is the probe
+        clock.skip(600)  # the open period passes: the next call is the trial
         healed = wait_for(
             lambda: all(o.status == appstats.TaskStatus.OK for o in call_all(client)[0].outcomes),
             20,
@@ -407,7 +407,7 @@ def test_a_passing_health_check_closes_a_circuit_once_its_open_period_is_over() 
     assert breaker.state is CircuitState.CLOSED and breaker.check() is False
     breaker.record(failed=True)
     clock.advance(2.0)
-    assert breaker.check() is True  # a probe call in flight: it decides, not the check
+    assert breaker.check() is True  # a trial call in flight: it decides, not the check
     breaker.checked_healthy()
     assert breaker.state is CircuitState.HALF_OPEN
 
@@ -437,7 +437,7 @@ def test_an_idle_server_closes_a_recovered_backend_s_circuit_without_a_call(
 
 def test_a_worker_following_the_master_s_checks_closes_its_own_circuit() -> None:
     """In a group the master checks and each worker follows its rounds: a backend the master
-    found up is a successful probe of the worker's circuit too."""
+    found up is a successful trial of the worker's circuit too."""
     from lookups.backends.collection import Backends
     from service.operations.health import BackendStatus, HealthChecker
 

@@ -26,7 +26,7 @@ OpenTelemetry packages define)::
                                           fanout.pool.wait_ms, fanout.task.status; a task not
                                           run: status SKIPPED, fanout.task.skip_reason
         <pymongo / requests spans from the official instrumentations, see tracing.clients>
-    fanout.cache.probe <name>   INTERNAL  fanout.task.name, fanout.cache.probe (the plan): a
+    fanout.cache.timing <name>  INTERNAL  fanout.task.name, fanout.cache.timing (the plan): a
                                           cached panel's plan timed for no caller, a root
         <pymongo spans>
 
@@ -74,7 +74,7 @@ __all__ = [
     "mark_task_outcome",
     "cut_task_span",
     "skipped_task_span",
-    "probe_span",
+    "timing_span",
     "mark_coalesced",
     "trace_id_hex",
     "follow_parent_sampling",
@@ -266,15 +266,15 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
 
 
 @contextmanager
-def probe_span(panel: str, plan: str) -> Iterator[Span]:
+def timing_span(panel: str, plan: str) -> Iterator[Span]:
     """Open the INTERNAL root span of one run of a cached panel's plan for no caller, to
     time it (``lookups/cache/plans.py``), current for the block: a trace of its own, as it
     is no part of any call. An exception is recorded on it and passes through."""
     with _tracer.start_as_current_span(
-        f"fanout.cache.probe {panel}",
+        f"fanout.cache.timing {panel}",
         context=context_api.Context(),
         kind=SpanKind.INTERNAL,
-        attributes={"fanout.task.name": panel, "fanout.cache.probe": plan},
+        attributes={"fanout.task.name": panel, "fanout.cache.timing": plan},
     ) as span:
         yield span
 

@@ -41,13 +41,13 @@ TITLES = {
     "first design, means of windows minutes apart (`bench.dashboard --plan measured`, "
     "2-minute buckets; its nx-27017 runs were saturated by the uncached load itself)",
     "dashboard-alone-probes.json": 'The results cache with `cache.plan = "measured"` by '
-    "probes alone on the engine, its third design (`bench.dashboard --plan measured`, "
+    "timings alone on the engine, its third design (`bench.dashboard --plan measured`, "
     "2-minute buckets; the engines' runs at two commits, as `runs` says)",
     "dashboard-query-first.json": 'The results cache with `cache.plan = "measured"`, the '
-    "default: the query answers until a probe finds the buckets cheaper "
+    "default: the query answers until a timing finds the buckets cheaper "
     "(`bench.dashboard --plan measured`, 2-minute buckets; `runs` says at which commits)",
     "dashboard-nx-measured.json": 'The results cache on nx-27017 with `cache.plan = "measured"`'
-    " by its second design, paired probes inside calls (`bench.dashboard --engines nx-27017 "
+    " by its second design, paired timings inside calls (`bench.dashboard --engines nx-27017 "
     "--plan measured`, 2-minute buckets)",
 }
 #: Runs of a design or a scenario since replaced: on the log page, not the index.

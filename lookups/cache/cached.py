@@ -26,7 +26,7 @@ from lookups.cache.buckets import BucketPlan, bucket_runs, plan_buckets
 from lookups.cache.fills import fill_faceted, fill_grouped
 from lookups.cache.merged import MergedRun, MergedRuns
 from lookups.cache.panel import CachedPanel
-from lookups.cache.plans import PROBE_BUDGET_S, Plan, PlanChooser
+from lookups.cache.plans import TIMING_BUDGET_S, Plan, PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore
 from lookups.clock import SYSTEM_CLOCK, Clock
@@ -43,7 +43,7 @@ from lookups.mongo_parts import (
     subtract_part,
 )
 from lookups.panels import PanelValue, Window
-from tracing.spans import probe_span
+from tracing.spans import timing_span
 
 __all__ = ["CachedLookup", "FILL_FACETS", "KEY_VERSION"]
 
@@ -101,7 +101,7 @@ class CachedLookup(CachedPanel):
         if self.chooser is None:
             return self._from_buckets(window, plan, deadline)
         return self.chooser.answer(
-            partial(self._by_plan, window, plan, deadline), partial(self._probe, window, plan)
+            partial(self._by_plan, window, plan, deadline), partial(self._timing, window, plan)
         )
 
     def _by_plan(
@@ -114,10 +114,10 @@ class CachedLookup(CachedPanel):
             return self.inner.fetch(window, deadline)
         return self._from_buckets(window, plan, deadline)
 
-    def _probe(self, window: Window, plan: BucketPlan, chosen: Plan) -> None:
+    def _timing(self, window: Window, plan: BucketPlan, chosen: Plan) -> None:
         """The window by ``chosen``, for no caller: to time it (:mod:`lookups.cache.plans`)."""
-        deadline = Deadline.after_s(PROBE_BUDGET_S, self.inner.backend.clock)
-        with probe_span(self.name, chosen.value):
+        deadline = Deadline.after_s(TIMING_BUDGET_S, self.inner.backend.clock)
+        with timing_span(self.name, chosen.value):
             if chosen is Plan.QUERY:
                 self.inner.fetch(window, deadline)
             else:

@@ -74,7 +74,7 @@ class CacheSettings:
         default="measured",
         metadata={
             "help": "how a MongoDB panel's window is answered: `measured`, by the panel's own "
-            "query until probes of both plans, each alone on the engine, find the buckets "
+            "query until timings of both plans, each alone on the engine, find the buckets "
             "cheaper there; `buckets`, always from the cached buckets, probing nothing (see "
             "[Results cache](../explanation/results-cache.md))",
             "choices": ("buckets", "measured"),
@@ -85,7 +85,7 @@ class CacheSettings:
         metadata={
             "help": 'with `plan = "measured"`, how often one window runs both plans again, '
             "each alone on the engine, to time them; the period doubles, up to 8 times, "
-            "while the probes agree, and is at least as many times this as the dearer plan "
+            "while the timings agree, and is at least as many times this as the dearer plan "
             "cost the cheaper (up to 8)",
             "min": 100,
         },

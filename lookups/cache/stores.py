@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class CacheStats:
     """Counters since start: buckets found and missed, filled by a query, evicted; windows
     answered by the panel's own query instead (too many groups, or the store down, or
-    measured cheaper); the measured plan's probes; Redis errors; bytes held."""
+    measured cheaper); the measured plan's timings; Redis errors; bytes held."""
 
     hits: int = 0
     misses: int = 0
@@ -35,15 +35,15 @@ class CacheStats:
     evictions: int = 0
     direct: int = 0
     #: Windows the panel's own query answered, because it measured cheaper here than the
-    #: buckets (``cache.plan = "measured"``, :mod:`lookups.cache.plans`; its probes,
+    #: buckets (``cache.plan = "measured"``, :mod:`lookups.cache.plans`; its timings,
     #: run for no caller, are not counted).
     query_windows: int = 0
-    #: Probes of both plans (:mod:`lookups.cache.plans`): started; ended with a plan failed
+    #: Timings of both plans (:mod:`lookups.cache.plans`): started; ended with a plan failed
     #: (no ratio); timed under load, the engine never found alone; running now.
-    probes: int = 0
-    probes_failed: int = 0
-    probes_crowded: int = 0
-    probes_running: int = 0
+    timings: int = 0
+    timings_failed: int = 0
+    timings_crowded: int = 0
+    timings_running: int = 0
     redis_errors: int = 0
     bytes: int = 0
     #: Whether the store answered its last command: 1, or 0 from a failure to the next

@@ -1,6 +1,6 @@
 """How lookups survive misbehaving backends.
 
-breaker.py   CircuitBreaker: fail fast while a backend keeps failing, probe until it heals
+breaker.py   CircuitBreaker: fail fast while a backend keeps failing, one trial call until it heals
 guard.py     BackendGuard: retries before the task's deadline, the breaker, hedged
              requests; one per backend (lookups.backends), shared by its lookups; and
              RetryBudget: retries at most a share of calls (a token bucket)

@@ -1,17 +1,18 @@
-"""A circuit breaker per backend: stop calling what keeps failing, probe until it heals.
+"""A circuit breaker per backend: stop calling what keeps failing, one trial call at a time
+until it heals.
 
 States, and what moves between them::
 
     CLOSED --(consecutive failures, or failure rate over the window)--> OPEN
-    OPEN --(open_ms passed)--> HALF_OPEN: one probe call at a time may go through
-    HALF_OPEN --(probe succeeds)--> CLOSED        --(probe fails)--> OPEN again
+    OPEN --(open_ms passed)--> HALF_OPEN: one trial call at a time may go through
+    HALF_OPEN --(trial succeeds)--> CLOSED        --(trial fails)--> OPEN again
     OPEN or HALF_OPEN --(open_ms passed, and a health check passes)--> CLOSED
 
 While OPEN, :meth:`CircuitBreaker.check` raises :class:`~lookups.errors.CircuitOpen`
 at once: the panel fails fast (``ERROR``, retryable) and its call does not wait out
 a dead backend's timeout. An outage is logged twice: WARNING when the circuit opens
 (``closed -> open``), INFO when it closes again, with how long it was open and how many
-probes failed meanwhile. Its half-open probes and their failures, a few a second
+trial calls failed meanwhile. Its trial calls and their failures, a few a second
 during an outage, are DEBUG lines only.
 
 What counts as a failure is the backend's: unreachable, timed out, or HTTP 5xx
@@ -48,7 +49,7 @@ class BreakerPolicy:
     failure_rate: float = 0.5  # ...or more than this share of the calls in the window
     window_s: float = 10.0
     min_calls: int = 20  # the rate counts once the window holds this many
-    open_ms: int = 2000  # how long it stays open before a probe
+    open_ms: int = 2000  # how long it stays open before a trial call
 
 
 class CircuitBreaker:
@@ -66,28 +67,28 @@ class CircuitBreaker:
         self._recent: deque[tuple[float, bool]] = deque()  # (when, failed) within the window
         self._failures_in_window = 0
         self._open_until = 0.0
-        self._probing = False
+        self._trying = False
         self._outage_since = 0.0  # when it last opened from closed
-        self._failed_probes = 0  # probes failed since
+        self._failed_trials = 0  # trial calls failed since
 
     def check(self) -> bool:
-        """Before a call: raise :class:`CircuitOpen` if it may not go; True if it is a probe."""
+        """Before a call: raise :class:`CircuitOpen` if it may not go; True for the trial call."""
         if self.state is CircuitState.CLOSED:
             return False
         now = self._clock.monotonic()
         if self.state is CircuitState.OPEN and now >= self._open_until:
             self._move(CircuitState.HALF_OPEN)
-        if self.state is CircuitState.HALF_OPEN and not self._probing:
-            self._probing = True
+        if self.state is CircuitState.HALF_OPEN and not self._trying:
+            self._trying = True
             return True
         raise CircuitOpen(
             f"{self.name}: circuit open after repeated failures; failing fast", retry_safe=False
         )
 
-    def record(self, failed: bool, probe: bool = False) -> None:
+    def record(self, failed: bool, trial: bool = False) -> None:
         """After a call that :meth:`check` let through: did the backend fail it?"""
-        if probe:
-            self._probing = False
+        if trial:
+            self._trying = False
             if failed:
                 self._open()
             else:
@@ -107,10 +108,10 @@ class CircuitBreaker:
 
     def checked_healthy(self) -> None:
         """A health check of the backend passed. Once the open period is over, that is a
-        successful probe and the circuit closes: an idle server's circuit does not wait for
-        a call to find the backend back. Before then, or with a probe call in flight,
+        successful trial and the circuit closes: an idle server's circuit does not wait for
+        a call to find the backend back. Before then, or with a trial call in flight,
         nothing changes (a backend may answer pings and still fail lookups)."""
-        if self.state is CircuitState.CLOSED or self._probing:
+        if self.state is CircuitState.CLOSED or self._trying:
             return
         if self._clock.monotonic() >= self._open_until:
             self._close()
@@ -138,7 +139,7 @@ class CircuitBreaker:
             return
         previous, self.state = self.state, state
         if previous is CircuitState.CLOSED:  # an outage begins
-            self._outage_since, self._failed_probes = self._clock.monotonic(), 0
+            self._outage_since, self._failed_trials = self._clock.monotonic(), 0
             log.warning(
                 "circuit %s: closed -> open for %d ms (failing fast)",
                 self.name,
@@ -146,14 +147,14 @@ class CircuitBreaker:
             )
         elif state is CircuitState.CLOSED:  # and ends
             log.info(
-                "circuit %s: %s -> closed after %.1f s, %d probes failed",
+                "circuit %s: %s -> closed after %.1f s, %d trial calls failed",
                 self.name,
                 previous.value,
                 self._clock.monotonic() - self._outage_since,
-                self._failed_probes,
+                self._failed_trials,
             )
         else:  # the probing within an outage
-            self._failed_probes += state is CircuitState.OPEN
+            self._failed_trials += state is CircuitState.OPEN
             log.debug("circuit %s: %s -> %s", self.name, previous.value, state.value)
 
     def __repr__(self) -> str:

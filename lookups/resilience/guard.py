@@ -126,7 +126,7 @@ class BackendGuard:
 
         The breaker judges the call, not each attempt: a call a retry saved is a success.
         """
-        probe = self.breaker.check()
+        trial = self.breaker.check()
         given_s = deadline.remaining_s()
         failed = True
         try:
@@ -139,7 +139,7 @@ class BackendGuard:
         finally:
             self.calls += 1
             self.failures += failed
-            self.breaker.record(failed, probe)
+            self.breaker.record(failed, trial)
 
     def _attempts(self, lookup: str, attempt: Callable[[Deadline], T], deadline: Deadline) -> T:
         policy = self.policy(lookup)

@@ -21,8 +21,8 @@ Series (names as Prometheus shows them: ``fanout_pool_size``, ...)::
     fanout.brownout.level (0 to 1, the dimmer), fanout.panels.skipped  by fanout.skip_reason
     fanout.tasks.started, .rejected, .abandoned, .killed, .coalesced
     fanout.event_loop.blocked (runs over server.hub_block_threshold_ms)
-    fanout.cache.hits, .misses, .fills, .evictions, .direct, .query_windows, .probes,
-    .probes_failed, .probes_crowded, .probes_running, .redis_errors
+    fanout.cache.hits, .misses, .fills, .evictions, .direct, .query_windows, .timings,
+    .timings_failed, .timings_crowded, .timings_running, .redis_errors
     fanout.cache.bytes (what this process holds: buckets' keys and values, kept sums)
     fanout.cache.store_up (1, or 0 while Redis is down)
 """
@@ -346,25 +346,25 @@ for _name, _field, _unit, _description in (
         "query_windows",
         "{window}",
         "Windows the panel's own query answered: it measured cheaper on this engine than "
-        "the cached buckets (its probes, run for no caller, are not counted)",
+        "the cached buckets (its plan timings, run for no caller, are not counted)",
     ),
     (
-        "fanout.cache.probes",
-        "probes",
-        "{probe}",
-        'Probes of both plans of a window, timed to choose the cheaper (cache.plan = "measured")',
+        "fanout.cache.timings",
+        "timings",
+        "{timing}",
+        'Timings of both plans of a window, run to choose the cheaper (cache.plan = "measured")',
     ),
     (
-        "fanout.cache.probes_failed",
-        "probes_failed",
-        "{probe}",
-        "Probes that gave no ratio: a plan failed or ran out of its time",
+        "fanout.cache.timings_failed",
+        "timings_failed",
+        "{timing}",
+        "Timings that gave no ratio: a plan failed or ran out of its time",
     ),
     (
-        "fanout.cache.probes_crowded",
-        "probes_crowded",
-        "{probe}",
-        "Probes timed under load: the engine was never found alone within their wait",
+        "fanout.cache.timings_crowded",
+        "timings_crowded",
+        "{timing}",
+        "Timings run under load: the engine was never found alone within their wait",
     ),
     (
         "fanout.cache.redis_errors",
@@ -380,9 +380,9 @@ for _name, _field, _unit, _description in (
         description=_description,
     )
 _meter.create_observable_gauge(
-    "fanout.cache.probes_running",
-    [_summed("fanout.cache.probes_running", _cache_stat("probes_running"))],
-    unit="{probe}",
+    "fanout.cache.timings_running",
+    [_summed("fanout.cache.timings_running", _cache_stat("timings_running"))],
+    unit="{timing}",
     description="Probes of both plans running now, for no caller",
 )
 _meter.create_observable_gauge(

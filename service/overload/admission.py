@@ -360,7 +360,7 @@ class AdmissionControl:
             self._update_limit()
 
     def _update_limit(self) -> None:
-        if self.cpu.least.probing:
+        if self.cpu.least.lulling:
             return  # its calls say nothing of the limit's
         settings, short_s = self._settings, max(self._short_s, 1e-6)
         gradient = max(0.5, min(1.0, settings.tolerance * self._long_s / short_s))
@@ -394,7 +394,7 @@ class AdmissionControl:
         self._set_limit(self.limit * (1.0 - _SMOOTHING) + target * _SMOOTHING)
 
     def _cap(self) -> int:
-        """Calls that may be in flight now: the limit, or fewer during a probe of the least
+        """Calls that may be in flight now: the limit, or fewer during a lull to learn the least
         latency (:class:`~service.overload.cpu_rule.LeastLatency`)."""
         return self.cpu.least.cap(self.limit)
 

@@ -30,14 +30,14 @@ comes down a step only after :data:`COOL_WINDOWS` windows in a row with no refus
 and no standing queue, and holds in between. Up at once, down slowly, and a band in
 which it holds: this is the hysteresis that keeps it from flapping at a steady load,
 where it settles at the share that keeps admission just short of refusing. At a load
-that stays past capacity each step down is a probe that admission answers with
+that stays past capacity each step down is a test that admission answers with
 refusals, of CRITICAL calls too: a step down that brings a refusal back within
 :data:`PROBATION_WINDOWS` doubles the cool stretch before the next one (up to
 ``2 ** BACKOFF_MAX`` times), and its level is not stepped down to again for
 :data:`AVOID_S` (doubled likewise): the climb after it overshoots (the calls admitted
 below are still in flight), and without the memory the way back down would end on
-the same refusals. A step that holds restores the base pace, so the dimmer probes
-less and less often at a steady overload and still comes down at its pace once the
+the same refusals. A step that holds restores the base pace, so the dimmer tries
+a step down less and less often at a steady overload and still comes down at its pace once the
 load falls. Refusals come late where the bound is a pool: the optional panels a step
 down lets in fill the pools, latency rises, admission cuts its limit for seconds, and
 only then refuses. So a round of cuts on latency (:attr:`AdmissionStats.latency_cuts`,
@@ -207,7 +207,7 @@ class Dimmer:
         self._pressure = pressure
         self._cool = 0
         self._backoff = 0  # doublings of the cool stretch
-        self._probing: int | None = None  # windows since a step down not yet held
+        self._probation: int | None = None  # windows since a step down not yet held
         self._avoid = (-1.0, 0.0)  # a level that failed, and until when to avoid it
         self._owed = [0.0] * len(_LADDER)  # each rung's share accumulated, not yet acted on
         #: Calls that reached the gate since the last update, by criticality (the gate counts).
@@ -241,7 +241,7 @@ class Dimmer:
 
     def _at_rest(self) -> bool:
         """At level 0 with no floor and no step down on probation: it can go no lower."""
-        return self.level <= 0.0 and self.min_level <= 0.0 and self._probing is None
+        return self.level <= 0.0 and self.min_level <= 0.0 and self._probation is None
 
     def _resting(self) -> bool:
         """At rest with nothing new to push it up: :meth:`update` would do nothing."""
@@ -295,14 +295,14 @@ class Dimmer:
         before = self.level
         ceiling = self._ceiling()
         gone = spare and not (refused or cut) and self._let_go()
-        failed = cut and self._probing is not None  # latency rose since the last step down
+        failed = cut and self._probation is not None  # latency rose since the last step down
         # Read only where it can move the level, once a window at most: a report is not
         # free, and at the ceiling it is read once per cool stretch, not every window.
         below_ceiling = 0.0 < self.level < ceiling
         short = not (gone or refused or failed) and below_ceiling and self._pools_short()
         if refused or failed or short:
-            if self._probing is not None:  # the last step down brought refusals back
-                self._backoff, self._probing = min(self._backoff + 1, BACKOFF_MAX), None
+            if self._probation is not None:  # the last step down brought refusals back
+                self._backoff, self._probation = min(self._backoff + 1, BACKOFF_MAX), None
                 self._avoid = (
                     self.level,
                     self._clock.monotonic() + (AVOID_S << (self._backoff - 1)),
@@ -313,10 +313,10 @@ class Dimmer:
             self._cool = 0
         else:
             self._cool += 1
-            if self._probing is not None:
-                self._probing += 1
-                if self._probing >= PROBATION_WINDOWS:  # the step down held: the base pace again
-                    self._backoff, self._probing = 0, None
+            if self._probation is not None:
+                self._probation += 1
+                if self._probation >= PROBATION_WINDOWS:  # the step down held: the base pace again
+                    self._backoff, self._probation = 0, None
             if self._cool >= COOL_WINDOWS << self._backoff:
                 self._cool = 0
                 lowered = max(self.min_level, self.level - STEP)
@@ -324,7 +324,7 @@ class Dimmer:
                     lowered = self.level  # no slot to spare (below the ceiling: read above)
                 if lowered <= self._avoid[0] and self._clock.monotonic() < self._avoid[1]:
                     lowered = self.level  # a level that brought refusals back lately
-                self._probing = 0 if lowered < self.level else self._probing
+                self._probation = 0 if lowered < self.level else self._probation
                 self.level = lowered
         # Above the ceiling nothing that arrives would be shed: climbing there only slows
         # the way back down once the load falls.
@@ -353,7 +353,7 @@ class Dimmer:
         if self.level <= self.min_level or self._pools_short():
             return False
         self.level = self.min_level
-        self._cool, self._backoff, self._probing = 0, 0, None
+        self._cool, self._backoff, self._probation = 0, 0, None
         return True
 
     def _note_peak(self, before: float) -> None:

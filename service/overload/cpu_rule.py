@@ -28,20 +28,20 @@ time, so each call costs it more. Close to saturated (``_NEAR`` of it), a window
 moment to spare grows the limit one step too, not at every update, so that a pause of
 the callers does not take it up several steps at once.
 
-**The least latency, learnt by a probe** (:class:`LeastLatency`). Learnt from ordinary
+**The least latency, learnt in a lull** (:class:`LeastLatency`). Learnt from ordinary
 calls, that least is only as low as the limit lets it be: on a saturated loop every call
 queues for the core, so a least learnt at some limit would hold that limit, whatever
 the core could do.
 
-So while the rule is in force, the least is learnt afresh by a probe, as BBR's ProbeRTT
+So while the rule is in force, the least is learnt afresh in a lull, as BBR's ProbeRTT
 drains a path every 10 s to learn its round-trip time without its own queue: once an
-epoch (10 s), admission lets no more than :data:`PROBE_CALLS` calls be in flight until
-that many calls started under the probe have ended. Those calls meet no queue but each
+epoch (10 s), admission lets no more than :data:`LULL_CALLS` calls be in flight until
+that many calls started under the lull have ended. Those calls meet no queue but each
 other, and their latency is the call's own: its backends and its own share of the core,
-whatever the limit was. The probe lasts about two calls' time (the calls in flight
-drain, then the probe's own run); the waiting line keeps its length and its order
+whatever the limit was. The lull lasts about two calls' time (the calls in flight
+drain, then the lull's own run); the waiting line keeps its length and its order
 meanwhile, and admission's limit does not move until the loop has been measured again
-after it (the loop's spare moments during a probe are not room to grow).
+after it (the loop's spare moments during a lull are not room to grow).
 
 The least is the least of this epoch and the last: a least from a backend that has
 since slowed is forgotten within 20 s.
@@ -54,7 +54,7 @@ from collections.abc import Callable
 
 from lookups.clock import Clock
 
-__all__ = ["CpuRule", "LeastLatency", "PROBE_CALLS"]
+__all__ = ["CpuRule", "LeastLatency", "LULL_CALLS"]
 
 _WINDOW_S = 0.25  # the loop's demand for a core is measured over windows this long
 _STEP = 0.9  # the limit's step down per window (and 1 / _STEP up)
@@ -62,9 +62,9 @@ _QUEUE_HIGH = 2.2  # it falls while calls take longer than this many times the l
 _QUEUE_LOW = 1.6  # ...and grows while they take less than this many times
 _CONTENDED_QUEUE = (1.3, 1.1)  # the two, while callers contend
 _NEAR = 0.9  # a loop this share of saturated, or more, grows one step a window
-EPOCH_S = 10.0  # the least is the least of this epoch and the last; a probe an epoch
-PROBE_CALLS = 4  # calls in flight during a probe, and calls it waits for
-_PROBE_LONGEST_S = 1.0  # a probe whose calls do not end (none came) gives up after this
+EPOCH_S = 10.0  # the least is the least of this epoch and the last; a lull an epoch
+LULL_CALLS = 4  # calls in flight during a lull, and calls it waits for
+_LULL_LONGEST_S = 1.0  # a lull whose calls do not end (none came) gives up after this
 
 
 class CpuRule:
@@ -90,7 +90,7 @@ class CpuRule:
     def call_ended(self, latency_s: float) -> None:
         """An admitted call ended after ``latency_s``: the least, and the window's mean."""
         if self.least.sample(latency_s):
-            # The probe ended: the loop had moments to spare during it, which are no room
+            # The lull ended: the loop had moments to spare during it, which are no room
             # to grow. The window before it stands until one after it is measured.
             self._start_window(self._clock.monotonic(), self._cpu_demand())
             self._measured = False
@@ -121,11 +121,11 @@ class CpuRule:
 
     def saturated_step(self, demand: bool, contended: Callable[[], bool] | None = None) -> float:
         """On a saturated loop: the factor for the limit (1: hold), a shorter queue held
-        while ``contended()`` (asked once a window). Starts a probe of the least latency
+        while ``contended()`` (asked once a window). Starts a lull to learn the least latency
         once an epoch."""
         if not self._measured:
             return 1.0
-        self.least.start_probe()
+        self.least.start_lull()
         shorter = contended is not None and contended()
         high, low = _CONTENDED_QUEUE if shorter else (_QUEUE_HIGH, _QUEUE_LOW)
         queue = self.window_latency_s / max(self.least.seconds, 1e-6)
@@ -143,21 +143,21 @@ class CpuRule:
 
 
 class LeastLatency:
-    """The least latency of the last one or two epochs, and the probe state.
+    """The least latency of the last one or two epochs, and the lull state.
 
-    ``sample(latency_s)`` takes every admitted call's latency; ``start_probe()`` starts a
-    probe if none ran this epoch; ``cap(limit)`` is how many calls may be in flight now.
+    ``sample(latency_s)`` takes every admitted call's latency; ``start_lull()`` starts a
+    lull if none ran this epoch; ``cap(limit)`` is how many calls may be in flight now.
     """
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._epochs = [math.inf, math.inf]  # the least: last epoch, this one
         self._epoch_since = clock.monotonic()
-        self._probe_since: float | None = None  # while a probe runs: when it began
-        self._probe_open: float | None = None  # ...when it admitted its first call
-        self._probe_ended = 0  # calls started under it that ended
-        self._last_probe = -math.inf
-        self.probes = 0
+        self._lull_since: float | None = None  # while a lull runs: when it began
+        self._lull_open: float | None = None  # ...when it admitted its first call
+        self._lull_ended = 0  # calls started under it that ended
+        self._last_lull = -math.inf
+        self.lulls = 0
 
     @property
     def seconds(self) -> float:
@@ -165,42 +165,42 @@ class LeastLatency:
         return min(self._epochs)
 
     @property
-    def probing(self) -> bool:
-        return self._probe_since is not None
+    def lulling(self) -> bool:
+        return self._lull_since is not None
 
     def cap(self, limit: float) -> int:
-        """Calls that may be in flight: the limit, or :data:`PROBE_CALLS` during a probe."""
-        return min(PROBE_CALLS, int(limit)) if self._probe_since is not None else int(limit)
+        """Calls that may be in flight: the limit, or :data:`LULL_CALLS` during a lull."""
+        return min(LULL_CALLS, int(limit)) if self._lull_since is not None else int(limit)
 
     def sample(self, latency_s: float) -> bool:
-        """A call ended after ``latency_s``; True when it ended a probe."""
+        """A call ended after ``latency_s``; True when it ended a lull."""
         if latency_s < self._epochs[1]:
             self._epochs[1] = latency_s
-        if self._probe_since is None:
+        if self._lull_since is None:
             return False
         now = self._clock.monotonic()
-        if self._probe_open is not None and now - latency_s >= self._probe_open:
-            self._probe_ended += 1  # it started under the probe
-        if self._probe_ended >= PROBE_CALLS or now - self._probe_since >= _PROBE_LONGEST_S:
-            self._probe_since = None
+        if self._lull_open is not None and now - latency_s >= self._lull_open:
+            self._lull_ended += 1  # it started under the lull
+        if self._lull_ended >= LULL_CALLS or now - self._lull_since >= _LULL_LONGEST_S:
+            self._lull_since = None
             return True
         return False
 
     def admitted(self) -> None:
-        """A call was admitted. The first one admitted during a probe opens it: calls that
-        started since ran with no more than :data:`PROBE_CALLS` in flight (calls admitted
-        before the probe, whose greenlets had yet to run, did not)."""
-        if self._probe_since is not None and self._probe_open is None:
-            self._probe_open = self._clock.monotonic()
+        """A call was admitted. The first one admitted during a lull opens it: calls that
+        started since ran with no more than :data:`LULL_CALLS` in flight (calls admitted
+        before the lull, whose greenlets had yet to run, did not)."""
+        if self._lull_since is not None and self._lull_open is None:
+            self._lull_open = self._clock.monotonic()
 
-    def start_probe(self) -> bool:
-        """Begin a probe unless one ran this epoch (or runs); True if one began."""
+    def start_lull(self) -> bool:
+        """Begin a lull unless one ran this epoch (or runs); True if one began."""
         now = self._clock.monotonic()
-        if self._probe_since is not None or now - self._last_probe < EPOCH_S:
+        if self._lull_since is not None or now - self._last_lull < EPOCH_S:
             return False
-        self._probe_since, self._probe_open, self._probe_ended = now, None, 0
-        self._last_probe = now
-        self.probes += 1
+        self._lull_since, self._lull_open, self._lull_ended = now, None, 0
+        self._last_lull = now
+        self.lulls += 1
         return True
 
     def roll(self) -> None:
