@@ -209,7 +209,7 @@ def test_extra_processors_receive_spans_and_shutdown_stops_them(build) -> None:
 def test_disabled_installs_nothing_and_is_inert(session_tracing) -> None:
     handle = configure_tracing(TracingSettings(enabled=False, exporter="console"), env={})
     assert handle.provider is None and not handle.enabled and handle.exporters == ()
-    assert trace.get_tracer_provider() is session_tracing.provider
+    assert trace.get_tracer_provider() is session_tracing.installed
     assert handle.force_flush(10)
     handle.shutdown()
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
@@ -222,7 +222,7 @@ def test_session_provider_is_global_instruments_requests_and_makes_its_own_mongo
     (its command listener would cost every command), and ours are on."""
     import tracing.clients
 
-    assert trace.get_tracer_provider() is session_tracing.provider
+    assert trace.get_tracer_provider() is session_tracing.installed
     assert not PymongoInstrumentor().is_instrumented_by_opentelemetry
     assert tracing.clients._own_mongo_spans
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
@@ -231,14 +231,14 @@ def test_session_provider_is_global_instruments_requests_and_makes_its_own_mongo
 def test_a_second_global_provider_is_refused(session_tracing) -> None:
     with pytest.raises(TracingAlreadyConfigured):
         configure_tracing(TracingSettings(exporter="none"), env={})
-    assert trace.get_tracer_provider() is session_tracing.provider
+    assert trace.get_tracer_provider() is session_tracing.installed
 
 
 def test_standalone_provider_does_not_touch_instrumentation(build, session_tracing) -> None:
     handle = build(exporter="none")
     handle.shutdown()
     assert RequestsInstrumentor().is_instrumented_by_opentelemetry
-    assert trace.get_tracer_provider() is session_tracing.provider
+    assert trace.get_tracer_provider() is session_tracing.installed
 
 
 def batch_sizes(processor: BatchSpanProcessor) -> tuple[int, int, float]:

@@ -203,24 +203,36 @@ def test_mark_task_outcome_records_the_error(spans) -> None:
     assert queries.events[0].attributes["exception.type"] == "ValueError"
 
 
-def test_unsampled_caller_makes_non_recording_spans_that_still_carry_the_trace_id(spans) -> None:
+def test_an_unsampled_call_whose_panel_failed_is_kept_whole_under_the_callers_trace(
+    spans,
+) -> None:
+    """Tail capture (the default): the head sampler said no, the failed panel keeps it."""
     with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-7") as span:
         with task_span("errors", "mongo", 0) as task:
-            mark_task_outcome(task, "ERROR", ValueError("ignored"))
-        assert not span.is_recording() and not task.is_recording()
-        assert trace_id_hex(span) == TRACE_ID
-    assert spans.get_finished_spans() == ()
+            mark_task_outcome(task, "ERROR", ValueError("kept for this"))
+        assert span.is_recording() and trace_id_hex(span) == TRACE_ID
+    server, task_done = finished(spans, "AppStats/getStats"), finished(spans, "fanout.task errors")
+    assert server.context.trace_id == int(TRACE_ID, 16) and server.parent.span_id == int(
+        PARENT_ID, 16
+    )
+    assert task_done.parent.span_id == server.context.span_id
+    assert task_done.attributes["fanout.task.status"] == "ERROR"
+    assert server.context.trace_flags.sampled  # exported: marked sampled for the processors
 
 
-def test_an_unsampled_task_span_leaves_the_request_span_current(spans) -> None:
+def test_an_unsampled_ordinary_call_is_dropped_and_tells_the_next_service_it_is_unsampled(
+    spans,
+) -> None:
     with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-7b") as span:
-        with task_span("errors", "mongo", 0):
-            assert trace.get_current_span() is span
+        with task_span("errors", "mongo", 0) as task:
+            assert trace.get_current_span() is task
             headers = inject_headers()
-    # Calls made in the task still tell the next service the trace is not sampled.
+            mark_task_outcome(task, "OK")
+        assert trace_id_hex(span) == TRACE_ID
     assert headers["traceparent"].startswith(f"00-{TRACE_ID}-") and headers["traceparent"].endswith(
         "-00"
     )
+    assert spans.get_finished_spans() == ()
 
 
 class LookupBroke(Exception):
@@ -333,9 +345,9 @@ def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(
     ]
 
 
-def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
-    from opentelemetry.instrumentation.utils import is_instrumentation_enabled
-
+def test_an_unsampled_call_passes_its_trace_on_and_keeps_its_http_span_if_kept(spans) -> None:
+    """The requests instrumentation's span is recorded with the call: an ordinary call
+    drops it, a call whose panel failed exports it under its task span."""
     from lookups.backends.http import HttpBackend
     from lookups.backends.settings import HttpBackendSettings
     from lookups.http import AlertsLookup
@@ -354,21 +366,25 @@ def test_an_unsampled_request_suppresses_the_instrumentations(spans) -> None:
         HttpBackend("alerts", HttpBackendSettings(url=f"http://127.0.0.1:{server.server_port}"))
     )
 
-    def fetch() -> Any:
-        with task_span("alerts", "http", 0):
-            assert not is_instrumentation_enabled()
-            return lookup.fetch(Window("shop", 1_000, 2_000), Deadline.after_s(5.0))
+    def fetch(status: str) -> Any:
+        with task_span("alerts", "http", 0) as task:
+            value = lookup.fetch(Window("shop", 1_000, 2_000), Deadline.after_s(5.0))
+            mark_task_outcome(task, status)
+            return value
 
     try:
-        with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):
-            assert spawn_in_context(fetch).get(timeout=10).alerts == ()
+        for status in ("OK", "ERROR"):
+            with request_span("getStats", {"traceparent": TRACEPARENT[:-2] + "00"}, "req-8b"):
+                assert spawn_in_context(fetch, status).get(timeout=10).alerts == ()
     finally:
         server.stop(timeout=2)
-    assert is_instrumentation_enabled()
-    # The real lookup passes the (unsampled) trace on itself: the instrumentation is off.
-    [traceparent] = seen
-    assert traceparent.split("-")[1] == TRACE_ID and traceparent.endswith("-00")
-    assert spans.get_finished_spans() == ()
+    assert [t.split("-")[1] for t in seen] == [TRACE_ID, TRACE_ID]
+    assert all(t.endswith("-00") for t in seen)  # the head sampler's decision travels on
+    client = [span for span in spans.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
+    assert len(client) == 1  # the ordinary call's was dropped with it
+    task_done = finished(spans, "fanout.task alerts")
+    assert client[0].parent.span_id == task_done.context.span_id
+    assert f"-{client[0].context.span_id:016x}-" in seen[1]  # the id the service was told
 
 
 def test_mongodb_command_spans_nest_under_the_task_span(spans, mongo_server) -> None:

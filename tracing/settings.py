@@ -88,6 +88,41 @@ class TracingSettings:
             "choices": MONGO_SPANS,
         },
     )
+    tail_capture: bool = field(
+        default=True,
+        metadata={
+            "help": "record every call's spans as plain data and export the calls that "
+            "matter whatever `sample_ratio` says: a panel not OK, a call shed, refused or "
+            "cut, or slower than the slow threshold; `false`: the SDK's spans, head "
+            "sampling alone",
+        },
+    )
+    tail_slow_ms: int = field(
+        default=0,
+        metadata={
+            "help": "tail capture keeps a call that took longer than this; `0`: longer than "
+            "its method's recent `tail_slow_quantile`",
+            "min": 0,
+        },
+    )
+    tail_slow_quantile: float = field(
+        default=0.99,
+        metadata={
+            "help": "with `tail_slow_ms` 0: the quantile of a method's last 512 durations "
+            "above which a call is slow (none until 100 calls)",
+            "min": 0.5,
+            "max": 1.0,
+        },
+    )
+    tail_max_per_s: int = field(
+        default=100,
+        metadata={
+            "help": "calls kept by tail capture (not by the head sampler) a second at most, in "
+            "a burst too; the excess is dropped and "
+            'counted (`fanout_traces_dropped_total{reason="ceiling"}`); `0`: no ceiling',
+            "min": 0,
+        },
+    )
     flush_timeout_ms: int = field(
         default=2_000,
         metadata={

@@ -22,6 +22,10 @@ Spans leave through a ``BatchSpanProcessor`` (:mod:`tracing.batching`: sized by
 worker is a greenlet once gevent has patched ``threading``; the SDK suppresses
 instrumentation around each export, so the exporter's own HTTP calls never become spans.
 
+With ``tracing.tail_capture`` (the default) the provider installed globally is
+:class:`tracing.capture.CapturingProvider`: every call's spans are recorded as plain data,
+and a call worth keeping reaches the same exporting processors as the SDK's spans would.
+
 OpenTelemetry lets a process install its global provider once; a second
 ``configure_tracing(..., set_global=True)`` raises :class:`TracingAlreadyConfigured`
 rather than being silently ignored. ``set_global=False`` builds a standalone
@@ -42,7 +46,7 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -54,6 +58,8 @@ from opentelemetry.sdk.trace.sampling import (
 from pymongo import monitoring
 
 from tracing.batching import batch_processor
+from tracing.capture import Capture, CapturingProvider
+from tracing.capture_rules import KeepRules
 from tracing.clients import (
     MongoConnectionEvents,
     own_mongo_spans,
@@ -109,10 +115,13 @@ class Tracing:
         exporters: Sequence[SpanExporter] = (),
         instrumentors: Sequence[BaseInstrumentor] = (),
         own_mongo_spans: bool = False,
+        installed: trace.TracerProvider | None = None,
     ) -> None:
         """``own_mongo_spans``: this handle switched our own MongoDB spans on (and its
-        shutdown switches them off)."""
+        shutdown switches them off). ``installed``: the global provider it installed, when
+        not ``provider`` itself (tail capture's)."""
         self.provider = provider
+        self.installed = installed or provider
         self.exporters: tuple[SpanExporter, ...] = tuple(exporters)
         self._instrumentors = tuple(instrumentors)
         self._own_mongo_spans = own_mongo_spans
@@ -220,25 +229,39 @@ def configure_tracing(
         sampler=_build_sampler(settings, environment),
     )
     provider.add_span_processor(ExceptionEventsWithoutSource())  # first: before any span records
+    # One chain of the processors that export: the provider's spans and the calls tail
+    # capture keeps go through the same ones.
+    exporting = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]  # the SDK's
     for exporter in exporters:
         reported = ReportedExporter(exporter, f"the {type(exporter).__name__}")
-        provider.add_span_processor(batch_processor(reported, environment))
+        exporting.add_span_processor(batch_processor(reported, environment))
     for processor in extra_processors:
-        provider.add_span_processor(processor)
+        exporting.add_span_processor(processor)
+    provider.add_span_processor(exporting)
     if not set_global:
         return Tracing(provider, exporters)
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:
+    installed: trace.TracerProvider = provider
+    if settings.tail_capture:
+        rules = KeepRules(
+            settings.tail_slow_ms, settings.tail_slow_quantile, settings.tail_max_per_s
+        )
+        installed = CapturingProvider(
+            Capture(provider.sampler, exporting, provider.resource, rules)
+        )
+    trace.set_tracer_provider(installed)
+    if trace.get_tracer_provider() is not installed:
         # Another installer won between our check and our set; the API ignored ours.
         provider.shutdown()
         raise TracingAlreadyConfigured("another tracer provider was installed concurrently")
     # Every ParentBased sampler built here keeps the default: an unsampled parent's children are
-    # dropped.
+    # dropped. Under tail capture every span is recorded: a call is judged when it ends.
     follow_parent_sampling(
-        isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF
+        not settings.tail_capture
+        and (isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF)
     )
     own = settings.mongo_spans == "own"
-    return Tracing(provider, exporters, _instrument(provider, own_mongo=own), own_mongo_spans=own)
+    instrumentors = _instrument(installed, own_mongo=own)
+    return Tracing(provider, exporters, instrumentors, own_mongo_spans=own, installed=installed)
 
 
 def build_resource(settings: TracingSettings, env: Mapping[str, str] | None = None) -> Resource:
@@ -280,7 +303,7 @@ def _sampler_ratio(raw: str) -> float:
     return 1.0
 
 
-def _instrument(provider: TracerProvider, own_mongo: bool) -> tuple[BaseInstrumentor, ...]:
+def _instrument(provider: trace.TracerProvider, own_mongo: bool) -> tuple[BaseInstrumentor, ...]:
     """Switch on the official instrumentations not already on, the pymongo one only
     unless ``own_mongo`` (our own MongoDB spans instead, :mod:`tracing.clients`); return
     those this call switched on.

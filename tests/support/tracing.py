@@ -31,7 +31,8 @@ _exporter = InMemorySpanExporter()
 def session_tracing() -> Iterator[Tracing]:
     """The process-wide provider every test's spans go to."""
     tracing = configure_tracing(
-        TracingSettings(exporter="none", service_name="fanout-tests"),
+        # A fixed slow threshold: no call of the session is kept for being slow by chance.
+        TracingSettings(exporter="none", service_name="fanout-tests", tail_slow_ms=60_000),
         extra_processors=[SimpleSpanProcessor(_exporter)],
         env={},
     )
