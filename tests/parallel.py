@@ -73,6 +73,7 @@ SECONDS = {
     "test_mutual_tls.py": 15,
     "test_monitoring.py": 14,
     "test_lookups_mongo.py": 13,
+    "test_tail_capture.py": 12,
     "test_health.py": 10,
     "test_capacity.py": 10,
     "test_hub_monitor.py": 8,

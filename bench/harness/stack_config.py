@@ -6,13 +6,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["stack_config", "SAMPLE_RATIOS", "OFFICIAL_MONGO"]
+__all__ = ["stack_config", "SAMPLE_RATIOS", "OFFICIAL_MONGO", "HEAD_ONLY"]
 
 #: The traced modes of a stack (``StackSpec.tracing``) and the share of calls each samples;
 #: a mode ending in :data:`OFFICIAL_MONGO` has the pymongo instrumentation make the
-#: MongoDB spans (``tracing.mongo_spans = "official"``) instead of Fanout.
-SAMPLE_RATIOS = {"ratio1": 0.01, "ratio10": 0.1, "full": 1.0, "ratio1-official-mongo": 0.01}
+#: MongoDB spans (``tracing.mongo_spans = "official"``) instead of Fanout; one ending in
+#: :data:`HEAD_ONLY` samples at the head alone (``tracing.tail_capture = false``).
+SAMPLE_RATIOS = {
+    "ratio1": 0.01,
+    "ratio10": 0.1,
+    "full": 1.0,
+    "ratio1-official-mongo": 0.01,
+    "ratio1-head": 0.01,
+    "full-head": 1.0,
+}
 OFFICIAL_MONGO = "-official-mongo"
+HEAD_ONLY = "-head"
 
 
 def stack_config(
@@ -82,4 +91,6 @@ def stack_config(
         ]
         if spec.tracing.endswith(OFFICIAL_MONGO):
             lines.append('mongo_spans = "official"')
+        if spec.tracing.endswith(HEAD_ONLY):
+            lines.append("tail_capture = false")
     return "\n".join(lines) + "\n"
