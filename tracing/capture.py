@@ -291,11 +291,8 @@ class _CapturingTracer(trace.Tracer):
         set_status_on_exception: bool = True,
     ) -> trace.Span:
         parent = trace.get_current_span(context)
-        parent_context = parent.get_span_context()
-        record = parent.record if isinstance(parent, CapturedSpan) else None
-        if record is None:
-            record, span_context = self._root(name, context, parent_context, kind, attributes)
-        else:
+        if type(parent) is CapturedSpan:  # a span of a call: the common case, kept short
+            record, parent_context = parent.record, parent.context
             span_context = SpanContext(
                 parent_context.trace_id,
                 random.getrandbits(64) or 1,
@@ -303,6 +300,9 @@ class _CapturingTracer(trace.Tracer):
                 parent_context.trace_flags,
                 parent_context.trace_state,
             )
+        else:
+            parent_context = parent.get_span_context()
+            record, span_context = self._root(name, context, parent_context, kind, attributes)
         span = CapturedSpan(
             record,
             name,
@@ -310,7 +310,7 @@ class _CapturingTracer(trace.Tracer):
             parent_context if parent_context.is_valid else None,
             kind,
             dict(attributes) if attributes else {},
-            [link for link in links or () if link.context.is_valid],
+            [link for link in links if link.context.is_valid] if links else (),
             start_time or time.time_ns(),
             self._scope,
         )
