@@ -242,23 +242,24 @@ class Capture:
             "{trace}",
             "Calls whose spans were not exported: ordinary, or past the ceiling of kept calls",
         )
-        self._reasons = {
-            reason: {"reason": reason}
-            for reason in (
-                "panel",
-                "shed",
-                "cut",
-                "error",
-                "slow",
-                "sampled",
-                "ordinary",
-                "ceiling",
-            )
-        }
+        kept = ("panel", "shed", "cut", "error", "slow", "sampled")
+        self._reasons = {reason: {"reason": reason} for reason in (*kept, "ordinary", "ceiling")}
+        self._zeroed = False
+
+    def _zero(self) -> None:
+        """Every series at 0, at the first call: a rate over them is then 0, not absent.
+        Not at start: the metrics may be set up after tracing, and a count added before
+        is lost."""
+        self._zeroed = True
+        for reason, attributes in self._reasons.items():
+            counter = self._dropped if reason in ("ordinary", "ceiling") else self._kept
+            counter.add(0, attributes)
 
     def decide(self, record: CallRecord) -> bool:
         root = record.root
         assert root is not None and root.end_time is not None
+        if not self._zeroed:
+            self._zero()
         reason = keep_reason(record.spans, root, record.sampled, self.rules)
         if reason is None:
             self._dropped.add(1, self._reasons["ordinary"])

@@ -262,6 +262,22 @@ ROWS: list[tuple[str, list[tuple[str, str, list[tuple[str, str]]]]]] = [
                 ],
             ),
             (
+                "Traces a second: kept by why, dropped (tail capture)",
+                "short",
+                [
+                    (
+                        f"sum by (reason) (rate(fanout_traces_kept_total{{{SEL}}}"
+                        f"[$__rate_interval]))",
+                        "kept: {{reason}}",
+                    ),
+                    (
+                        f"sum by (reason) (rate(fanout_traces_dropped_total{{{SEL}}}"
+                        f"[$__rate_interval]))",
+                        "dropped: {{reason}}",
+                    ),
+                ],
+            ),
+            (
                 "TLS certificates in use: time left",
                 "s",
                 [
