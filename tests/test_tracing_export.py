@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -12,17 +13,21 @@ from typing import Any
 import gevent
 import grpc
 import pytest
-import requests
 from gevent.pywsgi import WSGIServer
 from gevent.queue import Empty, Queue
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.trace import SpanKind
 
+from lookups.backends.http import HttpBackend
+from lookups.backends.settings import HttpBackendSettings
+from lookups.deadline import Deadline
+from lookups.errors import LookupFailed
 from tests.support.tracing import provider_of
 from tracing.exporters import prepare_grpc_for_gevent
 from tracing.settings import TracingSettings
 from tracing.setup import Tracing, configure_tracing
+from tracing.spans import request_span, task_span
 
 RECEIVE_TIMEOUT_S = 10
 
@@ -185,9 +190,13 @@ def test_batch_worker_exports_on_its_own_without_blocking_the_hub(
 
 def test_the_exporters_own_http_calls_are_not_traced(configure, http_receiver, spans) -> None:
     url, received = http_receiver
-    # Contrast first: the session has requests instrumented, so a plain POST is a span.
-    requests.post(url + "/elsewhere", data=b"", timeout=5)
-    assert [span.kind for span in spans.get_finished_spans()] == [SpanKind.CLIENT]
+    # Contrast first: a lookup's request under a task span is a CLIENT span.
+    backend = HttpBackend("alerts", HttpBackendSettings(url=url))
+    with request_span("getStats", {}, "req-contrast"), task_span("alerts", "http", 0):
+        with contextlib.suppress(LookupFailed):  # the receiver answers 404
+            backend._get_body("alerts", url + "/elsewhere", {}, "", Deadline.after_s(5))
+    backend.close()
+    assert SpanKind.CLIENT in [span.kind for span in spans.get_finished_spans()]
     spans.clear()
     handle = configure(exporter="otlp", endpoint=url)
     make_trace(handle)

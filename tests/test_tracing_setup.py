@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
+import tracing.http_spans
 from tests.support.tracing import provider_of
 from tracing.batching import batch_processor
 from tracing.settings import TracingSettings
@@ -212,20 +213,21 @@ def test_disabled_installs_nothing_and_is_inert(session_tracing) -> None:
     assert trace.get_tracer_provider() is session_tracing.installed
     assert handle.force_flush(10)
     handle.shutdown()
-    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+    assert tracing.http_spans._own_http_spans  # the session's own spans stay on
 
 
-def test_session_provider_is_global_instruments_requests_and_makes_its_own_mongodb_spans(
+def test_session_provider_is_global_and_makes_its_own_mongodb_and_http_spans(
     session_tracing,
 ) -> None:
-    """``tracing.mongo_spans = "own"`` by default: the pymongo instrumentation stays off
-    (its command listener would cost every command), and ours are on."""
+    """``tracing.mongo_spans`` and ``tracing.http_spans`` are ``"own"`` by default: the
+    pymongo and requests instrumentations stay off (the first's command listener costs
+    every command, the second wraps every request), and ours are on."""
     import tracing.clients
 
     assert trace.get_tracer_provider() is session_tracing.installed
     assert not PymongoInstrumentor().is_instrumented_by_opentelemetry
-    assert tracing.clients._own_mongo_spans
-    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+    assert not RequestsInstrumentor().is_instrumented_by_opentelemetry
+    assert tracing.clients._own_mongo_spans and tracing.http_spans._own_http_spans
 
 
 def test_a_second_global_provider_is_refused(session_tracing) -> None:
@@ -237,7 +239,7 @@ def test_a_second_global_provider_is_refused(session_tracing) -> None:
 def test_standalone_provider_does_not_touch_instrumentation(build, session_tracing) -> None:
     handle = build(exporter="none")
     handle.shutdown()
-    assert RequestsInstrumentor().is_instrumented_by_opentelemetry
+    assert tracing.http_spans._own_http_spans
     assert trace.get_tracer_provider() is session_tracing.installed
 
 

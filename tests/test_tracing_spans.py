@@ -12,12 +12,12 @@ from typing import Any
 import gevent
 import pymongo
 import pytest
-import requests
 from gevent.pywsgi import WSGIServer
 from opentelemetry import baggage, trace
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode, format_span_id, format_trace_id
 
 from lookups.deadline import Deadline
+from lookups.errors import LookupFailed
 from lookups.mongo import first_batch
 from tracing.context import MAX_HEADER_CHARS, extract_context, inject_headers, spawn_in_context
 from tracing.spans import RPC_SERVICE, mark_task_outcome, request_span, task_span, trace_id_hex
@@ -265,13 +265,20 @@ def test_exception_event_carries_type_message_and_a_stack_trace_of_frames(spans)
     assert 'empty["missing"]' not in stack  # no source lines: formatting them is what costs
 
 
-def test_the_requests_instrumentations_exception_event_has_no_source_lines(spans) -> None:
-    """An error escaping the official instrumentation's span is recorded without source lines."""
+def test_an_http_requests_exception_event_has_no_source_lines(spans) -> None:
+    """An error escaping a lookup's HTTP client span is recorded without source lines."""
+    from lookups.backends.http import HttpBackend
+    from lookups.backends.settings import HttpBackendSettings
+
     with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{closed.getsockname()[1]}/alerts"  # bound, not listening: refused
-        with pytest.raises(requests.ConnectionError):
-            requests.get(url, timeout=2)
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        backend = HttpBackend(
+            "alerts", HttpBackendSettings(url=f"http://127.0.0.1:{closed.getsockname()[1]}")
+        )
+        with request_span("getStats", {}, "req-refused"), task_span("alerts", "http", 0):
+            with pytest.raises(LookupFailed):
+                backend._get_body("alerts", backend._base + "/alerts", {}, "", Deadline.after_s(2))
+        backend.close()
     (client,) = [span for span in spans.get_finished_spans() if span.kind == trace.SpanKind.CLIENT]
     (event,) = [event for event in client.events if event.name == "exception"]
     stack = event.attributes["exception.stacktrace"]
@@ -329,9 +336,15 @@ def echo_server() -> Iterator[str]:
 def test_requests_spans_nest_under_the_task_span_and_carry_the_trace_onwards(
     spans, echo_server
 ) -> None:
+    from lookups.backends.http import HttpBackend
+    from lookups.backends.settings import HttpBackendSettings
+
+    backend = HttpBackend("alerts", HttpBackendSettings(url=echo_server.rsplit("/", 1)[0]))
+
     def lookup() -> dict[str, Any]:
         with task_span("alerts", "http", 0):
-            return requests.get(echo_server, timeout=5).json()
+            body = backend._get_body("alerts", echo_server, {}, "", Deadline.after_s(5))
+            return dict(json.loads(body))
 
     with request_span("getStats", {"traceparent": TRACEPARENT}, "req-8"):
         seen = spawn_in_context(lookup).get(timeout=10)

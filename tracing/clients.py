@@ -6,8 +6,9 @@ database conventions exactly as the official pymongo instrumentation writes them
 instrumentation listens to pymongo's command monitoring, and pymongo builds the events
 for every command once a listener is registered, sampled or not; a command of our own
 costs nothing outside a recording span. With ``"official"`` the instrumentation makes
-them, as the requests instrumentation makes the HTTP ones; the hooks here finish both so
-a trace view shows what each one is:
+them; the HTTP ones are ours too (:mod:`tracing.http_spans`) unless the requests
+instrumentation makes them. The names and hooks here finish all of them so a trace view
+shows what each one is:
 
 * names by the semantic conventions: ``GET /apps/{app}/alerts`` (method and
   ``url.template``) instead of ``GET``; ``aggregate errors`` (operation and
@@ -47,6 +48,7 @@ __all__ = [
     "MONGODB_SERVICE",
     "mongo_command_span",
     "own_mongo_spans",
+    "current_call",
     "remote_call",
     "requests_request_hook",
     "pymongo_request_hook",
@@ -132,6 +134,11 @@ def _server_of(client: Any) -> tuple[str, int] | None:
         return address
     primaries = [server.address for server in known if server.is_writable]
     return primaries[0] if len(primaries) == 1 else None
+
+
+def current_call() -> tuple[str, str] | None:
+    """The remote call :func:`remote_call` named for this block: service and route."""
+    return _current_call.get()
 
 
 @contextmanager

@@ -16,12 +16,15 @@ __all__ = [
     "OTLP_PROTOCOLS",
     "METRIC_EXPORTERS",
     "MONGO_SPANS",
+    "HTTP_SPANS",
 ]
 
 #: Span exporters, by their ``OTEL_TRACES_EXPORTER`` names.
 EXPORTERS = ("otlp", "zipkin", "console", "none")
-#: Who makes the MongoDB command spans (``tracing.mongo_spans``).
+#: Who makes the MongoDB command spans (``tracing.mongo_spans``), and the HTTP ones
+#: (``tracing.http_spans``).
 MONGO_SPANS = ("own", "official")
+HTTP_SPANS = ("own", "official")
 #: OTLP protocols, by their ``OTEL_EXPORTER_OTLP_PROTOCOL`` names.
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 
@@ -86,6 +89,16 @@ class TracingSettings:
             "instrumentation, whose command listener costs every command, sampled or not "
             "(see [Tracing](../how-to/tracing.md))",
             "choices": MONGO_SPANS,
+        },
+    )
+    http_spans: str = field(
+        default="own",
+        metadata={
+            "help": "who makes the HTTP client spans and `http.client.request.duration`: "
+            "`own`, Fanout's record of each request a lookup sends, written as the official "
+            "requests instrumentation writes them; `official`, that instrumentation, which "
+            "wraps every request of the process (see [Tracing](../how-to/tracing.md))",
+            "choices": HTTP_SPANS,
         },
     )
     tail_capture: bool = field(

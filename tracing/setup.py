@@ -70,6 +70,7 @@ from tracing.conventions import prefer_stable_conventions
 from tracing.exceptions import ExceptionEventsWithoutSource
 from tracing.export_outages import ReportedExporter
 from tracing.exporters import build_exporters
+from tracing.http_spans import own_http_spans
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
 
@@ -116,15 +117,17 @@ class Tracing:
         instrumentors: Sequence[BaseInstrumentor] = (),
         own_mongo_spans: bool = False,
         installed: trace.TracerProvider | None = None,
+        own_http_spans: bool = False,
     ) -> None:
-        """``own_mongo_spans``: this handle switched our own MongoDB spans on (and its
-        shutdown switches them off). ``installed``: the global provider it installed, when
-        not ``provider`` itself (tail capture's)."""
+        """``own_mongo_spans``, ``own_http_spans``: this handle switched our own MongoDB or
+        HTTP spans on (and its shutdown switches them off). ``installed``: the global
+        provider it installed, when not ``provider`` itself (tail capture's)."""
         self.provider = provider
         self.installed = installed or provider
         self.exporters: tuple[SpanExporter, ...] = tuple(exporters)
         self._instrumentors = tuple(instrumentors)
         self._own_mongo_spans = own_mongo_spans
+        self._own_http_spans = own_http_spans
         self._shut_down = False
 
     @property
@@ -158,6 +161,8 @@ class Tracing:
             instrumentor.uninstrument()
         if self._own_mongo_spans:
             own_mongo_spans(False)
+        if self._own_http_spans:
+            own_http_spans(False)
         if timeout_ms is None:
             self.provider.shutdown()
             return True
@@ -259,9 +264,16 @@ def configure_tracing(
         not settings.tail_capture
         and (isinstance(provider.sampler, ParentBased) or provider.sampler is ALWAYS_OFF)
     )
-    own = settings.mongo_spans == "own"
-    instrumentors = _instrument(installed, own_mongo=own)
-    return Tracing(provider, exporters, instrumentors, own_mongo_spans=own, installed=installed)
+    own, own_http = settings.mongo_spans == "own", settings.http_spans == "own"
+    instrumentors = _instrument(installed, own_mongo=own, own_http=own_http)
+    return Tracing(
+        provider,
+        exporters,
+        instrumentors,
+        own_mongo_spans=own,
+        installed=installed,
+        own_http_spans=own_http,
+    )
 
 
 def build_resource(settings: TracingSettings, env: Mapping[str, str] | None = None) -> Resource:
@@ -303,10 +315,13 @@ def _sampler_ratio(raw: str) -> float:
     return 1.0
 
 
-def _instrument(provider: trace.TracerProvider, own_mongo: bool) -> tuple[BaseInstrumentor, ...]:
+def _instrument(
+    provider: trace.TracerProvider, own_mongo: bool, own_http: bool
+) -> tuple[BaseInstrumentor, ...]:
     """Switch on the official instrumentations not already on, the pymongo one only
-    unless ``own_mongo`` (our own MongoDB spans instead, :mod:`tracing.clients`); return
-    those this call switched on.
+    unless ``own_mongo`` (our own MongoDB spans instead, :mod:`tracing.clients`), the
+    requests one only unless ``own_http`` (:mod:`tracing.http_spans`); return those this
+    call switched on.
 
     They emit the current (stable) HTTP and database conventions (``server.address``,
     ``db.system.name``, ...) unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` says otherwise,
@@ -319,9 +334,11 @@ def _instrument(provider: trace.TracerProvider, own_mongo: bool) -> tuple[BaseIn
         monitoring.register(MongoConnectionEvents())
         _mongo_events_registered = True
     switched_on = []
-    official: list[tuple[BaseInstrumentor, dict[str, Any]]] = [
-        (RequestsInstrumentor(), {"request_hook": requests_request_hook})
-    ]
+    official: list[tuple[BaseInstrumentor, dict[str, Any]]] = []
+    if own_http:
+        own_http_spans(True)
+    else:
+        official.append((RequestsInstrumentor(), {"request_hook": requests_request_hook}))
     if own_mongo:
         own_mongo_spans(True)
     else:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from http.cookiejar import DefaultCookiePolicy
 from types import MappingProxyType
 from typing import Any, ClassVar, NoReturn, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 import gevent
 import requests
@@ -51,6 +51,7 @@ from lookups.errors import (
 from lookups.resilience import RetryPolicy
 from tracing.clients import remote_call
 from tracing.context import inject_headers
+from tracing.http_spans import http_request_span
 
 __all__ = ["HttpBackend", "MAX_RESPONSE_BYTES", "connect_timeout_s"]
 
@@ -96,6 +97,8 @@ class HttpBackend(Backend):
         self._check = HttpCheck(_check_url(settings), https, settings.authorization)
         self._adapter = self.session.get_adapter(settings.url)
         self._base = _prepared_base(settings.url)
+        parts = urlsplit(self._base)
+        self._address = (parts.hostname or "", parts.port)  # for the client span
 
     def get_json(
         self, lookup: str, path: str, params: dict[str, int], deadline: Deadline, route: str = ""
@@ -177,11 +180,13 @@ class HttpBackend(Backend):
             connect_timeout_s(settings, left_s),
             min(settings.read_timeout_ms / 1000.0, left_s),
         )
+        prepared = self._prepare(url, params)
         try:
-            with remote_call(self.name, route):
+            with remote_call(self.name, route), http_request_span(prepared, self._address) as sent:
                 response = self.session.send(
-                    self._prepare(url, params), timeout=timeouts, stream=True, allow_redirects=False
+                    prepared, timeout=timeouts, stream=True, allow_redirects=False
                 )
+                sent.answered(response)
         except requests.RequestException as exc:
             _raise_transport_error(lookup, exc, before_response=True)
         try:
@@ -216,8 +221,8 @@ class HttpBackend(Backend):
         prepared = requests.PreparedRequest()
         prepared.method = "GET"
         prepared.url = f"{url}?{urlencode(params)}"
-        # The trace context, also when unsampled: the requests instrumentation is off then,
-        # and overwrites it when on.
+        # The trace context, also with tracing's client spans off: the request's own span
+        # (tracing.http_spans), or the requests instrumentation, overwrites it with its own.
         prepared.headers = CaseInsensitiveDict(
             {**self.session.headers, "Accept": "application/json", **inject_headers()}
         )
