@@ -17,7 +17,7 @@ import pytest
 
 from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.samples.mongo_server import free_port
-from tests.support.samples import StartService
+from tests.support.samples import GENEROUS_BUDGETS, StartService
 
 FANOUT = [sys.executable, "-m", "service.cli"]
 # The processes must not try to reach a trace collector that is not there.
@@ -170,7 +170,14 @@ def test_backends_refuse_a_port_that_is_not_one() -> None:
 
 
 def test_demo_exits_zero_and_prints_panels_outcomes_and_trace() -> None:
-    demo = subprocess.run([*FANOUT, "demo"], capture_output=True, text=True, env=ENV, timeout=120)
+    # Budgets a busy machine keeps: the demo exits 1 for a panel cut at the default second
+    # (seen once, a 1.5 s MongoDB answer beside a loaded suite); what it prints is the test.
+    budgets = {
+        "FANOUT_" + key.replace(".", "_").upper(): str(v) for key, v in GENEROUS_BUDGETS.items()
+    }
+    demo = subprocess.run(
+        [*FANOUT, "demo"], capture_output=True, text=True, env={**ENV, **budgets}, timeout=120
+    )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     out = demo.stdout
     for section in ("Panels", "Outcomes", "Trace"):
