@@ -19,7 +19,9 @@ Two readings, never mixed:
   heartbeat file's age).
 
 Parts that never run in a test of timing (the worker supervisor, the command line)
-read :data:`SYSTEM_CLOCK` directly, still through this module.
+read :data:`SYSTEM_CLOCK` directly, still through this module. Spans are dated as
+OpenTelemetry dates them, by :func:`span_time_ns`: a trace shows when things happened,
+whatever clock a test gives the parts.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "Waitable", "loop_time"]
+__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "Waitable", "loop_time", "span_time_ns"]
 
 
 class Clock(Protocol):
@@ -90,3 +92,8 @@ def loop_time(loop: Any) -> float:
     """
     now: float = loop.now()
     return now
+
+
+def span_time_ns() -> int:
+    """Wall time in nanoseconds, as the OpenTelemetry SDK dates spans and their events."""
+    return time.time_ns()

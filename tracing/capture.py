@@ -39,7 +39,6 @@ by ``reason`` (``ordinary``, ``ceiling``).
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -53,6 +52,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util.types import Attributes
 
+from lookups.clock import span_time_ns
 from tracing.capture_rules import KeepRules, keep_reason
 
 __all__ = ["Capture", "CapturingProvider", "CapturedSpan", "CallRecord"]
@@ -154,7 +154,7 @@ class CapturedSpan(trace.Span):
         self, name: str, attributes: Attributes = None, timestamp: int | None = None
     ) -> None:
         if self.end_time is None:
-            self.events.append(Event(name, attributes, timestamp or time.time_ns()))
+            self.events.append(Event(name, attributes, timestamp or span_time_ns()))
 
     def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
         if self.end_time is None and context.is_valid:
@@ -193,7 +193,9 @@ class CapturedSpan(trace.Span):
     def end(self, end_time: int | None = None) -> None:
         if self.end_time is not None:
             return
-        self.end_time = end_time or time.time_ns()
+        self.end_time = end_time or span_time_ns()
+        for observer in self.record.capture.observers:
+            observer.on_end(self)
         self.record.ended(self)
 
     def readable(self, resource: Resource) -> ReadableSpan:
@@ -233,6 +235,9 @@ class Capture:
         self.processor = processor
         self.resource = resource
         self.rules = rules
+        #: Processors told of every span's start and end, recorded or kept alike (the hub
+        #: monitor's registry of open spans): ``add_span_processor`` of the provider.
+        self.observers: list[Any] = []
         meter = metrics.get_meter("fanout.tracing")
         self._kept = meter.create_counter(
             "fanout.traces.kept", "{trace}", "Calls whose spans were exported, by why"
@@ -312,11 +317,13 @@ class _CapturingTracer(trace.Tracer):
             kind,
             dict(attributes) if attributes else {},
             [link for link in links if link.context.is_valid] if links else (),
-            start_time or time.time_ns(),
+            start_time or span_time_ns(),
             self._scope,
         )
         if record.root is None:
             record.root = span
+        for observer in self._capture.observers:
+            observer.on_start(span, context)
         return span
 
     def _root(
@@ -368,6 +375,11 @@ class CapturingProvider(trace.TracerProvider):
     def __init__(self, capture: Capture) -> None:
         self.capture = capture
         self._tracers: dict[tuple[str, str | None, str | None], _CapturingTracer] = {}
+
+    def add_span_processor(self, processor: Any) -> None:
+        """Tell ``processor`` of every span's start and end (it gets the recorded span):
+        what the SDK's provider does for its processors, for those that watch spans."""
+        self.capture.observers.append(processor)
 
     def get_tracer(
         self,

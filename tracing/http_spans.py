@@ -11,7 +11,6 @@ instrumentation makes them, and this module records nothing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -21,6 +20,7 @@ from opentelemetry.propagate import inject
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.http import redact_url
 
+from lookups.clock import Clock
 from tracing.clients import PEER_SERVICE, URL_TEMPLATE, current_call
 
 __all__ = ["http_request_span", "own_http_spans"]
@@ -56,7 +56,9 @@ class _NoAnswer:
 _NO_ANSWER = _NoAnswer()
 
 
-def http_request_span(request: Any, address: tuple[str, int | None]) -> AbstractContextManager[Any]:
+def http_request_span(
+    request: Any, address: tuple[str, int | None], clock: Clock
+) -> AbstractContextManager[Any]:
     """A CLIENT span for the ``request`` (a prepared ``requests`` request to ``address``)
     sent in this block (``address``: the URL's host, and its port if it names one), as the
     requests instrumentation writes one with the stable
@@ -67,10 +69,10 @@ def http_request_span(request: Any, address: tuple[str, int | None]) -> Abstract
     (call ``answered(response)`` on what it yields), and ``error.type`` with status ERROR for
     a status of 400 or more or an exception. The span's trace context is put in the
     request's headers. ``http.client.request.duration`` is recorded for every request,
-    recording span or not, while our own spans are on."""
+    recording span or not, while our own spans are on, as ``clock`` times it."""
     if not _own_http_spans:
         return nullcontext(_NO_ANSWER)
-    return _request_span(request, address)
+    return _request_span(request, address, clock)
 
 
 #: ``network.protocol.version`` by urllib3's version number of the answer.
@@ -91,13 +93,13 @@ class _Answer:
 
 
 @contextmanager
-def _request_span(request: Any, address: tuple[str, int | None]) -> Iterator[_Answer]:
+def _request_span(request: Any, address: tuple[str, int | None], clock: Clock) -> Iterator[_Answer]:
     method = request.method
     metric: dict[str, Any] = {"http.request.method": method, "server.address": address[0]}
     if address[1]:
         metric["server.port"] = address[1]
     span = _http_span(request, method, address)
-    answer, began = _Answer(), time.perf_counter()
+    answer, began = _Answer(), clock.monotonic()
     try:
         if span is None:
             yield answer
@@ -121,7 +123,7 @@ def _request_span(request: Any, address: tuple[str, int | None]) -> Iterator[_An
                 metric["network.protocol.version"] = answer.version
         if span is not None:
             _answered(span, metric)
-        _http_duration.record(time.perf_counter() - began, metric)
+        _http_duration.record(clock.monotonic() - began, metric)
 
 
 def _http_span(request: Any, method: str, address: tuple[str, int | None]) -> trace.Span | None:

@@ -182,7 +182,10 @@ class HttpBackend(Backend):
         )
         prepared = self._prepare(url, params)
         try:
-            with remote_call(self.name, route), http_request_span(prepared, self._address) as sent:
+            with (
+                remote_call(self.name, route),
+                http_request_span(prepared, self._address, self.clock) as sent,
+            ):
                 response = self.session.send(
                     prepared, timeout=timeouts, stream=True, allow_redirects=False
                 )
