@@ -325,11 +325,13 @@ def test_holds_ending_within_a_tick_are_answered_in_one_turn_of_the_loop() -> No
         # Far enough ahead that no hold has ended before its greenlet runs: under stress
         # the forty starts spread over more than two ticks, and a hold already over was
         # answered at once, in a turn of its own.
-        greenlets = [
-            gevent.spawn(hold, ours, start + 25 * HOLD_TICK_S + 0.001 * (1 + i))
-            for i, (ours, _) in enumerate(pairs)
-        ]
-        greenlets += [gevent.spawn(read, theirs) for _, theirs in pairs]
+        # Held here, one after the other, before any greenlet runs: all twenty within this
+        # one turn of the loop, whose time does not move during it. (Spawned, a busy
+        # machine spread their starts over turns, and a hold counted from a later turn
+        # ended on a later tick.)
+        for i, (ours, _) in enumerate(pairs):
+            hold(ours, start + 25 * HOLD_TICK_S + 0.001 * (1 + i))
+        greenlets = [gevent.spawn(read, theirs) for _, theirs in pairs]
         gevent.joinall(greenlets, timeout=5, raise_error=True)
     finally:
         counting.close()
