@@ -61,6 +61,18 @@ def _call(port: int, trace_id: str, sampled: bool, deadline_ms: int = 5000) -> A
         client.close()
 
 
+def _call_invalid(port: int, times: int) -> None:
+    """``times`` calls answered ``InvalidRequest`` (an empty app): each is kept as an error."""
+    bad = appstats.StatsRequest(app="", start_ms=1, end_ms=0)
+    client = AppStatsClient("127.0.0.1", port, overload_retry_ratio=0)
+    try:
+        for _ in range(times):
+            with pytest.raises(appstats.InvalidRequest):
+                client._call("get_app_stats", 2000, lambda _: (bad,))
+    finally:
+        client.close()
+
+
 def _shape(spans: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     """A trace without its ids, times and per-server values: what a reader compares."""
     by_id = {span["span_id"]: span for span in spans}
@@ -135,10 +147,7 @@ def test_a_cut_panel_or_a_refusal_keeps_the_call_and_an_ordinary_one_is_dropped(
     answer = _call(server.port, cut, sampled=False, deadline_ms=800)  # alerts answers late
     statuses = {o.name: o.status for o in answer.outcomes}
     assert statuses["alerts"] == appstats.TaskStatus.TIMEOUT and answer.trace_id == cut
-    with pytest.raises(appstats.InvalidRequest):
-        bad = appstats.StatsRequest(app="", start_ms=1, end_ms=0)
-        client = AppStatsClient("127.0.0.1", server.port, overload_retry_ratio=0)
-        client._call("get_app_stats", 2000, lambda _: (bad,))
+    _call_invalid(server.port, 1)
     kept = _trace(receiver, cut, 8)
     cut_task = next(s for s in kept if s["name"] == "fanout.task alerts")
     assert cut_task["attributes"]["fanout.task.status"] == "TIMEOUT"
@@ -157,12 +166,8 @@ def test_kept_calls_past_the_ceiling_are_dropped(
         http_services,
         **_exporting(receiver, **{"tracing.sample_ratio": "0", "tracing.tail_max_per_s": "2"}),
     )
-    bad = appstats.StatsRequest(app="", start_ms=1, end_ms=0)
-    client = AppStatsClient("127.0.0.1", server.port, overload_retry_ratio=0)
     began = time.monotonic()
-    for _ in range(30):
-        with pytest.raises(appstats.InvalidRequest):
-            client._call("get_app_stats", 2000, lambda _: (bad,))
+    _call_invalid(server.port, 30)
     took_s = time.monotonic() - began
     receiver.wait_for(lambda spans: len(spans) >= 2)
     time.sleep(0.5)

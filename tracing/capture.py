@@ -25,7 +25,7 @@ call was kept. Calls kept by their tail are at most ``tracing.tail_max_per_s`` a
 makes tracing the overload. Calls the head sampler chose are all kept, as without tail
 capture (the batch processor's queue bounds them).
 
-Ids are the SDK's (random, 128-bit trace and 64-bit span ids). A call's trace id is known
+Ids come from the SDK provider's id generator, as its own spans' do. A call's trace id is known
 when it starts (the caller's, or a new one) whether it is later kept or not, and is what
 the response gives. The trace context sent downstream carries the head sampler's
 decision: a service called during a call kept only by its tail sees an unsampled
@@ -38,7 +38,6 @@ by ``reason`` (``ordinary``, ``ceiling``).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -47,6 +46,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -230,8 +230,10 @@ class Capture:
         processor: SpanProcessor,
         resource: Resource,
         rules: KeepRules,
+        ids: IdGenerator,
     ) -> None:
         self.sampler = sampler
+        self.ids = ids  # the provider's: a configured generator makes captured ids too
         self.processor = processor
         self.resource = resource
         self.rules = rules
@@ -301,7 +303,7 @@ class _CapturingTracer(trace.Tracer):
             record, parent_context = parent.record, parent.context
             span_context = SpanContext(
                 parent_context.trace_id,
-                random.getrandbits(64) or 1,
+                self._capture.ids.generate_span_id(),
                 False,
                 parent_context.trace_flags,
                 parent_context.trace_state,
@@ -320,7 +322,7 @@ class _CapturingTracer(trace.Tracer):
             start_time or span_time_ns(),
             self._scope,
         )
-        if record.root is None:
+        if record.root is None and not record.decided:  # a new call's first span
             record.root = span
         for observer in self._capture.observers:
             observer.on_start(span, context)
@@ -334,12 +336,13 @@ class _CapturingTracer(trace.Tracer):
         kind: SpanKind,
         attributes: Attributes,
     ) -> tuple[CallRecord, SpanContext]:
-        trace_id = parent.trace_id if parent.is_valid else random.getrandbits(128) or 1
+        ids = self._capture.ids
+        trace_id = parent.trace_id if parent.is_valid else ids.generate_trace_id()
         decided = self._capture.sampler.should_sample(context, trace_id, name, kind, attributes)
         sampled = decided.decision is Decision.RECORD_AND_SAMPLE
         span_context = SpanContext(
             trace_id,
-            random.getrandbits(64) or 1,
+            ids.generate_span_id(),
             False,
             _SAMPLED if sampled else _UNSAMPLED,
             decided.trace_state,

@@ -251,7 +251,7 @@ def configure_tracing(
             settings.tail_slow_ms, settings.tail_slow_quantile, settings.tail_max_per_s
         )
         installed = CapturingProvider(
-            Capture(provider.sampler, exporting, provider.resource, rules)
+            Capture(provider.sampler, exporting, provider.resource, rules, provider.id_generator)
         )
     trace.set_tracer_provider(installed)
     if trace.get_tracer_provider() is not installed:
