@@ -17,7 +17,12 @@ from tests.support.samples import StartService
 LATE_MS = 1500
 #: The panels on MongoDB: the HTTP ones are not this test's (a stressed run saw them cut).
 MONGO_PANELS = ("errors", "urls", "controllers", "queries")
-CALLING_S = 8.0  # eight callers without a pause: operations are in flight at every check
+CALLING_S = 8.0
+#: Each command held back this long on its way, so that a few callers without a pause keep
+#: operations in flight at every check, while the engine idles between them (flat out, eight
+#: callers made this file one of the suite's costliest in CPU).
+COMMAND_DELAY_MS = 250
+CALLERS = 3
 #: pymongo's smallest heartbeat interval: a check every half second, each answered late.
 FREQUENT_CHECKS = "heartbeatFrequencyMS=500"
 
@@ -38,9 +43,10 @@ def struct_header(opcode: int) -> bytes:
 def _failed_panels(
     start_service: StartService, mongo_server: Any, **overrides: Any
 ) -> tuple[list[str], int]:
-    """Eight callers for a few seconds through a proxy answering the monitor late: the
+    """A few callers for a few seconds through a proxy answering the monitor late: the
     MongoDB panels that failed, as ``panel: status: message``, and the checks pymongo gave up on."""
     proxy = LateMonitorProxy(("127.0.0.1", mongo_server.port), LATE_MS).start()
+    proxy.set_delay_ms(COMMAND_DELAY_MS)
     try:
         _, client = start_service(
             mongo__uri=f"mongodb://127.0.0.1:{proxy.address[1]}/?{FREQUENT_CHECKS}",
@@ -61,9 +67,8 @@ def _failed_panels(
                     for o in response.outcomes
                     if o.status != appstats.TaskStatus.OK
                 )
-                gevent.sleep(0.01)
 
-        gevent.joinall([gevent.spawn(call) for _ in range(8)], raise_error=True)
+        gevent.joinall([gevent.spawn(call) for _ in range(CALLERS)], raise_error=True)
         assert proxy.held >= 3, "the monitor's checks were not held: the test proves nothing"
         return failed, proxy.abandoned
     finally:

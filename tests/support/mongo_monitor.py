@@ -1,7 +1,9 @@
 """A MongoDB-wire proxy that answers pymongo's monitor late: every ``hello`` a connection
 sends after its first message (the monitor's checks; a connection's first message is its
-handshake) is held back ``delay_ms`` before it reaches the server, as an engine busy with
-other commands, or a stalled event loop, would answer it late.
+handshake) is held back ``check_delay_ms`` before it reaches the server, as an engine busy
+with other commands, or a stalled event loop, would answer it late. Other commands are held
+back the proxy's own delay (:meth:`TcpFaultProxy.set_delay_ms`), so that a few callers keep
+operations in flight without making the engine work flat out.
 """
 
 from __future__ import annotations
@@ -36,13 +38,13 @@ def command_name(message: bytes) -> str:
 
 
 class LateMonitorProxy(TcpFaultProxy):
-    """A :class:`TcpFaultProxy` to ``target`` holding back each monitor check ``delay_ms``;
-    ``held`` counts the checks it held, ``abandoned`` those whose client gave up waiting
-    (closed the connection: pymongo timed the check out)."""
+    """A :class:`TcpFaultProxy` to ``target`` holding back each monitor check
+    ``check_delay_ms``; ``held`` counts the checks it held, ``abandoned`` those whose client
+    gave up waiting (closed the connection: pymongo timed the check out)."""
 
-    def __init__(self, target: tuple[str, int], delay_ms: int) -> None:
+    def __init__(self, target: tuple[str, int], check_delay_ms: int) -> None:
         super().__init__(target)
-        self.delay_ms = delay_ms
+        self.check_delay_ms = check_delay_ms
         self.held = 0
         self.abandoned = 0
 
@@ -55,11 +57,12 @@ class LateMonitorProxy(TcpFaultProxy):
                 data = source.recv(_CHUNK_BYTES)
                 if not data:
                     return False
-                if not first and command_name(data) in _HELLO:
-                    self.held += 1
-                    if not self._hold(source, time.monotonic() + self.delay_ms / 1000.0):
-                        self.abandoned += 1
-                        return False
+                check = not first and command_name(data) in _HELLO
+                delay_ms = self.check_delay_ms if check else 0 if first else self._delay_ms
+                self.held += check
+                if not self._hold(source, time.monotonic() + delay_ms / 1000.0):
+                    self.abandoned += check
+                    return False
                 first = False
                 sink.sendall(data)
         except OSError:
