@@ -9,6 +9,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -273,6 +274,50 @@ def test_a_starting_worker_keeps_its_grace_until_it_serves_then_beats_in_time() 
         beating.kill()
     finally:
         master.remove()
+
+
+def test_a_new_master_removes_the_quiet_directories_of_masters_that_are_gone(
+    tmp_path: Path,
+) -> None:
+    """A master killed outright leaves its heartbeat directory; the next one removes it once
+    nothing in it has changed for a while, and never one whose master lives or beats."""
+    from service.workers.heartbeat import ABANDONED_AFTER_S, remove_abandoned
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    old = time.time() - ABANDONED_AFTER_S - 60
+
+    def directory(name: str, pid: int | None, modified: float) -> Path:
+        made = tmp_path / f"fanout-heartbeat-{name}"
+        made.mkdir()
+        (made / "worker-1").touch()
+        if pid is not None:
+            (made / "master.pid").write_text(str(pid))
+        for path in (*made.iterdir(), made):
+            os.utime(path, (modified, modified))
+        return made
+
+    killed = directory("killed", gone.pid, old)
+    unnamed = directory("unnamed", None, old)
+    living = directory("living", os.getpid(), old)
+    beating = directory("beating", gone.pid, time.time())
+    (beating / "worker-1").touch()
+    other = tmp_path / "not-ours"
+    other.mkdir()
+    os.utime(other, (old, old))
+
+    assert sorted(remove_abandoned(tmp_path)) == sorted([killed, unnamed])
+    assert {p.name for p in tmp_path.iterdir()} == {living.name, beating.name, other.name}
+
+
+def test_a_master_names_itself_in_its_directory_and_removes_it() -> None:
+    from service.workers.heartbeat import Heartbeats
+
+    master = Heartbeats()
+    made = Path(master.directory)
+    assert (made / "master.pid").read_text() == str(os.getpid())
+    master.remove()
+    assert not made.exists()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ from gevent.server import StreamServer
 
 __all__ = ["TcpFaultProxy", "reset_socket"]
 
-_STOP_GRACE_S = 0.5
+#: How long a stop lets the pumps of the connections it reset end (they end at once).
+_STOP_GRACE_S = 0.05
 _CHUNK_BYTES = 64 * 1024
 _POLL_S = 0.05  # how often a held request checks that its client is still there
 # A MongoDB wire message header is four int32s: length, requestID, responseTo, opCode.

@@ -54,7 +54,10 @@ __all__ = ["HTTP_MODES", "FaultyHttpService", "TcpFaultProxy", "reset_socket"]
 
 HTTP_MODES = ("ok", "slow", "error500", "flaky503", "bad_json", "hang", "reset")
 _HANG_LIMIT_S = 120.0  # a hung request ends by itself after this, whatever happens
-_STOP_GRACE_S = 0.5
+#: How long a stop lets requests in flight finish before their handlers are killed. Short: a
+#: client's idle keep-alive connection holds its handler until then, so every stop of a
+#: server a pooled client had used waited the whole grace.
+_STOP_GRACE_S = 0.05
 _BAD_JSON = b'{"alerts": [{"id": "a-1", "severity": '
 _PARTIAL_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 4096\r\n\r\n" + _BAD_JSON

@@ -17,6 +17,11 @@ its pid and where its metrics are scraped, which the master's group endpoints
 (``service.workers.group``) read. And it keeps its calls there
 (:meth:`Heartbeats.calls_path`, :mod:`tracing.call_tally`), which the master counts once
 it has gone, however it went.
+
+A master removes its directory as it exits; one killed outright (SIGKILL, the OOM killer)
+cannot. So a new master removes the directories of masters that are gone
+(:func:`remove_abandoned`): its pid file names no process, and nothing in the directory
+has changed for :data:`ABANDONED_AFTER_S`, which no live group's beats allow.
 """
 
 from __future__ import annotations
@@ -33,11 +38,23 @@ import gevent
 from lookups.clock import SYSTEM_CLOCK
 from tracing.context import spawn_in_context
 
-__all__ = ["Heartbeats", "BEAT_S", "ProcessState", "process_state", "looks_stuck"]
+__all__ = [
+    "Heartbeats",
+    "BEAT_S",
+    "ABANDONED_AFTER_S",
+    "ProcessState",
+    "process_state",
+    "looks_stuck",
+    "remove_abandoned",
+]
 
 BEAT_S = 0.5
 #: How long a new worker may take to beat for the first time.
 START_GRACE_S = 15.0
+#: How long a directory whose master is gone stays untouched before another master removes it.
+ABANDONED_AFTER_S = 600.0
+_PREFIX = "fanout-heartbeat-"
+_MASTER_PID = "master.pid"
 
 
 class Heartbeats:
@@ -47,9 +64,12 @@ class Heartbeats:
     """
 
     def __init__(self, directory: str | None = None) -> None:
-        self._dir = (
-            Path(directory) if directory else Path(tempfile.mkdtemp(prefix="fanout-heartbeat-"))
-        )
+        if directory:
+            self._dir = Path(directory)
+        else:
+            remove_abandoned(Path(tempfile.gettempdir()))
+            self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX))
+            (self._dir / _MASTER_PID).write_text(str(os.getpid()))
         self._serving = False  # in a worker: whether it announced that it serves
 
     @property
@@ -131,6 +151,50 @@ class Heartbeats:
 
     def remove(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def remove_abandoned(parent: Path, quiet_s: float = ABANDONED_AFTER_S) -> list[Path]:
+    """Remove the heartbeat directories in ``parent`` whose master is gone and in which
+    nothing changed for ``quiet_s``; the ones removed. A directory without a pid file (a
+    master still writing it, or an older version's) is judged by its quiet alone."""
+    removed = []
+    now = SYSTEM_CLOCK.wall()
+    for directory in parent.glob(f"{_PREFIX}*"):
+        try:
+            if _master_alive(directory) or now - _last_change(directory) < quiet_s:
+                continue
+        except OSError:
+            continue  # removed meanwhile, or not ours to read
+        shutil.rmtree(directory, ignore_errors=True)
+        removed.append(directory)
+    return removed
+
+
+def _master_alive(directory: Path) -> bool:
+    try:
+        pid = int((directory / _MASTER_PID).read_text())
+    except FileNotFoundError:
+        return False
+    except ValueError:
+        return True  # being written: its master is starting
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _last_change(directory: Path) -> float:
+    """The latest modification time of ``directory`` and its files (beats date them)."""
+    times = [directory.stat().st_mtime]
+    for entry in directory.iterdir():
+        try:
+            times.append(entry.stat().st_mtime)
+        except FileNotFoundError:
+            pass
+    return max(times)
 
 
 class ProcessState(NamedTuple):
