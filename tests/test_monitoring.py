@@ -158,6 +158,23 @@ def test_the_dashboard_file_is_the_one_its_panels_make() -> None:
     assert len(titles) == len(set(titles)) >= 12, titles
 
 
+def test_the_dashboard_script_writes_where_it_is_told_and_help_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    import json
+    import sys
+
+    script = str(ROOT / "deploy" / "grafana" / "dashboard.py")
+    helped = subprocess.run(
+        [sys.executable, script, "--help"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and "usage:" in helped.stdout
+    assert list(tmp_path.iterdir()) == []
+    subprocess.run([sys.executable, script, str(tmp_path / "out.json")], check=True)
+    shipped = json.loads((ROOT / "deploy" / "grafana" / "fanout.json").read_text())
+    assert json.loads((tmp_path / "out.json").read_text()) == shipped
+
+
 @needs("prometheus")
 def test_every_dashboard_query_parses(tmp_path: Path) -> None:
     """Each query as Prometheus reads it, Grafana's variables filled in: promtool checks it

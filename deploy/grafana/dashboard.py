@@ -7,6 +7,7 @@ Usage: ``python deploy/grafana/dashboard.py [OUT]`` (``make monitoring`` runs it
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -371,7 +372,9 @@ def _instance_variable() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    out = Path(argv[0]) if argv else OUT
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", nargs="?", type=Path, default=OUT, help=f"default: {OUT.name}")
+    out = parser.parse_args(argv).out
     out.write_text(json.dumps(dashboard(), indent=2) + "\n")
 
 
