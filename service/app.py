@@ -16,7 +16,8 @@ from thriftpy2.thrift import TProcessor
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpBackend
 from lookups.base import Lookup
-from lookups.cache import BucketStore, open_store, with_cache
+from lookups.cache.stores import BucketStore
+from lookups.cache.wiring import open_store, with_cache
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.plugins import add_configured, add_entry_points
 from lookups.registry import LookupRegistry, default_registry

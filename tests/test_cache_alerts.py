@@ -17,9 +17,10 @@ import gevent
 import pytest
 
 from lookups.backends.collection import Backends
-from lookups.cache import CacheSettings, with_cache
 from lookups.cache.alerts import CachedAlerts
+from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import MemoryStore
+from lookups.cache.wiring import with_cache
 from lookups.deadline import Deadline
 from lookups.http import AlertsLookup, LatencyLookup
 from lookups.panels import Window

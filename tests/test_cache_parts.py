@@ -22,10 +22,11 @@ from pymongo import monitoring
 
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
-from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
 from lookups.cache.merged import MergedRuns
+from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import CacheStats, MemoryStore
+from lookups.cache.wiring import with_cache
 from lookups.deadline import Deadline
 from lookups.mongo import (
     QUERY_GROUP_CAP,

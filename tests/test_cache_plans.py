@@ -19,7 +19,6 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
-from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import CachedLookup
 from lookups.cache.plans import (
     MAX_REPLAN_FACTOR,
@@ -29,7 +28,9 @@ from lookups.cache.plans import (
     Plan,
     PlanChooser,
 )
+from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import CacheStats, MemoryStore
+from lookups.cache.wiring import with_cache
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup
 from lookups.panels import Window

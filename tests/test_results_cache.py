@@ -18,9 +18,10 @@ from pymongo import monitoring
 
 from lookups.backends.mongo import MongoBackend
 from lookups.backends.settings import MongoBackendSettings
-from lookups.cache import CacheSettings, with_cache
 from lookups.cache.cached import FILL_FACETS, CachedLookup
+from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import CacheStats, MemoryStore, RedisStore
+from lookups.cache.wiring import with_cache
 from lookups.deadline import Deadline
 from lookups.mongo import ErrorsLookup, QueriesLookup, UrlsLookup
 from lookups.panels import Window

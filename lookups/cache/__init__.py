@@ -8,75 +8,12 @@
 - :mod:`~lookups.cache.merged`: the sums of whole runs of buckets, kept decoded;
 - :mod:`~lookups.cache.plans`: whether a window is cheaper from the buckets or the panel's
   own query, as measured;
-- :mod:`~lookups.cache.settings`: the ``[cache]`` section.
+- :mod:`~lookups.cache.settings`: the ``[cache]`` section;
+- :mod:`~lookups.cache.wiring`: the store a server opens, and its lookups answered through it.
+
+This package's own module imports nothing: the settings load without the backends' clients
+(a short command such as ``fanout call`` reads the settings and never opens a backend).
 
 The parts themselves, and why their sum is exactly the panel's one query, are in
 :mod:`lookups.mongo_parts`.
 """
-
-from __future__ import annotations
-
-from collections.abc import Mapping
-
-from lookups.base import Lookup
-from lookups.cache.alerts import CachedAlerts
-from lookups.cache.cached import CachedLookup
-from lookups.cache.merged import MergedRuns
-from lookups.cache.panel import CachedPanel
-from lookups.cache.plans import PlanChooser
-from lookups.cache.settings import CacheSettings
-from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
-from lookups.http import AlertsLookup
-from lookups.mongo import MongoLookup
-from lookups.mongo_parts import parts_of
-
-__all__ = [
-    "CachedAlerts",
-    "CachedLookup",
-    "CachedPanel",
-    "CacheSettings",
-    "CacheStats",
-    "BucketStore",
-    "with_cache",
-    "open_store",
-]
-
-
-def with_cache(
-    lookups: Mapping[str, Lookup], settings: CacheSettings, store: BucketStore
-) -> dict[str, Lookup]:
-    """``lookups`` with each MongoDB panel that is made of parts, and the alerts panel,
-    answered through ``store``; the others as they are."""
-    cached: dict[str, Lookup] = {}
-    merged = MergedRuns(settings.max_bytes // 8, store.stats)
-    for name, lookup in lookups.items():
-        if type(lookup) is AlertsLookup:
-            service = lookup.backend
-            cached[name] = CachedAlerts(
-                lookup, store, settings, f"{service.name}/{service.settings.url}", service.clock
-            )
-            continue
-        parts = parts_of(lookup)
-        if parts is None or not isinstance(lookup, MongoLookup):
-            cached[name] = lookup  # only MongoDB lookups have parts
-            continue
-        backend = lookup.backend
-        namespace = f"{backend.name}/{backend.settings.database}"
-        chooser = None
-        if settings.plan == "measured":
-            chooser = PlanChooser(
-                settings.replan_ms / 1000, backend.engine_use, store.stats, backend.clock
-            )
-        cached[name] = CachedLookup(
-            lookup, parts, store, settings, namespace, merged, chooser, backend.clock
-        )
-    return cached
-
-
-def open_store(settings: CacheSettings) -> BucketStore:
-    """Redis when ``cache.url`` names one, else this process's memory, counting into a new
-    :class:`CacheStats`. In this process the buckets get seven eighths of ``max_bytes``,
-    and the sums of whole runs of buckets (:func:`with_cache`) the last eighth."""
-    if settings.url:
-        return RedisStore(settings.url, settings.redis_timeout_ms, settings.ttl_s, CacheStats())
-    return MemoryStore(settings.max_bytes - settings.max_bytes // 8, CacheStats())

@@ -42,7 +42,7 @@ from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
 from lookups.backends.http import HttpStatusError
-from lookups.cache import BucketStore
+from lookups.cache.stores import BucketStore
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.errors import BackendUnavailable
 from tracing.context import spawn_in_context

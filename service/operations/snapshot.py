@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lookups.backends.collection import Backends
-from lookups.cache import BucketStore, CacheStats
+from lookups.cache.stores import BucketStore, CacheStats
 from lookups.clock import Clock
 from lookups.resilience.breaker import CircuitState
 from lookups.resilience.guard import BackendGuard

@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from lookups.base import Lookup
-from lookups.cache import CachedPanel
+from lookups.cache.panel import CachedPanel
 from lookups.deadline import Deadline
 from lookups.panels import AlertList, ErrorSummary, PanelValue, Series, TopList, Window
 from service.engine.coalescing import Coalescer
