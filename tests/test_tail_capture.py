@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import gevent
 import pytest
 
 from service.client import AppStatsClient
@@ -157,6 +158,62 @@ def test_a_cut_panel_or_a_refusal_keeps_the_call_and_an_ordinary_one_is_dropped(
     time.sleep(0.5)  # a batch the ordinary call's spans would be in has gone
     assert not any(span["trace_id"] == ordinary for span in receiver.spans)
     assert errors
+
+
+@pytest.fixture
+def late_alerts(sample_data: SampleData) -> Iterator[SampleHttpServices]:
+    with SampleHttpServices(sample_data, alerts_delay_ms=LATE_ALERTS_MS) as services:
+        yield services
+
+
+LATE_ALERTS_MS = 300
+#: Calls at once, and calls in all: half of them with a deadline the late alerts miss.
+CALLERS, CALLS = 6, 60
+
+
+def test_every_call_not_answered_whole_is_exported_whole_and_no_other(
+    serve: Any, late_alerts: SampleHttpServices, receiver: OtlpReceiver
+) -> None:
+    """Under load, every call with a panel not OK is exported, with its SERVER span and a
+    task span for every panel, and no call answered whole is: the trace ids exported are
+    exactly the ids of the answers not whole (whichever panels a busy machine cut)."""
+    server = serve(
+        late_alerts,
+        **_exporting(
+            receiver,
+            **{
+                "tracing.sample_ratio": "0",
+                "tracing.tail_slow_ms": "60000",
+                "tracing.tail_max_per_s": "10000",
+            },
+        ),
+    )
+    answers: dict[str, Any] = {}
+    numbers = iter(range(CALLS))
+
+    def caller() -> None:
+        for number in numbers:
+            trace_id = f"{number + 1:032x}"
+            deadline_ms = LATE_ALERTS_MS // 2 if number % 2 else 5000
+            answers[trace_id] = _call(server.port, trace_id, False, deadline_ms)
+
+    gevent.joinall([gevent.spawn(caller) for _ in range(CALLERS)], raise_error=True)
+    not_whole = {
+        trace_id
+        for trace_id, answer in answers.items()
+        if any(o.status != appstats.TaskStatus.OK for o in answer.outcomes)
+    }
+    assert len(answers) == CALLS and len(not_whole) >= CALLS // 2
+
+    def exported(spans: list[dict[str, Any]]) -> set[str]:
+        return {span["trace_id"] for span in spans if span["kind"] == 2}  # SERVER
+
+    receiver.wait_for(lambda spans: exported(spans) >= not_whole)
+    time.sleep(0.5)  # a batch a call answered whole would be in has gone
+    assert exported(receiver.spans) == not_whole
+    for trace_id in not_whole:
+        tasks = {s["name"] for s in receiver.spans if s["trace_id"] == trace_id and s["kind"] == 1}
+        assert {f"fanout.task {o.name}" for o in answers[trace_id].outcomes} <= tasks
 
 
 def test_kept_calls_past_the_ceiling_are_dropped(
