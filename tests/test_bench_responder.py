@@ -24,7 +24,7 @@ from bench.servers.mongo_answers import RecordedAnswers
 from bench.servers.mongo_responder import MongoResponder
 from lookups.backends.collection import Backends
 from lookups.deadline import Deadline
-from lookups.errors import BackendTimeout
+from lookups.errors import BackendTimeout, BadBackendResponse
 from lookups.panels import Window
 from lookups.registry import default_registry
 from service.client import AppStatsClient
@@ -131,6 +131,24 @@ def test_the_lean_http_backend_waits_its_delay():
             started = time.monotonic()
             lookup.fetch(WINDOW, Deadline.after_s(5.0))
             assert 0.95 * DELAY_MS / 1000 <= time.monotonic() - started < 5.0
+
+
+def test_the_lean_http_backend_fails_every_nth_request_with_a_body_cut_short():
+    with BenchHttpBackends(fail_every=3) as lean:
+        settings = load_settings(
+            env={},
+            overrides={"http.alerts_url": lean.alerts.url, "http.metrics_url": lean.metrics.url},
+        )
+        with Backends(settings.backends) as backends:
+            lookup = default_registry().build(backends)["alerts"]
+            failed = []
+            for _ in range(6):
+                try:
+                    lookup.fetch(WINDOW, Deadline.after_s(5.0))
+                    failed.append(False)
+                except BadBackendResponse:
+                    failed.append(True)
+    assert failed == [False, False, True, False, False, True]
 
 
 def test_a_fanout_stack_serves_every_panel_and_leaves_no_process_behind():

@@ -73,6 +73,7 @@ def _config(
         "fair_share",
         "callers",
         "hub_monitor",
+        "http_fail_every",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}

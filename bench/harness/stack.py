@@ -112,6 +112,8 @@ class StackSpec:
     callers: tuple[tuple[str, float], ...] = ()  # [callers.<name>] weight, by name
     # server.hub_block_threshold_ms at its default (the monitor on, as shipped) or 0 (off).
     hub_monitor: bool = False
+    # Every Nth request of each HTTP service answered with a body cut short: a failed panel.
+    http_fail_every: int = 0
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -279,7 +281,13 @@ def _start_backends(stack: Stack, deadline: float) -> None:
             if spec.mongo == "responder"
             else _python_module("bench.servers.nx_backend")
         ),
-        "http": _python_module("bench.servers.http_backend", "--delay-ms", delay),
+        "http": _python_module(
+            "bench.servers.http_backend",
+            "--delay-ms",
+            delay,
+            "--fail-every",
+            str(spec.http_fail_every),
+        ),
     }
     if spec.tracing != "off":
         commands["otlp"] = _python_module("bench.servers.otlp_sink")

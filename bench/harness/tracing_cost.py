@@ -1,5 +1,7 @@
 """The tracing scenario: what tracing costs a call, sampled at 1%, at 10%, and every call,
-with tail capture (as shipped), and at 1% and every call with head sampling alone.
+with tail capture (as shipped), and at 1% and every call with head sampling alone; and at
+1% against off again with about 5% of calls failing a panel (:data:`FAILING`), whose
+traces tail capture keeps and exports.
 
 A closed loop at :data:`SATURATING_CONNECTIONS` connections keeps the server's CPU busy,
 so tracing's CPU shows as lost calls a second as well as CPU per call. The modes
@@ -42,7 +44,14 @@ TRACING_LIMITS = {"ratio1": (0.95, 1.05), "ratio10": (0.95, 1.05), "full": (0.75
 #: The same ratios without tail capture (``tracing.tail_capture = false``): what it costs
 #: or saves, against its mode in the same rounds.
 HEAD_ONLY = {"ratio1": "ratio1-head", "full": "full-head"}
-_MODES = ("off", *TRACING_LIMITS, *HEAD_ONLY.values())
+#: Modes whose HTTP services fail every :data:`FAIL_EVERY`-th request, by the tracing mode
+#: each runs; ``failing-ratio1`` / ``failing-off``: at most :data:`FAILING_LIMIT`.
+FAILING = {"failing-off": "off", "failing-ratio1": "ratio1"}
+#: A call makes three HTTP requests (alerts; the metrics service twice), so about 5% of
+#: calls have a panel failed.
+FAIL_EVERY = 60
+FAILING_LIMIT = (0.92, 1.08)
+_MODES = ("off", *TRACING_LIMITS, *HEAD_ONLY.values(), *FAILING)
 
 
 def _mode(mode: str, n: int, share: float) -> Config:
@@ -52,7 +61,8 @@ def _mode(mode: str, n: int, share: float) -> Config:
         "stats",
         SATURATING_CONNECTIONS,
         label=round_label(f"tracing-{mode}", n),
-        tracing=mode,
+        tracing=FAILING.get(mode, mode),
+        http_fail_every=FAIL_EVERY if mode in FAILING else 0,
         reps_share=share,
     )
 
@@ -84,6 +94,25 @@ def _goals(results: Results) -> list[Goal]:
                 round_ratios_shown(rounds[mode], rounds["off"], _cpu_ms_per_reply),
             )
         )
+    out += rps_and_cpu_goals(
+        NAME,
+        (
+            "RPS tracing ratio1 / off, 5% of calls failing a panel "
+            f"(loss at most {100 * (1 - FAILING_LIMIT[0]):.0f}%)",
+            "server CPU per call, tracing ratio1 / off, 5% of calls failing a panel "
+            f"(at most +{100 * (FAILING_LIMIT[1] - 1):.0f}%)",
+        ),
+        merged(rounds["failing-ratio1"]),
+        merged(rounds["failing-off"]),
+        FAILING_LIMIT,
+    )
+    out.append(
+        info_row(
+            NAME,
+            "server CPU per call, tracing ratio1 / off, 5% of calls failing, each round in turn",
+            round_ratios_shown(rounds["failing-ratio1"], rounds["failing-off"], _cpu_ms_per_reply),
+        )
+    )
     for mode, head in HEAD_ONLY.items():
         out.append(
             info_row(
@@ -108,7 +137,9 @@ def tracing_cost(scale: Scale) -> Scenario:
         "runs into its 1 s timeout. ratio1 and ratio10 = 1% and 10% parent-based sampling, "
         "full = 100%, each with tail capture as shipped (calls not sampled at the head are "
         "recorded, and kept only if they failed, were cut or were slow); ratio1-head and "
-        "full-head: the same without tail capture. Batch processor, OTLP/HTTP export to a "
+        "full-head: the same without tail capture; failing-off and failing-ratio1: off and 1% "
+        f"again, with every {FAIL_EVERY}th request of each HTTP service answered with a body "
+        "cut short (about 5% of calls fail a panel). Batch processor, OTLP/HTTP export to a "
         f"local sink (its CPU is in the otlp column). The modes run in turn, {ROUNDS} rounds "
         "each."
     ]

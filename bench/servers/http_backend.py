@@ -11,9 +11,11 @@ with the service under test for the machine's cores.
 What is served: ``GET`` with the request target as sent (path and query), HTTP/1.1
 keep-alive (HTTP/1.0 and ``Connection: close`` close after the answer), request bodies
 skipped by ``Content-Length``. Every request is answered ``delay_ms`` after its head
-arrived (``gevent.sleep``: no CPU).
+arrived (``gevent.sleep``: no CPU). With ``--fail-every N``, every Nth ``GET`` of each
+service is answered ``200`` with a body cut short (not JSON): a panel that fails, and that
+no retry mends.
 
-    python -m bench.servers.http_backend --delay-ms 20
+    python -m bench.servers.http_backend --delay-ms 20 [--fail-every 60]
 
 prints ``READY {"alerts_url": ..., "metrics_url": ...}`` and stops on SIGTERM or SIGINT.
 """
@@ -42,6 +44,7 @@ WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 MAX_HEAD_BYTES = 16 * 1024
 _CACHE_LIMIT = 4096
 _RECV_BYTES = 64 * 1024
+_CUT_SHORT = b'{"alerts": [{"id": "a-1", "severity": '
 
 
 class _BadRequest(Exception):
@@ -52,10 +55,17 @@ class LeanHttpServer:
     """Serves one WSGI app's ``GET`` answers, cached per request target; ``with`` or start/stop."""
 
     def __init__(
-        self, app: WsgiApp, *, host: str = "127.0.0.1", port: int = 0, delay_ms: float = 0
+        self,
+        app: WsgiApp,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay_ms: float = 0,
+        fail_every: int = 0,
     ) -> None:
         self._app = app
         self._delay_s = max(0.0, delay_ms / 1000.0)
+        self._fail_every = max(0, fail_every)
         self._server = StreamServer((host, port), self._serve_connection)
         self._answers: dict[bytes, bytes] = {}
         self.requests = 0
@@ -99,6 +109,8 @@ class LeanHttpServer:
     def _response(self, method: bytes, target: bytes, keep_alive: bool) -> bytes:
         if method != b"GET" or not keep_alive:
             return _http_response(*self._call_app(method, target), keep_alive=keep_alive)
+        if self._fail_every and self.requests % self._fail_every == 0:
+            return _http_response("200 OK", _CUT_SHORT, keep_alive=True)
         answer = self._answers.get(target)
         if answer is None:
             answer = _http_response(*self._call_app(method, target), keep_alive=True)
@@ -186,11 +198,20 @@ class BenchHttpBackends:
     """The sample alerts and metrics services (seeded), each on its own port of ``host``."""
 
     def __init__(
-        self, *, host: str = "127.0.0.1", delay_ms: float = 0, seed: int = DEFAULT_SEED
+        self,
+        *,
+        host: str = "127.0.0.1",
+        delay_ms: float = 0,
+        seed: int = DEFAULT_SEED,
+        fail_every: int = 0,
     ) -> None:
         data = generate_sample_data(seed)
-        self.alerts = LeanHttpServer(AlertsService(data), host=host, delay_ms=delay_ms)
-        self.metrics = LeanHttpServer(MetricsService(data), host=host, delay_ms=delay_ms)
+        self.alerts = LeanHttpServer(
+            AlertsService(data), host=host, delay_ms=delay_ms, fail_every=fail_every
+        )
+        self.metrics = LeanHttpServer(
+            MetricsService(data), host=host, delay_ms=delay_ms, fail_every=fail_every
+        )
 
     def start(self) -> BenchHttpBackends:
         self.alerts.start()
@@ -220,9 +241,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--fail-every", type=int, default=0, help="0: never")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    with BenchHttpBackends(host=args.host, delay_ms=args.delay_ms) as backends:
+    with BenchHttpBackends(
+        host=args.host, delay_ms=args.delay_ms, fail_every=args.fail_every
+    ) as backends:
         announce_ready(alerts_url=backends.alerts.url, metrics_url=backends.metrics.url)
         wait_for_stop_signal()
     return 0
