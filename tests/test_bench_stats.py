@@ -240,9 +240,27 @@ def test_the_cpu_of_one_refusal_is_pooled_over_windows_of_very_different_counts(
     assert math.isnan(_refusal_cpu_ms(None, 5.0))
 
 
+def test_rounds_go_back_and_forth_so_no_configuration_always_follows_another() -> None:
+    from bench.harness.rounds import interleaved
+
+    built = interleaved(3, *(lambda n, share, name=name: (name, n, share) for name in "ABC"))
+    assert [(name, n) for name, n, _ in built] == [
+        ("A", 1),
+        ("B", 1),
+        ("C", 1),
+        ("C", 2),
+        ("B", 2),
+        ("A", 2),
+        ("A", 3),
+        ("B", 3),
+        ("C", 3),
+    ]
+    assert {share for _, _, share in built} == {1 / 3}
+
+
 def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
-    """alone and mixed alternate, a third of the repetitions each round; their rounds are
-    joined for the goals, and each round's ratio is kept apart."""
+    """alone and mixed alternate (back and forth), a third of the repetitions each round;
+    their rounds are joined for the goals, and each round's ratio is kept apart."""
     from bench.harness import brownout
     from bench.harness.rounds import merged, round_ratios
     from bench.harness.runner import Timing
@@ -252,8 +270,8 @@ def test_the_brownout_ratio_is_taken_over_rounds_run_in_turn() -> None:
     assert [c.label for c in configs][:7] == [
         "alone-r1-cpu",
         "mixed-r1-cpu",
-        "alone-r2-cpu",
         "mixed-r2-cpu",
+        "alone-r2-cpu",
         "alone-r3-cpu",
         "mixed-r3-cpu",
         "ignored-cpu",

@@ -4,7 +4,9 @@ one's rounds merged back into one result for the goals.
 This machine's pace drifts by several percent from one minute to the next, as much as
 the effects some goals weigh (the manual's Performance page gives the runs). A ratio of two configurations
 run one after the other then says as much of the drift as of the configurations; run in
-turn (A, B, A, B, ...), both see the same drift. :func:`interleaved` builds the rounds;
+turn, both see the same drift. The turns go back and forth (A, B, B, A, A, B, ...): a
+configuration run always just after another would carry the drift of that place in the
+round, and of what ran before it. :func:`interleaved` builds the rounds;
 :func:`merged` joins one configuration's rounds (their windows one after another, as if
 one run); :func:`round_ratios` gives the ratio of each round, for how far they spread.
 """
@@ -56,9 +58,14 @@ def failures_of(result: dict[str, Any] | None, kind: str) -> int:
 
 
 def interleaved(rounds: int, *make: Callable[[int, float], Any]) -> list[Any]:
-    """``rounds`` rounds of the configurations ``make`` builds, in turn: each gets the
-    round's number and its share of the repetitions (1 / ``rounds``)."""
-    return [build(n, 1.0 / rounds) for n in range(1, rounds + 1) for build in make]
+    """``rounds`` rounds of the configurations ``make`` builds, in turn, every other round
+    in the reverse order: each gets the round's number and its share of the repetitions
+    (1 / ``rounds``)."""
+    return [
+        build(n, 1.0 / rounds)
+        for n in range(1, rounds + 1)
+        for build in (make if n % 2 else make[::-1])
+    ]
 
 
 def merged(results: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
