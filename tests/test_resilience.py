@@ -221,7 +221,9 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
     with FaultyHttpService(sample_data) as hole:
         # Without coalescing, so the six concurrent callers' calls each reach the hole. The
         # MongoDB panels get budgets that 24 aggregations queued on the embedded (serial)
-        # server fit in on a loaded machine: the test is about the hole's circuit alone.
+        # server fit in on a loaded machine, and so does the calls' deadline (at its 2 s
+        # default, a starved machine timed some out, and MongoDB's circuit opened too): the
+        # test is about the hole's circuit alone.
         # The circuit stays open far longer than the calls below take on any machine; the
         # test then skips that time on the service's clock instead of waiting it out.
         clock = SkippingClock()
@@ -231,6 +233,7 @@ def test_a_black_hole_opens_the_breaker_and_the_service_recovers(
                 "http.alerts_url": hole.url,
                 "http.breaker_open_ms": 600_000,
                 "fanout.coalesce": False,
+                "fanout.request_deadline_ms": 8000,
                 **{f"lookups.{p}.timeout_ms": 5000 for p in PANELS[:4]},
             },
         )
