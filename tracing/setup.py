@@ -37,14 +37,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.monkey
 from opentelemetry import trace
-from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
-from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
@@ -73,6 +70,9 @@ from tracing.exporters import build_exporters
 from tracing.http_spans import own_http_spans
 from tracing.settings import TracingSettings
 from tracing.spans import follow_parent_sampling
+
+if TYPE_CHECKING:
+    from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 
 __all__ = [
     "DEFAULT_SERVICE_NAME",
@@ -327,6 +327,11 @@ def _instrument(
     ``db.system.name``, ...) unless ``OTEL_SEMCONV_STABILITY_OPT_IN`` says otherwise,
     and their spans get readable names and ``peer.service`` (:mod:`tracing.clients`).
     """
+    # Imported here: with our own client spans (the default) no official instrumentation
+    # runs, and importing them costs every process's start tens of milliseconds.
+    from opentelemetry.instrumentation.pymongo import PymongoInstrumentor
+    from opentelemetry.instrumentation.requests import RequestsInstrumentor
+
     global _mongo_events_registered
     prefer_stable_conventions()
     if not _mongo_events_registered:

@@ -37,7 +37,6 @@ from typing import Any
 import gevent
 import gevent.lock
 import requests
-from opentelemetry.instrumentation.utils import suppress_instrumentation
 from pymongo.errors import ConnectionFailure, OperationFailure, PyMongoError
 
 from lookups.backends.collection import Backends
@@ -234,6 +233,10 @@ class HealthChecker:
     def _timed(self, name: str, probe: Callable[[], None]) -> BackendStatus:
         started = self._clock.monotonic()
         detail = ""
+        # Imported here: the instrumentation package (and its dependency checks) costs a
+        # process's start tens of milliseconds, and a server without checks never needs it.
+        from opentelemetry.instrumentation.utils import suppress_instrumentation
+
         with suppress_instrumentation():
             try:
                 probe()

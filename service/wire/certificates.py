@@ -24,8 +24,6 @@ import os
 import ssl
 from collections.abc import Callable, Sequence
 
-from cryptography import x509
-
 from lookups.clock import SYSTEM_CLOCK, Clock
 from service.wire.tls import TlsConfigError
 
@@ -109,8 +107,10 @@ def expires_at(path: str) -> float | None:
     chain, the soonest of its certificates; None when the file holds none that can be read.
 
     ``ssl`` decodes only a peer's certificate and CA certificates, never a server's own,
-    hence the ``cryptography`` library.
+    hence the ``cryptography`` library, imported here: a server without TLS never loads it.
     """
+    from cryptography import x509
+
     try:
         with open(path, "rb") as pem:
             certificates = x509.load_pem_x509_certificates(pem.read())
