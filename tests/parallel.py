@@ -79,6 +79,7 @@ SECONDS = {
     "test_health.py": 11,
     "test_plugins.py": 10,
     "test_tail_capture.py": 9,
+    "test_bench_asyncio_peer.py": 9,
     "test_merged_commands.py": 9,
     "test_hub_monitor.py": 8,
     "test_tracing_otlp_wire.py": 8,

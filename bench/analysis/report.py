@@ -25,6 +25,9 @@ _PACKAGES = (
     "gevent",
     "pymongo",
     "requests",
+    # The asyncio peer's (bench/baselines/asyncio_peer.py), beside pymongo and thriftpy2.
+    "uvloop",
+    "aiohttp",
     "opentelemetry-sdk",
     "opentelemetry-instrumentation-pymongo",
     "psutil",

@@ -18,7 +18,8 @@ import argparse
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from lookups.base import Lookup
 from lookups.deadline import Deadline
@@ -26,13 +27,17 @@ from lookups.panels import Window
 from service.engine.tasks import TaskOutcome, TaskStatus
 from service.idl import appstats
 from service.rpc.handler import to_panel_data, to_thrift_outcomes
-from service.rpc.validation import validate_stats_request
+from service.rpc.validation import ValidRequest, validate_stats_request
 from service.settings.config import Settings, load_settings
 
 __all__ = [
+    "Named",
     "PlannedLookup",
+    "PlannedCall",
+    "CallPlanner",
     "BaselineHandler",
     "lookup_outcome",
+    "failed_outcome",
     "timeout_outcome",
     "settings_from_argv",
 ]
@@ -40,7 +45,19 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _MESSAGE_LIMIT = 500
-PlannedLookup = tuple[Lookup, int]  # the lookup and its timeout_ms
+
+
+class Named(Protocol):
+    """What an outcome names of a lookup: a :class:`~lookups.base.Lookup`, or a peer's own."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+
+PlannedLookup = tuple[Any, int]  # the lookup and its timeout_ms
 
 
 def settings_from_argv(prog: str, argv: Sequence[str] | None = None) -> Settings:
@@ -58,11 +75,8 @@ def settings_from_argv(prog: str, argv: Sequence[str] | None = None) -> Settings
 def lookup_outcome(
     lookup: Lookup, window: Window, timeout_ms: int, deadline: Deadline
 ) -> TaskOutcome:
-    """Run one lookup within ``min(timeout_ms, time left)``; every failure becomes an outcome.
-
-    Classified as Fanout's engine does: ``TimeoutError`` is ``TIMEOUT``, anything else
-    ``ERROR``, ``retryable`` from the exception.
-    """
+    """Run one lookup within ``min(timeout_ms, time left)``; every failure becomes an outcome
+    (:func:`failed_outcome`)."""
     task_deadline = deadline.earlier(timeout_ms)
     if task_deadline.expired:
         return timeout_outcome(lookup, 0.0, "no time left before the request deadline")
@@ -70,21 +84,7 @@ def lookup_outcome(
     try:
         value = to_panel_data(lookup.fetch(window, task_deadline))
     except Exception as exc:  # every lookup failure becomes an outcome
-        elapsed_ms = (time.monotonic() - started) * 1000.0
-        timed_out = isinstance(exc, TimeoutError)
-        if timed_out or hasattr(exc, "retryable"):
-            log.warning("task %s failed: %s: %s", lookup.name, type(exc).__name__, exc)
-        else:
-            log.error("task %s raised an unexpected error", lookup.name, exc_info=exc)
-        return TaskOutcome(
-            lookup.name,
-            lookup.source,
-            TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
-            elapsed_ms,
-            error_type=type(exc).__name__,
-            message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
-            retryable=bool(getattr(exc, "retryable", timed_out)),
-        )
+        return failed_outcome(lookup, exc, (time.monotonic() - started) * 1000.0)
     return TaskOutcome(
         lookup.name,
         lookup.source,
@@ -94,7 +94,27 @@ def lookup_outcome(
     )
 
 
-def timeout_outcome(lookup: Lookup, elapsed_ms: float, message: str) -> TaskOutcome:
+def failed_outcome(lookup: Named, exc: Exception, elapsed_ms: float) -> TaskOutcome:
+    """The outcome of ``lookup`` failing with ``exc``, classified as Fanout's engine does:
+    ``TimeoutError`` is ``TIMEOUT``, anything else ``ERROR``, ``retryable`` from the
+    exception. An error no lookup declares is logged with its traceback."""
+    timed_out = isinstance(exc, TimeoutError)
+    if timed_out or hasattr(exc, "retryable"):
+        log.warning("task %s failed: %s: %s", lookup.name, type(exc).__name__, exc)
+    else:
+        log.error("task %s raised an unexpected error", lookup.name, exc_info=exc)
+    return TaskOutcome(
+        lookup.name,
+        lookup.source,
+        TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
+        elapsed_ms,
+        error_type=type(exc).__name__,
+        message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
+        retryable=bool(getattr(exc, "retryable", timed_out)),
+    )
+
+
+def timeout_outcome(lookup: Named, elapsed_ms: float, message: str) -> TaskOutcome:
     return TaskOutcome(
         lookup.name,
         lookup.source,
@@ -106,48 +126,85 @@ def timeout_outcome(lookup: Lookup, elapsed_ms: float, message: str) -> TaskOutc
     )
 
 
-class BaselineHandler(abc.ABC):
-    """The AppStats handler of a baseline; subclasses say how the planned lookups run."""
+@dataclass
+class PlannedCall:
+    """One ``get_app_stats`` call of a baseline, between its plan and its answer."""
 
-    def __init__(self, settings: Settings, lookups: Mapping[str, Lookup]) -> None:
+    valid: ValidRequest
+    deadline: Deadline
+    planned: list[PlannedLookup]
+    settled: dict[str, TaskOutcome]  # the panels answered without running (disabled)
+    started: float  # time.monotonic() as the call arrived
+
+    @property
+    def window(self) -> Window:
+        return self.valid.window
+
+    def answer(self, outcomes: Sequence[TaskOutcome]) -> Any:
+        """The ``StatsResponse``: ``outcomes`` of the planned lookups and the settled ones."""
+        by_name = {**self.settled, **{outcome.name: outcome for outcome in outcomes}}
+        ordered = [by_name[name] for name in self.valid.panels]
+        return appstats.StatsResponse(
+            app=self.valid.window.app,
+            panels={o.name: o.value for o in ordered if o.ok},
+            outcomes=to_thrift_outcomes(ordered),
+            trace_id="",
+            elapsed_ms=round((time.monotonic() - self.started) * 1000.0, 3),
+        )
+
+
+class CallPlanner:
+    """What every baseline does with a call before and after its lookups run."""
+
+    def __init__(self, settings: Settings, lookups: Mapping[str, Any]) -> None:
+        """``lookups`` by panel name: :class:`~lookups.base.Lookup` or a peer's own kind."""
         self._settings = settings
         self._lookups = dict(lookups)
 
-    def ping(self) -> str:
-        return "pong"
-
-    def panels(self) -> list[str]:
+    def enabled_panels(self) -> list[str]:
         return [name for name in self._lookups if self._settings.lookup(name).enabled]
 
-    def health(self) -> Any:
+    def health_now(self) -> Any:
+        """Always ``SERVING``: the baselines check no backend."""
         return appstats.Health(state=appstats.ServingState.SERVING, backends=[])
 
-    def get_app_stats(self, request: Any) -> Any:
-        """Gather the requested panels. Raises ``InvalidRequest`` for bad input."""
+    def plan(self, request: Any) -> PlannedCall:
+        """The call's window, deadline and lookups to run, its disabled panels settled.
+
+        Raises ``InvalidRequest`` for bad input."""
         started = time.monotonic()
         valid = validate_stats_request(
-            request, list(self._lookups), self.panels(), self._settings.fanout
+            request, list(self._lookups), self.enabled_panels(), self._settings.fanout
         )
-        deadline = Deadline.after_ms(valid.deadline_ms)
-        planned, outcomes = [], {}
+        planned, settled = [], {}
         for name in valid.panels:
             lookup = self._lookups[name]
             if self._settings.lookup(name).enabled:
                 planned.append((lookup, self._settings.task_timeout_ms(name)))
             else:
-                outcomes[name] = TaskOutcome(
+                settled[name] = TaskOutcome(
                     name, lookup.source, TaskStatus.SKIPPED, 0.0, message="disabled on this server"
                 )
-        for outcome in self.gather(valid.window, planned, deadline):
-            outcomes[outcome.name] = outcome
-        ordered = [outcomes[name] for name in valid.panels]
-        return appstats.StatsResponse(
-            app=valid.window.app,
-            panels={o.name: o.value for o in ordered if o.ok},
-            outcomes=to_thrift_outcomes(ordered),
-            trace_id="",
-            elapsed_ms=round((time.monotonic() - started) * 1000.0, 3),
-        )
+        deadline = Deadline.after_ms(valid.deadline_ms)
+        return PlannedCall(valid, deadline, planned, settled, started)
+
+
+class BaselineHandler(CallPlanner, abc.ABC):
+    """The AppStats handler of a baseline; subclasses say how the planned lookups run."""
+
+    def ping(self) -> str:
+        return "pong"
+
+    def panels(self) -> list[str]:
+        return self.enabled_panels()
+
+    def health(self) -> Any:
+        return self.health_now()
+
+    def get_app_stats(self, request: Any) -> Any:
+        """Gather the requested panels. Raises ``InvalidRequest`` for bad input."""
+        call = self.plan(request)
+        return call.answer(self.gather(call.window, call.planned, call.deadline))
 
     @abc.abstractmethod
     def gather(

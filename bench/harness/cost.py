@@ -1,7 +1,7 @@
 """The scenarios about what a call costs and how long it really takes.
 
-``cpu``: server CPU per call against a hand-written gevent server and the threaded
-baseline. ``latency``: an open loop at fixed fractions of the capacity measured in the
+``cpu``: server CPU per call against a hand-written gevent server, the asyncio peer
+and the threaded baseline. ``latency``: an open loop at fixed fractions of the capacity measured in the
 same run (no coordinated omission). ``coalescing``: Zipf viewers of twenty
 dashboards, with request coalescing on and off. Built on the helpers of
 :mod:`bench.harness.scenarios`.
@@ -35,7 +35,7 @@ __all__ = ["cpu_per_call", "open_loop_latency", "coalescing"]
 def cpu_per_call(scale: Scale) -> Scenario:
     name = "cpu"
     levels = (1, 50)
-    servers = ("fanout", "handwritten", "threaded")
+    servers = ("fanout", "handwritten", "asyncio", "threaded")
     # Brownout off: at 50 connections the loop is saturated, and lighter answers (optional
     # panels not run) would be counted as calls of the same work as the baselines'.
     whole: dict[str, Any] = {"brownout": False}
@@ -91,6 +91,7 @@ def cpu_per_call(scale: Scale) -> Scenario:
                 "fanout",
                 None,
             ),
+            ("fanout / asyncio peer", "fanout", "asyncio", None),
             ("fanout / threaded", "fanout", "threaded", None),
         )
         for c in levels:
@@ -149,7 +150,9 @@ def cpu_per_call(scale: Scale) -> Scenario:
         "refusals are no replies. "
         "hand-written = bench/baselines/handwritten.py: a gevent StreamServer, plain "
         "gevent.spawn per lookup, plain pymongo aggregate and requests get, the same "
-        "queries and parsing; threaded = TThreadedServer and a ThreadPoolExecutor."
+        "queries and parsing; asyncio peer = bench/baselines/asyncio_peer.py (uvloop, "
+        "thriftpy2's asyncio server, AsyncMongoClient, aiohttp); threaded = TThreadedServer "
+        "and a ThreadPoolExecutor."
     ]
     return Scenario(name, "CPU per call", configs, goals, notes)
 

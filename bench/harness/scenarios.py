@@ -14,6 +14,7 @@ from bench.harness.cost import coalescing, cpu_per_call, open_loop_latency
 from bench.harness.fair_share import fair_share
 from bench.harness.merged import merged_commands
 from bench.harness.overload import overload
+from bench.harness.peer import asyncio_peer
 from bench.harness.pythons import python_versions
 from bench.harness.runner import panel_names
 from bench.harness.scenario import (
@@ -316,6 +317,7 @@ SCENARIO_BUILDERS = {
     "fair": fair_share,
     "steady": steady_storm,
     "merge": merged_commands,
+    "peer": asyncio_peer,
 }
 SCENARIO_NAMES = (*tuple(SCENARIO_BUILDERS), "micro")
 

@@ -20,6 +20,7 @@ otlp               ``python -m bench.servers.otlp_sink`` (tracing "ratio1", "rat
 server "fanout"    ``python -m service.cli serve --config FILE``
 server "sequential", "threaded", "bare", "handwritten", "refusing"
                    ``python -m bench.baselines.<name> --config FILE``
+server "asyncio"   ``python -m bench.baselines.asyncio_peer --config FILE`` (uvloop, aiohttp)
 =================  ==========================================================================
 
 All servers read the same generated TOML file (:mod:`bench.harness.stack_config`). A stack is ready
@@ -65,7 +66,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "refusing")
+SERVERS = ("fanout", "sequential", "threaded", "bare", "handwritten", "asyncio", "refusing")
 MONGO_BACKENDS = ("responder", "nx")
 TRACING_MODES = ("off", *SAMPLE_RATIOS)
 ROLES = ("server", "mongo", "http", "otlp")
@@ -75,6 +76,7 @@ _SERVER_MODULES = {
     "threaded": ["bench.baselines.threaded"],
     "bare": ["bench.baselines.bare"],
     "handwritten": ["bench.baselines.handwritten"],
+    "asyncio": ["bench.baselines.asyncio_peer"],
     "refusing": ["bench.baselines.refusing"],
 }
 _REPO = Path(__file__).resolve().parents[2]

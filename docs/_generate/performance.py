@@ -27,6 +27,7 @@ TITLES = {
     "merged-commands.json": "One MongoDB command for the urls and controllers panels, "
     'against nx-27017 (`make bench BENCH_ARGS="--only merge"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
+    "peer.json": 'Fanout beside an asyncio peer (`make bench BENCH_ARGS="--only peer"`)',
     "tracing.json": 'Tracing cost and the CPU of one span (`make bench BENCH_ARGS="--only '
     'tracing,micro"`)',
     "cost.json": "CPU, tracing, efficiency, latency and coalescing",
