@@ -331,9 +331,11 @@ def measure(
     rss = {"before_connect": stack.rss_kib()}
     cpu: list[dict[str, float]] = []
     states: list[dict[str, Any]] = []
+    server_rss: list[int] = []  # KiB, at each window's boundary
 
     def boundary(i: int) -> None:
         cpu.append({**stack.cpu_seconds(), _MACHINE: _machine_busy_s()})
+        server_rss.append(stack.rss_kib()["server"])
         if config.states and i > 0:
             states.append(_server_state(stack.address))
         if i > 0:
@@ -345,6 +347,8 @@ def measure(
     plan = plan_of(config, stack.address, timing)
     load = generator.run(plan, on_ready=ready, on_boundary=boundary)
     rss["end_of_load"] = stack.rss_kib()
+    if hasattr(stack, "otlp_stats"):
+        result["otlp_received"] = stack.otlp_stats()  # None without a sink
     reps = [
         _rep_figures(w, timing.window_s, cpu[i], cpu[i + 1]) for i, w in enumerate(load.windows)
     ]
@@ -360,6 +364,7 @@ def measure(
         unfinished_at_end=load.unfinished,
         monitor_cut=load.monitor_cut,
         rss_kib=rss,
+        server_rss_kib=server_rss,
         server_side=_server_side(load.samples),
         server_pids=len(stack.server_pids()),
     )

@@ -74,6 +74,7 @@ def _config(
         "callers",
         "hub_monitor",
         "http_fail_every",
+        "tail_max_per_s",
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}

@@ -29,6 +29,7 @@ from bench.harness.scenario import (
     over_slowest_lookup,
 )
 from bench.harness.steady import steady_storm
+from bench.harness.trace_storm import trace_storm
 from bench.harness.tracing_cost import tracing_cost
 
 __all__ = ["Scenario", "Scale", "all_scenarios", "SCENARIO_NAMES"]
@@ -318,6 +319,7 @@ SCENARIO_BUILDERS = {
     "steady": steady_storm,
     "merge": merged_commands,
     "peer": asyncio_peer,
+    "trace-storm": trace_storm,
 }
 SCENARIO_NAMES = (*tuple(SCENARIO_BUILDERS), "micro")
 

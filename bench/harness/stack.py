@@ -116,6 +116,8 @@ class StackSpec:
     hub_monitor: bool = False
     # Every Nth request of each HTTP service answered with a body cut short: a failed panel.
     http_fail_every: int = 0
+    # tracing.tail_max_per_s: 0 leaves it as shipped.
+    tail_max_per_s: int = 0
 
     def __post_init__(self) -> None:
         for name, value, choices in (
@@ -125,9 +127,16 @@ class StackSpec:
         ):
             if value not in choices:
                 raise ValueError(f"StackSpec.{name}: one of {', '.join(choices)}, got {value!r}")
-        if self.delay_ms < 0 or self.workers < 1 or self.max_connections < 1 or self.pool_size < 2:
+        if (
+            self.delay_ms < 0
+            or self.workers < 1
+            or self.max_connections < 1
+            or self.pool_size < 2
+            or self.tail_max_per_s < 0
+        ):
             raise ValueError(
-                "StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, pool_size >= 2"
+                "StackSpec: delay_ms >= 0, workers >= 1, max_connections >= 1, pool_size >= 2, "
+                "tail_max_per_s >= 0"
             )
         if self.admission not in ("adaptive", "one", "one-held"):
             raise ValueError(

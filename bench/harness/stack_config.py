@@ -93,4 +93,6 @@ def stack_config(
             lines.append('mongo_spans = "official"')
         if spec.tracing.endswith(HEAD_ONLY):
             lines.append("tail_capture = false")
+        if spec.tail_max_per_s:
+            lines.append(f"tail_max_per_s = {spec.tail_max_per_s}")
     return "\n".join(lines) + "\n"

@@ -28,6 +28,8 @@ TITLES = {
     'against nx-27017 (`make bench BENCH_ARGS="--only merge"`)',
     "cpu.json": 'CPU per call (`make bench BENCH_ARGS="--only cpu"`)',
     "peer.json": 'Fanout beside an asyncio peer (`make bench BENCH_ARGS="--only peer"`)',
+    "trace-storm.json": "Tail capture at its ceiling for five minutes under a storm of failing "
+    'calls (`make bench BENCH_ARGS="--only trace-storm"`)',
     "tracing.json": 'Tracing cost and the CPU of one span (`make bench BENCH_ARGS="--only '
     'tracing,micro"`)',
     "cost.json": "CPU, tracing, efficiency, latency and coalescing",
