@@ -5,6 +5,8 @@ the engine, each lookup (:meth:`lookups.base.Lookup.fetch`), its backend (``Back
 the guard and the executors, and turns into seconds only where a library takes seconds
 (pymongo's ``timeout()``, requests' ``timeout=``, a semaphore's wait). What it passes
 through reads the time from :attr:`Deadline.clock`, so one clock measures a whole call.
+It also says whose call it is (:attr:`Deadline.flow`, :mod:`lookups.flow`): the place the
+call's tasks take in the backends' lines, which the service sets when it admits the call.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lookups.clock import SYSTEM_CLOCK, Clock, Waitable
+from lookups.flow import NO_FLOW, Flow
 
 __all__ = ["Deadline"]
 
@@ -26,6 +29,8 @@ class Deadline:
 
     at: float  # seconds on clock.monotonic()
     clock: Clock = field(default=SYSTEM_CLOCK, compare=False, repr=False)
+    #: Whose call it bounds: its tasks' place in the backends' lines.
+    flow: Flow = field(default=NO_FLOW, compare=False, repr=False)
 
     @classmethod
     def after_ms(cls, ms: float, clock: Clock = SYSTEM_CLOCK) -> Deadline:
@@ -49,8 +54,13 @@ class Deadline:
         return self.clock.monotonic() >= self.at
 
     def earlier(self, ms: float) -> Deadline:
-        """This deadline or ``ms`` milliseconds from now, whichever comes first."""
-        return Deadline(min(self.at, self.clock.monotonic() + ms / 1000.0), self.clock)
+        """This deadline or ``ms`` milliseconds from now, whichever comes first (the same
+        call's)."""
+        return Deadline(min(self.at, self.clock.monotonic() + ms / 1000.0), self.clock, self.flow)
+
+    def for_flow(self, flow: Flow) -> Deadline:
+        """The same deadline, for the call whose place in the backends' lines is ``flow``."""
+        return Deadline(self.at, self.clock, flow)
 
     def wait(self, event: Waitable) -> bool:
         """Wait for ``event`` until this deadline; True if it was set by then."""

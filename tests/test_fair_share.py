@@ -15,8 +15,13 @@ from typing import Any
 import gevent
 import pytest
 
-from lookups.backends.ordered_slots import CALL_FLOW, Flow, OrderedSlots
+from lookups.backends.ordered_slots import OrderedSlots
+from lookups.base import Lookup
 from lookups.deadline import Deadline
+from lookups.flow import Flow
+from lookups.panels import AlertList, Window
+from lookups.registry import LookupRegistry
+from service.client import AppStatsClient
 from service.engine.settings import AdmissionSettings
 from service.engine.tasks import FanOutOverloaded
 from service.overload.admission import AdmissionControl, Refused
@@ -25,7 +30,9 @@ from service.overload.fair_share import ACTIVE_S, OTHER, RATE_WINDOW_S, FairShar
 from service.overload.gate import CallGate
 from service.overload.pacing import ConnectionPacing
 from service.overload.ticket import CallTicket
+from service.samples import SAMPLE_END_MS, SAMPLE_START_MS
 from service.testing import FakeClock
+from tests.support.samples import StartService
 from tracing.context import spawn_in_context
 
 
@@ -451,8 +458,8 @@ def test_a_calls_tasks_wait_for_backend_slots_as_its_criticality_and_caller() ->
     slots, served = OrderedSlots(1), []
     assert slots.acquire()  # the backend's one slot is busy
 
-    def task(name: str) -> None:  # a lookup's attempt, in a copy of its call's context
-        assert slots.acquire(timeout=5)
+    def task(name: str, deadline: Deadline) -> None:  # a lookup's attempt, by its call's deadline
+        assert slots.acquire(timeout=deadline.remaining_s(), flow=deadline.flow)
         served.append(name)
         slots.release()
 
@@ -460,14 +467,51 @@ def test_a_calls_tasks_wait_for_backend_slots_as_its_criticality_and_caller() ->
     calls = [("storm", Criticality.CRITICAL)] * 3
     calls += [("report", Criticality.SHEDDABLE), ("page", Criticality.CRITICAL)]
     for name, criticality in calls:
-        with gate.admitted(Deadline.after_ms(1000, clock), criticality=criticality, name=name):
-            flows.append(CALL_FLOW.get())
-            tasks.append(spawn_in_context(task, name))
+        deadline = Deadline.after_ms(1000, clock)
+        with gate.admitted(deadline, criticality=criticality, name=name) as call:
+            flows.append(call.deadline.flow)
+            assert call.deadline.at == deadline.at and deadline.flow == Flow()
+            tasks.append(spawn_in_context(task, name, call.deadline.earlier(500)))
             gevent.sleep(0)  # the task joins the slots' line before the next call comes
-    assert CALL_FLOW.get() == Flow()  # the calls over, their flows went with them
     slots.release()
     gevent.joinall(tasks, timeout=5, raise_error=True)
     assert flows[-1] == Flow(int(Criticality.CRITICAL), "page", 1.0)
     # The page, critical, after the storm's first task only (they tie at the start); the
     # report, less critical, last.
     assert served == ["storm", "page", "storm", "storm", "report"]
+
+
+class FlowSeen(Lookup):
+    """A lookup that answers at once and keeps the place its call's deadline carries."""
+
+    name = "flow_seen"
+    source = "test"
+
+    def __init__(self) -> None:
+        self.seen: list[Flow] = []
+
+    def fetch(self, window: Window, deadline: Deadline) -> AlertList:
+        self.seen.append(deadline.flow)
+        return AlertList(alerts=())
+
+
+def test_a_lookup_run_for_a_call_waits_by_its_callers_criticality_and_weight(
+    start_service: StartService,
+) -> None:
+    """End to end, through the real handler, gate and engine: the deadline a lookup is
+    given carries its call's flow, which the backends' slots serve by."""
+    lookup = FlowSeen()
+    registry = LookupRegistry()
+    registry.register(FlowSeen.name, lambda backends: lookup)
+    service, _ = start_service(registry=registry, callers__reports__weight=3)
+    asked = [("reports", "SHEDDABLE"), ("pages", None), (None, "CRITICAL_PLUS")]
+    for caller, criticality in asked:
+        with AppStatsClient(*service.address, timeout_ms=5000, caller=caller) as client:
+            client.get_app_stats(
+                "shop", SAMPLE_START_MS, SAMPLE_END_MS, [FlowSeen.name], criticality=criticality
+            )
+    assert lookup.seen == [
+        Flow(int(Criticality.SHEDDABLE), "reports", 3.0),
+        Flow(int(Criticality.CRITICAL), "pages", 1.0),
+        Flow(int(Criticality.CRITICAL_PLUS), "anonymous", 1.0),  # a call naming no caller
+    ]

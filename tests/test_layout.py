@@ -83,6 +83,7 @@ CLIENT_MODULES = {
     "service.wire.formats",
     "lookups.clock",
     "lookups.deadline",
+    "lookups.flow",
     "lookups",
     "lookups.errors",
     "lookups.resilience",

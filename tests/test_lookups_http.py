@@ -20,9 +20,12 @@ from gevent.server import StreamServer
 
 from lookups.backends.collection import Backends
 from lookups.backends.settings import backends_from_aliases
+from lookups.base import Lookup
 from lookups.deadline import Deadline
 from lookups.errors import BackendTimeout, BackendUnavailable, BadBackendResponse, LookupFailed
+from lookups.flow import Flow
 from lookups.http import AlertsLookup, HttpLookup, LatencyLookup, VolumeLookup, step_ms_for
+from lookups.mongo import ErrorsLookup
 from lookups.panels import Series, Window
 from lookups.settings import HttpSettings, MongoSettings
 from service.samples import SampleData, SampleHttpServices
@@ -450,3 +453,36 @@ def test_dot_segment_app_names_are_refused(
             )
         assert caught.value.retryable is False
     assert seen == []
+
+
+@pytest.mark.parametrize("kind", ["http", "mongo"])
+def test_a_backends_free_slot_goes_to_the_waiting_lookup_whose_call_is_most_critical(
+    backends: Backends, kind: str
+) -> None:
+    """Each backend waits for its slots in the place its call's deadline carries."""
+    if kind == "http":
+        lookup: Lookup = AlertsLookup(backends.http("alerts"))
+    else:
+        lookup = ErrorsLookup(backends.mongo())
+    slots = lookup.backend.slots  # type: ignore[attr-defined]
+    held = 0
+    while slots.acquire(blocking=False):
+        held += 1
+    done: list[str] = []
+
+    def fetch(name: str, flow: Flow) -> None:
+        lookup.fetch(Window("shop", *WINDOWS["day"]), Deadline.after_s(5.0).for_flow(flow))
+        done.append(name)
+
+    try:
+        tasks = []
+        for name, flow in (("report", Flow(rank=2, caller="reports")), ("page", Flow(rank=0))):
+            tasks.append(gevent.spawn(fetch, name, flow))
+            gevent.sleep(0)  # in the line before the next comes
+        slots.release()  # one slot: the page's, then the report's once the page gives it back
+        held -= 1
+        gevent.joinall(tasks, timeout=10, raise_error=True)
+    finally:
+        for _ in range(held):
+            slots.release()
+    assert done == ["page", "report"]

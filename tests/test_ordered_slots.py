@@ -10,12 +10,12 @@ import gevent
 import gevent.event
 import pytest
 
-from lookups.backends.ordered_slots import CALL_FLOW, Flow, OrderedSlots
+from lookups.backends.ordered_slots import OrderedSlots
+from lookups.flow import Flow
 
 
 def _waiting_at(slots: OrderedSlots, place: int, served: list[int], hold_s: float = 0.0) -> None:
-    CALL_FLOW.set(Flow(rank=place))  # this greenlet's own context, as each call's task has
-    if slots.acquire(timeout=5):
+    if slots.acquire(timeout=5, flow=Flow(rank=place)):
         served.append(place)
         gevent.sleep(hold_s)
         slots.release()
@@ -27,8 +27,7 @@ def _serve(slots: OrderedSlots, waiting: list[Flow]) -> list[str]:
     served: list[str] = []
 
     def task(flow: Flow) -> None:
-        CALL_FLOW.set(flow)
-        assert slots.acquire(timeout=5)
+        assert slots.acquire(timeout=5, flow=flow)
         served.append(flow.caller)
         slots.release()
 
@@ -132,8 +131,7 @@ class _Line:
             gevent.sleep(0)  # in the line before the next comes
 
     def _task(self, flow: Flow) -> None:
-        CALL_FLOW.set(flow)
-        assert self.slots.acquire(timeout=5)
+        assert self.slots.acquire(timeout=5, flow=flow)
         self.served.append(flow.caller)
 
     def serve(self, count: int) -> list[str]:

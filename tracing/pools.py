@@ -29,9 +29,10 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from lookups.clock import Clock
+from lookups.flow import NO_FLOW, Flow
 
 __all__ = [
     "WINDOW_S",
@@ -76,6 +77,15 @@ def cpu_demand_s() -> float:
 
 class Semaphore(Protocol):
     def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool: ...
+    def release(self) -> None: ...
+
+
+class PlacedSemaphore(Protocol):
+    """A semaphore whose waiters take a place in its line (a backend's slots)."""
+
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, flow: Flow = NO_FLOW
+    ) -> bool: ...
     def release(self) -> None: ...
 
 
@@ -321,18 +331,26 @@ class MeteredSlots:
     """A bounded semaphore that reports to a :class:`PoolMeter`.
 
     ``acquire(timeout=...)`` and ``release()`` behave as the wrapped semaphore's;
-    every attempt, wait, give-up and hold is counted on the way.
+    every attempt, wait, give-up and hold is counted on the way. ``acquire``'s ``flow``,
+    the waiter's place in the line, goes to a semaphore that takes one
+    (:class:`PlacedSemaphore`); ``None`` calls one that does not.
     """
 
     __slots__ = ("_slots", "meter", "__weakref__")
 
-    def __init__(self, slots: Semaphore, meter: PoolMeter) -> None:
-        self._slots = slots
+    def __init__(self, slots: Semaphore | PlacedSemaphore, meter: PoolMeter) -> None:
+        self._slots: Any = slots
         self.meter = meter
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, flow: Flow | None = None
+    ) -> bool:
         since = self.meter.arriving()
-        if self._slots.acquire(blocking, timeout):
+        if flow is None:
+            taken = self._slots.acquire(blocking, timeout)
+        else:
+            taken = self._slots.acquire(blocking, timeout, flow)
+        if taken:
             self.meter.taken(since)
             return True
         self.meter.gave_up(since)

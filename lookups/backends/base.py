@@ -28,14 +28,26 @@ from gevent import monkey
 from lookups.backends.ordered_slots import OrderedSlots
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
+from lookups.flow import NO_FLOW, Flow
 from lookups.resilience import BackendGuard, BreakerPolicy, RetryPolicy
 from tracing.pools import MeteredSlots, PoolMeter
 
-__all__ = ["Backend", "Slots", "new_slots"]
+__all__ = ["Backend", "Slots", "ThreadSlots", "new_slots"]
 
 T = TypeVar("T")
 
-Slots = MeteredSlots | OrderedSlots | threading.BoundedSemaphore
+
+class ThreadSlots(threading.BoundedSemaphore):
+    """A thread semaphore with :class:`OrderedSlots`' ``acquire``: its waiters' places
+    (``flow``) are not kept, they are served as the threads wake."""
+
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, flow: Flow = NO_FLOW
+    ) -> bool:
+        return super().acquire(blocking, timeout)
+
+
+Slots = MeteredSlots | OrderedSlots | ThreadSlots
 
 
 def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots:
@@ -49,7 +61,7 @@ def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots
     if monkey.is_module_patched("threading"):
         semaphore: Any = OrderedSlots(size)
     else:
-        semaphore = threading.BoundedSemaphore(size)
+        semaphore = ThreadSlots(size)
     return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock))
 
 

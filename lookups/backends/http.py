@@ -130,7 +130,7 @@ class HttpBackend(Backend):
         timer = gevent.Timeout(left_s)
         timer.start()
         try:
-            if not self.slots.acquire(timeout=left_s):
+            if not self.slots.acquire(timeout=left_s, flow=deadline.flow):
                 raise BackendTimeout(
                     f"{lookup}: no free connection to the service within {left_s:.3f}s",
                     backend_fault=False,

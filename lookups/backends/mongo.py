@@ -218,7 +218,7 @@ def _run_bounded(
     """
     began = deadline.now()
     left_s = deadline.remaining_s()
-    if not slots.acquire(timeout=left_s):
+    if not slots.acquire(timeout=left_s, flow=deadline.flow):
         raise BackendTimeout(
             f"{lookup}: no free MongoDB connection within the budget", backend_fault=False
         )

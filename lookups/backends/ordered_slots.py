@@ -16,10 +16,11 @@ Not a strict priority by share: a caller over its share whose tasks were always
 overtaken had its calls ever slower, and starved (weights 3:1 in ``make bench``'s fair
 scenario).
 
-Who the caller is and how much it weighs comes from :data:`CALL_FLOW`, which the
-service sets for each call it admits; a lookup run outside one waits as the most
-critical, with no caller (at the virtual time). gevent's ``BoundedSemaphore`` wakes its
-waiters in the order they came and takes no key, hence this one. As with it, waiting is
+Who the caller is and how much it weighs is the waiter's :class:`~lookups.flow.Flow`,
+which its call's deadline carries (the service sets it when it admits the call); a lookup
+run outside one waits as the most critical, with no caller (at the virtual time).
+gevent's ``BoundedSemaphore`` wakes its waiters in the order they came and takes no key,
+hence this one. As with it, waiting is
 safe to interrupt (a ``gevent.Timeout``, a kill): a waiter that goes leaves the line, and
 a slot handed to one interrupted before it could take it is given back. For the server's
 event loop only: nothing here is thread-safe.
@@ -29,30 +30,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from contextvars import ContextVar
-from typing import NamedTuple
 
 from gevent.event import Event
 
-__all__ = ["CALL_FLOW", "Flow", "NO_FLOW", "OrderedSlots"]
+from lookups.flow import NO_FLOW, Flow
+
+__all__ = ["OrderedSlots"]
 
 #: Callers' finish tags kept at most, beyond those the line empties of.
 _MAX_FLOWS = 4096
-
-
-class Flow(NamedTuple):
-    """Whose call a context serves: its criticality's rank (lower first), its caller's
-    name (empty: none) and weight."""
-
-    rank: int = 0
-    caller: str = ""
-    weight: float = 1.0
-
-
-#: No call's: the most critical, no caller.
-NO_FLOW = Flow()
-#: The call this context serves, in every backend's line.
-CALL_FLOW: ContextVar[Flow] = ContextVar("fanout_call_flow", default=NO_FLOW)
 
 
 class _Waiter:
@@ -76,16 +62,18 @@ class OrderedSlots:
         self._virtual = 0.0  # the start tag of the last waiter served
         self._finish: dict[str, float] = {}  # by caller: its last waiter's finish tag
 
-    def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+    def acquire(
+        self, blocking: bool = True, timeout: float | None = None, flow: Flow = NO_FLOW
+    ) -> bool:
         """Take a slot, waiting up to ``timeout`` seconds (None: as long as it takes) in
-        this context's :data:`CALL_FLOW`; False if none was had."""
+        the line at ``flow``'s place; False if none was had."""
         if self._free > 0:  # a slot is free only while no one waits
             self._free -= 1
             return True
         if not blocking:
             return False
         waiter = _Waiter()
-        heapq.heappush(self._line, (*self._tags(CALL_FLOW.get()), waiter))
+        heapq.heappush(self._line, (*self._tags(flow), waiter))
         self._waiting += 1
         try:
             waiter.event.wait(timeout)

@@ -19,6 +19,7 @@ Task failures are never raised: each becomes a :class:`TaskOutcome`.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import enum
 import uuid
 from collections.abc import Callable, Mapping
@@ -86,6 +87,11 @@ class RequestContext:
             Deadline.after_ms(deadline_ms, clock),
             MappingProxyType(dict(headers or {})),
         )
+
+    def by(self, deadline: Deadline) -> RequestContext:
+        """This call by ``deadline``: the admitted call's, which says its place in the
+        backends' lines."""
+        return dataclasses.replace(self, deadline=deadline)
 
     def __repr__(self) -> str:
         return (

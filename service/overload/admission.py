@@ -47,9 +47,9 @@ from typing import NamedTuple
 
 import gevent.event
 
-from lookups.backends.ordered_slots import Flow
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
+from lookups.flow import Flow
 from service.engine.settings import AdmissionSettings
 from service.overload.brownout import Criticality
 from service.overload.cpu_rule import CpuRule

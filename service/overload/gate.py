@@ -11,12 +11,13 @@ admitted call and knows of none of this: when it finds no slot for any task, its
 :class:`~service.engine.tasks.FanOutOverloaded` passes out through the gate, which
 gives it the ``retry_after_ms`` admission advises and paces it like any refusal::
 
-    with gate.admitted(deadline, connection):     # raises FanOutOverloaded
-        result = fanout.run(plan(), context)
+    with gate.admitted(deadline, connection) as call:     # raises FanOutOverloaded
+        result = fanout.run(plan(), context.by(call.deadline))
 
 The gate makes the call's one :class:`~service.overload.ticket.CallTicket` and hands only
-that on, to admission's verbs and, as its flow, to the backends' slots; admission alone
-works the limit, its line, the callers' shares and the pause to tell.
+that on: to admission's verbs, and to the backends' slots as the flow the call's deadline
+carries (:attr:`AdmittedCall.deadline`); admission alone works the limit, its line, the
+callers' shares and the pause to tell.
 
 **Pacing** (:class:`~service.overload.pacing.ConnectionPacing`, one per connection). A
 refusal costs the process a read, a decode and a reply, a small part of an admitted
@@ -74,7 +75,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lookups.backends.ordered_slots import CALL_FLOW
 from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.deadline import Deadline
 from service.engine.settings import AdmissionSettings
@@ -130,6 +130,13 @@ class AdmittedCall:
     ticket: CallTicket
     lighter: bool
     measured: bool = True
+
+    @property
+    def deadline(self) -> Deadline:
+        """The call's deadline, carrying its place in the backends' lines (the ticket's
+        flow, set as admission admitted it): the one its tasks run by. They wait for backend
+        slots by criticality, then fairly among callers by weight, not behind a storm."""
+        return self.ticket.deadline.for_flow(self.ticket.flow)
 
     def ran(self, statuses: Iterable[TaskStatus]) -> None:
         """The call's tasks ended with ``statuses``. It is measured only when every task
@@ -258,10 +265,6 @@ class CallGate:
             self.admission.admit(ticket)
         except Refused as refused:
             raise FanOutOverloaded(str(refused), refused.retry_after_ms) from None
-        # The call's tasks run in copies of this context, and the lookups' interface carries
-        # no ticket: they wait for backend slots in the ticket's flow, by criticality, then
-        # fairly among callers by weight, not behind another's storm.
-        flow = CALL_FLOW.set(ticket.flow)
         started = self.clock.monotonic()
         try:
             yield
@@ -269,7 +272,6 @@ class CallGate:
             call.measured = False  # a required panel failed, or no task could start
             raise
         finally:
-            CALL_FLOW.reset(flow)
             latency_s = self.clock.monotonic() - started if call.measured else None
             self.admission.done(ticket, latency_s)
 

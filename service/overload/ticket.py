@@ -2,17 +2,17 @@
 
 The gate (:class:`~service.overload.gate.CallGate`) makes one for each call it reads and
 hands only that down: admission (:meth:`~service.overload.admission.AdmissionControl.admit`
-and ``done``), the dimmer, and the backends' slots through its :class:`Flow`. As
-concurrency-limits' ``Listener``, it is the token a call holds from its admission to its
-end.
+and ``done``), the dimmer, and the backends' slots through its :class:`~lookups.flow.Flow`,
+which the call's deadline carries. As concurrency-limits' ``Listener``, it is the token a
+call holds from its admission to its end.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lookups.backends.ordered_slots import NO_FLOW, Flow
 from lookups.deadline import Deadline
+from lookups.flow import NO_FLOW, Flow
 from service.overload.brownout import Criticality
 from service.overload.fair_share import CallerState
 from service.overload.pacing import ConnectionPacing

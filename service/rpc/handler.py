@@ -188,7 +188,7 @@ class AppStatsHandler:
                 context.deadline, current_connection.get(), valid.criticality, valid.caller
             ) as call:
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
-                result = self._fanout.run(tasks, context)
+                result = self._fanout.run(tasks, context.by(call.deadline))
                 call.ran(o.status for o in result.outcomes)
         # Declared exceptions are logged once, by the server, with the rest of their kind.
         except FanOutOverloaded as overloaded:
