@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from gevent.pywsgi import WSGIServer
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -18,6 +20,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from opentelemetry.util.http import redact_url
 
 import tracing.http_spans as http_spans
 from lookups.backends.http import HttpBackend
@@ -143,3 +146,25 @@ def test_our_http_spans_and_durations_are_the_official_instrumentations(
     # The two answered requests were told our span's context.
     answered = [span for span in our_spans if "http.response.status_code" in span.attributes]
     assert [t.split("-")[2] for t in seen] == [f"{s.context.span_id:016x}" for s in answered]
+
+
+@given(
+    st.sampled_from(["http", "https"]),
+    st.sampled_from(["", "user:secret@", "u@"]),
+    st.sampled_from(["127.0.0.1:8080", "metrics.internal"]),
+    st.sampled_from(["/apps/shop/alerts", "/apps/sh%2Fop/series/latency", "/"]),
+    st.lists(
+        st.tuples(
+            st.sampled_from(["start_ms", "sig", "Signature", "%53ignature", "AWSAccessKeyId", "x"]),
+            st.sampled_from(["1", "abc", "a%20b"]),
+        ),
+        max_size=3,
+    ),
+)
+def test_url_full_is_what_the_instrumentations_redaction_gives(
+    scheme: str, userinfo: str, host: str, path: str, params: list[tuple[str, str]]
+) -> None:
+    """The shortcut past a URL with nothing to redact gives exactly redact_url's answer."""
+    query = "&".join(f"{name}={value}" for name, value in params)
+    url = f"{scheme}://{userinfo}{host}{path}" + (f"?{query}" if query else "")
+    assert http_spans._full_url(url) == redact_url(url)

@@ -242,27 +242,28 @@ def task_span(name: str, source: str, pool_wait_ms: float) -> Iterator[Span]:
         # so calls made in the task still pass the (unsampled) trace context on.
         yield span
         return
+    # Made current as trace.use_span(span) makes it, without its layer of generator (the
+    # task's outcome is marked below, never by use_span): every recorded call pays it.
+    token = context_api.attach(trace.set_span_in_context(span))
     # Ended here unless cut_task_span ended it first, when the request stopped waiting.
-    with trace.use_span(
-        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-    ):
-        try:
-            yield span
-        except Exception as error:
-            if _unmarked(span):
-                mark_task_outcome(span, "ERROR", error)
-            raise
-        except gevent.Timeout as timeout:
-            if _unmarked(span):
-                mark_task_outcome(span, "TIMEOUT", timeout)
-            raise
-        except GreenletExit:
-            if _unmarked(span):
-                mark_task_outcome(span, "CANCELLED")
-            raise
-        finally:
-            if span.is_recording():
-                span.end()
+    try:
+        yield span
+    except Exception as error:
+        if _unmarked(span):
+            mark_task_outcome(span, "ERROR", error)
+        raise
+    except gevent.Timeout as timeout:
+        if _unmarked(span):
+            mark_task_outcome(span, "TIMEOUT", timeout)
+        raise
+    except GreenletExit:
+        if _unmarked(span):
+            mark_task_outcome(span, "CANCELLED")
+        raise
+    finally:
+        context_api.detach(token)
+        if span.is_recording():
+            span.end()
 
 
 @contextmanager
