@@ -220,6 +220,8 @@ def test_trace_tree_spans_the_whole_path(start_service: StartService, spans: Any
     (server,) = [s for s in finished if s.kind is SpanKind.SERVER]
     assert server.name == "AppStats/get_app_stats"
     assert server.attributes["rpc.method"] == "AppStats/get_app_stats"
+    assert server.attributes["fanout.caller"] == "anonymous"  # the call named no caller
+    assert server.attributes["fanout.caller.weight"] == 1.0
     tasks = [s for s in finished if s.name.startswith("fanout.task ")]
     assert sorted(t.attributes["fanout.task.name"] for t in tasks) == sorted(ALL_PANELS)
     assert {t.parent.span_id for t in tasks} == {server.context.span_id}

@@ -326,6 +326,15 @@ def cut_task_span(span: Span, status: str, reason: str) -> None:
     span.end()
 
 
+def mark_admitted(caller: str, weight: float) -> None:
+    """Record on the current (SERVER) span the caller the call was admitted as, the
+    principal its fair share counts it against (``anonymous`` for a call that names
+    none), and that caller's weight."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attributes({"fanout.caller": caller, "fanout.caller.weight": weight})
+
+
 def mark_coalesced() -> None:
     """Mark the current (task) span as sharing an identical lookup's call in flight."""
     span = trace.get_current_span()

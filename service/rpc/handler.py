@@ -33,7 +33,13 @@ from service.rpc.merged import merged_calls
 from service.rpc.pool_report import group_report, own_report, to_thrift
 from service.rpc.validation import ValidRequest, validate_stats_request
 from service.settings.config import Settings
-from tracing.spans import mark_coalesced, request_span, skipped_task_span, trace_id_hex
+from tracing.spans import (
+    mark_admitted,
+    mark_coalesced,
+    request_span,
+    skipped_task_span,
+    trace_id_hex,
+)
 
 __all__ = ["AppStatsHandler", "to_panel_data", "to_thrift_outcome", "to_thrift_outcomes"]
 
@@ -187,6 +193,8 @@ class AppStatsHandler:
             with self._gate.admitted(
                 context.deadline, current_connection.get(), valid.criticality, valid.caller
             ) as call:
+                if call.ticket.caller is not None:
+                    mark_admitted(call.ticket.caller.name, call.ticket.caller.weight)
                 tasks, skipped = self._plan(valid, call.lighter)  # a refusal plans nothing
                 result = self._fanout.run(tasks, context.by(call.deadline))
                 call.ran(o.status for o in result.outcomes)
