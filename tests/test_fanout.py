@@ -24,6 +24,7 @@ from service.engine.tasks import (
     TaskStatus,
 )
 from service.overload.gate import CallGate
+from service.testing import FakeClock
 from tracing.context import TaskRunners
 
 # A context variable the caller sets: the engine must carry it into every task.
@@ -218,6 +219,25 @@ def test_deadline_cuts_stragglers_and_reaper_frees_their_slots() -> None:
     assert fan.wait_reapers(timeout_s=3)
     assert fan.stats.killed == 1
     assert fan.inflight == 0
+
+
+def test_the_abandon_grace_passes_on_the_calls_clock() -> None:
+    """A straggler is killed once the service's clock has moved the grace on, however
+    little wall time passed: here a minute of grace, moved by hand."""
+    clock = FakeClock()
+    fan = engine(abandon_grace_ms=60_000)
+    runner = gevent.spawn(
+        fan.run, [task("stuck", stubborn(30))], RequestContext.start("test", 150, clock=clock)
+    )
+    gevent.sleep(0.01)  # the task runs; the call waits for its deadline on the clock
+    clock.advance(0.2)
+    (stuck,) = runner.get(timeout=5).outcomes
+    assert stuck.status is TaskStatus.TIMEOUT and fan.stats.abandoned == 1
+    gevent.sleep(0.01)  # the reaper begins the straggler's grace
+    clock.advance(59.0)
+    assert not fan.wait_reapers(timeout_s=0.05) and fan.stats.killed == 0  # still in its grace
+    clock.advance(1.0)
+    assert fan.wait_reapers(timeout_s=3) and fan.stats.killed == 1 and fan.inflight == 0
 
 
 def test_a_tasks_deadline_is_the_sooner_of_its_timeout_and_the_requests() -> None:

@@ -336,7 +336,9 @@ class FanOut:
 
     def _reap(self, run: _Run) -> None:
         assert run.ended is not None
-        if run.ended.wait(timeout=self.settings.abandon_grace_ms / 1000.0):
+        clock = run.deadline.clock  # the call's: its grace passes on the service's clock
+        grace_s = self.settings.abandon_grace_ms / 1000.0
+        if clock.wait(run.ended, clock.monotonic() + grace_s):
             return
         alive = list(run.running.items())
         if not alive:
@@ -350,6 +352,7 @@ class FanOut:
         loop = get_hub().loop
         for index, runner in alive:
             loop.run_callback(_kill_task, run, index, runner)
+        # The kills' delivery by the event loop, not a policy of the service: real time.
         run.ended.wait(timeout=_KILL_WAIT_S)
 
     def wait_reapers(self, timeout_s: float) -> bool:
