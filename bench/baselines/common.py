@@ -44,8 +44,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_MESSAGE_LIMIT = 500
-
 
 class Named(Protocol):
     """What an outcome names of a lookup: a :class:`~lookups.base.Lookup`, or a peer's own."""
@@ -95,23 +93,15 @@ def lookup_outcome(
 
 
 def failed_outcome(lookup: Named, exc: Exception, elapsed_ms: float) -> TaskOutcome:
-    """The outcome of ``lookup`` failing with ``exc``, classified as Fanout's engine does:
-    ``TimeoutError`` is ``TIMEOUT``, anything else ``ERROR``, ``retryable`` from the
-    exception. An error no lookup declares is logged with its traceback."""
+    """The outcome of ``lookup`` failing with ``exc``, as Fanout's engine makes it
+    (:meth:`TaskOutcome.failed`). An error no lookup declares is logged with its
+    traceback."""
     timed_out = isinstance(exc, TimeoutError)
     if timed_out or hasattr(exc, "retryable"):
         log.warning("task %s failed: %s: %s", lookup.name, type(exc).__name__, exc)
     else:
         log.error("task %s raised an unexpected error", lookup.name, exc_info=exc)
-    return TaskOutcome(
-        lookup.name,
-        lookup.source,
-        TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
-        elapsed_ms,
-        error_type=type(exc).__name__,
-        message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
-        retryable=bool(getattr(exc, "retryable", timed_out)),
-    )
+    return TaskOutcome.failed(lookup.name, lookup.source, exc, elapsed_ms)
 
 
 def timeout_outcome(lookup: Named, elapsed_ms: float, message: str) -> TaskOutcome:

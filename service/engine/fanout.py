@@ -61,7 +61,6 @@ __all__ = ["FanOut", "FanOutStats"]
 
 log = logging.getLogger(__name__)
 
-_MESSAGE_LIMIT = 500  # characters of an exception message carried in an outcome
 _KILL_WAIT_S = 1.0  # how long the reaper waits for a killed greenlet to unwind
 
 
@@ -314,16 +313,7 @@ class FanOut:
             self.failures.count(f"{task.name} {type(exc).__name__}", str(exc))
         else:
             self.failures.count(f"{task.name} unexpected {type(exc).__name__}", str(exc), exc)
-        return TaskOutcome(
-            task.name,
-            task.source,
-            TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
-            elapsed_ms,
-            error_type=type(exc).__name__,
-            message=(str(exc) or type(exc).__name__)[:_MESSAGE_LIMIT],
-            retryable=bool(getattr(exc, "retryable", timed_out)),
-            pool_wait_ms=wait_ms,
-        )
+        return TaskOutcome.failed(task.name, task.source, exc, elapsed_ms, wait_ms)
 
     def _abandon_stragglers(self, run: _Run) -> None:
         if run.unfinished == 0:

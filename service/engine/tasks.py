@@ -129,6 +129,10 @@ class Task:
     optional: bool = False
 
 
+#: Characters of an exception's message an outcome carries.
+MESSAGE_LIMIT = 500
+
+
 @dataclass(frozen=True)
 class TaskOutcome:
     """The one result every task yields, whatever happened."""
@@ -146,6 +150,24 @@ class TaskOutcome:
     @property
     def ok(self) -> bool:
         return self.status is TaskStatus.OK
+
+    @classmethod
+    def failed(
+        cls, name: str, source: str, exc: Exception, elapsed_ms: float, pool_wait_ms: float = 0.0
+    ) -> TaskOutcome:
+        """The outcome of a task that raised ``exc``: ``TimeoutError`` is ``TIMEOUT``,
+        anything else ``ERROR``; ``retryable`` as the exception says (a timeout is)."""
+        timed_out = isinstance(exc, TimeoutError)
+        return cls(
+            name,
+            source,
+            TaskStatus.TIMEOUT if timed_out else TaskStatus.ERROR,
+            elapsed_ms,
+            error_type=type(exc).__name__,
+            message=(str(exc) or type(exc).__name__)[:MESSAGE_LIMIT],
+            retryable=bool(getattr(exc, "retryable", timed_out)),
+            pool_wait_ms=pool_wait_ms,
+        )
 
 
 @dataclass(frozen=True)
