@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 
-from bench.analysis.goals import Goal, info_row, ratio_goal
+from bench.analysis.goals import Goal, info_row
 from bench.harness.rounds import (
     interleaved,
     merged,
@@ -29,7 +29,7 @@ from bench.harness.scenario import (
     Scenario,
     _config,
     _cpu_ms_per_reply,
-    _per_rep,
+    rps_and_cpu_goals,
 )
 
 __all__ = ["merged_commands"]
@@ -60,26 +60,19 @@ def _goals(results: Results) -> list[Goal]:
         on = rounds_of(results, key, "merged", ROUNDS)
         off = rounds_of(results, key, "separate", ROUNDS)
         out += [
-            ratio_goal(
+            *rps_and_cpu_goals(
                 NAME,
-                f"server CPU per call, one command / two, {connections} connection(s)",
-                _cpu_ms_per_reply(merged(on)),
-                _cpu_ms_per_reply(merged(off)),
-                limit=None,
-                at_most=True,
+                (
+                    f"complete calls a second, one command / two, {connections} connection(s)",
+                    f"server CPU per call, one command / two, {connections} connection(s)",
+                ),
+                merged(on),
+                merged(off),
             ),
             info_row(
                 NAME,
                 f"server CPU per call, one command / two, each round ({connections})",
                 round_ratios_shown(on, off, _cpu_ms_per_reply),
-            ),
-            ratio_goal(
-                NAME,
-                f"complete calls a second, one command / two, {connections} connection(s)",
-                _per_rep(merged(on), "rps"),
-                _per_rep(merged(off), "rps"),
-                limit=None,
-                at_most=False,
             ),
         ]
     return out

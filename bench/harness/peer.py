@@ -21,6 +21,7 @@ from bench.harness.scenario import (
     _config,
     _cpu_ms_per_reply,
     _per_rep,
+    rps_and_cpu_goals,
 )
 
 __all__ = ["asyncio_peer"]
@@ -49,27 +50,22 @@ def _ratio_rows(results: Results, connections: int, over: str, under: str) -> li
     top, bottom = rounds_of(results, key, over, ROUNDS), rounds_of(results, key, under, ROUNDS)
     at = f"{connections} connection{'s' if connections > 1 else ''}"
     saturated = connections > 1
+    limit = 1.0 if saturated and under == "asyncio" else None
     return [
-        ratio_goal(
+        *rps_and_cpu_goals(
             NAME,
-            f"server CPU per call, {over} / {under}, {at}",
-            _cpu_ms_per_reply(merged(top)),
-            _cpu_ms_per_reply(merged(bottom)),
-            limit=1.0 if saturated and under == "asyncio" else None,
-            at_most=True,
+            (
+                f"complete calls a second, {over} / {under}, {at}",
+                f"server CPU per call, {over} / {under}, {at}",
+            ),
+            merged(top),
+            merged(bottom),
+            (limit, limit),
         ),
         info_row(
             NAME,
             f"server CPU per call, {over} / {under}, each round ({at})",
             round_ratios_shown(top, bottom, _cpu_ms_per_reply),
-        ),
-        ratio_goal(
-            NAME,
-            f"complete calls a second, {over} / {under}, {at}",
-            _per_rep(merged(top), "rps"),
-            _per_rep(merged(bottom), "rps"),
-            limit=1.0 if saturated and under == "asyncio" else None,
-            at_most=False,
         ),
         ratio_goal(
             NAME,
