@@ -64,7 +64,8 @@ def _goals(results: Results) -> list[Goal]:
     second, last = (minutes[1], minutes[-1]) if len(minutes) >= 3 else ([], [])
     rss = ", ".join(f"{sum(m) / len(m):.1f}" for m in minutes)
     received = result.get("otlp_received") or {}
-    seconds = max(1.0, len(reps) * window_s)
+    # The sink counts from the stack's start: over the warm-up and the windows alike.
+    seconds = max(1.0, result.get("warmup_s", 0.0) + len(reps) * window_s)
     answered = _per_rep(result, "replies_per_s")
     return [
         ratio_goal(
