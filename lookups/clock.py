@@ -18,10 +18,18 @@ Two readings, never mixed:
 * :meth:`Clock.wall`: seconds since the epoch, for dates (a dashboard's time window, a
   heartbeat file's age).
 
-Parts that never run in a test of timing (the worker supervisor, the command line)
-read :data:`SYSTEM_CLOCK` directly, still through this module. Spans are dated as
-OpenTelemetry dates them, by :func:`span_time_ns`: a trace shows when things happened,
-whatever clock a test gives the parts.
+Every wait goes through it too: a pause (:meth:`Clock.sleep`), an event
+(:meth:`Clock.wait`), a greenlet or a result to come (:meth:`Clock.join`). On a
+``FakeClock`` they end when the test moves the clock past them.
+
+Where a process is put together (``run_server`` for ``fanout serve`` and each worker, the
+worker supervisor, each command of the command line), it chooses the clock,
+:data:`SYSTEM_CLOCK`, and hands it to the parts it builds. Two parts read the machine's
+clock themselves, because what they compare with counts real time: the wire's frame
+timeout (the socket's timeouts, which the kernel counts) and the hub monitor (gevent's
+switch tracer stamps the loop's runs). Spans are dated as OpenTelemetry dates them, by
+:func:`span_time_ns`: a trace shows when things happened, whatever clock a test gives the
+parts.
 """
 
 from __future__ import annotations
@@ -29,7 +37,17 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-__all__ = ["SYSTEM_CLOCK", "Clock", "SystemClock", "Waitable", "loop_time", "span_time_ns"]
+import gevent
+
+__all__ = [
+    "SYSTEM_CLOCK",
+    "Clock",
+    "SystemClock",
+    "Waitable",
+    "Joinable",
+    "loop_time",
+    "span_time_ns",
+]
 
 
 class Clock(Protocol):
@@ -47,6 +65,10 @@ class Clock(Protocol):
         """Wait for ``event`` until ``until`` on :meth:`monotonic`; True if it is set."""
         ...
 
+    def join(self, task: Joinable, until: float) -> bool:
+        """Wait for ``task`` to finish until ``until`` on :meth:`monotonic`; True if it has."""
+        ...
+
     def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` on :meth:`monotonic` (0: only let the others run)."""
         ...
@@ -58,6 +80,14 @@ class Waitable(Protocol):
     def is_set(self) -> bool: ...
 
     def wait(self, timeout: float | None = None) -> Any: ...
+
+
+class Joinable(Protocol):
+    """Something of gevent's that finishes once: a ``Greenlet``, an ``AsyncResult``."""
+
+    def ready(self) -> bool: ...
+
+    def rawlink(self, callback: Any) -> None: ...
 
 
 class SystemClock:
@@ -72,6 +102,11 @@ class SystemClock:
     def wait(self, event: Waitable, until: float) -> bool:
         event.wait(timeout=max(0.0, until - time.monotonic()))
         return event.is_set()
+
+    def join(self, task: Joinable, until: float) -> bool:
+        if not task.ready():  # gevent.wait costs far more than the check when it is
+            gevent.wait((task,), timeout=max(0.0, until - time.monotonic()))
+        return task.ready()
 
     # gevent's sleep under the server's patching; a thread's otherwise.
     sleep = staticmethod(time.sleep)

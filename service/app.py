@@ -146,6 +146,7 @@ class FanOutService:
                 lambda: self.server.draining,
                 stale_after_s=server.worker_heartbeat_timeout_ms / 1000.0,
                 stores=self.parts.stores,
+                clock=self.clock,
             ).start()
         self.hub_monitor.start()
         host, port = self.address

@@ -6,8 +6,9 @@
 ``Deadline.after_ms(ms, clock)``): time stands still until :meth:`FakeClock.advance`
 moves it, so a test of timing behaviour asserts exactly what happens at a moment, and
 takes no wall time however busy the machine is. A wait on a deadline
-(:meth:`FakeClock.wait`) ends when its event is set or when ``advance`` moves the clock
-past the deadline, never by wall time.
+(:meth:`FakeClock.wait` for an event, :meth:`FakeClock.join` for a greenlet or a result)
+ends when what it waits for is done or when ``advance`` moves the clock past the
+deadline, never by wall time.
 
 :class:`SkippingClock` is the machine's time with jumps, for a whole service whose
 sockets and timeouts must run.
@@ -26,7 +27,7 @@ from typing import Any
 import gevent
 from gevent.event import Event
 
-from lookups.clock import SYSTEM_CLOCK, Waitable
+from lookups.clock import SYSTEM_CLOCK, Joinable, Waitable
 
 __all__ = ["FakeClock", "SkippingClock"]
 
@@ -64,6 +65,11 @@ class FakeClock:
         while not event.is_set() and self._now < until:
             gevent.wait([_as_gevent(event), self._moved], count=1)
         return event.is_set()
+
+    def join(self, task: Joinable, until: float) -> bool:
+        while not task.ready() and self._now < until:
+            gevent.wait([task, self._moved], count=1)
+        return task.ready()
 
     def sleep(self, seconds: float) -> None:
         """Until :meth:`advance` moves the clock ``seconds`` on (0: let the others run)."""
@@ -118,6 +124,11 @@ class SkippingClock:
         while not event.is_set() and self.monotonic() < until:
             gevent.wait([_as_gevent(event), self._moved], count=1, timeout=until - self.monotonic())
         return event.is_set()
+
+    def join(self, task: Joinable, until: float) -> bool:
+        while not task.ready() and self.monotonic() < until:
+            gevent.wait([task, self._moved], count=1, timeout=until - self.monotonic())
+        return task.ready()
 
     def sleep(self, seconds: float) -> None:
         """``seconds`` of the machine's time, or less if :meth:`skip` jumps past them."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,34 @@ def test_a_sleep_on_the_fake_clock_ends_when_the_clock_passes_it_not_on_wall_tim
     assert woke == [1030.0]
 
 
+def test_a_join_on_the_fake_clock_ends_when_the_task_does_or_the_clock_passes_until() -> None:
+    clock = FakeClock()
+    never, joined = Event(), list[bool]()
+    stuck = gevent.spawn(never.wait)
+    waiting = gevent.spawn(lambda: joined.append(clock.join(stuck, clock.monotonic() + 10.0)))
+    gevent.sleep(0.05)  # wall time passes; the clock's does not
+    clock.advance(9.9)
+    assert not joined
+    clock.advance(0.1)
+    waiting.join(timeout=5)
+    assert joined == [False]
+    never.set()
+    stuck.join(timeout=5)
+    assert clock.join(stuck, clock.monotonic()) is True  # finished: True at once
+
+
+def test_the_system_clock_joins_on_the_machine_time() -> None:
+    done = gevent.spawn(lambda: None)
+    done.join()
+    assert SYSTEM_CLOCK.join(done, SYSTEM_CLOCK.monotonic()) is True
+    never = Event()
+    stuck = gevent.spawn(never.wait)
+    started = SYSTEM_CLOCK.monotonic()
+    assert SYSTEM_CLOCK.join(stuck, started + 0.02) is False
+    assert SYSTEM_CLOCK.monotonic() - started >= 0.02
+    stuck.kill()
+
+
 def test_the_system_clock_sleeps_the_machine_time() -> None:
     started = SYSTEM_CLOCK.monotonic()
     SYSTEM_CLOCK.sleep(0.02)
@@ -257,3 +286,119 @@ def test_every_part_takes_the_clock_in_one_shape() -> None:
     ]
     assert len(parameters) > 20
     assert [p for p in parameters if not p.endswith(": Clock")] == []
+
+
+#: Where the machine's clock is read directly, and why: the clock module and the test
+#: clocks built on it; the command line, which puts its own process together; the wire's
+#: frame timeout and the hub monitor, which compare with what counts real time (the
+#: socket's timeouts, gevent's switch tracer). Every other part reads the service's clock.
+_MACHINE_CLOCK_READERS = {
+    "lookups/clock.py",
+    "service/testing.py",
+    "service/cli/call.py",
+    "service/cli/trace_ui.py",
+    "service/wire/channel.py",
+    "service/operations/hub_monitor.py",
+}
+
+
+def _machine_clock_reads(path: Path) -> list[str]:
+    """Each ``SYSTEM_CLOCK.<reading or wait>`` in ``path`` (a default argument is a name,
+    not a read: the caller that builds the part chooses its clock)."""
+    return [
+        f"{path.relative_to(ROOT)}:{node.lineno} SYSTEM_CLOCK.{node.attr}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "SYSTEM_CLOCK"
+    ]
+
+
+def test_only_the_places_that_put_a_process_together_read_the_machine_clock() -> None:
+    reads = [
+        read
+        for package in ("service", "lookups", "tracing")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "samples" not in path.parts
+        for read in _machine_clock_reads(path)
+    ]
+    assert reads
+    outside = [r for r in reads if r.split(":")[0] not in _MACHINE_CLOCK_READERS]
+    assert outside == [], outside
+
+
+_WAITS = {"sleep", "wait", "join", "joinall", "get", "acquire", "kill", "killall"}
+
+#: Timed waits that do not go through the service's clock, and why each counts real time.
+_REAL_TIME_WAITS = {
+    # The clock itself, and the test clocks built on it.
+    "lookups/clock.py",
+    "service/testing.py",
+    # The command line puts its own process together.
+    "service/cli/trace_ui.py",
+    # A held reply is written on the event loop's tick, as the holds are grouped by it.
+    "service/listener/connection.py: gevent.sleep(on_the_tick(gevent.get_hub().loop, hold_s))",
+    # The event loop's delivery of a kill, not a policy of the service.
+    "service/engine/fanout.py: run.ended.wait(timeout=_KILL_WAIT_S)",
+    "service/listener/server.py: handlers.kill(block=True, timeout=1.0)",
+    "service/client/hedging.py: gevent.killall(pending, block=True, timeout=1.0)",
+    # A call's own semaphores, made per call: the timeout is the deadline's, on its clock.
+    "service/engine/fanout.py: pool.acquire(timeout=until.remaining_s())",
+    "service/engine/fanout.py: self._inflight.acquire(timeout=until.remaining_s())",
+    # Slots that wait on the service's clock (OrderedSlots), given the deadline's time left.
+    "service/client/connections.py: self._slots.acquire(timeout=deadline.remaining_s())",
+    "lookups/backends/http.py: self.slots.acquire(timeout=left_s, flow=deadline.flow)",
+    "lookups/backends/mongo.py: slots.acquire(timeout=left_s, flow=deadline.flow)",
+    # At shutdown, for what is still running.
+    "service/engine/fanout.py: gevent.joinall(list(self._reapers), timeout=timeout_s)",
+    # Threads of their own (the native endpoints answer while the loop is blocked).
+    "service/operations/native_http.py: self._ended.acquire(timeout=timeout_s + 1.0)",
+    "service/operations/native_http.py: done.acquire(timeout=timeout_s)",
+    # The supervisor: other processes' exits and signals, and their endpoints over HTTP.
+    "service/workers/master.py: self._events.get(timeout=self._positions.next_wake_in())",
+    "service/workers/stopping.py: events.get(timeout=remaining)",
+    "service/workers/launch.py: reader.join(timeout=_LAST_WORDS_S)",
+    "service/workers/group.py: gevent.joinall(fetches, timeout=WORKER_SCRAPE_TIMEOUT_S)",
+    # Exporters send over the network at shutdown: the flush budget is real time.
+    "tracing/setup.py: close.join(timeout=0.05)",
+}
+
+
+def _timed_waits(path: Path) -> list[str]:
+    """Each call in ``path`` that waits for a duration it is given: ``sleep(x)`` (x not 0),
+    or a wait, join, get, acquire or kill with a ``timeout``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        receiver = node.func.value
+        if node.func.attr not in _WAITS or re.search("clock|deadline", ast.unparse(receiver)):
+            continue  # the clock's own waits, and a deadline's (on its clock)
+        timed = any(keyword.arg == "timeout" for keyword in node.keywords)
+        module_wait = isinstance(receiver, ast.Name) and receiver.id == "gevent"  # (objects, ...)
+        if node.func.attr in ("wait", "join") and len(node.args) == 1 and not module_wait:
+            timed = not isinstance(receiver, ast.Constant) and not isinstance(  # a timeout
+                node.args[0], ast.Constant | ast.JoinedStr | ast.GeneratorExp | ast.ListComp
+            )
+        if node.func.attr == "sleep" and node.args:
+            timed = not (isinstance(node.args[0], ast.Constant) and node.args[0].value == 0)
+        if timed:
+            found.append(f"{path.relative_to(ROOT)}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_timed_wait_goes_through_the_clock_or_says_why_it_counts_real_time() -> None:
+    waits = [
+        wait
+        for package in ("service", "lookups", "tracing")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "samples" not in path.parts
+        for wait in _timed_waits(path)
+    ]
+    assert waits
+    listed = {w for w in _REAL_TIME_WAITS if ": " in w}
+    assert listed <= set(waits), listed - set(waits)  # the list names only waits still there
+    unexplained = [
+        w for w in waits if w not in _REAL_TIME_WAITS and w.split(":")[0] not in _REAL_TIME_WAITS
+    ]
+    assert unexplained == [], unexplained

@@ -276,6 +276,38 @@ def test_a_starting_worker_keeps_its_grace_until_it_serves_then_beats_in_time() 
         master.remove()
 
 
+def test_a_worker_is_stuck_once_its_beat_is_older_than_the_timeout_on_the_service_clock() -> None:
+    """The boundary exactly, on a clock the test moves: a worker beating every BEAT_S is
+    never stuck; once its loop stops beating, it is not stuck at the timeout and is just
+    past it. No wall time is waited, so a busy machine can make it neither late nor early."""
+    from service.testing import FakeClock
+    from service.workers.heartbeat import BEAT_S, Heartbeats
+    from service.workers.positions import Positions
+
+    clock = FakeClock(wall_start=time.time())  # heartbeat files are dated on its wall time
+    master = Heartbeats(clock=clock)
+    try:
+        positions = Positions(1, clock)
+        position = next(iter(positions))
+        positions.started(position, pid=os.getpid(), serial=3)
+        master.reset(3)
+        worker = Heartbeats(master.directory, clock)
+        beating = worker.start_beating(3)
+        worker.announce(3)
+        for _ in range(10):  # 5 s of beats, one every BEAT_S
+            clock.advance(BEAT_S)
+            assert master.age_s(3) == pytest.approx(0.0, abs=1e-3)
+            assert positions.stuck(master, timeout_ms=1500) == []
+        beating.kill()  # its loop stops: no more beats
+        clock.advance(1.499)
+        assert master.age_s(3) == pytest.approx(1.499, abs=1e-3)
+        assert positions.stuck(master, timeout_ms=1500) == []
+        clock.advance(0.002)
+        assert positions.stuck(master, timeout_ms=1500) == [position]
+    finally:
+        master.remove()
+
+
 def test_a_new_master_removes_the_quiet_directories_of_masters_that_are_gone(
     tmp_path: Path,
 ) -> None:
@@ -306,7 +338,7 @@ def test_a_new_master_removes_the_quiet_directories_of_masters_that_are_gone(
     other.mkdir()
     os.utime(other, (old, old))
 
-    assert sorted(remove_abandoned(tmp_path)) == sorted([killed, unnamed])
+    assert sorted(remove_abandoned(tmp_path, now=time.time())) == sorted([killed, unnamed])
     assert {p.name for p in tmp_path.iterdir()} == {living.name, beating.name, other.name}
 
 

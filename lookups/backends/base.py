@@ -59,7 +59,7 @@ def new_slots(size: int, name: str, clock: Clock = SYSTEM_CLOCK) -> MeteredSlots
     Either way its use shows in ``fanout pools`` and the ``fanout.pool.*`` metrics.
     """
     if monkey.is_module_patched("threading"):
-        semaphore: Any = OrderedSlots(size)
+        semaphore: Any = OrderedSlots(size, clock)
     else:
         semaphore = ThreadSlots(size)
     return MeteredSlots(semaphore, PoolMeter(name, size, clock=clock))

@@ -33,6 +33,7 @@ import itertools
 
 from gevent.event import Event
 
+from lookups.clock import SYSTEM_CLOCK, Clock
 from lookups.flow import NO_FLOW, Flow
 
 __all__ = ["OrderedSlots"]
@@ -51,9 +52,11 @@ class _Waiter:
 
 
 class OrderedSlots:
-    """``size`` slots; :meth:`acquire` and :meth:`release` as a bounded semaphore's."""
+    """``size`` slots; :meth:`acquire` and :meth:`release` as a bounded semaphore's, the
+    timeout counted on ``clock`` (the service's)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         self._size = self._free = size
         # A heap: rank, start tag, arrival.
         self._line: list[tuple[int, float, int, _Waiter]] = []
@@ -76,7 +79,10 @@ class OrderedSlots:
         heapq.heappush(self._line, (*self._tags(flow), waiter))
         self._waiting += 1
         try:
-            waiter.event.wait(timeout)
+            if timeout is None:
+                waiter.event.wait()
+            else:
+                self._clock.wait(waiter.event, self._clock.monotonic() + timeout)
         except BaseException:
             if waiter.given:
                 self.release()  # handed one as it was interrupted: the next waiter's

@@ -61,7 +61,7 @@ class CachedPanel(Lookup):
         """``query()``'s answer, asked once however many callers ask for ``key`` meanwhile."""
         pending = self._fills.get(key)
         if pending is not None:  # another caller is filling them: wait for it, within our deadline
-            if pending.wait(deadline.remaining_s()) is None and not pending.ready():
+            if not deadline.clock.join(pending, deadline.at):
                 raise BackendTimeout(
                     f"{self.name}: no time left waiting for a bucket fill", backend_fault=False
                 )

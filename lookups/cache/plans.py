@@ -133,8 +133,12 @@ class PlanChooser:
     def join_timing(self, timeout_s: float | None = None) -> None:
         """Wait for the timing running now, if any, to end."""
         timer = self._timer
-        if timer is not None:
-            timer.join(timeout_s)
+        if timer is None:
+            return
+        if timeout_s is None:
+            timer.join()
+        else:
+            self._clock.join(timer, self._clock.monotonic() + timeout_s)
 
     def record(
         self, first: Plan, first_s: float, second: Plan, second_s: float, alone: bool = True

@@ -184,8 +184,8 @@ class BackendGuard:
         if delay_s is None or delay_s >= deadline.remaining_s():
             return attempt(deadline)
         first = spawn_in_context(attempt, deadline)
-        first.join(timeout=delay_s)
-        if first.ready() or not self.budget.try_retry():
+        answered = self._clock.join(first, self._clock.monotonic() + delay_s)
+        if answered or not self.budget.try_retry():
             result: T = first.get()
             return result
         self.hedges += 1

@@ -53,7 +53,6 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-import gevent
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, TracerProvider
 from thriftpy2.transport import TTransportException
@@ -256,7 +255,7 @@ class AppStatsClient:
             return False
         if not self.retry_budget.try_retry():
             return False
-        gevent.sleep(delay_ms / 1000.0)
+        deadline.clock.sleep(delay_ms / 1000.0)
         return True
 
     def close(self) -> None:

@@ -103,8 +103,10 @@ def race_with_backup(
             return False, raised
 
     first = client.instances.pick()
-    attempts = {spawn_in_context(attempt, first): first}
-    if not gevent.wait(list(attempts), timeout=delay_s, count=1) and client.backups.allow():
+    first_attempt = spawn_in_context(attempt, first)
+    attempts = {first_attempt: first}
+    clock = deadline.clock
+    if not clock.join(first_attempt, clock.monotonic() + delay_s) and client.backups.allow():
         second = client.instances.pick(exclude=tried)  # the first attempt's retry included
         if second not in tried:
             client.backups.sent += 1

@@ -116,7 +116,6 @@ class Coalescer:
 
 def _wait(flight: AsyncResult, deadline: Deadline) -> Any:
     waited_s = deadline.remaining_s()
-    flight.wait(timeout=waited_s)  # returns the value, which may be None: ask ready()
-    if not flight.ready():
+    if not deadline.clock.join(flight, deadline.at):
         raise CoalescedWaitTimeout(f"the shared call did not finish within {waited_s:.3f}s")
     return flight.get(block=False)

@@ -211,7 +211,9 @@ class HealthChecker:
             for name, probe in self._probes
         ]
         self._running = {name: check for (name, _), check in zip(self._probes, checks)}
-        gevent.joinall(checks, timeout=self._timeout_s + _JOIN_MARGIN_S)
+        until = self._clock.monotonic() + self._timeout_s + _JOIN_MARGIN_S
+        for check in checks:
+            self._clock.join(check, until)
         late_ms = round((self._timeout_s + _JOIN_MARGIN_S) * 1000.0, 3)
         # A check still running is left to end on its own timeout, not killed.
         statuses = tuple(

@@ -365,6 +365,7 @@ class HubMonitor:
             return Look.IDLE if entered == seen else Look.RESTING
         if blocked is None or not entered or entered == watch.reported_entry:
             return Look.BUSY
+        # The machine's clock, not the service's: gevent's tracer stamped ``entered`` on it.
         if SYSTEM_CLOCK.monotonic() - entered < watch.threshold_s:
             return Look.BUSY
         watch.reported_entry = entered

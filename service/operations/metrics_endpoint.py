@@ -19,7 +19,7 @@ from typing import Any
 import gevent
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.operations.native_http import NativeHttpServer, call_on_main_loop
 
 __all__ = ["MetricsEndpoint", "COLLECT_TIMEOUT_S"]
@@ -33,11 +33,13 @@ COLLECT_TIMEOUT_S = 0.5
 class MetricsEndpoint:
     """Serve ``registry`` at ``http://host:port/metrics``; :meth:`start` and :meth:`stop`.
 
-    Start it from the thread running the event loop that owns the instruments.
+    Start it from the thread running the event loop that owns the instruments. ``clock``
+    (the service's) dates each collection, for the age a late scrape is told.
     """
 
-    def __init__(self, registry: Any, host: str, port: int) -> None:
+    def __init__(self, registry: Any, host: str, port: int, clock: Clock = SYSTEM_CLOCK) -> None:
         self._registry = registry
+        self._clock = clock
         self._server = NativeHttpServer(host, port, self._app, "metrics")
         self._loop: Any = None
         self._last: tuple[float, bytes] | None = None
@@ -58,7 +60,7 @@ class MetricsEndpoint:
     def collect(self) -> bytes:
         """The registry in Prometheus' text format (on the event loop's thread)."""
         body = generate_latest(self._registry)
-        self._last = (SYSTEM_CLOCK.monotonic(), body)
+        self._last = (self._clock.monotonic(), body)
         return body
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -71,7 +73,7 @@ class MetricsEndpoint:
             if last is None:
                 start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
                 return [b"the first collection has not finished yet\n"]
-            age_s = SYSTEM_CLOCK.monotonic() - last[0]
+            age_s = self._clock.monotonic() - last[0]
             body = (
                 last[1]
                 + (

@@ -39,7 +39,7 @@ from typing import Any
 
 import gevent
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.operations.health import BackendStatus, HealthChecker
 from service.operations.native_http import NativeHttpServer
 from tracing.context import spawn_in_context
@@ -57,7 +57,8 @@ class ProbeServer:
 
     ``stale_after_s``: how long the loop may go without beating before /healthz
     says 503 (0: never). ``stores``: the results cache's shared store, shown beside the
-    backends (:func:`~service.operations.health.store_statuses`).
+    backends (:func:`~service.operations.health.store_statuses`). ``clock``, the
+    service's, times the beats and the silence.
     """
 
     def __init__(
@@ -68,12 +69,14 @@ class ProbeServer:
         draining: Callable[[], bool],
         stale_after_s: float = 30.0,
         stores: Callable[[], Iterable[BackendStatus]] = tuple,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock
         self._health = health
         self._stores = stores
         self._draining = draining
         self._stale_after_s = stale_after_s
-        self._beat = SYSTEM_CLOCK.monotonic()
+        self._beat = clock.monotonic()
         self._refresher: gevent.Greenlet | None = None
         self._server = NativeHttpServer(host, port, self._app, "probes")
 
@@ -94,14 +97,14 @@ class ProbeServer:
 
     def _refresh(self) -> None:
         while True:
-            self._beat = SYSTEM_CLOCK.monotonic()
-            gevent.sleep(REFRESH_S)
+            self._beat = self._clock.monotonic()
+            self._clock.sleep(REFRESH_S)
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         backends = backend_bodies([*self._health.current(), *self._stores()])
         if path == "/healthz":
-            silent_s = SYSTEM_CLOCK.monotonic() - self._beat
+            silent_s = self._clock.monotonic() - self._beat
             if self._stale_after_s and silent_s > self._stale_after_s + REFRESH_S:
                 return json_answer(
                     start_response,

@@ -35,7 +35,7 @@ from typing import Any
 
 from gevent.server import StreamServer
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import loop_time
 
 __all__ = ["ResilientStreamServer", "RESOURCE_ERRNOS", "fd_headroom_warning"]
 
@@ -104,7 +104,7 @@ class ResilientStreamServer(StreamServer):
         self._exhausted = True
         pause_s = self._pause_s
         self._pause_s = min(self.pause_max_s, pause_s * 2)
-        now = SYSTEM_CLOCK.monotonic()
+        now = loop_time(self.loop)  # the time its pause timers count in
         if now - self._warned_at >= self.warn_interval_s:
             self._warned_at = now
             log.warning(

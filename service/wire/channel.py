@@ -158,6 +158,8 @@ class SocketChannel:
             if not self._buffer:
                 return False
         self.idle = False
+        # The machine's clock, not the service's: the socket's timeouts bound the frame,
+        # and the kernel counts them in real time.
         self._deadline = SYSTEM_CLOCK.monotonic() + self._limits.frame_timeout_ms / 1000.0
         self._begin()
         return True

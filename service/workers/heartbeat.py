@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import gevent
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from tracing.context import spawn_in_context
 
 __all__ = [
@@ -60,14 +60,16 @@ _MASTER_PID = "master.pid"
 class Heartbeats:
     """The directory of heartbeat files, one per worker (``worker``: its serial number).
 
-    The master makes it (``directory`` None); a worker opens the one it is given.
+    The master makes it (``directory`` None); a worker opens the one it is given. Beats
+    are dated, and ages read, on ``clock``'s wall time: a test moves it and a beat ages.
     """
 
-    def __init__(self, directory: str | None = None) -> None:
+    def __init__(self, directory: str | None = None, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = clock
         if directory:
             self._dir = Path(directory)
         else:
-            remove_abandoned(Path(tempfile.gettempdir()))
+            remove_abandoned(Path(tempfile.gettempdir()), now=clock.wall())
             self._dir = Path(tempfile.mkdtemp(prefix=_PREFIX))
             (self._dir / _MASTER_PID).write_text(str(os.getpid()))
         self._serving = False  # in a worker: whether it announced that it serves
@@ -82,8 +84,7 @@ class Heartbeats:
     def reset(self, worker: int) -> None:
         """Before ``worker`` starts: it has :data:`START_GRACE_S` to beat, nothing announced."""
         self.path(worker).touch()
-        ahead = SYSTEM_CLOCK.wall() + START_GRACE_S
-        os.utime(self.path(worker), (ahead, ahead))
+        self._date(self.path(worker), START_GRACE_S)
         self._announcement(worker).unlink(missing_ok=True)
 
     def forget(self, worker: int) -> None:
@@ -103,10 +104,7 @@ class Heartbeats:
         """In the worker: say that it serves, with ``facts`` (its pid is added); its beats
         count from now on."""
         self._serving = True
-        try:
-            os.utime(self.path(worker))
-        except OSError:
-            pass  # the master is going away with its directory
+        self._date(self.path(worker))
         partial = self._dir / f".worker-{worker}.json.part"
         partial.write_text(json.dumps({**facts, "pid": os.getpid()}))
         partial.replace(self._announcement(worker))  # atomic: never read half-written
@@ -128,7 +126,7 @@ class Heartbeats:
     def age_s(self, worker: int) -> float:
         """Seconds since ``worker`` last beat (0 when there is no file, or in its start grace)."""
         try:
-            return max(0.0, SYSTEM_CLOCK.wall() - self.path(worker).stat().st_mtime)
+            return max(0.0, self._clock.wall() - self.path(worker).stat().st_mtime)
         except FileNotFoundError:
             return 0.0
 
@@ -139,26 +137,29 @@ class Heartbeats:
 
         def beat() -> None:
             while True:
-                now = SYSTEM_CLOCK.wall()
-                at = now if self._serving else now + START_GRACE_S
-                try:
-                    os.utime(path, (at, at))
-                except OSError:
-                    pass  # the master is going away with its directory
-                gevent.sleep(BEAT_S)
+                self._date(path, 0.0 if self._serving else START_GRACE_S)
+                self._clock.sleep(BEAT_S)
 
         return spawn_in_context(beat)
+
+    def _date(self, path: Path, ahead_s: float = 0.0) -> None:
+        """Date ``path`` ``ahead_s`` past the clock's wall time: a beat."""
+        at = self._clock.wall() + ahead_s
+        try:
+            os.utime(path, (at, at))
+        except OSError:
+            pass  # the master is going away with its directory
 
     def remove(self) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def remove_abandoned(parent: Path, quiet_s: float = ABANDONED_AFTER_S) -> list[Path]:
+def remove_abandoned(parent: Path, now: float, quiet_s: float = ABANDONED_AFTER_S) -> list[Path]:
     """Remove the heartbeat directories in ``parent`` whose master is gone and in which
-    nothing changed for ``quiet_s``; the ones removed. A directory without a pid file (a
-    master still writing it, or an older version's) is judged by its quiet alone."""
+    nothing changed for ``quiet_s`` before ``now`` (wall time); the ones removed. A directory
+    without a pid file (a master still writing it, or an older version's) is judged by its
+    quiet alone."""
     removed = []
-    now = SYSTEM_CLOCK.wall()
     for directory in parent.glob(f"{_PREFIX}*"):
         try:
             if _master_alive(directory) or now - _last_change(directory) < quiet_s:

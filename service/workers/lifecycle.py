@@ -34,7 +34,7 @@ import gevent
 from gevent.event import Event
 from prometheus_client import generate_latest
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, Clock
 from service.app import FanOutService
 from service.operations.metrics_endpoint import MetricsEndpoint
 from service.settings.config import Settings, as_config_error
@@ -61,6 +61,7 @@ def run_server(
     on_service: Callable[[FanOutService], None] | None = None,
     on_drained: Callable[[bytes], None] | None = None,
     tune_gc: bool = False,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> int:
     """Serve ``settings`` until SIGTERM/SIGINT (or ``stop`` is set), drain, return the exit code.
 
@@ -74,8 +75,9 @@ def run_server(
     already bounded. With ``install_signals`` false no handler is installed and
     only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
     collector is tuned by :func:`tune_collector`: for a process that exists to serve
-    (``fanout serve``, a worker), not one that embeds the server. Returns 0 after the
-    drain in the module doc.
+    (``fanout serve``, a worker), not one that embeds the server. ``clock`` is the
+    service's (:mod:`lookups.clock`): every part, the lame duck and the drain read it.
+    Returns 0 after the drain in the module doc.
 
     Raises OSError if it cannot listen, :class:`~service.settings.config.ConfigError`
     (:class:`~service.wire.tls.TlsConfigError` for unusable TLS files) for settings it
@@ -87,15 +89,15 @@ def run_server(
     with contextlib.ExitStack() as cleanup:  # undone in reverse: drain, close, metrics, spans
         with as_config_error():
             tracing = configure_tracing(settings.tracing)
-            cleanup.callback(_flush_spans, tracing, settings.tracing.flush_timeout_ms)
+            cleanup.callback(_flush_spans, tracing, settings.tracing.flush_timeout_ms, clock)
             meters = configure_metrics(settings.metrics, resource=build_resource(settings.tracing))
             cleanup.callback(meters.shutdown)
         if meters.registry is not None and meters.scrape_at is not None:
-            endpoint = MetricsEndpoint(meters.registry, *meters.scrape_at).start()
+            endpoint = MetricsEndpoint(meters.registry, *meters.scrape_at, clock=clock).start()
             cleanup.callback(endpoint.stop)
             if on_metrics is not None:
                 on_metrics(endpoint.address)
-        service = FanOutService(settings, listener=listener)
+        service = FanOutService(settings, listener=listener, clock=clock)
         cleanup.callback(_close, service)
         service.start()
         if on_drained is not None and (registry := meters.registry) is not None:
@@ -122,7 +124,7 @@ def run_server(
                 settings.server.lame_duck_ms,
             )
             service.server.enter_lame_duck()
-            gevent.sleep(settings.server.lame_duck_ms / 1000.0)
+            clock.sleep(settings.server.lame_duck_ms / 1000.0)
         log.info(
             "drain: %s received; draining for up to %d ms",
             received,
@@ -180,10 +182,10 @@ class _StopSignals:
             handler.cancel()
 
 
-def _flush_spans(tracing: Tracing, timeout_ms: int) -> None:
-    started = SYSTEM_CLOCK.monotonic()
+def _flush_spans(tracing: Tracing, timeout_ms: int, clock: Clock) -> None:
+    started = clock.monotonic()
     flushed = tracing.shutdown(timeout_ms)
-    elapsed_ms = (SYSTEM_CLOCK.monotonic() - started) * 1000.0
+    elapsed_ms = (clock.monotonic() - started) * 1000.0
     if flushed:
         log.info("drain: spans flushed in %.0f ms", elapsed_ms)
     else:

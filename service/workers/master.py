@@ -85,7 +85,7 @@ class _Master:
         self._settings = settings
         self._clock = clock
         self._reload = reload
-        self._heartbeats = Heartbeats()
+        self._heartbeats = Heartbeats(clock=clock)
         self._cpu_at_beat: dict[int, float] = {}  # by worker pid: its CPU at a fresh beat seen
         self._positions = Positions(settings.server.workers, clock)
         self._ledger = GroupCounts()  # every worker's counts, across lifetimes

@@ -16,7 +16,6 @@ import socket
 import zlib
 from typing import TYPE_CHECKING, Any
 
-import gevent
 from gevent.event import Event
 
 from service.operations.snapshot import take
@@ -104,4 +103,4 @@ class GroupMember:
                 "stores": service.parts.stores(),
             }
         ):
-            gevent.sleep(REPORT_S)
+            service.clock.sleep(REPORT_S)
