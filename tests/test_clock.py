@@ -338,6 +338,9 @@ _REAL_TIME_WAITS = {
     "service/cli/trace_ui.py",
     # A held reply is written on the event loop's tick, as the holds are grouped by it.
     "service/listener/connection.py: gevent.sleep(on_the_tick(gevent.get_hub().loop, hold_s))",
+    # A drain ends within the grace its supervisor counts in real time (Kubernetes').
+    "service/listener/server.py: self._stopped.wait(timeout_s)",
+    "service/listener/server.py: handlers.join(timeout=timeout_s)",
     # The event loop's delivery of a kill, not a policy of the service.
     "service/engine/fanout.py: run.ended.wait(timeout=_KILL_WAIT_S)",
     "service/listener/server.py: handlers.kill(block=True, timeout=1.0)",

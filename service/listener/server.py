@@ -208,7 +208,7 @@ class ThriftServer:
         if timeout_s is None:
             timeout_s = self._settings.drain_timeout_ms / 1000.0
         if self._loop.stopping:
-            self._clock.wait(self._stopped, self._clock.monotonic() + timeout_s)
+            self._stopped.wait(timeout_s)
             return self._drain_report
         if move_to is not None and self.movable:
             self._moving_all = move_to
@@ -242,10 +242,9 @@ class ThriftServer:
         # Every connection greenlet, including any accepted but not yet serving: those
         # see the stop before reading anything and end at once.
         handlers = server.pool
-        until = started + timeout_s
-        for handler in list(handlers):  # the listener is closed: no new one joins
-            if not self._clock.join(handler, until):
-                break
+        # Real time, whatever the service's clock: the drain must end within the grace its
+        # supervisor gives a stop (Kubernetes' terminationGracePeriodSeconds), which it counts so.
+        handlers.join(timeout=timeout_s)
         killed = len(handlers)
         if killed:
             handlers.kill(block=True, timeout=1.0)
