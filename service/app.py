@@ -94,7 +94,7 @@ class FanOutService:
         #: The results cache's store (None when ``cache.enabled`` is false).
         self.cache: BucketStore | None = None
         if settings.cache.enabled:
-            self.cache = open_store(settings.cache)
+            self.cache = open_store(settings.cache, clock)
             lookups = with_cache(lookups, settings.cache, self.cache)
         self.hub_monitor = HubMonitor(settings.server.hub_block_threshold_ms)
         #: What the handler runs calls through, and what pool_stats() and the metrics read.

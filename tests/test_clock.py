@@ -5,8 +5,10 @@ nothing (service/testing.py)."""
 from __future__ import annotations
 
 import ast
+import collections
 import logging
 import re
+import types
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import gevent
 import pytest
 from gevent.event import Event
 
-from lookups.clock import SYSTEM_CLOCK
+from lookups.clock import SYSTEM_CLOCK, SystemClock
 from lookups.deadline import Deadline
 from lookups.errors import CircuitOpen
 from lookups.resilience.breaker import BreakerPolicy, CircuitBreaker, CircuitState
@@ -405,3 +407,77 @@ def test_every_timed_wait_goes_through_the_clock_or_says_why_it_counts_real_time
         w for w in waits if w not in _REAL_TIME_WAITS and w.split(":")[0] not in _REAL_TIME_WAITS
     ]
     assert unexplained == [], unexplained
+
+
+def _clocks_in(root: Any) -> tuple[list[str], int]:
+    """Every part reachable from ``root`` (objects of Fanout's own packages, their
+    attributes, slots, containers and closures) that holds the machine's clock, by the
+    path to it; and how many hold another clock."""
+    seen, queue = {id(root)}, collections.deque([(root, "service")])
+    machine, other = [], 0
+    while queue:
+        obj, path = queue.popleft()
+        for value, where in _parts_of(obj, path):
+            if isinstance(value, SystemClock):
+                machine.append(where)
+            elif isinstance(value, FakeClock):
+                other += 1
+            elif not isinstance(value, str | bytes | int | float | type | None) and (
+                id(value) not in seen
+            ):
+                seen.add(id(value))
+                queue.append((value, where))
+    return machine, other
+
+
+def _parts_of(obj: Any, path: str) -> list[tuple[Any, str]]:
+    if isinstance(obj, dict):
+        return [(value, f"{path}[{key!r}]") for key, value in list(obj.items())]
+    if isinstance(obj, list | tuple | set | frozenset | collections.deque):
+        return [(value, f"{path}[{i}]") for i, value in enumerate(list(obj))]
+    if isinstance(obj, types.FunctionType):
+        cells = obj.__closure__ or ()
+        return [(cell.cell_contents, f"{path}.<closure>") for cell in cells if _filled(cell)]
+    if not (type(obj).__module__ or "").startswith(("service.", "lookups.", "tracing.")):
+        return []
+    attributes = dict(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            if hasattr(obj, name):
+                attributes[name] = getattr(obj, name)
+    return [(value, f"{path}.{name}") for name, value in attributes.items()]
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def test_every_part_of_a_service_reads_the_clock_it_was_given() -> None:
+    """A part built with the default clock would run on the machine's time inside a
+    service given a FakeClock: its breaker, cache outage or pacing would not move with
+    the test's clock. Every part reachable from the service holds the service's clock,
+    with the cache on Redis, coalescing and admission on; the hub monitor alone reads
+    the machine's (see _MACHINE_CLOCK_READERS)."""
+    from service.app import FanOutService
+    from service.settings.config import load_settings
+
+    settings = load_settings(
+        env={},
+        overrides={
+            "server.port": 0,
+            "server.probe_port": -1,
+            "cache.enabled": True,
+            "cache.url": "redis://127.0.0.1:1",  # a client is made, never connected here
+        },
+    )
+    service = FanOutService(settings, clock=FakeClock())
+    try:
+        machine, given = _clocks_in(service)
+    finally:
+        service.close()
+    assert given > 20  # the walk reaches the parts
+    assert [path for path in machine if not path.startswith("service.hub_monitor")] == []

@@ -13,6 +13,7 @@ from lookups.cache.merged import MergedRuns
 from lookups.cache.plans import PlanChooser
 from lookups.cache.settings import CacheSettings
 from lookups.cache.stores import BucketStore, CacheStats, MemoryStore, RedisStore
+from lookups.clock import Clock
 from lookups.http import AlertsLookup
 from lookups.mongo import MongoLookup
 from lookups.mongo_parts import parts_of
@@ -51,10 +52,13 @@ def with_cache(
     return cached
 
 
-def open_store(settings: CacheSettings) -> BucketStore:
-    """Redis when ``cache.url`` names one, else this process's memory, counting into a new
-    :class:`CacheStats`. In this process the buckets get seven eighths of ``max_bytes``,
-    and the sums of whole runs of buckets (:func:`with_cache`) the last eighth."""
+def open_store(settings: CacheSettings, clock: Clock) -> BucketStore:
+    """Redis when ``cache.url`` names one (its outages timed on ``clock``, the service's),
+    else this process's memory, counting into a new :class:`CacheStats`. In this process
+    the buckets get seven eighths of ``max_bytes``, and the sums of whole runs of buckets
+    (:func:`with_cache`) the last eighth."""
     if settings.url:
-        return RedisStore(settings.url, settings.redis_timeout_ms, settings.ttl_s, CacheStats())
+        return RedisStore(
+            settings.url, settings.redis_timeout_ms, settings.ttl_s, CacheStats(), clock=clock
+        )
     return MemoryStore(settings.max_bytes - settings.max_bytes // 8, CacheStats())
