@@ -450,7 +450,7 @@ def _parts_of(obj: Any, path: str) -> list[tuple[Any, str]]:
 
 def _filled(cell: Any) -> bool:
     try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
+        cell.cell_contents  # an empty cell raises ValueError
     except ValueError:
         return False
     return True
