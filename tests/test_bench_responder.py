@@ -157,13 +157,29 @@ def test_a_fanout_stack_serves_every_panel_and_leaves_no_process_behind():
     ) as stack:
         pids = [p.pid for process in stack.processes.values() for p in process.processes()]
         host, port = stack.address
+        before = stack.mongo_aggregations()
         with AppStatsClient(host, port, timeout_ms=5000) as client:
             response = client.get_app_stats(*sample_call(), deadline_ms=5000)
+        after = stack.mongo_aggregations()
         cpu = stack.cpu_seconds()
     assert [o.status for o in response.outcomes] == [appstats.TaskStatus.OK] * 7
+    assert before is not None and after is not None
+    assert after - before == 4  # one aggregation a MongoDB panel, as `make bench` reports per call
     assert set(cpu) == {"server", "mongo", "http", "otlp"} and cpu["server"] > 0
     assert not [
         pid
         for pid in pids
         if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     ]
+
+
+def test_each_window_gets_its_mongodb_commands_per_call_answered():
+    from bench.harness.runner import _add_mongo_commands
+
+    reps = [{"ok": 10, "degraded": 2}, {"ok": 0, "degraded": 0}, {"ok": 5, "degraded": 0}]
+    _add_mongo_commands(reps, [100, 148, 148, 168])
+    assert [r["mongo_commands"] for r in reps] == [48, 0, 20]
+    assert [r["mongo_commands_per_reply"] for r in reps] == [4.0, None, 4.0]
+    unknown = [{"ok": 1, "degraded": 0}]
+    _add_mongo_commands(unknown, [None, None])  # nx-27017: not counted
+    assert "mongo_commands" not in unknown[0]

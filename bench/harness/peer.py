@@ -78,12 +78,39 @@ def _ratio_rows(results: Results, connections: int, over: str, under: str) -> li
     ]
 
 
+def _commands_per_call(results: Results, connections: int) -> Goal:
+    """The MongoDB commands each server sent per call it answered (the responder counts
+    them), over its rounds: what collapsing lookups would lower."""
+    key = functools.partial(lambda label, c: f"{NAME}/{label}/c{c}", c=connections)
+    shown = []
+    for server in SERVERS:
+        values = [
+            rep["mongo_commands_per_reply"]
+            for result in rounds_of(results, key, server, ROUNDS)
+            for rep in (result or {}).get("reps", [])
+            if rep.get("mongo_commands_per_reply") is not None
+        ]
+        figure = f"{sum(values) / len(values):.2f}" if values else "n/a"
+        shown.append(f"{server} {figure}")
+    return info_row(
+        NAME,
+        f"MongoDB commands per call answered, {connections} connection(s) (batch size 1)",
+        ", ".join(shown),
+    )
+
+
 def _goals(results: Results) -> list[Goal]:
     return [
         goal
         for connections in LEVELS
-        for under in ("asyncio", "handwritten")
-        for goal in _ratio_rows(results, connections, "fanout", under)
+        for goal in (
+            *(
+                row
+                for under in ("asyncio", "handwritten")
+                for row in _ratio_rows(results, connections, "fanout", under)
+            ),
+            _commands_per_call(results, connections),
+        )
     ]
 
 

@@ -233,6 +233,19 @@ def _rep_figures(
     return figures
 
 
+def _add_mongo_commands(reps: list[dict[str, Any]], aggregations: list[int | None]) -> None:
+    """Each window's MongoDB aggregations (``mongo_commands``) and their number per call
+    answered, refused ones aside (``mongo_commands_per_reply``), where the responder counts
+    them (``aggregations``: its count at each window's boundary)."""
+    for i, rep in enumerate(reps):
+        before, after = aggregations[i : i + 2] if i + 1 < len(aggregations) else (None, None)
+        if before is None or after is None:
+            continue
+        replies = rep["ok"] + rep["degraded"]
+        rep["mongo_commands"] = after - before
+        rep["mongo_commands_per_reply"] = (after - before) / replies if replies else None
+
+
 def _pooled(load: LoadResult) -> dict[str, Any]:
     frames_n = len(load.windows[0].latencies_ms) if load.windows else 0
     per_frame = [array("d") for _ in range(frames_n)]
@@ -332,10 +345,13 @@ def measure(
     cpu: list[dict[str, float]] = []
     states: list[dict[str, Any]] = []
     server_rss: list[int] = []  # KiB, at each window's boundary
+    aggregations: list[int | None] = []  # the MongoDB responder's, at each boundary
 
     def boundary(i: int) -> None:
         cpu.append({**stack.cpu_seconds(), _MACHINE: _machine_busy_s()})
         server_rss.append(stack.rss_kib()["server"])
+        if hasattr(stack, "mongo_aggregations"):
+            aggregations.append(stack.mongo_aggregations())
         if config.states and i > 0:
             states.append(_server_state(stack.address))
         if i > 0:
@@ -352,6 +368,7 @@ def measure(
     reps = [
         _rep_figures(w, timing.window_s, cpu[i], cpu[i + 1]) for i, w in enumerate(load.windows)
     ]
+    _add_mongo_commands(reps, aggregations)
     result.update(
         processes=plan.processes,
         address=list(stack.address),

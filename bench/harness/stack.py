@@ -52,6 +52,7 @@ from bench.harness.processes import (
 )
 from bench.harness.stack_config import SAMPLE_RATIOS, stack_config
 from bench.servers.mongo_answers import DEFAULT_ANSWERS_PATH
+from bench.servers.mongo_responder import STATS_COMMAND
 from service.idl import appstats
 
 __all__ = [
@@ -157,6 +158,7 @@ class Stack:
         self.address: tuple[str, int] = ("", 0)
         self.startup_s = 0.0
         self.processes: dict[str, ManagedProcess] = {}
+        self._mongo: Any = None  # a client of the responder, for mongo_aggregations
         self._closed = False
 
     def cpu_seconds(self) -> dict[str, float]:
@@ -191,6 +193,19 @@ class Stack:
             received: dict[str, int] = json.loads(answer.read())
             return received
 
+    def mongo_aggregations(self) -> int | None:
+        """Aggregations the MongoDB responder has answered so far; ``None`` with nx-27017."""
+        if self.spec.mongo != "responder":
+            return None
+        if self._mongo is None:
+            import pymongo
+
+            self._mongo = pymongo.MongoClient(
+                self.processes["mongo"].facts["uri"], serverSelectionTimeoutMS=5000
+            )
+        answered: int = self._mongo.admin.command(STATS_COMMAND)["aggregations"]
+        return answered
+
     def describe(self) -> dict[str, Any]:
         """The spec and, in words, which backends this stack used (for the results)."""
         spec = self.spec
@@ -215,6 +230,8 @@ class Stack:
         if self._closed:
             return
         self._closed = True
+        if self._mongo is not None:
+            self._mongo.close()
         for role in ROLES:
             process = self.processes.get(role)
             if process is not None:

@@ -15,6 +15,7 @@ included (legacy OP_QUERY is not sent, and a connection sending it is closed)::
     aggregate                    the documents recorded for (collection, stages after
                                  the leading $match), see bench.servers.mongo_answers; one batch,
                                  cursor id 0. No recording: ok 0, code 2 (BadValue)
+    benchStats                   the bench's own: {aggregations: answered so far}, at once
     anything else                ok 0, code 59 (CommandNotFound)
 
 Every command but the handshake ones (hello, isMaster, ping, buildInfo, endSessions) is
@@ -50,6 +51,7 @@ __all__ = [
     "MAX_WIRE_VERSION",
     "WireProtocolError",
     "MongoResponder",
+    "STATS_COMMAND",
     "decode_op_msg",
     "encode_op_msg",
     "main",
@@ -58,6 +60,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 OP_MSG = 2013
+#: The command the bench asks how many aggregations were answered (no MongoDB has it).
+STATS_COMMAND = "benchStats"
 MAX_WIRE_VERSION = 21  # MongoDB 7.0; pymongo 4.20 needs at least 9
 MAX_MESSAGE_BYTES = 48_000_000
 _HEADER = struct.Struct("<iiii")  # messageLength, requestID, responseTo, opCode
@@ -196,6 +200,8 @@ class MongoResponder:
             return self._hello(connection_id)
         if lowered == "buildinfo":
             return bson.encode({"version": "7.0.0", "versionArray": [7, 0, 0, 0], "ok": 1.0})
+        if lowered == STATS_COMMAND.lower():  # the bench's own question, at once
+            return bson.encode({"aggregations": self.aggregations, "ok": 1.0})
         if lowered in _UNDELAYED:
             return _OK
         if not self._wait(command):
