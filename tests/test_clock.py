@@ -340,7 +340,9 @@ _REAL_TIME_WAITS = {
     "service/cli/trace_ui.py",
     # A held reply is written on the event loop's tick, as the holds are grouped by it.
     "service/listener/connection.py: gevent.sleep(on_the_tick(gevent.get_hub().loop, hold_s))",
-    # A drain ends within the grace its supervisor counts in real time (Kubernetes').
+    # A stop (the lame duck, then the drain) ends within the grace its supervisor counts in
+    # real time (Kubernetes' terminationGracePeriodSeconds).
+    "service/workers/lifecycle.py: gevent.sleep(settings.server.lame_duck_ms / 1000.0)",
     "service/listener/server.py: self._stopped.wait(timeout_s)",
     "service/listener/server.py: handlers.join(timeout=timeout_s)",
     # The event loop's delivery of a kill, not a policy of the service.

@@ -76,8 +76,9 @@ def run_server(
     only ``stop`` ends the wait. With ``tune_gc``, once serving the process's garbage
     collector is tuned by :func:`tune_collector`: for a process that exists to serve
     (``fanout serve``, a worker), not one that embeds the server. ``clock`` is the
-    service's (:mod:`lookups.clock`): every part, the lame duck and the drain read it.
-    Returns 0 after the drain in the module doc.
+    service's (:mod:`lookups.clock`): its parts, the metrics endpoint and the span flush
+    read it; the lame duck and the drain's bound count real time, as the supervisor
+    counts a stop's grace. Returns 0 after the drain in the module doc.
 
     Raises OSError if it cannot listen, :class:`~service.settings.config.ConfigError`
     (:class:`~service.wire.tls.TlsConfigError` for unusable TLS files) for settings it
@@ -124,7 +125,7 @@ def run_server(
                 settings.server.lame_duck_ms,
             )
             service.server.enter_lame_duck()
-            clock.sleep(settings.server.lame_duck_ms / 1000.0)
+            gevent.sleep(settings.server.lame_duck_ms / 1000.0)
         log.info(
             "drain: %s received; draining for up to %d ms",
             received,
