@@ -68,13 +68,14 @@ def test_callers_ignoring_retry_after_are_held_and_refused_far_less_often(
     refused = sum(k["overloaded"] for k in paced_kinds)
     answered = sum(k["answered"] for k in paced_kinds)
     assert answered >= 1 and refused >= CALLERS
-    # Held: every refusal but a connection's first and the first after each answer.
-    # Without pacing: none.
-    assert paced.gate.stats.held > 0
     assert paced.gate.stats.overloaded == refused
-    # Refusing at once, the same callers are refused several times as often: each comes
-    # back at the pace of its round trips, not of its holds. Without pacing the two are alike.
-    assert sum(k["overloaded"] for k in unpaced_kinds) >= 2 * refused
+    # Held: every refusal but a connection's first and the first after each answer, as the
+    # clock stands and every comeback is early. Without pacing: none.
+    assert paced.gate.stats.held >= refused - CALLERS - answered > 0
+    # So each paced caller comes back at the pace of its holds, the unpaced ones at the pace
+    # of their round trips: refused more often, by as much as the machine is fast (twice as
+    # often and more on a quiet one; less beside CPU hogs, so no ratio is asserted).
+    assert sum(k["overloaded"] for k in unpaced_kinds) > refused
 
 
 def test_callers_honouring_retry_after_are_never_held(
