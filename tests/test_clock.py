@@ -9,6 +9,7 @@ import collections
 import logging
 import re
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,14 +254,20 @@ def _time_reads(path: Path) -> list[str]:
     return [f"{path.relative_to(ROOT)}: {what}" for what in found]
 
 
-def test_product_code_reads_the_time_in_the_clock_module_only() -> None:
-    reads = [
-        read
+def _in_product(find: Callable[[Path], list[str]], samples: bool = False) -> list[str]:
+    """What ``find`` finds in each module of ``service``, ``lookups`` and ``tracing``; the
+    samples (test fixtures that ship for the demo) only with ``samples``."""
+    return [
+        found
         for package in ("service", "lookups", "tracing")
         for path in sorted((ROOT / package).rglob("*.py"))
-        if "samples" not in path.parts
-        for read in _time_reads(path)
+        if samples or "samples" not in path.parts
+        for found in find(path)
     ]
+
+
+def test_product_code_reads_the_time_in_the_clock_module_only() -> None:
+    reads = _in_product(_time_reads)
     assert reads and all(read.startswith("lookups/clock.py") for read in reads), reads
 
 
@@ -280,12 +287,7 @@ def _clock_parameters(path: Path) -> list[str]:
 def test_every_part_takes_the_clock_in_one_shape() -> None:
     """A ``Clock``, never a bare callable: a part reads ``monotonic()`` or ``wall()`` of
     the service's clock, and a test gives every part the same ``FakeClock``."""
-    parameters = [
-        parameter
-        for package in ("service", "lookups", "tracing")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        for parameter in _clock_parameters(path)
-    ]
+    parameters = _in_product(_clock_parameters, samples=True)
     assert len(parameters) > 20
     assert [p for p in parameters if not p.endswith(": Clock")] == []
 
@@ -317,13 +319,7 @@ def _machine_clock_reads(path: Path) -> list[str]:
 
 
 def test_only_the_places_that_put_a_process_together_read_the_machine_clock() -> None:
-    reads = [
-        read
-        for package in ("service", "lookups", "tracing")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if "samples" not in path.parts
-        for read in _machine_clock_reads(path)
-    ]
+    reads = _in_product(_machine_clock_reads)
     assert reads
     outside = [r for r in reads if r.split(":")[0] not in _MACHINE_CLOCK_READERS]
     assert outside == [], outside
@@ -395,13 +391,7 @@ def _timed_waits(path: Path) -> list[str]:
 
 
 def test_every_timed_wait_goes_through_the_clock_or_says_why_it_counts_real_time() -> None:
-    waits = [
-        wait
-        for package in ("service", "lookups", "tracing")
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if "samples" not in path.parts
-        for wait in _timed_waits(path)
-    ]
+    waits = _in_product(_timed_waits)
     assert waits
     listed = {w for w in _REAL_TIME_WAITS if ": " in w}
     assert listed <= set(waits), listed - set(waits)  # the list names only waits still there

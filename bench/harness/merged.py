@@ -29,6 +29,7 @@ from bench.harness.scenario import (
     Scenario,
     _config,
     _cpu_ms_per_reply,
+    result_key,
     rps_and_cpu_goals,
 )
 
@@ -56,7 +57,7 @@ def _mode(connections: int, on: bool, n: int, share: float) -> Config:
 def _goals(results: Results) -> list[Goal]:
     out: list[Goal] = []
     for connections in LEVELS:
-        key = functools.partial(lambda label, c: f"{NAME}/{label}/c{c}", c=connections)
+        key = functools.partial(result_key, NAME, connections=connections)
         on = rounds_of(results, key, "merged", ROUNDS)
         off = rounds_of(results, key, "separate", ROUNDS)
         out += [

@@ -21,6 +21,7 @@ from bench.harness.scenario import (
     _config,
     _cpu_ms_per_reply,
     _per_rep,
+    result_key,
     rps_and_cpu_goals,
 )
 
@@ -46,7 +47,7 @@ def _mode(server: str, connections: int, n: int, share: float) -> Config:
 
 
 def _ratio_rows(results: Results, connections: int, over: str, under: str) -> list[Goal]:
-    key = functools.partial(lambda label, c: f"{NAME}/{label}/c{c}", c=connections)
+    key = functools.partial(result_key, NAME, connections=connections)
     top, bottom = rounds_of(results, key, over, ROUNDS), rounds_of(results, key, under, ROUNDS)
     at = f"{connections} connection{'s' if connections > 1 else ''}"
     saturated = connections > 1
@@ -81,7 +82,7 @@ def _ratio_rows(results: Results, connections: int, over: str, under: str) -> li
 def _commands_per_call(results: Results, connections: int) -> Goal:
     """The MongoDB commands each server sent per call it answered (the responder counts
     them), over its rounds: what collapsing lookups would lower."""
-    key = functools.partial(lambda label, c: f"{NAME}/{label}/c{c}", c=connections)
+    key = functools.partial(result_key, NAME, connections=connections)
     shown = []
     for server in SERVERS:
         values = [

@@ -20,6 +20,7 @@ __all__ = [
     "Scenario",
     "SINGLE_INTERVAL_S",
     "over_slowest_lookup",
+    "result_key",
     "rps_and_cpu_goals",
 ]
 
@@ -56,6 +57,11 @@ def _spec(**kwargs: Any) -> Any:
     return StackSpec(**kwargs)
 
 
+def result_key(scenario: str, label: str, connections: int) -> str:
+    """The key of a configuration's result: its scenario, its label, its connections."""
+    return f"{scenario}/{label}/c{connections}"
+
+
 def _config(
     scenario: str, server: str, call: str, connections: int, *, label: str = "", **kwargs: Any
 ) -> Config:
@@ -78,9 +84,8 @@ def _config(
     }
     spec = _spec(server=server, **{k: v for k, v in kwargs.items() if k in spec_keys})
     rest = {k: v for k, v in kwargs.items() if k not in spec_keys}
-    key = f"{scenario}/{label or server}/c{connections}"
     return Config(
-        key=key,
+        key=result_key(scenario, label or server, connections),
         scenario=scenario,
         label=label or server,
         spec=spec,
