@@ -62,9 +62,7 @@ class FakeClock:
         gevent.sleep(0)  # let the woken waiters run now
 
     def wait(self, event: Waitable, until: float) -> bool:
-        while not event.is_set() and self._now < until:
-            gevent.wait([_as_gevent(event), self._moved], count=1)
-        return event.is_set()
+        return self.join(_as_gevent(event), until)  # a gevent event finishes as a task does
 
     def join(self, task: Joinable, until: float) -> bool:
         while not task.ready() and self._now < until:
@@ -121,9 +119,7 @@ class SkippingClock:
         self._offset += seconds
 
     def wait(self, event: Waitable, until: float) -> bool:
-        while not event.is_set() and self.monotonic() < until:
-            gevent.wait([_as_gevent(event), self._moved], count=1, timeout=until - self.monotonic())
-        return event.is_set()
+        return self.join(_as_gevent(event), until)  # a gevent event finishes as a task does
 
     def join(self, task: Joinable, until: float) -> bool:
         while not task.ready() and self.monotonic() < until:
