@@ -201,7 +201,7 @@ class Stack:
             import pymongo
 
             self._mongo = pymongo.MongoClient(
-                self.processes["mongo"].facts["uri"], serverSelectionTimeoutMS=5000
+                self.processes["mongo"].facts["uri"], timeoutMS=5000
             )
         answered: int = self._mongo.admin.command(STATS_COMMAND)["aggregations"]
         return answered
