@@ -200,9 +200,7 @@ class Stack:
         if self._mongo is None:
             import pymongo
 
-            self._mongo = pymongo.MongoClient(
-                self.processes["mongo"].facts["uri"], timeoutMS=5000
-            )
+            self._mongo = pymongo.MongoClient(self.processes["mongo"].facts["uri"], timeoutMS=5000)
         answered: int = self._mongo.admin.command(STATS_COMMAND)["aggregations"]
         return answered
 
